@@ -1,0 +1,199 @@
+"""Every error handofflock raises, under one root: :class:`HandoffLockError`.
+
+Storage errors describe what the store said; lock errors describe what that
+means for the lock. Builtins are subclassed where one fits, so
+``except TimeoutError`` catches :class:`LockTimeout` and ``except ValueError``
+catches configuration mistakes. Causes are always chained (``raise ... from``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class HandoffLockError(Exception):
+    """Root of every error raised by handofflock."""
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class StorageError(HandoffLockError):
+    """The store refused or failed an operation in a way retrying will not fix.
+
+    Examples: permission denied, a missing bucket, bad credentials. The message
+    names the store and says what to check. Its subclasses narrow the case.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.key = key
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write or delete found a different generation than expected.
+
+    This is the normal outcome of losing a race; the lock reads again and decides.
+    """
+
+    def __init__(self, key: str, expected_generation: int, *, url: str | None = None) -> None:
+        what = "absent" if expected_generation == 0 else f"at generation {expected_generation}"
+        super().__init__(
+            f"precondition failed for {key!r}: expected the object {what}, it was not",
+            url=url,
+            key=key,
+        )
+        self.expected_generation = expected_generation
+
+
+class NotFound(StorageError):
+    """The object does not exist (for operations that need it to)."""
+
+    def __init__(self, key: str, *, url: str | None = None) -> None:
+        super().__init__(f"object {key!r} does not exist", url=url, key=key)
+
+
+class TransientStorageError(StorageError):
+    """A failure that may succeed if retried: 408, 429, 5xx, timeouts, resets.
+
+    ``ambiguous`` is True when the request may have been applied even though no
+    reply arrived (a timeout or reset after the request was sent): a retry of a
+    conditional write may then fail against the write's own result.
+    ``retry_after`` carries a server's hint in seconds, when it gave one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        key: str | None = None,
+        status: int | None = None,
+        ambiguous: bool = True,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, url=url, key=key)
+        self.status = status
+        self.ambiguous = ambiguous
+        self.retry_after = retry_after
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+class ConfigurationError(HandoffLockError, ValueError):
+    """A parameter or URL is invalid. Raised before any I/O happens."""
+
+
+class InvalidLockURL(ConfigurationError):
+    """A lock URL could not be understood (scheme, bucket or object name)."""
+
+
+class InvalidKey(ConfigurationError):
+    """An object key is empty, too long, escapes its root, or has forbidden characters."""
+
+
+# --------------------------------------------------------------------------- the record
+
+
+class LockRecordCorrupt(HandoffLockError, ValueError):
+    """The lock object exists but is not a valid lock record.
+
+    The lock never overwrites such an object on its own: somebody wrote it,
+    and it might matter to them. Inspect it, then clear it explicitly with
+    ``handofflock release URL --force`` (a generation-matched write, so a
+    concurrent repair is never clobbered).
+    """
+
+    def __init__(self, key: str, reason: str, *, generation: int | None = None, url: str | None = None) -> None:
+        where = url or key
+        super().__init__(
+            f"lock record {where!r} is corrupt: {reason}. Nothing was overwritten; "
+            f"inspect the object, then clear it with `handofflock release {where} --force`"
+        )
+        self.key = key
+        self.url = url
+        self.reason = reason
+        self.generation = generation
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+def _fmt_ts(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    left = ts - time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    return f"{stamp} ({left:+.1f}s)"
+
+
+class LockContended(HandoffLockError):
+    """The lock is held and the single waiter slot is taken by someone else.
+
+    Names who holds the lock, who waits, and until when, so the caller can
+    decide whether to try later.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        url: str | None = None,
+        owner_id: str | None = None,
+        owner_expires_at: float | None = None,
+        waiter_id: str | None = None,
+        waiter_expires_at: float | None = None,
+    ) -> None:
+        if message is None:
+            message = (
+                f"lock {url!r} is held by {owner_id!r} until {_fmt_ts(owner_expires_at)}"
+                f" and {waiter_id!r} is already waiting until {_fmt_ts(waiter_expires_at)}"
+                "; handofflock allows one waiter at a time, so try again later"
+            )
+        super().__init__(message)
+        self.url = url
+        self.owner_id = owner_id
+        self.owner_expires_at = owner_expires_at
+        self.waiter_id = waiter_id
+        self.waiter_expires_at = waiter_expires_at
+
+
+class LockTimeout(LockContended, TimeoutError):
+    """``acquire(timeout=...)`` ran out of time. Carries the last state seen."""
+
+
+class AcquireCancelled(HandoffLockError):
+    """A blocking ``acquire()`` was cancelled (``lock.cancel()`` or a release request)."""
+
+
+class LockLost(HandoffLockError):
+    """The lock is no longer safely held: stolen, deleted, expired, or unrenewable.
+
+    Stop the protected work; anything written after this point must be
+    fenced with the lock's token to be safe.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, reason: str = "lost", cause: Any = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.reason = reason
+        self.cause = cause
+
+
+class LockNotHeld(HandoffLockError, RuntimeError):
+    """An operation that needs the lock held (release, renew) was called without it."""
+
+
+class StaleToken(HandoffLockError):
+    """A fenced write carried a token lower than one the resource already accepted."""
+
+    def __init__(self, key: str, token: int, highest: int) -> None:
+        super().__init__(
+            f"write to {key!r} refused: token {token} is stale, the resource already accepted token {highest}"
+        )
+        self.key = key
+        self.token = token
+        self.highest = highest

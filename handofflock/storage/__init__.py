@@ -1,0 +1,114 @@
+"""Storage backends, chosen by URL.
+
+========================  ===============================================
+``gs://bucket/path.json``  Google Cloud Storage (honours STORAGE_EMULATOR_HOST)
+``file:///abs/path.json``  the local filesystem (also plain paths)
+``memory://name[/key]``    in-process, thread-safe, with fault hooks
+========================  ===============================================
+
+:func:`open_url` returns the store and the lock's key inside it. Other objects
+in the same store (a fencing journal, a checkpoint pointer) use keys relative
+to the same root: the bucket, the lock file's directory, or the memory store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ..errors import InvalidLockURL, InvalidKey
+from .base import MAX_KEY_BYTES, MAX_RECORD_BYTES, Storage, validate_generation, validate_key, validate_prefix
+from .memory import MemoryStorage
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_RECORD_BYTES",
+    "MemoryStorage",
+    "Storage",
+    "open_url",
+    "validate_generation",
+    "validate_key",
+    "validate_prefix",
+]
+
+# GCS bucket names: 3-63 characters (up to 222 with dots), lowercase letters,
+# digits, '-', '_' and '.', starting and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+
+#: The key used for ``memory://name`` when the URL names no object.
+DEFAULT_MEMORY_KEY = "lock.json"
+
+
+def open_url(url: str) -> tuple[Storage, str]:
+    """Open the store a lock URL points at; return ``(storage, key)``.
+
+    No I/O happens here: GCS clients are created lazily and local directories
+    are not touched until the first operation.
+
+    >>> store, key = open_url("memory://demo/locks/train.json")
+    >>> key
+    'locks/train.json'
+    """
+    if not isinstance(url, (str, os.PathLike)):
+        raise InvalidLockURL(f"lock URL must be a str or path, got {type(url).__name__}")
+    text = os.fspath(url)
+    if isinstance(text, bytes):
+        raise InvalidLockURL("lock URL must be text, not bytes")
+    if not text.strip():
+        raise InvalidLockURL("lock URL is empty")
+    if "://" not in text:
+        return _open_local(Path(text), original=text)
+
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if parts.query or parts.fragment:
+        raise InvalidLockURL(f"lock URL {text!r} must not have a query or fragment")
+    if scheme == "gs":
+        return _open_gcs(parts.netloc, parts.path, original=text)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidLockURL(f"file URL {text!r} names host {parts.netloc!r}; use file:///absolute/path.json")
+        return _open_local(Path(unquote(parts.path)), original=text)
+    if scheme == "memory":
+        if not parts.netloc:
+            raise InvalidLockURL(f"memory URL {text!r} needs a store name: memory://name[/key]")
+        key = unquote(parts.path.lstrip("/")) or DEFAULT_MEMORY_KEY
+        return MemoryStorage.named(parts.netloc), _checked_key(key, text)
+    raise InvalidLockURL(
+        f"unsupported lock URL scheme {parts.scheme!r} in {text!r}; use gs://bucket/path.json, "
+        "file:///path.json, a plain path, or memory://name"
+    )
+
+
+def _checked_key(key: str, url: str) -> str:
+    try:
+        return validate_key(key)
+    except InvalidKey as exc:
+        raise InvalidLockURL(f"lock URL {url!r} names an invalid object: {exc}") from exc
+
+
+def _open_gcs(bucket: str, path: str, *, original: str) -> tuple[Storage, str]:
+    if not bucket:
+        raise InvalidLockURL(f"GCS URL {original!r} has no bucket: use gs://bucket/path/name.json")
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise InvalidLockURL(
+            f"GCS URL {original!r}: {bucket!r} is not a valid bucket name "
+            "(3-63 lowercase letters, digits, '-', '_' or '.')"
+        )
+    key = unquote(path.lstrip("/"))
+    if not key or key.endswith("/"):
+        raise InvalidLockURL(f"GCS URL {original!r} names no object: use gs://{bucket}/path/name.json")
+    from .gcs import GCSStorage  # the only place google.cloud.storage is imported
+
+    return GCSStorage.shared(bucket), _checked_key(key, original)
+
+
+def _open_local(path: Path, *, original: str) -> tuple[Storage, str]:
+    from .local import LocalStorage
+
+    if not path.name or original.endswith(("/", os.sep)):
+        raise InvalidLockURL(f"local lock URL {original!r} names a directory, not a file")
+    path = Path(os.path.abspath(path))  # no resolve(): symlinks are refused by the backend, not followed
+    return LocalStorage(path.parent), _checked_key(path.name, original)

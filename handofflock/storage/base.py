@@ -1,0 +1,119 @@
+"""The storage contract every backend implements, and what all backends share.
+
+The lock talks to storage only through :class:`Storage`. Every mutation carries
+a generation precondition; there is deliberately no unconditional write, so
+none can slip in. Generation ``0`` in ``if_generation_match`` means "the object
+must not exist".
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..errors import InvalidKey
+
+#: Records larger than this are refused without being read further.
+MAX_RECORD_BYTES = 64 * 1024
+
+#: GCS's own limit on object names, in UTF-8 bytes.
+MAX_KEY_BYTES = 1024
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A store of small objects with generation-matched mutations.
+
+    Implementations: :class:`~handofflock.storage.memory.MemoryStorage`,
+    :class:`~handofflock.storage.local.LocalStorage`,
+    :class:`~handofflock.storage.gcs.GCSStorage`.
+
+    All methods may raise :class:`~handofflock.errors.TransientStorageError`
+    (retry may help) or :class:`~handofflock.errors.StorageError` (it will not).
+    """
+
+    #: A URL naming the store (for messages and logs).
+    url: str
+
+    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+        """Return ``(data, generation)``, or ``None`` if the object does not exist.
+
+        With ``max_bytes``, at most ``max_bytes + 1`` bytes are read, so a caller can
+        tell an oversized object from one that fits without reading all of it.
+        """
+        ...
+
+    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+        """Write ``data`` if the object's generation is ``if_generation_match``.
+
+        ``0`` means the object must not exist. Returns the new generation, which
+        is strictly greater than any generation the key had before, even across
+        a delete. Raises :class:`~handofflock.errors.PreconditionFailed` otherwise.
+        """
+        ...
+
+    def delete(self, key: str, *, if_generation_match: int) -> None:
+        """Delete the object if its generation is ``if_generation_match``.
+
+        Raises :class:`~handofflock.errors.PreconditionFailed` on a mismatch and
+        :class:`~handofflock.errors.NotFound` if it does not exist. (The GCS
+        emulator ignores the precondition on DELETE; the lock never relies on it.)
+        """
+        ...
+
+    def list(self, prefix: str) -> dict[str, int]:
+        """Return ``{key: generation}`` for every object whose key starts with ``prefix``."""
+        ...
+
+    def close(self) -> None:
+        """Release client resources. The store's data is unaffected."""
+        ...
+
+
+def validate_key(key: object) -> str:
+    """Check an object key and return it, or raise :class:`InvalidKey` saying why.
+
+    Keys are relative, ``/``-separated paths: no empty, ``.`` or ``..`` segments,
+    no leading ``/``, no backslashes or control characters, at most 1024 UTF-8 bytes.
+    The same rules hold on every backend, so a key valid in memory is valid on GCS.
+    """
+    if not isinstance(key, str):
+        raise InvalidKey(f"object key must be a str, got {type(key).__name__}")
+    if not key:
+        raise InvalidKey("object key is empty")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise InvalidKey(f"object key is longer than {MAX_KEY_BYTES} UTF-8 bytes")
+    if key.startswith("/"):
+        raise InvalidKey(f"object key {key!r} must be relative (no leading '/')")
+    if "\\" in key:
+        raise InvalidKey(f"object key {key!r} contains a backslash")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+        raise InvalidKey(f"object key {key!r} contains a control character")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidKey(f"object key {key!r} is not valid UTF-8") from exc
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidKey(f"object key {key!r} has an empty, '.' or '..' segment")
+    return key
+
+
+def validate_prefix(prefix: object) -> str:
+    """Check a listing prefix: the rules of a key, but it may be empty or end with ``/``."""
+    if not isinstance(prefix, str):
+        raise InvalidKey(f"prefix must be a str, got {type(prefix).__name__}")
+    body = prefix[:-1] if prefix.endswith("/") else prefix
+    if body:
+        validate_key(body)
+    elif prefix:
+        raise InvalidKey("prefix '/' must be relative (no leading '/')")
+    return prefix
+
+
+def validate_generation(generation: object, *, allow_zero: bool = True) -> int:
+    """Check a generation precondition: a non-negative int (not a bool)."""
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise TypeError(f"if_generation_match must be an int, got {type(generation).__name__}")
+    if generation < 0 or (generation == 0 and not allow_zero):
+        raise ValueError(f"if_generation_match must be {'>= 0' if allow_zero else '> 0'}, got {generation}")
+    return generation

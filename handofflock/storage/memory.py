@@ -1,0 +1,186 @@
+"""``memory://name``: an in-process, thread-safe store.
+
+A real backend (the lock runs on it exactly as on GCS), shared by name within
+a process, with fault hooks so tests can make the next call fail, or apply a
+write and then raise as if the reply had been lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import NotFound, PreconditionFailed, TransientStorageError
+from .base import validate_generation, validate_key, validate_prefix
+
+_REGISTRY: dict[str, "MemoryStorage"] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+@dataclass
+class _Fault:
+    op: str  # "read", "write", "delete", "list" or "*"
+    kind: str  # "fail" (raise before applying) or "lose_reply" (apply, then raise)
+    exc_factory: Callable[[], BaseException]
+    count: int = 1
+    key: str | None = None
+
+
+@dataclass
+class FaultHooks:
+    """Faults to inject into a :class:`MemoryStorage`. Thread-safe.
+
+    >>> store.faults.fail_next("write")                  # next write raises, nothing applied
+    >>> store.faults.lose_reply_next("write")            # next write applies, then raises
+    >>> store.faults.fail_next("read", exc=lambda: PermissionError())
+    """
+
+    _faults: list[_Fault] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail_next(
+        self,
+        op: str = "*",
+        *,
+        count: int = 1,
+        key: str | None = None,
+        exc: Callable[[], BaseException] | None = None,
+    ) -> None:
+        """Make the next ``count`` matching calls raise without touching the store."""
+        factory = exc or (lambda: TransientStorageError("injected fault: request failed", status=503, ambiguous=False))
+        with self._lock:
+            self._faults.append(_Fault(op, "fail", factory, count, key))
+
+    def lose_reply_next(
+        self,
+        op: str = "write",
+        *,
+        count: int = 1,
+        key: str | None = None,
+        exc: Callable[[], BaseException] | None = None,
+    ) -> None:
+        """Make the next ``count`` matching mutations apply, then raise as if the reply was lost."""
+        factory = exc or (lambda: TransientStorageError("injected fault: reply lost after the write applied", ambiguous=True))
+        with self._lock:
+            self._faults.append(_Fault(op, "lose_reply", factory, count, key))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _take(self, op: str, key: str | None) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.op in (op, "*") and (fault.key is None or fault.key == key):
+                    fault.count -= 1
+                    if fault.count <= 0:
+                        self._faults.remove(fault)
+                    return fault
+        return None
+
+
+class MemoryStorage:
+    """An in-process store. Use :func:`MemoryStorage.named` to share one by name.
+
+    Generations come from one counter per store, so they strictly increase for a
+    key even across delete and recreate. ``calls`` counts operations by name.
+    """
+
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+        self.url = f"memory://{name}"
+        self.faults = FaultHooks()
+        self.calls: Counter[str] = Counter()
+        self._objects: dict[str, tuple[bytes, int]] = {}
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def named(cls, name: str) -> "MemoryStorage":
+        """Return the process-wide store called ``name``, creating it on first use."""
+        with _REGISTRY_LOCK:
+            store = _REGISTRY.get(name)
+            if store is None:
+                store = _REGISTRY[name] = cls(name)
+            return store
+
+    @classmethod
+    def forget(cls, name: str) -> None:
+        """Drop the named store from the registry (its data goes with it)."""
+        with _REGISTRY_LOCK:
+            _REGISTRY.pop(name, None)
+
+    # -- the contract ---------------------------------------------------------
+
+    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+        validate_key(key)
+        fault = self._before("read", key)
+        with self._lock:
+            found = self._objects.get(key)
+        self._after(fault)
+        if found is None:
+            return None
+        data, generation = found
+        if max_bytes is not None:
+            data = data[: max_bytes + 1]
+        return data, generation
+
+    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+        validate_key(key)
+        validate_generation(if_generation_match)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        fault = self._before("write", key)
+        with self._lock:
+            current = self._objects.get(key)
+            current_generation = current[1] if current else 0
+            if current_generation != if_generation_match:
+                raise PreconditionFailed(key, if_generation_match, url=self.url)
+            self._counter += 1
+            self._objects[key] = (bytes(data), self._counter)
+            generation = self._counter
+        self._after(fault)
+        return generation
+
+    def delete(self, key: str, *, if_generation_match: int) -> None:
+        validate_key(key)
+        validate_generation(if_generation_match)
+        fault = self._before("delete", key)
+        with self._lock:
+            current = self._objects.get(key)
+            if current is None:
+                raise NotFound(key, url=self.url)
+            if current[1] != if_generation_match:
+                raise PreconditionFailed(key, if_generation_match, url=self.url)
+            del self._objects[key]
+        self._after(fault)
+
+    def list(self, prefix: str) -> dict[str, int]:
+        validate_prefix(prefix)
+        fault = self._before("list", None)
+        with self._lock:
+            found = {k: g for k, (_, g) in self._objects.items() if k.startswith(prefix)}
+        self._after(fault)
+        return found
+
+    def close(self) -> None:
+        """Nothing to release; the data lives as long as the store object."""
+
+    # -- fault hooks ----------------------------------------------------------
+
+    def _before(self, op: str, key: str | None) -> _Fault | None:
+        self.calls[op] += 1
+        fault = self.faults._take(op, key)
+        if fault is not None and fault.kind == "fail":
+            raise fault.exc_factory()
+        return fault
+
+    @staticmethod
+    def _after(fault: _Fault | None) -> None:
+        if fault is not None:  # "lose_reply": the operation applied, the caller hears a failure
+            raise fault.exc_factory()
+
+    def __repr__(self) -> str:
+        return f"MemoryStorage({self.name!r})"

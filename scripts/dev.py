@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Set up the project's virtual environment and run the demo or the test suite.
+
+Needs only Python 3.10+ and access to PyPI. Standard library only, so it runs
+before anything is installed:
+
+    python3 scripts/dev.py demo    # the two-trainer handoff demo, on the local backend
+    python3 scripts/dev.py test    # the whole test suite (starts its own GCS emulator)
+
+The venv lives in ``.venv`` beside this repository's ``pyproject.toml``. It is
+reused while ``pyproject.toml`` is unchanged, and refreshed when it changes.
+Extra arguments are passed through to the demo or to pytest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".handofflock-installed"
+
+
+def _venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _wanted_stamp() -> str:
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    return f"{digest} {sys.version_info[:2]}"
+
+
+def ensure_venv() -> Path:
+    """Create or reuse .venv and install the package with its test extra."""
+    if sys.version_info < (3, 10):
+        sys.exit(f"handofflock needs Python 3.10 or newer; this is {sys.version.split()[0]}")
+    python = _venv_python()
+    if not python.exists():
+        print(f"[dev] creating virtual environment in {VENV}", flush=True)
+        try:
+            venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+        except Exception as exc:  # e.g. Debian without python3-venv
+            sys.exit(f"[dev] could not create a virtual environment ({exc}); install your Python's venv module")
+    if STAMP.exists() and STAMP.read_text() == _wanted_stamp():
+        return python
+    print("[dev] installing handofflock and its test dependencies into .venv", flush=True)
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    subprocess.run(pip + ["-e", f"{ROOT}[test]"], check=True)
+    STAMP.write_text(_wanted_stamp())
+    return python
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test", "setup"):
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    python = ensure_venv()
+    if command == "setup":
+        return 0
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if command == "demo":
+        args = [str(python), "-m", "handofflock.demo", *rest]
+    else:
+        args = [str(python), "-m", "pytest", *rest]
+    return subprocess.run(args, cwd=ROOT, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
