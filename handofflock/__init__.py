@@ -1,5 +1,12 @@
-"""handofflock: a single-waiter cooperative handoff lock kept as one JSON object in GCS."""
+"""handofflock: a single-waiter cooperative handoff lock kept as one JSON object in GCS.
 
+>>> from handofflock import HandoffLock
+>>> with HandoffLock("gs://bucket/locks/train.json", ttl=60.0) as lock:
+...     ...  # lock.release_requested turns True when a waiter asks; leaving hands off
+"""
+
+from . import signals
+from .clock import Clock, FakeClock
 from .errors import (
     AcquireCancelled,
     ConfigurationError,
@@ -17,10 +24,21 @@ from .errors import (
     StorageError,
     TransientStorageError,
 )
+from .lock import HandoffLock, LockStatus, ReleaseRequest
+from .record import LockRecord
+from .scheduler import Scheduler
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Clock",
+    "FakeClock",
+    "HandoffLock",
+    "LockRecord",
+    "LockStatus",
+    "ReleaseRequest",
+    "Scheduler",
+    "signals",
     "AcquireCancelled",
     "ConfigurationError",
     "HandoffLockError",

@@ -1,0 +1,754 @@
+"""HandoffLock: the public client. It performs I/O and keeps state; ``protocol.py`` decides.
+
+Threads: ``acquire()`` runs in the caller's thread (a waiter polls there).
+Renewal and the waiter check run on the process-wide scheduler
+(``scheduler.py``). ``release()`` may be called from any thread, and from a
+signal handler while the same thread is inside the library: such a re-entrant
+call only records the request and the outer call carries it out on its way
+out, so nothing deadlocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from . import protocol, signals
+from .clock import Clock
+from .errors import (
+    AcquireCancelled,
+    ConfigurationError,
+    HandoffLockError,
+    LockContended,
+    LockLost,
+    LockNotHeld,
+    LockRecordCorrupt,
+    LockTimeout,
+    PreconditionFailed,
+    StorageError,
+    TransientStorageError,
+)
+from .pacing import WriteGate, backoff, gate_for
+from .protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
+from .record import MAX_TTL, LockRecord, new_nonce
+from .storage import MAX_RECORD_BYTES, Storage, open_url
+
+_log_acquire = logging.getLogger("handofflock.acquire")
+_log_renew = logging.getLogger("handofflock.renew")
+_log_release = logging.getLogger("handofflock.release")
+
+T = TypeVar("T")
+
+IDLE, WAITING, HELD, LOST = "idle", "waiting", "held", "lost"
+
+
+def default_owner_id() -> str:
+    """``host:pid:random``: unique per lock instance, readable in ``status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """Someone wants the lock: who, why, and by when.
+
+    ``reason`` is ``"waiter"``, ``"signal"``, ``"preemption"`` or ``"manual"``;
+    ``requester`` is the waiter's owner id, or the signal/notice that asked;
+    ``deadline`` is the Unix time by which the lock should be released, or None.
+    """
+
+    reason: str
+    requester: str
+    deadline: float | None
+    requested_at: float
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`."""
+
+    url: str
+    exists: bool
+    generation: int
+    owner_id: str | None = None
+    expires_at: float | None = None
+    waiter_id: str | None = None
+    waiter_expires_at: float | None = None
+    token: int = 0
+    ttl: float | None = None
+    read_at: float = 0.0
+    owner_live: bool = False
+    waiter_live: bool = False
+    record: LockRecord | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "exists": self.exists,
+            "generation": self.generation,
+            "ownerId": self.owner_id,
+            "expiresAt": self.expires_at,
+            "waitingOwnerId": self.waiter_id,
+            "waiterExpiresAt": self.waiter_expires_at,
+            "token": self.token,
+            "ttl": self.ttl,
+            "readAt": self.read_at,
+            "ownerLive": self.owner_live,
+            "waiterLive": self.waiter_live,
+        }
+
+
+class HandoffLock:
+    """A single-waiter cooperative handoff lock kept as one JSON object.
+
+    >>> lock = HandoffLock("gs://bucket/locks/train.json", ttl=60.0)
+    >>> with lock:                      # waits as the single waiter if held
+    ...     for step in steps:
+    ...         train(step)
+    ...         if lock.release_requested:   # a waiter, SIGTERM or preemption asked
+    ...             save_checkpoint(fence=lock.token)
+    ...             break                    # leaving the block hands the lock over
+
+    Parameters (seconds): ``ttl`` is the lease; the owner renews every
+    ``renew_interval`` (default ttl/8) and gives the lock up as unhealthy if no
+    renewal succeeded for ``renew_deadline`` (default ttl/2). The owner reads
+    the record every ``waiter_check_interval`` to notice a waiter; a waiter
+    reads it every ``waiter_poll_interval`` and holds its slot for
+    ``waiter_ttl`` (default ttl), refreshing it at half-life. A lease counts
+    as expired for others only ``max_clock_skew`` after its ``expiresAt``.
+    ``min_write_interval`` spaces writes to the object from this process
+    (default 1.0 on GCS, whose per-object write rate is about 1/s; 0 elsewhere).
+    With ``wait_for_slot=True`` a blocking acquire that finds another live
+    waiter keeps polling for the slot instead of raising :class:`LockContended`.
+    ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
+    let a restarted process retake its own lock at once.
+
+    No I/O happens in the constructor.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        ttl: float = 60.0,
+        renew_interval: float | None = None,
+        renew_deadline: float | None = None,
+        waiter_ttl: float | None = None,
+        waiter_check_interval: float = 2.0,
+        waiter_poll_interval: float = 1.0,
+        max_clock_skew: float = 2.0,
+        min_write_interval: float | None = None,
+        wait_for_slot: bool = False,
+        owner_id: str | None = None,
+        clock: Clock | None = None,
+        scheduler: Any = None,
+        storage: Storage | None = None,
+        key: str | None = None,
+    ) -> None:
+        if storage is not None:
+            if key is None:
+                raise ConfigurationError("pass key= together with storage=")
+            self._storage, self._key = storage, key
+            self.url = f"{getattr(storage, 'url', storage)}/{key}"
+        else:
+            self._storage, self._key = open_url(url)
+            self.url = os.fspath(url)
+        self.ttl = _positive("ttl", ttl)
+        if self.ttl > MAX_TTL:
+            raise ConfigurationError(f"ttl must be at most {MAX_TTL:.0f} s (a week), got {ttl}")
+        self.renew_interval = _positive("renew_interval", ttl / 8 if renew_interval is None else renew_interval)
+        self.renew_deadline = _positive("renew_deadline", ttl / 2 if renew_deadline is None else renew_deadline)
+        if not self.ttl > self.renew_deadline > self.renew_interval:
+            raise ConfigurationError(
+                f"need ttl > renew_deadline > renew_interval > 0, got ttl={self.ttl}, "
+                f"renew_deadline={self.renew_deadline}, renew_interval={self.renew_interval}"
+            )
+        self.waiter_ttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
+        self.waiter_check_interval = _positive("waiter_check_interval", waiter_check_interval)
+        self.waiter_poll_interval = _positive("waiter_poll_interval", waiter_poll_interval)
+        if self.waiter_ttl < 2 * self.waiter_poll_interval:
+            raise ConfigurationError(
+                f"waiter_ttl ({self.waiter_ttl}) must be at least twice waiter_poll_interval "
+                f"({self.waiter_poll_interval}) so the waiter can refresh its slot in time"
+            )
+        if max_clock_skew < 0 or max_clock_skew != max_clock_skew:
+            raise ConfigurationError(f"max_clock_skew must be >= 0, got {max_clock_skew}")
+        self.max_clock_skew = float(max_clock_skew)
+        if min_write_interval is None:
+            min_write_interval = 1.0 if type(self._storage).__name__ == "GCSStorage" else 0.0
+        if min_write_interval < 0:
+            raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
+        self.min_write_interval = float(min_write_interval)
+        self.wait_for_slot = bool(wait_for_slot)
+        if owner_id is not None and (not isinstance(owner_id, str) or not owner_id or len(owner_id) > 512):
+            raise ConfigurationError("owner_id must be a non-empty string of at most 512 characters")
+        self.owner_id: str = owner_id or default_owner_id()
+        self._clock = clock or Clock()
+        self._scheduler = scheduler
+        self._policy = Policy(ttl=self.ttl, waiter_ttl=self.waiter_ttl, max_clock_skew=self.max_clock_skew)
+
+        # State. Plain attributes read without locks are written atomically.
+        self._state = IDLE
+        self._record: LockRecord | None = None
+        self._generation = 0
+        self.token: int | None = None
+        self._valid_until = float("-inf")  # monotonic
+        self._next_renew = float("inf")
+        self._next_check = float("inf")
+        self._renew_failures = 0
+        self._lost_reason: str | None = None
+        self._lost_error: BaseException | None = None
+        self.release_requested: bool = False
+        self.release_request: ReleaseRequest | None = None
+        self._notified_waiters: set[tuple[str, float]] = set()
+        self._pending_notices: list[ReleaseRequest] = []
+        self._pending_events: list[tuple[Any, dict[str, Any]]] = []
+
+        self._io = threading.Lock()  # serialises this lock's storage operations
+        self._cancel = threading.Event()
+        self._tls = threading.local()
+        self._deferred_release = False
+        self._gate: WriteGate | None = None
+
+    # ------------------------------------------------------------------ public state
+
+    @property
+    def is_held(self) -> bool:
+        """True from a successful acquire until release or loss. No I/O."""
+        return self._state == HELD
+
+    @property
+    def healthy(self) -> bool:
+        """True while the lock is held and renewed recently enough to be safe. No I/O.
+
+        Turns False as soon as ``renew_deadline`` has passed since the last
+        successful renewal, even if the background thread has not run yet (say
+        the whole process was stopped): the monotonic clock kept counting.
+        """
+        return self._state == HELD and self._clock.monotonic() < self._valid_until
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless the lock is held and healthy. No I/O.
+
+        Call it before each unit of protected work.
+        """
+        if self.healthy:
+            return
+        if self._state == HELD:
+            raise LockLost(
+                f"lock {self.url!r} was not renewed within renew_deadline ({self.renew_deadline:.1f} s); "
+                "treat it as lost (was the process paused?)",
+                url=self.url,
+                reason="renew deadline passed",
+            )
+        if self._state == LOST:
+            raise LockLost(f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost")
+        raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
+
+    def request_release(
+        self, reason: str = "manual", *, requester: str | None = None, deadline: float | None = None
+    ) -> None:
+        """Ask the holder of this instance to release, as a waiter would.
+
+        Safe in a signal handler: it only assigns attributes; the
+        ``on_release_requested`` signal is sent from the scheduler thread.
+        The most urgent request (earliest deadline) is kept.
+        """
+        request = ReleaseRequest(reason, requester or reason, deadline, self._clock.time())
+        current = self.release_request
+        if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
+            self.release_request = request
+        self.release_requested = True
+        self._pending_notices.append(request)
+
+    # ------------------------------------------------------------------ acquire
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the lock. Returns True when held.
+
+        * lock absent, free, or expired with no other live waiter: take it.
+        * held by a live owner: become the single waiter and poll until the
+          owner hands the lock over or its lease expires.
+        * another live waiter already: raise :class:`LockContended` (or, with
+          ``wait_for_slot``, keep polling for the slot).
+
+        ``blocking=False`` never waits and never registers as waiter: it returns
+        False if the lock cannot be taken now. ``timeout`` bounds the wait;
+        on expiry the waiter slot is given back and :class:`LockTimeout` raised.
+        """
+        if timeout is not None and timeout < 0:
+            raise ConfigurationError("timeout must be >= 0 or None")
+        return self._guarded(lambda: self._acquire(blocking, timeout))
+
+    def _acquire(self, blocking: bool, timeout: float | None) -> bool:
+        if self._state in (HELD, WAITING):
+            raise HandoffLockError(f"this HandoffLock instance already {'holds' if self._state == HELD else 'is acquiring'} {self.url!r}")
+        self._cancel.clear()
+        deadline = None if timeout is None else self._clock.monotonic() + timeout
+        waiting = False
+        last: LockRecord | None = None
+        self._state = WAITING
+        try:
+            with self._io:
+                record, generation = self._read(deadline)
+            while True:
+                last = record or last
+                decision = protocol.decide_acquire(
+                    record, generation, me=self.owner_id, now=self._clock.time(),
+                    policy=self._policy, nonce=new_nonce(), waiting=waiting,
+                )
+                if isinstance(decision, Owned):
+                    self._became_owner(decision.record, decision.generation, handoff=True)
+                    return True
+                if isinstance(decision, Write):
+                    if decision.kind is Kind.BECOME_WAITER and not blocking:
+                        return self._not_acquired()
+                    try:
+                        with self._io:
+                            generation = self._write(decision, deadline)
+                    except PreconditionFailed:
+                        with self._io:
+                            record, generation = self._read(deadline)
+                        continue
+                    record = decision.record
+                    if decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
+                        self._became_owner(record, generation, handoff=False)
+                        return True
+                    if not waiting:
+                        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
+                    waiting = True
+                elif isinstance(decision, Contended):
+                    if not blocking:
+                        return self._not_acquired()
+                    if not self.wait_for_slot:
+                        raise self._contended(LockContended, decision.record)
+                else:  # Wait
+                    if not blocking:
+                        return self._not_acquired()
+                # Sleep one poll interval (or less, up to the deadline), then read again.
+                pause = self.waiter_poll_interval
+                if deadline is not None:
+                    left = deadline - self._clock.monotonic()
+                    if left <= 0:
+                        return self._give_up(waiting, last, timed_out=True)
+                    pause = min(pause, left)
+                if self._clock.wait(self._cancel, pause) or self._deferred_release:
+                    return self._give_up(waiting, last, timed_out=False)
+                with self._io:
+                    record, generation = self._read(deadline)
+        except BaseException:
+            if self._state == WAITING:
+                self._state = IDLE
+            raise
+
+    def cancel(self) -> None:
+        """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back."""
+        self._cancel.set()
+
+    def _not_acquired(self) -> bool:
+        self._state = IDLE
+        return False
+
+    def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
+        """Leave the waiter slot with a conditional write; maybe we were handed the lock meanwhile."""
+        if waiting:
+            for _ in range(5):
+                with self._io:
+                    record, generation = self._read(self._clock.monotonic() + self.renew_deadline)
+                decision = protocol.decide_give_up_wait(record, generation, me=self.owner_id, nonce=new_nonce())
+                if isinstance(decision, Owned):
+                    if timed_out:  # the handoff beat the timeout: keep it
+                        self._became_owner(decision.record, decision.generation, handoff=True)
+                        return True
+                    self._became_owner(decision.record, decision.generation, handoff=True)
+                    self._deferred_release = False
+                    self._release()
+                    break
+                if not isinstance(decision, Write):
+                    break
+                try:
+                    with self._io:
+                        self._write(decision, self._clock.monotonic() + self.renew_deadline)
+                    break
+                except PreconditionFailed:
+                    continue
+        self._state = IDLE
+        if timed_out:
+            raise self._contended(LockTimeout, last, timed_out=True)
+        raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
+
+    def _contended(self, cls: type[LockContended], record: LockRecord | None, timed_out: bool = False) -> LockContended:
+        r = record or LockRecord()
+        message = None
+        if timed_out:
+            message = (
+                f"timed out acquiring {self.url!r}: held by {r.owner_id!r} (expires {r.expires_at}), "
+                f"waiter {r.waiting_owner_id!r}"
+            )
+        return cls(
+            message,
+            url=self.url,
+            owner_id=r.owner_id,
+            owner_expires_at=r.expires_at,
+            waiter_id=r.waiting_owner_id,
+            waiter_expires_at=r.waiter_expires_at,
+        )
+
+    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool) -> None:
+        now = self._clock.monotonic()
+        self._record, self._generation = record, generation
+        self.token = record.token
+        # A handed-off lease was written by the old owner; count our safety window from now
+        # only if the lease it wrote still covers it.
+        self._valid_until = now + self.renew_deadline
+        self._next_renew = now + (0.0 if handoff else self.renew_interval)
+        self._next_check = now + self.waiter_check_interval
+        self._renew_failures = 0
+        self._lost_reason = self._lost_error = None
+        # A release request recorded while we were acquiring (a SIGTERM, say) stands.
+        self._notified_waiters.clear()
+        self._state = HELD
+        _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
+        self._schedule()
+        signals.send(signals.acquired, self, token=record.token, handoff=handoff)
+
+    # ------------------------------------------------------------------ release
+
+    def release(self) -> str | None:
+        """Give the lock up: hand it to a live waiter in one write, or mark it free.
+
+        Returns the waiter's owner id when handed off, else None. Raises
+        :class:`LockLost` (writing nothing) if the lock had been lost, and
+        :class:`LockNotHeld` if this instance never held it. During a blocking
+        ``acquire()`` in another thread, it cancels that acquire instead.
+        """
+        return self._guarded(self._release, deferrable=True)
+
+    def _release(self) -> str | None:
+        if self._state == WAITING:
+            self._cancel.set()
+            return None
+        if self._state == LOST:
+            self._state = IDLE
+            raise LockLost(f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written", url=self.url, reason=self._lost_reason or "lost")
+        if self._state != HELD:
+            raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
+        self._unschedule()
+        deadline = self._clock.monotonic() + max(self.renew_deadline, 5.0)
+        attempted: Write | None = None
+        with self._io:
+            if self._state != HELD:  # lost while we waited for the scheduler's I/O
+                return self._release()
+            record, generation = self._record, self._generation
+            while True:
+                decision = protocol.decide_release(
+                    record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
+                    policy=self._policy, nonce=new_nonce(), attempted=attempted,
+                )
+                if isinstance(decision, Released):
+                    heir = decision.handed_off_to
+                    break
+                if isinstance(decision, Lost):
+                    self._mark_lost(decision.why, None, from_release=True)
+                    self._state = IDLE
+                    self._flush_events()
+                    raise LockLost(f"lock {self.url!r} was lost before release: {decision.why}; nothing was written", url=self.url, reason=decision.why)
+                assert isinstance(decision, Write)
+                try:
+                    self._write(decision, deadline)
+                except PreconditionFailed:
+                    attempted = decision
+                    record, generation = self._read(deadline)
+                    continue
+                except BaseException:
+                    self._state = IDLE
+                    raise
+                heir = decision.record.owner_id if decision.kind is Kind.HANDOFF else None
+                break
+        self._state = IDLE
+        token = self.token
+        self.release_request = None
+        _log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
+        self.release_requested = False
+        signals.send(signals.released, self, handed_off_to=heir, token=token)
+        return heir
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> "HandoffLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._state not in (HELD, LOST):
+            return
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            _log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> LockStatus:
+        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
+        def read() -> LockStatus:
+            with self._io:
+                record, generation = self._read(self._clock.monotonic() + 30.0)
+            now = self._clock.time()
+            if record is None:
+                return LockStatus(self.url, False, 0, read_at=now)
+            return LockStatus(
+                self.url, True, generation, record.owner_id, record.expires_at, record.waiting_owner_id,
+                record.waiter_expires_at, record.token, record.ttl, now,
+                record.owner_live(now), record.waiter_live(now), record,
+            )
+        return self._guarded(read)
+
+    # ------------------------------------------------------------------ background duties (scheduler thread)
+
+    def _due(self) -> float:
+        """Monotonic time of this lock's next background duty (inf if none)."""
+        if self._pending_notices or self._pending_events:
+            return float("-inf")
+        if self._state != HELD:
+            return float("inf")
+        return min(self._next_renew, self._next_check, self._valid_until)
+
+    def _run_due(self) -> None:
+        """Do whatever is due: renew, check for a waiter, send pending signals."""
+        now = self._clock.monotonic()
+        if self._state == HELD:
+            if now >= self._valid_until:
+                with self._io:
+                    if self._state == HELD:
+                        self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
+            elif now >= self._next_renew:
+                self._renew()
+            elif now >= self._next_check:
+                self._check_waiter()
+        self._flush_events()
+
+    def _renew(self) -> None:
+        with self._io:
+            if self._state != HELD:
+                return
+            started = self._clock.monotonic()
+            try:
+                record, generation = self._record, self._generation
+                for _ in range(4):
+                    decision = protocol.decide_renew(
+                        record, generation, me=self.owner_id, token=self.token or 0,
+                        now=self._clock.time(), policy=self._policy, nonce=new_nonce(),
+                    )
+                    if isinstance(decision, Lost):
+                        self._mark_lost(decision.why, None)
+                        return
+                    assert isinstance(decision, Write)
+                    try:
+                        generation = self._write(decision, self._valid_until, retry=False)
+                    except PreconditionFailed:
+                        # A waiter registered or refreshed (or we lost it): read and decide again.
+                        record, generation = self._read(self._valid_until, retry=False)
+                        self._note_waiter(record)
+                        continue
+                    self._record, self._generation = decision.record, generation
+                    self._valid_until = started + self.renew_deadline
+                    self._next_renew = started + self.renew_interval
+                    self._renew_failures = 0
+                    _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, decision.record.expires_at)
+                    return
+                raise TransientStorageError("the record kept changing under renewal", ambiguous=False)
+            except TransientStorageError as exc:
+                self._renew_failures += 1
+                delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
+                self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
+                _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
+            except (StorageError, LockRecordCorrupt) as exc:
+                self._mark_lost(f"renewal failed: {exc}", exc)
+
+    def _check_waiter(self) -> None:
+        with self._io:
+            if self._state != HELD:
+                return
+            self._next_check = self._clock.monotonic() + self.waiter_check_interval
+            try:
+                record, generation = self._read(None, retry=False)
+            except TransientStorageError as exc:
+                _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
+                return
+            except (StorageError, LockRecordCorrupt) as exc:
+                self._mark_lost(f"the lock object became unreadable: {exc}", exc)
+                return
+            seen = protocol.observe_as_owner(record, me=self.owner_id, token=self.token or 0, now=self._clock.time())
+            if isinstance(seen, Lost):
+                self._mark_lost(seen.why, None)
+                return
+            if generation != self._generation:
+                self._record, self._generation = record, generation
+            self._note_waiter(record)
+
+    def _note_waiter(self, record: LockRecord | None) -> None:
+        if record is None:
+            return
+        seen = protocol.observe_as_owner(record, me=self.owner_id, token=self.token or 0, now=self._clock.time())
+        if isinstance(seen, WaiterSeen) and seen.waiter_id not in {w for w, _ in self._notified_waiters}:
+            self._notified_waiters.add((seen.waiter_id, seen.deadline))
+            _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
+            self.request_release("waiter", requester=seen.waiter_id, deadline=seen.deadline)
+
+    def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
+        """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
+        if self._state == LOST:
+            return
+        self._state = LOST
+        self._valid_until = float("-inf")
+        self._lost_reason = why
+        self._unschedule()
+        exc = LockLost(f"lock {self.url!r} lost: {why}", url=self.url, reason=why, cause=error)
+        if error is not None:
+            exc.__cause__ = error
+        self._lost_error = exc
+        _log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
+        if not from_release:
+            self._pending_events.append((signals.on_renewal_error, {"error": exc}))
+        self._pending_events.append((signals.lost, {"reason": why, "error": exc}))
+
+    def _flush_events(self) -> None:
+        """Send queued signals. Called with no lock held, so receivers may call back in."""
+        while self._pending_notices:
+            req = self._pending_notices.pop(0)
+            signals.send(signals.on_release_requested, self, waiter_id=req.requester, deadline=req.deadline, reason=req.reason)
+        while self._pending_events:
+            signal, kwargs = self._pending_events.pop(0)
+            signals.send(signal, self, **kwargs)
+
+    def _schedule(self) -> None:
+        if self._scheduler is None:
+            from .scheduler import default_scheduler
+
+            self._scheduler = default_scheduler()
+        self._scheduler.add(self)
+
+    def _unschedule(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.discard(self)
+
+    # ------------------------------------------------------------------ storage I/O
+
+    def _read(self, deadline: float | None, *, retry: bool = True) -> tuple[LockRecord | None, int]:
+        """One read (retried on transient errors until ``deadline``), decoded strictly."""
+        delays = _jitter(0)
+        while True:
+            try:
+                found = self._storage.read(self._key, max_bytes=MAX_RECORD_BYTES)
+                break
+            except TransientStorageError:
+                if not retry or not self._sleep_before_retry(next(delays), deadline):
+                    raise
+        if found is None:
+            return None, 0
+        data, generation = found
+        return LockRecord.decode(data, key=self._key, generation=generation, url=self.url), generation
+
+    def _write(self, write: Write, deadline: float | None, *, retry: bool = True) -> int:
+        """Make one conditional write; resolve a lost reply by looking for our nonce.
+
+        Returns the new generation. Raises PreconditionFailed when the record
+        moved on (the caller reads and decides again).
+        """
+        gate = self._gate or gate_for(self._storage, self._key, self.min_write_interval)
+        self._gate = gate
+        data = write.record.encode()
+        delays = _jitter(0)
+        maybe_landed = False
+        while True:
+            wait = gate.reserve(self._clock.monotonic())
+            if wait > 0:
+                self._clock.sleep(wait)
+            try:
+                generation = self._storage.write(self._key, data, if_generation_match=write.if_generation_match)
+                gate.succeeded()
+                return generation
+            except PreconditionFailed:
+                if maybe_landed:
+                    landed = self._find_own_write(write)
+                    if landed is not None:
+                        return landed
+                raise
+            except TransientStorageError as exc:
+                if exc.status == 429:
+                    gate.throttled(exc.retry_after)
+                if exc.ambiguous:
+                    maybe_landed = True
+                    try:
+                        landed = self._find_own_write(write)
+                    except TransientStorageError:
+                        landed = None
+                    if landed is not None:
+                        return landed
+                if not retry or not self._sleep_before_retry(next(delays), deadline):
+                    raise
+
+    def _find_own_write(self, write: Write) -> int | None:
+        """After an ambiguous failure: did our write land? Our nonce in the record says so."""
+        found = self._storage.read(self._key, max_bytes=MAX_RECORD_BYTES)
+        if found is None:
+            return None
+        data, generation = found
+        try:
+            record = LockRecord.decode(data, key=self._key, generation=generation, url=self.url)
+        except LockRecordCorrupt:
+            return None
+        if record.nonce == write.record.nonce:
+            _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
+            return generation
+        if generation != write.if_generation_match:
+            raise PreconditionFailed(self._key, write.if_generation_match, url=self.url)
+        return None
+
+    def _sleep_before_retry(self, delay: float, deadline: float | None) -> bool:
+        """Sleep ``delay`` unless that passes ``deadline`` or the acquire is cancelled."""
+        if deadline is not None and self._clock.monotonic() + delay >= deadline:
+            return False
+        return not self._clock.wait(self._cancel, delay)
+
+    # ------------------------------------------------------------------ re-entrancy
+
+    def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
+        """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
+        depth = getattr(self._tls, "depth", 0)
+        if depth and deferrable:
+            self._deferred_release = True
+            self._cancel.set()
+            return None  # type: ignore[return-value]
+        self._tls.depth = depth + 1
+        try:
+            return fn()
+        finally:
+            self._tls.depth = depth
+            if depth == 0 and self._deferred_release:
+                self._deferred_release = False
+                if self._state in (HELD, LOST):
+                    self._guarded(self._release)
+
+    def __repr__(self) -> str:
+        return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state} token={self.token}>"
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _jitter(start: int):
+    gen = backoff(base=0.1, cap=2.0)
+    for _ in range(start):
+        next(gen)
+    return gen

@@ -1,0 +1,274 @@
+"""What the lock writes next, and why. Pure: no I/O, no threads, no clock reads.
+
+Every function takes what was just read (the record and its generation, or
+``None`` and 0 for an absent object), who we are, the wall-clock ``now`` and the
+:class:`Policy`, and returns one :class:`Write` (exactly one conditional write,
+preconditioned on the generation just read, or 0 to create) or a non-writing
+outcome. ``lock.py`` performs the write; if its precondition fails it reads
+again and asks again. Nothing here trusts a read on its own: every change of
+state is a generation-matched write.
+
+Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
+
+* A contender treats the owner's lease as expired only after
+  ``expiresAt + max_clock_skew``; everyone but the owner defers to a waiter
+  until ``waiterExpiresAt + max_clock_skew``.
+* The owner acts on a waiter (notice, handoff) only while the waiter's slot is
+  live by the owner's own clock, so it never hands the lock to a waiter that has
+  probably given up.
+* The owner judges its own safety by its monotonic clock, not by ``expiresAt``
+  (see ``lock.py``): it considers itself lost ``renew_deadline`` after its last
+  successful renewal, which is well before ``expiresAt``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .record import MAX_TOKEN, LockRecord
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The timing parameters the decisions need (validated by ``HandoffLock``)."""
+
+    ttl: float
+    waiter_ttl: float
+    max_clock_skew: float
+
+
+class Kind(str, enum.Enum):
+    """Why a write is made. Stable strings: they appear in logs and history."""
+
+    CREATE = "create"  # the object is absent: create it owned by me
+    TAKE = "take"  # free or expired, and no live waiter but me: take it
+    RETAKE = "retake"  # the record names my (stable) owner id: take it back with a new token
+    BECOME_WAITER = "become_waiter"  # held by a live owner, waiter slot empty or expired
+    REFRESH_WAITER = "refresh_waiter"  # I am the waiter and my slot is half used up
+    GIVE_UP_WAIT = "give_up_wait"  # I was the waiter and stop waiting: clear the slot
+    RENEW = "renew"  # I own it: push expiresAt forward, keep the waiter fields as read
+    HANDOFF = "handoff"  # releasing with a live waiter: it becomes the owner, in one write
+    FREE = "free"  # releasing with no live waiter: ownerId = null, the object stays
+
+
+@dataclass(frozen=True)
+class Write:
+    """Make exactly this conditional write."""
+
+    kind: Kind
+    record: LockRecord
+    if_generation_match: int
+
+
+@dataclass(frozen=True)
+class Owned:
+    """No write needed: the record already names me as owner (a handoff was made to me)."""
+
+    record: LockRecord
+    generation: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to write now; read again later. ``why`` is for logs."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Contended:
+    """Held by someone else and the single waiter slot is someone else's."""
+
+    record: LockRecord
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The lock is not mine any more (or never became mine). Write nothing."""
+
+    why: str
+    record: LockRecord | None
+
+
+@dataclass(frozen=True)
+class Released:
+    """Evidence that an earlier release of ours already landed; write nothing more."""
+
+    handed_off_to: str | None
+
+
+Decision = Write | Owned | Wait | Contended | Lost | Released
+
+
+def next_token(record: LockRecord | None, now: float) -> int:
+    """The fencing token for a new owner.
+
+    Strictly greater than the record's token. Creation (no record to continue
+    from) starts at the creator's wall clock in milliseconds, so a lock object
+    deleted and recreated still continues ahead of the old sequence unless that
+    happens within the clock skew; see docs/design.md.
+    """
+    floor = 0 if record is None else record.token
+    return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
+
+
+def _owned_by(record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str) -> LockRecord:
+    return record.replace(
+        owner_id=me,
+        expires_at=now + ttl,
+        waiting_owner_id=None,
+        waiter_expires_at=None,
+        ttl=ttl,
+        token=token,
+        nonce=nonce,
+    )
+
+
+def decide_acquire(
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: str,
+    now: float,
+    policy: Policy,
+    nonce: str,
+    waiting: bool,
+) -> Decision:
+    """The next step of ``acquire()``.
+
+    ``waiting`` says whether we registered as the waiter during this acquire
+    (a record naming us as owner then means the owner handed the lock to us).
+    """
+    if record is None:
+        fresh = LockRecord(ttl=policy.ttl)
+        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce), 0)
+
+    if record.owner_id == me:
+        if waiting and record.owner_live(now, policy.max_clock_skew):
+            return Owned(record, generation)
+        # The record names our stable owner id but this instance does not hold it:
+        # a restart. Take it back at once, with a new token to fence the old
+        # incarnation, keeping a live waiter's slot.
+        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce)
+        if record.waiter_live(now, policy.max_clock_skew) and record.waiting_owner_id != me:
+            taken = taken.replace(waiting_owner_id=record.waiting_owner_id, waiter_expires_at=record.waiter_expires_at)
+        return Write(Kind.RETAKE, taken, generation)
+
+    skew = policy.max_clock_skew
+    other_waiter_live = record.waiter_live(now, skew) and record.waiting_owner_id != me
+
+    if not record.owner_live(now, skew):
+        # Free, or the owner's lease is over (even allowing for skew).
+        if other_waiter_live:
+            return Contended(record)  # the live waiter has priority; only it may take the lock
+        return Write(Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce), generation)
+
+    # A live owner holds it.
+    if record.waiting_owner_id == me:
+        assert record.waiter_expires_at is not None
+        if now >= record.waiter_expires_at - policy.waiter_ttl / 2:
+            return Write(Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation)
+        return Wait(f"waiting for {record.owner_id} to release or hand off")
+    if other_waiter_live:
+        return Contended(record)
+    return Write(
+        Kind.BECOME_WAITER,
+        record.replace(waiting_owner_id=me, waiter_expires_at=now + policy.waiter_ttl, nonce=nonce),
+        generation,
+    )
+
+
+def decide_give_up_wait(record: LockRecord | None, generation: int, *, me: str, nonce: str) -> Decision:
+    """Stop waiting: clear our waiter slot if it is still ours.
+
+    If the owner handed the lock to us in the meantime we own it: the caller
+    decides whether to keep it (a timeout that raced a handoff) or release it.
+    """
+    if record is None:
+        return Wait("the lock object is gone; no slot to give back")
+    if record.owner_id == me:
+        return Owned(record, generation)
+    if record.waiting_owner_id != me:
+        return Wait("the waiter slot is not ours; nothing to give back")
+    return Write(Kind.GIVE_UP_WAIT, record.replace(waiting_owner_id=None, waiter_expires_at=None, nonce=nonce), generation)
+
+
+def decide_renew(
+    record: LockRecord | None, generation: int, *, me: str, token: int, now: float, policy: Policy, nonce: str
+) -> Decision:
+    """Push our lease forward, keeping the waiter fields exactly as read."""
+    lost = _check_still_mine(record, me, token)
+    if lost is not None:
+        return lost
+    assert record is not None
+    return Write(Kind.RENEW, record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce), generation)
+
+
+def decide_release(
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: str,
+    token: int,
+    now: float,
+    policy: Policy,
+    nonce: str,
+    attempted: Write | None = None,
+) -> Decision:
+    """Release: hand off to a live waiter in one write, or mark the lock free.
+
+    ``attempted`` is our previous release write whose outcome is unknown (its
+    reply was lost, or its retry failed its precondition). If the record shows
+    that write's effect, it landed and there is nothing left to do; otherwise a
+    record that is no longer ours is never touched.
+    """
+    if attempted is not None and record is not None:
+        landed = attempted.record
+        if attempted.kind is Kind.HANDOFF and record.owner_id == landed.owner_id and record.token == landed.token:
+            return Released(handed_off_to=landed.owner_id)
+        if attempted.kind is Kind.FREE and record.owner_id is None and record.token == landed.token:
+            return Released(handed_off_to=None)
+    lost = _check_still_mine(record, me, token)
+    if lost is not None:
+        return lost
+    assert record is not None
+    if record.waiter_live(now) and record.waiting_owner_id != me:
+        assert record.waiting_owner_id is not None
+        heir = _owned_by(record, record.waiting_owner_id, policy.ttl, now, next_token(record, now), nonce)
+        return Write(Kind.HANDOFF, heir, generation)
+    freed = record.replace(owner_id=None, expires_at=None, nonce=nonce)
+    if not record.waiter_live(now, policy.max_clock_skew):
+        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None)
+    return Write(Kind.FREE, freed, generation)
+
+
+@dataclass(frozen=True)
+class WaiterSeen:
+    """A live waiter other than us, as the owner's check loop sees it."""
+
+    waiter_id: str
+    deadline: float
+
+
+def observe_as_owner(record: LockRecord | None, *, me: str, token: int, now: float) -> Lost | WaiterSeen | None:
+    """The owner's read-only check: still mine? Is someone waiting?"""
+    lost = _check_still_mine(record, me, token)
+    if lost is not None:
+        return lost
+    assert record is not None
+    if record.waiting_owner_id is not None and record.waiting_owner_id != me and record.waiter_live(now):
+        assert record.waiter_expires_at is not None
+        return WaiterSeen(record.waiting_owner_id, record.waiter_expires_at)
+    return None
+
+
+def _check_still_mine(record: LockRecord | None, me: str, token: int) -> Lost | None:
+    if record is None:
+        return Lost("the lock object was deleted", None)
+    if record.owner_id != me:
+        who = "nobody" if record.owner_id is None else repr(record.owner_id)
+        return Lost(f"the lock is now owned by {who}", record)
+    if record.token != token:
+        return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
+    return None

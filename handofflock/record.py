@@ -1,0 +1,237 @@
+"""The lock record: one JSON object, decoded strictly because anyone with bucket access can write it.
+
+Wire format (version 1)::
+
+    {"version": 1,
+     "ownerId": "host:pid:ab12", "expiresAt": 1700000060.0,
+     "waitingOwnerId": null, "waiterExpiresAt": null,
+     "ttl": 60.0, "token": 1700000000123, "nonce": "9f2c..."}
+
+The first four fields are the original design's and the only required ones: a
+record written by another implementation with just those four is read
+correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields are kept and
+written back unchanged. Anything else that is off raises
+:class:`~handofflock.errors.LockRecordCorrupt` naming the object and the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from .errors import LockRecordCorrupt
+from .storage.base import MAX_RECORD_BYTES
+
+#: The format version this release writes and reads.
+RECORD_VERSION = 1
+#: Longest lease accepted in a record (a week): anything longer is a typo or an attack.
+MAX_TTL = 7 * 24 * 3600.0
+#: Latest timestamp accepted (year 3000): beyond that a record would never expire.
+MAX_TIMESTAMP = 32_503_680_000.0
+#: Longest owner or waiter id, in characters.
+MAX_ID_LENGTH = 512
+#: Longest nonce, in characters.
+MAX_NONCE_LENGTH = 128
+#: Tokens are signed 64-bit so every fenced resource (SQL BIGINT, Go int64) can store them.
+MAX_TOKEN = 2**63 - 1
+
+_KNOWN = ("version", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt", "ttl", "token", "nonce")
+_REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
+
+
+def new_nonce() -> str:
+    """A fresh nonce: 128 random bits, hex. Unique per write."""
+    return os.urandom(16).hex()
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """What the lock object says. Immutable; derive changed copies with :meth:`replace`.
+
+    ``extra`` holds fields this version does not know, preserved across writes.
+    ``legacy`` is True when the record had no ``version`` field (written by the
+    original four-field design).
+    """
+
+    owner_id: str | None = None
+    expires_at: float | None = None
+    waiting_owner_id: str | None = None
+    waiter_expires_at: float | None = None
+    ttl: float | None = None
+    token: int = 0
+    nonce: str | None = None
+    version: int = RECORD_VERSION
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    legacy: bool = field(default=False, compare=False)
+
+    # -- reading the state ----------------------------------------------------
+
+    def owner_live(self, now: float, skew: float = 0.0) -> bool:
+        """Whether an owner holds an unexpired lease at ``now`` (with ``skew`` grace)."""
+        return self.owner_id is not None and self.expires_at is not None and now <= self.expires_at + skew
+
+    def waiter_live(self, now: float, skew: float = 0.0) -> bool:
+        """Whether a waiter holds an unexpired slot at ``now`` (with ``skew`` grace)."""
+        return (
+            self.waiting_owner_id is not None
+            and self.waiter_expires_at is not None
+            and now <= self.waiter_expires_at + skew
+        )
+
+    def replace(self, **changes: Any) -> "LockRecord":
+        """A copy with ``changes`` applied; always written as the current version."""
+        changes.setdefault("version", RECORD_VERSION)
+        changes.setdefault("legacy", False)
+        return replace(self, **changes)
+
+    # -- wire format ----------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "version": self.version,
+            "ownerId": self.owner_id,
+            "expiresAt": self.expires_at,
+            "waitingOwnerId": self.waiting_owner_id,
+            "waiterExpiresAt": self.waiter_expires_at,
+            "ttl": self.ttl,
+            "token": self.token,
+            "nonce": self.nonce,
+        }
+        for k, v in self.extra.items():
+            if k not in doc:
+                doc[k] = v
+        return doc
+
+    def encode(self) -> bytes:
+        """The record as compact JSON bytes."""
+        return orjson.dumps(self.to_json())
+
+    @classmethod
+    def decode(cls, data: bytes, *, key: str = "<lock>", generation: int | None = None, url: str | None = None) -> "LockRecord":
+        """Parse and validate untrusted bytes; raise :class:`LockRecordCorrupt` on anything off.
+
+        Never raises anything else, whatever the input (a property test holds it to that).
+        """
+
+        def corrupt(reason: str) -> LockRecordCorrupt:
+            return LockRecordCorrupt(key, reason, generation=generation, url=url)
+
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise corrupt(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) > MAX_RECORD_BYTES:
+            raise corrupt(f"object is larger than the {MAX_RECORD_BYTES // 1024} KiB limit for lock records")
+        if not data.strip():
+            raise corrupt("object is empty")
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise corrupt("object is not valid UTF-8") from exc
+            raise corrupt(f"invalid JSON ({exc})") from exc
+        except Exception as exc:  # e.g. nesting too deep; still the record's fault
+            raise corrupt(f"unreadable JSON ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(doc, dict):
+            raise corrupt(f"expected a JSON object, got {_json_type(doc)}")
+
+        missing = [k for k in _REQUIRED if k not in doc]
+        if missing:
+            raise corrupt(f"missing field(s) {', '.join(missing)}")
+
+        legacy = "version" not in doc
+        version = RECORD_VERSION if legacy else doc["version"]
+        if not _is_int(version):
+            raise corrupt(f"'version' must be an integer, got {_json_type(version)}")
+        if version != RECORD_VERSION:
+            raise corrupt(
+                f"unsupported format version {version} (this handofflock reads version {RECORD_VERSION}); "
+                "a newer handofflock may have written it: upgrade before touching this lock"
+            )
+
+        owner = _opt_id(doc["ownerId"], "ownerId", corrupt)
+        expires = _opt_timestamp(doc["expiresAt"], "expiresAt", corrupt)
+        waiter = _opt_id(doc["waitingOwnerId"], "waitingOwnerId", corrupt)
+        waiter_expires = _opt_timestamp(doc["waiterExpiresAt"], "waiterExpiresAt", corrupt)
+        if owner is not None and expires is None:
+            raise corrupt("'ownerId' is set but 'expiresAt' is null")
+        if waiter is not None and waiter_expires is None:
+            raise corrupt("'waitingOwnerId' is set but 'waiterExpiresAt' is null")
+
+        ttl = doc.get("ttl")
+        if ttl is not None:
+            if not _is_number(ttl) or not math.isfinite(ttl):
+                raise corrupt(f"'ttl' must be a finite number, got {_json_type(ttl)}")
+            if not 0 < ttl <= MAX_TTL:
+                raise corrupt(f"'ttl' must be in (0, {MAX_TTL:.0f}] seconds, got {ttl}")
+            ttl = float(ttl)
+
+        token = doc.get("token", 0)
+        if token is None:
+            token = 0
+        if not _is_int(token):
+            raise corrupt(f"'token' must be an integer, got {_json_type(token)}")
+        if not 0 <= token <= MAX_TOKEN:
+            raise corrupt(f"'token' must be in [0, 2**63-1], got {token}")
+
+        nonce = doc.get("nonce")
+        if nonce is not None and (not isinstance(nonce, str) or not 0 < len(nonce) <= MAX_NONCE_LENGTH):
+            raise corrupt(f"'nonce' must be a string of 1-{MAX_NONCE_LENGTH} characters")
+
+        extra = {k: v for k, v in doc.items() if k not in _KNOWN}
+        return cls(owner, expires, waiter, waiter_expires, ttl, token, nonce, version, extra, legacy)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _opt_id(value: Any, name: str, corrupt: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise corrupt(f"'{name}' must be a string or null, got {_json_type(value)}")
+    if not value or len(value) > MAX_ID_LENGTH:
+        raise corrupt(f"'{name}' must be 1-{MAX_ID_LENGTH} characters long")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise corrupt(f"'{name}' contains control characters")
+    return value
+
+
+def _opt_timestamp(value: Any, name: str, corrupt: Any) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise corrupt(f"'{name}' must be a number or null, got {_json_type(value)}")
+    if not math.isfinite(value):
+        raise corrupt(f"'{name}' must be finite")
+    if not 0 <= value <= MAX_TIMESTAMP:
+        raise corrupt(f"'{name}' must be a Unix time between 0 and year 3000, got {value}")
+    return float(value)

@@ -1,0 +1,50 @@
+"""The lock's blinker signals, in a private namespace.
+
+Connect with ``sender=lock`` to hear about one lock, or without a sender to hear
+about all of them. Receivers run on the thread that noticed the event (usually
+the background scheduler); one that raises is logged and the others still run.
+
+==========================  ====================================================
+``on_release_requested``    someone wants the lock: ``waiter_id``, ``deadline``
+                            (Unix time), ``reason`` ("waiter", "signal",
+                            "preemption", "manual"), ``request``
+``on_renewal_error``        the lock can no longer be kept: ``error`` (an
+                            exception; :class:`~handofflock.LockLost` when lost)
+``acquired``                ``token``, ``handoff`` (True when handed to us)
+``released``                ``handed_off_to`` (waiter id or None), ``token``
+``lost``                    ``reason`` (text), ``error``
+==========================  ====================================================
+
+>>> from handofflock import signals
+>>> @signals.on_release_requested.connect_via(lock)
+... def checkpoint_soon(sender, waiter_id, deadline, **kw):
+...     print(f"{waiter_id} wants the lock by {deadline}")
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from blinker import Namespace, Signal
+
+_ns = Namespace()
+
+on_release_requested: Signal = _ns.signal("on_release_requested", doc="A waiter, signal or preemption asks for the lock.")
+on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
+acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed to us).")
+released: Signal = _ns.signal("released", doc="The lock was released (handed off or freed).")
+lost: Signal = _ns.signal("lost", doc="The lock is no longer safely held.")
+
+_log = logging.getLogger("handofflock.signals")
+
+
+def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal``; a receiver that raises is logged and the rest still run."""
+    if not signal.receivers:
+        return
+    for receiver in list(signal.receivers_for(sender)):
+        try:
+            receiver(sender, **kwargs)
+        except Exception:
+            _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
