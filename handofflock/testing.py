@@ -163,7 +163,8 @@ class FakeGCSServer:
             with _DIRECT.open(request, timeout=10) as response:
                 response.read()
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"fake-gcs-server refused to create bucket {name!r}: {exc.code} {exc.read()[:200]!r}") from exc
+            detail = exc.read()[:200]
+            raise RuntimeError(f"fake-gcs-server refused to create bucket {name!r}: {exc.code} {detail!r}") from exc
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server's output."""

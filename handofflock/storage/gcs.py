@@ -225,7 +225,7 @@ class GCSStorage:
                 params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
                 if page_token:
                     params["pageToken"] = page_token
-                response = self._send("GET", f"{self._base()}/storage/v1/b/{quote(self.bucket, safe='')}/o", params=params)
+                response = self._send("GET", self._bucket_url() + "/o", params=params)
                 with contextlib.closing(response):
                     if response.status_code == 404:  # a listing has no object to miss
                         raise self._bucket_missing(None, response)
@@ -307,8 +307,11 @@ class GCSStorage:
             base = "http://" + base
         return base
 
+    def _bucket_url(self) -> str:
+        return f"{self._base()}/storage/v1/b/{quote(self.bucket, safe='')}"
+
     def _object_url(self, key: str) -> str:
-        return f"{self._base()}/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}"
+        return f"{self._bucket_url()}/o/{quote(key, safe='')}"
 
     def _make_client(self) -> gcs.Client:
         try:
@@ -437,13 +440,17 @@ class GCSStorage:
 # --------------------------------------------------------------------------- helpers
 
 
+def _positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
 def _checked_timeout(timeout: object) -> tuple[float, float]:
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         timeout = (timeout, timeout)
     if (
         not isinstance(timeout, tuple)
         or len(timeout) != 2
-        or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 and math.isfinite(t) for t in timeout)
+        or not all(_positive_number(t) for t in timeout)
     ):
         raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
     return (float(timeout[0]), float(timeout[1]))
