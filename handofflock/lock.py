@@ -515,14 +515,25 @@ class HandoffLock:
 
     def _due(self) -> float:
         """Monotonic time of this lock's next background duty (inf if none)."""
+        if self._state == HELD:
+            return min(self._due_besides_check(), self._next_check)
+        return self._due_besides_check()
+
+    def _due_besides_check(self) -> float:
+        """Like :meth:`_due` without the waiter check, which a scheduler may batch across locks."""
         if self._pending_notices or self._pending_events:
             return float("-inf")
         if self._state != HELD:
             return float("inf")
-        return min(self._next_renew, self._next_check, self._valid_until)
+        return min(self._next_renew, self._valid_until)
 
-    def _run_due(self) -> None:
-        """Do whatever is due: renew, check for a waiter, send pending signals."""
+    def _run_due(self, known_generation: int | None = None) -> None:
+        """Do whatever is due: renew, check for a waiter, send pending signals.
+
+        ``known_generation`` comes from a listing the scheduler made just now
+        (0: the object was not listed). It makes the waiter check run even if
+        not yet due, reading only if that generation is not the one we know.
+        """
         now = self._clock.monotonic()
         if self._state == HELD:
             if now >= self._valid_until:
@@ -531,8 +542,8 @@ class HandoffLock:
                         self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
             elif now >= self._next_renew:
                 self._renew()
-            elif now >= self._next_check:
-                self._check_waiter()
+            elif known_generation is not None or now >= self._next_check:
+                self._check_waiter(known_generation)
         self._flush_events()
 
     def _renew(self) -> None:
@@ -573,13 +584,23 @@ class HandoffLock:
             except (StorageError, LockRecordCorrupt) as exc:
                 self._mark_lost(f"renewal failed: {exc}", exc)
 
-    def _check_waiter(self) -> None:
+    def _check_waiter(self, known_generation: int | None = None) -> None:
+        """Still ours? Someone waiting? One read, or none when ``known_generation`` says nothing changed.
+
+        Generations only grow, so a listed generation equal to the one we know
+        means the object holds exactly our cached record: deciding on that is
+        deciding on what a read would return. Anything else (0 included: not
+        listed) is settled by a read, never by the listing alone.
+        """
         with self._io:
             if self._state != HELD:
                 return
             self._next_check = self._clock.monotonic() + self.waiter_check_interval
             try:
-                record, generation = self._read(None, retry=False)
+                if known_generation is not None and known_generation == self._generation and self._record is not None:
+                    record, generation = self._record, self._generation
+                else:
+                    record, generation = self._read(None, retry=False)
             except TransientStorageError as exc:
                 _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
                 return

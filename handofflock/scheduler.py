@@ -10,21 +10,50 @@ is not started again until it returns.
 It also wakes at least every :data:`MAX_IDLE` seconds while it has locks, so a
 release request recorded by a signal handler (which may only set attributes)
 is announced promptly.
+
+Waiter checks are batched. Held locks in one store whose keys share a parent
+"directory" (``locks/a.json``, ``locks/b.json``) form a group, checked on one
+beat: one listing of the prefix (``{key: generation}``), then a read only of
+the objects whose generation is not the one their lock knows. So N quiet locks
+cost one request per check interval instead of N. Every member is checked at
+each beat, even one not yet due, which keeps the group on one beat; the beat is
+the shortest ``waiter_check_interval`` among the members. A member busy
+renewing at a beat is covered by the renewal itself: it is a write conditional
+on the generation the lock knew, so had a waiter registered it would have
+failed and the renewal would have read the record and seen the waiter.
+
+A lone lock keeps its single read (already one request). Keys at the store's
+root are never grouped, and a prefix whose listing costs as many pages as it
+has members stops being grouped: listing a whole bucket, or a "directory" full
+of checkpoint shards, would cost more than the reads it replaces. A listing
+refused for good (no ``storage.objects.list`` permission, say) also ends the
+grouping of that prefix; a transient failure skips one beat, as a failed read
+skips one check.
+
+In money a listing is not a read: GCS bills ``objects.list`` as a Class A
+operation, like a write, at about 12.5 times a read (Class B). Grouping saves
+requests from two locks on, and money from about thirteen.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from .clock import Clock
+from .errors import TransientStorageError
 
 _log = logging.getLogger("handofflock.scheduler")
 
 #: Longest sleep while locks are registered (seconds).
 MAX_IDLE = 0.2
+
+#: Objects per listing page (GCS's maximum), to estimate what a listing costs.
+LIST_PAGE_SIZE = 1000
 
 _default: "Scheduler | None" = None
 _default_lock = threading.Lock()
@@ -49,6 +78,8 @@ class Scheduler:
         self._io_workers = io_workers
         self._autostart = autostart
         self._name = name
+        self._groups: dict[tuple[int, str], _Group] = {}
+        self._ungrouped: set[tuple[int, str]] = set()
 
     # -- registration ---------------------------------------------------------
 
@@ -77,13 +108,65 @@ class Scheduler:
     # -- running --------------------------------------------------------------
 
     def run_pending(self) -> int:
-        """Run every due duty now, in this thread. Returns how many ran."""
+        """Run every due duty now, in this thread. Returns how many locks had one."""
         now = self._clock.monotonic()
         with self._mutex:
-            due = [lock for lock in self._locks.values() if lock._due() <= now]
-        for lock in due:
-            self._run_one(lock, track=False)
-        return len(due)
+            jobs, _ = self._plan(now, track=False)
+        ran = 0
+        for job, locks in jobs:
+            job(track=False)
+            ran += len(locks)
+        return ran
+
+    def _plan(self, now: float, *, track: bool) -> "tuple[list[tuple[Callable[..., None], list[Any]]], float]":
+        """What to run now, and when the next duty falls due. Called with ``_mutex`` held.
+
+        Returns ``(jobs, next_due)``; each job is a callable taking ``track``,
+        with the locks it covers. With ``track`` the covered locks are marked
+        running, so they are not started again until the job returns.
+        """
+        jobs: list[tuple[Callable[..., None], list[Any]]] = []
+        next_due = math.inf
+        members: dict[tuple[int, str] | None, list[Any]] = {}
+        for key, lock in self._locks.items():
+            members.setdefault(_group_key(lock), []).append(lock)
+
+        def start(job: Callable[..., None], locks: list[Any]) -> None:
+            if track:
+                self._running.update(id(lock) for lock in locks)
+            jobs.append((job, locks))
+
+        for gkey, locks in members.items():
+            grouped = gkey is not None and len(locks) > 1 and gkey not in self._ungrouped
+            for lock in locks:
+                if id(lock) in self._running:
+                    continue
+                due = lock._due_besides_check() if grouped else lock._due()
+                if due <= now:
+                    start(lambda track=True, lock=lock: self._run_one(lock, track), [lock])
+                else:
+                    next_due = min(next_due, due)
+            if not grouped:
+                continue
+            assert gkey is not None
+            group = self._groups.get(gkey)
+            if group is None:
+                group = self._groups[gkey] = _Group(next_at=math.inf)
+            for lock in locks:  # a newcomer is checked no later than it would have been alone
+                if id(lock) not in group.members:
+                    group.members.add(id(lock))
+                    group.next_at = min(group.next_at, lock._next_check)
+            if now >= group.next_at:
+                batch = [lock for lock in locks if id(lock) not in self._running]
+                if not batch:
+                    continue  # all busy: the first to finish wakes the loop
+                group.next_at = now + min(lock.waiter_check_interval for lock in batch)
+                group.members = {id(lock) for lock in locks}
+                start(lambda track=True, gkey=gkey, batch=batch: self._check_group(gkey, batch, track), batch)
+            next_due = min(next_due, group.next_at)
+        for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2]:
+            del self._groups[gkey]
+        return jobs, next_due
 
     def _ensure_thread(self) -> None:
         with self._mutex:
@@ -99,22 +182,12 @@ class Scheduler:
             try:
                 self._wake.clear()
                 now = self._clock.monotonic()
-                next_due = float("inf")
-                to_run = []
                 with self._mutex:
-                    for key, lock in self._locks.items():
-                        if key in self._running:
-                            continue
-                        due = lock._due()
-                        if due <= now:
-                            self._running.add(key)
-                            to_run.append(lock)
-                        else:
-                            next_due = min(next_due, due)
+                    jobs, next_due = self._plan(now, track=True)
                     have_locks = bool(self._locks)
-                for lock in to_run:
+                for job, _ in jobs:
                     assert self._pool is not None
-                    self._pool.submit(self._run_one, lock)
+                    self._pool.submit(job)
                 timeout = None if not have_locks else min(MAX_IDLE, max(0.0, next_due - now))
                 self._clock.wait(self._wake, timeout)
             except Exception:  # the loop must not die; say so and go on
@@ -132,6 +205,35 @@ class Scheduler:
                     self._running.discard(id(lock))
                 self._wake.set()
 
+    def _check_group(self, gkey: tuple[int, str], batch: list[Any], track: bool = True) -> None:
+        """One beat of a group: list the prefix once, then let each lock check against the listing."""
+        try:
+            storage, prefix = batch[0]._storage, gkey[1]
+            try:
+                listing = storage.list(prefix)
+            except TransientStorageError as exc:
+                _log.debug("listing %s in %s failed (%s); skipping one waiter check of %d locks", prefix, storage, exc, len(batch))
+                return
+            except Exception as exc:
+                _log.warning("cannot list %r in %s (%s); checking its %d locks one read each from now on", prefix, storage, exc, len(batch))
+                with self._mutex:
+                    self._ungrouped.add(gkey)
+                return
+            if math.ceil(len(listing) / LIST_PAGE_SIZE) >= len(batch):
+                _log.info("listing %r in %s returned %d objects for %d locks; checking them one read each from now on", prefix, storage, len(listing), len(batch))
+                with self._mutex:
+                    self._ungrouped.add(gkey)
+            for lock in batch:
+                try:
+                    lock._run_due(known_generation=listing.get(lock._key, 0))
+                except Exception:
+                    _log.exception("waiter check of %r raised; carrying on", lock)
+        finally:
+            if track:
+                with self._mutex:
+                    self._running.difference_update(id(lock) for lock in batch)
+                self._wake.set()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and the workers. Locks still registered stop being renewed."""
         self._stop.set()
@@ -142,6 +244,20 @@ class Scheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+@dataclass
+class _Group:
+    """The waiter-check beat of locks sharing a store and a key prefix."""
+
+    next_at: float
+    members: set[int] = field(default_factory=set)
+
+
+def _group_key(lock: Any) -> tuple[int, str] | None:
+    """``(id(store), "dir/")`` for a lock at ``dir/name``; None at the store's root (never grouped)."""
+    parent = lock._key.rpartition("/")[0]
+    return (id(lock._storage), parent + "/") if parent else None
 
 
 def default_scheduler() -> Scheduler:

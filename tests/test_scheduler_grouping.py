@@ -1,0 +1,277 @@
+"""Waiter checks of many locks under one prefix cost one listing per interval, plus a read per changed object.
+
+Counted where the money is spent: storage calls on the memory backend, HTTP
+requests on the GCS emulator. Time is a fake clock, so a "check interval" is
+exactly one ``advance`` and one ``run_pending``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from urllib.parse import urlsplit
+
+import pytest
+
+from handofflock import FakeClock, HandoffLock, Scheduler, signals
+from handofflock.errors import StorageError
+from handofflock.storage import MemoryStorage, open_url
+from lockutil import eventually, raw_read, raw_write
+
+N = 50
+CHECK = 2.0
+
+
+class Requests:
+    """What a store asked of its backend: storage calls (memory) or HTTP requests (GCS), by kind."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.gcs = not isinstance(store, MemoryStorage)
+        self.log: list[str] = []
+        if self.gcs:
+            session = store.client._http
+            original = session.request
+
+            def recording(method, url, **kwargs):
+                self.log.append(_kind(method, url))
+                return original(method, url, **kwargs)
+
+            session.request = recording
+
+    def snapshot(self) -> Counter:
+        if self.gcs:
+            return Counter(self.log)
+        return Counter({op: n for op, n in self.store.calls.items()})
+
+    def since(self, before: Counter) -> Counter:
+        after = self.snapshot()
+        return Counter({k: after[k] - before[k] for k in after if after[k] - before[k]})
+
+
+def _kind(method: str, url: str) -> str:
+    path = urlsplit(url).path
+    if method == "GET" and path.startswith("/download/"):
+        return "read"
+    if method == "GET" and path.endswith("/o"):
+        return "list"
+    return {"POST": "write", "DELETE": "delete"}.get(method, f"{method} {path}")
+
+
+@pytest.fixture(params=["memory", "gcs"])
+def base(request):
+    """A fresh lock-URL prefix (``.../locks/``) on each backend."""
+    unique = uuid.uuid4().hex[:10]
+    if request.param == "memory":
+        yield f"memory://group-{unique}/locks/"
+        MemoryStorage.forget(f"group-{unique}")
+    else:
+        emulator = request.getfixturevalue("gcs_emulator")
+        emulator.create_bucket(f"group-{unique}")
+        yield f"gs://group-{unique}/locks/"
+
+
+@pytest.fixture
+def held(base):
+    """N locks held under one prefix on a fake clock, with a scheduler that runs only when told."""
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, autostart=False)
+    locks = [
+        HandoffLock(
+            f"{base}l{i:03d}.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0,
+            clock=clock, scheduler=sched,
+        )
+        for i in range(N)
+    ]
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    store, _ = open_url(locks[0].url)
+    requests = Requests(store)
+    yield locks, clock, sched, requests
+    for lock in locks:
+        lock._unschedule()
+
+
+def one_interval(clock, sched) -> None:
+    clock.advance(CHECK)
+    sched.run_pending()
+
+
+def test_a_quiet_interval_costs_one_listing_and_nothing_else(held):
+    locks, clock, sched, requests = held
+    for _ in range(3):
+        before = requests.snapshot()
+        one_interval(clock, sched)
+        assert requests.since(before) == Counter(list=1)
+    assert all(lock.is_held and not lock.release_requested for lock in locks)
+
+
+def test_a_waiter_on_one_lock_costs_one_read_and_is_noticed(held):
+    locks, clock, sched, requests = held
+    target = locks[17]
+    heard = []
+    signals.on_release_requested.connect(lambda s, **kw: heard.append(kw["waiter_id"]), sender=target, weak=False)
+    record, generation = raw_read(target.url)
+    raw_write(target.url, record.replace(waiting_owner_id="waiter-w", waiter_expires_at=clock.time() + 60, nonce="w"), generation)
+    before = requests.snapshot()
+    one_interval(clock, sched)
+    assert requests.since(before) == Counter(list=1, read=1)
+    assert target.release_requested and target.release_request.requester == "waiter-w"
+    assert heard == ["waiter-w"]
+    assert sum(lock.release_requested for lock in locks) == 1
+    # The read refreshed the cached record and generation: the next interval is quiet again.
+    before = requests.snapshot()
+    one_interval(clock, sched)
+    assert requests.since(before) == Counter(list=1)
+
+
+def test_changed_objects_are_read_and_only_they(held):
+    locks, clock, sched, requests = held
+    for lock in locks[:5]:
+        record, generation = raw_read(lock.url)
+        raw_write(lock.url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w"), generation)
+    before = requests.snapshot()
+    one_interval(clock, sched)
+    assert requests.since(before) == Counter(list=1, read=5)
+    assert [lock.release_requested for lock in locks] == [True] * 5 + [False] * (N - 5)
+
+
+def test_a_deleted_lock_object_is_detected_as_lost(held):
+    locks, clock, sched, requests = held
+    target = locks[3]
+    lost = []
+    signals.lost.connect(lambda s, **kw: lost.append(kw["reason"]), sender=target, weak=False)
+    store, key = open_url(target.url)
+    store.delete(key, if_generation_match=raw_read(target.url)[1])
+    before = requests.snapshot()
+    one_interval(clock, sched)
+    # Missing from the listing: one read confirms it (a listing alone never decides).
+    assert requests.since(before) == Counter(list=1, read=1)
+    assert not target.is_held and lost and "deleted" in lost[0]
+    assert sum(lock.is_held for lock in locks) == N - 1
+
+
+def test_a_lock_taken_over_by_someone_else_is_detected_as_lost(held):
+    locks, clock, sched, requests = held
+    target = locks[8]
+    record, generation = raw_read(target.url)
+    raw_write(target.url, record.replace(owner_id="thief", nonce="t"), generation)
+    one_interval(clock, sched)
+    assert not target.is_held
+    with pytest.raises(Exception):
+        target.check()
+
+
+def test_renewals_still_write_once_each_and_checks_stay_one_listing(held):
+    locks, clock, sched, requests = held
+    # Four check beats take us to 8 s: every lock renews once (ttl/8 = 7.5 s).
+    before = requests.snapshot()
+    for _ in range(4):
+        one_interval(clock, sched)
+    assert requests.since(before) == Counter(list=4, write=N)
+    assert all(lock.healthy for lock in locks)
+
+
+def test_a_lock_acquired_later_joins_the_beat_without_a_read_of_its_own(held, base):
+    locks, clock, sched, requests = held
+    one_interval(clock, sched)
+    clock.advance(0.5)
+    late = HandoffLock(f"{base}late.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0, clock=clock, scheduler=sched)
+    assert late.acquire(blocking=False)
+    try:
+        before = requests.snapshot()
+        clock.advance(CHECK - 0.5)
+        sched.run_pending()
+        assert requests.since(before) == Counter(list=1)
+        record, generation = raw_read(late.url)
+        raw_write(late.url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w"), generation)
+        one_interval(clock, sched)
+        assert late.release_requested
+    finally:
+        late.release()
+
+
+def test_one_lock_alone_keeps_its_single_read():
+    name = f"alone-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, autostart=False)
+    lock = HandoffLock(f"memory://{name}/locks/only.json", waiter_check_interval=CHECK, clock=clock, scheduler=sched)
+    store = MemoryStorage.named(name)
+    try:
+        assert lock.acquire()
+        before = Counter(store.calls)
+        one_interval(clock, sched)
+        assert Counter(store.calls) - before == Counter(read=1)
+    finally:
+        lock.release()
+        MemoryStorage.forget(name)
+
+
+def test_locks_at_the_store_root_are_never_grouped():
+    name = f"root-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, autostart=False)
+    locks = [HandoffLock(f"memory://{name}/r{i}.json", waiter_check_interval=CHECK, clock=clock, scheduler=sched) for i in range(3)]
+    store = MemoryStorage.named(name)
+    try:
+        for lock in locks:
+            assert lock.acquire()
+        before = Counter(store.calls)
+        one_interval(clock, sched)
+        assert Counter(store.calls) - before == Counter(read=3)
+    finally:
+        for lock in locks:
+            lock.release()
+        MemoryStorage.forget(name)
+
+
+def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(held, base):
+    locks, clock, sched, requests = held
+    if requests.gcs:
+        pytest.skip("fault hooks are a memory-backend feature")
+    store = requests.store
+    store.faults.fail_next("list")  # transient
+    before = requests.snapshot()
+    one_interval(clock, sched)
+    assert requests.since(before) == Counter(list=1)
+    assert all(lock.is_held for lock in locks)
+    store.faults.fail_next("list", exc=lambda: StorageError("403: no storage.objects.list permission"))
+    one_interval(clock, sched)
+    before = requests.snapshot()
+    one_interval(clock, sched)
+    assert requests.since(before) == Counter(read=N), "after a refusal, each lock reads its own object"
+    assert all(lock.is_held for lock in locks)
+
+
+def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batched():
+    name = f"live-{uuid.uuid4().hex[:8]}"
+    sched = Scheduler(io_workers=2)
+    store = MemoryStorage.named(name)
+    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=30.0, waiter_check_interval=0.2, scheduler=sched) for i in range(20)]
+    try:
+        for lock in locks:
+            assert lock.acquire()
+        time.sleep(0.3)  # let the group settle on one beat
+        before = Counter(store.calls)
+        time.sleep(1.0)
+        spent = Counter(store.calls) - before
+        assert spent["read"] == 0 and 3 <= spent["list"] <= 7, spent
+        noticed = threading.Event()
+        signals.on_release_requested.connect(lambda s, **kw: noticed.set(), sender=locks[5], weak=False)
+        waiter = HandoffLock(locks[5].url, ttl=30.0, waiter_poll_interval=0.05, scheduler=sched)
+        got = []
+        t = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=10)))
+        t.start()
+        assert noticed.wait(5), "the owner never heard of the waiter"
+        locks[5].release()
+        t.join(10)
+        assert got == [True]
+        waiter.release()
+    finally:
+        for lock in locks:
+            if lock.is_held:
+                lock.release()
+        sched.stop()
+        MemoryStorage.forget(name)
