@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""Measure handofflock, and what users would pick instead, on the GCS emulator and the local backend.
+
+    .venv/bin/python scripts/bench.py                     # the full run (about 15 minutes)
+    .venv/bin/python scripts/bench.py --quick             # a smoke run (under a minute)
+    .venv/bin/python scripts/bench.py --json out.json     # also write every number as JSON
+    .venv/bin/python scripts/bench.py --only counts,hot   # some sections only
+
+Sections (``--only`` names): ``rtt`` round trips; ``counts`` requests per
+operation, counted at the HTTP layer on GCS and as storage calls on local;
+``handoff`` from the owner's ``release()`` returning to the waiter's
+``acquire()`` returning; ``notice`` from the waiter's registration to the
+owner's ``on_release_requested``; ``hot`` the cost of ``lock.release_requested``;
+``scale`` one process holding 1 to 1,000 locks; ``compare`` the PyPI package
+``gcslock`` and the naive create-if-absent/delete lock of seed 003.
+
+Every number printed is measured in this run; nothing is hard-coded but the
+targets it is compared with. Latencies are measured in one process, with
+threads, on the monotonic clock. The emulator (fake-gcs-server, started here
+on 127.0.0.1) answers in about a millisecond; real GCS takes tens of ms per
+request, so read latencies here as "interval-bound" plus a number of round
+trips, and see docs/benchmarks.md for what that predicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import random
+import sys
+import tempfile
+import threading
+import time
+import timeit
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from handofflock import Clock, FakeClock, HandoffLock, LockRecord, Scheduler, signals  # noqa: E402
+from handofflock.lock import HELD  # noqa: E402
+from handofflock.storage.gcs import GCSStorage  # noqa: E402
+from handofflock.testing import FakeGCSServer  # noqa: E402
+
+try:
+    from handofflock.storage.local import LocalStorage
+except ImportError:  # the local backend is not in this checkout yet
+    LocalStorage = None  # type: ignore[assignment,misc]
+
+SECTIONS = ("rtt", "counts", "handoff", "notice", "hot", "scale", "compare")
+BUCKET = "handofflock-bench"
+
+#: GCS bills these request kinds as Class A (writes, lists) and Class B (reads); deletes are free.
+CLASS_A = ("write", "list", "patch")
+CLASS_B = ("read", "get-metadata", "get-bucket")
+
+
+def say(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: with fewer than 100 samples, p99 is the maximum."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(samples),
+        "p50_ms": ms(pct(samples, 50)),
+        "p99_ms": ms(pct(samples, 99)),
+        "min_ms": ms(min(samples)) if samples else None,
+        "max_ms": ms(max(samples)) if samples else None,
+    }
+
+
+# --------------------------------------------------------------------------- counting requests
+
+
+def http_kind(method: str, url: str) -> str:
+    """What a GCS JSON-API request is, from its method and path."""
+    path = urlsplit(url).path
+    if method == "GET":
+        if path.startswith("/download/"):
+            return "read"
+        if path.endswith("/o"):
+            return "list"
+        return "get-metadata" if "/o/" in path else "get-bucket"
+    return {"POST": "write", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+
+
+class HttpCount:
+    """Counts, by kind, the HTTP requests one ``requests.Session`` sends (wraps its ``request``)."""
+
+    def __init__(self, session: Any) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        original = session.request
+
+        def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self._counts[http_kind(method, url)] += 1
+            return original(method, url, *args, **kwargs)
+
+        session.request = request
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self._counts)
+
+
+class CountingStorage:
+    """A storage proxy counting each contract call: the "request" of a non-HTTP backend."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def _count(self, op: str) -> None:
+        with self._lock:
+            self._counts[op] += 1
+
+    def read(self, key: str, **kw: Any) -> Any:
+        self._count("read")
+        return self.inner.read(key, **kw)
+
+    def write(self, key: str, data: bytes, **kw: Any) -> int:
+        self._count("write")
+        return self.inner.write(key, data, **kw)
+
+    def delete(self, key: str, **kw: Any) -> None:
+        self._count("delete")
+        return self.inner.delete(key, **kw)
+
+    def list(self, prefix: str) -> dict[str, int]:
+        self._count("list")
+        return self.inner.list(prefix)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self._counts)
+
+    def __repr__(self) -> str:
+        return f"CountingStorage({self.inner!r})"
+
+
+def spent(counter: Any, fn: Callable[[], Any]) -> tuple[Counter[str], Any]:
+    """Requests made by ``counter``'s store while ``fn`` ran, and what ``fn`` returned."""
+    before = counter.snapshot()
+    result = fn()
+    return diff(before, counter.snapshot()), result
+
+
+def diff(before: Counter[str], after: Counter[str]) -> Counter[str]:
+    return Counter({k: after[k] - before[k] for k in after if after[k] - before[k] > 0})
+
+
+def as_counts(c: Counter[str]) -> dict[str, Any]:
+    return {"total": sum(c.values()), **dict(sorted(c.items()))}
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class Backend:
+    """Where locks live in this run: fresh store instances, unique key prefixes, lock URLs."""
+
+    name = "?"
+
+    def store(self) -> tuple[Any, Any]:
+        """A new store instance (own connections) and the counter of its requests."""
+        raise NotImplementedError
+
+    def prefix(self, section: str) -> str:
+        return f"{section}-{uuid.uuid4().hex[:8]}/"
+
+    def lock(self, store: Any, key: str, **kw: Any) -> HandoffLock:
+        cls = kw.pop("cls", HandoffLock)
+        return cls(f"{store.url}/{key}", storage=store, key=key, **kw)
+
+
+class GcsBackend(Backend):
+    name = "gcs"
+
+    def store(self) -> tuple[Any, Any]:
+        s = GCSStorage(BUCKET)
+        return s, HttpCount(s.client._http)
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def store(self) -> tuple[Any, Any]:
+        s = CountingStorage(LocalStorage(self.root))
+        return s, s
+
+
+class SteppedClock(Clock):
+    """A real clock whose ``wait()`` (a waiter's poll sleep) returns only when the bench says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+        self._go = threading.Semaphore(0)
+        self._cond = threading.Condition()
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        with self._cond:
+            self.waits += 1
+            self._cond.notify_all()
+        self._go.acquire(timeout=30)
+        return event.is_set()
+
+    def wait_for_waits(self, n: int, timeout: float = 10.0) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.waits >= n, timeout):
+                raise RuntimeError(f"the waiter never reached poll sleep {n}")
+
+    def step(self) -> None:
+        """Let the waiter finish one poll sleep, and wait until it is asleep again (or done)."""
+        n = self.waits
+        self._go.release()
+        with self._cond:
+            self._cond.wait_for(lambda: self.waits > n, 2.0)
+
+
+def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # reported by the caller
+            out.append(exc)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, out
+
+
+def expired_record(now: float) -> bytes:
+    return LockRecord(owner_id="crashed-host:1:dead", expires_at=now - 600, ttl=60.0, token=1, nonce="x").encode()
+
+
+# --------------------------------------------------------------------------- 0. round trips
+
+
+def bench_rtt(backend: Backend, n: int) -> dict[str, Any]:
+    """One small read, and one conditional write, of a lock-sized object."""
+    store, _ = backend.store()
+    key = backend.prefix("rtt") + "probe.json"
+    data = LockRecord(owner_id="probe", expires_at=time.time() + 60, ttl=60.0, token=1, nonce="n").encode()
+    generation = store.write(key, data, if_generation_match=0)
+    reads, writes = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        store.read(key, max_bytes=64 * 1024)
+        reads.append(time.perf_counter() - t)
+    for _ in range(max(10, n // 4)):
+        t = time.perf_counter()
+        generation = store.write(key, data, if_generation_match=generation)
+        writes.append(time.perf_counter() - t)
+    store.close()
+    return {"read": summary(reads), "write": summary(writes)}
+
+
+# --------------------------------------------------------------------------- 1. requests per operation
+
+#: Operation -> (what the target is about, the target). "writes" targets count writes only.
+COUNT_TARGETS: dict[str, tuple[str, int]] = {
+    "acquire, object absent": ("total", 2),
+    "acquire, lock free": ("total", 2),
+    "acquire, lease expired": ("total", 2),
+    "renew": ("total", 1),
+    "release, no waiter": ("total", 1),
+    "release, handing off": ("total", 1),
+    "become the waiter": ("writes", 1),
+    "waiter poll": ("total", 1),
+    "waiter takes the handed-off lock": ("total", 1),
+    "waiter check, one lock": ("total", 1),
+    "waiter check that notices the waiter": ("total", 1),
+    "waiter check, 50 locks in one prefix": ("total", 1),
+    "waiter check, 50 locks, one has a new waiter": ("total", 2),
+    "status": ("total", 1),
+}
+
+
+def bench_counts(backend: Backend) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    p = backend.prefix("counts")
+
+    def record(op: str, c: Counter[str]) -> None:
+        out[op] = as_counts(c)
+        out[op]["writes"] = c["write"]
+
+    # An owner on a fake clock (started at real time, so its records are current) whose
+    # scheduler runs only when told: renewal and checks happen exactly when we say.
+    clock = FakeClock(start=time.time(), monotonic_start=time.monotonic())
+    sched = Scheduler(clock, autostart=False)
+    sa, ca = backend.store()
+    a = backend.lock(sa, p + "a.json", clock=clock, scheduler=sched, min_write_interval=0.0)
+    record("acquire, object absent", spent(ca, lambda: a.acquire(blocking=False))[0])
+    record("status", spent(ca, a.status)[0])
+    clock.advance(a.renew_interval)
+    record("renew", spent(ca, sched.run_pending)[0])
+    record("waiter check, one lock", spent(ca, sched.run_pending)[0])  # the check fell due meanwhile
+    # A renewal after a waiter registered unseen: its write fails its precondition, it reads, writes again.
+    data, generation = sa.read(a._key)
+    doc = LockRecord.decode(data).replace(waiting_owner_id="someone", waiter_expires_at=clock.time() + 60, nonce="w")
+    sa.write(a._key, doc.encode(), if_generation_match=generation)
+    clock.advance(a.renew_interval)
+    record("renew, a waiter registered since the owner last looked", spent(ca, sched.run_pending)[0])
+    data, generation = sa.read(a._key)
+    sa.write(a._key, LockRecord.decode(data).replace(waiting_owner_id=None, waiter_expires_at=None).encode(), if_generation_match=generation)
+    sched.run_pending()  # a waiter check: the owner re-reads the record without the waiter
+    record("release, no waiter", spent(ca, a.release)[0])
+
+    sb, cb = backend.store()
+    b = backend.lock(sb, p + "a.json", scheduler=Scheduler(autostart=False), min_write_interval=0.0)
+    record("acquire, lock free", spent(cb, lambda: b.acquire(blocking=False))[0])
+    b.release()
+
+    raw, _ = backend.store()
+    raw.write(p + "expired.json", expired_record(time.time()), if_generation_match=0)
+    sc, cc = backend.store()
+    c = backend.lock(sc, p + "expired.json", scheduler=Scheduler(autostart=False), min_write_interval=0.0)
+    record("acquire, lease expired", spent(cc, lambda: c.acquire(blocking=False))[0])
+    c.release()
+
+    # Waiter and handoff: the waiter's poll sleeps are stepped by hand, so each poll is counted
+    # alone; the owner's clock is fake, so its waiter check runs when we say.
+    for noticed in (True, False):
+        key = p + f"handoff-{noticed}.json"
+        oclock = FakeClock(start=time.time(), monotonic_start=time.monotonic())
+        osched = Scheduler(oclock, autostart=False)
+        so, co = backend.store()
+        owner = backend.lock(so, key, clock=oclock, scheduler=osched, min_write_interval=0.0)
+        owner.acquire()
+        sw, cw = backend.store()
+        stepped = SteppedClock()
+        waiter = backend.lock(sw, key, clock=stepped, scheduler=Scheduler(autostart=False), min_write_interval=0.0)
+        before = cw.snapshot()
+        thread, result = run_in_thread(lambda: waiter.acquire(timeout=60))
+        stepped.wait_for_waits(1)  # registered, asleep before its first poll
+        if noticed:
+            record("become the waiter", diff(before, cw.snapshot()))
+            record("waiter poll", spent(cw, stepped.step)[0])
+            oclock.advance(owner.waiter_check_interval)
+            record("waiter check that notices the waiter", spent(co, osched.run_pending)[0])
+            if not owner.release_requested:
+                raise RuntimeError("the owner's check did not notice the waiter")
+            record("release, handing off", spent(co, owner.release)[0])
+        else:
+            record("release, handing off before any check noticed the waiter", spent(co, owner.release)[0])
+        before = cw.snapshot()
+        stepped.step()
+        thread.join(10)
+        if noticed:
+            record("waiter takes the handed-off lock", diff(before, cw.snapshot()))
+        if result != [True]:
+            raise RuntimeError(f"the counted handoff did not complete: {result}")
+        waiter.release()
+        so.close()
+        sw.close()
+
+    # Grouped waiter checks: 50 locks under one prefix, one scheduler, one beat.
+    sg, cg = backend.store()
+    gclock = FakeClock(start=time.time(), monotonic_start=time.monotonic())
+    gsched = Scheduler(gclock, autostart=False)
+    group = [backend.lock(sg, f"{p}group/l{i:02d}.json", clock=gclock, scheduler=gsched, min_write_interval=0.0) for i in range(50)]
+    for lock in group:
+        lock.acquire(blocking=False)
+    gclock.advance(group[0].waiter_check_interval)
+    record("waiter check, 50 locks in one prefix", spent(cg, gsched.run_pending)[0])
+    key = group[7]._key
+    data, generation = raw.read(key)
+    doc = LockRecord.decode(data).replace(waiting_owner_id="someone", waiter_expires_at=gclock.time() + 60, nonce="w")
+    raw.write(key, doc.encode(), if_generation_match=generation)
+    gclock.advance(group[0].waiter_check_interval)
+    record("waiter check, 50 locks, one has a new waiter", spent(cg, gsched.run_pending)[0])
+    if not group[7].release_requested:
+        raise RuntimeError("the grouped check did not notice the waiter")
+    for lock in group:
+        lock.release()
+
+    # What a renewal costs when it reads before it writes, as in seed 004's design.
+    ss, cs = backend.store()
+    key = p + "seed004.json"
+    generation = ss.write(key, LockRecord(owner_id="me", expires_at=time.time() + 60).encode(), if_generation_match=0)
+
+    def renew_by_reading_first() -> None:
+        data, gen = ss.read(key)
+        ss.write(key, LockRecord.decode(data).replace(expires_at=time.time() + 60).encode(), if_generation_match=gen)
+
+    record("seed-004 renew (read, then write)", spent(cs, renew_by_reading_first)[0])
+    for s in (sa, sb, raw, sc, sg, ss):
+        s.close()
+    return out
+
+
+def count_targets_met(counts: dict[str, Any]) -> dict[str, bool]:
+    met = {}
+    for op, (what, target) in COUNT_TARGETS.items():
+        if op in counts:
+            value = counts[op]["writes" if what == "writes" else "total"]
+            met[op] = value <= target
+    return met
