@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -72,11 +73,21 @@ def say(message: str) -> None:
 
 
 def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: with fewer than 100 samples, p99 is the maximum."""
+    """Nearest-rank percentile: with fewer than 100 samples, p99 is the maximum.
+
+    (p50 is reported as the median proper, which the nearest rank would bias low.)
+    """
     if not values:
         return math.nan
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def phases(n: int) -> list[float]:
+    """``n`` fractions spread evenly over [0, 1), shuffled: stratified sampling of a phase."""
+    out = [(i + 0.5) / n for i in range(n)]
+    random.shuffle(out)
+    return out
 
 
 def ms(seconds: float) -> float:
@@ -86,7 +97,7 @@ def ms(seconds: float) -> float:
 def summary(samples: list[float]) -> dict[str, Any]:
     return {
         "n": len(samples),
-        "p50_ms": ms(pct(samples, 50)),
+        "p50_ms": ms(statistics.median(samples)) if samples else None,
         "p99_ms": ms(pct(samples, 99)),
         "min_ms": ms(min(samples)) if samples else None,
         "max_ms": ms(max(samples)) if samples else None,
@@ -432,3 +443,201 @@ def count_targets_met(counts: dict[str, Any]) -> dict[str, bool]:
             value = counts[op]["writes" if what == "writes" else "total"]
             met[op] = value <= target
     return met
+
+
+# --------------------------------------------------------------------------- 2, 3. handoff and notice latency
+#
+# Owner and waiter are two processes, as in real use: a process's background
+# thread and its GIL then never delay the other side. Each process stamps its
+# events with time.monotonic(), which on one host is the same clock for every
+# process (CLOCK_MONOTONIC on Linux), and sends them to the bench over a pipe.
+
+
+def peer_main(conn: Any, backend: dict[str, Any], key: str, options: dict[str, Any]) -> None:
+    """A child process holding one HandoffLock on ``key``, doing what the bench says."""
+    logging.basicConfig(level=logging.WARNING)
+    if backend["name"] == "gcs":
+        store: Any = GCSStorage(BUCKET)
+    else:
+        store = LocalStorage(backend["root"])
+    lock = HandoffLock(f"{store.url}/{key}", storage=store, key=key, min_write_interval=0.0, **options)
+    out = threading.Lock()
+
+    def send(*message: Any) -> None:
+        with out:
+            conn.send(message)
+
+    signals.waiting.connect(lambda s, **kw: send("registered", time.monotonic()), sender=lock, weak=False)
+    signals.on_release_requested.connect(lambda s, **kw: send("noticed", time.monotonic()), sender=lock, weak=False)
+
+    def acquire() -> None:
+        try:
+            ok = lock.acquire(timeout=60)
+            send("acquired", time.monotonic(), ok)
+        except Exception as exc:
+            send("error", repr(exc))
+
+    while conn.poll(300):  # bounded: a bench that went away ends us
+        command, arg = conn.recv()
+        if command == "acquire":
+            threading.Thread(target=acquire, daemon=True).start()
+        elif command == "release_at":
+            time.sleep(max(0.0, arg - time.monotonic()))
+            lock.release()
+            send("released", time.monotonic())
+        elif command == "stop":
+            break
+    if lock.is_held:
+        lock.release()
+    send("stopped", time.monotonic())
+
+
+class Peer:
+    """The bench's end of a :func:`peer_main` process."""
+
+    def __init__(self, ctx: Any, backend: Backend, key: str, options: dict[str, Any]) -> None:
+        self.conn, child = ctx.Pipe()
+        spec = {"name": backend.name, "root": getattr(backend, "root", None)}
+        self.process = ctx.Process(target=peer_main, args=(child, spec, key, options), daemon=True)
+        self.process.start()
+        self._pending: list[tuple[Any, ...]] = []
+
+    def send(self, command: str, arg: Any = None) -> None:
+        self.conn.send((command, arg))
+
+    def expect(self, kind: str, timeout: float = 60.0) -> tuple[Any, ...]:
+        """The next message of ``kind`` (others are kept for later)."""
+        for i, message in enumerate(self._pending):
+            if message[0] == kind:
+                return self._pending.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.conn.poll(left):
+                raise RuntimeError(f"peer process sent no {kind!r} within {timeout} s (pending: {self._pending})")
+            message = self.conn.recv()
+            if message[0] == "error":
+                raise RuntimeError(f"peer process failed: {message[1]}")
+            if message[0] == kind:
+                return message
+            self._pending.append(message)
+
+    def drain(self) -> None:
+        while self.conn.poll(0):
+            self._pending.append(self.conn.recv())
+        self._pending.clear()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.send("stop")
+            self.expect("stopped", 15)
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+@contextlib.contextmanager
+def peer_pair(backend: Backend, section: str, options: dict[str, Any]):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    key = backend.prefix(section) + "lock.json"
+    peers = [Peer(ctx, backend, key, options) for _ in range(2)]
+    try:
+        yield peers
+    finally:
+        for peer in peers:
+            peer.close()
+
+
+def bench_handoff(backend: Backend, poll: float, n: int) -> dict[str, Any]:
+    """``n`` handoffs between two processes taking turns.
+
+    Each round: the idle process becomes the waiter; the owner releases at a
+    set fraction of one poll interval after the waiter's registration, and
+    the latency runs from the owner's ``release()`` returning to the waiter's
+    ``acquire()`` returning. The fractions are spread evenly over the interval
+    and shuffled (stratified, not drawn at random), so releases land at every
+    point of the waiter's poll cycle alike and the median is not at the mercy
+    of ``n`` random draws. ``min_write_interval`` is 0: the emulator does not
+    throttle, and no write lies on the measured path (the waiter learns of
+    the handoff by a read).
+    """
+    samples: list[float] = []
+    with peer_pair(backend, f"handoff-{poll}", {"waiter_poll_interval": poll}) as (owner, waiter):
+        owner.send("acquire")
+        owner.expect("acquired")
+        for phase in phases(n):
+            waiter.send("acquire")
+            _, registered = waiter.expect("registered")
+            owner.send("release_at", registered + phase * poll)
+            _, released = owner.expect("released")
+            _, acquired, ok = waiter.expect("acquired")
+            if not ok:
+                raise RuntimeError("the waiter did not get the lock")
+            samples.append(acquired - released)
+            owner.drain()
+            owner, waiter = waiter, owner
+    return {"poll_s": poll, **summary(samples)}
+
+
+def bench_notice(backend: Backend, check: float, n: int) -> dict[str, Any]:
+    """From the waiter's ``waiting`` signal to the owner's ``on_release_requested``, in two processes.
+
+    Before each registration the bench waits a fraction of ``check``
+    (stratified as in the handoff bench), so registrations land at every
+    point of the owner's check cycle. (Right after a handoff the new owner
+    renews at once; a registration racing that renewal is noticed by the
+    renewal, and the wait keeps most registrations clear of it.)
+    """
+    samples: list[float] = []
+    options = {"waiter_check_interval": check, "waiter_poll_interval": 0.05}
+    with peer_pair(backend, f"notice-{check}", options) as (owner, waiter):
+        owner.send("acquire")
+        owner.expect("acquired")
+        for phase in phases(n):
+            time.sleep(phase * check)
+            owner.drain()
+            waiter.send("acquire")
+            _, registered = waiter.expect("registered")
+            _, noticed = owner.expect("noticed", check * 4 + 10)
+            samples.append(noticed - registered)
+            owner.send("release_at", 0.0)
+            owner.expect("released")
+            _, _, ok = waiter.expect("acquired")
+            if not ok:
+                raise RuntimeError("the waiter did not get the lock")
+            owner, waiter = waiter, owner
+    return {"check_s": check, **summary(samples)}
+
+
+# --------------------------------------------------------------------------- 4. hot path
+
+
+def bench_hot_path() -> dict[str, Any]:
+    """Per-call cost of what a training loop calls every step, on a held lock (no I/O involved)."""
+    name = f"bench-hot-{uuid.uuid4().hex[:8]}"
+    sched = Scheduler(autostart=False)
+    lock = HandoffLock(f"memory://{name}/locks/hot.json", scheduler=sched)
+    lock.acquire()
+
+    class Plain:
+        release_requested = False
+
+    plain = Plain()
+    out = {}
+    try:
+        for label, stmt, env in (
+            ("lock.release_requested", "lock.release_requested", {"lock": lock}),
+            ("plain attribute, for scale", "plain.release_requested", {"plain": plain}),
+            ("lock.healthy", "lock.healthy", {"lock": lock}),
+            ("lock.check()", "lock.check()", {"lock": lock}),
+        ):
+            timer = timeit.Timer(stmt, globals=env)
+            number, _ = timer.autorange()
+            best = min(timer.repeat(repeat=5, number=number)) / number
+            out[label] = round(best * 1e9, 1)
+    finally:
+        lock.release()
+    return out
