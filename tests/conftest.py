@@ -10,7 +10,7 @@ import pytest
 from handofflock.storage import MemoryStorage
 
 #: Every backend the contract suite runs against.
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "local"]
 
 _names = itertools.count()
 
@@ -21,6 +21,10 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path):
         name = f"test-{next(_names)}-{uuid.uuid4().hex[:8]}"
         request.addfinalizer(lambda: MemoryStorage.forget(name))
         return MemoryStorage.named(name)
+    if kind == "local":
+        from handofflock.storage.local import LocalStorage
+
+        return LocalStorage(tmp_path / "store")
     raise AssertionError(f"unknown backend {kind!r}")
 
 
