@@ -132,8 +132,11 @@ def _fsync(fd: int) -> None:
     os.fsync(fd)
 
 
+_POSIX_OK = fcntl is not None and os.name == "posix" and bool(_NOFOLLOW) and os.open in os.supports_dir_fd
+
+
 def _require_posix() -> None:
-    if fcntl is None or os.name != "posix" or not _NOFOLLOW or os.open not in os.supports_dir_fd:
+    if not _POSIX_OK:
         raise StorageError(
             "LocalStorage needs a POSIX system (flock, O_NOFOLLOW, dir_fd); on this platform use gs:// or memory://"
         )
@@ -217,6 +220,7 @@ class LocalStorage:
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=True)
             assert dir_fd is not None
+            self._precheck(dir_fd, name, key)  # refuse a symlink before creating its lock file
             self._lock(stack, dir_fd, name, key)
             current, floor = self._state(stack, dir_fd, name, key)
             if current != if_generation_match:
@@ -235,6 +239,7 @@ class LocalStorage:
             dir_fd, name = self._walk(stack, key, create=False)
             if dir_fd is None:
                 raise NotFound(key, url=self.url)
+            self._precheck(dir_fd, name, key)
             self._lock(stack, dir_fd, name, key)
             current, floor = self._state(stack, dir_fd, name, key)
             if current == 0:
@@ -413,6 +418,14 @@ class LocalStorage:
                     found[key] = _foreign_generation(st)
                 elif parsed[0] == "live":
                     found[key] = parsed[1]
+
+    def _precheck(self, dir_fd: int, name: str, key: str) -> None:
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(mode):
+            self._refuse(dir_fd, name, key)
 
     def _state(self, stack: ExitStack, dir_fd: int, name: str, key: str) -> tuple[int, int]:
         """``(current generation or 0 if absent, highest generation ever seen)``. Call under the lock."""
