@@ -26,7 +26,8 @@ from handofflock.errors import (
     TransientStorageError,
 )
 from handofflock.storage import open_url
-from handofflock.storage.local import MAGIC, RESERVED_PREFIX, LocalStorage, _sidecar
+from handofflock.storage.local import LocalStorage
+from handofflock.storage.local_format import MAGIC, RESERVED_PREFIX, sidecar_name
 
 CTX = multiprocessing.get_context("spawn")
 PROCS = 4
@@ -220,7 +221,7 @@ def test_an_intermediate_directory_that_is_a_symlink_is_refused(root, outside):
 def test_a_lock_sidecar_that_is_a_symlink_is_refused(root, outside):
     store = LocalStorage(root)
     root.mkdir()
-    os.symlink(outside / "secret.txt", root / _sidecar("a.json", "lock"))
+    os.symlink(outside / "secret.txt", root / sidecar_name("a.json", "lock"))
     before = snapshot(outside)
     with pytest.raises(StorageError, match="symbolic link"):
         store.write("a.json", b"x", if_generation_match=0)
@@ -231,11 +232,11 @@ def test_a_lock_sidecar_that_is_a_symlink_is_refused(root, outside):
 def test_a_symlink_planted_at_the_temp_path_is_replaced_not_followed(root, outside):
     store = LocalStorage(root)
     root.mkdir()
-    os.symlink(outside / "secret.txt", root / _sidecar("a.json", "tmp"))
+    os.symlink(outside / "secret.txt", root / sidecar_name("a.json", "tmp"))
     before = snapshot(outside)
     gen = store.write("a.json", b"fine", if_generation_match=0)
     assert store.read("a.json") == (b"fine", gen)
-    assert not os.path.lexists(root / _sidecar("a.json", "tmp"))
+    assert not os.path.lexists(root / sidecar_name("a.json", "tmp"))
     assert snapshot(outside) == before
 
 
@@ -275,7 +276,7 @@ def test_a_fifo_at_the_object_path_is_refused_without_hanging(root):
 def test_a_lock_sidecar_that_is_not_a_regular_file_is_refused(root):
     store = LocalStorage(root)
     root.mkdir()
-    os.mkfifo(root / _sidecar("a.json", "lock"))
+    os.mkfifo(root / sidecar_name("a.json", "lock"))
     with pytest.raises(StorageError, match="not a regular file"):
         store.write("a.json", b"x", if_generation_match=0)
     assert store.read("a.json") is None
@@ -296,7 +297,7 @@ def test_created_files_are_0600_and_created_directories_0700_whatever_the_umask(
     for d in (root, root / "deep", root / "deep/a", root / "deep/a/b"):
         assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
     files = sorted(os.listdir(root / "deep/a/b"))
-    assert files == sorted(["c.json", _sidecar("c.json", "lock")])
+    assert files == sorted(["c.json", sidecar_name("c.json", "lock")])
     for name in files:
         assert stat.S_IMODE(os.lstat(root / "deep/a/b" / name).st_mode) == 0o600, name
 
@@ -342,10 +343,10 @@ def test_an_object_killed_mid_write_always_reads_back_as_exactly_one_complete_pa
         assert _is_one_complete_payload(data), f"torn object after kill {seed}"
         assert int(data[:4]) == seed and gen > last_gen
         last_gen = gen
-        leftovers += os.path.exists(root / _sidecar("crash.json", "tmp"))
+        leftovers += os.path.exists(root / sidecar_name("crash.json", "tmp"))
         assert store.list("") == {"crash.json": gen}  # temp and lock files are never listed
     assert store.write("crash.json", b"after", if_generation_match=last_gen) > last_gen
-    assert not os.path.exists(root / _sidecar("crash.json", "tmp"))  # the next writer cleared any leftover
+    assert not os.path.exists(root / sidecar_name("crash.json", "tmp"))  # the next writer cleared any leftover
     print(f"{leftovers} of 6 kills landed mid-write")
 
 
@@ -375,10 +376,65 @@ def test_a_crash_on_either_side_of_the_rename_leaves_the_old_or_the_new_object_w
     data, gen = store.read("c.json")
     if where == "before_rename":
         assert (data, gen) == (b"old", old_gen)
-        assert os.path.exists(root / _sidecar("c.json", "tmp"))  # the fsync'd temp, never visible as the object
+        assert os.path.exists(root / sidecar_name("c.json", "tmp"))  # the fsync'd temp, never visible as the object
     else:
         assert data == b"new" and gen > old_gen
     assert store.write("c.json", b"next", if_generation_match=gen) > gen  # the dead writer's lock was released
+
+
+def _fork_while_writing(root, then, results):
+    """Fork while another thread is mid-write (holding the key's lock), like a DataLoader would."""
+    import handofflock.storage.local as local
+
+    entered, release, real_fsync = threading.Event(), threading.Event(), local._fsync
+
+    def slow_fsync(fd):
+        entered.set()
+        release.wait(30)
+        local._fsync = real_fsync
+        real_fsync(fd)
+
+    local._fsync = slow_fsync
+    store = LocalStorage(root)
+    gen = store.read("f.json")[1]
+    writer = threading.Thread(target=store.write, args=("f.json", b"parent"), kwargs={"if_generation_match": gen})
+    writer.start()
+    entered.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child lives on, holding whatever it inherited
+        time.sleep(30)
+        os._exit(0)
+    results.send(pid)  # a Pipe sends synchronously: it is out before we die
+    if then == "parent_dies":
+        os.kill(os.getpid(), signal.SIGKILL)
+    release.set()
+    writer.join(30)
+    results.send("written")
+
+
+@pytest.mark.parametrize("then", ["parent_finishes", "parent_dies"])
+def test_a_child_forked_during_a_write_does_not_keep_the_key_locked(root, then):
+    store = LocalStorage(root, lock_timeout=2)
+    gen = store.write("f.json", b"first", if_generation_match=0)
+    results, sender = CTX.Pipe(duplex=False)
+    parent = CTX.Process(target=_fork_while_writing, args=(str(root), then, sender))
+    parent.start()
+    assert results.poll(30)
+    child = results.recv()
+    try:
+        if then == "parent_finishes":
+            assert results.poll(30) and results.recv() == "written"
+        deadline = time.monotonic() + 30
+        while parent.exitcode is None:  # not join(): the child inherited join's pipe and keeps it open
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert os.kill(child, 0) is None  # the forked child is still alive, holding its inherited descriptors
+        data, gen = store.read("f.json")
+        assert data == (b"parent" if then == "parent_finishes" else b"first")
+        assert store.write("f.json", b"next", if_generation_match=gen) > gen  # no 2 s wait for a lock
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.join(30)
 
 
 # --------------------------------------------------------------------------- files we did not write
@@ -449,11 +505,15 @@ def test_a_root_that_is_a_regular_file_gives_a_storage_error(tmp_path):
         assert isinstance(info.value.__cause__, OSError)
 
 
-def test_a_key_that_needs_a_directory_where_an_object_file_sits_gives_a_storage_error(root):
+def test_a_key_below_an_object_file_is_absent_to_readers_and_a_clear_error_to_writers(root):
     store = LocalStorage(root)
-    store.write("a", b"1", if_generation_match=0)
-    with pytest.raises(StorageError, match="a file sits where the key needs a directory"):
+    gen = store.write("a", b"1", if_generation_match=0)
+    assert store.read("a/b.json") is None and store.list("a/") == {}  # as on GCS: no such object
+    with pytest.raises(NotFound):
+        store.delete("a/b.json", if_generation_match=1)
+    with pytest.raises(StorageError, match="a file sits where the key needs one"):
         store.write("a/b.json", b"2", if_generation_match=0)
+    assert store.list("") == {"a": gen}
     with pytest.raises(StorageError, match="is a directory"):
         LocalStorage(root.parent).write("store", b"x", if_generation_match=0)
 
@@ -561,7 +621,7 @@ def test_running_out_of_file_descriptors_is_a_transient_error_that_changed_nothi
 def test_a_writer_that_holds_the_key_lock_too_long_makes_others_fail_typed_instead_of_hanging(root):
     store = LocalStorage(root, lock_timeout=0.2)
     gen = store.write("a.json", b"old", if_generation_match=0)
-    fd = os.open(root / _sidecar("a.json", "lock"), os.O_RDWR)
+    fd = os.open(root / sidecar_name("a.json", "lock"), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         started = time.monotonic()
@@ -586,6 +646,10 @@ def test_constructing_a_store_touches_nothing_and_its_url_names_the_root(tmp_pat
     with pytest.raises(NotFound):
         store.delete("a.json", if_generation_match=1)
     assert not (tmp_path / "not").exists()  # reads and failed deletes create nothing
+    (tmp_path / "not" / "yet").mkdir(parents=True)
+    with pytest.raises(NotFound):
+        store.delete("a.json", if_generation_match=1)
+    assert os.listdir(tmp_path / "not" / "yet") == []  # not even a lock file
 
 
 def test_a_file_url_opens_a_local_store_in_the_file_s_directory(tmp_path):
