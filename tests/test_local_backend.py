@@ -6,7 +6,6 @@ import errno
 import fcntl
 import multiprocessing
 import os
-import queue
 import random
 import shutil
 import signal
