@@ -217,6 +217,16 @@ class HandoffLock:
     # ------------------------------------------------------------------ public state
 
     @property
+    def storage(self) -> Storage:
+        """The store holding the lock object (fenced objects beside the lock live there too)."""
+        return self._storage
+
+    @property
+    def key(self) -> str:
+        """The lock object's key inside :attr:`storage`."""
+        return self._key
+
+    @property
     def is_held(self) -> bool:
         """True from a successful acquire until release or loss. No I/O."""
         return self._state == HELD
@@ -462,7 +472,16 @@ class HandoffLock:
                     self._write(decision, deadline)
                 except PreconditionFailed:
                     attempted = decision
-                    record, generation = self._read(deadline)
+                    try:
+                        record, generation = self._read(deadline)
+                    except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
+                        self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
+                        self._state = IDLE
+                        self._flush_events()
+                        raise LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc) from exc
+                    except BaseException:
+                        self._state = IDLE
+                        raise
                     continue
                 except BaseException:
                     self._state = IDLE
