@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import random
 import threading
+import weakref
 from typing import Iterator
 
-_GATES: dict[tuple[int, str], "WriteGate"] = {}
+# Gates live as long as their store: keyed by the store object itself (weakly),
+# not by id(), which a new store can reuse after the old one is collected and so
+# inherit its spacing and its booked slots.
+_GATES: "weakref.WeakKeyDictionary[object, dict[str, WriteGate]]" = weakref.WeakKeyDictionary()
+_UNWEAKABLE: dict[int, tuple[object, dict[str, "WriteGate"]]] = {}
 _GATES_LOCK = threading.Lock()
 
 #: Longest spacing a run of 429s can push writes to one object to.
@@ -68,9 +73,13 @@ class WriteGate:
 def gate_for(storage: object, key: str, min_interval: float) -> WriteGate:
     """The process-wide gate for ``key`` in ``storage`` (the strictest minimum wins)."""
     with _GATES_LOCK:
-        gate = _GATES.get((id(storage), key))
+        try:
+            gates = _GATES.setdefault(storage, {})
+        except TypeError:  # not weak-referenceable or unhashable: keep it alive with its gates
+            gates = _UNWEAKABLE.setdefault(id(storage), (storage, {}))[1]
+        gate = gates.get(key)
         if gate is None:
-            gate = _GATES[(id(storage), key)] = WriteGate(min_interval)
+            gate = gates[key] = WriteGate(min_interval)
         elif min_interval > gate.min_interval:
             gate.min_interval = min_interval
             gate.interval = max(gate.interval, min_interval)
