@@ -26,6 +26,7 @@ from .errors import (
 )
 from .lock import HandoffLock, LockStatus, ReleaseRequest
 from .record import LockRecord
+from .repair import ForcedRelease, force_release
 from .scheduler import Scheduler
 
 __version__ = "0.1.0"
@@ -33,11 +34,13 @@ __version__ = "0.1.0"
 __all__ = [
     "Clock",
     "FakeClock",
+    "ForcedRelease",
     "HandoffLock",
     "LockRecord",
     "LockStatus",
     "ReleaseRequest",
     "Scheduler",
+    "force_release",
     "signals",
     "AcquireCancelled",
     "ConfigurationError",
