@@ -10,6 +10,8 @@ from .clock import Clock, FakeClock
 from .errors import (
     AcquireCancelled,
     ConfigurationError,
+    FencedObjectCorrupt,
+    FencedObjectFull,
     HandoffLockError,
     InvalidKey,
     InvalidLockURL,
@@ -24,6 +26,7 @@ from .errors import (
     StorageError,
     TransientStorageError,
 )
+from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest
 from .record import LockRecord
 from .repair import ForcedRelease, force_release
@@ -34,6 +37,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Clock",
     "FakeClock",
+    "FencedObject",
+    "FencedValue",
     "ForcedRelease",
     "HandoffLock",
     "LockRecord",
@@ -44,6 +49,8 @@ __all__ = [
     "signals",
     "AcquireCancelled",
     "ConfigurationError",
+    "FencedObjectCorrupt",
+    "FencedObjectFull",
     "HandoffLockError",
     "InvalidKey",
     "InvalidLockURL",
