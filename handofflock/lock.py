@@ -287,7 +287,8 @@ class HandoffLock:
           ``wait_for_slot``, keep polling for the slot).
 
         ``blocking=False`` never waits and never registers as waiter: it returns
-        False if the lock cannot be taken now. ``timeout`` bounds the wait;
+        False if the lock cannot be taken now (transient storage errors are
+        retried for at most ``timeout``, default ``renew_deadline``). ``timeout`` bounds the wait;
         on expiry the waiter slot is given back and :class:`LockTimeout` raised.
         """
         if timeout is not None and timeout < 0:
@@ -299,6 +300,8 @@ class HandoffLock:
             raise HandoffLockError(f"this HandoffLock instance already {'holds' if self._state == HELD else 'is acquiring'} {self.url!r}")
         self._cancel.clear()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
+        if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
+            deadline = self._clock.monotonic() + self.renew_deadline
         waiting = False
         last: LockRecord | None = None
         self._state = WAITING
@@ -365,7 +368,9 @@ class HandoffLock:
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
         """Leave the waiter slot with a conditional write; maybe we were handed the lock meanwhile."""
-        if waiting:
+        # ``waiting`` is False if our registration's reply was lost and the record moved
+        # on before we could see our nonce; the record naming us still says the slot is ours.
+        if waiting or (last is not None and last.waiting_owner_id == self.owner_id):
             for _ in range(5):
                 with self._io:
                     record, generation = self._read(self._clock.monotonic() + self.renew_deadline)
