@@ -288,8 +288,9 @@ class HandoffLock:
 
         ``blocking=False`` never waits and never registers as waiter: it returns
         False if the lock cannot be taken now (transient storage errors are
-        retried for at most ``timeout``, default ``renew_deadline``). ``timeout`` bounds the wait;
-        on expiry the waiter slot is given back and :class:`LockTimeout` raised.
+        retried for at most ``timeout``, default ``renew_deadline``).
+        ``timeout`` bounds the wait; on expiry the waiter slot is given back
+        and :class:`LockTimeout` raised.
         """
         if timeout is not None and timeout < 0:
             raise ConfigurationError("timeout must be >= 0 or None")

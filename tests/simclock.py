@@ -22,6 +22,7 @@ class SimClock(FakeClock):
         super().__init__(**kwargs)
         self.step = step
         self.on_tick: list[Callable[[], object]] = []
+        self.waits: list[float] = []  # every bounded wait asked for, in order (backoffs, polls, gates)
         self._ticking = False
 
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
@@ -29,6 +30,7 @@ class SimClock(FakeClock):
             return True
         if timeout is None:
             raise AssertionError("an unbounded wait would never end in a simulation")
+        self.waits.append(timeout)
         end = self.monotonic() + timeout
         while not event.is_set():
             left = end - self.monotonic()
@@ -48,6 +50,18 @@ class SimClock(FakeClock):
                 callback()
         finally:
             self._ticking = False
+
+    def at(self, when: float, callback: Callable[[], object]) -> None:
+        """Run ``callback`` once, at the first tick at or after monotonic time ``when``."""
+        done = False
+
+        def once() -> None:
+            nonlocal done
+            if not done and self.monotonic() >= when:
+                done = True
+                callback()
+
+        self.on_tick.append(once)
 
     def run_for(self, seconds: float) -> None:
         """Let ``seconds`` of simulated time pass, ticking as it goes."""
