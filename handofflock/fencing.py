@@ -186,7 +186,8 @@ class FencedObject:
     def read(self) -> FencedValue:
         """Read the object now: payload, highest accepted token, last writer."""
         with self._mutex:
-            generation, doc = self._read(self._clock.monotonic() + self.timeout)
+            self._cached = self._read(self._clock.monotonic() + self.timeout)
+            generation, doc = self._cached
             return self._value(doc, generation)
 
     def write(self, payload: Any, token: int | None = None) -> FencedValue:

@@ -25,6 +25,7 @@ from handofflock import (
 from handofflock import fencing
 from handofflock.fencing import RECENT_NONCES
 from handofflock.storage import MemoryStorage
+from conftest import BACKENDS, make_store
 from simclock import SimClock
 
 KEY = "jobs/latest.json"
@@ -234,35 +235,46 @@ def test_unknown_fields_of_a_fenced_object_are_kept(store):
 # --------------------------------------------------------------------------- racing writers
 
 
-class StartTogether(MemoryStorage):
-    """Every thread's first read of the fenced object waits until all threads have read it."""
+class StartTogether:
+    """A store whose every thread's first read of the object waits until all threads have read it."""
 
-    def __init__(self, name: str, parties: int) -> None:
-        super().__init__(name)
+    def __init__(self, store, parties: int) -> None:
+        self._store = store
         self.barrier = threading.Barrier(parties)
         self._seen: set[int] = set()
         self.armed = True
 
     def read(self, key, *, max_bytes=None):
-        found = super().read(key, max_bytes=max_bytes)
+        found = self._store.read(key, max_bytes=max_bytes)
         me = threading.get_ident()
         if self.armed and me not in self._seen:
             self._seen.add(me)
-            self.barrier.wait(timeout=10)
+            self.barrier.wait(timeout=30)
         return found
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+@pytest.fixture(params=BACKENDS)
+def any_store(request, tmp_path):
+    """One empty store per backend (conftest.BACKENDS), for what must hold on all of them."""
+    s = make_store(request.param, request, tmp_path)
+    yield s
+    s.close()
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_racing_writers_that_all_passed_the_check_cannot_all_write(seed):
+def test_racing_writers_that_all_passed_the_check_cannot_all_write(any_store, seed):
     tokens = list(range(1, 9))
     random.Random(seed).shuffle(tokens)
-    store = StartTogether(f"race-{seed}", len(tokens))
+    store = StartTogether(any_store, len(tokens))
     accepted: list[tuple[int, int]] = []  # (generation, token)
     refused: list[StaleToken] = []
     results_lock = threading.Lock()
 
     def writer(token: int) -> None:
-        f = FencedObject(store, KEY, writer_id=f"w{token}")
+        f = FencedObject(store, KEY, writer_id=f"w{token}", min_write_interval=0.0)
         try:
             written = f.append(token, token=token)
         except StaleToken as exc:
@@ -276,16 +288,30 @@ def test_racing_writers_that_all_passed_the_check_cannot_all_write(seed):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(60)
     store.armed = False
     assert len(accepted) + len(refused) == len(tokens)
     # Every writer saw highest=0 and passed the first check; only generation-matched
     # writes and the re-check after losing one keep the accepted tokens increasing.
     in_order = [token for _, token in sorted(accepted)]
     assert in_order == sorted(in_order) and len(set(in_order)) == len(in_order)
-    assert fence(store).read().payload == in_order
+    assert fence(any_store).read().payload == in_order
     assert in_order[-1] == max(tokens)
     assert all(exc.highest > exc.token for exc in refused)
+
+
+def test_on_every_backend_a_stale_token_changes_nothing_and_a_corrupt_object_is_kept(any_store):
+    fence(any_store, "B", min_write_interval=0.0).write("b", token=8)
+    before = any_store.read(KEY)
+    for writer, token in (("A", 7), ("A", 8)):  # lower, and equal from another writer
+        with pytest.raises(StaleToken):
+            fence(any_store, writer).write("a", token=token)
+    assert any_store.read(KEY) == before
+    any_store.write("jobs/other.json", SOMEONES_DATA, if_generation_match=0)
+    other = FencedObject(any_store, "jobs/other.json", writer_id="A", clock=SimClock(), min_write_interval=0.0)
+    with pytest.raises(FencedObjectCorrupt, match="not a fence document"):
+        other.write("x", token=99)
+    assert any_store.read("jobs/other.json")[0] == SOMEONES_DATA
 
 
 # --------------------------------------------------------------------------- the paused owner

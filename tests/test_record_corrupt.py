@@ -14,6 +14,7 @@ from handofflock.errors import PreconditionFailed
 from handofflock.protocol import next_token
 from handofflock.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL
 from handofflock.storage import MAX_RECORD_BYTES, MemoryStorage
+from conftest import BACKENDS, make_store
 from simclock import SimClock
 
 KEY = "locks/job.json"
@@ -496,3 +497,28 @@ def test_taking_over_a_record_whose_unknown_field_cannot_be_written_back_reports
     with pytest.raises(LockRecordCorrupt, match="cannot be written back"):  # not orjson's TypeError mid-write
         make_lock(store, sim, "A").acquire(blocking=False)
     assert store.read(KEY) == (deep, gen)
+
+
+# --------------------------------------------------------------------------- on every backend
+
+
+@pytest.fixture(params=BACKENDS)
+def any_store(request, tmp_path):
+    s = make_store(request.param, request, tmp_path)
+    yield s
+    s.close()
+
+
+def test_on_every_backend_a_corrupt_record_is_reported_kept_and_can_be_force_released(any_store, sim):
+    clock, _ = sim
+    gen = any_store.write(KEY, GARBAGE, if_generation_match=0)
+    lock = make_lock(any_store, sim, "A", min_write_interval=0.0)
+    with pytest.raises(LockRecordCorrupt) as info:
+        lock.acquire(blocking=False)
+    assert any_store.read(KEY) == (GARBAGE, gen)
+    with pytest.raises(PreconditionFailed):
+        force_release(lock, expected_generation=gen + 1, clock=clock)
+    assert any_store.read(KEY) == (GARBAGE, gen)
+    replaced = force_release(lock, expected_generation=info.value.generation, clock=clock)
+    assert replaced.data == GARBAGE and any_store.read(KEY)[1] == replaced.new_generation
+    assert lock.acquire(blocking=False) and lock.token > replaced.token
