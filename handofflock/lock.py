@@ -557,13 +557,8 @@ class HandoffLock:
             return float("inf")
         return min(self._next_renew, self._valid_until)
 
-    def _run_due(self, known_generation: int | None = None) -> None:
-        """Do whatever is due: renew, check for a waiter, send pending signals.
-
-        ``known_generation`` comes from a listing the scheduler made just now
-        (0: the object was not listed). It makes the waiter check run even if
-        not yet due, reading only if that generation is not the one we know.
-        """
+    def _run_due(self) -> None:
+        """Do whatever is due: renew, check for a waiter, send pending signals."""
         now = self._clock.monotonic()
         if self._state == HELD:
             if now >= self._valid_until:
@@ -572,8 +567,8 @@ class HandoffLock:
                         self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
             elif now >= self._next_renew:
                 self._renew()
-            elif known_generation is not None or now >= self._next_check:
-                self._check_waiter(known_generation)
+            elif now >= self._next_check:
+                self._check_waiter()
         self._flush_events()
 
     def _renew(self) -> None:
@@ -617,7 +612,9 @@ class HandoffLock:
     def _check_waiter(self, known_generation: int | None = None) -> None:
         """Still ours? Someone waiting? One read, or none when ``known_generation`` says nothing changed.
 
-        Generations only grow, so a listed generation equal to the one we know
+        The scheduler passes ``known_generation`` from a listing it just made
+        (0: not listed) when it checks many locks at once; the check then runs
+        whether or not it was due. Generations only grow, so a listed generation equal to the one we know
         means the object holds exactly our cached record: deciding on that is
         deciding on what a read would return. Anything else (0 included: not
         listed) is settled by a read, never by the listing alone.

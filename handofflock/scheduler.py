@@ -78,6 +78,7 @@ class Scheduler:
         self._io_workers = io_workers
         self._autostart = autostart
         self._name = name
+        self._gkeys: dict[int, tuple[int, str] | None] = {}
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
 
@@ -86,6 +87,7 @@ class Scheduler:
     def add(self, lock: Any) -> None:
         with self._mutex:
             self._locks[id(lock)] = lock
+            self._gkeys[id(lock)] = _group_key(lock)
         if self._autostart:
             self._ensure_thread()
         self._wake.set()
@@ -93,6 +95,7 @@ class Scheduler:
     def discard(self, lock: Any) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
+            self._gkeys.pop(id(lock), None)
 
     def __len__(self) -> int:
         return len(self._locks)
@@ -129,7 +132,7 @@ class Scheduler:
         next_due = math.inf
         members: dict[tuple[int, str] | None, list[Any]] = {}
         for key, lock in self._locks.items():
-            members.setdefault(_group_key(lock), []).append(lock)
+            members.setdefault(self._gkeys[key], []).append(lock)
 
         def start(job: Callable[..., None], locks: list[Any]) -> None:
             if track:
@@ -203,7 +206,11 @@ class Scheduler:
             if track:
                 with self._mutex:
                     self._running.discard(id(lock))
-                self._wake.set()
+                # The loop planned its sleep without this lock. Wake it only if the lock's next
+                # duty may come before the loop wakes anyway (within MAX_IDLE): with many locks,
+                # planning after every finished renewal would cost more than the renewals.
+                if lock._due() <= self._clock.monotonic() + MAX_IDLE:
+                    self._wake.set()
 
     def _check_group(self, gkey: tuple[int, str], batch: list[Any], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
@@ -224,8 +231,13 @@ class Scheduler:
                 with self._mutex:
                     self._ungrouped.add(gkey)
             for lock in batch:
+                if lock._due_besides_check() <= self._clock.monotonic():
+                    # A renewal (or a loss, or signals) fell due while we listed: its own job
+                    # runs it as soon as this one lets go, rather than serially in here.
+                    continue
                 try:
-                    lock._run_due(known_generation=listing.get(lock._key, 0))
+                    lock._check_waiter(known_generation=listing.get(lock._key, 0))
+                    lock._flush_events()
                 except Exception:
                     _log.exception("waiter check of %r raised; carrying on", lock)
         finally:
