@@ -16,7 +16,7 @@ import secrets
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from . import protocol, signals
 from .clock import Clock
@@ -37,6 +37,9 @@ from .pacing import WriteGate, backoff, gate_for
 from .protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
 from .record import MAX_TTL, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
+
+if TYPE_CHECKING:
+    from .training import Steps
 
 _log_acquire = logging.getLogger("handofflock.acquire")
 _log_renew = logging.getLogger("handofflock.renew")
@@ -248,6 +251,21 @@ class HandoffLock:
         if self._state == LOST:
             raise LockLost(f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost")
         raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
+
+    def steps(self, iterable: Iterable[T]) -> "Steps[T]":
+        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
+
+        >>> steps = lock.steps(range(start, total))
+        >>> for step in steps:
+        ...     train(step)
+        >>> save_checkpoint(steps.last, fence=lock.token)   # then leave: hands off
+
+        No I/O per step; raises :class:`LockLost` before a step if the lock is
+        no longer safely held. See :class:`handofflock.training.Steps`.
+        """
+        from .training import Steps
+
+        return Steps(self, iterable)
 
     def request_release(
         self, reason: str = "manual", *, requester: str | None = None, deadline: float | None = None
