@@ -338,6 +338,7 @@ class HandoffLock:
                         return True
                     if not waiting:
                         _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
+                        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
                     waiting = True
                 elif isinstance(decision, Contended):
                     if not blocking:

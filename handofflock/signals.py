@@ -10,6 +10,8 @@ the background scheduler); one that raises is logged and the others still run.
                             "preemption", "manual"), ``request``
 ``on_renewal_error``        the lock can no longer be kept: ``error`` (an
                             exception; :class:`~handofflock.LockLost` when lost)
+``waiting``                 we became the single waiter: ``owner_id`` (who holds it),
+                            ``waiter_expires_at``
 ``acquired``                ``token``, ``handoff`` (True when handed to us)
 ``released``                ``handed_off_to`` (waiter id or None), ``token``
 ``lost``                    ``reason`` (text), ``error``
@@ -32,6 +34,7 @@ _ns = Namespace()
 
 on_release_requested: Signal = _ns.signal("on_release_requested", doc="A waiter, signal or preemption asks for the lock.")
 on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
+waiting: Signal = _ns.signal("waiting", doc="We registered as the single waiter.")
 acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed to us).")
 released: Signal = _ns.signal("released", doc="The lock was released (handed off or freed).")
 lost: Signal = _ns.signal("lost", doc="The lock is no longer safely held.")

@@ -1,0 +1,612 @@
+"""``gs://bucket/key``: Google Cloud Storage, spoken to through its JSON API.
+
+This is the only module of handofflock that imports ``google.cloud.storage``,
+``google.auth`` or ``requests``. Every error the SDK or the transport can raise
+is mapped here, at the boundary, into :mod:`handofflock.errors`.
+
+The ``google.cloud.storage.Client`` provides credentials, the endpoint (it
+honours ``STORAGE_EMULATOR_HOST``) and its authorized HTTP session; the requests
+themselves are built here, one per operation, because the SDK's helpers do not
+fit a lock:
+
+* they retry on their own, and a silently retried conditional upload can fail
+  against its own first attempt; the lock layer owns retries and must hear
+  when a write was ambiguous, so nothing here retries (not the SDK, not
+  urllib3, which requests configures with zero retries);
+* some cost an extra request (``Blob.delete()`` probes the bucket first);
+* a read must return the generation of exactly the bytes it returned, which the
+  media download's ``x-goog-generation`` header gives in the same response.
+
+So: a read is one ``GET .../o/KEY?alt=media``, a write one multipart upload
+with ``ifGenerationMatch``, a delete one ``DELETE`` with ``ifGenerationMatch``,
+and a listing one request per page of up to 1000 objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import email.utils
+import math
+import os
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+from urllib.parse import quote
+
+import google.auth.exceptions
+import orjson
+import requests
+import urllib3.exceptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage as gcs
+
+from .. import __version__
+from ..errors import (
+    ConfigurationError,
+    HandoffLockError,
+    NotFound,
+    PreconditionFailed,
+    StorageError,
+    TransientStorageError,
+)
+from . import _BUCKET_RE
+from .base import validate_generation, validate_key, validate_prefix
+
+try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
+    import google_crc32c
+except ImportError:  # pragma: no cover
+    google_crc32c = None
+
+_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+#: The project used with an emulator, which needs one for nothing we do.
+_EMULATOR_PROJECT = "handofflock-emulator"
+_LIST_FIELDS = "items(name,generation),nextPageToken"
+_ERROR_BODY_BYTES = 4096
+
+#: What :meth:`GCSStorage._download` returns for a 416 without a generation.
+_EMPTY_AT_UNKNOWN_GENERATION: Any = object()
+
+_SHARED: dict[tuple[str, str | None], "GCSStorage"] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class GCSStorage:
+    """The objects of one GCS bucket, with generation-matched writes and deletes.
+
+    No I/O happens in the constructor: the ``google.cloud.storage.Client`` is
+    created on first use, with the default credentials, or anonymously against
+    an emulator when ``STORAGE_EMULATOR_HOST`` is set. Pass ``client`` to use
+    your own (it is then yours to close). ``timeout`` is ``(connect, read)`` in
+    seconds and applies to every request.
+
+    >>> store = GCSStorage("my-bucket")
+    >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
+    >>> store.read("locks/train.json")
+    (b'{}', generation)
+    """
+
+    #: Objects per listing page (the JSON API's maximum).
+    _LIST_PAGE_SIZE = 1000
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        client: gcs.Client | None = None,
+        timeout: tuple[float, float] = (5.0, 15.0),
+    ) -> None:
+        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket) or ".." in bucket:
+            raise ConfigurationError(
+                f"{bucket!r} is not a valid GCS bucket name (3-63 lowercase letters, digits, '-', '_' or '.')"
+            )
+        self.bucket = bucket
+        self.url = f"gs://{bucket}"
+        self._timeout = _checked_timeout(timeout)
+        # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
+        self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
+        self._client = client
+        self._owns_client = client is None
+        self._client_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, bucket: str) -> "GCSStorage":
+        """The process-wide instance for ``bucket`` (and the current ``STORAGE_EMULATOR_HOST``).
+
+        Locks on the same bucket share one HTTP connection pool this way.
+        """
+        key = (bucket, os.environ.get(_EMULATOR_ENV))
+        with _SHARED_LOCK:
+            store = _SHARED.get(key)
+            if store is None:
+                store = _SHARED[key] = cls(bucket)
+            return store
+
+    @property
+    def client(self) -> gcs.Client:
+        """The ``google.cloud.storage.Client`` in use, created on first access."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._make_client()
+                client = self._client
+        return client
+
+    def close(self) -> None:
+        """Close the HTTP session of a client this store created.
+
+        The store stays usable: the next operation creates a fresh client.
+        A client passed to the constructor is left open for its owner.
+        """
+        with self._client_lock:
+            client, owned = self._client, self._owns_client
+            if owned:
+                self._client = None
+        if client is not None and owned:
+            client.close()
+
+    # -- the contract ---------------------------------------------------------
+
+    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+        validate_key(key)
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+            raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+        headers = {
+            # Never let the server or requests transform the bytes: a Range then
+            # counts stored bytes and the checksum covers what we return.
+            "Accept-Encoding": "identity",
+        }
+        if max_bytes is not None:
+            # At most max_bytes + 1 bytes travel, so the caller can tell
+            # "too big" from "fits" without reading a huge object.
+            headers["Range"] = f"bytes=0-{max_bytes}"
+        limit = None if max_bytes is None else max_bytes + 1
+        with self._mapped("read", key):
+            found = self._download(key, headers, limit)
+            if found is _EMPTY_AT_UNKNOWN_GENERATION:
+                # A 416 for a Range on an empty object that did not say which
+                # generation it saw (the emulator does say; GCS may not): ask once
+                # more without a Range. Only an empty object, never a lock record,
+                # costs this second request.
+                del headers["Range"]
+                found = self._download(key, headers, limit)
+                if found is _EMPTY_AT_UNKNOWN_GENERATION:  # pragma: no cover - no Range, no 416
+                    raise StorageError(f"read {key!r} in {self.url}: GCS answered 416 to a read without a Range")
+            return found
+
+    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+        validate_key(key)
+        validate_generation(if_generation_match)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        body, content_type = _multipart(key, bytes(data))
+        with self._mapped("write", key):
+            response = self._send(
+                "POST",
+                f"{self._base()}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o",
+                params={
+                    "uploadType": "multipart",
+                    "ifGenerationMatch": str(if_generation_match),
+                    "fields": "generation",
+                },
+                headers={"Content-Type": content_type},
+                data=body,
+            )
+            with contextlib.closing(response):
+                if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
+                    raise self._bucket_missing(key, response)
+                self._check(response, "write", key, if_generation_match)
+                return _parse_generation(_json(response).get("generation"), "the upload's reply")
+
+    def delete(self, key: str, *, if_generation_match: int) -> None:
+        validate_key(key)
+        validate_generation(if_generation_match)
+        with self._mapped("delete", key):
+            response = self._send(
+                "DELETE",
+                self._object_url(key),
+                params={"ifGenerationMatch": str(if_generation_match)},
+            )
+            with contextlib.closing(response):
+                if response.status_code == 404:
+                    if _says_bucket_missing(response):
+                        raise self._bucket_missing(key, response)
+                    raise NotFound(key, url=self.url)
+                self._check(response, "delete", key, if_generation_match)
+
+    def list(self, prefix: str) -> dict[str, int]:
+        validate_prefix(prefix)
+        found: dict[str, int] = {}
+        page_token: str | None = None
+        with self._mapped("list", None):
+            while True:
+                params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
+                if page_token:
+                    params["pageToken"] = page_token
+                response = self._send("GET", self._bucket_url() + "/o", params=params)
+                with contextlib.closing(response):
+                    if response.status_code == 404:  # a listing has no object to miss
+                        raise self._bucket_missing(None, response)
+                    self._check(response, "list", None)
+                    page = _json(response)
+                for item in page.get("items") or ():
+                    name = item.get("name") if isinstance(item, dict) else None
+                    if not isinstance(name, str):
+                        raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
+                    found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
+                page_token = page.get("nextPageToken")
+                if not page_token:
+                    return found
+
+    # -- requests -------------------------------------------------------------
+
+    def _download(self, key: str, headers: dict[str, str], limit: int | None) -> Any:
+        response = self._send(
+            "GET",
+            f"{self._base()}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
+            params={"alt": "media"},
+            headers=headers,
+            stream=True,  # read no more than `limit` bytes, then drop the connection
+        )
+        with contextlib.closing(response):
+            if response.status_code == 404:
+                # The emulator cannot tell a missing bucket from a missing object;
+                # GCS says so in the message. A missing bucket read as "no lock"
+                # is still caught: the create that follows fails with 404.
+                if _says_bucket_missing(response):
+                    raise self._bucket_missing(key, response)
+                return None
+            if response.status_code == 416:  # a Range on an empty object
+                generation = response.headers.get("x-goog-generation")
+                if generation is None:
+                    return _EMPTY_AT_UNKNOWN_GENERATION
+                return b"", _parse_generation(generation, "the x-goog-generation header")
+            self._check(response, "read", key)
+            generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
+            data, complete = _read_body(response, limit)
+            if complete:
+                _verify_crc32c(response, data, key, self.url)
+            return data, generation
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: dict[str, str],
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        client = self.client
+        connection = client._connection
+        all_headers = {
+            **getattr(connection, "extra_headers", {}),
+            "User-Agent": f"handofflock/{__version__} {connection.user_agent}".strip(),
+            "x-goog-api-client": connection.user_agent,
+            **(headers or {}),
+        }
+        return client._http.request(
+            method,
+            url,
+            params=params,
+            headers=all_headers,
+            data=data,
+            timeout=self._timeout,
+            stream=stream,
+            allow_redirects=False,  # one request per operation, always
+        )
+
+    def _base(self) -> str:
+        connection = self.client._connection
+        getter = getattr(connection, "get_api_base_url_for_mtls", None)
+        base = (getter() if getter else connection.API_BASE_URL).rstrip("/")
+        if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
+            base = "http://" + base
+        return base
+
+    def _bucket_url(self) -> str:
+        return f"{self._base()}/storage/v1/b/{quote(self.bucket, safe='')}"
+
+    def _object_url(self, key: str) -> str:
+        return f"{self._bucket_url()}/o/{quote(key, safe='')}"
+
+    def _make_client(self) -> gcs.Client:
+        try:
+            if self._emulator_host:
+                return gcs.Client(
+                    project=_EMULATOR_PROJECT,
+                    credentials=AnonymousCredentials(),
+                    client_options={"api_endpoint": self._emulator_host},
+                )
+            # project=None: objects need no project, and looking one up may cost I/O.
+            return gcs.Client(project=None)
+        except google.auth.exceptions.DefaultCredentialsError as exc:
+            raise StorageError(
+                f"no Google credentials found for {self.url}: run `gcloud auth application-default login`, "
+                "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, "
+                f"or set {_EMULATOR_ENV} to use an emulator ({exc})",
+                url=self.url,
+            ) from exc
+        except Exception as exc:  # e.g. a malformed credentials file or client option
+            raise StorageError(f"could not create a GCS client for {self.url}: {exc}", url=self.url) from exc
+
+    # -- errors ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mapped(self, op: str, key: str | None) -> Iterator[None]:
+        """Turn every transport and auth error raised inside into a handofflock error."""
+        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+        try:
+            yield
+        except HandoffLockError:
+            raise
+        except requests.exceptions.ConnectTimeout as exc:
+            raise TransientStorageError(
+                f"{where}: could not connect within {self._timeout[0]}s; nothing was sent",
+                url=self.url, key=key, ambiguous=False,
+            ) from exc
+        except requests.exceptions.ReadTimeout as exc:
+            raise TransientStorageError(
+                f"{where}: no reply within {self._timeout[1]}s; the request may have been applied",
+                url=self.url, key=key, ambiguous=True,
+            ) from exc
+        except requests.exceptions.ConnectionError as exc:
+            if _never_connected(exc):
+                raise TransientStorageError(
+                    f"{where}: could not connect ({_reason(exc)}); nothing was sent",
+                    url=self.url, key=key, ambiguous=False,
+                ) from exc
+            raise TransientStorageError(
+                f"{where}: the connection failed after the request was sent ({_reason(exc)}); "
+                "it may have been applied",
+                url=self.url, key=key, ambiguous=True,
+            ) from exc
+        except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
+            raise TransientStorageError(
+                f"{where}: the reply was cut off or garbled ({exc}); the request may have been applied",
+                url=self.url, key=key, ambiguous=True,
+            ) from exc
+        except google.auth.exceptions.RefreshError as exc:
+            # Credentials are refreshed before the request is sent: nothing was applied.
+            if getattr(exc, "retryable", False):
+                raise TransientStorageError(
+                    f"{where}: refreshing the Google credentials failed ({exc}); nothing was sent",
+                    url=self.url, key=key, ambiguous=False,
+                ) from exc
+            raise StorageError(
+                f"{where}: the Google credentials could not be refreshed ({exc}); run "
+                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS",
+                url=self.url, key=key,
+            ) from exc
+        except google.auth.exceptions.TransportError as exc:
+            raise TransientStorageError(
+                f"{where}: could not reach the credentials server ({exc}); nothing was sent",
+                url=self.url, key=key, ambiguous=False,
+            ) from exc
+        except (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError) as exc:
+            # What is left is configuration: an invalid URL or header, a bad credentials file.
+            raise StorageError(f"{where}: {exc}", url=self.url, key=key) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # leaked past requests: be conservative
+            raise TransientStorageError(
+                f"{where}: transport error ({exc!r}); the request may have been applied",
+                url=self.url, key=key, ambiguous=True,
+            ) from exc
+
+    def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
+        """Return if the response is a success; raise the mapped error otherwise."""
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+        if status == 412 and key is not None and expected is not None:
+            raise PreconditionFailed(key, expected, url=self.url)
+        message = _error_message(response)
+        if status in (408, 429) or status >= 500:
+            raise TransientStorageError(
+                f"{where}: GCS answered {status} ({message})",
+                url=self.url, key=key, status=status,
+                ambiguous=status != 429,  # 429: refused before it was applied
+                retry_after=_retry_after(response.headers.get("Retry-After")),
+            )
+        if status == 401:
+            raise StorageError(
+                f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
+                "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
+                url=self.url, key=key,
+            )
+        if status == 403:
+            raise StorageError(
+                f"{where}: permission denied on bucket {self.bucket!r} (403: {message}); check which account "
+                "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket",
+                url=self.url, key=key,
+            )
+        raise StorageError(f"{where}: GCS answered {status} ({message})", url=self.url, key=key)
+
+    def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
+        return StorageError(
+            f"GCS bucket {self.bucket!r} does not exist (404: {_error_message(response)}); create it "
+            f"(`gcloud storage buckets create gs://{self.bucket}`) or check the bucket name in the lock URL",
+            url=self.url,
+            key=key,
+        )
+
+    def __repr__(self) -> str:
+        return f"GCSStorage({self.bucket!r})"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
+def _checked_timeout(timeout: object) -> tuple[float, float]:
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = (timeout, timeout)
+    if (
+        not isinstance(timeout, tuple)
+        or len(timeout) != 2
+        or not all(_positive_number(t) for t in timeout)
+    ):
+        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
+    return (float(timeout[0]), float(timeout[1]))
+
+
+def _multipart(key: str, data: bytes) -> tuple[bytes, str]:
+    """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
+    metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
+    while True:
+        boundary = f"handofflock-{uuid.uuid4().hex}"
+        if boundary.encode() not in data:
+            break
+    delimiter = b"--" + boundary.encode()
+    body = b"".join(
+        [
+            delimiter, b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n", metadata, b"\r\n",
+            delimiter, b"\r\nContent-Type: application/json\r\n\r\n", data, b"\r\n",
+            delimiter, b"--\r\n",
+        ]
+    )
+    return body, f'multipart/related; boundary="{boundary}"'
+
+
+def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes of a streamed body; say whether it was read to its end."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_content(chunk_size=64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if limit is not None and size >= limit:
+            data = b"".join(chunks)[:limit]
+            # At the limit we cannot know whether more was coming, so we do
+            # not claim completeness; closing the response drops the rest.
+            return data, False
+    return b"".join(chunks), True
+
+
+def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
+    """Check a whole-object read against the server's CRC32C, when it sent one for these bytes.
+
+    Skipped for partial reads (the hash covers the whole object) and for objects
+    stored with a content encoding (the hash covers the stored bytes).
+    """
+    if google_crc32c is None:  # pragma: no cover
+        return
+    if response.headers.get("x-goog-stored-content-encoding", "identity") != "identity":
+        return
+    if response.status_code == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        if total != str(len(data)):
+            return
+    expected = None
+    for part in response.headers.get("x-goog-hash", "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "crc32c":
+            expected = value
+    if not expected:
+        return
+    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
+    if actual != expected:
+        raise TransientStorageError(
+            f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
+            f"({actual} != {expected}); the transfer was corrupted",
+            url=url, key=key, ambiguous=False,
+        )
+
+
+def _json(response: requests.Response) -> dict[str, Any]:
+    try:
+        value = orjson.loads(response.content)
+    except orjson.JSONDecodeError as exc:
+        raise StorageError(f"GCS sent a reply that is not JSON: {response.content[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise StorageError(f"GCS sent an unexpected reply: {response.content[:200]!r}")
+    return value
+
+
+def _parse_generation(value: object, where: str) -> int:
+    try:
+        generation = int(str(value), 10)
+    except ValueError:
+        generation = 0
+    if generation <= 0:
+        raise StorageError(f"GCS sent no valid generation in {where} (got {value!r})")
+    return generation
+
+
+def _error_body(response: requests.Response) -> bytes:
+    """At most the first few KiB of an error reply (it may be a streamed download's)."""
+    try:
+        return next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
+    except Exception:  # a reply cut off while explaining an error still has a status to go by
+        return b""
+
+
+def _error_message(response: requests.Response) -> str:
+    """The server's explanation of an error: the JSON API's message, or the start of the body."""
+    cached = getattr(response, "_handofflock_message", None)
+    if cached is not None:
+        return cached
+    body = _error_body(response)
+    message = ""
+    try:
+        error = orjson.loads(body).get("error", {})
+        message = str(error.get("message") or "")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = body.decode("utf-8", "replace").strip()
+    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
+    response._handofflock_message = message  # type: ignore[attr-defined]
+    return message
+
+
+def _says_bucket_missing(response: requests.Response) -> bool:
+    """Whether a 404 is about the bucket rather than the object.
+
+    GCS says "The specified bucket does not exist." for a missing bucket and
+    "No such object: BUCKET/KEY" for a missing object, with the same status and
+    reason ("notFound"); only the message tells them apart. fake-gcs-server says
+    "Not Found" for both. When unsure this answers False: reading a missing
+    bucket as "no object" is caught by the create that follows, which fails
+    with 404 on the bucket.
+    """
+    return "bucket does not exist" in _error_message(response).lower()
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def _never_connected(exc: requests.exceptions.ConnectionError) -> bool:
+    """Whether a connection error happened before any byte of the request was sent."""
+    reason = exc.args[0] if exc.args else None
+    if isinstance(reason, urllib3.exceptions.MaxRetryError):
+        reason = reason.reason
+    # NewConnectionError (refused, unreachable, DNS failure) is a ConnectTimeoutError.
+    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
+
+
+def _reason(exc: BaseException) -> str:
+    reason = exc.args[0] if exc.args else exc
+    if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
+        reason = reason.reason
+    return str(reason) or type(reason).__name__

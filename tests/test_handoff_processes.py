@@ -1,0 +1,50 @@
+"""A full handoff between two OS processes on the GCS emulator."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from lockutil import url_for
+
+PROC = Path(__file__).parent / "procs" / "lockproc.py"
+
+
+def spawn(role: str, url: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, str(PROC), role, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+
+
+def events(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}: {err[-2000:]}"
+    return [orjson.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("backend", ["gcs", "local"])
+def test_a_handoff_between_two_processes_notifies_the_owner_and_raises_the_token(backend, request, tmp_path):
+    url = url_for(backend, request, tmp_path)
+    owner = spawn("owner", url)
+    first = owner.stdout.readline()
+    assert orjson.loads(first)["event"] == "acquired", first
+    waiter = spawn("waiter", url)
+    o_events = [orjson.loads(first)] + events(owner)
+    w_events = events(waiter)
+    o = {e["event"]: e for e in o_events}
+    w = {e["event"]: e for e in w_events}
+    assert [e["event"] for e in o_events] == ["acquired", "noticed", "released"]
+    assert [e["event"] for e in w_events] == ["waiting", "acquired"]
+    assert o["noticed"]["waiter"] == w["waiting"]["me"] == o["released"]["heir"]
+    assert o["noticed"]["reason"] == "waiter"
+    assert w["acquired"]["token"] > o["acquired"]["token"]
+    notice = o["noticed"]["t"] - w["waiting"]["t"]
+    handoff = w["acquired"]["t"] - o["released"]["t"]
+    # waiter_check_interval is 0.5 s and waiter_poll_interval 0.2 s in lockproc; allow for process start-up noise.
+    assert 0 <= notice < 0.5 + 1.0, notice
+    assert 0 <= handoff < 0.2 + 1.0, handoff
+    print(f"\n[{backend}] notice latency {notice * 1000:.0f} ms, handoff latency {handoff * 1000:.0f} ms")

@@ -1,0 +1,183 @@
+"""Renewal, waiter checks, deadlines and re-entrancy, driven by a fake clock instead of sleeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockLost, Scheduler, signals
+from handofflock.storage import MemoryStorage
+from lockutil import eventually, make_lock, raw_read, raw_write
+
+
+@pytest.fixture
+def env():
+    name = f"timing-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock()
+    sched = Scheduler(clock, autostart=False)
+    yield name, clock, sched, MemoryStorage.named(name)
+    MemoryStorage.forget(name)
+
+
+def new_lock(name, clock, sched, **kw):
+    opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
+    opts.update(kw)
+    return HandoffLock(f"memory://{name}/train.json", **opts)
+
+
+def test_renewal_runs_every_ttl_over_eight_and_pushes_expiry(env):
+    name, clock, sched, store = env
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    writes0 = store.calls["write"]
+    expiries = []
+    for _ in range(8):
+        clock.advance(7.5)  # ttl/8
+        sched.run_pending()
+        expiries.append(raw_read(f"memory://{name}/train.json")[0].expires_at)
+    assert store.calls["write"] - writes0 == 8
+    assert expiries == sorted(expiries) and expiries[-1] == pytest.approx(clock.time() + 60.0)
+    assert lock.healthy
+
+
+def test_the_waiter_check_only_reads(env):
+    name, clock, sched, store = env
+    lock = new_lock(name, clock, sched, renew_interval=7.5)
+    assert lock.acquire()
+    writes0, reads0 = store.calls["write"], store.calls["read"]
+    for _ in range(3):
+        clock.advance(2.0)
+        sched.run_pending()
+    assert store.calls["write"] == writes0
+    assert store.calls["read"] - reads0 == 3
+
+
+def test_a_process_paused_past_the_renew_deadline_is_unhealthy_before_any_code_runs(env):
+    name, clock, sched, store = env
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    errors, lost = [], []
+    signals.on_renewal_error.connect(lambda s, error: errors.append(error), sender=lock, weak=False)
+    signals.lost.connect(lambda s, **kw: lost.append(kw), sender=lock, weak=False)
+    clock.advance(30.0)  # renew_deadline = ttl/2: the "process" was stopped all along
+    assert not lock.healthy
+    with pytest.raises(LockLost):
+        lock.check()
+    writes = store.calls["write"]
+    sched.run_pending()
+    assert store.calls["write"] == writes, "a lock past its deadline must not renew on waking"
+    assert len(errors) == 1 and len(lost) == 1
+    sched.run_pending()
+    assert len(errors) == 1, "on_renewal_error fires once"
+
+
+def test_transient_failures_are_retried_but_give_up_at_the_deadline_before_the_lease_expires(env):
+    name, clock, sched, store = env
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    expires_at = raw_read(f"memory://{name}/train.json")[0].expires_at
+    errors = []
+    signals.on_renewal_error.connect(lambda s, error: errors.append((clock.time(), error)), sender=lock, weak=False)
+    store.faults.fail_next("write", count=10_000)
+    attempts0 = store.calls["write"]
+    while not errors and clock.time() < expires_at + 10:
+        clock.advance(0.5)
+        sched.run_pending()
+    store.faults.clear()
+    assert errors, "on_renewal_error never fired"
+    fired_at, error = errors[0]
+    assert isinstance(error, LockLost)
+    assert fired_at < expires_at, "the owner must give up before its lease can expire"
+    assert store.calls["write"] - attempts0 >= 3, "transient failures were not retried"
+
+
+def test_a_renewal_that_loses_a_race_with_the_waiter_retries_and_keeps_the_waiter(env):
+    name, clock, sched, store = env
+    url = f"memory://{name}/train.json"
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    record, gen = raw_read(url)
+    raw_write(url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w1"), gen)
+    clock.advance(7.5)
+    sched.run_pending()
+    after, _ = raw_read(url)
+    assert after.owner_id == lock.owner_id and after.waiting_owner_id == "w"
+    assert after.expires_at == pytest.approx(clock.time() + 60)
+    assert lock.release_requested and lock.release_request.requester == "w"
+
+
+def test_release_from_a_signal_handler_during_a_blocking_acquire_cancels_it_without_deadlock():
+    url = f"memory://sig-{uuid.uuid4().hex[:8]}/train.json"
+    owner = make_lock(url)
+    assert owner.acquire()
+    waiter = make_lock(url, waiter_ttl=5.0)
+    old = signal.signal(signal.SIGUSR1, lambda *a: waiter.release())
+    try:
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+        timer.start()
+        with pytest.raises(AcquireCancelled):
+            waiter.acquire(timeout=10)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        owner.release()
+    assert raw_read(url)[0].waiting_owner_id is None
+
+
+def test_release_from_a_signal_handler_while_the_main_thread_is_inside_the_library_is_deferred():
+    url = f"memory://sig-{uuid.uuid4().hex[:8]}/train.json"
+    lock = make_lock(url)
+    assert lock.acquire()
+    store = MemoryStorage.named(url.split("/")[2])
+    fired = []
+    # Deliver the signal while status() holds the lock's I/O mutex in this very thread.
+    real_read = store.read
+
+    def read_and_get_signalled(key, **kw):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)  # the handler runs here, between bytecodes of this thread
+        return real_read(key, **kw)
+
+    old = signal.signal(signal.SIGUSR1, lambda *a: fired.append(lock.release()))
+    store.read = read_and_get_signalled
+    try:
+        status = lock.status()
+    finally:
+        store.read = real_read
+        signal.signal(signal.SIGUSR1, old)
+    assert fired == [None], "the handler ran and returned at once"
+    assert status.owner_id == lock.owner_id
+    assert not lock.is_held, "the deferred release ran when status() returned"
+    assert raw_read(url)[0].owner_id is None
+
+
+def test_the_constructor_does_no_io_and_validates_intervals():
+    from handofflock import ConfigurationError
+
+    HandoffLock("gs://no-such-bucket-anywhere/x.json")  # no request: nothing raised
+    for bad in (dict(ttl=0), dict(ttl=-1), dict(ttl=10, renew_interval=6, renew_deadline=5),
+                dict(ttl=10, renew_deadline=10), dict(waiter_check_interval=0), dict(waiter_poll_interval=float("nan")),
+                dict(max_clock_skew=-1), dict(ttl=1e9), dict(waiter_ttl=1.0, waiter_poll_interval=1.0)):
+        with pytest.raises(ConfigurationError):
+            HandoffLock("memory://cfg/x.json", **bad)
+
+
+def test_one_scheduler_thread_serves_many_locks():
+    sched = Scheduler(io_workers=2)
+    name = f"many-{uuid.uuid4().hex[:8]}"
+    held = [HandoffLock(f"memory://{name}/l{i}.json", ttl=3, scheduler=sched) for i in range(50)]
+    before = threading.active_count()
+    for lock in held:
+        assert lock.acquire()
+    eventually(lambda: sched.threads >= 1, what="scheduler start")
+    time.sleep(0.6)
+    assert sched.threads <= 3
+    assert threading.active_count() - before <= 3
+    for lock in held:
+        lock.release()
+    sched.stop()

@@ -1,0 +1,185 @@
+"""The pure decision table: given what was read, what does the lock write next?"""
+
+from __future__ import annotations
+
+import pytest
+
+from handofflock import protocol
+from handofflock.protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
+from handofflock.record import LockRecord
+
+NOW = 1_700_000_000.0
+POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+GEN = 42
+
+
+def rec(owner=None, expires=None, waiter=None, waiter_expires=None, token=7, **kw) -> LockRecord:
+    return LockRecord(owner, expires, waiter, waiter_expires, ttl=60.0, token=token, nonce="old", **kw)
+
+
+# (name, record, waiting, expected outcome, expected kind or None)
+ACQUIRE_TABLE = [
+    ("absent: create it", None, False, Write, Kind.CREATE),
+    ("free, no waiter: take it", rec(), False, Write, Kind.TAKE),
+    ("free, my waiter slot: take it", rec(waiter="me", waiter_expires=NOW + 10), True, Write, Kind.TAKE),
+    ("free, another live waiter: it has priority", rec(waiter="w", waiter_expires=NOW + 10), False, Contended, None),
+    ("free, another waiter expired beyond skew: take it", rec(waiter="w", waiter_expires=NOW - 3), False, Write, Kind.TAKE),
+    ("free, another waiter expired within skew: still defer", rec(waiter="w", waiter_expires=NOW - 1), False, Contended, None),
+    ("owner live: become the waiter", rec("a", NOW + 30), False, Write, Kind.BECOME_WAITER),
+    ("owner expired within skew: still live, become waiter", rec("a", NOW - 1), False, Write, Kind.BECOME_WAITER),
+    ("owner expired beyond skew: take it", rec("a", NOW - 2.5), False, Write, Kind.TAKE),
+    ("owner expired, live waiter is someone else: a third party defers", rec("a", NOW - 100, "w", NOW + 5), False, Contended, None),
+    ("owner expired, I am the live waiter: take it", rec("a", NOW - 100, "me", NOW + 5), True, Write, Kind.TAKE),
+    ("owner live, live waiter someone else: contended", rec("a", NOW + 30, "w", NOW + 20), False, Contended, None),
+    ("owner live, waiter slot expired: take the slot", rec("a", NOW + 30, "w", NOW - 5), False, Write, Kind.BECOME_WAITER),
+    ("owner live, my slot fresh: wait", rec("a", NOW + 30, "me", NOW + 25), True, Wait, None),
+    ("owner live, my slot half used: refresh it", rec("a", NOW + 30, "me", NOW + 14), True, Write, Kind.REFRESH_WAITER),
+    ("owner live, my slot expired but still mine: refresh it", rec("a", NOW + 30, "me", NOW - 1), True, Write, Kind.REFRESH_WAITER),
+    ("handed to me while I waited: owned, no write", rec("me", NOW + 60), True, Owned, None),
+    ("names me but I was not waiting: retake with a new token", rec("me", NOW + 60), False, Write, Kind.RETAKE),
+    ("names me, lease long expired, was waiting: retake", rec("me", NOW - 100), True, Write, Kind.RETAKE),
+    ("legacy four-field record held by another: become waiter", LockRecord("a", NOW + 30, None, None, legacy=True), False, Write, Kind.BECOME_WAITER),
+]
+
+
+@pytest.mark.parametrize("name,record,waiting,outcome,kind", ACQUIRE_TABLE, ids=[r[0] for r in ACQUIRE_TABLE])
+def test_acquire_decision_table(name, record, waiting, outcome, kind):
+    d = protocol.decide_acquire(record, GEN if record else 0, me="me", now=NOW, policy=POLICY, nonce="n1", waiting=waiting)
+    assert isinstance(d, outcome), d
+    if kind is not None:
+        assert d.kind is kind
+        assert d.if_generation_match == (GEN if record else 0)
+        assert d.record.nonce == "n1"
+
+
+@pytest.mark.parametrize("kind_row", [r for r in ACQUIRE_TABLE if r[4] in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)], ids=lambda r: r[0])
+def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
+    _, record, waiting, _, _ = kind_row
+    d = protocol.decide_acquire(record, GEN if record else 0, me="me", now=NOW, policy=POLICY, nonce="n", waiting=waiting)
+    assert d.record.owner_id == "me"
+    assert d.record.expires_at == NOW + POLICY.ttl
+    assert d.record.token > (record.token if record else 0)
+    assert d.record.ttl == POLICY.ttl
+
+
+def test_taking_the_lock_clears_the_waiter_slot_it_consumed():
+    d = protocol.decide_acquire(rec("a", NOW - 100, "me", NOW + 5), GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=True)
+    assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
+
+
+def test_a_retake_keeps_another_live_waiter_in_its_slot():
+    d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert d.kind is Kind.RETAKE and d.record.waiting_owner_id == "w" and d.record.token > 7
+
+
+def test_becoming_the_waiter_keeps_the_owner_and_its_lease():
+    r = rec("a", NOW + 30)
+    d = protocol.decide_acquire(r, GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 7)
+    assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == ("me", NOW + POLICY.waiter_ttl)
+
+
+def test_unknown_fields_survive_every_write():
+    r = rec("a", NOW + 30, extra={"team": "vision"})
+    d = protocol.decide_acquire(r, GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert d.record.extra == {"team": "vision"}
+    assert b'"team":"vision"' in d.record.encode()
+
+
+def test_next_token_strictly_increases_and_starts_from_the_clock_when_absent():
+    assert protocol.next_token(None, NOW) == int(NOW * 1000)
+    assert protocol.next_token(rec(token=5), NOW) == int(NOW * 1000)
+    big = int(NOW * 1000) + 50
+    assert protocol.next_token(rec(token=big), NOW) == big + 1
+
+
+# -- renew ---------------------------------------------------------------------
+
+RENEW_TABLE = [
+    ("mine: push expiry, keep waiter as read", rec("me", NOW + 5, "w", NOW + 9), Write),
+    ("deleted: lost", None, Lost),
+    ("someone else owns it: lost", rec("x", NOW + 60), Lost),
+    ("freed by someone: lost", rec(None, None), Lost),
+    ("my id but another token (a retake): lost", rec("me", NOW + 60, token=8), Lost),
+]
+
+
+@pytest.mark.parametrize("name,record,outcome", RENEW_TABLE, ids=[r[0] for r in RENEW_TABLE])
+def test_renew_decision_table(name, record, outcome):
+    d = protocol.decide_renew(record, GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    assert isinstance(d, outcome)
+    if isinstance(d, Write):
+        assert d.kind is Kind.RENEW and d.if_generation_match == GEN
+        assert d.record.expires_at == NOW + POLICY.ttl and d.record.token == 7
+        assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == (record.waiting_owner_id, record.waiter_expires_at)
+
+
+# -- release -------------------------------------------------------------------
+
+def test_release_with_a_live_waiter_hands_off_in_one_write():
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    assert d.kind is Kind.HANDOFF and d.if_generation_match == GEN
+    assert (d.record.owner_id, d.record.expires_at) == ("w", NOW + POLICY.ttl)
+    assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
+    assert d.record.token > 7
+
+
+def test_release_without_a_waiter_marks_it_free_and_keeps_the_object_and_token():
+    d = protocol.decide_release(rec("me", NOW + 5), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    assert d.kind is Kind.FREE
+    assert d.record.owner_id is None and d.record.expires_at is None and d.record.token == 7
+
+
+def test_release_does_not_hand_to_a_waiter_whose_slot_expired_by_the_owners_clock():
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 1), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    assert d.kind is Kind.FREE
+    # ...but the slot is kept while others would still defer to it (within skew), so the waiter can still take it.
+    assert d.record.waiting_owner_id == "w"
+
+
+def test_release_clears_a_waiter_slot_long_expired():
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 10), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    assert d.kind is Kind.FREE and d.record.waiting_owner_id is None
+
+
+@pytest.mark.parametrize("record", [None, rec("x", NOW + 60), rec(None, None), rec("me", NOW + 60, token=9)])
+def test_a_stale_release_never_touches_a_record_that_is_not_ours(record):
+    d = protocol.decide_release(record, GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    assert isinstance(d, Lost)
+
+
+def test_a_handoff_whose_reply_was_lost_is_recognised_even_after_the_heir_renewed():
+    attempted = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    heir_renewed = attempted.record.replace(expires_at=NOW + 70, nonce="heir")
+    d = protocol.decide_release(heir_renewed, GEN + 2, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
+    assert d == Released(handed_off_to="w")
+
+
+def test_a_free_whose_reply_was_lost_is_recognised():
+    attempted = protocol.decide_release(rec("me", NOW + 5), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    someone_waits = attempted.record.replace(waiting_owner_id="w", waiter_expires_at=NOW + 30, nonce="w")
+    d = protocol.decide_release(someone_waits, GEN + 2, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
+    assert d == Released(handed_off_to=None)
+
+
+# -- give up, observe -----------------------------------------------------------
+
+def test_giving_up_the_wait_clears_only_our_slot():
+    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me="me", nonce="n")
+    assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiting_owner_id is None and d.record.owner_id == "a"
+    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me="me", nonce="n"), Wait)
+    assert isinstance(protocol.decide_give_up_wait(None, 0, me="me", nonce="n"), Wait)
+
+
+def test_giving_up_after_a_handoff_reports_that_we_own_it():
+    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me="me", nonce="n"), Owned)
+
+
+def test_the_owner_sees_a_live_waiter_with_its_deadline():
+    seen = protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW + 9), me="me", token=7, now=NOW)
+    assert seen == WaiterSeen("w", NOW + 9)
+
+
+def test_the_owner_ignores_an_expired_waiter_and_notices_loss():
+    assert protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW - 1), me="me", token=7, now=NOW) is None
+    assert isinstance(protocol.observe_as_owner(rec("x", NOW + 5), me="me", token=7, now=NOW), Lost)
