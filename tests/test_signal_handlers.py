@@ -16,15 +16,16 @@ import pytest
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
 from handofflock.signal_handlers import DEFAULT_GRACE, install_signal_handlers, parse_signal
 from handofflock.storage import MemoryStorage
+from lockutil import url_for
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 
 try:  # TODO(merge main): the local-file backend; drop this guard once it has landed
     import handofflock.storage.local  # noqa: F401
 
-    needs_local = pytest.mark.skipif(False, reason="")
+    CHILD_BACKENDS = ["local", "gcs"]
 except ImportError:
-    needs_local = pytest.mark.skip(reason="the local-file backend has not landed on main yet")
+    CHILD_BACKENDS = [pytest.param("local", marks=pytest.mark.skip(reason="the local-file backend has not landed yet")), "gcs"]
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ CHILD = textwrap.dedent(
 
     url, mode = sys.argv[1], sys.argv[2]
     lock = HandoffLock(url, ttl=30.0, owner_id="child")
-    signals.released.connect(lambda sender, **kw: print("released token", kw["token"], flush=True))
+    signals.released.connect(lambda sender, **kw: print("released token", kw["token"], flush=True), weak=False)
     lock.acquire()
     install_signal_handlers(lock, grace=7.0, release_at_exit=(mode == "atexit"))
     print("holding token", lock.token, flush=True)
@@ -210,27 +211,27 @@ def run_child(tmp_path, url, mode):
     return proc
 
 
-def child_url(tmp_path):
-    return (tmp_path / "lock.json").as_uri()
+@pytest.fixture(params=CHILD_BACKENDS)
+def shared_url(request, tmp_path):
+    """A lock URL another process can reach: a local file, or a bucket on the session's emulator."""
+    return url_for(request.param, request, tmp_path)
 
 
-@needs_local
 @pytest.mark.timeout(60)
-def test_sigterm_to_a_child_makes_it_checkpoint_release_and_exit_cleanly(tmp_path):
-    proc = run_child(tmp_path, child_url(tmp_path), "checkpoint")
+def test_sigterm_to_a_child_makes_it_checkpoint_release_and_exit_cleanly(tmp_path, shared_url):
+    proc = run_child(tmp_path, shared_url, "checkpoint")
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "asked by SIGTERM grace 7.0" in out
     assert out.index("checkpointed step") < out.index("released token")
-    assert HandoffLock(child_url(tmp_path)).status().owner_id is None
+    assert HandoffLock(shared_url).status().owner_id is None
 
 
-@needs_local
 @pytest.mark.timeout(60)
-def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path):
-    proc = run_child(tmp_path, child_url(tmp_path), "slow")
+def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
+    proc = run_child(tmp_path, shared_url, "slow")
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     assert proc.stdout.readline().startswith("asked by SIGTERM")
@@ -238,14 +239,13 @@ def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM, err
     assert "released token" in out
-    assert HandoffLock(child_url(tmp_path)).status().owner_id is None
+    assert HandoffLock(shared_url).status().owner_id is None
 
 
-@needs_local
 @pytest.mark.timeout(60)
-def test_release_at_exit_releases_a_lock_left_held(tmp_path):
-    proc = run_child(tmp_path, child_url(tmp_path), "atexit")
+def test_release_at_exit_releases_a_lock_left_held(tmp_path, shared_url):
+    proc = run_child(tmp_path, shared_url, "atexit")
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err
     assert "released token" in out
-    assert HandoffLock(child_url(tmp_path)).status().owner_id is None
+    assert HandoffLock(shared_url).status().owner_id is None
