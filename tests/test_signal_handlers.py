@@ -16,16 +16,9 @@ import pytest
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
 from handofflock.signal_handlers import DEFAULT_GRACE, install_signal_handlers, parse_signal
 from handofflock.storage import MemoryStorage
-from lockutil import url_for
+from jobsutil import shared_url  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-
-try:  # TODO(merge main): the local-file backend; drop this guard once it has landed
-    import handofflock.storage.local  # noqa: F401
-
-    CHILD_BACKENDS = ["local", "gcs"]
-except ImportError:
-    CHILD_BACKENDS = [pytest.param("local", marks=pytest.mark.skip(reason="the local-file backend has not landed yet")), "gcs"]
 
 
 @pytest.fixture
@@ -209,12 +202,6 @@ def run_child(tmp_path, url, mode):
     first = proc.stdout.readline()
     assert first.startswith("holding token"), first + proc.stderr.read()
     return proc
-
-
-@pytest.fixture(params=CHILD_BACKENDS)
-def shared_url(request, tmp_path):
-    """A lock URL another process can reach: a local file, or a bucket on the session's emulator."""
-    return url_for(request.param, request, tmp_path)
 
 
 @pytest.mark.timeout(60)
