@@ -315,12 +315,13 @@ class HandoffLock:
                 record, generation = self._read(deadline)
             while True:
                 last = record or last
+                mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self.owner_id, now=self._clock.time(),
+                    record, generation, me=self.owner_id, now=wall,
                     policy=self._policy, nonce=new_nonce(), waiting=waiting,
                 )
                 if isinstance(decision, Owned):
-                    self._became_owner(decision.record, decision.generation, handoff=True)
+                    self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     return True
                 if isinstance(decision, Write):
                     if decision.kind is Kind.BECOME_WAITER and not blocking:
@@ -334,7 +335,7 @@ class HandoffLock:
                         continue
                     record = decision.record
                     if decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
-                        self._became_owner(record, generation, handoff=False)
+                        self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
                         return True
                     if not waiting:
                         _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
@@ -376,14 +377,14 @@ class HandoffLock:
         """Leave the waiter slot with a conditional write; maybe we were handed the lock meanwhile."""
         if waiting:
             for _ in range(5):
+                mono, wall = self._clock.monotonic(), self._clock.time()
                 with self._io:
-                    record, generation = self._read(self._clock.monotonic() + self.renew_deadline)
+                    record, generation = self._read(mono + self.renew_deadline)
                 decision = protocol.decide_give_up_wait(record, generation, me=self.owner_id, nonce=new_nonce())
                 if isinstance(decision, Owned):
+                    self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     if timed_out:  # the handoff beat the timeout: keep it
-                        self._became_owner(decision.record, decision.generation, handoff=True)
                         return True
-                    self._became_owner(decision.record, decision.generation, handoff=True)
                     self._deferred_release = False
                     self._release()
                     break
@@ -417,13 +418,16 @@ class HandoffLock:
             waiter_expires_at=r.waiter_expires_at,
         )
 
-    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool) -> None:
+    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
+        """We own ``record``. ``mono``/``wall`` are the clocks when its lease was decided (or read)."""
         now = self._clock.monotonic()
         self._record, self._generation = record, generation
         self.token = record.token
-        # A handed-off lease was written by the old owner; count our safety window from now
-        # only if the lease it wrote still covers it.
-        self._valid_until = now + self.renew_deadline
+        # Safe until the lease leaves only the usual margin (ttl - renew_deadline) before it
+        # expires: exactly renew_deadline for a lease we wrote, a little less for one written
+        # for us by the previous owner at handoff.
+        assert record.expires_at is not None
+        self._valid_until = mono + (record.expires_at - wall) - (self.ttl - self.renew_deadline)
         self._next_renew = now + (0.0 if handoff else self.renew_interval)
         self._next_check = now + self.waiter_check_interval
         self._renew_failures = 0

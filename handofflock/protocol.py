@@ -145,7 +145,8 @@ def decide_acquire(
         return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce), 0)
 
     if record.owner_id == me:
-        if waiting and record.owner_live(now, policy.max_clock_skew):
+        if waiting and record.expires_at is not None and now < record.expires_at:
+            # Handed to us, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
         # The record names our stable owner id but this instance does not hold it:
         # a restart. Take it back at once, with a new token to fence the old

@@ -38,6 +38,7 @@ ACQUIRE_TABLE = [
     ("handed to me while I waited: owned, no write", rec("me", NOW + 60), True, Owned, None),
     ("names me but I was not waiting: retake with a new token", rec("me", NOW + 60), False, Write, Kind.RETAKE),
     ("names me, lease long expired, was waiting: retake", rec("me", NOW - 100), True, Write, Kind.RETAKE),
+    ("handed to me but the lease ran out by my clock: retake, never assume", rec("me", NOW - 0.5), True, Write, Kind.RETAKE),
     ("legacy four-field record held by another: become waiter", LockRecord("a", NOW + 30, None, None, legacy=True), False, Write, Kind.BECOME_WAITER),
 ]
 
