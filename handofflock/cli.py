@@ -337,7 +337,7 @@ class _Runner:
 
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
-        self.say(f"acquired {lock.url} (token {lock.token}); running {shlex.join(command)}")
+        self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
         try:
             child = subprocess.Popen(command, env=env)
@@ -394,6 +394,11 @@ class _Runner:
             child.send_signal(sig)
         except ProcessLookupError:
             pass
+
+
+def _short(command: list[str], limit: int = 100) -> str:
+    text = " ".join(shlex.join(command).split())  # one line, whatever the arguments hold
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A training loop that yields the lock at a checkpoint, and resumes where the last owner stopped.
+
+Run it twice, in two terminals (the second waits, then takes over):
+
+    python examples/trainer_yield.py --name A
+    python examples/trainer_yield.py --name B
+
+The first trains; when the second asks, the first finishes its step, writes a
+checkpoint named with its fencing token and hands the lock over; the second
+resumes at the next step. By default the lock is a local file; ``--url
+gs://bucket/locks/trainer.json`` runs the same across machines (then put the
+checkpoints somewhere both can read, too: ``--checkpoints``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from handofflock import HandoffLock, signals
+
+HERE = Path(tempfile.gettempdir()) / "handofflock-examples"
+
+
+def latest_checkpoint(root: Path) -> dict | None:
+    """The newest checkpoint: highest fencing token, then highest step.
+
+    A trainer that lost the lock without knowing it may still write one, but
+    with its old, lower token, so it never wins over the new owner's.
+    """
+    found = sorted(root.glob("ckpt-*.json"))  # names are zero-padded: name order is (token, step) order
+    return json.loads(found[-1].read_text()) if found else None
+
+
+def save_checkpoint(root: Path, state: dict, *, token: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"ckpt-{token:020d}-{state['step']:08d}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**state, "token": token}))
+    os.replace(tmp, path)  # atomic: a reader sees the whole checkpoint or none
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=str(HERE / "trainer.lock.json"), help="lock URL (default: a local file)")
+    parser.add_argument("--checkpoints", type=Path, default=HERE / "trainer-checkpoints")
+    parser.add_argument("--name", default=f"trainer-{os.getpid()}")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--step-time", type=float, default=0.05, help="seconds per step (the GPU's share)")
+    parser.add_argument("--check-interval", type=float, default=1.0, help="how often the holder looks for a waiter")
+    args = parser.parse_args()
+    name = args.name
+
+    lock = HandoffLock(args.url, ttl=30.0, owner_id=name, waiter_check_interval=args.check_interval,
+                       waiter_poll_interval=min(1.0, args.check_interval))
+
+    @signals.released.connect_via(lock)
+    def said_goodbye(sender, handed_off_to, token, **kw):
+        print(f"{name}: " + (f"handed the lock to {handed_off_to}" if handed_off_to else "released the lock"), flush=True)
+
+    print(f"{name}: asking for {args.url}", flush=True)
+    with lock:  # waits as the single waiter while someone else trains
+        state = latest_checkpoint(args.checkpoints) or {"step": -1, "w": 0.0, "b": 0.0}
+        start = state["step"] + 1
+        print(f"{name}: got the lock, token {lock.token}; resuming at step {start}", flush=True)
+        rng = random.Random(start)
+
+        steps = lock.steps(range(start, args.steps))
+        for step in steps:  # ends after the step in progress once somebody asks for the lock
+            x = rng.uniform(-1, 1)
+            error = state["w"] * x + state["b"] - (3 * x + 1)  # fit y = 3x + 1
+            state["w"] -= 0.1 * error * x
+            state["b"] -= 0.1 * error
+            time.sleep(args.step_time)
+            if step % 25 == 0:
+                print(f"{name}: step {step} loss {error * error:.4f}", flush=True)
+
+        if steps.stopped:
+            r = steps.request
+            print(f"{name}: {r.requester} asked for the lock ({r.reason}); yielding after step {steps.last}", flush=True)
+        if steps.last is not None:
+            state["step"] = steps.last
+            path = save_checkpoint(args.checkpoints, {**state, "by": name}, token=lock.token)
+            print(f"{name}: checkpointed step {steps.last} ({path.name})", flush=True)
+        if not steps.stopped:
+            print(f"{name}: finished all {args.steps} steps (w={state['w']:.3f}, b={state['b']:.3f})", flush=True)
+    return 0  # leaving the with block handed the lock over (or freed it)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
