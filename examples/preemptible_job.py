@@ -19,9 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from handofflock import HandoffLock
-from handofflock.preemption import PreemptionWatcher
-from handofflock.signal_handlers import install_signal_handlers
+from handofflock import HandoffLock, PreemptionWatcher, install_signal_handlers
 
 HERE = Path(tempfile.gettempdir()) / "handofflock-examples"
 

@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from handofflock import HandoffLock
-from handofflock.signal_handlers import install_signal_handlers
+from handofflock import HandoffLock, install_signal_handlers
 
 HERE = Path(tempfile.gettempdir()) / "handofflock-examples"
 

@@ -25,8 +25,11 @@ from .errors import (
     TransientStorageError,
 )
 from .lock import HandoffLock, LockStatus, ReleaseRequest
+from .preemption import PreemptionWatcher
 from .record import LockRecord
 from .scheduler import Scheduler
+from .signal_handlers import SignalHandlers, install_signal_handlers
+from .training import Steps
 
 __version__ = "0.1.0"
 
@@ -36,8 +39,12 @@ __all__ = [
     "HandoffLock",
     "LockRecord",
     "LockStatus",
+    "PreemptionWatcher",
     "ReleaseRequest",
     "Scheduler",
+    "SignalHandlers",
+    "Steps",
+    "install_signal_handlers",
     "signals",
     "AcquireCancelled",
     "ConfigurationError",
