@@ -285,7 +285,7 @@ class _Runner:
     def run(self) -> int:
         for sig in dict.fromkeys(RUN_SIGNALS + (self.stop_signal,)):
             previous = signal.getsignal(sig)
-            if previous is signal.SIG_IGN and sig != self.stop_signal:
+            if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
                 continue
             self._previous[sig] = previous
             signal.signal(sig, self._on_signal)
