@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
-from handofflock.cli import (
+from handofflock.cli import main
+from handofflock.exit_codes import (
     EXIT_CONFIG,
     EXIT_CONTENDED,
     EXIT_CORRUPT,
@@ -25,12 +26,11 @@ from handofflock.cli import (
     EXIT_STORAGE,
     EXIT_TIMEOUT,
     EXIT_USAGE,
-    main,
 )
 from handofflock.errors import PreconditionFailed
 from handofflock.storage import MemoryStorage, open_url
 from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
-from lockutil import FAST, eventually, make_lock, raw_read
+from lockutil import eventually, make_lock, raw_read
 
 JOB = Path(__file__).parent / "procs" / "job.py"
 PY = sys.executable
@@ -238,7 +238,7 @@ def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, ca
     code = "import os, sys; print('token', os.environ['HANDOFFLOCK_TOKEN'], os.environ['HANDOFFLOCK_URL']); sys.exit(7)"
     assert main(["run", url, "--", PY, "-c", code]) == 7
     out, err = capfd.readouterr()
-    assert f"token " in out and url in out
+    assert "token " in out and url in out
     assert "acquired" in err and "exited with 7" in err
     assert raw_read(url)[0].owner_id is None, "released afterwards"
 
