@@ -10,6 +10,8 @@ from .clock import Clock, FakeClock
 from .errors import (
     AcquireCancelled,
     ConfigurationError,
+    FencedObjectCorrupt,
+    FencedObjectFull,
     HandoffLockError,
     InvalidKey,
     InvalidLockURL,
@@ -24,9 +26,11 @@ from .errors import (
     StorageError,
     TransientStorageError,
 )
+from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest
 from .preemption import PreemptionWatcher
 from .record import LockRecord
+from .repair import ForcedRelease, force_release
 from .scheduler import Scheduler
 from .signal_handlers import SignalHandlers, install_signal_handlers
 from .training import Steps
@@ -36,6 +40,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Clock",
     "FakeClock",
+    "FencedObject",
+    "FencedValue",
+    "ForcedRelease",
     "HandoffLock",
     "LockRecord",
     "LockStatus",
@@ -44,10 +51,13 @@ __all__ = [
     "Scheduler",
     "SignalHandlers",
     "Steps",
+    "force_release",
     "install_signal_handlers",
     "signals",
     "AcquireCancelled",
     "ConfigurationError",
+    "FencedObjectCorrupt",
+    "FencedObjectFull",
     "HandoffLockError",
     "InvalidKey",
     "InvalidLockURL",

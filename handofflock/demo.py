@@ -145,14 +145,6 @@ def run(url: str, workdir: Path) -> int:
     return 0 if ok else 1
 
 
-def _local_url(workdir: Path) -> str:
-    try:  # TODO(merge main): the local-file backend; use it unconditionally once it has landed
-        import handofflock.storage.local  # noqa: F401
-    except ImportError:
-        return f"memory://demo-{os.getpid()}/train.json"
-    return (workdir / "locks" / "train.json").as_uri()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m handofflock.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="lock URL (default: a file in a temporary directory)")
@@ -168,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(server.env())
             server.create_bucket("handofflock-demo")
             url = url or "gs://handofflock-demo/locks/train.json"
-        return run(url or _local_url(workdir), workdir)
+        return run(url or (workdir / "locks" / "train.json").as_uri(), workdir)
 
 
 if __name__ == "__main__":

@@ -220,6 +220,16 @@ class HandoffLock:
     # ------------------------------------------------------------------ public state
 
     @property
+    def storage(self) -> Storage:
+        """The store holding the lock object (fenced objects beside the lock live there too)."""
+        return self._storage
+
+    @property
+    def key(self) -> str:
+        """The lock object's key inside :attr:`storage`."""
+        return self._key
+
+    @property
     def is_held(self) -> bool:
         """True from a successful acquire until release or loss. No I/O."""
         return self._state == HELD
@@ -295,8 +305,10 @@ class HandoffLock:
           ``wait_for_slot``, keep polling for the slot).
 
         ``blocking=False`` never waits and never registers as waiter: it returns
-        False if the lock cannot be taken now. ``timeout`` bounds the wait;
-        on expiry the waiter slot is given back and :class:`LockTimeout` raised.
+        False if the lock cannot be taken now (transient storage errors are
+        retried for at most ``timeout``, default ``renew_deadline``).
+        ``timeout`` bounds the wait; on expiry the waiter slot is given back
+        and :class:`LockTimeout` raised.
         """
         if timeout is not None and timeout < 0:
             raise ConfigurationError("timeout must be >= 0 or None")
@@ -307,6 +319,8 @@ class HandoffLock:
             raise HandoffLockError(f"this HandoffLock instance already {'holds' if self._state == HELD else 'is acquiring'} {self.url!r}")
         self._cancel.clear()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
+        if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
+            deadline = self._clock.monotonic() + self.renew_deadline
         waiting = False
         last: LockRecord | None = None
         self._state = WAITING
@@ -375,7 +389,9 @@ class HandoffLock:
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
         """Leave the waiter slot with a conditional write; maybe we were handed the lock meanwhile."""
-        if waiting:
+        # ``waiting`` is False if our registration's reply was lost and the record moved
+        # on before we could see our nonce; the record naming us still says the slot is ours.
+        if waiting or (last is not None and last.waiting_owner_id == self.owner_id):
             for _ in range(5):
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 with self._io:
@@ -485,7 +501,16 @@ class HandoffLock:
                     self._write(decision, deadline)
                 except PreconditionFailed:
                     attempted = decision
-                    record, generation = self._read(deadline)
+                    try:
+                        record, generation = self._read(deadline)
+                    except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
+                        self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
+                        self._state = IDLE
+                        self._flush_events()
+                        raise LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc) from exc
+                    except BaseException:
+                        self._state = IDLE
+                        raise
                     continue
                 except BaseException:
                     self._state = IDLE
