@@ -7,10 +7,12 @@ Run it twice, in two terminals (the second waits, then takes over):
     python examples/trainer_yield.py --name B
 
 The first trains; when the second asks, the first finishes its step, writes a
-checkpoint named with its fencing token and hands the lock over; the second
-resumes at the next step. By default the lock is a local file; ``--url
-gs://bucket/locks/trainer.json`` runs the same across machines (then put the
-checkpoints somewhere both can read, too: ``--checkpoints``).
+checkpoint file named with its fencing token, points the fenced
+"latest checkpoint" object (``handofflock.FencedObject``, next to the lock) at
+it, and hands the lock over; the second resumes at the next step. By default
+the lock is a local file; ``--url gs://bucket/locks/trainer.json`` runs the
+same across machines (then put the checkpoint files somewhere both can read,
+too: ``--checkpoints``).
 """
 
 from __future__ import annotations
@@ -23,27 +25,30 @@ import tempfile
 import time
 from pathlib import Path
 
-from handofflock import HandoffLock, signals
+from handofflock import FencedObject, HandoffLock, signals
 
 HERE = Path(tempfile.gettempdir()) / "handofflock-examples"
 
 
-def latest_checkpoint(root: Path) -> dict | None:
-    """The newest checkpoint: highest fencing token, then highest step.
+def resume(pointer: FencedObject) -> dict | None:
+    """Claim the checkpoint pointer for this holder, then load the checkpoint it names.
 
-    A trainer that lost the lock without knowing it may still write one, but
-    with its old, lower token, so it never wins over the new owner's.
+    ``claim()`` raises the pointer's fence to our token first: from then on a
+    previous holder that does not know it was replaced (paused, partitioned)
+    cannot move the pointer any more.
     """
-    found = sorted(root.glob("ckpt-*.json"))  # names are zero-padded: name order is (token, step) order
-    return json.loads(found[-1].read_text()) if found else None
+    target = pointer.claim().payload
+    return json.loads(Path(target["file"]).read_text()) if target else None
 
 
-def save_checkpoint(root: Path, state: dict, *, token: int) -> Path:
+def save_checkpoint(root: Path, pointer: FencedObject, state: dict, *, token: int) -> Path:
+    """Write the checkpoint under a name only this holder uses, then move the fenced pointer to it."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"ckpt-{token:020d}-{state['step']:08d}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({**state, "token": token}))
     os.replace(tmp, path)  # atomic: a reader sees the whole checkpoint or none
+    pointer.write({"file": str(path), "step": state["step"]}, token)  # raises StaleToken if we were replaced
     return path
 
 
@@ -66,8 +71,9 @@ def main() -> int:
         print(f"{name}: " + (f"handed the lock to {handed_off_to}" if handed_off_to else "released the lock"), flush=True)
 
     print(f"{name}: asking for {args.url}", flush=True)
+    pointer = FencedObject.beside(lock, "trainer-latest-checkpoint.json")  # next to the lock object
     with lock:  # waits as the single waiter while someone else trains
-        state = latest_checkpoint(args.checkpoints) or {"step": -1, "w": 0.0, "b": 0.0}
+        state = resume(pointer) or {"step": -1, "w": 0.0, "b": 0.0}
         start = state["step"] + 1
         print(f"{name}: got the lock, token {lock.token}; resuming at step {start}", flush=True)
         rng = random.Random(start)
@@ -87,7 +93,7 @@ def main() -> int:
             print(f"{name}: {r.requester} asked for the lock ({r.reason}); yielding after step {steps.last}", flush=True)
         if steps.last is not None:
             state["step"] = steps.last
-            path = save_checkpoint(args.checkpoints, {**state, "by": name}, token=lock.token)
+            path = save_checkpoint(args.checkpoints, pointer, {**state, "by": name}, token=lock.token)
             print(f"{name}: checkpointed step {steps.last} ({path.name})", flush=True)
         if not steps.stopped:
             print(f"{name}: finished all {args.steps} steps (w={state['w']:.3f}, b={state['b']:.3f})", flush=True)

@@ -59,7 +59,8 @@ from .exit_codes import (
     EXIT_USAGE,
 )
 from .lock import HandoffLock, LockStatus
-from .record import LockRecord, new_nonce
+from .record import LockRecord
+from .repair import force_release
 from .runner import CommandRunner, fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
 
@@ -241,10 +242,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str], None] = print) -> int:
-    """Make the lock at ``url`` free with one write matched to the generation just read.
+    """Describe the lock at ``url``, ask ``confirm(description)``, then :func:`~handofflock.force_release` it.
 
-    ``confirm(description)`` is asked before writing. Keeps the fencing token
-    (the next owner's is higher) and any unknown fields. Returns an exit code.
+    The write is matched to the generation that was described, so a lock that
+    moved on while the operator read the description is left alone (exit 75).
+    Returns an exit code.
     """
     store, key = open_url(url)
     found = store.read(key, max_bytes=MAX_RECORD_BYTES)
@@ -257,29 +259,29 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
         record = LockRecord.decode(data, key=key, generation=generation, url=url)
     except LockRecordCorrupt as exc:
         what = f"{url} (generation {generation}) is corrupt: {exc.reason}; it will be replaced by a free record"
-        cleared = LockRecord(nonce=new_nonce())
     else:
         if record.owner_id is None and record.waiting_owner_id is None:
             say(f"{url}: already free; nothing to clear")
             return EXIT_OK
-        live = record.owner_live(now)
         what = f"{url} (generation {generation}) is held by {record.owner_id}"
-        if live and record.expires_at is not None:
+        if record.owner_live(now) and record.expires_at is not None:
             what += (f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
                      " until its next renewal finds the lock gone; only writes fenced with the token are safe")
         elif record.owner_id is not None:
             what += ", whose lease has expired"
         if record.waiting_owner_id:
             what += f"; waiter {record.waiting_owner_id} will be dropped too"
-        cleared = record.replace(owner_id=None, expires_at=None, waiting_owner_id=None, waiter_expires_at=None, nonce=new_nonce())
     if not confirm(what):
         say("nothing done")
         return EXIT_DECLINED
     try:
-        store.write(key, cleared.encode(), if_generation_match=generation)
+        result = force_release(url, expected_generation=generation)
     except PreconditionFailed:
         return _fail(f"{url} changed while you looked; nothing was written. Run `handofflock status {url}` and try again", EXIT_CONTENDED)
-    say(f"{url}: cleared; the next acquire takes it (token continues from {cleared.token})")
+    if result is None:
+        say(f"{url}: the lock object is gone; nothing to clear")
+    else:
+        say(f"{url}: cleared; the next acquire takes it (the next token is above {result.token})")
     return EXIT_OK
 
 

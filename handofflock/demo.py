@@ -7,7 +7,7 @@
 1. A trains (a tiny pure-Python model: fit y = 3x + 1 by SGD).
 2. B asks for the lock and becomes the single waiter.
 3. A is told within its waiter check interval (``lock.steps()`` ends the loop).
-4. A checkpoints, with its fencing token in the checkpoint's name, and hands off.
+4. A checkpoints (a file named by its fencing token, then a fenced pointer to it) and hands off.
 5. B, handed the lock with a higher token, resumes from A's checkpoint at the next step.
 """
 
@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from . import signals
+from .fencing import FencedObject
 from .lock import HandoffLock
 
 TOTAL_STEPS = 100
 STEP_SECONDS = 0.05
-B_ARRIVES_AFTER = 2.0
+B_ARRIVES_AFTER = 2.2  # off the owner's 0.5 s check grid, so the notice latency shows
 #: Fast enough to watch; see docs/jobs.md for production values.
 TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
 
@@ -49,26 +50,31 @@ class Timeline:
 
 
 class Checkpoints:
-    """Checkpoints as files named by fencing token and step; the newest is the highest (token, step).
+    """Checkpoint files named by fencing token and step, and one fenced pointer to the latest.
 
-    A writer that lost the lock can still write a file, but it carries its old,
-    lower token, so a reader never picks it over the new owner's.
+    Each holder writes its checkpoint under a name no other holder uses (its
+    token is in it), then moves the shared pointer, a :class:`FencedObject`
+    beside the lock object, which refuses a holder that has been replaced.
     """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
-    def save(self, state: dict[str, Any], *, token: int) -> Path:
+    def resume(self, pointer: FencedObject) -> dict[str, Any] | None:
+        """Claim the pointer for this holder (older tokens are refused from now on); load what it names."""
+        target = pointer.claim().payload
+        if not target or not Path(target["file"]).exists():  # none yet (or from an earlier run's temp dir)
+            return None
+        return json.loads(Path(target["file"]).read_text())
+
+    def save(self, pointer: FencedObject, state: dict[str, Any], *, token: int) -> Path:
         path = self.root / f"ckpt-{token:020d}-{state['step']:08d}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({**state, "token": token}))
         os.replace(tmp, path)  # readers never see half a checkpoint
+        pointer.write({"file": str(path), "step": state["step"], "by": state["by"]}, token)  # StaleToken if replaced
         return path
-
-    def latest(self) -> dict[str, Any] | None:
-        found = sorted(self.root.glob("ckpt-*.json"))  # zero-padded: name order is (token, step) order
-        return json.loads(found[-1].read_text()) if found else None
 
 
 def sgd_step(state: dict[str, Any], rng: random.Random) -> None:
@@ -88,13 +94,14 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
         say(name, f"is now the single waiter ({owner_id} holds the lock)")
 
     signals.waiting.connect(on_waiting, sender=lock)
+    pointer = FencedObject.beside(lock, "handofflock-demo-checkpoint.json")
     if name == "B":
         say(name, "asks for the lock")
     lock.acquire()
     handoff = shared.get("a_token") is not None
     say(name, "acquired the lock" + (" (handed over by A)" if handoff else ""), lock.token)
 
-    state = ckpts.latest()
+    state = ckpts.resume(pointer)
     if state is None:
         state, start = {"w": 0.0, "b": 0.0, "loss": None}, 0
         say(name, "no checkpoint: training from step 0", lock.token)
@@ -116,8 +123,8 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
         say(name, f"told: {request.requester} wants the lock ({request.reason}), "
                   f"{waited:.2f} s after it asked (check interval {lock.waiter_check_interval:g} s)", lock.token)
     last = steps.last if steps.last is not None else start - 1
-    path = ckpts.save({**state, "step": last, "by": name}, token=lock.token)
-    say(name, f"checkpointed step {last} as {path.name}", lock.token)
+    path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token)
+    say(name, f"checkpointed step {last} as {path.name}; the fenced pointer names it", lock.token)
     shared[f"{name.lower()}_last"] = last
     token = lock.token
     heir = lock.release()

@@ -11,12 +11,7 @@ import pytest
 
 from lockutil import url_for
 
-try:  # TODO(merge main): drop this guard once the local-file backend has landed
-    import handofflock.storage.local  # noqa: F401
-
-    SHARED_BACKENDS = ["local", "gcs"]
-except ImportError:
-    SHARED_BACKENDS = [pytest.param("local", marks=pytest.mark.skip(reason="the local-file backend has not landed yet")), "gcs"]
+SHARED_BACKENDS = ["local", "gcs"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The console script installed with the package (next to the venv's python).

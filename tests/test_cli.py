@@ -27,10 +27,9 @@ from handofflock.exit_codes import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from handofflock.errors import PreconditionFailed
 from handofflock.storage import MemoryStorage, open_url
 from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
-from lockutil import eventually, make_lock, raw_read
+from lockutil import eventually, make_lock, raw_read, raw_write
 
 JOB = Path(__file__).parent / "procs" / "job.py"
 PY = sys.executable
@@ -132,7 +131,7 @@ def test_release_needs_force(url, capsys):
     assert raw_read(url)[0].owner_id == "trainer-A"
 
 
-def test_release_force_frees_a_held_lock_keeps_the_token_and_the_holder_finds_out(url, capsys):
+def test_release_force_frees_a_held_lock_moves_the_token_on_and_the_holder_finds_out(url, capsys):
     clock = FakeClock(start=time.time())
     holder = quiet_lock(url, clock=clock)
     holder.acquire()
@@ -140,7 +139,7 @@ def test_release_force_frees_a_held_lock_keeps_the_token_and_the_holder_finds_ou
     err = capsys.readouterr().err
     assert "held by trainer-A" in err and "LIVE" in err
     record, _ = raw_read(url)
-    assert record.owner_id is None and record.token == holder.token
+    assert record.owner_id is None and record.token > holder.token
     clock.advance(holder.renew_interval + 0.01)
     holder._scheduler.run_pending()  # its next renewal sees the lock gone
     assert not holder.is_held
@@ -179,12 +178,24 @@ def test_release_force_asks_first_and_does_nothing_without_a_yes(url, capsys, mo
     assert raw_read(url)[0].owner_id is None
 
 
-def test_release_force_is_generation_matched(url, capsys):
-    quiet_lock(url).acquire()
-    store, key = open_url(url)
-    store.faults.fail_next("write", exc=lambda: PreconditionFailed(key, 1))
-    assert main(["release", url, "--force", "--yes"]) == EXIT_CONTENDED
+def test_release_force_writes_nothing_if_the_lock_moved_on_while_you_looked(url, capsys, monkeypatch):
+    holder = quiet_lock(url)
+    holder.acquire()
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    def renew_while_reading(prompt):
+        record, generation = raw_read(url)  # the holder renews between the description and the answer
+        raw_write(url, record.replace(expires_at=record.expires_at + 30), generation)
+        return "y"
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr("builtins.input", renew_while_reading)
+    assert main(["release", url, "--force"]) == EXIT_CONTENDED
     assert "changed while you looked" in capsys.readouterr().err
+    assert raw_read(url)[0].owner_id == "trainer-A"
 
 
 def test_release_force_on_nothing_is_a_no_op(url, capsys):
