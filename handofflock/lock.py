@@ -487,6 +487,7 @@ class HandoffLock:
                 decision = protocol.decide_release(
                     record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
                     policy=self._policy, nonce=new_nonce(), attempted=attempted,
+                    within_lease=self._clock.monotonic() < self._valid_until,
                 )
                 if isinstance(decision, Released):
                     heir = decision.handed_off_to

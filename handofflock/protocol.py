@@ -216,20 +216,27 @@ def decide_release(
     policy: Policy,
     nonce: str,
     attempted: Write | None = None,
+    within_lease: bool = False,
 ) -> Decision:
     """Release: hand off to a live waiter in one write, or mark the lock free.
 
     ``attempted`` is our previous release write whose outcome is unknown (its
     reply was lost, or its retry failed its precondition). If the record shows
-    that write's effect, it landed and there is nothing left to do; otherwise a
+    that write's effect, it landed and there is nothing left to do. If the
+    record has moved on to another owner while we were still ``within_lease``
+    (inside our own safety window, so nobody could have taken the lock from
+    us), only our release can have let them in: it landed too. Otherwise a
     record that is no longer ours is never touched.
     """
     if attempted is not None and record is not None:
         landed = attempted.record
+        heir = landed.owner_id if attempted.kind is Kind.HANDOFF else None
         if attempted.kind is Kind.HANDOFF and record.owner_id == landed.owner_id and record.token == landed.token:
-            return Released(handed_off_to=landed.owner_id)
+            return Released(handed_off_to=heir)
         if attempted.kind is Kind.FREE and record.owner_id is None and record.token == landed.token:
-            return Released(handed_off_to=None)
+            return Released(handed_off_to=heir)
+        if within_lease and record.owner_id != me and record.token >= landed.token:
+            return Released(handed_off_to=heir)
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost

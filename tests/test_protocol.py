@@ -184,3 +184,18 @@ def test_the_owner_sees_a_live_waiter_with_its_deadline():
 def test_the_owner_ignores_an_expired_waiter_and_notices_loss():
     assert protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW - 1), me="me", token=7, now=NOW) is None
     assert isinstance(protocol.observe_as_owner(rec("x", NOW + 5), me="me", token=7, now=NOW), Lost)
+
+
+@pytest.mark.parametrize("kind_of_release", ["handoff", "free"])
+def test_a_release_whose_reply_was_lost_and_then_moved_on_is_not_reported_as_lost_within_the_lease(kind_of_release):
+    waiter = ("w", NOW + 9) if kind_of_release == "handoff" else (None, None)
+    attempted = protocol.decide_release(rec("me", NOW + 5, *waiter), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    # After our release landed, a third party took the lock (or the heir freed it and someone else took it).
+    moved_on = rec("third", NOW + 60, token=attempted.record.token + 1)
+    inside = protocol.decide_release(moved_on, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=True)
+    assert inside == Released(handed_off_to=attempted.record.owner_id)
+    # Past our safety window the same record could mean our lease expired and was taken: that is a loss.
+    outside = protocol.decide_release(moved_on, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=False)
+    assert isinstance(outside, Lost)
+    # Without a write of ours in doubt, a record that moved on is always a loss.
+    assert isinstance(protocol.decide_release(moved_on, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", within_lease=True), Lost)
