@@ -107,7 +107,7 @@ class CommandRunner:
             lock_signals.waiting.disconnect(on_waiting, sender=lock)
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
-            self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting; the waiter slot was given back")
+            self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting; {self._slot_left()}")
             return 128 + self.first_signal
         if error is not None:
             raise error
@@ -118,6 +118,16 @@ class CommandRunner:
             lock.release()
             return 128 + self.first_signal
         return None
+
+    def _slot_left(self) -> str:
+        """Say whether the waiter slot was given back (one read; the give-up write can lose races)."""
+        try:
+            st = self.lock.status()
+        except HandoffLockError:
+            return "the waiter slot was to be given back (could not check)"
+        if st.waiter_id == self.lock.owner_id and st.waiter_expires_at is not None:
+            return f"the waiter slot could not be given back; it expires in {st.waiter_expires_at - time.time():.0f} s"
+        return "the waiter slot was given back"
 
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
