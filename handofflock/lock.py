@@ -325,6 +325,7 @@ class HandoffLock:
         last: LockRecord | None = None
         self._state = WAITING
         try:
+            polled = self._clock.monotonic()
             with self._io:
                 record, generation = self._read(deadline)
             while True:
@@ -363,8 +364,9 @@ class HandoffLock:
                 else:  # Wait
                     if not blocking:
                         return self._not_acquired()
-                # Sleep one poll interval (or less, up to the deadline), then read again.
-                pause = self.waiter_poll_interval
+                # Read again one poll interval after the last read began (sooner at the deadline):
+                # polls keep a fixed rate, so a read's own duration does not stretch the period.
+                pause = max(0.0, polled + self.waiter_poll_interval - self._clock.monotonic())
                 if deadline is not None:
                     left = deadline - self._clock.monotonic()
                     if left <= 0:
@@ -372,6 +374,7 @@ class HandoffLock:
                     pause = min(pause, left)
                 if self._clock.wait(self._cancel, pause) or self._deferred_release:
                     return self._give_up(waiting, last, timed_out=False)
+                polled = self._clock.monotonic()
                 with self._io:
                     record, generation = self._read(deadline)
         except BaseException:
