@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from handofflock import Clock, FakeClock, HandoffLock, LockRecord, Scheduler, signals  # noqa: E402
 from handofflock.lock import HELD  # noqa: E402
+from handofflock.scheduler import IO_WORKERS  # noqa: E402
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.testing import FakeGCSServer  # noqa: E402
 
@@ -676,13 +677,13 @@ class TimedLock(HandoffLock):
         super()._renew()
 
 
-def bench_scale(backend: Backend, n: int, window: float, ttl: float, *, delay: float = 0.0, io_workers: int = 4) -> dict[str, Any]:
+def bench_scale(backend: Backend, n: int, window: float, ttl: float, *, delay: float = 0.0, io_workers: int = IO_WORKERS) -> dict[str, Any]:
     """One process holds ``n`` locks under one prefix with default intervals; watch it for ``window`` s.
 
     ``delay`` holds every request that long before it is sent, standing in for
     real GCS's round trip (the emulator answers in about a millisecond): the
     scheduler's fixed I/O pool then has to cover the same renewals with slow
-    requests. ``io_workers`` is the scheduler's pool size (4 by default).
+    requests. ``io_workers`` is the scheduler's pool size (its default unless given).
     """
     p = backend.prefix(f"scale-{n}")
     sched = Scheduler(name=f"bench-scale-{n}", io_workers=io_workers)
@@ -1012,8 +1013,8 @@ class Plan:
         # Quick: ttl 8 s (renew every 1 s) so renewals happen within a short window.
         self.scale_ttl = 8.0 if quick else 60.0
         self.scale_window = 3.0 if quick else 25.0
-        # Full run only: 1000 locks with every request held 50 ms, with the default pool and a larger one.
-        self.slow_scale = () if quick else ((1000, 0.05, 4), (1000, 0.05, 16))
+        # Full run only: 1000 locks with every request held 50 ms, with half the default pool and the default.
+        self.slow_scale = () if quick else ((1000, 0.05, 4), (1000, 0.05, IO_WORKERS))
 
 
 def versions() -> dict[str, str]:
@@ -1109,7 +1110,8 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     scale = [x for x in r.get("scale", []) if not x["simulated_rtt_ms"]]  # the slowed rows are an experiment, not the brief's
     if scale:
         most = max(s["scheduler_threads"] for s in scale)
-        add("scale", "scheduler threads, 1 to %d locks" % scale[-1]["locks"], most, "<= 5 (1 loop + 4 I/O workers), whatever the count", most <= 5)
+        add("scale", "scheduler threads, 1 to %d locks" % scale[-1]["locks"], most,
+            f"<= {1 + IO_WORKERS} (1 loop + {IO_WORKERS} I/O workers), whatever the count", most <= 1 + IO_WORKERS)
         for s in scale:
             if s["lateness_p99_ms"] is not None:
                 add("scale", f"{s['locks']} locks: renewal lateness p99 (ms)", s["lateness_p99_ms"], "< 1000", s["lateness_p99_ms"] < 1000)
