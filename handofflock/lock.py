@@ -668,9 +668,12 @@ class HandoffLock:
         data = write.record.encode()
         delays = _jitter(0)
         maybe_landed = False
+        failed: TransientStorageError | None = None
         while True:
             wait = gate.reserve(self._clock.monotonic())
             if wait > 0:
+                if failed is not None and deadline is not None and self._clock.monotonic() + wait >= deadline:
+                    raise failed  # a 429 spaced the retry past the deadline
                 self._clock.sleep(wait)
             try:
                 generation = self._storage.write(self._key, data, if_generation_match=write.if_generation_match)
@@ -683,6 +686,7 @@ class HandoffLock:
                         return landed
                 raise
             except TransientStorageError as exc:
+                failed = exc
                 if exc.status == 429:
                     gate.throttled(exc.retry_after)
                 if exc.ambiguous:

@@ -42,21 +42,26 @@ class WriteGate:
         self.min_interval = min_interval
         self.interval = min_interval
         self._next_free = float("-inf")
+        self._last_start = float("-inf")
         self._lock = threading.Lock()
 
     def reserve(self, now: float) -> float:
         with self._lock:
             start = max(now, self._next_free)
             self._next_free = start + self.interval
+            self._last_start = start
             return start - now
 
     def throttled(self, retry_after: float | None = None) -> None:
-        """The store answered 429: space later writes further apart."""
+        """The store answered 429: space later writes further apart, starting with the very next one."""
         with self._lock:
             widened = max(self.interval * 2, self.min_interval, 1.0)
             if retry_after:
                 widened = max(widened, retry_after)
             self.interval = min(widened, MAX_PENALTY_INTERVAL)
+            # The refused write booked its slot with the old spacing; without this
+            # its retry would follow at once and meet another 429.
+            self._next_free = max(self._next_free, self._last_start + self.interval)
 
     def succeeded(self) -> None:
         """A write went through: let the spacing relax back toward the minimum."""
