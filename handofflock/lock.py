@@ -297,6 +297,10 @@ class HandoffLock:
                 record, generation = self._read(deadline)
             while True:
                 last = record or last
+                if blocking and not waiting and record is not None and record.waiting_owner_id == self.owner_id and record.owner_id != self.owner_id:
+                    # Our registration landed though we could not confirm it (its reply was lost and
+                    # the record moved on before we read it back): we are the waiter all the same.
+                    waiting = self._now_waiting(record)
                 decision = protocol.decide_acquire(
                     record, generation, me=self.owner_id, now=self._clock.time(),
                     policy=self._policy, nonce=new_nonce(), waiting=waiting,
@@ -319,9 +323,7 @@ class HandoffLock:
                         self._became_owner(record, generation, handoff=False)
                         return True
                     if not waiting:
-                        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
-                        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
-                    waiting = True
+                        waiting = self._now_waiting(record)
                 elif isinstance(decision, Contended):
                     if not blocking:
                         return self._not_acquired()
@@ -345,6 +347,11 @@ class HandoffLock:
             if self._state == WAITING:
                 self._state = IDLE
             raise
+
+    def _now_waiting(self, record: LockRecord) -> bool:
+        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
+        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
+        return True
 
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back."""
