@@ -452,10 +452,11 @@ class HandoffLock:
             if self._state != HELD:  # lost while we waited for the scheduler's I/O
                 return self._release()
             record, generation = self._record, self._generation
+            lease_until = record.expires_at if record is not None else None
             while True:
                 decision = protocol.decide_release(
                     record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
-                    policy=self._policy, nonce=new_nonce(), attempted=attempted,
+                    policy=self._policy, nonce=new_nonce(), attempted=attempted, lease_until=lease_until,
                 )
                 if isinstance(decision, Released):
                     heir = decision.handed_off_to

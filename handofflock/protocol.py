@@ -215,13 +215,18 @@ def decide_release(
     policy: Policy,
     nonce: str,
     attempted: Write | None = None,
+    lease_until: float | None = None,
 ) -> Decision:
     """Release: hand off to a live waiter in one write, or mark the lock free.
 
     ``attempted`` is our previous release write whose outcome is unknown (its
     reply was lost, or its retry failed its precondition). If the record shows
-    that write's effect, it landed and there is nothing left to do; otherwise a
-    record that is no longer ours is never touched.
+    that write's effect, it landed and there is nothing left to do. It also
+    landed if the record has moved on to a newer owner while our own lease
+    (``lease_until``, the ``expiresAt`` we last held) has not yet run out by
+    our clock: with clocks within ``max_clock_skew`` nobody can have taken an
+    unexpired lease, so only our release can have let the newer owner in.
+    Otherwise a record that is no longer ours is never touched.
     """
     if attempted is not None and record is not None:
         landed = attempted.record
@@ -229,6 +234,8 @@ def decide_release(
             return Released(handed_off_to=landed.owner_id)
         if attempted.kind is Kind.FREE and record.owner_id is None and record.token == landed.token:
             return Released(handed_off_to=None)
+        if lease_until is not None and now <= lease_until and record.token > token and record.owner_id != me:
+            return Released(handed_off_to=landed.owner_id if attempted.kind is Kind.HANDOFF else None)
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost

@@ -162,6 +162,30 @@ def test_a_free_whose_reply_was_lost_is_recognised():
     assert d == Released(handed_off_to=None)
 
 
+def test_a_release_whose_reply_was_lost_landed_if_a_newer_owner_holds_it_while_our_lease_is_live():
+    """Freed (or handed off), then taken (or passed on) before we read back: only our release can have
+    let a newer owner in while our lease was live."""
+    for mine in (rec("me", NOW + 5), rec("me", NOW + 5, "w", NOW + 9)):
+        attempted = protocol.decide_release(mine, GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+        taken = rec("c", NOW + 60, token=9)
+        d = protocol.decide_release(
+            taken, GEN + 3, me="me", token=7, now=NOW + 1, policy=POLICY, nonce="n2", attempted=attempted, lease_until=NOW + 5
+        )
+        assert d == Released(handed_off_to="w" if attempted.kind is Kind.HANDOFF else None)
+
+
+def test_a_newer_owner_after_our_lease_ran_out_means_we_lost_it_before_release():
+    attempted = protocol.decide_release(rec("me", NOW + 5), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    taken = rec("c", NOW + 60, token=9)
+    for now, lease_until in ((NOW + 6, NOW + 5), (NOW, None)):
+        d = protocol.decide_release(
+            taken, GEN + 3, me="me", token=7, now=now, policy=POLICY, nonce="n2", attempted=attempted, lease_until=lease_until
+        )
+        assert isinstance(d, Lost)
+    d = protocol.decide_release(taken, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", lease_until=NOW + 5)
+    assert isinstance(d, Lost), "without a release attempt of ours, another owner means loss"
+
+
 # -- give up, observe -----------------------------------------------------------
 
 def test_giving_up_the_wait_clears_only_our_slot():
