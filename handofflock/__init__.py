@@ -10,6 +10,8 @@ from .clock import Clock, FakeClock
 from .errors import (
     AcquireCancelled,
     ConfigurationError,
+    FencedObjectCorrupt,
+    FencedObjectFull,
     HandoffLockError,
     InvalidKey,
     InvalidLockURL,
@@ -24,8 +26,10 @@ from .errors import (
     StorageError,
     TransientStorageError,
 )
+from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest
 from .record import LockRecord
+from .repair import ForcedRelease, force_release
 from .scheduler import Scheduler
 
 __version__ = "0.1.0"
@@ -33,14 +37,20 @@ __version__ = "0.1.0"
 __all__ = [
     "Clock",
     "FakeClock",
+    "FencedObject",
+    "FencedValue",
+    "ForcedRelease",
     "HandoffLock",
     "LockRecord",
     "LockStatus",
     "ReleaseRequest",
     "Scheduler",
+    "force_release",
     "signals",
     "AcquireCancelled",
     "ConfigurationError",
+    "FencedObjectCorrupt",
+    "FencedObjectFull",
     "HandoffLockError",
     "InvalidKey",
     "InvalidLockURL",

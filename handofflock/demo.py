@@ -14,7 +14,7 @@ from .storage import open_url
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="handofflock-demo-") as tmp:
-        store, key = open_url("memory://demo/demo.json")  # TODO(local backend): Path(tmp, "demo.json").as_uri()
+        store, key = open_url(Path(tmp, "demo.json").as_uri())
         gen = store.write(key, b'{"ownerId": "A"}', if_generation_match=0)
         print(f"A created {key} at generation {gen}")
         try:

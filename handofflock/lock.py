@@ -217,6 +217,16 @@ class HandoffLock:
     # ------------------------------------------------------------------ public state
 
     @property
+    def storage(self) -> Storage:
+        """The store holding the lock object (fenced objects beside the lock live there too)."""
+        return self._storage
+
+    @property
+    def key(self) -> str:
+        """The lock object's key inside :attr:`storage`."""
+        return self._key
+
+    @property
     def is_held(self) -> bool:
         """True from a successful acquire until release or loss. No I/O."""
         return self._state == HELD
@@ -277,8 +287,10 @@ class HandoffLock:
           ``wait_for_slot``, keep polling for the slot).
 
         ``blocking=False`` never waits and never registers as waiter: it returns
-        False if the lock cannot be taken now. ``timeout`` bounds the wait;
-        on expiry the waiter slot is given back and :class:`LockTimeout` raised.
+        False if the lock cannot be taken now (transient storage errors are
+        retried for at most ``timeout``, default ``renew_deadline``).
+        ``timeout`` bounds the wait; on expiry the waiter slot is given back
+        and :class:`LockTimeout` raised.
         """
         if timeout is not None and timeout < 0:
             raise ConfigurationError("timeout must be >= 0 or None")
@@ -289,6 +301,8 @@ class HandoffLock:
             raise HandoffLockError(f"this HandoffLock instance already {'holds' if self._state == HELD else 'is acquiring'} {self.url!r}")
         self._cancel.clear()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
+        if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
+            deadline = self._clock.monotonic() + self.renew_deadline
         waiting = False
         last: LockRecord | None = None
         self._state = WAITING
@@ -301,12 +315,13 @@ class HandoffLock:
                     # Our registration landed though we could not confirm it (its reply was lost and
                     # the record moved on before we read it back): we are the waiter all the same.
                     waiting = self._now_waiting(record)
+                mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self.owner_id, now=self._clock.time(),
+                    record, generation, me=self.owner_id, now=wall,
                     policy=self._policy, nonce=new_nonce(), waiting=waiting,
                 )
                 if isinstance(decision, Owned):
-                    self._became_owner(decision.record, decision.generation, handoff=True)
+                    self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     return True
                 if isinstance(decision, Write):
                     if decision.kind is Kind.BECOME_WAITER and not blocking:
@@ -320,7 +335,7 @@ class HandoffLock:
                         continue
                     record = decision.record
                     if decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
-                        self._became_owner(record, generation, handoff=False)
+                        self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
                         return True
                     if not waiting:
                         waiting = self._now_waiting(record)
@@ -363,16 +378,18 @@ class HandoffLock:
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
         """Leave the waiter slot with a conditional write; maybe we were handed the lock meanwhile."""
-        if waiting:
+        # ``waiting`` is False if our registration's reply was lost and the record moved
+        # on before we could see our nonce; the record naming us still says the slot is ours.
+        if waiting or (last is not None and last.waiting_owner_id == self.owner_id):
             for _ in range(5):
+                mono, wall = self._clock.monotonic(), self._clock.time()
                 with self._io:
-                    record, generation = self._read(self._clock.monotonic() + self.renew_deadline)
+                    record, generation = self._read(mono + self.renew_deadline)
                 decision = protocol.decide_give_up_wait(record, generation, me=self.owner_id, nonce=new_nonce())
                 if isinstance(decision, Owned):
+                    self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     if timed_out:  # the handoff beat the timeout: keep it
-                        self._became_owner(decision.record, decision.generation, handoff=True)
                         return True
-                    self._became_owner(decision.record, decision.generation, handoff=True)
                     self._deferred_release = False
                     self._release()
                     break
@@ -406,13 +423,16 @@ class HandoffLock:
             waiter_expires_at=r.waiter_expires_at,
         )
 
-    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool) -> None:
+    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
+        """We own ``record``. ``mono``/``wall`` are the clocks when its lease was decided (or read)."""
         now = self._clock.monotonic()
         self._record, self._generation = record, generation
         self.token = record.token
-        # A handed-off lease was written by the old owner; count our safety window from now
-        # only if the lease it wrote still covers it.
-        self._valid_until = now + self.renew_deadline
+        # Safe until the lease leaves only the usual margin (ttl - renew_deadline) before it
+        # expires: exactly renew_deadline for a lease we wrote, a little less for one written
+        # for us by the previous owner at handoff.
+        assert record.expires_at is not None
+        self._valid_until = mono + (record.expires_at - wall) - (self.ttl - self.renew_deadline)
         self._next_renew = now + (0.0 if handoff else self.renew_interval)
         self._next_check = now + self.waiter_check_interval
         self._renew_failures = 0
@@ -452,11 +472,11 @@ class HandoffLock:
             if self._state != HELD:  # lost while we waited for the scheduler's I/O
                 return self._release()
             record, generation = self._record, self._generation
-            lease_until = record.expires_at if record is not None else None
             while True:
                 decision = protocol.decide_release(
                     record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
-                    policy=self._policy, nonce=new_nonce(), attempted=attempted, lease_until=lease_until,
+                    policy=self._policy, nonce=new_nonce(), attempted=attempted,
+                    within_lease=self._clock.monotonic() < self._valid_until,
                 )
                 if isinstance(decision, Released):
                     heir = decision.handed_off_to
@@ -471,7 +491,16 @@ class HandoffLock:
                     self._write(decision, deadline)
                 except PreconditionFailed:
                     attempted = decision
-                    record, generation = self._read(deadline)
+                    try:
+                        record, generation = self._read(deadline)
+                    except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
+                        self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
+                        self._state = IDLE
+                        self._flush_events()
+                        raise LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc) from exc
+                    except BaseException:
+                        self._state = IDLE
+                        raise
                     continue
                 except BaseException:
                     self._state = IDLE

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import random
 import threading
+import weakref
 from typing import Iterator
 
-_GATES: dict[tuple[int, str], "WriteGate"] = {}
+# Gates live as long as their store: keyed by the store object itself (weakly),
+# not by id(), which a new store can reuse after the old one is collected and so
+# inherit its spacing and its booked slots.
+_GATES: "weakref.WeakKeyDictionary[object, dict[str, WriteGate]]" = weakref.WeakKeyDictionary()
+_UNWEAKABLE: dict[int, tuple[object, dict[str, "WriteGate"]]] = {}
 _GATES_LOCK = threading.Lock()
 
 #: Longest spacing a run of 429s can push writes to one object to.
@@ -48,19 +53,18 @@ class WriteGate:
     def reserve(self, now: float) -> float:
         with self._lock:
             start = max(now, self._next_free)
-            self._next_free = start + self.interval
             self._last_start = start
+            self._next_free = start + self.interval
             return start - now
 
     def throttled(self, retry_after: float | None = None) -> None:
-        """The store answered 429: space later writes further apart, starting with the very next one."""
+        """The store answered 429: space later writes further apart, starting with the retry."""
         with self._lock:
             widened = max(self.interval * 2, self.min_interval, 1.0)
             if retry_after:
                 widened = max(widened, retry_after)
             self.interval = min(widened, MAX_PENALTY_INTERVAL)
-            # The refused write booked its slot with the old spacing; without this
-            # its retry would follow at once and meet another 429.
+            # The slot booked for the refused write was sized by the old spacing.
             self._next_free = max(self._next_free, self._last_start + self.interval)
 
     def succeeded(self) -> None:
@@ -73,9 +77,13 @@ class WriteGate:
 def gate_for(storage: object, key: str, min_interval: float) -> WriteGate:
     """The process-wide gate for ``key`` in ``storage`` (the strictest minimum wins)."""
     with _GATES_LOCK:
-        gate = _GATES.get((id(storage), key))
+        try:
+            gates = _GATES.setdefault(storage, {})
+        except TypeError:  # not weak-referenceable or unhashable: keep it alive with its gates
+            gates = _UNWEAKABLE.setdefault(id(storage), (storage, {}))[1]
+        gate = gates.get(key)
         if gate is None:
-            gate = _GATES[(id(storage), key)] = WriteGate(min_interval)
+            gate = gates[key] = WriteGate(min_interval)
         elif min_interval > gate.min_interval:
             gate.min_interval = min_interval
             gate.interval = max(gate.interval, min_interval)

@@ -145,7 +145,8 @@ def decide_acquire(
         return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce), 0)
 
     if record.owner_id == me:
-        if waiting and record.owner_live(now, policy.max_clock_skew):
+        if waiting and record.expires_at is not None and now < record.expires_at:
+            # Handed to us, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
         # The record names our stable owner id but this instance does not hold it:
         # a restart. Take it back at once, with a new token to fence the old
@@ -215,27 +216,27 @@ def decide_release(
     policy: Policy,
     nonce: str,
     attempted: Write | None = None,
-    lease_until: float | None = None,
+    within_lease: bool = False,
 ) -> Decision:
     """Release: hand off to a live waiter in one write, or mark the lock free.
 
     ``attempted`` is our previous release write whose outcome is unknown (its
     reply was lost, or its retry failed its precondition). If the record shows
-    that write's effect, it landed and there is nothing left to do. It also
-    landed if the record has moved on to a newer owner while our own lease
-    (``lease_until``, the ``expiresAt`` we last held) has not yet run out by
-    our clock: with clocks within ``max_clock_skew`` nobody can have taken an
-    unexpired lease, so only our release can have let the newer owner in.
-    Otherwise a record that is no longer ours is never touched.
+    that write's effect, it landed and there is nothing left to do. If the
+    record has moved on to another owner while we were still ``within_lease``
+    (inside our own safety window, so nobody could have taken the lock from
+    us), only our release can have let them in: it landed too. Otherwise a
+    record that is no longer ours is never touched.
     """
     if attempted is not None and record is not None:
         landed = attempted.record
+        heir = landed.owner_id if attempted.kind is Kind.HANDOFF else None
         if attempted.kind is Kind.HANDOFF and record.owner_id == landed.owner_id and record.token == landed.token:
-            return Released(handed_off_to=landed.owner_id)
+            return Released(handed_off_to=heir)
         if attempted.kind is Kind.FREE and record.owner_id is None and record.token == landed.token:
-            return Released(handed_off_to=None)
-        if lease_until is not None and now <= lease_until and record.token > token and record.owner_id != me:
-            return Released(handed_off_to=landed.owner_id if attempted.kind is Kind.HANDOFF else None)
+            return Released(handed_off_to=heir)
+        if within_lease and record.owner_id != me and record.token >= landed.token:
+            return Released(handed_off_to=heir)
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost

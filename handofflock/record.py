@@ -38,6 +38,9 @@ MAX_ID_LENGTH = 512
 MAX_NONCE_LENGTH = 128
 #: Tokens are signed 64-bit so every fenced resource (SQL BIGINT, Go int64) can store them.
 MAX_TOKEN = 2**63 - 1
+#: Most bytes unknown fields may take, encoded. The known fields take under 5 KiB
+#: even at their longest, so a record the lock writes back always fits the cap.
+MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
 _KNOWN = ("version", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt", "ttl", "token", "nonce")
 _REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
@@ -184,6 +187,19 @@ class LockRecord:
             raise corrupt(f"'nonce' must be a string of 1-{MAX_NONCE_LENGTH} characters")
 
         extra = {k: v for k, v in doc.items() if k not in _KNOWN}
+        if extra:
+            # The lock writes unknown fields back unchanged, so they must survive that:
+            # orjson reads 1024 levels of nesting but writes only 254, and a record
+            # near the cap would grow past it and become unreadable once rewritten.
+            try:
+                extra_bytes = len(orjson.dumps(extra))
+            except orjson.JSONEncodeError as exc:
+                raise corrupt(f"unknown fields cannot be written back unchanged ({exc})") from exc
+            if extra_bytes > MAX_EXTRA_BYTES:
+                raise corrupt(
+                    f"unknown fields take {extra_bytes} bytes; at most {MAX_EXTRA_BYTES} are kept "
+                    "so the record still fits when written back"
+                )
         return cls(owner, expires, waiter, waiter_expires, ttl, token, nonce, version, extra, legacy)
 
 

@@ -12,7 +12,7 @@ from handofflock.storage.gcs import GCSStorage
 from handofflock.testing import FakeGCSServer
 
 #: Every backend the contract suite runs against.
-BACKENDS = ["memory", "gcs"]
+BACKENDS = ["memory", "local", "gcs"]
 
 _names = itertools.count()
 
@@ -28,6 +28,10 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path):
         bucket = f"t{next(_names)}-{uuid.uuid4().hex[:12]}"
         emulator.create_bucket(bucket)
         return GCSStorage(bucket)
+    if kind == "local":
+        from handofflock.storage.local import LocalStorage
+
+        return LocalStorage(tmp_path / "store")
     raise AssertionError(f"unknown backend {kind!r}")
 
 

@@ -1,0 +1,100 @@
+"""One conditional write that survives lost replies and transient errors.
+
+Used by the modules beside the lock (``fencing.py``, ``repair.py``); ``lock.py``
+has its own loop, tied to its state. A write whose reply is lost (a timeout or
+reset after the request went out) may or may not have been applied, and a retry
+would fail its precondition against its own result. So every write carries a
+nonce the caller can recognise in the stored bytes, and after an ambiguous
+failure the object is read back:
+
+* it carries our nonce: the write landed; carry on as if the reply had arrived;
+* its generation is still the one we matched: it did not land; retry;
+* anything else: someone else wrote; raise :class:`PreconditionFailed` so the
+  caller reads again and decides again.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .clock import Clock
+from .errors import PreconditionFailed, TransientStorageError
+from .pacing import WriteGate, backoff
+from .storage import Storage
+
+
+def write_resolving(
+    storage: Storage,
+    key: str,
+    data: bytes,
+    *,
+    if_generation_match: int,
+    is_ours: Callable[[bytes], bool],
+    clock: Clock,
+    deadline: float | None,
+    max_bytes: int,
+    gate: WriteGate | None = None,
+) -> tuple[int, bytes | None]:
+    """Write ``data`` if the object is at ``if_generation_match``; return ``(generation, read_back)``.
+
+    ``read_back`` is None when the store answered the write, else the bytes read
+    back that proved it landed (they may be a later write that kept our nonce in
+    view: compare them with ``data`` before trusting ``generation`` as ours).
+    Transient errors are retried with backoff until ``deadline`` (monotonic);
+    the last one is raised after it. Raises :class:`PreconditionFailed` when the
+    object moved on, and any permanent :class:`StorageError` at once.
+    """
+    delays = backoff(base=0.1, cap=2.0)
+    maybe_landed = False
+    while True:
+        if gate is not None:
+            wait = gate.reserve(clock.monotonic())
+            if wait > 0:
+                clock.sleep(wait)
+        try:
+            generation = storage.write(key, data, if_generation_match=if_generation_match)
+        except PreconditionFailed:
+            if maybe_landed:  # our own earlier attempt may be what moved the generation
+                landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                if landed is not None:
+                    return landed
+            raise
+        except TransientStorageError as exc:
+            if exc.status == 429 and gate is not None:
+                gate.throttled(exc.retry_after)
+            if exc.ambiguous:
+                maybe_landed = True
+                try:
+                    landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                except TransientStorageError:
+                    landed = None  # cannot tell yet; the retry's precondition will
+                if landed is not None:
+                    return landed
+            delay = next(delays)
+            if deadline is not None and clock.monotonic() + delay >= deadline:
+                raise
+            clock.sleep(delay)
+        else:
+            if gate is not None:
+                gate.succeeded()
+            return generation, None
+
+
+def _landed(
+    storage: Storage, key: str, expected: int, is_ours: Callable[[bytes], bool], max_bytes: int
+) -> tuple[int, bytes] | None:
+    found = storage.read(key, max_bytes=max_bytes)
+    if found is None:
+        if expected != 0:
+            raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+        return None
+    data, generation = found
+    try:
+        ours = is_ours(data)
+    except Exception:  # unreadable bytes are not ours; the caller's own read will report them
+        ours = False
+    if ours:
+        return generation, data
+    if generation != expected:
+        raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+    return None

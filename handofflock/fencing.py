@@ -1,0 +1,380 @@
+"""Fencing at the resource: an object that refuses writes from a replaced lock holder.
+
+A lease cannot stop a paused process: it wakes up believing it still holds the
+lock while a newer holder works. What can stop it is the resource refusing its
+writes. A :class:`FencedObject` is a JSON document in the lock's store that
+remembers the highest fencing token it accepted and refuses any write with a
+lower one (:class:`~handofflock.errors.StaleToken`). Every check-then-write is
+one generation-matched write, so two writers cannot both pass the check.
+
+Document (version 1)::
+
+    {"handofflockFence": 1, "highestToken": 17, "writerId": "host:pid:ab12",
+     "writtenAt": 1700000000.0, "recentNonces": ["9f2c..."], "payload": ...}
+
+``payload`` is the caller's JSON value (a list for a journal built with
+:meth:`FencedObject.append`). Unknown fields are kept. Anything else off raises
+:class:`~handofflock.errors.FencedObjectCorrupt`; such an object is never
+overwritten. See ``docs/fencing.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import orjson
+
+from .cas import write_resolving
+from .clock import Clock
+from .errors import (
+    ConfigurationError,
+    FencedObjectCorrupt,
+    FencedObjectFull,
+    PreconditionFailed,
+    StaleToken,
+    TransientStorageError,
+)
+from .pacing import backoff, gate_for
+from .record import MAX_ID_LENGTH, MAX_TOKEN, new_nonce
+from .storage import Storage, validate_key
+
+if TYPE_CHECKING:
+    from .lock import HandoffLock
+
+#: The document format version this release reads and writes.
+FENCE_VERSION = 1
+#: Default size limit of a fenced object. Each write rewrites the whole object.
+DEFAULT_MAX_BYTES = 1024 * 1024
+#: Nonces of the last writes kept in the document, so a writer whose reply was
+#: lost can tell that its write landed even if a few others wrote after it.
+RECENT_NONCES = 16
+
+_KNOWN = ("handofflockFence", "highestToken", "writerId", "writtenAt", "recentNonces", "payload")
+
+
+@dataclass(frozen=True)
+class FencedValue:
+    """A fenced object as read (or as just written).
+
+    ``generation`` is 0 and ``highest_token`` 0 when the object does not exist.
+    """
+
+    key: str
+    payload: Any
+    highest_token: int
+    writer_id: str | None
+    written_at: float | None
+    generation: int
+
+    @property
+    def exists(self) -> bool:
+        return self.generation != 0
+
+
+@dataclass(frozen=True)
+class _Doc:
+    highest: int = 0
+    writer_id: str | None = None
+    written_at: float | None = None
+    recent: tuple[str, ...] = ()
+    payload: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {
+            "handofflockFence": FENCE_VERSION,
+            "highestToken": self.highest,
+            "writerId": self.writer_id,
+            "writtenAt": self.written_at,
+            "recentNonces": list(self.recent),
+            "payload": self.payload,
+        }
+        for k, v in self.extra.items():
+            doc.setdefault(k, v)
+        return orjson.dumps(doc)
+
+
+class FencedObject:
+    """A JSON object in a lock's store that refuses writes carrying a stale fencing token.
+
+    >>> lock = HandoffLock("gs://bucket/jobs/train.lock")
+    >>> latest = FencedObject.beside(lock, "latest-checkpoint.json")
+    >>> with lock:
+    ...     latest.claim()                       # from now on, older holders are refused
+    ...     path = f"ckpt/step-{step}-token-{lock.token}.pt"
+    ...     save(path)                           # a name no other holder can use
+    ...     latest.write({"path": path})         # raises StaleToken if we were replaced
+
+    ``write(payload, token)`` accepts ``token`` if it is higher than every token
+    accepted so far, or equal to the highest one *and* from the same
+    ``writer_id`` (the same holder writing again). A lower token, or the same
+    token from another writer, raises :class:`StaleToken` and changes nothing.
+
+    ``writer_id`` identifies the writer for that equality rule; objects made with
+    :meth:`beside` use the lock's owner id, others default to a fresh
+    ``host:pid:random`` per instance. Transient storage errors are retried with
+    backoff for up to ``timeout`` seconds; a lost reply is resolved by reading
+    back the write's nonce. The object is limited to ``max_bytes``
+    (:class:`FencedObjectFull` beyond). Thread-safe; no I/O in the constructor.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        key: str,
+        *,
+        writer_id: str | None = None,
+        clock: Clock | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float = 30.0,
+        min_write_interval: float | None = None,
+        _lock: "HandoffLock | None" = None,
+    ) -> None:
+        self._storage = storage
+        self.key = validate_key(key)
+        if writer_id is None:
+            from .lock import default_owner_id
+
+            writer_id = default_owner_id()
+        if not isinstance(writer_id, str) or not 0 < len(writer_id) <= MAX_ID_LENGTH:
+            raise ConfigurationError(f"writer_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+        self.writer_id = writer_id
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1024:
+            raise ConfigurationError(f"max_bytes must be an int of at least 1024, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
+            raise ConfigurationError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        if min_write_interval is None:
+            min_write_interval = 1.0 if type(storage).__name__ == "GCSStorage" else 0.0
+        if min_write_interval < 0:
+            raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
+        self.min_write_interval = float(min_write_interval)
+        self._clock = clock or Clock()
+        self._lock = _lock
+        self._mutex = threading.Lock()
+        self._cached: tuple[int, _Doc] | None = None  # (generation, document) as last seen or written
+
+    @classmethod
+    def beside(cls, lock: "HandoffLock", name: str, **kwargs: Any) -> "FencedObject":
+        """The fenced object ``name`` in the lock's store, next to the lock object.
+
+        ``name`` is relative to the directory of the lock's key (``locks/a.json``
+        and ``"latest.json"`` give ``locks/latest.json``). Writes default to the
+        lock's token and check the lock's health first; the writer id is the
+        lock's owner id.
+        """
+        key = posixpath.join(posixpath.dirname(lock.key), name) if isinstance(name, str) else name
+        key = validate_key(key)
+        if key == lock.key:
+            raise ConfigurationError(f"a fenced object cannot be the lock object itself ({key!r})")
+        kwargs.setdefault("clock", lock._clock)
+        kwargs.setdefault("writer_id", lock.owner_id)
+        kwargs.setdefault("min_write_interval", lock.min_write_interval)
+        return cls(lock.storage, key, _lock=lock, **kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"{getattr(self._storage, 'url', self._storage)}/{self.key}"
+
+    # ------------------------------------------------------------------ public operations
+
+    def read(self) -> FencedValue:
+        """Read the object now: payload, highest accepted token, last writer."""
+        with self._mutex:
+            self._cached = self._read(self._clock.monotonic() + self.timeout)
+            generation, doc = self._cached
+            return self._value(doc, generation)
+
+    def write(self, payload: Any, token: int | None = None) -> FencedValue:
+        """Replace the payload, if ``token`` is not stale. Returns the object as written.
+
+        Raises :class:`StaleToken` (nothing written) if a higher token was
+        accepted, or the same token from another writer.
+        """
+        _encodable(payload, "payload")
+        return self._update(token, lambda doc: payload)
+
+    def append(self, entry: Any, token: int | None = None) -> FencedValue:
+        """Append ``entry`` to the payload list (created empty), if ``token`` is not stale.
+
+        One write per call (and no read while this instance's view is current).
+        Raises :class:`FencedObjectFull` when the object would pass ``max_bytes``.
+        """
+        _encodable(entry, "entry")
+
+        def appended(doc: _Doc) -> list[Any]:
+            if doc.payload is None:
+                return [entry]
+            if not isinstance(doc.payload, list):
+                raise FencedObjectCorrupt(
+                    self.key, f"append needs a list payload, the object holds {type(doc.payload).__name__}", url=_url(self._storage)
+                )
+            return [*doc.payload, entry]
+
+        return self._update(token, appended)
+
+    def claim(self, token: int | None = None) -> FencedValue:
+        """Raise the object's highest token to ``token`` without changing the payload.
+
+        Call it right after acquiring the lock: from then on, writes from any
+        earlier holder are refused, even before this holder writes anything.
+        """
+        return self._update(token, None)
+
+    # ------------------------------------------------------------------ the check-then-write
+
+    def _update(self, token: int | None, change: Callable[[_Doc], Any] | None) -> FencedValue:
+        token = self._token(token)
+        with self._mutex:
+            deadline = self._clock.monotonic() + self.timeout
+            gate = gate_for(self._storage, self.key, self.min_write_interval)
+            while True:
+                if self._cached is None:
+                    self._cached = self._read(deadline)
+                generation, doc = self._cached
+                self._check(doc, token)
+                if change is None and doc.highest == token and doc.writer_id == self.writer_id:
+                    return self._value(doc, generation)  # claiming what we already hold: nothing to write
+                nonce = new_nonce()
+                new = _Doc(
+                    highest=token,
+                    writer_id=self.writer_id,
+                    written_at=self._clock.time(),
+                    recent=(*doc.recent, nonce)[-RECENT_NONCES:],
+                    payload=doc.payload if change is None else change(doc),
+                    extra=doc.extra,
+                )
+                try:
+                    data = new.encode()
+                except orjson.JSONEncodeError as exc:  # only the stored part can fail: ours was checked
+                    raise FencedObjectCorrupt(self.key, f"its content cannot be written back ({exc})", url=_url(self._storage)) from exc
+                if len(data) > self.max_bytes:
+                    raise FencedObjectFull(self.key, len(data), self.max_bytes)
+                try:
+                    new_generation, read_back = write_resolving(
+                        self._storage, self.key, data, if_generation_match=generation,
+                        is_ours=lambda raw: nonce in _nonces_in(raw), clock=self._clock,
+                        deadline=deadline, max_bytes=self.max_bytes, gate=gate,
+                    )
+                except PreconditionFailed:
+                    self._cached = None  # someone wrote since we looked: read, check again
+                    continue
+                except BaseException:
+                    self._cached = None
+                    raise
+                if read_back is None or read_back == data:
+                    self._cached = (new_generation, new)
+                else:
+                    self._cached = None  # ours landed, and others wrote after it
+                return self._value(new, new_generation)
+
+    def _token(self, token: int | None) -> int:
+        if token is None:
+            if self._lock is None:
+                raise ConfigurationError("pass the fencing token (the lock's token) to write to a FencedObject")
+            self._lock.check()  # a lock that knows it is lost or stale stops here, before any I/O
+            token = self._lock.token
+        if isinstance(token, bool) or not isinstance(token, int) or not 1 <= token <= MAX_TOKEN:
+            raise ConfigurationError(f"a fencing token is an int in [1, 2**63-1], got {token!r}")
+        return token
+
+    def _check(self, doc: _Doc, token: int) -> None:
+        if token < doc.highest or (token == doc.highest and doc.writer_id not in (None, self.writer_id)):
+            raise StaleToken(self.key, token, doc.highest, writer_id=self.writer_id, holder_id=doc.writer_id)
+
+    # ------------------------------------------------------------------ I/O
+
+    def _read(self, deadline: float) -> tuple[int, _Doc]:
+        delays = backoff(base=0.1, cap=2.0)
+        while True:
+            try:
+                found = self._storage.read(self.key, max_bytes=self.max_bytes)
+                break
+            except TransientStorageError:
+                delay = next(delays)
+                if self._clock.monotonic() + delay >= deadline:
+                    raise
+                self._clock.sleep(delay)
+        if found is None:
+            return 0, _Doc()
+        data, generation = found
+        return generation, decode_fence(data, key=self.key, generation=generation, url=_url(self._storage), max_bytes=self.max_bytes)
+
+    def _value(self, doc: _Doc, generation: int) -> FencedValue:
+        return FencedValue(self.key, doc.payload, doc.highest, doc.writer_id, doc.written_at, generation)
+
+    def __repr__(self) -> str:
+        return f"<FencedObject {self.url!r} writer_id={self.writer_id!r}>"
+
+
+def decode_fence(
+    data: bytes, *, key: str = "<fenced>", generation: int | None = None, url: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> _Doc:
+    """Parse and validate a fence document; raise :class:`FencedObjectCorrupt` on anything off."""
+
+    def corrupt(reason: str) -> FencedObjectCorrupt:
+        return FencedObjectCorrupt(key, reason, generation=generation, url=url)
+
+    if len(data) > max_bytes:
+        raise corrupt(f"object is larger than max_bytes ({max_bytes})")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise corrupt("object is not valid UTF-8") from exc
+        raise corrupt(f"invalid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise corrupt("expected a JSON object")
+    version = doc.get("handofflockFence")
+    if version is None:
+        raise corrupt("not a fence document (no 'handofflockFence' field): refusing to overwrite what may be someone's data")
+    if version != FENCE_VERSION or not _is_int(version):
+        raise corrupt(f"unsupported fence version {version!r} (this handofflock reads {FENCE_VERSION}); upgrade first")
+    highest = doc.get("highestToken")
+    if not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
+        raise corrupt("'highestToken' must be an integer in [0, 2**63-1]")
+    writer = doc.get("writerId")
+    if writer is not None and (not isinstance(writer, str) or not 0 < len(writer) <= MAX_ID_LENGTH):
+        raise corrupt(f"'writerId' must be null or a string of 1-{MAX_ID_LENGTH} characters")
+    written_at = doc.get("writtenAt")
+    if written_at is not None and (not _is_number(written_at) or not math.isfinite(written_at)):
+        raise corrupt("'writtenAt' must be null or a finite number")
+    recent = doc.get("recentNonces", [])
+    if not isinstance(recent, list) or len(recent) > 4 * RECENT_NONCES or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in recent):
+        raise corrupt("'recentNonces' must be a short list of nonce strings")
+    extra = {k: v for k, v in doc.items() if k not in _KNOWN}
+    return _Doc(highest, writer, None if written_at is None else float(written_at), tuple(recent), doc.get("payload"), extra)
+
+
+def _nonces_in(data: bytes) -> tuple[str, ...]:
+    try:
+        return decode_fence(data, max_bytes=len(data)).recent
+    except FencedObjectCorrupt:
+        return ()
+
+
+def _encodable(value: Any, what: str) -> None:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise TypeError(f"the {what} of a fenced write must be JSON-serialisable: {exc}") from exc
+
+
+def _url(storage: Storage) -> str | None:
+    return getattr(storage, "url", None)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,430 @@
+"""``file:///dir/name.json``: objects as files under a root directory, on one host.
+
+Each key is one file, ``<root>/<key>``: a header line carrying the generation,
+then the data (format in :mod:`.local_format`). Every mutation writes a temp
+file beside the object, fsyncs it, renames it over the object and fsyncs the
+directory, so (data, generation) changes in one atomic, durable step and a
+reader never sees a torn object. A delete leaves a tombstone that keeps the
+generation, so a recreated key continues its sequence. Mutations of a key are
+serialized by ``flock`` on a sidecar lock file (:mod:`.local_lock`), which
+excludes other processes and, since every call opens its own descriptor, other
+threads too. Nothing below the root is ever followed through a symlink.
+See ``docs/local-backend.md``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX; refused at first use
+    fcntl = None  # type: ignore[assignment]
+
+from ..errors import ConfigurationError, InvalidKey, NotFound, PreconditionFailed, StorageError, TransientStorageError
+from . import local_lock
+from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_prefix
+from .local_format import MAX_GENERATION, MAX_HEADER, RESERVED_PREFIX, Header
+from .local_format import encode_header, foreign_generation, parse_header, sidecar_name
+
+_FILE_MODE, _DIR_MODE = 0o600, 0o700
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # so a FIFO planted at a path cannot hang open()
+_OPEN_ROOT = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC  # the root is used as given
+_OPEN_DIR = _OPEN_ROOT | _NOFOLLOW
+_OPEN_FILE = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+_POSIX_OK = fcntl is not None and os.name == "posix" and bool(_NOFOLLOW) and os.open in os.supports_dir_fd
+
+# errno values after which a retry can succeed: they are about this moment's
+# resources, not the store. ENOSPC, EDQUOT, EROFS and EIO are *not* here: they
+# last until someone acts, and retrying against a failing disk only hides it.
+_TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOLCK, errno.EAGAIN, errno.ENOMEM, errno.ETIMEDOUT}
+_REFUSED = {errno.ELOOP, errno.EMLINK, errno.ENOTDIR}  # what O_NOFOLLOW / O_DIRECTORY report, by platform
+_HINTS = {
+    errno.ENOSPC: "free space on the filesystem",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the filesystem is mounted read-only",
+    errno.EIO: "the disk reported an I/O error; check the system log",
+    errno.ENOTDIR: "a component of the path is not a directory",
+    errno.ENAMETOOLONG: "a key segment is longer than the filesystem allows",
+}
+
+
+class LocalStorage:
+    """Objects as files under ``root``, safe across threads and processes of one host.
+
+    Keys are relative ``/``-separated paths below ``root``. ``root`` and the
+    directories below it are created on first write, mode ``0o700``; files are
+    ``0o600``, whatever the umask. Symlinks below ``root`` are refused, never
+    followed (``root`` itself, and the path to it, are used as given).
+
+    >>> store = LocalStorage("/var/lib/myjob/locks")
+    >>> gen = store.write("train.json", b"{}", if_generation_match=0)
+    >>> store.read("train.json") == (b"{}", gen)
+    True
+
+    ``lock_timeout`` bounds the wait for another writer of the same key (which
+    holds the key's lock for one fsync'd write); past it the call raises
+    :class:`~handofflock.errors.TransientStorageError` instead of hanging.
+    Single host only: see ``docs/local-backend.md`` about network filesystems.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = 30.0) -> None:
+        text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
+        if not isinstance(text, str) or not text or "\x00" in text:
+            raise ConfigurationError(f"LocalStorage root must be a non-empty text path without NUL, got {root!r}")
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
+            raise ConfigurationError(f"lock_timeout must be a number > 0, got {lock_timeout!r}")
+        # abspath, not resolve(): no I/O here, and symlinks are refused later, not resolved away.
+        self.root = os.path.abspath(text)
+        self.url = Path(self.root).as_uri()
+        self.lock_timeout = float(lock_timeout)
+
+    def __repr__(self) -> str:
+        return f"LocalStorage({self.root!r})"
+
+    # -- the contract ---------------------------------------------------------
+
+    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+        """Return ``(data, generation)`` or ``None``; reads at most ``max_bytes + 1`` data bytes.
+
+        Lock-free: objects are only ever replaced by rename, so the file opened
+        is one complete version. A file without our header is returned whole,
+        as data, at its mtime in microseconds (see ``docs/local-backend.md``).
+        """
+        self._check_key(key)
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+            raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
+        with self._mapped(key), ExitStack() as stack:
+            dir_fd, name = self._walk(stack, key, create=False)
+            found = None if dir_fd is None else self._open_object(stack, dir_fd, name, key)
+            if found is None:
+                return None
+            fd, st, header = found
+            if header is not None and header.deleted:
+                return None
+            offset = header.offset if header else 0
+            n = st.st_size - offset if max_bytes is None else min(max_bytes + 1, st.st_size - offset)
+            return _pread(fd, n, offset), header.generation if header else foreign_generation(st.st_mtime_ns)
+
+    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+        """Write ``data`` if the generation is ``if_generation_match`` (0: must be absent).
+
+        Returns the new generation, ``max(previous + 1, now in microseconds)``,
+        where a tombstone's generation counts as previous.
+        """
+        self._check_key(key)
+        validate_generation(if_generation_match)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        with self._mapped(key), ExitStack() as stack:
+            dir_fd, name = self._walk(stack, key, create=True)
+            assert dir_fd is not None
+            current, floor = self._locked_state(stack, dir_fd, name, key)
+            if current != if_generation_match:
+                raise PreconditionFailed(key, if_generation_match, url=self.url)
+            generation = max(floor + 1, time.time_ns() // 1000)
+            if generation > MAX_GENERATION:
+                raise StorageError(f"generation of {key!r} would pass 2**63-1", url=self.url, key=key)
+            self._replace(dir_fd, name, key, encode_header(generation, len(data)) + bytes(data))
+            return generation
+
+    def delete(self, key: str, *, if_generation_match: int) -> None:
+        """Delete if the generation matches, leaving a tombstone that keeps the generation."""
+        self._check_key(key)
+        validate_generation(if_generation_match)
+        with self._mapped(key), ExitStack() as stack:
+            dir_fd, name = self._walk(stack, key, create=False)
+            if dir_fd is None or not _mode(dir_fd, name):  # absent: no need to make it a lock file
+                raise NotFound(key, url=self.url)
+            current, floor = self._locked_state(stack, dir_fd, name, key)
+            if current == 0:
+                raise NotFound(key, url=self.url)
+            if current != if_generation_match:
+                raise PreconditionFailed(key, if_generation_match, url=self.url)
+            self._replace(dir_fd, name, key, encode_header(floor, 0, deleted=True))
+
+    def list(self, prefix: str) -> dict[str, int]:
+        """``{key: generation}`` of live objects whose key starts with ``prefix``.
+
+        Skips tombstones, the backend's own files, symlinks and anything that is
+        not a regular file; hand-written files are listed as :meth:`read` sees them.
+        """
+        validate_prefix(prefix)
+        dir_part, _, name_prefix = prefix.rpartition("/")
+        found: dict[str, int] = {}
+        with self._mapped(prefix or None), ExitStack() as stack:
+            start, _ = self._walk(stack, f"{dir_part}/-" if dir_part else "-", create=False)  # "-": any name
+            if start is None:
+                return found
+            pending = [(os.dup(start), f"{dir_part}/" if dir_part else "", name_prefix)]
+            while pending:  # depth-first, one directory descriptor at a time
+                fd, base, must_start = pending.pop()
+                try:
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            if entry.name.startswith(must_start) and not entry.name.startswith(RESERVED_PREFIX):
+                                self._list_entry(fd, entry, base + entry.name, found, pending)
+                finally:
+                    os.close(fd)
+        return found
+
+    def close(self) -> None:
+        """Nothing to release: every call opens and closes its own descriptors."""
+
+    # -- paths ----------------------------------------------------------------
+
+    def _check_key(self, key: str) -> None:
+        validate_key(key)
+        if any(part.startswith(RESERVED_PREFIX) for part in key.split("/")):
+            raise InvalidKey(f"object key {key!r} uses {RESERVED_PREFIX!r}, reserved for the local backend's own files")
+
+    def _walk(self, stack: ExitStack, key: str, *, create: bool) -> tuple[int | None, str]:
+        """Open the directory holding ``key`` one component at a time, never following a symlink.
+
+        Returns ``(dir_fd, file name)``; ``dir_fd`` is None if a directory is
+        missing and ``create`` is False.
+        """
+        if not _POSIX_OK:
+            raise StorageError("LocalStorage needs POSIX (flock, O_NOFOLLOW, dir_fd); here use gs:// or memory://")
+        *parts, name = key.split("/")
+        try:
+            fd = os.open(self.root, _OPEN_ROOT)
+        except FileNotFoundError:
+            if not create:
+                return None, name
+            fd = self._make_root()
+        stack.callback(os.close, fd)
+        for i, part in enumerate(parts):
+            sub = self._open_dir(fd, part, "/".join(parts[: i + 1]), create=create)
+            if sub is None:
+                return None, name
+            stack.callback(os.close, sub)
+            fd = sub
+        return fd, name
+
+    def _make_root(self) -> int:
+        """Create the missing directories down to the root, as :meth:`_open_dir` makes them; open it."""
+        missing, path = [], self.root
+        while not os.path.lexists(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        fd = os.open(path, _OPEN_ROOT)
+        for path in reversed(missing):
+            try:
+                sub = self._open_dir(fd, os.path.basename(path), path, create=True)
+            finally:
+                os.close(fd)
+            fd = sub
+        return fd
+
+    def _open_dir(self, parent: int, name: str, relpath: str, *, create: bool) -> int | None:
+        made = False
+        while True:
+            try:
+                fd = os.open(name, _OPEN_DIR, dir_fd=parent)
+                break
+            except FileNotFoundError:
+                if not create:
+                    return None
+                if made:
+                    raise
+            except OSError as exc:
+                if exc.errno not in _REFUSED:
+                    raise
+                if not create and stat.S_ISREG(_mode(parent, name)):
+                    return None  # an object file: nothing below it exists (a write says why it cannot)
+                self._refuse(parent, name, relpath, exc)  # a symlink is refused, never skipped
+            try:
+                os.mkdir(name, _DIR_MODE, dir_fd=parent)
+                made = True
+            except FileExistsError:
+                pass  # a concurrent writer made it; open it like any other
+        if made:
+            os.fchmod(fd, _DIR_MODE)
+            os.fsync(parent)  # the new directory entry must survive a crash too
+        return fd
+
+    def _refuse(self, dir_fd: int, name: str, relpath: str, exc: OSError | None = None) -> None:
+        """Raise a StorageError saying why ``name`` cannot be used (``relpath``: for the message)."""
+        mode = _mode(dir_fd, name)
+        if stat.S_ISLNK(mode):
+            why = "is a symbolic link; handofflock never follows symlinks below its root. Replace it with a real one"
+        elif stat.S_ISDIR(mode):
+            why = "is a directory, not an object file"
+        elif mode:
+            why = "is not a directory: a file sits where the key needs one" if exc else "is not a regular file"
+        else:
+            why = f"cannot be opened safely ({exc})"
+        path = os.path.join(self.root, relpath)  # an absolute relpath stands for itself
+        raise StorageError(f"local store {self.url}: {path!r} {why}", url=self.url, key=relpath) from exc
+
+    # -- objects --------------------------------------------------------------
+
+    def _open_object(
+        self, stack: ExitStack, dir_fd: int, name: str, key: str, *, strict: bool = True
+    ) -> tuple[int, os.stat_result, Header | None] | None:
+        """``(fd, stat, header or None if foreign)``, or None if absent.
+
+        ``strict`` raises on a symlink or a non-regular file; listing skips them.
+        """
+        try:
+            fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno not in _REFUSED:
+                raise
+            if strict:
+                self._refuse(dir_fd, name, key, exc)
+            return None
+        stack.callback(os.close, fd)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            return fd, st, parse_header(os.pread(fd, MAX_HEADER, 0), st.st_size)
+        if strict:
+            self._refuse(dir_fd, name, key)
+        return None
+
+    def _list_entry(self, fd: int, entry: os.DirEntry, key: str, found: dict, pending: list) -> None:
+        try:
+            validate_key(key)
+        except InvalidKey:
+            return  # a name no key can have (e.g. not UTF-8): not an object
+        if entry.is_dir(follow_symlinks=False) and len(key.encode()) < MAX_KEY_BYTES:
+            sub = self._open_dir(fd, entry.name, key, create=False)
+            if sub is not None:
+                pending.append((sub, key + "/", ""))
+        elif entry.is_file(follow_symlinks=False):
+            with ExitStack() as stack:  # one file open at a time, however big the directory
+                opened = self._open_object(stack, fd, entry.name, key, strict=False)
+            if opened is not None:
+                _, st, header = opened
+                if header is None:
+                    found[key] = foreign_generation(st.st_mtime_ns)
+                elif not header.deleted:
+                    found[key] = header.generation
+
+    def _locked_state(self, stack: ExitStack, dir_fd: int, name: str, key: str) -> tuple[int, int]:
+        """Take the key's lock; return (current generation or 0 if absent, highest generation yet)."""
+        mode = _mode(dir_fd, name)
+        if mode and not stat.S_ISREG(mode):  # refuse a symlink or a FIFO before making a lock file for it
+            self._refuse(dir_fd, name, key)
+        self._lock(stack, dir_fd, name, key)
+        found = self._open_object(stack, dir_fd, name, key)  # again: it may have changed before we locked
+        if found is None:
+            return 0, 0
+        _, st, header = found
+        if header is None:
+            return foreign_generation(st.st_mtime_ns), foreign_generation(st.st_mtime_ns)
+        return (0 if header.deleted else header.generation), header.generation
+
+    def _lock(self, stack: ExitStack, dir_fd: int, name: str, key: str) -> None:
+        """Take the key's lock (see :mod:`.local_lock`), or say why it cannot be taken."""
+        lock_name = sidecar_name(name, "lock")
+        lock_rel = os.path.join(os.path.dirname(key), lock_name)
+        try:
+            fd = local_lock.open_sidecar(dir_fd, lock_name)
+        except OSError as exc:
+            if exc.errno in _REFUSED:
+                self._refuse(dir_fd, lock_name, lock_rel, exc)
+            raise
+        stack.callback(local_lock.unlock_and_close, fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            self._refuse(dir_fd, lock_name, lock_rel)
+        try:
+            local_lock.lock(fd, self.lock_timeout)
+        except TimeoutError:
+            raise TransientStorageError(
+                f"local store {self.url}: waited {self.lock_timeout:.1f}s for the lock of {key!r}; "
+                "another process holds it (stopped, or stuck on I/O?)",
+                url=self.url, key=key, ambiguous=False,
+            ) from None
+
+    def _replace(self, dir_fd: int, name: str, key: str, content: bytes) -> None:
+        """Atomically and durably replace ``name`` with ``content``. Call under the key's lock."""
+        tmp = sidecar_name(name, "tmp")  # one per key: only the lock holder uses it; a crash leaves at most one
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)  # a crash's leftover, or anything planted (unlink never follows)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, _FILE_MODE, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, _FILE_MODE)  # the umask may have taken bits from the mode above
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view):]
+            _fsync(fd)  # the data must be on disk before the name points at it
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        try:
+            _fsync(dir_fd)  # makes the rename itself durable
+        except OSError as exc:
+            raise TransientStorageError(
+                f"local store {self.url}: {key!r} was replaced but its directory could not be synced ({exc}); "
+                "the write is visible and may not survive a crash",
+                url=self.url, key=key, ambiguous=True,
+            ) from exc
+
+    @contextmanager
+    def _mapped(self, key: str | None) -> Iterator[None]:
+        """Turn any ``OSError`` escaping an operation into a typed storage error."""
+        try:
+            yield
+        except OSError as exc:
+            raise self._typed(exc, key) from exc
+
+    def _typed(self, exc: OSError, key: str | None) -> StorageError:
+        if isinstance(exc.filename, str) and os.path.isabs(exc.filename):
+            where = exc.filename
+        else:  # dir_fd-relative calls report only a name; the key says where
+            where = os.path.join(self.root, key) if key else self.root
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return StorageError(
+                f"local store {self.url}: permission denied on {where!r}; check that the user running this "
+                f"process (uid {os.geteuid()}) can read, write and search {self.root!r} and the files in it",
+                url=self.url, key=key,
+            )
+        what = f"local store {self.url}: {exc.strerror or exc} on {where!r}"
+        if exc.errno in _TRANSIENT:
+            return TransientStorageError(f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False)
+        hint = _HINTS.get(exc.errno, "check the path and the filesystem")
+        return StorageError(f"{what} ({hint}); nothing was changed", url=self.url, key=key)
+
+
+def _mode(dir_fd: int, name: str) -> int:
+    """``name``'s file type and mode, symlinks not followed; 0 if it does not exist."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.pread(fd, min(n - got, 1 << 20), offset + got)
+        if not chunk:
+            break  # a hand-written file shrank under us: return what is there
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _fsync(fd: int) -> None:
+    full = getattr(fcntl, "F_FULLFSYNC", None)  # macOS: fsync() alone does not flush the drive's cache
+    if full is not None:
+        try:
+            fcntl.fcntl(fd, full)
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
