@@ -74,10 +74,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reset", type=float, default=0.005, help="P(connection reset before forwarding)")
     p.add_argument("--delay", type=float, default=0.005, help="P(request delayed up to --max-delay)")
     p.add_argument("--max-delay", type=float, default=0.3, help="longest injected delay (s)")
-    p.add_argument("--throttle", type=float, default=0.001, help="P(429 with Retry-After 0-1 s)")
+    p.add_argument("--throttle", type=float, default=0.0003, help="P(429 with Retry-After 0-1 s)")
     p.add_argument("--unavailable", type=float, default=0.003, help="P(503)")
     p.add_argument("--refuse-per-minute", type=float, default=2.0, help="refusal windows (0.05-0.3 s) per minute")
-    p.add_argument("--pause-every", type=float, default=3.0, help="mean seconds between SIGSTOP pauses")
+    p.add_argument("--pause-every", type=float, default=4.0, help="mean seconds between SIGSTOP pauses")
     p.add_argument("--long-pauses", type=float, default=0.3, help="fraction of pauses longer than the ttl")
     p.add_argument("--aimed-pauses", type=float, default=0.6,
                    help="fraction of pauses aimed at a holder in its work or past its final check")
