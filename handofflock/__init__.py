@@ -28,9 +28,12 @@ from .errors import (
 )
 from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest
+from .preemption import PreemptionWatcher
 from .record import LockRecord
 from .repair import ForcedRelease, force_release
 from .scheduler import Scheduler
+from .signal_handlers import SignalHandlers, install_signal_handlers
+from .training import Steps
 
 __version__ = "0.1.0"
 
@@ -43,9 +46,13 @@ __all__ = [
     "HandoffLock",
     "LockRecord",
     "LockStatus",
+    "PreemptionWatcher",
     "ReleaseRequest",
     "Scheduler",
+    "SignalHandlers",
+    "Steps",
     "force_release",
+    "install_signal_handlers",
     "signals",
     "AcquireCancelled",
     "ConfigurationError",

@@ -16,7 +16,7 @@ import secrets
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from . import protocol, signals
 from .clock import Clock
@@ -37,6 +37,9 @@ from .pacing import WriteGate, backoff, gate_for
 from .protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
 from .record import MAX_TTL, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
+
+if TYPE_CHECKING:
+    from .training import Steps
 
 _log_acquire = logging.getLogger("handofflock.acquire")
 _log_renew = logging.getLogger("handofflock.renew")
@@ -259,6 +262,21 @@ class HandoffLock:
             raise LockLost(f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost")
         raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
 
+    def steps(self, iterable: Iterable[T]) -> "Steps[T]":
+        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
+
+        >>> steps = lock.steps(range(start, total))
+        >>> for step in steps:
+        ...     train(step)
+        >>> save_checkpoint(steps.last, fence=lock.token)   # then leave: hands off
+
+        No I/O per step; raises :class:`LockLost` before a step if the lock is
+        no longer safely held. See :class:`handofflock.training.Steps`.
+        """
+        from .training import Steps
+
+        return Steps(self, iterable)
+
     def request_release(
         self, reason: str = "manual", *, requester: str | None = None, deadline: float | None = None
     ) -> None:
@@ -331,7 +349,7 @@ class HandoffLock:
                             generation = self._write(decision, deadline)
                     except PreconditionFailed:
                         with self._io:
-                            record, generation = self._read(deadline)
+                            record, generation = self._read_to_write(deadline)
                         continue
                     record = decision.record
                     if decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
@@ -384,7 +402,7 @@ class HandoffLock:
             for _ in range(5):
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 with self._io:
-                    record, generation = self._read(mono + self.renew_deadline)
+                    record, generation = self._read_to_write(mono + self.renew_deadline)
                 decision = protocol.decide_give_up_wait(record, generation, me=self.owner_id, nonce=new_nonce())
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -492,7 +510,7 @@ class HandoffLock:
                 except PreconditionFailed:
                     attempted = decision
                     try:
-                        record, generation = self._read(deadline)
+                        record, generation = self._read_to_write(deadline)
                     except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
                         self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
                         self._state = IDLE
@@ -592,7 +610,7 @@ class HandoffLock:
                         generation = self._write(decision, self._valid_until, retry=False)
                     except PreconditionFailed:
                         # A waiter registered or refreshed (or we lost it): read and decide again.
-                        record, generation = self._read(self._valid_until, retry=False)
+                        record, generation = self._read_to_write(self._valid_until, retry=False)
                         self._note_waiter(record)
                         continue
                     self._record, self._generation = decision.record, generation
@@ -694,14 +712,30 @@ class HandoffLock:
         data, generation = found
         return LockRecord.decode(data, key=self._key, generation=generation, url=self.url), generation
 
+    def _write_gate(self) -> WriteGate:
+        if self._gate is None:
+            self._gate = gate_for(self._storage, self._key, self.min_write_interval)
+        return self._gate
+
+    def _read_to_write(self, deadline: float | None, *, retry: bool = True) -> tuple[LockRecord | None, int]:
+        """Read for a decision that will likely be written: wait for our write slot first.
+
+        Reading and then waiting out the per-object write spacing would send the
+        write on a generation that has had a second to go stale; against a busy
+        object that can lose every time.
+        """
+        wait = self._write_gate().ready_in(self._clock.monotonic())
+        if wait > 0:
+            self._clock.sleep(wait)  # not cut short by cancel: giving the slot back needs it too
+        return self._read(deadline, retry=retry)
+
     def _write(self, write: Write, deadline: float | None, *, retry: bool = True) -> int:
         """Make one conditional write; resolve a lost reply by looking for our nonce.
 
         Returns the new generation. Raises PreconditionFailed when the record
         moved on (the caller reads and decides again).
         """
-        gate = self._gate or gate_for(self._storage, self._key, self.min_write_interval)
-        self._gate = gate
+        gate = self._write_gate()
         data = write.record.encode()
         delays = _jitter(0)
         maybe_landed = False
@@ -758,7 +792,7 @@ class HandoffLock:
         """Sleep ``delay`` unless that passes ``deadline`` or the acquire is cancelled."""
         if deadline is not None and self._clock.monotonic() + delay >= deadline:
             return False
-        return not self._clock.wait(self._cancel, delay)
+        return not self._clock.wait(self._cancel, delay) and not self._deferred_release
 
     # ------------------------------------------------------------------ re-entrancy
 
@@ -766,8 +800,11 @@ class HandoffLock:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
         depth = getattr(self._tls, "depth", 0)
         if depth and deferrable:
+            # Only a plain assignment: this may run in a signal handler that interrupted
+            # this very thread inside the library, even inside an Event's own lock, so
+            # taking any lock here could deadlock. The outer call acts on the flag (a
+            # blocking acquire sees it after its current poll).
             self._deferred_release = True
-            self._cancel.set()
             return None  # type: ignore[return-value]
         self._tls.depth = depth + 1
         try:

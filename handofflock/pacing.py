@@ -57,6 +57,15 @@ class WriteGate:
             self._next_free = start + self.interval
             return start - now
 
+    def ready_in(self, now: float) -> float:
+        """Seconds until a write could start, without booking it.
+
+        A read whose result decides a write should come after this wait, not
+        before, or the write may go out on a stale generation.
+        """
+        with self._lock:
+            return max(0.0, self._next_free - now)
+
     def throttled(self, retry_after: float | None = None) -> None:
         """The store answered 429: space later writes further apart, starting with the retry."""
         with self._lock:

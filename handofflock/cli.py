@@ -1,0 +1,358 @@
+"""The ``handofflock`` command: look at a lock, hold it around a command, clear it, watch it.
+
+    handofflock status URL [--json]
+    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] -- CMD [ARGS...]
+    handofflock release URL --force [--yes]
+    handofflock watch URL [--interval S] [--json]
+
+Exit codes (also in ``docs/jobs.md``); ``run`` otherwise exits with its
+command's status, ``128+N`` if the command died of signal N:
+
+===  =====================================================================
+0    success
+1    nothing done: ``release --force`` was declined
+2    usage error (bad arguments)
+64   bad lock URL or configuration
+65   the lock record is corrupt (the message says how to clear it)
+69   storage unavailable: missing bucket, no or bad credentials, no access
+70   the lock was lost while ``run``'s command ran (its work was unprotected)
+75   contended: another process is already waiting (one waiter at a time),
+     the lock is held and ``--nonblock`` was given, or the record changed
+     under ``release --force``
+124  ``--timeout`` passed before the lock was acquired
+126  the command could not be executed; 127: it was not found
+128+N  ``run`` was stopped by signal N while it waited for the lock
+===  =====================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from .errors import (
+    ConfigurationError,
+    HandoffLockError,
+    LockContended,
+    LockLost,
+    LockRecordCorrupt,
+    LockTimeout,
+    PreconditionFailed,
+    StorageError,
+    TransientStorageError,
+)
+from .exit_codes import (
+    EXIT_CODES_HELP,
+    EXIT_CONFIG,
+    EXIT_CONTENDED,
+    EXIT_CORRUPT,
+    EXIT_DECLINED,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_STORAGE,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
+from .lock import HandoffLock, LockStatus
+from .record import LockRecord
+from .repair import force_release
+from .runner import CommandRunner, fail as _fail
+from .storage import MAX_RECORD_BYTES, open_url
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``handofflock`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] | None = None
+    if "--" in argv:  # everything after the first "--" is run's command, untouched
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if args.cmd != "run" and command is not None:
+        return _fail("'--' and a command only go with `handofflock run`", EXIT_USAGE)
+    args.command = command
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="handofflock: %(message)s")
+    try:
+        return args.func(args)
+    except LockTimeout as exc:
+        return _fail(str(exc), EXIT_TIMEOUT)
+    except LockContended as exc:
+        return _fail(str(exc), EXIT_CONTENDED)
+    except LockRecordCorrupt as exc:
+        return _fail(str(exc), EXIT_CORRUPT)
+    except ConfigurationError as exc:  # InvalidLockURL included
+        return _fail(str(exc), EXIT_CONFIG)
+    except LockLost as exc:
+        return _fail(str(exc), EXIT_LOST)
+    except TransientStorageError as exc:
+        return _fail(f"{exc} (the store did not answer; try again)", EXIT_STORAGE)
+    except StorageError as exc:
+        return _fail(str(exc), EXIT_STORAGE)
+    except HandoffLockError as exc:
+        return _fail(str(exc), EXIT_DECLINED)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="handofflock",
+        description="Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path).",
+        epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it.")
+    p.add_argument("url")
+    p.add_argument("--json", action="store_true", help="one JSON object with stable keys, for scripts")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "run", help="hold the lock around a command (like flock(1), for a fleet)",
+        usage="handofflock run URL [options] -- CMD [ARGS...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Wait for the lock (as its single waiter), run CMD holding it, release it when CMD exits.\n"
+            "When someone asks for the lock (a waiter, or a signal to this process), CMD gets --signal\n"
+            "and --grace seconds to exit; then it is killed (SIGKILL). The lock is released only after\n"
+            "CMD has exited, handed to the waiter if there is one. TERM, HUP, USR1 and USR2 sent to\n"
+            "this process are passed on to CMD. CMD's environment has HANDOFFLOCK_URL,\n"
+            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID."
+        ),
+        epilog=EXIT_CODES_HELP,
+    )
+    p.add_argument("url")
+    p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
+    p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds CMD has to exit after that signal before SIGKILL (default 30)")
+    p.add_argument("--timeout", type=float, default=None, help="give up waiting for the lock after this many seconds (exit 124)")
+    p.add_argument("-n", "--nonblock", action="store_true", help="do not wait: exit 75 if the lock is held")
+    p.add_argument("--wait-for-slot", action="store_true", help="if another process already waits, wait for its slot instead of exiting 75")
+    p.add_argument("--poll-interval", type=float, default=None,
+                   help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("release", help="clear a stuck or corrupt lock (--force)",
+                       description="Clear the lock from outside with a generation-matched write: "
+                                   "it becomes free and the next acquire takes it. Its holder, if any, "
+                                   "finds out at its next renewal and stops.")
+    p.add_argument("url")
+    p.add_argument("--force", action="store_true", help="required: this overrides whoever holds the lock")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("watch", help="show changes live until Ctrl-C", description="Poll the lock and print a line whenever its holder, waiter or state changes.")
+    p.add_argument("url")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
+    p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    p.set_defaults(func=cmd_watch)
+    return parser
+
+
+# --------------------------------------------------------------------------- status
+
+
+def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
+    """``LockStatus.to_json()`` plus ``state`` and seconds left: the stable shape of ``status --json``."""
+    now = st.read_at if now is None else now
+    doc = st.to_json()
+    doc["state"] = _state(st, now)
+    doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
+    doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
+    return doc
+
+
+def _state(st: LockStatus, now: float) -> str:
+    if not st.exists:
+        return "absent"
+    if st.owner_id is None:
+        return "free"
+    return "held" if st.expires_at is not None and now <= st.expires_at else "expired"
+
+
+def _left(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    left = ts - now
+    when = time.strftime("%H:%M:%S", time.localtime(ts))
+    return f"{left:.1f} s left, until {when}" if left >= 0 else f"ran out {-left:.1f} s ago, at {when}"
+
+
+def status_text(st: LockStatus, now: float | None = None) -> str:
+    now = st.read_at if now is None else now
+    state = _state(st, now)
+    lines = [st.url]
+    if state == "absent":
+        lines.append("  state       absent: no lock object yet (the first acquire creates it)")
+        return "\n".join(lines)
+    owner = {
+        "free": "free: nobody holds it",
+        "held": f"held, lease live ({_left(st.expires_at, now)})",
+        "expired": f"expired: the lease {_left(st.expires_at, now)}; the next acquire takes it",
+    }[state]
+    lines.append(f"  state       {owner}")
+    lines.append(f"  owner       {st.owner_id or '-'}")
+    if st.waiter_id is None:
+        lines.append("  waiter      none")
+    else:
+        live = "live" if st.waiter_live else "gone"
+        lines.append(f"  waiter      {st.waiter_id} ({live}, {_left(st.waiter_expires_at, now)})")
+    lines.append(f"  token       {st.token}")
+    lines.append(f"  generation  {st.generation}")
+    if st.ttl is not None:
+        lines.append(f"  ttl         {st.ttl:g} s")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    lock = HandoffLock(args.url)
+    try:
+        st = lock.status()
+    except LockRecordCorrupt as exc:
+        if args.json:
+            print(json.dumps({"url": lock.url, "state": "corrupt", "error": str(exc)}))
+        raise
+    print(json.dumps(status_json(st)) if args.json else status_text(st))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not args.command:
+        return _fail("nothing to run: usage: handofflock run URL [options] -- CMD [ARGS...]", EXIT_USAGE)
+    return CommandRunner(args).run()
+
+
+# --------------------------------------------------------------------------- release --force
+
+
+def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str], None] = print) -> int:
+    """Describe the lock at ``url``, ask ``confirm(description)``, then :func:`~handofflock.force_release` it.
+
+    The write is matched to the generation that was described, so a lock that
+    moved on while the operator read the description is left alone (exit 75).
+    Returns an exit code.
+    """
+    store, key = open_url(url)
+    found = store.read(key, max_bytes=MAX_RECORD_BYTES)
+    if found is None:
+        say(f"{url}: no lock object; nothing to clear")
+        return EXIT_OK
+    data, generation = found
+    now = time.time()
+    try:
+        record = LockRecord.decode(data, key=key, generation=generation, url=url)
+    except LockRecordCorrupt as exc:
+        what = f"{url} (generation {generation}) is corrupt: {exc.reason}; it will be replaced by a free record"
+    else:
+        if record.owner_id is None and record.waiting_owner_id is None:
+            say(f"{url}: already free; nothing to clear")
+            return EXIT_OK
+        what = f"{url} (generation {generation}) is held by {record.owner_id}"
+        if record.owner_live(now) and record.expires_at is not None:
+            what += (f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
+                     " until its next renewal finds the lock gone; only writes fenced with the token are safe")
+        elif record.owner_id is not None:
+            what += ", whose lease has expired"
+        if record.waiting_owner_id:
+            what += f"; waiter {record.waiting_owner_id} will be dropped too"
+    if not confirm(what):
+        say("nothing done")
+        return EXIT_DECLINED
+    try:
+        result = force_release(url, expected_generation=generation)
+    except PreconditionFailed:
+        return _fail(f"{url} changed while you looked; nothing was written. Run `handofflock status {url}` and try again", EXIT_CONTENDED)
+    if result is None:
+        say(f"{url}: the lock object is gone; nothing to clear")
+    else:
+        say(f"{url}: cleared; the next acquire takes it (the next token is above {result.token})")
+    return EXIT_OK
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    if not args.force:
+        return _fail(
+            "`release` only clears a lock from outside, overriding its holder: add --force. "
+            "(A holder releases by calling release() or leaving its `with` block.)", EXIT_USAGE)
+
+    def confirm(description: str) -> bool:
+        print(description, file=sys.stderr)
+        if args.yes:
+            return True
+        if not sys.stdin or not sys.stdin.isatty():
+            print("handofflock: not a terminal, so not asking: add --yes to clear it", file=sys.stderr)
+            return False
+        try:
+            return input("Clear it? [y/N] ").strip().lower() in ("y", "yes")
+        except EOFError:
+            return False
+
+    return force_clear(args.url, confirm=confirm)
+
+
+# --------------------------------------------------------------------------- watch
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    if not args.interval > 0:
+        raise ConfigurationError(f"--interval must be > 0, got {args.interval}")
+    lock = HandoffLock(args.url)
+    stop_at = None if args.duration is None else time.monotonic() + args.duration
+    last: Any = None
+    if not args.json:
+        print(f"watching {lock.url} every {args.interval:g} s (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            now = time.time()
+            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            try:
+                st = lock.status()
+                doc = status_json(st, now)
+                seen = (doc["state"], st.owner_id, st.waiter_id if st.waiter_live else None, st.token)
+                line = _watch_line(st, doc, now)
+            except LockRecordCorrupt as exc:
+                doc = {"url": lock.url, "state": "corrupt", "error": str(exc)}
+                seen, line = ("corrupt", str(exc)), f"CORRUPT: {exc}"
+            except TransientStorageError as exc:
+                doc = {"url": lock.url, "state": "unreadable", "error": str(exc)}
+                seen, line = ("unreadable",), f"read failed ({exc}); retrying"
+            if seen != last:
+                last = seen
+                print(json.dumps({"time": now, **doc}) if args.json else f"{stamp}  {line}", flush=True)
+            if stop_at is not None and time.monotonic() >= stop_at:
+                return EXIT_OK
+            time.sleep(args.interval if stop_at is None else max(0.0, min(args.interval, stop_at - time.monotonic())))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
+    state = doc["state"]
+    if state == "absent":
+        return "absent (no lock object)"
+    if state == "free":
+        return f"free (token {st.token})"
+    line = f"{state}: {st.owner_id} (token {st.token}, lease {_left(st.expires_at, now)})"
+    if st.waiter_id is not None and st.waiter_live:
+        line += f"; waiter {st.waiter_id}"
+    return line
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""SIGTERM and friends as release requests: :func:`install_signal_handlers`.
+
+The first signal only records a request (``reason="signal"``, the signal's
+name as requester, ``deadline = now + grace``): the training loop sees
+``lock.release_requested`` at its next step, checkpoints and hands the lock
+over. A second signal means "now": the handler hands the lock over itself
+and then lets the signal do what it would have done without us (the previous
+handler runs, the default action kills the process, or SIGINT raises
+:class:`KeyboardInterrupt`).
+
+Grace periods people live with, and what to pass as ``grace`` (leave a few
+seconds for the checkpoint's last write and the release itself):
+
+==========================  ==================================================
+torchrun / torch.elastic     SIGTERM to workers, SIGKILL ~30 s later
+Kubernetes                   SIGTERM, SIGKILL after terminationGracePeriodSeconds
+                             (default 30 s)
+Slurm                        ``--signal=B:USR1@120``: USR1 120 s before the time
+                             limit (``B:`` sends it to the batch shell only);
+                             ``scancel`` sends SIGTERM, SIGKILL after KillWait
+                             (default 30 s)
+GCE spot / preemptible VM    ~30 s between the notice and the stop; ACPI G2
+                             soft-off reaches processes as SIGTERM on shutdown
+                             (see :mod:`handofflock.preemption` to hear it first)
+==========================  ==================================================
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+
+from .errors import ConfigurationError, HandoffLockError
+
+if TYPE_CHECKING:
+    from .lock import HandoffLock
+
+_log = logging.getLogger("handofflock.signals")
+
+#: The signals handled when none are named.
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds promised to the requester after a signal: under the common 30 s before SIGKILL.
+DEFAULT_GRACE = 25.0
+
+SignalLike = Union[int, str, signal.Signals]
+_Handler = Union[Callable[[int, "FrameType | None"], Any], int, None]
+
+
+def parse_signal(value: SignalLike) -> signal.Signals:
+    """``15``, ``"TERM"``, ``"SIGTERM"`` or ``signal.SIGTERM`` -> ``signal.SIGTERM``."""
+    if isinstance(value, signal.Signals):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return signal.Signals(value)
+        except ValueError:
+            raise ConfigurationError(f"{value} is not a signal number on this platform") from None
+    if isinstance(value, str):
+        text = value.strip().upper()
+        if text.isdigit():
+            return parse_signal(int(text))
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        try:
+            return signal.Signals[name]
+        except KeyError:
+            raise ConfigurationError(f"unknown signal {value!r}; use a name like TERM, INT or USR1") from None
+    raise ConfigurationError(f"a signal is a name or a number, got {type(value).__name__}")
+
+
+class SignalHandlers:
+    """What :func:`install_signal_handlers` installed; :meth:`uninstall` puts things back.
+
+    ``signals``: the signals handled; ``skipped``: those left alone because they
+    were ignored (SIG_IGN) when installing; ``received``: names of the signals
+    received so far, in order. Also a context manager that uninstalls on exit.
+    """
+
+    def __init__(self, lock: "HandoffLock", signals: tuple[signal.Signals, ...], grace: float, release_at_exit: bool) -> None:
+        self.lock = lock
+        self.grace = grace
+        self.release_at_exit = release_at_exit
+        self.received: list[str] = []
+        self.skipped: tuple[signal.Signals, ...] = ()
+        self.signals: tuple[signal.Signals, ...] = ()
+        self._previous: dict[signal.Signals, _Handler] = {}
+        self._installed = False
+
+    # -- installing -----------------------------------------------------------
+
+    def _install(self, wanted: tuple[signal.Signals, ...]) -> None:
+        installed, skipped = [], []
+        for signum in wanted:
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN:
+                # Whoever started us asked for this one to be ignored (nohup, `cmd &` in a script).
+                skipped.append(signum)
+                continue
+            self._previous[signum] = previous
+            signal.signal(signum, self._handle)
+            installed.append(signum)
+        self.signals, self.skipped = tuple(installed), tuple(skipped)
+        if self.release_at_exit:
+            atexit.register(self._release_at_exit)
+        self._installed = True
+
+    def uninstall(self) -> None:
+        """Restore the handlers found when installing (and drop the atexit hook). Idempotent.
+
+        A signal whose handler was replaced after ours is left to its new owner.
+        """
+        if not self._installed:
+            return
+        self._installed = False
+        if self.release_at_exit:
+            atexit.unregister(self._release_at_exit)
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) != self._handle:
+                _log.warning("%s's handler was replaced after install_signal_handlers(); leaving it", signum.name)
+                continue
+            # A handler installed from C reads back as None and cannot be restored; default it.
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+
+    def __enter__(self) -> "SignalHandlers":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
+    # -- the handler ----------------------------------------------------------
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        self.received.append(sig.name)
+        if len(self.received) == 1:
+            # Attributes only: no I/O, no lock, whatever the main thread was doing.
+            self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
+            previous = self._previous.get(sig)
+            if _is_python_handler(previous):
+                previous(signum, frame)  # type: ignore[operator]
+            return
+        self._escalate(sig, frame)
+
+    def _escalate(self, sig: signal.Signals, frame: FrameType | None) -> None:
+        """Second signal: hand the lock over now, then behave as if we had never been installed."""
+        previous = self._previous.get(sig)
+        self.uninstall()
+        if self.lock.is_held:
+            try:
+                heir = self.lock.release()
+                _log.warning("second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else "")
+            except HandoffLockError as exc:
+                _log.warning("second %s: could not release %s: %s", sig.name, self.lock.url, exc)
+        if previous is signal.default_int_handler:
+            raise KeyboardInterrupt
+        if _is_python_handler(previous):
+            previous(sig, frame)  # type: ignore[operator]
+            return
+        # SIG_DFL (or a C-level handler we could not keep): the default action, for real.
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+
+    def _release_at_exit(self) -> None:
+        if not self.lock.is_held:
+            return
+        try:
+            heir = self.lock.release()
+            _log.info("released %s at exit%s", self.lock.url, f", handed off to {heir}" if heir else "")
+        except HandoffLockError as exc:
+            _log.warning("could not release %s at exit: %s", self.lock.url, exc)
+
+    def __repr__(self) -> str:
+        names = ",".join(s.name for s in self.signals)
+        return f"<SignalHandlers {names} grace={self.grace} received={self.received}>"
+
+
+def install_signal_handlers(
+    lock: "HandoffLock",
+    signals: Iterable[SignalLike] = DEFAULT_SIGNALS,
+    *,
+    grace: float = DEFAULT_GRACE,
+    release_at_exit: bool = False,
+) -> SignalHandlers:
+    """Turn ``signals`` into release requests on ``lock``; return a handle to undo it.
+
+    >>> handlers = install_signal_handlers(lock, grace=25.0, release_at_exit=True)
+    >>> for step in lock.steps(range(start, total)):   # stops after SIGTERM
+    ...     train(step)
+
+    * First signal: ``lock.request_release("signal", requester="SIGTERM",
+      deadline=now + grace)``, then the handler that was installed before
+      (if it is a Python function) runs too. Nothing else: no I/O, no lock.
+      A request that arrives while ``acquire()`` waits stands once the lock
+      is acquired (``steps()`` then yields nothing).
+    * Second signal (any of them): release the lock now, handing it to the
+      waiter, restore the previous handlers, then re-raise: the previous
+      Python handler runs, SIGINT raises :class:`KeyboardInterrupt`, and
+      any other signal gets its default action (the process ends with it).
+    * A signal ignored (SIG_IGN) at install time stays ignored.
+    * ``release_at_exit=True`` also releases at interpreter exit if the lock
+      is still held (normal exit, ``sys.exit``, an uncaught exception; not a
+      kill by a signal's default action, which is why the second signal
+      releases first).
+
+    Must be called from the main thread: Python runs signal handlers there.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise ConfigurationError("install_signal_handlers() must be called from the main thread (Python runs signal handlers only there)")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0 or not math.isfinite(grace):
+        raise ConfigurationError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
+    wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
+    if not wanted:
+        raise ConfigurationError("install_signal_handlers() needs at least one signal")
+    for sig in wanted:
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigurationError(f"{sig.name} cannot be caught; no process gets a chance to release on it")
+    handlers = SignalHandlers(lock, wanted, float(grace), bool(release_at_exit))
+    handlers._install(wanted)
+    return handlers
+
+
+def _is_python_handler(handler: _Handler) -> bool:
+    """A function to call: not SIG_DFL/SIG_IGN, not None (C-level), not SIGINT's default."""
+    return callable(handler) and handler is not signal.default_int_handler

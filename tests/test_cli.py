@@ -1,0 +1,376 @@
+"""The ``handofflock`` command: in-process through ``main([...])``, and as the real console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
+from handofflock.cli import main
+from handofflock.exit_codes import (
+    EXIT_CONFIG,
+    EXIT_CONTENDED,
+    EXIT_CORRUPT,
+    EXIT_DECLINED,
+    EXIT_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_STORAGE,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
+from handofflock.storage import MemoryStorage, open_url
+from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
+from lockutil import eventually, make_lock, raw_read, raw_write
+
+JOB = Path(__file__).parent / "procs" / "job.py"
+PY = sys.executable
+
+
+@pytest.fixture
+def url():
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    yield f"memory://{name}/locks/train.json"
+    MemoryStorage.forget(name)
+
+
+def quiet_lock(url, owner="trainer-A", **kw):
+    clock = kw.pop("clock", None) or FakeClock(start=time.time())
+    return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=Scheduler(clock, autostart=False), **kw)
+
+
+def put(url, data: bytes):
+    store, key = open_url(url)
+    found = store.read(key)
+    return store.write(key, data, if_generation_match=found[1] if found else 0)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_of_an_absent_lock_says_so(url, capsys):
+    assert main(["status", url]) == 0
+    assert "absent" in capsys.readouterr().out
+
+
+def test_status_names_owner_waiter_token_generation_and_time_left(url, capsys):
+    now = time.time()
+    put(url, LockRecord("trainer-A", now + 42, "trainer-B", now + 50, ttl=60.0, token=1234).encode())
+    assert main(["status", url]) == 0
+    out = capsys.readouterr().out
+    assert "held, lease live (4" in out and "trainer-A" in out
+    assert "trainer-B (live" in out and "1234" in out and "generation" in out
+
+
+def test_status_json_has_stable_keys_for_scripts(url, capsys):
+    now = time.time()
+    gen = put(url, LockRecord("trainer-A", now + 42, None, None, ttl=60.0, token=7).encode())
+    assert main(["status", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {
+        "url", "exists", "generation", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt",
+        "token", "ttl", "readAt", "ownerLive", "waiterLive", "state", "expiresIn", "waiterExpiresIn",
+    }
+    assert (doc["state"], doc["ownerId"], doc["token"], doc["generation"], doc["ownerLive"]) == ("held", "trainer-A", 7, gen, True)
+    assert 40 < doc["expiresIn"] <= 42
+
+
+def test_status_tells_an_expired_lease_from_a_live_one(url, capsys):
+    put(url, LockRecord("gone", time.time() - 5, None, None, token=3).encode())
+    assert main(["status", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "expired"
+    assert main(["status", url]) == 0
+    assert "ran out" in capsys.readouterr().out
+
+
+def test_status_of_a_corrupt_record_says_how_to_clear_it(url, capsys):
+    put(url, b"{not json")
+    assert main(["status", url]) == EXIT_CORRUPT
+    err = capsys.readouterr().err
+    assert "corrupt" in err and f"handofflock release {url} --force" in err
+    assert main(["status", url, "--json"]) == EXIT_CORRUPT
+    assert json.loads(capsys.readouterr().out)["state"] == "corrupt"
+
+
+def test_a_bad_url_is_exit_64_with_the_accepted_forms(capsys):
+    assert main(["status", "ftp://nope/x.json"]) == EXIT_CONFIG
+    assert "gs://bucket/path.json" in capsys.readouterr().err
+
+
+def test_a_storage_failure_is_exit_69_with_the_stores_advice(url, capsys):
+    store, _ = open_url(url)
+    store.faults.fail_next("read", exc=lambda: StorageError("permission denied on bucket 'b': check which account ..."))
+    assert main(["status", url]) == EXIT_STORAGE
+    assert "permission denied" in capsys.readouterr().err
+
+
+def test_usage_errors_are_exit_2(url, capsys):
+    assert main([]) == EXIT_USAGE
+    assert main(["status"]) == EXIT_USAGE
+    assert main(["status", url, "--", "echo"]) == EXIT_USAGE
+    assert main(["run", url]) == EXIT_USAGE
+    assert main(["--help"]) == 0
+    capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- release --force
+
+
+def test_release_needs_force(url, capsys):
+    quiet_lock(url).acquire()
+    assert main(["release", url]) == EXIT_USAGE
+    assert "--force" in capsys.readouterr().err
+    assert raw_read(url)[0].owner_id == "trainer-A"
+
+
+def test_release_force_frees_a_held_lock_moves_the_token_on_and_the_holder_finds_out(url, capsys):
+    clock = FakeClock(start=time.time())
+    holder = quiet_lock(url, clock=clock)
+    holder.acquire()
+    assert main(["release", url, "--force", "--yes"]) == 0
+    err = capsys.readouterr().err
+    assert "held by trainer-A" in err and "LIVE" in err
+    record, _ = raw_read(url)
+    assert record.owner_id is None and record.token > holder.token
+    clock.advance(holder.renew_interval + 0.01)
+    holder._scheduler.run_pending()  # its next renewal sees the lock gone
+    assert not holder.is_held
+    newcomer = make_lock(url, owner_id="trainer-B")
+    assert newcomer.acquire(blocking=False)
+    assert newcomer.token > holder.token
+    newcomer.release()
+
+
+def test_release_force_clears_a_corrupt_record(url, capsys):
+    put(url, b'{"ownerId": 5}')
+    assert main(["release", url, "--force", "--yes"]) == 0
+    assert "corrupt" in capsys.readouterr().err
+    assert main(["status", url]) == 0 and "free" in capsys.readouterr().out
+    newcomer = make_lock(url)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def test_release_force_asks_first_and_does_nothing_without_a_yes(url, capsys, monkeypatch):
+    quiet_lock(url).acquire()
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # not a terminal: it must not guess
+    assert main(["release", url, "--force"]) == EXIT_DECLINED
+    assert "--yes" in capsys.readouterr().err
+    assert raw_read(url)[0].owner_id == "trainer-A"
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    assert main(["release", url, "--force"]) == EXIT_DECLINED
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    assert main(["release", url, "--force"]) == 0
+    assert raw_read(url)[0].owner_id is None
+
+
+def test_release_force_writes_nothing_if_the_lock_moved_on_while_you_looked(url, capsys, monkeypatch):
+    holder = quiet_lock(url)
+    holder.acquire()
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    def renew_while_reading(prompt):
+        record, generation = raw_read(url)  # the holder renews between the description and the answer
+        raw_write(url, record.replace(expires_at=record.expires_at + 30), generation)
+        return "y"
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr("builtins.input", renew_while_reading)
+    assert main(["release", url, "--force"]) == EXIT_CONTENDED
+    assert "changed while you looked" in capsys.readouterr().err
+    assert raw_read(url)[0].owner_id == "trainer-A"
+
+
+def test_release_force_on_nothing_is_a_no_op(url, capsys):
+    assert main(["release", url, "--force", "--yes"]) == 0
+    assert "nothing to clear" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- watch
+
+
+def test_watch_prints_a_line_per_change(url, capsys):
+    def story():
+        a = make_lock(url, owner_id="trainer-A")
+        b = make_lock(url, owner_id="trainer-B")
+        time.sleep(0.3)
+        a.acquire()
+        time.sleep(0.3)
+        t = threading.Thread(target=b.acquire)
+        t.start()
+        time.sleep(0.4)
+        a.release()
+        t.join()
+        time.sleep(0.3)
+        b.release()
+
+    teller = threading.Thread(target=story)
+    teller.start()
+    assert main(["watch", url, "--interval", "0.03", "--duration", "2.5", "--json"]) == 0
+    teller.join()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    seen = [(d["state"], d["ownerId"], d["waitingOwnerId"] if d["waiterLive"] else None) for d in lines]
+    assert seen[0] == ("absent", None, None)
+    assert ("held", "trainer-A", None) in seen and ("held", "trainer-A", "trainer-B") in seen
+    assert ("held", "trainer-B", None) in seen and seen[-1][0] == "free"
+    assert len(seen) == len(set(seen)) or len(seen) < 8, "a line per change, not per read"
+
+
+def test_watch_in_the_console_script_ends_cleanly_on_ctrl_c(shared_url):
+    proc = popen([str(CONSOLE_SCRIPT), "watch", shared_url, "--interval", "0.1"])
+    assert "watching" in proc.stdout.readline()
+    assert "absent" in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+
+
+# --------------------------------------------------------------------------- run, in process
+
+
+def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, capfd):
+    code = "import os, sys; print('token', os.environ['HANDOFFLOCK_TOKEN'], os.environ['HANDOFFLOCK_URL']); sys.exit(7)"
+    assert main(["run", url, "--", PY, "-c", code]) == 7
+    out, err = capfd.readouterr()
+    assert "token " in out and url in out
+    assert "acquired" in err and "exited with 7" in err
+    assert raw_read(url)[0].owner_id is None, "released afterwards"
+
+
+def test_run_reports_a_missing_command_as_127_and_releases(url, capsys):
+    assert main(["run", url, "--", "/no/such/command-here"]) == EXIT_NOT_FOUND
+    assert raw_read(url)[0].owner_id is None
+
+
+def test_run_nonblock_on_a_held_lock_is_contended(url, capsys):
+    quiet_lock(url).acquire()
+    assert main(["run", url, "-n", "-q", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
+    assert "trainer-A" in capsys.readouterr().err
+
+
+def test_run_timeout_is_124(url, capsys):
+    quiet_lock(url).acquire()
+    started = time.monotonic()
+    assert main(["run", url, "-q", "--timeout", "0.5", "--poll-interval", "0.1", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
+    assert time.monotonic() - started < 5
+
+
+def test_run_behind_another_waiter_is_contended(url, capsys):
+    quiet_lock(url).acquire()
+    other = make_lock(url, owner_id="other-waiter", waiter_ttl=30.0)
+    def wait_quietly():
+        try:
+            other.acquire(timeout=3)
+        except AcquireCancelled:
+            pass
+
+    t = threading.Thread(target=wait_quietly, daemon=True)
+    t.start()
+    eventually(lambda: (raw_read(url)[0] or LockRecord()).waiting_owner_id == "other-waiter")
+    assert main(["run", url, "-q", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
+    assert "other-waiter" in capsys.readouterr().err
+    other.cancel()
+    t.join(5)
+
+
+# --------------------------------------------------------------------------- run, end to end
+
+
+def run_cmd(url, name, ckpt, *extra, job_args=()):
+    return [str(CONSOLE_SCRIPT), "run", url, "--ttl", "6", "--poll-interval", "0.2", *extra,
+            "--", PY, str(JOB), name, str(ckpt), *job_args]
+
+
+@pytest.mark.timeout(90)
+def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_url, tmp_path):
+    a = popen(run_cmd(shared_url, "A", tmp_path, "--signal", "USR1", "--grace", "20"))
+    first = a.stdout.readline()
+    assert first.startswith("A start 0 token"), first + a.stderr.read()
+    token_a = int(first.split()[-1])
+    b = popen(run_cmd(shared_url, "B", tmp_path, job_args=["--steps", "5"]))
+    out_a, err_a = a.communicate(timeout=60)
+    assert a.returncode == 0, err_a
+    assert "asks for" in err_a and "sending SIGUSR1" in err_a and "handed" in err_a
+    done_a = int(out_a.split("checkpointed ")[1].split()[0])
+    assert "on SIGUSR1" in out_a
+    out_b, err_b = b.communicate(timeout=60)
+    assert b.returncode == 0, err_b
+    start_b, token_b = out_b.split()[2], int(out_b.split()[4])
+    assert int(start_b) == done_a + 1, (out_a, out_b)
+    assert token_b > token_a
+    assert "waiting for" in err_b
+
+
+@pytest.mark.timeout(90)
+def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lock_moves_on(shared_url, tmp_path):
+    a = popen(run_cmd(shared_url, "A", tmp_path, "--grace", "1", job_args=["--ignore-signals"]))
+    assert a.stdout.readline().startswith("A start")
+    b = popen(run_cmd(shared_url, "B", tmp_path, job_args=["--steps", "1"]))
+    out_a, err_a = a.communicate(timeout=60)
+    assert a.returncode == 128 + signal.SIGKILL, err_a
+    assert "did not exit within 1 s; killing it" in err_a
+    out_b, err_b = b.communicate(timeout=60)
+    assert b.returncode == 0 and out_b.startswith("B start 0"), err_b
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_run_is_passed_on_and_the_lock_released_when_the_command_exits(shared_url, tmp_path):
+    a = popen(run_cmd(shared_url, "A", tmp_path, job_args=["--exit", "0"]))
+    assert a.stdout.readline().startswith("A start")
+    a.send_signal(signal.SIGTERM)
+    out, err = a.communicate(timeout=30)
+    assert a.returncode == 0, err
+    assert "on SIGTERM" in out and "passing SIGTERM on to" in err
+    assert HandoffLock(shared_url).status().owner_id is None
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_a_waiting_run_stops_it_and_gives_the_slot_back(shared_url, tmp_path):
+    # Renewals far apart: on GCS a waiter's give-up write waits out the 1 s write spacing after
+    # its read, and an owner renewing every second wins that race every time (see the report).
+    holder = make_lock(shared_url, owner_id="holder", ttl=30.0, renew_interval=10.0, renew_deadline=20.0)
+    holder.acquire()
+    try:
+        w = popen(run_cmd(shared_url, "W", tmp_path))
+        eventually(lambda: HandoffLock(shared_url).status().waiter_live, timeout=20, what="the run registered as waiter")
+        w.send_signal(signal.SIGTERM)
+        out, err = w.communicate(timeout=30)
+        assert w.returncode == 128 + signal.SIGTERM, err
+        assert "stopped by SIGTERM while waiting" in err and out == ""
+        assert HandoffLock(shared_url).status().waiter_id is None
+    finally:
+        holder.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_lost_under_run_stops_the_command_and_exits_70(shared_url, tmp_path):
+    a = popen([str(CONSOLE_SCRIPT), "run", shared_url, "--ttl", "3", "--grace", "10", "--",
+               PY, str(JOB), "A", str(tmp_path)])
+    assert a.stdout.readline().startswith("A start")
+    assert main(["release", shared_url, "--force", "--yes"]) == 0
+    out, err = a.communicate(timeout=30)
+    assert a.returncode == EXIT_LOST, err
+    assert "LOST" in err and "on SIGTERM" in out
+
+
+def test_the_console_script_reports_status(shared_url):
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "status", shared_url, "--json"], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["state"] == "absent"

@@ -1,0 +1,238 @@
+"""install_signal_handlers(): real signals, sent to this process and to child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+
+from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
+from handofflock.signal_handlers import DEFAULT_GRACE, install_signal_handlers, parse_signal
+from handofflock.storage import MemoryStorage
+from jobsutil import shared_url  # noqa: F401
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+
+
+@pytest.fixture
+def restore_signals():
+    """Put every handler this test may touch back as it was."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@pytest.fixture
+def store_name():
+    name = f"sig-{uuid.uuid4().hex[:8]}"
+    yield name
+    MemoryStorage.forget(name)
+
+
+def held_lock(store_name, owner="owner"):
+    """A held lock whose background duties run only when the test says so."""
+    clock = FakeClock()
+    lock = HandoffLock(f"memory://{store_name}/lock.json", ttl=60.0, owner_id=owner, clock=clock,
+                       scheduler=Scheduler(clock, autostart=False))
+    lock.acquire()
+    return lock
+
+
+def send(sig):
+    """Send ``sig`` to this process and let Python run its handler."""
+    signal.raise_signal(sig)
+
+
+def test_the_first_signal_only_records_who_asked_and_by_when(store_name, restore_signals):
+    lock = held_lock(store_name)
+    store = MemoryStorage.named(store_name)
+    handlers = install_signal_handlers(lock, [signal.SIGUSR1], grace=12.5)
+    calls_before = dict(store.calls)
+    before = time.time()
+    send(signal.SIGUSR1)
+    assert lock.release_requested
+    request = lock.release_request
+    assert (request.reason, request.requester) == ("signal", "SIGUSR1")
+    assert before + 12.5 <= request.deadline <= time.time() + 12.5
+    assert lock.is_held, "the first signal must not release"
+    assert dict(store.calls) == calls_before, "the handler must do no storage I/O"
+    assert handlers.received == ["SIGUSR1"]
+    handlers.uninstall()
+    lock.release()
+
+
+def test_the_previous_python_handler_runs_after_the_request_is_recorded(store_name, restore_signals):
+    lock = held_lock(store_name)
+    seen = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append((signum, lock.release_requested)))
+    handlers = install_signal_handlers(lock, ["USR1"])
+    send(signal.SIGUSR1)
+    assert seen == [(signal.SIGUSR1, True)]
+    handlers.uninstall()
+    lock.release()
+
+
+def test_uninstall_puts_the_previous_handlers_back(store_name, restore_signals):
+    lock = held_lock(store_name)
+    mine = lambda signum, frame: None  # noqa: E731
+    signal.signal(signal.SIGUSR1, mine)
+    before_int = signal.getsignal(signal.SIGINT)
+    with install_signal_handlers(lock, ["USR1", "INT"]) as handlers:
+        assert signal.getsignal(signal.SIGUSR1) == handlers._handle
+        assert signal.getsignal(signal.SIGINT) == handlers._handle
+    assert signal.getsignal(signal.SIGUSR1) is mine
+    assert signal.getsignal(signal.SIGINT) is before_int
+    handlers.uninstall()  # idempotent
+    lock.release()
+
+
+def test_an_ignored_signal_stays_ignored(store_name, restore_signals):
+    lock = held_lock(store_name)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    handlers = install_signal_handlers(lock, ["USR2", "USR1"])
+    assert handlers.skipped == (signal.SIGUSR2,) and handlers.signals == (signal.SIGUSR1,)
+    send(signal.SIGUSR2)
+    assert not lock.release_requested
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+    handlers.uninstall()
+    lock.release()
+
+
+def test_a_second_sigint_hands_the_lock_over_and_raises_keyboard_interrupt(store_name, restore_signals):
+    lock = held_lock(store_name)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    handlers = install_signal_handlers(lock)
+    send(signal.SIGINT)  # first: a request, no KeyboardInterrupt
+    assert lock.is_held and lock.release_requested
+    with pytest.raises(KeyboardInterrupt):
+        send(signal.SIGINT)
+    assert not lock.is_held
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert handlers.received == ["SIGINT", "SIGINT"]
+    assert lock.status().owner_id is None, "released: the record names no owner"
+
+
+def test_a_second_signal_of_another_kind_also_escalates_and_chains(store_name, restore_signals):
+    lock = held_lock(store_name)
+    seen = []
+    signal.signal(signal.SIGUSR1, lambda s, f: seen.append(("usr1", lock.is_held)))
+    signal.signal(signal.SIGUSR2, lambda s, f: seen.append(("usr2", lock.is_held)))
+    install_signal_handlers(lock, ["USR1", "USR2"])
+    send(signal.SIGUSR1)
+    send(signal.SIGUSR2)
+    assert seen == [("usr1", True), ("usr2", False)], "the previous handler runs after the release"
+    assert not lock.is_held
+
+
+def test_arguments_are_checked_before_anything_is_installed(store_name, restore_signals):
+    lock = held_lock(store_name)
+    with pytest.raises(ConfigurationError, match="grace"):
+        install_signal_handlers(lock, grace=-1)
+    with pytest.raises(ConfigurationError, match="cannot be caught"):
+        install_signal_handlers(lock, ["KILL"])
+    with pytest.raises(ConfigurationError, match="unknown signal"):
+        install_signal_handlers(lock, ["NOPE"])
+    errors = []
+    t = threading.Thread(target=lambda: _capture(errors, lambda: install_signal_handlers(lock)))
+    t.start()
+    t.join()
+    assert errors and "main thread" in str(errors[0])
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    lock.release()
+
+
+def _capture(errors, fn):
+    try:
+        fn()
+    except ConfigurationError as exc:
+        errors.append(exc)
+
+
+def test_parse_signal_accepts_names_numbers_and_members():
+    assert parse_signal("TERM") is signal.SIGTERM
+    assert parse_signal("sigusr1") is signal.SIGUSR1
+    assert parse_signal(15) is signal.SIGTERM
+    assert parse_signal("2") is signal.SIGINT
+    assert parse_signal(signal.SIGHUP) is signal.SIGHUP
+    assert 0 < DEFAULT_GRACE < 30
+
+
+# --------------------------------------------------------------------------- child processes
+
+CHILD = textwrap.dedent(
+    """
+    import itertools, signal, sys, time
+    from handofflock import HandoffLock, signals
+    from handofflock.signal_handlers import install_signal_handlers
+
+    url, mode = sys.argv[1], sys.argv[2]
+    lock = HandoffLock(url, ttl=30.0, owner_id="child")
+    signals.released.connect(lambda sender, **kw: print("released token", kw["token"], flush=True), weak=False)
+    lock.acquire()
+    install_signal_handlers(lock, grace=7.0, release_at_exit=(mode == "atexit"))
+    print("holding token", lock.token, flush=True)
+    if mode == "atexit":
+        sys.exit(3)                       # leaves without releasing; the atexit hook does it
+    steps = lock.steps(itertools.count())
+    for step in steps:
+        time.sleep(0.02)
+    r = lock.release_request
+    print("asked by", r.requester, "grace", round(r.deadline - r.requested_at, 1), "after step", steps.last, flush=True)
+    if mode == "checkpoint":
+        print("checkpointed step", steps.last, flush=True)
+        lock.release()
+        sys.exit(0)
+    time.sleep(60)                        # a slow checkpoint: the second signal must end it
+    """
+)
+
+
+def run_child(tmp_path, url, mode):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = subprocess.Popen([sys.executable, str(script), url, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert first.startswith("holding token"), first + proc.stderr.read()
+    return proc
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_a_child_makes_it_checkpoint_release_and_exit_cleanly(tmp_path, shared_url):
+    proc = run_child(tmp_path, shared_url, "checkpoint")
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "asked by SIGTERM grace 7.0" in out
+    assert out.index("checkpointed step") < out.index("released token")
+    assert HandoffLock(shared_url).status().owner_id is None
+
+
+@pytest.mark.timeout(60)
+def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
+    proc = run_child(tmp_path, shared_url, "slow")
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline().startswith("asked by SIGTERM")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "released token" in out
+    assert HandoffLock(shared_url).status().owner_id is None
+
+
+@pytest.mark.timeout(60)
+def test_release_at_exit_releases_a_lock_left_held(tmp_path, shared_url):
+    proc = run_child(tmp_path, shared_url, "atexit")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err
+    assert "released token" in out
+    assert HandoffLock(shared_url).status().owner_id is None
