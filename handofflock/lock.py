@@ -751,8 +751,14 @@ class HandoffLock:
                 gate.succeeded()
                 return generation
             except PreconditionFailed:
-                if maybe_landed:
-                    landed = self._find_own_write(write)
+                if maybe_landed:  # our own earlier attempt may be what moved the generation
+                    while True:  # only a read can tell; a failed one is no answer, so read again
+                        try:
+                            landed = self._find_own_write(write)
+                            break
+                        except TransientStorageError:
+                            if not retry or not self._sleep_before_retry(next(delays), deadline):
+                                raise
                     if landed is not None:
                         return landed
                 raise
