@@ -55,7 +55,15 @@ def write_resolving(
             generation = storage.write(key, data, if_generation_match=if_generation_match)
         except PreconditionFailed:
             if maybe_landed:  # our own earlier attempt may be what moved the generation
-                landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                while True:  # only a read can tell; a failed one is no answer, so read again
+                    try:
+                        landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                        break
+                    except TransientStorageError:
+                        delay = next(delays)
+                        if deadline is not None and clock.monotonic() + delay >= deadline:
+                            raise
+                        clock.sleep(delay)
                 if landed is not None:
                     return landed
             raise
