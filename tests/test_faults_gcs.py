@@ -429,6 +429,40 @@ def test_a_release_whose_reply_was_lost_is_not_reported_lost_when_another_proces
     assert a.named("lost") == []
 
 
+@pytest.mark.gcs
+def test_a_lost_reply_whose_read_backs_fail_too_is_still_resolved_within_the_deadline(actor, bucket):
+    """The create's reply is lost and the next two reads are reset: the retry of the create gets 412
+    (against itself), and the read-back that would tell fails once more. That is still a transient
+    failure with time left: the lock must read again, find its nonce and hold the lock, not give up
+    with a TransientStorageError while its create sits in the store naming it."""
+    a = actor("A")
+    drop = a.proxy.inject("drop_reply", method="POST")
+    a.proxy.inject("reset", method="GET", times=2, when=lambda ex: drop.fired)
+    assert a.lock.acquire(timeout=5)
+    created = dropped(a)
+    assert a.lock.token == created.token and raw_read(url(bucket))[0].nonce == created.nonce
+    assert [ex.status for _, ex in a.writes()] == [None, 412]
+    assert a.named("lost") == []
+
+
+@pytest.mark.gcs
+def test_a_fenced_write_whose_reply_and_read_backs_are_lost_lands_once(actor, bucket):
+    """The same for a FencedObject append (fencing's write_resolving): the entry is in the object
+    exactly once and append() returns, instead of failing after ~0.1 s of its 30 s timeout with an
+    outcome the caller cannot know."""
+    from handofflock.fencing import FencedObject
+
+    a = actor("A")
+    assert a.lock.acquire()
+    journal = FencedObject.beside(a.lock, "journal.json")
+    journal.append({"n": 1})
+    drop = a.proxy.inject("drop_reply", method="POST", path="/upload/", body=b'"n":2')
+    a.proxy.inject("reset", method="GET", path="journal.json", times=2, when=lambda ex: drop.fired)
+    journal.append({"n": 2})
+    assert drop.fired == 1
+    assert FencedObject(GCSStorage(bucket), "locks/journal.json").read().payload == [{"n": 1}, {"n": 2}]
+
+
 # --------------------------------------------------------------------------- throttling and unavailability
 
 
