@@ -145,14 +145,17 @@ class Run:
                 with open(self.dir / f"{name}.stderr", "wb") as err:
                     self.procs[name] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
             threads = [threading.Thread(target=t, daemon=True) for t in (self.pauser, self.sampler, self.archiver)]
-            for t in threads:
-                t.start()
-            self.wait_until(started + a.duration)
-            self.done.set()
-            for t in threads:
-                t.join(30)
-            proxy.clear()  # no faults while the workers wind down
-            exits = self.stop_workers()
+            try:
+                for t in threads:
+                    t.start()
+                self.wait_until(started + a.duration)
+            finally:  # interrupted or not, no worker is left frozen or running
+                self.done.set()
+                for t in threads:
+                    if t.ident is not None:
+                        t.join(30)
+                proxy.clear()  # no faults while the workers wind down
+                exits = self.stop_workers()
             self.archive_once(final=True)
             proxy_stats = proxy.stats()
         elapsed = time.time() - started
@@ -304,6 +307,7 @@ class Run:
             "ok": ok,
             "command": " ".join([Path(sys.executable).name, "scripts/torture.py", *sys.argv[1:]]),
             "seed": a.seed,
+            "commit": _commit(),
             "config": {
                 "workers": a.workers, "seconds": a.duration, "ttl": a.ttl, "renew_interval": a.ttl / 10,
                 "renew_deadline": a.ttl / 2, "max_clock_skew": a.skew, "waiter_poll_interval": a.poll,
@@ -368,8 +372,24 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str | None:
+    """The checkout's commit (with "+dirty" if it has changes), to say what was tortured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def _exit_on_sigterm(*_: object) -> None:
+    raise SystemExit(143)  # unwinds the with-blocks: workers, proxy and emulator are stopped
+
+
 def main(argv: list[str]) -> int:
     a = parse(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     print(f"torture: {a.workers} workers for {a.duration:.0f} s, seed {a.seed}", flush=True)
     if a.dir:
         a.dir.mkdir(parents=True, exist_ok=True)
