@@ -52,11 +52,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlsplit
 
-__all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule"]
+from ._http11 import Buffer, Closed, multipart_data, parse_reply_head, parse_request_head, with_connection_close
+
+__all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule", "multipart_data"]
 
 _HOST = "127.0.0.1"
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-_MAX_HEAD = 64 * 1024
 _IO_TIMEOUT = 60.0  # no read from a peer blocks longer than this
 
 #: Every fault the proxy can inject.
@@ -71,10 +72,6 @@ _ANSWERS = {
     "403": (403, "Forbidden", "forbidden",
             "injected@faultproxy does not have storage.objects.create access (injected by FaultProxy)."),
 }
-
-
-class _Closed(Exception):
-    """The peer closed the connection (cleanly, between messages)."""
 
 
 @dataclass
@@ -436,7 +433,7 @@ class FaultProxy:
         with self._mutex:
             self._conns[id(client)] = (client, state)
         upstream: socket.socket | None = None
-        cbuf = _Buffer(client)
+        cbuf = Buffer(client)
         try:
             while not self._stop.is_set():
                 with self._mutex:  # atomic with refuse_connections() collecting idle connections
@@ -445,25 +442,25 @@ class FaultProxy:
                     state[0] = True
                 try:
                     head = cbuf.read_head()
-                except _Closed:
+                except Closed:
                     return
                 state[0] = False
-                method, target, headers, request_head = _parse_request_head(head)
-                body = cbuf.read_body(headers, is_request=True)
+                method, target, headers, request_head = parse_request_head(head)
+                body = cbuf.read_body(headers)
                 ex = _exchange(method, target, headers, body)
                 kind, rule = self._decide(ex)
                 keep_alive = headers.get("connection", "").lower() != "close"
 
                 if kind in ("429", "503", "403"):
-                    self._count(ex, answered=True)
+                    self._count(answered=True)
                     ex.status = int(kind)
                     close = self._replying(state, not keep_alive)
-                    client.sendall(_error_reply(kind, rule, self._chaos_retry_after(kind, rule), close))
+                    client.sendall(_error_reply(kind, self._chaos_retry_after(kind, rule), close))
                     if close:
                         return
                     continue
                 if kind == "reset":
-                    self._count(ex)
+                    self._count()
                     _reset(client)
                     return
                 if kind == "delay":
@@ -473,12 +470,12 @@ class FaultProxy:
                 if upstream is None:
                     upstream = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    ubuf = _Buffer(upstream)
+                    ubuf = Buffer(upstream)
                 upstream.sendall(request_head + body)
                 reply_head = ubuf.read_head()
-                status, reply_headers = _parse_reply_head(reply_head)
+                status, reply_headers = parse_reply_head(reply_head)
                 reply_body, upstream_done = ubuf.read_reply_body(reply_headers, status, method)
-                self._count(ex, forwarded=True)
+                self._count(forwarded=True)
                 if upstream_done or reply_headers.get("connection", "").lower() == "close":
                     upstream.close()
                     upstream = None
@@ -488,11 +485,11 @@ class FaultProxy:
                 ex.status = status
                 close = self._replying(state, not keep_alive or upstream_done)
                 if close:
-                    reply_head = _with_connection_close(reply_head)
+                    reply_head = with_connection_close(reply_head)
                 client.sendall(reply_head + reply_body)
                 if close:
                     return
-        except (OSError, _Closed, ValueError):
+        except (OSError, Closed, ValueError):
             return  # a peer went away or spoke garbage: drop the connection
         finally:
             with self._mutex:
@@ -528,7 +525,7 @@ class FaultProxy:
             self.history.append(ex)
             return ex.fault, rule
 
-    def _count(self, ex: Exchange, *, forwarded: bool = False, answered: bool = False) -> None:
+    def _count(self, *, forwarded: bool = False, answered: bool = False) -> None:
         with self._mutex:
             self._stats.forwarded += forwarded
             self._stats.answered += answered
@@ -563,120 +560,6 @@ class FaultProxy:
             return round(chaos.rng.uniform(*chaos.retry_after), 1) if chaos else None
 
 
-# --------------------------------------------------------------------------- HTTP/1.1, just enough
-
-
-class _Buffer:
-    """Buffered reads from a socket: a message head, then a body by its framing."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = b""
-
-    def _fill(self) -> bool:
-        chunk = self.sock.recv(256 * 1024)
-        if not chunk:
-            return False
-        self.buf += chunk
-        return True
-
-    def read_head(self) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head, self.buf = self.buf[: end + 4], self.buf[end + 4 :]
-                return head
-            if len(self.buf) > _MAX_HEAD:
-                raise ValueError("message head too large")
-            if not self._fill():
-                if self.buf:
-                    raise ValueError("connection closed in the middle of a message head")
-                raise _Closed()
-
-    def read_exact(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            if not self._fill():
-                raise ValueError("connection closed in the middle of a body")
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
-
-    def read_line(self) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n")
-            if end >= 0:
-                line, self.buf = self.buf[: end + 2], self.buf[end + 2 :]
-                return line
-            if len(self.buf) > _MAX_HEAD or not self._fill():
-                raise ValueError("bad chunked framing")
-
-    def read_chunked(self) -> bytes:
-        """The raw chunked body (framing kept, so it is relayed as it came)."""
-        out = []
-        while True:
-            line = self.read_line()
-            out.append(line)
-            size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-            if size == 0:
-                while True:  # trailers, up to the empty line
-                    trailer = self.read_line()
-                    out.append(trailer)
-                    if trailer == b"\r\n":
-                        return b"".join(out)
-            out.append(self.read_exact(size + 2))
-
-    def read_body(self, headers: dict[str, str], *, is_request: bool) -> bytes:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return self.read_chunked()
-        length = headers.get("content-length")
-        if length is not None:
-            return self.read_exact(int(length))
-        return b""
-
-    def read_reply_body(self, headers: dict[str, str], status: int, method: str) -> tuple[bytes, bool]:
-        """The reply body, and whether the upstream connection is finished (read to its end)."""
-        if method == "HEAD" or 100 <= status < 200 or status in (204, 304):
-            return b"", False
-        if "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" in headers:
-            return self.read_body(headers, is_request=False), False
-        while self._fill():  # no framing: the body runs to the end of the connection
-            pass
-        data, self.buf = self.buf, b""
-        return data, True
-
-
-def _parse_headers(lines: list[bytes]) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            continue
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep:
-            raise ValueError(f"bad header line {line!r}")
-        headers[name.strip().lower()] = value.strip()
-    return headers
-
-
-def _parse_request_head(head: bytes) -> tuple[str, str, dict[str, str], bytes]:
-    lines = head[:-4].split(b"\r\n")
-    parts = lines[0].decode("latin-1").split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x request line: {lines[0]!r}")
-    return parts[0].upper(), parts[1], _parse_headers(lines[1:]), head
-
-
-def _parse_reply_head(head: bytes) -> tuple[int, dict[str, str]]:
-    lines = head[:-4].split(b"\r\n")
-    parts = lines[0].decode("latin-1").split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x status line: {lines[0]!r}")
-    return int(parts[1]), _parse_headers(lines[1:])
-
-
-def _with_connection_close(head: bytes) -> bytes:
-    lines = [line for line in head[:-4].split(b"\r\n") if not line.lower().startswith(b"connection:")]
-    return b"\r\n".join(lines + [b"Connection: close"]) + b"\r\n\r\n"
-
-
 def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) -> Exchange:
     parts = urlsplit(target)
     return Exchange(
@@ -689,7 +572,7 @@ def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) ->
     )
 
 
-def _error_reply(kind: str, rule: Rule | None, retry_after: float | None, close: bool) -> bytes:
+def _error_reply(kind: str, retry_after: float | None, close: bool) -> bytes:
     status, reason, why, message = _ANSWERS[kind]
     body = json.dumps(
         {"error": {"code": status, "message": message, "errors": [{"message": message, "domain": "global", "reason": why}]}}
@@ -704,23 +587,6 @@ def _error_reply(kind: str, rule: Rule | None, retry_after: float | None, close:
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def multipart_data(body: bytes, content_type: str) -> bytes | None:
-    """The last part of a ``multipart/related`` body (an upload's object bytes), or None."""
-    marker = "boundary="
-    if "multipart/" not in content_type or marker not in content_type:
-        return None
-    boundary = content_type.split(marker, 1)[1].split(";", 1)[0].strip().strip('"').encode()
-    parts = body.split(b"--" + boundary)
-    data_parts = [p for p in parts[1:] if not p.startswith(b"--")]
-    if not data_parts:
-        return None
-    last = data_parts[-1]
-    _, sep, payload = last.partition(b"\r\n\r\n")
-    if not sep:
-        return None
-    return payload[:-2] if payload.endswith(b"\r\n") else payload
 
 
 def _reset(sock: socket.socket) -> None:
