@@ -58,6 +58,20 @@ __all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule", "multipart_data"]
 
 _HOST = "127.0.0.1"
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+@contextlib.contextmanager
+def emulator_env(url: str) -> Iterator[None]:
+    """Set ``STORAGE_EMULATOR_HOST`` to ``url`` inside the block, then restore it."""
+    previous = os.environ.get(_EMULATOR_ENV)
+    os.environ[_EMULATOR_ENV] = url
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(_EMULATOR_ENV, None)
+        else:
+            os.environ[_EMULATOR_ENV] = previous
 _IO_TIMEOUT = 60.0  # no read from a peer blocks longer than this
 
 #: Every fault the proxy can inject.
@@ -194,15 +208,8 @@ class FaultProxy:
         A ``GCSStorage`` remembers the emulator host it was created under, so
         stores made inside the block keep talking through the proxy after it.
         """
-        previous = os.environ.get(_EMULATOR_ENV)
-        os.environ[_EMULATOR_ENV] = self.url
-        try:
+        with emulator_env(self.url):
             yield self
-        finally:
-            if previous is None:
-                os.environ.pop(_EMULATOR_ENV, None)
-            else:
-                os.environ[_EMULATOR_ENV] = previous
 
     # -- lifecycle ------------------------------------------------------------
 

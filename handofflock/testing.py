@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from .faultproxy import FaultProxy
+from .faultproxy import FaultProxy, emulator_env
 
 __all__ = ["FakeGCSServer", "FaultProxy"]
 
@@ -146,15 +146,8 @@ class FakeGCSServer:
     @contextlib.contextmanager
     def env(self) -> Iterator["FakeGCSServer"]:
         """Set ``STORAGE_EMULATOR_HOST`` to this server inside the block, then restore it."""
-        previous = os.environ.get(_EMULATOR_ENV)
-        os.environ[_EMULATOR_ENV] = self.url
-        try:
+        with emulator_env(self.url):
             yield self
-        finally:
-            if previous is None:
-                os.environ.pop(_EMULATOR_ENV, None)
-            else:
-                os.environ[_EMULATOR_ENV] = previous
 
     def create_bucket(self, name: str) -> None:
         """Create a bucket (the emulator accepts any project)."""
