@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from . import protocol, signals
+from .cas import write_resolving
 from .clock import Clock
 from .errors import (
     AcquireCancelled,
@@ -34,7 +35,7 @@ from .errors import (
     TransientStorageError,
 )
 from .pacing import WriteGate, backoff, gate_for
-from .protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
+from .protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
 from .record import MAX_TTL, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
 
@@ -735,64 +736,20 @@ class HandoffLock:
         Returns the new generation. Raises PreconditionFailed when the record
         moved on (the caller reads and decides again).
         """
-        gate = self._write_gate()
-        data = write.record.encode()
-        delays = _jitter(0)
-        maybe_landed = False
-        failed: TransientStorageError | None = None
-        while True:
-            wait = gate.reserve(self._clock.monotonic())
-            if wait > 0:
-                if failed is not None and deadline is not None and self._clock.monotonic() + wait >= deadline:
-                    raise failed  # a 429 spaced the retry past the deadline
-                self._clock.sleep(wait)
-            try:
-                generation = self._storage.write(self._key, data, if_generation_match=write.if_generation_match)
-                gate.succeeded()
-                return generation
-            except PreconditionFailed:
-                if maybe_landed:  # our own earlier attempt may be what moved the generation
-                    while True:  # only a read can tell; a failed one is no answer, so read again
-                        try:
-                            landed = self._find_own_write(write)
-                            break
-                        except TransientStorageError:
-                            if not retry or not self._sleep_before_retry(next(delays), deadline):
-                                raise
-                    if landed is not None:
-                        return landed
-                raise
-            except TransientStorageError as exc:
-                failed = exc
-                if exc.status == 429:
-                    gate.throttled(exc.retry_after)
-                if exc.ambiguous:
-                    maybe_landed = True
-                    try:
-                        landed = self._find_own_write(write)
-                    except TransientStorageError:
-                        landed = None
-                    if landed is not None:
-                        return landed
-                if not retry or not self._sleep_before_retry(next(delays), deadline):
-                    raise
+        nonce = write.record.nonce
 
-    def _find_own_write(self, write: Write) -> int | None:
-        """After an ambiguous failure: did our write land? Our nonce in the record says so."""
-        found = self._storage.read(self._key, max_bytes=MAX_RECORD_BYTES)
-        if found is None:
-            return None
-        data, generation = found
-        try:
-            record = LockRecord.decode(data, key=self._key, generation=generation, url=self.url)
-        except LockRecordCorrupt:
-            return None
-        if record.nonce == write.record.nonce:
+        def is_ours(data: bytes) -> bool:
+            return LockRecord.decode(data, key=self._key, url=self.url).nonce == nonce
+
+        generation, read_back = write_resolving(
+            self._storage, self._key, write.record.encode(),
+            if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
+            deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), retry=retry,
+            sleep=lambda delay: self._sleep_before_retry(delay, None),
+        )
+        if read_back is not None:
             _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
-            return generation
-        if generation != write.if_generation_match:
-            raise PreconditionFailed(self._key, write.if_generation_match, url=self.url)
-        return None
+        return generation
 
     def _sleep_before_retry(self, delay: float, deadline: float | None) -> bool:
         """Sleep ``delay`` unless that passes ``deadline`` or the acquire is cancelled."""

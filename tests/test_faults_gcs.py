@@ -15,13 +15,15 @@ such fault, for every transition:
   bytes, nonce included, and fails its precondition against itself);
 * no false LockLost, no double handoff, no lost waiter.
 
-Without the read-back (``HandoffLock._find_own_write`` answering "not landed")
+Without the read-back (``handofflock.cas._landed`` answering "not landed")
 every one of these tests fails on the first point at least; the docstrings say
 what else would break. ``test_..._catches_a_lock_without_the_read_back`` runs
 the scenarios on such a lock to prove it.
 """
 
 from __future__ import annotations
+
+from handofflock import cas
 
 import threading
 import time
@@ -332,7 +334,7 @@ def test_a_write_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries
 def test_each_scenario_catches_a_lock_without_the_read_back(transition, actor, bucket, monkeypatch):
     """The scenarios above are not vacuous: on a lock that never reads back a write whose reply was
     lost, each of them fails."""
-    monkeypatch.setattr(HandoffLock, "_find_own_write", lambda self, write: None)
+    monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes: None)
     with pytest.raises(AssertionError) as info:
         SCENARIOS[transition](actor, bucket)
     print(f"[{transition}] without the read-back: {str(info.value).splitlines()[0]}")
