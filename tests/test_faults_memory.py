@@ -24,7 +24,7 @@ from __future__ import annotations
 from handofflock import cas
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import pytest
