@@ -1,7 +1,8 @@
 """One conditional write that survives lost replies and transient errors.
 
-Used by the modules beside the lock (``fencing.py``, ``repair.py``); ``lock.py``
-has its own loop, tied to its state. A write whose reply is lost (a timeout or
+Every conditional write of the library goes through here: the lock's own
+(``lock.py``) and those of the modules beside it (``fencing.py``,
+``repair.py``). A write whose reply is lost (a timeout or
 reset after the request went out) may or may not have been applied, and a retry
 would fail its precondition against its own result. So every write carries a
 nonce the caller can recognise in the stored bytes, and after an ambiguous
@@ -34,6 +35,8 @@ def write_resolving(
     deadline: float | None,
     max_bytes: int,
     gate: WriteGate | None = None,
+    retry: bool = True,
+    sleep: Callable[[float], bool] | None = None,
 ) -> tuple[int, bytes | None]:
     """Write ``data`` if the object is at ``if_generation_match``; return ``(generation, read_back)``.
 
@@ -41,25 +44,50 @@ def write_resolving(
     back that proved it landed (they may be a later write that kept our nonce in
     view: compare them with ``data`` before trusting ``generation`` as ours).
     Transient errors are retried with backoff until ``deadline`` (monotonic);
-    the last one is raised after it. Raises :class:`PreconditionFailed` when the
-    object moved on, and any permanent :class:`StorageError` at once.
+    the last one is raised after it. With ``retry=False`` the first transient
+    error is raised (after one read-back if the write may have landed).
+    ``sleep(seconds)`` waits between retries and returns False to stop early
+    (a cancelled acquire); the default just sleeps. Raises
+    :class:`PreconditionFailed` when the object moved on, and any permanent
+    :class:`StorageError` at once.
     """
     delays = backoff(base=0.1, cap=2.0)
     maybe_landed = False
+    failed: TransientStorageError | None = None
+
+    def pause() -> bool:
+        """Sleep before the next try; False when there is no next try."""
+        delay = next(delays)
+        if not retry or (deadline is not None and clock.monotonic() + delay >= deadline):
+            return False
+        if sleep is None:
+            clock.sleep(delay)
+            return True
+        return sleep(delay)
+
     while True:
         if gate is not None:
             wait = gate.reserve(clock.monotonic())
             if wait > 0:
+                if failed is not None and deadline is not None and clock.monotonic() + wait >= deadline:
+                    raise failed  # a 429 spaced the retry past the deadline
                 clock.sleep(wait)
         try:
             generation = storage.write(key, data, if_generation_match=if_generation_match)
         except PreconditionFailed:
             if maybe_landed:  # our own earlier attempt may be what moved the generation
-                landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                while True:  # only a read can tell; a failed one is no answer, so read again
+                    try:
+                        landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                        break
+                    except TransientStorageError:
+                        if not pause():
+                            raise
                 if landed is not None:
                     return landed
             raise
         except TransientStorageError as exc:
+            failed = exc
             if exc.status == 429 and gate is not None:
                 gate.throttled(exc.retry_after)
             if exc.ambiguous:
@@ -70,10 +98,8 @@ def write_resolving(
                     landed = None  # cannot tell yet; the retry's precondition will
                 if landed is not None:
                     return landed
-            delay = next(delays)
-            if deadline is not None and clock.monotonic() + delay >= deadline:
+            if not pause():
                 raise
-            clock.sleep(delay)
         else:
             if gate is not None:
                 gate.succeeded()

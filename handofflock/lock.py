@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from . import protocol, signals
+from .cas import write_resolving
 from .clock import Clock
 from .errors import (
     AcquireCancelled,
@@ -34,7 +35,7 @@ from .errors import (
     TransientStorageError,
 )
 from .pacing import WriteGate, backoff, gate_for
-from .protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
+from .protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
 from .record import MAX_TTL, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
 
@@ -330,6 +331,10 @@ class HandoffLock:
                 record, generation = self._read(deadline)
             while True:
                 last = record or last
+                if blocking and not waiting and record is not None and record.waiting_owner_id == self.owner_id and record.owner_id != self.owner_id:
+                    # Our registration landed though we could not confirm it (its reply was lost and
+                    # the record moved on before we read it back): we are the waiter all the same.
+                    waiting = self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
                     record, generation, me=self.owner_id, now=wall,
@@ -353,9 +358,7 @@ class HandoffLock:
                         self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
                         return True
                     if not waiting:
-                        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
-                        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
-                    waiting = True
+                        waiting = self._now_waiting(record)
                 elif isinstance(decision, Contended):
                     if not blocking:
                         return self._not_acquired()
@@ -381,6 +384,11 @@ class HandoffLock:
             if self._state == WAITING:
                 self._state = IDLE
             raise
+
+    def _now_waiting(self, record: LockRecord) -> bool:
+        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
+        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
+        return True
 
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back."""
@@ -749,54 +757,20 @@ class HandoffLock:
         Returns the new generation. Raises PreconditionFailed when the record
         moved on (the caller reads and decides again).
         """
-        gate = self._write_gate()
-        data = write.record.encode()
-        delays = _jitter(0)
-        maybe_landed = False
-        while True:
-            wait = gate.reserve(self._clock.monotonic())
-            if wait > 0:
-                self._clock.sleep(wait)
-            try:
-                generation = self._storage.write(self._key, data, if_generation_match=write.if_generation_match)
-                gate.succeeded()
-                return generation
-            except PreconditionFailed:
-                if maybe_landed:
-                    landed = self._find_own_write(write)
-                    if landed is not None:
-                        return landed
-                raise
-            except TransientStorageError as exc:
-                if exc.status == 429:
-                    gate.throttled(exc.retry_after)
-                if exc.ambiguous:
-                    maybe_landed = True
-                    try:
-                        landed = self._find_own_write(write)
-                    except TransientStorageError:
-                        landed = None
-                    if landed is not None:
-                        return landed
-                if not retry or not self._sleep_before_retry(next(delays), deadline):
-                    raise
+        nonce = write.record.nonce
 
-    def _find_own_write(self, write: Write) -> int | None:
-        """After an ambiguous failure: did our write land? Our nonce in the record says so."""
-        found = self._storage.read(self._key, max_bytes=MAX_RECORD_BYTES)
-        if found is None:
-            return None
-        data, generation = found
-        try:
-            record = LockRecord.decode(data, key=self._key, generation=generation, url=self.url)
-        except LockRecordCorrupt:
-            return None
-        if record.nonce == write.record.nonce:
+        def is_ours(data: bytes) -> bool:
+            return LockRecord.decode(data, key=self._key, url=self.url).nonce == nonce
+
+        generation, read_back = write_resolving(
+            self._storage, self._key, write.record.encode(),
+            if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
+            deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), retry=retry,
+            sleep=lambda delay: self._sleep_before_retry(delay, None),
+        )
+        if read_back is not None:
             _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
-            return generation
-        if generation != write.if_generation_match:
-            raise PreconditionFailed(self._key, write.if_generation_match, url=self.url)
-        return None
+        return generation
 
     def _sleep_before_retry(self, delay: float, deadline: float | None) -> bool:
         """Sleep ``delay`` unless that passes ``deadline`` or the acquire is cancelled."""

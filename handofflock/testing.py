@@ -9,9 +9,13 @@
 ...     server.create_bucket("locks")
 ...     store, key = open_url("gs://locks/train.json")
 
-It is independent of pytest, so benchmarks and torture scripts can use it too.
-Know its limits before trusting a test that passes on it: see ``docs/storage.md``
-("Know the emulator").
+:class:`FaultProxy` (from :mod:`handofflock.faultproxy`) goes between a client
+and the emulator and injects faults: refused connections, delays, resets,
+requests applied whose reply is lost, 429/503/403 answers.
+
+Both are independent of pytest, so benchmarks and torture scripts can use them
+too. Know the emulator's limits before trusting a test that passes on it: see
+``docs/storage.md`` ("Know the emulator").
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["FakeGCSServer"]
+from .faultproxy import FaultProxy, emulator_env
+
+__all__ = ["FakeGCSServer", "FaultProxy"]
 
 _HOST = "127.0.0.1"  # never anything else: the emulator has no authentication
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
@@ -140,15 +146,8 @@ class FakeGCSServer:
     @contextlib.contextmanager
     def env(self) -> Iterator["FakeGCSServer"]:
         """Set ``STORAGE_EMULATOR_HOST`` to this server inside the block, then restore it."""
-        previous = os.environ.get(_EMULATOR_ENV)
-        os.environ[_EMULATOR_ENV] = self.url
-        try:
+        with emulator_env(self.url):
             yield self
-        finally:
-            if previous is None:
-                os.environ.pop(_EMULATOR_ENV, None)
-            else:
-                os.environ[_EMULATOR_ENV] = previous
 
     def create_bucket(self, name: str) -> None:
         """Create a bucket (the emulator accepts any project)."""

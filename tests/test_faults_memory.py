@@ -21,8 +21,10 @@ simulated time and runs the scheduler, so the interleavings are deterministic.
 
 from __future__ import annotations
 
+from handofflock import cas
+
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import pytest
@@ -279,27 +281,27 @@ def test_every_transition_survives_a_lost_reply_or_a_failed_write(world, transit
     transition(world, fault)
 
 
-def _retry_blindly(self: HandoffLock, write: object) -> None:
-    """``_find_own_write`` with the nonce check removed: never recognises its own write."""
+def _retry_blindly(storage, key, expected, is_ours, max_bytes):
+    """``cas._landed`` with the nonce check removed: never recognises its own write."""
     return None
 
 
-def _trust_blindly(self: HandoffLock, write: object) -> int:
+def _trust_blindly(storage, key, expected, is_ours, max_bytes):
     """The opposite mistake: an ambiguous write is assumed to have landed."""
-    found = self._storage.read(self._key)
-    return found[1] if found else 1
+    found = storage.read(key)
+    return (found[1], found[0]) if found else (1, b"")
 
 
 @pytest.mark.parametrize("transition", TRANSITIONS, ids=lambda t: t.__name__)
 def test_without_the_nonce_check_a_lost_reply_breaks_every_transition(world, transition, monkeypatch):
-    monkeypatch.setattr(HandoffLock, "_find_own_write", _retry_blindly)
+    monkeypatch.setattr(cas, "_landed", _retry_blindly)
     with pytest.raises((AssertionError, HandoffLockError)):
         transition(world, LOST_REPLY)
 
 
 @pytest.mark.parametrize("transition", TRANSITIONS, ids=lambda t: t.__name__)
 def test_trusting_an_ambiguous_write_breaks_every_transition(world, transition, monkeypatch):
-    monkeypatch.setattr(HandoffLock, "_find_own_write", _trust_blindly)
+    monkeypatch.setattr(cas, "_landed", _trust_blindly)
     with pytest.raises((AssertionError, HandoffLockError)):
         transition(world, FAILED_AMBIGUOUS)
 

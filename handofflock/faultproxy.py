@@ -1,0 +1,619 @@
+"""A fault-injecting HTTP/1.1 proxy for 127.0.0.1, to put between a GCS client and an emulator.
+
+A lock is only as good as its behaviour when the network misbehaves, and the
+interesting failures are the ones a mock cannot produce: a write that reached
+the server and was applied while its reply was lost. :class:`FaultProxy` sits
+between google-cloud-storage (or anything else speaking HTTP/1.1) and
+fake-gcs-server, forwards requests one by one (keep-alive aware), and on
+request injects one of these faults:
+
+==============  ==============================================================
+``refuse``      connections are refused for a while (the listener is closed):
+                the client knows nothing was sent
+``delay``       the request is held back before it is forwarded
+``reset``       the request is read, then the connection is reset; nothing is
+                forwarded (the client cannot tell it was not applied)
+``drop_reply``  the request is forwarded and applied, the reply is read from
+                upstream and thrown away, and the connection is reset
+``429``         answered by the proxy: too many requests, with ``Retry-After``
+``503``         answered by the proxy: service unavailable (not forwarded)
+``403``         answered by the proxy: permission denied (a permanent error)
+==============  ==============================================================
+
+Faults are scheduled programmatically: :meth:`FaultProxy.inject` for the next
+N requests that match a method, a path substring, a body substring or a
+predicate; :meth:`FaultProxy.chaos` for random faults drawn from a seeded RNG;
+:meth:`FaultProxy.refuse_connections` for a refusal window. Everything is
+counted (:meth:`FaultProxy.stats`) and the recent exchanges are kept
+(:attr:`FaultProxy.history`).
+
+>>> from handofflock.testing import FakeGCSServer, FaultProxy
+>>> with FakeGCSServer() as gcs, FaultProxy(gcs.url) as proxy, proxy.env():
+...     gcs.create_bucket("locks")
+...     proxy.inject("drop_reply", method="POST")      # the next write lands, its reply is lost
+...     lock = HandoffLock("gs://locks/a.json")          # talks to the emulator through the proxy
+
+The proxy only listens on 127.0.0.1, runs as daemon threads of the calling
+process, and stops itself after ``lifetime`` seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import random
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qsl, urlsplit
+
+from ._http11 import Buffer, Closed, multipart_data, parse_reply_head, parse_request_head, with_connection_close
+
+__all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule", "multipart_data"]
+
+_HOST = "127.0.0.1"
+_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+@contextlib.contextmanager
+def emulator_env(url: str) -> Iterator[None]:
+    """Set ``STORAGE_EMULATOR_HOST`` to ``url`` inside the block, then restore it."""
+    previous = os.environ.get(_EMULATOR_ENV)
+    os.environ[_EMULATOR_ENV] = url
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(_EMULATOR_ENV, None)
+        else:
+            os.environ[_EMULATOR_ENV] = previous
+_IO_TIMEOUT = 60.0  # no read from a peer blocks longer than this
+
+#: Every fault the proxy can inject.
+FAULT_KINDS = ("refuse", "delay", "reset", "drop_reply", "429", "503", "403")
+#: The faults that act on one request (``refuse`` acts on connections).
+REQUEST_FAULTS = ("delay", "reset", "drop_reply", "429", "503", "403")
+
+_ANSWERS = {
+    "429": (429, "Too Many Requests", "rateLimitExceeded",
+            "The object exceeded the rate limit for object mutation operations (injected by FaultProxy)."),
+    "503": (503, "Service Unavailable", "backendError", "Backend Error (injected by FaultProxy)."),
+    "403": (403, "Forbidden", "forbidden",
+            "injected@faultproxy does not have storage.objects.create access (injected by FaultProxy)."),
+}
+
+
+@dataclass
+class Exchange:
+    """One request as the proxy saw it, and what became of it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: bytes
+    content_type: str
+    started: float
+    fault: str | None = None
+    status: int | None = None  # the status the client got; None if it got no reply
+
+    def upload_data(self) -> bytes | None:
+        """For a multipart upload: the object's bytes (the second part). Else None."""
+        return multipart_data(self.body, self.content_type)
+
+
+@dataclass
+class Rule:
+    """Inject ``kind`` into the next ``times`` requests that match (see :meth:`FaultProxy.inject`)."""
+
+    kind: str
+    method: str | None = None
+    path: str | None = None
+    body: bytes | None = None
+    when: Callable[[Exchange], bool] | None = None
+    times: int = 1
+    delay: float = 0.0
+    retry_after: float | None = None
+    fired: int = 0
+
+    def matches(self, ex: Exchange) -> bool:
+        if self.fired >= self.times:
+            return False
+        if self.method is not None and ex.method != self.method.upper():
+            return False
+        if self.path is not None and self.path not in ex.path:
+            return False
+        if self.body is not None and self.body not in ex.body:
+            return False
+        return self.when is None or bool(self.when(ex))
+
+    @property
+    def spent(self) -> bool:
+        return self.fired >= self.times
+
+
+@dataclass
+class _Chaos:
+    rng: random.Random
+    rates: dict[str, float]
+    method: str | None
+    path: str | None
+    delay: tuple[float, float]
+    retry_after: tuple[float, float]
+    refuse_rate: float
+    refuse_window: tuple[float, float]
+
+
+@dataclass
+class _Stats:
+    connections: int = 0
+    requests: int = 0
+    forwarded: int = 0
+    answered: int = 0  # answered by the proxy itself (429/503/403)
+    faults: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULT_KINDS})
+    refused_seconds: float = 0.0
+
+
+class FaultProxy:
+    """A fault-injecting HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream``.
+
+    ``upstream`` is ``http://127.0.0.1:PORT`` (or ``127.0.0.1:PORT``). ``seed``
+    seeds the RNG used by :meth:`chaos`. The proxy stops itself after
+    ``lifetime`` seconds; ``history`` exchanges are kept for inspection.
+    Thread-safe. No sockets are opened until :meth:`start`.
+    """
+
+    def __init__(self, upstream: str, *, seed: int | None = None, lifetime: float = 3600.0, history: int = 10_000) -> None:
+        parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"upstream must be http://HOST:PORT, got {upstream!r}")
+        if parts.hostname not in (_HOST, "localhost"):
+            raise ValueError(f"the proxy only forwards to loopback, not {parts.hostname!r}")
+        if not lifetime > 0:
+            raise ValueError(f"lifetime must be > 0, got {lifetime}")
+        self.upstream = (_HOST, parts.port)
+        self.lifetime = float(lifetime)
+        self.port: int | None = None
+        self._seed = seed
+        self.history: collections.deque[Exchange] = collections.deque(maxlen=history)
+        self._rules: list[Rule] = []
+        self._chaos: _Chaos | None = None
+        self._stats = _Stats()
+        self._mutex = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._placeholder = False  # the listener is a bound, non-listening socket (refusing)
+        self._listener_changed = threading.Condition(self._mutex)
+        self._refused_until = 0.0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._conns: dict[int, tuple[socket.socket, list[bool]]] = {}  # id -> (socket, [idle])
+
+    # -- addresses ------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``: the value for ``STORAGE_EMULATOR_HOST``."""
+        if self.port is None:
+            raise RuntimeError("the fault proxy is not running; call start() first")
+        return f"http://{_HOST}:{self.port}"
+
+    @contextlib.contextmanager
+    def env(self) -> Iterator["FaultProxy"]:
+        """Point ``STORAGE_EMULATOR_HOST`` at the proxy inside the block, then restore it.
+
+        A ``GCSStorage`` remembers the emulator host it was created under, so
+        stores made inside the block keep talking through the proxy after it.
+        """
+        with emulator_env(self.url):
+            yield self
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> "FaultProxy":
+        if self._listener is not None or self._stop.is_set():
+            raise RuntimeError("a FaultProxy can be started once")
+        listener = _listening_socket(0)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        self._spawn(self._accept_loop, "accept")
+        self._spawn(self._lifetime_watch, "lifetime")
+        return self
+
+    def stop(self) -> None:
+        """Close the listener and every connection. Idempotent."""
+        self._stop.set()
+        with self._mutex:
+            listener, self._listener = self._listener, None
+            conns = [s for s, _ in self._conns.values()]
+            self._listener_changed.notify_all()
+        if listener is not None:
+            listener.close()
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(2.0)
+
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- scheduling faults ----------------------------------------------------
+
+    def inject(
+        self,
+        kind: str,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        body: bytes | str | None = None,
+        when: Callable[[Exchange], bool] | None = None,
+        times: int = 1,
+        delay: float = 0.0,
+        retry_after: float | None = None,
+    ) -> Rule:
+        """Inject ``kind`` into the next ``times`` requests matching every criterion given.
+
+        ``method`` is compared exactly, ``path`` and ``body`` as substrings,
+        ``when`` is called with the :class:`Exchange`. ``delay`` is the pause of
+        a ``delay`` fault; ``retry_after`` the header of a ``429`` or ``503``.
+        Rules are tried in the order they were added; the first that matches fires.
+        Returns the rule: ``rule.fired`` counts its firings.
+        """
+        if kind not in REQUEST_FAULTS:
+            raise ValueError(f"unknown request fault {kind!r}; choose from {REQUEST_FAULTS} (refuse: refuse_connections())")
+        if kind == "delay" and not delay > 0:
+            raise ValueError("a delay fault needs delay > 0")
+        rule = Rule(kind, method, path, body.encode() if isinstance(body, str) else body, when, times, delay, retry_after)
+        with self._mutex:
+            self._rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        """Drop every scheduled rule and stop chaos."""
+        with self._mutex:
+            self._rules.clear()
+            self._chaos = None
+
+    def chaos(
+        self,
+        rates: dict[str, float],
+        *,
+        seed: int | None = None,
+        method: str | None = None,
+        path: str | None = None,
+        delay: tuple[float, float] = (0.05, 1.0),
+        retry_after: tuple[float, float] = (0.0, 1.0),
+        refuse_window: tuple[float, float] = (0.05, 0.5),
+    ) -> None:
+        """Inject random faults: ``rates`` maps a fault kind to its probability per request.
+
+        ``refuse`` is a rate per second instead: refusal windows of
+        ``refuse_window`` seconds start at random. ``method``/``path`` restrict
+        which requests may be hit. The RNG is seeded with ``seed`` (or the
+        proxy's seed), so the sequence of draws is reproducible; which request
+        gets which draw depends on the order requests arrive in.
+        """
+        unknown = set(rates) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; choose from {FAULT_KINDS}")
+        per_request = {k: float(v) for k, v in rates.items() if k != "refuse" and v > 0}
+        if sum(per_request.values()) > 1:
+            raise ValueError("the per-request fault probabilities add up to more than 1")
+        chaos = _Chaos(
+            random.Random(self._seed if seed is None else seed), per_request, method and method.upper(), path,
+            delay, retry_after, float(rates.get("refuse", 0.0)), refuse_window,
+        )
+        with self._mutex:
+            self._chaos = chaos
+        if chaos.refuse_rate > 0:
+            self._spawn(lambda: self._refusal_loop(chaos), "refusals")
+
+    def refuse_connections(self, seconds: float) -> None:
+        """Refuse new connections for ``seconds`` (the listener is closed), starting now.
+
+        Idle keep-alive connections are closed, and replies sent during the
+        window carry ``Connection: close``, so a client's next request needs a
+        new connection and is refused. Requests on connections already busy
+        are served.
+        """
+        if not seconds > 0:
+            raise ValueError("seconds must be > 0")
+        with self._mutex:
+            if self._listener is None:
+                return
+            now = time.monotonic()
+            self._stats.faults["refuse"] += 1
+            self._stats.refused_seconds += max(0.0, now + seconds - max(now, self._refused_until))
+            self._refused_until = max(self._refused_until, now + seconds)
+            self._close_listener_locked()
+            idle = [s for s, state in self._conns.values() if state[0]]
+        for sock in idle:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    # -- what happened ----------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counts so far: connections, requests, forwarded, answered, faults by kind."""
+        with self._mutex:
+            s = self._stats
+            return {
+                "connections": s.connections,
+                "requests": s.requests,
+                "forwarded": s.forwarded,
+                "answered": s.answered,
+                "faults": dict(s.faults),
+                "refused_seconds": round(s.refused_seconds, 3),
+            }
+
+    def exchanges(self, method: str | None = None, path: str | None = None) -> list[Exchange]:
+        """The kept exchanges, optionally only those with ``method`` and ``path`` in their path."""
+        with self._mutex:
+            return [
+                e for e in self.history
+                if (method is None or e.method == method.upper()) and (path is None or path in e.path)
+            ]
+
+    def __repr__(self) -> str:
+        where = self.url if self.port is not None and not self._stop.is_set() else "stopped"
+        return f"FaultProxy({where} -> {self.upstream[0]}:{self.upstream[1]})"
+
+    # -- internals: listening ---------------------------------------------------
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=f"faultproxy-{name}", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
+
+    def _lifetime_watch(self) -> None:
+        if not self._stop.wait(self.lifetime):
+            self.stop()
+
+    def _close_listener_locked(self) -> None:
+        """Swap the listener for a bound, non-listening placeholder: connections get refused."""
+        if self._listener is None or self._placeholder:
+            return
+        assert self.port is not None
+        placeholder = _bound_socket(self.port)  # keeps the port ours while nobody listens
+        old, self._listener, self._placeholder = self._listener, placeholder, True
+        # shutdown() stops a Linux listener at once and wakes a thread blocked in
+        # accept(); close() alone would leave it listening until that thread returns.
+        with contextlib.suppress(OSError):
+            old.shutdown(socket.SHUT_RD)
+        old.close()
+        self._listener_changed.notify_all()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._mutex:
+                listener = self._listener
+                if listener is None:
+                    return
+                if self._placeholder:
+                    left = self._refused_until - time.monotonic()
+                    if left > 0:
+                        self._listener_changed.wait(min(left, 0.2))
+                        continue
+                    assert self.port is not None
+                    fresh = _listening_socket(self.port)
+                    self._listener, self._placeholder = fresh, False
+                    listener.close()
+                    listener = fresh
+            try:
+                listener.settimeout(0.2)
+                conn, _ = listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            conn.settimeout(_IO_TIMEOUT)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._mutex:
+                self._stats.connections += 1
+            self._spawn(lambda c=conn: self._serve(c), "conn")
+
+    def _refusal_loop(self, chaos: _Chaos) -> None:
+        while not self._stop.is_set():
+            with self._mutex:
+                if self._chaos is not chaos:
+                    return
+                gap = chaos.rng.expovariate(chaos.refuse_rate)
+                window = chaos.rng.uniform(*chaos.refuse_window)
+            if self._stop.wait(gap):
+                return
+            with self._mutex:
+                if self._chaos is not chaos:
+                    return
+            self.refuse_connections(window)
+
+    # -- internals: one client connection ----------------------------------------
+
+    def _serve(self, client: socket.socket) -> None:
+        state = [True]  # idle between requests
+        with self._mutex:
+            self._conns[id(client)] = (client, state)
+        upstream: socket.socket | None = None
+        cbuf = Buffer(client)
+        try:
+            while not self._stop.is_set():
+                with self._mutex:  # atomic with refuse_connections() collecting idle connections
+                    if self._refusing():
+                        return
+                    state[0] = True
+                try:
+                    head = cbuf.read_head()
+                except Closed:
+                    return
+                state[0] = False
+                method, target, headers, request_head = parse_request_head(head)
+                body = cbuf.read_body(headers)
+                ex = _exchange(method, target, headers, body)
+                kind, rule = self._decide(ex)
+                keep_alive = headers.get("connection", "").lower() != "close"
+
+                if kind in ("429", "503", "403"):
+                    self._count(answered=True)
+                    ex.status = int(kind)
+                    close = self._replying(state, not keep_alive)
+                    client.sendall(_error_reply(kind, self._chaos_retry_after(kind, rule), close))
+                    if close:
+                        return
+                    continue
+                if kind == "reset":
+                    self._count()
+                    _reset(client)
+                    return
+                if kind == "delay":
+                    pause = rule.delay if rule is not None else self._chaos_delay()
+                    if self._stop.wait(pause):
+                        return
+                if upstream is None:
+                    upstream = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
+                    upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    ubuf = Buffer(upstream)
+                upstream.sendall(request_head + body)
+                reply_head = ubuf.read_head()
+                status, reply_headers = parse_reply_head(reply_head)
+                reply_body, upstream_done = ubuf.read_reply_body(reply_headers, status, method)
+                self._count(forwarded=True)
+                if upstream_done or reply_headers.get("connection", "").lower() == "close":
+                    upstream.close()
+                    upstream = None
+                if kind == "drop_reply":
+                    _reset(client)  # applied upstream; the client never hears of it
+                    return
+                ex.status = status
+                close = self._replying(state, not keep_alive or upstream_done)
+                if close:
+                    reply_head = with_connection_close(reply_head)
+                client.sendall(reply_head + reply_body)
+                if close:
+                    return
+        except (OSError, Closed, ValueError):
+            return  # a peer went away or spoke garbage: drop the connection
+        finally:
+            with self._mutex:
+                self._conns.pop(id(client), None)
+            with contextlib.suppress(OSError):
+                client.close()
+            if upstream is not None:
+                with contextlib.suppress(OSError):
+                    upstream.close()
+
+    def _decide(self, ex: Exchange) -> tuple[str | None, Rule | None]:
+        with self._mutex:
+            self._stats.requests += 1
+            for rule in self._rules:
+                if rule.matches(ex):
+                    rule.fired += 1
+                    ex.fault = rule.kind
+                    break
+            else:
+                rule = None
+            self._rules = [r for r in self._rules if not r.spent]
+            if ex.fault is None and self._chaos is not None:
+                chaos = self._chaos
+                if (chaos.method is None or ex.method == chaos.method) and (chaos.path is None or chaos.path in ex.path):
+                    draw = chaos.rng.random()
+                    for kind, p in chaos.rates.items():
+                        if draw < p:
+                            ex.fault = kind
+                            break
+                        draw -= p
+            if ex.fault is not None:
+                self._stats.faults[ex.fault] += 1
+            self.history.append(ex)
+            return ex.fault, rule
+
+    def _count(self, *, forwarded: bool = False, answered: bool = False) -> None:
+        with self._mutex:
+            self._stats.forwarded += forwarded
+            self._stats.answered += answered
+
+    def _replying(self, state: list[bool], close: bool) -> bool:
+        """About to send a reply: whether to close after it; else the connection counts as idle.
+
+        Idle from before the reply is sent, not after: a client may send its next
+        request the moment it has the reply, and a refusal window starting then
+        must already find this connection idle and close it.
+        """
+        with self._mutex:
+            close = close or self._refusing()
+            state[0] = not close
+            return close
+
+    def _refusing(self) -> bool:
+        return time.monotonic() < self._refused_until
+
+    def _chaos_delay(self) -> float:
+        with self._mutex:
+            chaos = self._chaos
+            return chaos.rng.uniform(*chaos.delay) if chaos else 0.0
+
+    def _chaos_retry_after(self, kind: str, rule: Rule | None) -> float | None:
+        if rule is not None:
+            return rule.retry_after
+        if kind == "403":
+            return None
+        with self._mutex:
+            chaos = self._chaos
+            return round(chaos.rng.uniform(*chaos.retry_after), 1) if chaos else None
+
+
+def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) -> Exchange:
+    parts = urlsplit(target)
+    return Exchange(
+        method=method,
+        path=parts.path,
+        query=dict(parse_qsl(parts.query, keep_blank_values=True)),
+        body=body,
+        content_type=headers.get("content-type", ""),
+        started=time.time(),
+    )
+
+
+def _error_reply(kind: str, retry_after: float | None, close: bool) -> bytes:
+    status, reason, why, message = _ANSWERS[kind]
+    body = json.dumps(
+        {"error": {"code": status, "message": message, "errors": [{"message": message, "domain": "global", "reason": why}]}}
+    ).encode()
+    lines = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: application/json; charset=UTF-8",
+        f"Content-Length: {len(body)}",
+    ]
+    if retry_after is not None and kind in ("429", "503"):
+        lines.append(f"Retry-After: {retry_after:g}")
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), the way a dropped connection looks to a client."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+def _bound_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # SO_REUSEPORT lets the placeholder and the next listener hold the port in
+    # turn, so nothing else can take it during a refusal window.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((_HOST, port))
+    return sock
+
+
+def _listening_socket(port: int) -> socket.socket:
+    sock = _bound_socket(port)
+    sock.listen(128)
+    return sock

@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Torture the lock: N processes contend through a fault-injecting proxy while being frozen at random.
+
+    python scripts/torture.py --seconds 40               # a short run (part of the test suite)
+    python scripts/torture.py --minutes 10 --json out.json
+
+Starts fake-gcs-server (FakeGCSServer) and a FaultProxy in front of it, then
+``--workers`` processes (``scripts/torture_worker.py``) that acquire the lock,
+claim a fenced journal, append their critical section to it and release, over
+and over, each on a clock offset by up to ``--skew``/2. Meanwhile:
+
+* the proxy injects every fault it knows, at the given rates: requests applied
+  whose reply is lost, resets, delays, 429s, 503s, refused connections;
+* a pauser freezes workers with SIGSTOP (some pauses longer than the ttl),
+  half of them aimed at a worker inside its critical section;
+* a sampler records the lock object's history, and an archiver moves the
+  journal's entries out of the fenced object (one generation-matched write
+  that keeps the fence fields) so the object stays small.
+
+When the time is up the workers are stopped and ``scripts/torture_check.py``
+checks the journal, the workers' logs and the lock's history. Prints a summary,
+writes ``--json``, and exits 1 on any violation (0 otherwise).
+
+The emulator run uses ``--min-write-interval 0``: real GCS allows about one
+write per second per object, which would cap the run at a fraction of a
+critical section per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torture_check  # noqa: E402
+
+from handofflock.storage.gcs import GCSStorage  # noqa: E402
+from handofflock.testing import FakeGCSServer, FaultProxy  # noqa: E402
+
+BUCKET = "torture"
+LOCK_KEY = "torture/lock.json"
+JOURNAL_KEY = "torture/journal.json"
+WORKING, WRITING = 3, 4  # torture_worker's phases
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=8)
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--seconds", type=float)
+    length.add_argument("--minutes", type=float)
+    p.add_argument("--seed", type=int, default=None, help="default: random (printed, and in the JSON)")
+    p.add_argument("--ttl", type=float, default=1.0, help="lease (s); renew every ttl/10, renew_deadline ttl/2")
+    p.add_argument("--skew", type=float, default=0.2, help="max_clock_skew (s); worker clocks are offset within ±skew/2")
+    p.add_argument("--poll", type=float, default=0.02, help="waiter_poll_interval (s)")
+    p.add_argument("--work-ms", type=float, default=5.0, help="mean work inside a critical section (ms)")
+    p.add_argument("--unchecked", type=float, default=0.3, help="fraction of sections that skip check() before writing")
+    p.add_argument("--min-write-interval", type=float, default=0.0)
+    p.add_argument("--drop", type=float, default=0.01, help="P(request applied, reply lost)")
+    p.add_argument("--reset", type=float, default=0.005, help="P(connection reset before forwarding)")
+    p.add_argument("--delay", type=float, default=0.005, help="P(request delayed up to --max-delay)")
+    p.add_argument("--max-delay", type=float, default=0.3, help="longest injected delay (s)")
+    p.add_argument("--throttle", type=float, default=0.0003, help="P(429 with Retry-After 0-1 s)")
+    p.add_argument("--unavailable", type=float, default=0.003, help="P(503)")
+    p.add_argument("--refuse-per-minute", type=float, default=2.0, help="refusal windows (0.05-0.3 s) per minute")
+    p.add_argument("--pause-every", type=float, default=4.0, help="mean seconds between SIGSTOP pauses")
+    p.add_argument("--long-pauses", type=float, default=0.3, help="fraction of pauses longer than the ttl")
+    p.add_argument("--aimed-pauses", type=float, default=0.6,
+                   help="fraction of pauses aimed at a holder in its work or past its final check")
+    p.add_argument("--aim-write", type=float, default=0.7,
+                   help="of the aimed pauses, the fraction aimed past the final check (the rest: in the work)")
+    p.add_argument("--sabotage", choices=["check"],
+                   help="run broken workers on purpose: 'check' makes lock.check() never raise (the run must FAIL)")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--dir", type=Path, help="keep the workers' logs here (default: a temporary directory)")
+    a = p.parse_args(argv)
+    a.duration = a.seconds if a.seconds is not None else 60.0 * (a.minutes if a.minutes is not None else 1.0)
+    if a.seed is None:
+        a.seed = random.SystemRandom().randrange(2**31)
+    if a.workers < 2 or a.duration <= 0 or a.ttl <= 0:
+        p.error("need --workers >= 2, a positive duration and ttl")
+    return a
+
+
+class Run:
+    def __init__(self, a: argparse.Namespace, workdir: Path) -> None:
+        self.a = a
+        self.dir = workdir
+        self.rng = random.Random(a.seed)
+        self.done = threading.Event()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.offsets: dict[str, float] = {}
+        self.pauses: list[dict] = []
+        self.paused: set[str] = set()
+        self.pause_lock = threading.Lock()
+        self.history: list[tuple[int, str | None, int]] = []
+        self.archive: list[dict] = []
+        self.archive_writes = 0
+        self.errors: list[str] = []
+
+    # -- the run ----------------------------------------------------------------
+
+    def go(self) -> dict:
+        a = self.a
+        started = time.time()
+        with FakeGCSServer() as gcs, FaultProxy(gcs.url, seed=a.seed, lifetime=a.duration + 300, history=1000) as proxy:
+            gcs.create_bucket(BUCKET)
+            with gcs.env():
+                self.direct = GCSStorage(BUCKET)  # the harness's own view, not through the proxy
+            proxy.chaos(
+                {
+                    "drop_reply": a.drop, "reset": a.reset, "delay": a.delay, "429": a.throttle,
+                    "503": a.unavailable, "refuse": a.refuse_per_minute / 60.0,
+                },
+                seed=a.seed, delay=(0.01, a.max_delay), retry_after=(0.0, 1.0), refuse_window=(0.05, 0.3),
+            )
+            (self.dir / "phases").write_bytes(bytes(a.workers))
+            deadline = started + a.duration + 120  # workers stop themselves after this, whatever happens
+            env = dict(os.environ, STORAGE_EMULATOR_HOST=proxy.url, PYTHONUNBUFFERED="1")
+            for i in range(a.workers):
+                name = f"w{i}"
+                self.offsets[name] = round(self.rng.uniform(-a.skew / 2, a.skew / 2), 4)
+                cmd = [
+                    sys.executable, str(HERE / "torture_worker.py"), "--index", str(i), "--bucket", BUCKET,
+                    "--key", LOCK_KEY, "--dir", str(self.dir), "--seed", str(a.seed), "--ttl", str(a.ttl),
+                    "--skew", str(a.skew), "--offset", str(self.offsets[name]), "--poll", str(a.poll),
+                    "--work-ms", str(a.work_ms), "--unchecked", str(a.unchecked),
+                    "--min-write-interval", str(a.min_write_interval), "--deadline", str(deadline),
+                    *(["--sabotage", a.sabotage] if a.sabotage else []),
+                ]
+                with open(self.dir / f"{name}.stderr", "wb") as err:
+                    self.procs[name] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+            threads = [threading.Thread(target=t, daemon=True) for t in (self.pauser, self.sampler, self.archiver)]
+            try:
+                for t in threads:
+                    t.start()
+                self.wait_until(started + a.duration)
+            finally:  # interrupted or not, no worker is left frozen or running
+                self.done.set()
+                for t in threads:
+                    if t.ident is not None:
+                        t.join(30)
+                proxy.clear()  # no faults while the workers wind down
+                exits = self.stop_workers()
+            self.archive_once(final=True)
+            proxy_stats = proxy.stats()
+        elapsed = time.time() - started
+        logs = {name: self.read_log(name) for name in self.procs}
+        journal = self.archive
+        results = torture_check.check(journal, logs, exits, self.history)
+        return self.report(results, logs, exits, journal, proxy_stats, elapsed)
+
+    def wait_until(self, until: float) -> None:
+        while time.time() < until:
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead:
+                self.errors.append(f"workers exited early: {dead}")
+                return
+            time.sleep(min(1.0, max(0.0, until - time.time())))
+
+    def stop_workers(self) -> dict[str, int | None]:
+        with self.pause_lock:
+            for name in self.paused:
+                os.kill(self.procs[name].pid, signal.SIGCONT)
+            self.paused.clear()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        exits: dict[str, int | None] = {}
+        limit = time.time() + 60
+        for name, p in self.procs.items():
+            try:
+                exits[name] = p.wait(max(0.1, limit - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+                exits[name] = None
+                self.errors.append(f"{name} did not stop within 60 s and was killed")
+        return exits
+
+    # -- the harness's threads --------------------------------------------------------
+
+    def pauser(self) -> None:
+        """SIGSTOP a worker now and then; aimed pauses wait for a holder in its work or past its check."""
+        a, rng = self.a, random.Random(f"{self.a.seed}:pauser")
+        with open(self.dir / "phases", "rb") as f:
+            phases = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        names = sorted(self.procs)
+        while not self.done.wait(rng.expovariate(1.0 / a.pause_every)):
+            aimed = rng.random() < a.aimed_pauses
+            name = None
+            if aimed:
+                target = WRITING if rng.random() < a.aim_write else WORKING
+                give_up = time.monotonic() + 2.0
+                while name is None and time.monotonic() < give_up and not self.done.is_set():
+                    in_phase = [n for i, n in enumerate(names) if phases[i] == target]
+                    if in_phase:
+                        name = rng.choice(in_phase)
+                    else:
+                        time.sleep(0.001)
+                if name is None:
+                    continue
+            else:
+                name = rng.choice(names)
+            long = rng.random() < a.long_pauses
+            # Long pauses outlast the lease with room for the next holder to take it and claim the journal.
+            seconds = rng.uniform(1.6 * a.ttl, 3.0 * a.ttl) if long else rng.uniform(0.02, 0.4 * a.ttl)
+            pid = self.procs[name].pid
+            with self.pause_lock:
+                if self.procs[name].poll() is not None:
+                    continue
+                os.kill(pid, signal.SIGSTOP)
+                self.paused.add(name)
+            began = time.time()
+            self.done.wait(seconds)
+            with self.pause_lock:
+                if name in self.paused:
+                    os.kill(pid, signal.SIGCONT)
+                    self.paused.discard(name)
+            self.pauses.append({"worker": name, "start": began, "seconds": round(time.time() - began, 3), "long": long, "aimed": aimed})
+
+    def sampler(self) -> None:
+        last = 0
+        while not self.done.wait(0.02):
+            try:
+                found = self.direct.read(LOCK_KEY)
+            except Exception as exc:  # the harness's own reads go straight to the emulator; note and go on
+                self.errors.append(f"sampler: {exc!r}")
+                continue
+            if found is None:
+                continue
+            data, generation = found
+            if generation != last:
+                doc = orjson.loads(data)
+                self.history.append((generation, doc.get("ownerId"), int(doc.get("token") or 0)))
+                last = generation
+
+    def archiver(self) -> None:
+        while not self.done.wait(1.0):
+            self.archive_once()
+
+    def archive_once(self, final: bool = False) -> None:
+        """Move the journal's entries into the archive with one generation-matched write.
+
+        The write keeps every field of the fence document (highest token,
+        writer, recent nonces) and empties only the payload, so the fence works
+        exactly as before; if a worker wrote in between, the write fails its
+        precondition and nothing is archived this time.
+        """
+        for _ in range(20 if final else 1):
+            try:
+                found = self.direct.read(JOURNAL_KEY)
+                if found is None:
+                    return
+                data, generation = found
+                doc = orjson.loads(data)
+                entries = doc.get("payload") or []
+                if not entries:
+                    return
+                if final:  # nobody writes any more: read, do not rewrite
+                    self.archive.extend(entries)
+                    return
+                doc["payload"] = []
+                self.direct.write(JOURNAL_KEY, orjson.dumps(doc), if_generation_match=generation)
+                self.archive.extend(entries)
+                self.archive_writes += 1
+                return
+            except Exception as exc:  # PreconditionFailed: a worker wrote; try again next time
+                if type(exc).__name__ != "PreconditionFailed":
+                    self.errors.append(f"archiver: {exc!r}")
+                if final:
+                    time.sleep(0.1)
+                    continue
+                return
+
+    # -- reporting ---------------------------------------------------------------
+
+    def read_log(self, name: str) -> list[dict]:
+        path = self.dir / f"{name}.jsonl"
+        if not path.exists():
+            return []
+        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+    def report(self, results, logs, exits, journal, proxy_stats, elapsed) -> dict:
+        a = self.a
+        tally = torture_check.tally(logs)
+        sections = sum(1 for e in journal if e.get("k") == "s")
+        if self.errors:
+            results["harness"] = {"ok": False, "count": len(self.errors), "violations": self.errors[:20], "violation_count": len(self.errors)}
+        ok = all(r["ok"] for r in results.values())
+        pauses = self.pauses
+        return {
+            "ok": ok,
+            "command": " ".join([Path(sys.executable).name, "scripts/torture.py", *sys.argv[1:]]),
+            "seed": a.seed,
+            "commit": _commit(),
+            "config": {
+                "workers": a.workers, "seconds": a.duration, "ttl": a.ttl, "renew_interval": a.ttl / 10,
+                "renew_deadline": a.ttl / 2, "max_clock_skew": a.skew, "waiter_poll_interval": a.poll,
+                "work_ms_mean": a.work_ms, "unchecked_fraction": a.unchecked,
+                "min_write_interval": a.min_write_interval, "sabotage": a.sabotage,
+                "fault_rates": {"drop_reply": a.drop, "reset": a.reset, "delay": a.delay, "max_delay": a.max_delay, "429": a.throttle,
+                                "503": a.unavailable, "refuse_windows_per_minute": a.refuse_per_minute},
+                "pause_every": a.pause_every, "long_pause_fraction": a.long_pauses, "aimed_pause_fraction": a.aimed_pauses,
+                "aimed_past_check_fraction": a.aim_write,
+                "clock_offsets": self.offsets,
+            },
+            "elapsed_seconds": round(elapsed, 1),
+            "critical_sections": sections,
+            "sections_per_second": round(sections / max(a.duration, 1e-9), 2),
+            "refused_stale_writes": results["stale_writes_were_refused"]["count"],
+            "violations": sum(r.get("violation_count", 0) for r in results.values()),
+            "proxy": proxy_stats,
+            "pauses": {
+                "count": len(pauses),
+                "longer_than_ttl": sum(1 for p in pauses if p["long"]),
+                "aimed_at_a_section": sum(1 for p in pauses if p["aimed"]),
+                "longest_seconds": max((p["seconds"] for p in pauses), default=0.0),
+                "log": pauses,
+            },
+            "lock_history_samples": len(self.history),
+            "journal": {"entries": len(journal), "archive_writes": self.archive_writes},
+            "workers": tally,
+            "exits": exits,
+            "checks": results,
+        }
+
+
+def summary(r: dict) -> str:
+    c = r["workers"]["counts"]
+    faults = r["proxy"]["faults"]
+    rows = [
+        ("seed", r["seed"]),
+        ("elapsed (s)", r["elapsed_seconds"]),
+        ("critical sections (journal)", r["critical_sections"]),
+        ("  per second", r["sections_per_second"]),
+        ("acquisitions", c.get("acquisitions", 0)),
+        ("  handed off to the waiter", c.get("handoffs_to_waiter", 0)),
+        ("refused stale writes", r["refused_stale_writes"]),
+        ("  claims / sections", f"{c.get('write_c_refused', 0)} / {c.get('write_s_refused', 0)}"),
+        ("stopped by check() (LockLost)", sum(r["workers"]["errors"].get("lost_before_write", {}).values())),
+        ("requests through the proxy", r["proxy"]["requests"]),
+        ("faults injected", sum(faults.values())),
+        *[(f"  {k}", v) for k, v in faults.items()],
+        ("pauses (SIGSTOP)", r["pauses"]["count"]),
+        ("  longer than the ttl", r["pauses"]["longer_than_ttl"]),
+        ("  aimed at a section", r["pauses"]["aimed_at_a_section"]),
+        ("violations", r["violations"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines.append("")
+    for name, res in r["checks"].items():
+        lines.append(f"{'ok  ' if res['ok'] else 'FAIL'} {name} ({res['count']})")
+        for v in res["violations"][:5]:
+            lines.append(f"       {v}")
+    lines.append("PASSED" if r["ok"] else "FAILED")
+    return "\n".join(lines)
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with "+dirty" if it has changes), to say what was tortured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def _exit_on_sigterm(*_: object) -> None:
+    raise SystemExit(143)  # unwinds the with-blocks: workers, proxy and emulator are stopped
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    print(f"torture: {a.workers} workers for {a.duration:.0f} s, seed {a.seed}", flush=True)
+    if a.dir:
+        a.dir.mkdir(parents=True, exist_ok=True)
+        result = Run(a, a.dir).go()
+    else:
+        with tempfile.TemporaryDirectory(prefix="handofflock-torture-") as tmp:
+            result = Run(a, Path(tmp)).go()
+    print(summary(result), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=2, default=str))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

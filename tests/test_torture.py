@@ -1,0 +1,73 @@
+"""The torture harness (scripts/torture.py), run for real: 8 processes, faults, pauses, skewed clocks.
+
+A short run is part of the suite and fails the build on any violation. A
+second, sabotaged run (workers whose ``check()`` never raises) must fail: it
+shows the harness can see a broken lock, and that the fence alone keeps the
+journal clean even then.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TORTURE = ROOT / "scripts" / "torture.py"
+
+# More pauses and rarer faults made more frequent than the defaults, so that a
+# short run meets every fault kind and pauses that make holders write late.
+SHORT = [
+    "--pause-every", "1.0", "--long-pauses", "0.5", "--aimed-pauses", "0.8",
+    "--throttle", "0.002", "--refuse-per-minute", "12",
+]
+
+
+def run(tmp_path: Path, *args: str, timeout: float) -> tuple[int, dict, str]:
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(TORTURE), *args, "--json", str(out)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+    assert out.exists(), f"no result written (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.returncode, json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.gcs
+def test_a_short_torture_run_finds_no_violation(tmp_path):
+    seed = random.SystemRandom().randrange(2**31)
+    code, result, stdout = run(tmp_path, "--seconds", "40", "--seed", str(seed), *SHORT, timeout=240)
+    print(stdout)
+    failed = {name: check["violations"] for name, check in result["checks"].items() if not check["ok"]}
+    assert code == 0 and result["ok"] and failed == {}, f"seed {seed}: {failed}"
+    assert result["violations"] == 0
+    assert result["refused_stale_writes"] > 0
+    assert result["critical_sections"] > 100
+    faults = result["proxy"]["faults"]
+    for kind in ("refuse", "delay", "reset", "drop_reply", "429", "503"):
+        assert faults[kind] > 0, f"seed {seed}: no {kind} fault was injected: {faults}"
+    assert result["pauses"]["longer_than_ttl"] > 0
+    assert len(set(result["config"]["clock_offsets"].values())) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.gcs
+def test_a_run_with_a_lock_whose_check_never_fails_is_caught(tmp_path):
+    """Workers whose check() never raises keep working through long pauses: the lock-level check
+    (no two healthy holders overlap) must report it and the run must fail. The journal checks still
+    pass: the fence refused every late write, which is why fencing is worth having."""
+    seed = random.SystemRandom().randrange(2**31)
+    code, result, stdout = run(
+        tmp_path, "--seconds", "25", "--seed", str(seed), "--sabotage", "check",
+        "--pause-every", "1.0", "--long-pauses", "0.5", "--aimed-pauses", "0.9", "--aim-write", "0",
+        timeout=200,
+    )
+    assert code == 1 and not result["ok"], f"seed {seed}: the sabotaged run passed:\n{stdout}"
+    assert not result["checks"]["healthy_holders_never_overlap"]["ok"]
+    for name in ("sections_never_overlap", "tokens_strictly_increase", "no_stale_write_accepted", "journal_matches_the_workers"):
+        assert result["checks"][name]["ok"], f"seed {seed}: {name}: {result['checks'][name]['violations']}"
