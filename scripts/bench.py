@@ -485,6 +485,8 @@ def peer_main(conn: Any, backend: dict[str, Any], key: str, options: dict[str, A
 
     def acquire() -> None:
         try:
+            # A waiter's polls run at a fixed rate from its first read, which begins right after this.
+            send("started", time.monotonic())
             ok = lock.acquire(timeout=60)
             send("acquired", time.monotonic(), ok)
         except Exception as exc:
@@ -570,7 +572,8 @@ def bench_handoff(backend: Backend, poll: float, n: int) -> dict[str, Any]:
     Each round: the idle process becomes the waiter; the owner hears of it
     (``on_release_requested``; the owners check every 0.1 s here so rounds
     are short), then releases at a set point of the waiter's poll cycle,
-    after the notice. The latency runs from the owner's ``release()``
+    after the notice. The cycle is known: a waiter polls at a fixed rate from
+    its first read, and its process says when that began. The latency runs from the owner's ``release()``
     returning to the waiter's ``acquire()`` returning. The points are spread
     evenly over the cycle and shuffled (stratified, not drawn at random), so
     the median is not at the mercy of ``n`` random draws. Releasing after the
@@ -588,10 +591,10 @@ def bench_handoff(backend: Backend, poll: float, n: int) -> dict[str, Any]:
         for phase in phases(n):
             owner.drain()
             waiter.send("acquire")
-            _, registered = waiter.expect("registered")
+            _, started = waiter.expect("started")
             _, noticed = owner.expect("noticed")
-            cycles = math.ceil((noticed - registered) / poll)
-            owner.send("release_at", registered + (cycles + phase) * poll)
+            cycles = math.ceil((noticed - started) / poll)
+            owner.send("release_at", started + (cycles + phase) * poll)
             _, released = owner.expect("released")
             _, acquired, ok = waiter.expect("acquired")
             if not ok:
