@@ -227,10 +227,9 @@ def test_locks_at_the_store_root_are_never_grouped():
         MemoryStorage.forget(name)
 
 
+@pytest.mark.parametrize("base", ["memory"], indirect=True)  # fault hooks are a memory-backend feature
 def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(held, base):
     locks, clock, sched, requests = held
-    if requests.gcs:
-        pytest.skip("fault hooks are a memory-backend feature")
     store = requests.store
     store.faults.fail_next("list")  # transient
     before = requests.snapshot()
