@@ -39,7 +39,7 @@ from .errors import (
     TransientStorageError,
 )
 from .pacing import backoff, gate_for
-from .record import MAX_ID_LENGTH, MAX_TOKEN, new_nonce
+from .record import MAX_TOKEN, id_problem, new_nonce
 from .storage import Storage, validate_key
 
 if TYPE_CHECKING:
@@ -140,8 +140,8 @@ class FencedObject:
             from .lock import default_owner_id
 
             writer_id = default_owner_id()
-        if not isinstance(writer_id, str) or not 0 < len(writer_id) <= MAX_ID_LENGTH:
-            raise ConfigurationError(f"writer_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+        if (problem := id_problem(writer_id, "writer_id")) is not None:
+            raise ConfigurationError(problem)
         self.writer_id = writer_id
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1024:
             raise ConfigurationError(f"max_bytes must be an int of at least 1024, got {max_bytes!r}")
@@ -342,8 +342,8 @@ def decode_fence(
     if not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
         raise corrupt("'highestToken' must be an integer in [0, 2**63-1]")
     writer = doc.get("writerId")
-    if writer is not None and (not isinstance(writer, str) or not 0 < len(writer) <= MAX_ID_LENGTH):
-        raise corrupt(f"'writerId' must be null or a string of 1-{MAX_ID_LENGTH} characters")
+    if writer is not None and (problem := id_problem(writer, "writerId")) is not None:
+        raise corrupt(problem)
     written_at = doc.get("writtenAt")
     if written_at is not None and (not _is_number(written_at) or not math.isfinite(written_at)):
         raise corrupt("'writtenAt' must be null or a finite number")

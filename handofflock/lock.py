@@ -36,7 +36,7 @@ from .errors import (
 )
 from .pacing import WriteGate, backoff, gate_for
 from .protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
-from .record import MAX_TTL, LockRecord, new_nonce
+from .record import MAX_TTL, LockRecord, id_problem, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
 
 if TYPE_CHECKING:
@@ -172,6 +172,8 @@ class HandoffLock:
                 f"renew_deadline={self.renew_deadline}, renew_interval={self.renew_interval}"
             )
         self.waiter_ttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
+        if self.waiter_ttl > MAX_TTL:
+            raise ConfigurationError(f"waiter_ttl must be at most {MAX_TTL:.0f} s (a week), got {waiter_ttl}")
         self.waiter_check_interval = _positive("waiter_check_interval", waiter_check_interval)
         self.waiter_poll_interval = _positive("waiter_poll_interval", waiter_poll_interval)
         if self.waiter_ttl < 2 * self.waiter_poll_interval:
@@ -188,8 +190,8 @@ class HandoffLock:
             raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
         self.min_write_interval = float(min_write_interval)
         self.wait_for_slot = bool(wait_for_slot)
-        if owner_id is not None and (not isinstance(owner_id, str) or not owner_id or len(owner_id) > 512):
-            raise ConfigurationError("owner_id must be a non-empty string of at most 512 characters")
+        if owner_id is not None and (problem := id_problem(owner_id, "owner_id")) is not None:
+            raise ConfigurationError(f"{problem}: it is written into the lock object")
         self.owner_id: str = owner_id or default_owner_id()
         self._clock = clock or Clock()
         self._scheduler = scheduler

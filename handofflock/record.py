@@ -229,15 +229,30 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def id_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` cannot be an owner or writer id, or None if it can.
+
+    The one rule for ids: the decoder applies it to what it reads, and the
+    constructors to what they will write, so nothing writes a record that
+    its own decoder would call corrupt.
+    """
+    if not isinstance(value, str):
+        return f"'{name}' must be a string, got {_json_type(value)}"
+    if not value or len(value) > MAX_ID_LENGTH:
+        return f"'{name}' must be 1-{MAX_ID_LENGTH} characters long"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        return f"'{name}' contains control characters"
+    return None
+
+
 def _opt_id(value: Any, name: str, corrupt: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise corrupt(f"'{name}' must be a string or null, got {_json_type(value)}")
-    if not value or len(value) > MAX_ID_LENGTH:
-        raise corrupt(f"'{name}' must be 1-{MAX_ID_LENGTH} characters long")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        raise corrupt(f"'{name}' contains control characters")
+    problem = id_problem(value, name)
+    if problem is not None:
+        raise corrupt(problem)
     return value
 
 

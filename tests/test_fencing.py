@@ -138,6 +138,13 @@ def test_a_token_must_be_a_positive_int(store, token):
     assert store.calls["write"] == store.calls["read"] == 0
 
 
+@pytest.mark.parametrize("writer", ["", "a\nb", "x" * 513, 5])
+def test_a_writer_id_its_own_decoder_would_refuse_is_refused_up_front(store, writer):
+    with pytest.raises(ConfigurationError, match="writer_id"):
+        fence(store, writer=writer)
+    assert store.calls["write"] == store.calls["read"] == 0
+
+
 def test_payloads_must_be_json(store):
     with pytest.raises(TypeError, match="JSON-serialisable"):
         fence(store).write({"when": object()}, token=1)
@@ -199,6 +206,7 @@ BAD_FENCES = [
     pytest.param(b'{"handofflockFence": 1, "highestToken": -1}', "'highestToken' must be an integer", id="token-negative"),
     pytest.param(b'{"handofflockFence": 1}', "'highestToken' must be an integer", id="token-missing"),
     pytest.param(b'{"handofflockFence": 1, "highestToken": 1, "writerId": 5}', "'writerId'", id="writer-number"),
+    pytest.param(b'{"handofflockFence": 1, "highestToken": 1, "writerId": "a\\u0000b"}', "'writerId' contains control", id="writer-control-char"),
     pytest.param(b'{"handofflockFence": 1, "highestToken": 1, "writtenAt": "now"}', "'writtenAt'", id="written-at-string"),
     pytest.param(b'{"handofflockFence": 1, "highestToken": 1, "recentNonces": "x"}', "'recentNonces'", id="nonces-not-a-list"),
 ]

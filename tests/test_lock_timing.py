@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockLost, Scheduler, signals
+from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockLost, LockRecordCorrupt, Scheduler, signals
 from handofflock.storage import MemoryStorage
 from lockutil import eventually, make_lock, raw_read, raw_write
 
@@ -162,9 +162,33 @@ def test_the_constructor_does_no_io_and_validates_intervals():
     HandoffLock("gs://no-such-bucket-anywhere/x.json")  # no request: nothing raised
     for bad in (dict(ttl=0), dict(ttl=-1), dict(ttl=10, renew_interval=6, renew_deadline=5),
                 dict(ttl=10, renew_deadline=10), dict(waiter_check_interval=0), dict(waiter_poll_interval=float("nan")),
-                dict(max_clock_skew=-1), dict(ttl=1e9), dict(waiter_ttl=1.0, waiter_poll_interval=1.0)):
+                dict(max_clock_skew=-1), dict(ttl=1e9), dict(waiter_ttl=1.0, waiter_poll_interval=1.0),
+                dict(waiter_ttl=1e12)):
         with pytest.raises(ConfigurationError):
             HandoffLock("memory://cfg/x.json", **bad)
+
+
+@pytest.mark.parametrize("owner_id", ["", "a\nb", "tab\there", "del\x7f", "x" * 513, 7])
+def test_an_owner_id_the_decoder_would_call_corrupt_is_refused_before_anything_is_written(owner_id):
+    """The constructor applies the decoder's rule for ids: otherwise the lock would write a record
+    that it, and every contender, then reads as corrupt, stuck until someone forces it."""
+    from handofflock import ConfigurationError
+    from handofflock.record import LockRecord
+
+    with pytest.raises(ConfigurationError, match="owner_id"):
+        HandoffLock("memory://cfg/x.json", owner_id=owner_id)
+    if isinstance(owner_id, str):  # what a record naming it would have been taken for
+        with pytest.raises(LockRecordCorrupt):
+            LockRecord.decode(LockRecord(owner_id=owner_id, expires_at=1.0, ttl=1.0).encode())
+
+
+def test_the_longest_valid_owner_id_round_trips_through_the_record():
+    name = f"id-{uuid.uuid4().hex[:8]}"
+    owner = "host.example:1234:" + "x" * (512 - 18)
+    lock = HandoffLock(f"memory://{name}/x.json", owner_id=owner, scheduler=Scheduler(FakeClock(), autostart=False), clock=FakeClock())
+    assert lock.acquire()
+    assert lock.status().owner_id == owner
+    lock.release()
 
 
 def test_one_scheduler_thread_serves_many_locks():
