@@ -490,54 +490,56 @@ class HandoffLock:
         if self._state != HELD:
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         self._unschedule()
-        deadline = self._clock.monotonic() + max(self.renew_deadline, 5.0)
-        attempted: Write | None = None
         with self._io:
             if self._state != HELD:  # lost while we waited for the scheduler's I/O
-                return self._release()
-            record, generation = self._record, self._generation
-            while True:
-                decision = protocol.decide_release(
-                    record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
-                    policy=self._policy, nonce=new_nonce(), attempted=attempted,
-                    within_lease=self._clock.monotonic() < self._valid_until,
-                )
-                if isinstance(decision, Released):
-                    heir = decision.handed_off_to
-                    break
-                if isinstance(decision, Lost):
-                    self._mark_lost(decision.why, None, from_release=True)
-                    self._state = IDLE
-                    self._flush_events()
-                    raise LockLost(f"lock {self.url!r} was lost before release: {decision.why}; nothing was written", url=self.url, reason=decision.why)
-                assert isinstance(decision, Write)
-                try:
-                    self._write(decision, deadline)
-                except PreconditionFailed:
-                    attempted = decision
-                    try:
-                        record, generation = self._read_to_write(deadline)
-                    except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
-                        self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
-                        self._state = IDLE
-                        self._flush_events()
-                        raise LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc) from exc
-                    except BaseException:
-                        self._state = IDLE
-                        raise
-                    continue
-                except BaseException:
-                    self._state = IDLE
-                    raise
-                heir = decision.record.owner_id if decision.kind is Kind.HANDOFF else None
-                break
-        self._state = IDLE
+                return self._release()  # no I/O: raises LockLost
+            try:
+                heir, lost = self._write_release()
+            finally:
+                # Still under _io: a scheduler duty queued behind this release must find the
+                # lock no longer held, not renew or check it from the record just replaced.
+                self._state = IDLE
+        if lost is not None:
+            self._flush_events()  # outside _io: a receiver of ``lost`` may call back in
+            raise lost
         token = self.token
         self.release_request = None
         _log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         self.release_requested = False
         signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
+
+    def _write_release(self) -> tuple[str | None, LockLost | None]:
+        """The release's write (retried, re-read on 412): (heir, None), or (None, why it was lost)."""
+        deadline = self._clock.monotonic() + max(self.renew_deadline, 5.0)
+        attempted: Write | None = None
+        record, generation = self._record, self._generation
+        while True:
+            decision = protocol.decide_release(
+                record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
+                policy=self._policy, nonce=new_nonce(), attempted=attempted,
+                within_lease=self._clock.monotonic() < self._valid_until,
+            )
+            if isinstance(decision, Released):
+                return decision.handed_off_to, None
+            if isinstance(decision, Lost):
+                self._mark_lost(decision.why, None, from_release=True)
+                why = f"lock {self.url!r} was lost before release: {decision.why}; nothing was written"
+                return None, LockLost(why, url=self.url, reason=decision.why)
+            assert isinstance(decision, Write)
+            try:
+                self._write(decision, deadline)
+            except PreconditionFailed:
+                attempted = decision
+                try:
+                    record, generation = self._read_to_write(deadline)
+                except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
+                    self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
+                    lost = LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc)
+                    lost.__cause__ = exc
+                    return None, lost
+                continue
+            return (decision.record.owner_id if decision.kind is Kind.HANDOFF else None), None
 
     # ------------------------------------------------------------------ context manager
 

@@ -205,3 +205,84 @@ def test_one_scheduler_thread_serves_many_locks():
     for lock in held:
         lock.release()
     sched.stop()
+
+
+class _YieldingMutex:
+    """A mutex that, once released, lets a thread queued on it run before its releaser goes on."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+
+    def __enter__(self) -> "_YieldingMutex":
+        self._mutex.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mutex.release()
+        time.sleep(0.1)
+
+
+def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env):
+    """The scheduler may have started a lock's renewal just before release() unscheduled it; that
+    renewal waits for the lock's I/O mutex. When it gets it, the lock must already read as released:
+    renewing from the replaced record would fail and report a clean release as a lost lock."""
+    name, clock, sched, store = env
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    lock._io = _YieldingMutex()
+    events = []
+    signals.on_renewal_error.connect(lambda s, **kw: events.append("renewal error"), sender=lock, weak=False)
+    signals.lost.connect(lambda s, **kw: events.append("lost"), sender=lock, weak=False)
+    clock.advance(7.5)  # a renewal is due
+    real_write, in_write, go = store.write, threading.Event(), threading.Event()
+
+    def held_up_write(*args, **kw):
+        in_write.set()
+        assert go.wait(5)
+        return real_write(*args, **kw)
+
+    store.write = held_up_write
+    releasing = threading.Thread(target=lock.release)
+    releasing.start()
+    assert in_write.wait(5)
+    store.write = real_write
+    renewing = threading.Thread(target=lock._run_due)  # the duty the scheduler had already started
+    renewing.start()
+    time.sleep(0.1)  # it is now waiting for the mutex the release holds
+    writes = store.calls["write"]
+    go.set()
+    releasing.join(5)
+    renewing.join(5)
+    assert not releasing.is_alive() and not renewing.is_alive()
+    assert events == [], "a clean release was reported as a lost lock"
+    assert store.calls["write"] == writes + 1, "the queued renewal wrote after the release"
+    assert raw_read(f"memory://{name}/train.json")[0].owner_id is None
+    assert not lock.is_held
+    assert lock.acquire(), "the instance can take the lock again"
+    lock.release()
+
+
+def test_a_receiver_of_lost_may_call_back_into_the_lock_while_release_reports_the_loss(env):
+    name, clock, sched, store = env
+    url = f"memory://{name}/train.json"
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    record, gen = raw_read(url)
+    clock.advance(31.0)  # paused past the renew deadline (the scheduler did not run) and taken over
+    raw_write(url, record.replace(owner_id="thief", token=record.token + 1, expires_at=clock.time() + 60, nonce="t1"), gen)
+    seen = []
+    signals.lost.connect(lambda s, **kw: seen.append(lock.status().owner_id), sender=lock, weak=False)
+    outcome = []
+
+    def release():
+        try:
+            lock.release()
+        except LockLost as exc:
+            outcome.append(exc)
+
+    releasing = threading.Thread(target=release, daemon=True)
+    releasing.start()
+    releasing.join(5)
+    assert not releasing.is_alive(), "release() deadlocked on a receiver calling status()"
+    assert seen == ["thief"] and len(outcome) == 1
+    assert raw_read(url)[0].owner_id == "thief", "nothing was written over the new owner"
