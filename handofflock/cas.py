@@ -69,8 +69,13 @@ def write_resolving(
         if gate is not None:
             wait = gate.reserve(clock.monotonic())
             if wait > 0:
-                if failed is not None and deadline is not None and clock.monotonic() + wait >= deadline:
-                    raise failed  # a 429 spaced the retry past the deadline
+                if deadline is not None and clock.monotonic() + wait >= deadline:
+                    # The spacing (widened by 429s) would carry the write past the deadline:
+                    # give up now rather than sleep there (a renewal holds the lock's mutex).
+                    raise failed or TransientStorageError(
+                        f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
+                        url=getattr(storage, "url", None), key=key, ambiguous=False,
+                    )
                 clock.sleep(wait)
         try:
             generation = storage.write(key, data, if_generation_match=if_generation_match)
