@@ -218,6 +218,7 @@ class HandoffLock:
         self._cancel = threading.Event()
         self._tls = threading.local()
         self._deferred_release = False
+        self._after_deferred_release: list[Callable[[], Any]] = []
         self._gate: WriteGate | None = None
 
     # ------------------------------------------------------------------ public state
@@ -330,7 +331,7 @@ class HandoffLock:
         try:
             polled = self._clock.monotonic()
             with self._io:
-                record, generation = self._read(deadline)
+                record, generation = self._read(deadline, interruptible=True)
             while True:
                 last = record or last
                 if blocking and not waiting and record is not None and record.waiting_owner_id == self.owner_id and record.owner_id != self.owner_id:
@@ -350,10 +351,10 @@ class HandoffLock:
                         return self._not_acquired()
                     try:
                         with self._io:
-                            generation = self._write(decision, deadline)
+                            generation = self._write(decision, deadline, interruptible=True)
                     except PreconditionFailed:
                         with self._io:
-                            record, generation = self._read_to_write(deadline)
+                            record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
                     record = decision.record
                     if decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
@@ -381,7 +382,7 @@ class HandoffLock:
                     return self._give_up(waiting, last, timed_out=False)
                 polled = self._clock.monotonic()
                 with self._io:
-                    record, generation = self._read(deadline)
+                    record, generation = self._read(deadline, interruptible=True)
         except BaseException:
             if self._state == WAITING:
                 self._state = IDLE
@@ -563,7 +564,7 @@ class HandoffLock:
         """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
         def read() -> LockStatus:
             with self._io:
-                record, generation = self._read(self._clock.monotonic() + 30.0)
+                record, generation = self._read(self._clock.monotonic() + 30.0, interruptible=True)
             now = self._clock.time()
             if record is None:
                 return LockStatus(self.url, False, 0, read_at=now)
@@ -723,7 +724,7 @@ class HandoffLock:
 
     # ------------------------------------------------------------------ storage I/O
 
-    def _read(self, deadline: float | None, *, retry: bool = True) -> tuple[LockRecord | None, int]:
+    def _read(self, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> tuple[LockRecord | None, int]:
         """One read (retried on transient errors until ``deadline``), decoded strictly."""
         delays = _jitter(0)
         while True:
@@ -731,7 +732,7 @@ class HandoffLock:
                 found = self._storage.read(self._key, max_bytes=MAX_RECORD_BYTES)
                 break
             except TransientStorageError:
-                if not retry or not self._sleep_before_retry(next(delays), deadline):
+                if not retry or not self._sleep_before_retry(next(delays), deadline, interruptible):
                     raise
         if found is None:
             return None, 0
@@ -743,7 +744,7 @@ class HandoffLock:
             self._gate = gate_for(self._storage, self._key, self.min_write_interval)
         return self._gate
 
-    def _read_to_write(self, deadline: float | None, *, retry: bool = True) -> tuple[LockRecord | None, int]:
+    def _read_to_write(self, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> tuple[LockRecord | None, int]:
         """Read for a decision that will likely be written: wait for our write slot first.
 
         Reading and then waiting out the per-object write spacing would send the
@@ -753,9 +754,9 @@ class HandoffLock:
         wait = self._write_gate().ready_in(self._clock.monotonic())
         if wait > 0:
             self._clock.sleep(wait)  # not cut short by cancel: giving the slot back needs it too
-        return self._read(deadline, retry=retry)
+        return self._read(deadline, retry=retry, interruptible=interruptible)
 
-    def _write(self, write: Write, deadline: float | None, *, retry: bool = True) -> int:
+    def _write(self, write: Write, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> int:
         """Make one conditional write; resolve a lost reply by looking for our nonce.
 
         Returns the new generation. Raises PreconditionFailed when the record
@@ -770,16 +771,25 @@ class HandoffLock:
             self._storage, self._key, write.record.encode(),
             if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
             deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), retry=retry,
-            sleep=lambda delay: self._sleep_before_retry(delay, None),
+            sleep=lambda delay: self._sleep_before_retry(delay, None, interruptible),
         )
         if read_back is not None:
             _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
         return generation
 
-    def _sleep_before_retry(self, delay: float, deadline: float | None) -> bool:
-        """Sleep ``delay`` unless that passes ``deadline`` or the acquire is cancelled."""
+    def _sleep_before_retry(self, delay: float, deadline: float | None, interruptible: bool) -> bool:
+        """Sleep ``delay`` before a retry; False (give up) if that passes ``deadline``.
+
+        ``interruptible`` retries (an acquire's polling, ``status()``) also give
+        up on ``cancel()`` or a deferred release. The others (a release, giving
+        the waiter slot back) carry on to their deadline whatever arrives: they
+        are what a cancel or a signal wants done.
+        """
         if deadline is not None and self._clock.monotonic() + delay >= deadline:
             return False
+        if not interruptible:
+            self._clock.sleep(delay)
+            return True
         return not self._clock.wait(self._cancel, delay) and not self._deferred_release
 
     # ------------------------------------------------------------------ re-entrancy
@@ -801,8 +811,24 @@ class HandoffLock:
             self._tls.depth = depth
             if depth == 0 and self._deferred_release:
                 self._deferred_release = False
-                if self._state in (HELD, LOST):
-                    self._guarded(self._release)
+                try:
+                    if self._state in (HELD, LOST):
+                        self._guarded(self._release)
+                finally:
+                    then, self._after_deferred_release = self._after_deferred_release, []
+                    for fn in then:
+                        fn()
+
+    def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
+        """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
+
+        For a handler that must act after the release (a second signal that
+        kills the process): called from the handler, in the thread it interrupted.
+        """
+        if not self._deferred_release:
+            return False
+        self._after_deferred_release.append(fn)
+        return True
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state} token={self.token}>"

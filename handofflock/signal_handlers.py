@@ -154,9 +154,20 @@ class SignalHandlers:
         if self.lock.is_held:
             try:
                 heir = self.lock.release()
-                _log.warning("second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else "")
             except HandoffLockError as exc:
                 _log.warning("second %s: could not release %s: %s", sig.name, self.lock.url, exc)
+            else:
+                # The signal interrupted the library itself (a status() or release() in this
+                # thread): the release runs when that call returns, and the signal acts after it.
+                if self.lock._then_after_deferred_release(lambda: self._reraise(sig, frame, previous)):
+                    _log.warning("second %s: releasing %s as soon as the call in progress returns", sig.name, self.lock.url)
+                    return
+                _log.warning("second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else "")
+        self._reraise(sig, frame, previous)
+
+    @staticmethod
+    def _reraise(sig: signal.Signals, frame: FrameType | None, previous: _Handler) -> None:
+        """Do what ``sig`` would have done had we never been installed."""
         if previous is signal.default_int_handler:
             raise KeyboardInterrupt
         if _is_python_handler(previous):

@@ -286,3 +286,50 @@ def test_a_receiver_of_lost_may_call_back_into_the_lock_while_release_reports_th
     assert not releasing.is_alive(), "release() deadlocked on a receiver calling status()"
     assert seen == ["thief"] and len(outcome) == 1
     assert raw_read(url)[0].owner_id == "thief", "nothing was written over the new owner"
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_a_cancelled_waiter_still_retries_giving_its_slot_back(op):
+    """cancel() stops the polling, not the clean-up: a transient error while giving the waiter slot
+    back is retried, so the slot is freed now instead of blocking everyone until it expires."""
+    from handofflock import TransientStorageError
+
+    name = f"cancel-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}/train.json"
+    owner = make_lock(url)
+    assert owner.acquire()
+    waiter = make_lock(url, waiter_ttl=30.0)
+    store = MemoryStorage.named(name)
+    real = getattr(store, op)
+    failed = []
+
+    def flaky(*args, **kw):
+        if waiter._cancel.is_set() and not failed:  # the first call of the give-up
+            failed.append(op)
+            raise TransientStorageError(f"injected: {op} failed", status=503, ambiguous=False)
+        return real(*args, **kw)
+
+    setattr(store, op, flaky)
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(_acquire_outcome(waiter)))
+    thread.start()
+    eventually(lambda: raw_read(url)[0].waiting_owner_id == waiter.owner_id, what="waiter registered")
+    waiter.cancel()
+    thread.join(10)
+    setattr(store, op, real)
+    try:
+        assert failed == [op], "the fault was not hit"
+        assert outcome == ["cancelled"], outcome
+        assert raw_read(url)[0].waiting_owner_id is None, "the slot was left to expire"
+    finally:
+        owner.release()
+
+
+def _acquire_outcome(lock: HandoffLock) -> str:
+    try:
+        lock.acquire(timeout=20)
+        return "acquired"
+    except AcquireCancelled:
+        return "cancelled"
+    except Exception as exc:  # noqa: BLE001 - reported by the assertion
+        return repr(exc)

@@ -190,6 +190,15 @@ CHILD = textwrap.dedent(
         print("checkpointed step", steps.last, flush=True)
         lock.release()
         sys.exit(0)
+    if mode == "busy":                    # inside the library (a slow status()) when the second signal comes
+        read = lock.storage.read
+        def slow_read(*args, **kw):
+            time.sleep(0.3)
+            return read(*args, **kw)
+        lock.storage.read = slow_read
+        print("polling status", flush=True)
+        while True:
+            lock.status()
     time.sleep(60)                        # a slow checkpoint: the second signal must end it
     """
 )
@@ -226,6 +235,23 @@ def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM, err
     assert "released token" in out
+    assert HandoffLock(shared_url).status().owner_id is None
+
+
+@pytest.mark.timeout(60)
+def test_a_second_sigterm_inside_a_library_call_releases_when_it_returns_then_dies(tmp_path, shared_url):
+    """The release cannot run inside the interrupted call (it holds the lock's I/O mutex), so it is
+    deferred to the call's end; the process must not die of the signal before that."""
+    proc = run_child(tmp_path, shared_url, "busy")
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline().startswith("asked by SIGTERM")
+    assert proc.stdout.readline().startswith("polling status")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "released token" in out, err
     assert HandoffLock(shared_url).status().owner_id is None
 
 
