@@ -410,7 +410,9 @@ class HandoffLock:
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 with self._io:
                     record, generation = self._read_to_write(mono + self.renew_deadline)
-                decision = protocol.decide_give_up_wait(record, generation, me=self.owner_id, nonce=new_nonce())
+                decision = protocol.decide_give_up_wait(
+                    record, generation, me=self.owner_id, now=self._clock.time(), policy=self._policy, nonce=new_nonce()
+                )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     if timed_out:  # the handoff beat the timeout: keep it

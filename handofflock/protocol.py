@@ -180,16 +180,22 @@ def decide_acquire(
     )
 
 
-def decide_give_up_wait(record: LockRecord | None, generation: int, *, me: str, nonce: str) -> Decision:
+def decide_give_up_wait(
+    record: LockRecord | None, generation: int, *, me: str, now: float, policy: Policy, nonce: str
+) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
     If the owner handed the lock to us in the meantime we own it: the caller
     decides whether to keep it (a timeout that raced a handoff) or release it.
+    If the lease it handed over has already run out (we were paused), there is
+    nothing safe to keep: release it, as its owner, at once.
     """
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
     if record.owner_id == me:
-        return Owned(record, generation)
+        if record.expires_at is not None and now < record.expires_at:
+            return Owned(record, generation)
+        return decide_release(record, generation, me=me, token=record.token, now=now, policy=policy, nonce=nonce)
     if record.waiting_owner_id != me:
         return Wait("the waiter slot is not ours; nothing to give back")
     return Write(Kind.GIVE_UP_WAIT, record.replace(waiting_owner_id=None, waiter_expires_at=None, nonce=nonce), generation)

@@ -166,14 +166,24 @@ def test_a_free_whose_reply_was_lost_is_recognised():
 # -- give up, observe -----------------------------------------------------------
 
 def test_giving_up_the_wait_clears_only_our_slot():
-    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me="me", nonce="n")
+    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me="me", now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiting_owner_id is None and d.record.owner_id == "a"
-    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me="me", nonce="n"), Wait)
-    assert isinstance(protocol.decide_give_up_wait(None, 0, me="me", nonce="n"), Wait)
+    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me="me", now=NOW, policy=POLICY, nonce="n"), Wait)
+    assert isinstance(protocol.decide_give_up_wait(None, 0, me="me", now=NOW, policy=POLICY, nonce="n"), Wait)
 
 
 def test_giving_up_after_a_handoff_reports_that_we_own_it():
-    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me="me", nonce="n"), Owned)
+    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me="me", now=NOW, policy=POLICY, nonce="n"), Owned)
+
+
+def test_giving_up_after_a_handoff_whose_lease_ran_out_releases_it_instead_of_keeping_it():
+    """A waiter paused past the lease it was handed must not return a lock it cannot safely hold."""
+    handed = rec("me", NOW - 1)
+    d = protocol.decide_give_up_wait(handed, GEN, me="me", now=NOW, policy=POLICY, nonce="n")
+    assert isinstance(d, Write) and d.kind is Kind.FREE and d.record.owner_id is None and d.if_generation_match == GEN
+    with_waiter = handed.replace(waiting_owner_id="w", waiter_expires_at=NOW + 20)
+    d = protocol.decide_give_up_wait(with_waiter, GEN, me="me", now=NOW, policy=POLICY, nonce="n")
+    assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner_id == "w"
 
 
 def test_the_owner_sees_a_live_waiter_with_its_deadline():
