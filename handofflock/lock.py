@@ -706,11 +706,11 @@ class HandoffLock:
 
     def _flush_events(self) -> None:
         """Send queued signals. Called with no lock held, so receivers may call back in."""
-        while self._pending_notices:
-            req = self._pending_notices.pop(0)
+        # Two threads may flush at once (a release and a scheduler duty): pop, never test then pop.
+        while (req := _pop_first(self._pending_notices)) is not None:
             signals.send(signals.on_release_requested, self, waiter_id=req.requester, deadline=req.deadline, reason=req.reason)
-        while self._pending_events:
-            signal, kwargs = self._pending_events.pop(0)
+        while (event := _pop_first(self._pending_events)) is not None:
+            signal, kwargs = event
             signals.send(signal, self, **kwargs)
 
     def _schedule(self) -> None:
@@ -834,6 +834,14 @@ class HandoffLock:
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state} token={self.token}>"
+
+
+def _pop_first(items: list[T]) -> T | None:
+    """Remove and return the first item, or None if there is none (atomic: one list.pop)."""
+    try:
+        return items.pop(0)
+    except IndexError:
+        return None
 
 
 def _positive(name: str, value: Any) -> float:
