@@ -123,15 +123,13 @@ class Scheduler:
     # -- running --------------------------------------------------------------
 
     def run_pending(self) -> int:
-        """Run every due duty now, in this thread. Returns how many locks had one."""
+        """Run every due duty now, in this thread. Returns how many jobs ran (a group's beat is one)."""
         now = self._clock.monotonic()
         with self._mutex:
             jobs, _ = self._plan(now, track=False)
-        ran = 0
-        for job, locks in jobs:
+        for job, _ in jobs:
             job(track=False)
-            ran += len(locks)
-        return ran
+        return len(jobs)
 
     def _plan(self, now: float, *, track: bool) -> "tuple[list[tuple[Callable[..., None], list[Any]]], float]":
         """What to run now, and when the next duty falls due. Called with ``_mutex`` held.
@@ -171,16 +169,22 @@ class Scheduler:
                 if id(lock) not in group.members:
                     group.members.add(id(lock))
                     group.next_at = min(group.next_at, lock._next_check)
-            if now >= group.next_at:
+            if now >= group.next_at and not group.busy:
                 batch = [lock for lock in locks if id(lock) not in self._running]
                 if not batch:
                     continue  # all busy: the first to finish wakes the loop
                 group.next_at = now + min(lock.waiter_check_interval for lock in batch)
                 group.members = {id(lock) for lock in locks}
-                start(lambda track=True, gkey=gkey, batch=batch: self._check_group(gkey, batch, track), batch)
+                # The beat covers no lock as a whole: its listing may be slow, and a member's
+                # renewal must not wait for it. Each member is busy only during its own check.
+                group.busy = track
+                start(lambda track=True, gkey=gkey, group=group, batch=batch: self._check_group(gkey, group, batch, track), [])
             next_due = min(next_due, group.next_at)
-        for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2]:
+        for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
             del self._groups[gkey]
+        # Forget the verdict on prefixes nobody holds now: a store created later may reuse the
+        # id in the key, and the prefix deserves a new look when locks come back to it anyway.
+        self._ungrouped.intersection_update(members)
         return jobs, next_due
 
     def _ensure_thread(self) -> None:
@@ -233,7 +237,7 @@ class Scheduler:
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
-    def _check_group(self, gkey: tuple[int, str], batch: list[Any], track: bool = True) -> None:
+    def _check_group(self, gkey: tuple[int, str], group: "_Group", batch: list[Any], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
         try:
             storage, prefix = batch[0]._storage, gkey[1]
@@ -252,19 +256,26 @@ class Scheduler:
                 with self._mutex:
                     self._ungrouped.add(gkey)
             for lock in batch:
-                if lock._due_besides_check() <= self._clock.monotonic():
-                    # A renewal (or a loss, or signals) fell due while we listed: its own job
-                    # runs it as soon as this one lets go, rather than serially in here.
-                    continue
+                with self._mutex:
+                    if id(lock) in self._running or lock._due_besides_check() <= self._clock.monotonic():
+                        # Busy, or a renewal (or a loss, or signals) fell due while we listed:
+                        # its own job covers it (a renewal that meets a new waiter sees it).
+                        continue
+                    if track:
+                        self._running.add(id(lock))
                 try:
                     lock._check_waiter(known_generation=listing.get(lock._key, 0))
                     lock._flush_events()
                 except Exception:
                     _log.exception("waiter check of %r raised; carrying on", lock)
+                finally:
+                    if track:
+                        with self._mutex:
+                            self._running.discard(id(lock))
         finally:
             if track:
                 with self._mutex:
-                    self._running.difference_update(id(lock) for lock in batch)
+                    group.busy = False
                 self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -285,6 +296,7 @@ class _Group:
 
     next_at: float
     members: set[int] = field(default_factory=set)
+    busy: bool = False  # a beat is running
 
 
 def _group_key(lock: Any) -> tuple[int, str] | None:

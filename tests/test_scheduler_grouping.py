@@ -242,6 +242,11 @@ def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(h
     one_interval(clock, sched)
     assert requests.since(before) == Counter(read=N), "after a refusal, each lock reads its own object"
     assert all(lock.is_held for lock in locks)
+    assert not sched._groups, "an ungrouped prefix keeps no beat (its locks wake the loop for their own checks)"
+    for lock in locks:
+        lock.release()
+    sched.run_pending()
+    assert not sched._ungrouped, "the verdict is dropped with the last lock under the prefix"
 
 
 def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batched():
@@ -274,3 +279,50 @@ def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batc
                 lock.release()
         sched.stop()
         MemoryStorage.forget(name)
+
+
+def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
+    """A beat's listing can take seconds on GCS. Meanwhile each member's renewal must still be
+    planned on its own: a member is busy only while its own check runs, not for the whole beat."""
+    name = f"slowlist-{uuid.uuid4().hex[:8]}"
+    store = MemoryStorage.named(name)
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, autostart=False)
+    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0,
+                         clock=clock, scheduler=sched) for i in range(3)]
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    real_list, listing, go = store.list, threading.Event(), threading.Event()
+
+    def slow_list(prefix):
+        listing.set()
+        assert go.wait(10)
+        return real_list(prefix)
+
+    store.list = slow_list
+    try:
+        clock.advance(CHECK)
+        with sched._mutex:
+            jobs, _ = sched._plan(clock.monotonic(), track=True)
+        assert len(jobs) == 1, "one beat for the group"
+        beat = threading.Thread(target=jobs[0][0])
+        beat.start()
+        assert listing.wait(5)
+        clock.advance(7.5 - CHECK)  # the renewals fall due while the listing hangs
+        with sched._mutex:
+            jobs, _ = sched._plan(clock.monotonic(), track=True)
+            second_beat = [job for job, covered in jobs if not covered]
+        renewing = {id(lock) for _, covered in jobs for lock in covered}
+        assert renewing == {id(lock) for lock in locks}, "renewals waited for the listing"
+        assert not second_beat, "a second beat started while the first still lists"
+        for job, _ in jobs:
+            job()
+        assert all(lock.healthy for lock in locks)
+    finally:
+        go.set()
+        beat.join(10)
+        store.list = real_list
+        for lock in locks:
+            lock.release()
+        MemoryStorage.forget(name)
+    assert not beat.is_alive()
