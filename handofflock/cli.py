@@ -124,9 +124,10 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Wait for the lock (as its single waiter), run CMD holding it, release it when CMD exits.\n"
             "When someone asks for the lock (a waiter, or a signal to this process), CMD gets --signal\n"
-            "and --grace seconds to exit; then it is killed (SIGKILL). The lock is released only after\n"
-            "CMD has exited, handed to the waiter if there is one. TERM, HUP, USR1 and USR2 sent to\n"
-            "this process are passed on to CMD. CMD's environment has HANDOFFLOCK_URL,\n"
+            "and --grace seconds to exit; then it is killed (SIGKILL). CMD runs in a process group of\n"
+            "its own, and signals go to the whole group. The lock is released only after the group has\n"
+            "exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2 sent to this\n"
+            "process are passed on to CMD's group. CMD's environment has HANDOFFLOCK_URL,\n"
             "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID."
         ),
         epilog=EXIT_CODES_HELP,

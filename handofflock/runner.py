@@ -7,6 +7,12 @@ or a signal to this process) the child gets the stop signal and ``grace``
 seconds, then SIGKILL; the lock is released only once the child has exited,
 handed to the waiter if there is one. A lost lock stops the child the same way
 and makes the exit code 70.
+
+The child runs in a process group of its own (a new session), and every signal
+goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
+trainer too, not only the shell. The lock moves on only once the group is
+empty (or killed after the grace), so no process of the command is left
+working on the resource while the next holder starts.
 """
 
 from __future__ import annotations
@@ -27,9 +33,13 @@ from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT
 from .lock import HandoffLock
 from .signal_handlers import parse_signal
 
-#: Signals ``run`` catches; all but SIGINT are passed on to the command (SIGINT from a
-#: terminal already reached it: it shares the terminal's process group).
+#: Signals ``run`` catches and passes on to the command's process group. The command is not
+#: in the terminal's foreground group, so Ctrl-C reaches it only this way.
 RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+#: After the command's own process exits, how long the rest of its group gets before SIGKILL
+#: when no grace is running yet (the command left helpers behind).
+LEFTOVER_GRACE = 5.0
 
 
 def fail(message: str, code: int) -> int:
@@ -134,26 +144,38 @@ class CommandRunner:
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
         try:
-            child = subprocess.Popen(command, env=env)
+            child = subprocess.Popen(command, env=env, start_new_session=True)
         except FileNotFoundError:
             lock.release()
             return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
         except OSError as exc:
             lock.release()
             return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
-        kill_at: float | None = None
+        kill_at: float | None = None  # monotonic time to SIGKILL the group
+        killed_at: float | None = None
         lost = False
+        returncode: int | None = None
         while True:
-            try:
-                returncode = child.wait(timeout=0.05)
-                break
-            except subprocess.TimeoutExpired:
-                pass
+            if returncode is None:
+                try:
+                    returncode = child.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.05)
             now = time.monotonic()
+            if returncode is not None:
+                if not _group_alive(child.pid):
+                    break
+                if killed_at is not None and now >= killed_at + 2.0:
+                    break  # SIGKILLed and still listed: zombies whose parent does not reap them
+                if kill_at is None:  # the command is done but left processes of its group running
+                    self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
+                    _signal_group(child, self.stop_signal)
+                    kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
                 sig = self.pending.pop(0)
-                if sig != signal.SIGINT:
-                    self._send(child, sig, f"passing {signal.Signals(sig).name} on to")
+                self._send(child, sig, f"passing {signal.Signals(sig).name} on to")
                 if kill_at is None:
                     kill_at = now + self.args.grace
             if not lost and not lock.healthy:
@@ -167,10 +189,11 @@ class CommandRunner:
                 self.say(f"{who} asks for {lock.url}")
                 self._send(child, self.stop_signal, "sending")
                 kill_at = now + self.args.grace
-            if kill_at is not None and now >= kill_at:
+            if kill_at is not None and killed_at is None and now >= kill_at:
                 self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
-                child.kill()
-                kill_at = float("inf")
+                _signal_group(child, signal.SIGKILL)
+                killed_at = now
+        assert returncode is not None
         status = returncode if returncode >= 0 else 128 - returncode
         if lost or not lock.is_held:
             try:
@@ -183,11 +206,32 @@ class CommandRunner:
         return status
 
     def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
-        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (pid {child.pid}), {self.args.grace:g} s to exit")
-        try:
-            child.send_signal(sig)
-        except ProcessLookupError:
+        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (process group {child.pid}), {self.args.grace:g} s to exit")
+        _signal_group(child, sig)
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the child's process group (its pid: it leads a session of its own)."""
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left, after reaping those that are our children."""
+    try:
+        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:  # members reparented to us (we may be PID 1)
             pass
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member changed its credentials: it exists
+        return True
 
 
 def _short(command: list[str], limit: int = 100) -> str:

@@ -331,13 +331,37 @@ def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lo
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_to_run_is_passed_on_and_the_lock_released_when_the_command_exits(shared_url, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_run_is_passed_on_and_the_lock_released_when_the_command_exits(shared_url, tmp_path, sig):
     a = popen(run_cmd(shared_url, "A", tmp_path, job_args=["--exit", "0"]))
     assert a.stdout.readline().startswith("A start")
-    a.send_signal(signal.SIGTERM)
+    a.send_signal(sig)
     out, err = a.communicate(timeout=30)
     assert a.returncode == 0, err
-    assert "on SIGTERM" in out and "passing SIGTERM on to" in err
+    assert f"on {sig.name}" in out and f"passing {sig.name} on to" in err
+    assert HandoffLock(shared_url).status().owner_id is None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)  # a zombie
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_the_whole_command_is_stopped_before_the_lock_moves_on_not_just_its_shell(shared_url, tmp_path):
+    """``run -- sh -c 'python train.py; ...'``: the signal must reach the trainer, not only the shell,
+    or the trainer keeps working on the resource after the lock was handed on."""
+    worker = f"{PY} -c 'import os, time; print(\"pid\", os.getpid(), flush=True); time.sleep(60)'; echo after"
+    a = popen([str(CONSOLE_SCRIPT), "run", shared_url, "--grace", "10", "--", "sh", "-c", worker])
+    line = a.stdout.readline()
+    assert line.startswith("pid"), line + a.stderr.read()
+    grandchild = int(line.split()[1])
+    a.send_signal(signal.SIGTERM)
+    out, err = a.communicate(timeout=30)
+    assert _gone(grandchild), f"the trainer outlived its run:\n{err}"
     assert HandoffLock(shared_url).status().owner_id is None
 
 

@@ -33,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
     token = int(os.environ["HANDOFFLOCK_TOKEN"])
     asked: list[str] = []
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN if args.ignore_signals else (lambda s, f: asked.append(signal.Signals(s).name)))
     ckpt = latest(args.ckpt_dir)
     start = 0 if ckpt is None else ckpt["step"] + 1
