@@ -98,38 +98,42 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
     if name == "B":
         say(name, "asks for the lock")
     lock.acquire()
-    handoff = shared.get("a_token") is not None
-    say(name, "acquired the lock" + (" (handed over by A)" if handoff else ""), lock.token)
+    try:
+        handoff = shared.get("a_token") is not None
+        say(name, "acquired the lock" + (" (handed over by A)" if handoff else ""), lock.token)
 
-    state = ckpts.resume(pointer)
-    if state is None:
-        state, start = {"w": 0.0, "b": 0.0, "loss": None}, 0
-        say(name, "no checkpoint: training from step 0", lock.token)
-    else:
-        start = state["step"] + 1
-        say(name, f"resumes from {state['by']}'s checkpoint of step {state['step']} at step {start}", lock.token)
-    shared[f"{name.lower()}_token"], shared[f"{name.lower()}_start"] = lock.token, start
-    rng = random.Random(start)
+        state = ckpts.resume(pointer)
+        if state is None:
+            state, start = {"w": 0.0, "b": 0.0, "loss": None}, 0
+            say(name, "no checkpoint: training from step 0", lock.token)
+        else:
+            start = state["step"] + 1
+            say(name, f"resumes from {state['by']}'s checkpoint of step {state['step']} at step {start}", lock.token)
+        shared[f"{name.lower()}_token"], shared[f"{name.lower()}_start"] = lock.token, start
+        rng = random.Random(start)
 
-    steps = lock.steps(range(start, TOTAL_STEPS))
-    for step in steps:
-        sgd_step(state, rng)
-        time.sleep(STEP_SECONDS)  # the rest of a real step: GPU time
-        if step % 20 == 0:
-            say(name, f"step {step:3d}  loss {state['loss']:.4f}", lock.token)
-    if steps.stopped:
-        request = steps.request
-        waited = time.monotonic() - shared.get("asked_at", time.monotonic())
-        say(name, f"told: {request.requester} wants the lock ({request.reason}), "
-                  f"{waited:.2f} s after it asked (check interval {lock.waiter_check_interval:g} s)", lock.token)
-    last = steps.last if steps.last is not None else start - 1
-    path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token)
-    say(name, f"checkpointed step {last} as {path.name}; the fenced pointer names it", lock.token)
-    shared[f"{name.lower()}_last"] = last
-    token = lock.token
-    heir = lock.release()
-    say(name, f"handed off to {heir}" if heir else "released the lock (nobody waiting)", token)
-    signals.waiting.disconnect(on_waiting, sender=lock)
+        steps = lock.steps(range(start, TOTAL_STEPS))
+        for step in steps:
+            sgd_step(state, rng)
+            time.sleep(STEP_SECONDS)  # the rest of a real step: GPU time
+            if step % 20 == 0:
+                say(name, f"step {step:3d}  loss {state['loss']:.4f}", lock.token)
+        if steps.stopped:
+            request = steps.request
+            waited = time.monotonic() - shared.get("asked_at", time.monotonic())
+            say(name, f"told: {request.requester} wants the lock ({request.reason}), "
+                      f"{waited:.2f} s after it asked (check interval {lock.waiter_check_interval:g} s)", lock.token)
+        last = steps.last if steps.last is not None else start - 1
+        path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token)
+        say(name, f"checkpointed step {last} as {path.name}; the fenced pointer names it", lock.token)
+        shared[f"{name.lower()}_last"] = last
+        token = lock.token
+        heir = lock.release()
+        say(name, f"handed off to {heir}" if heir else "released the lock (nobody waiting)", token)
+    finally:  # a trainer that failed must let go: its lock would go on being renewed, B waiting forever
+        if lock.is_held:
+            lock.release()
+        signals.waiting.disconnect(on_waiting, sender=lock)
 
 
 def run(url: str, workdir: Path) -> int:
