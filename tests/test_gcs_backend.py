@@ -444,6 +444,68 @@ def test_a_server_that_never_answers_is_a_transient_ambiguous_timeout(monkeypatc
         listener.close()
 
 
+def _self_signed_cert(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that no CA vouches for (cryptography comes with google-auth)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_a_tls_certificate_nobody_vouches_for_is_a_permanent_error_that_says_what_to_check(monkeypatch, tmp_path):
+    """Not retried as if the network hiccuped: a wrong CA bundle or an intercepting proxy stays wrong."""
+    import ssl
+
+    cert, key = _self_signed_cert(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            try:
+                context.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError):
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"https://127.0.0.1:{listener.getsockname()[1]}")
+        monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+        store = GCSStorage("some-bucket", timeout=(2.0, 2.0))
+        with pytest.raises(StorageError) as info:
+            store.read("a.json")
+        assert not isinstance(info.value, TransientStorageError)
+        assert "REQUESTS_CA_BUNDLE" in str(info.value) and "certificate" in str(info.value)
+        assert isinstance(info.value.__cause__, requests.exceptions.SSLError)
+    finally:
+        stop.set()
+        thread.join(2)
+        listener.close()
+
+
 def test_missing_default_credentials_say_how_to_provide_them(monkeypatch, tmp_path):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-key.json"))
@@ -557,6 +619,16 @@ def test_a_body_that_does_not_match_its_crc32c_is_a_transient_error(canned):
     with pytest.raises(TransientStorageError) as info:
         store.read("a.json")
     assert info.value.ambiguous is False and "CRC32C" in str(info.value)
+
+
+@pytest.mark.parametrize("body", [b"<html>proxy says hi</html>", b"{}", b'{"generation": "soon"}'])
+def test_an_accepted_upload_whose_reply_cannot_be_read_is_ambiguous_not_a_failure(canned, body):
+    """The 200 says it was applied: reporting a permanent failure would leave a record naming us
+    that we never act on. Ambiguous makes the caller read back and find its nonce."""
+    server, store = canned(lambda handler: (200, {"Content-Type": "application/json"}, body))
+    with pytest.raises(TransientStorageError) as info:
+        store.write("a.json", b"{}", if_generation_match=0)
+    assert info.value.ambiguous is True and "probably been applied" in str(info.value)
 
 
 def test_a_reply_without_a_generation_is_refused(canned):

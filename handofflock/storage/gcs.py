@@ -29,6 +29,7 @@ import contextlib
 import email.utils
 import math
 import os
+import ssl
 import threading
 import time
 import uuid
@@ -198,7 +199,14 @@ class GCSStorage:
                 if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
                     raise self._bucket_missing(key, response)
                 self._check(response, "write", key, if_generation_match)
-                return _parse_generation(_json(response).get("generation"), "the upload's reply")
+                try:
+                    return _parse_generation(_json(response).get("generation"), "the upload's reply")
+                except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
+                    raise TransientStorageError(
+                        f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
+                        f"reply cannot be read ({exc}); it has probably been applied",
+                        url=self.url, key=key, status=response.status_code, ambiguous=True,
+                    ) from exc
 
     def delete(self, key: str, *, if_generation_match: int) -> None:
         validate_key(key)
@@ -352,6 +360,17 @@ class GCSStorage:
             raise TransientStorageError(
                 f"{where}: no reply within {self._timeout[1]}s; the request may have been applied",
                 url=self.url, key=key, ambiguous=True,
+            ) from exc
+        except requests.exceptions.SSLError as exc:
+            if _caused_by(exc, ssl.SSLCertVerificationError):
+                raise StorageError(
+                    f"{where}: the server's TLS certificate was not accepted ({_reason(exc)}); check the CA "
+                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
+                    url=self.url, key=key,
+                ) from exc
+            raise TransientStorageError(
+                f"{where}: the TLS connection failed ({_reason(exc)}); the request may have been applied",
+                url=self.url, key=key, ambiguous=not _never_connected(exc),
             ) from exc
         except requests.exceptions.ConnectionError as exc:
             if _never_connected(exc):
@@ -603,6 +622,21 @@ def _never_connected(exc: requests.exceptions.ConnectionError) -> bool:
         reason = reason.reason
     # NewConnectionError (refused, unreachable, DNS failure) is a ConnectTimeoutError.
     return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is anywhere in ``exc``'s chain: causes, contexts, wrapped reasons and args."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, kind):
+            return True
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
+    return False
 
 
 def _reason(exc: BaseException) -> str:
