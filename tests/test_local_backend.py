@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from handofflock.errors import (
+    ConfigurationError,
     InvalidKey,
     NotFound,
     PreconditionFailed,
@@ -669,3 +670,33 @@ def test_list_filters_by_a_name_prefix_and_skips_tombstones_and_internal_files(r
     assert store.list("locks/") == {"locks/train.json": g1, "locks/trace/x.json": g2}
     assert set(store.list("lock")) == {"locks/train.json", "locks/trace/x.json", "lockstep.json"}
     assert any(n.startswith(RESERVED_PREFIX) for n in os.listdir(root / "locks"))
+
+
+def test_a_listing_that_fails_midway_leaves_no_directory_open(root, monkeypatch):
+    """Subdirectories waiting their turn hold descriptors; a walk that fails must close them all."""
+    import handofflock.storage.local as local
+
+    store = LocalStorage(root)
+    for d in "abcd":
+        store.write(f"locks/{d}/x.json", b"1", if_generation_match=0)
+    real_scandir, calls = local.os.scandir, []
+
+    def failing_scandir(fd):
+        calls.append(fd)
+        if len(calls) == 2:  # the first subdirectory: the others are still pending
+            raise PermissionError(13, "injected: permission denied")
+        return real_scandir(fd)
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(local.os, "scandir", failing_scandir)
+    with pytest.raises(StorageError):
+        store.list("locks/")
+    monkeypatch.setattr(local.os, "scandir", real_scandir)
+    assert len(calls) == 2
+    assert len(os.listdir("/proc/self/fd")) == before, "directory descriptors leaked"
+
+
+def test_an_unbounded_lock_timeout_is_refused():
+    for bad in (float("inf"), float("nan"), 0, -1, True):
+        with pytest.raises(ConfigurationError):
+            LocalStorage("/tmp/never-used", lock_timeout=bad)

@@ -103,6 +103,13 @@ def test_read_with_max_bytes_reads_at_most_one_byte_over_the_cap(store):
     assert small == big
 
 
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "64"])
+def test_a_nonsense_size_cap_is_refused_before_anything_is_read(store, bad):
+    store.write("capped.json", b"{}", if_generation_match=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        store.read("capped.json", max_bytes=bad)
+
+
 @pytest.mark.parametrize(
     "key", ["", "/abs.json", "a/../b.json", "../escape.json", "a//b.json", "./a.json", "a\\b.json", "a\x00b", "x" * 1025]
 )

@@ -117,3 +117,10 @@ def validate_generation(generation: object, *, allow_zero: bool = True) -> int:
     if generation < 0 or (generation == 0 and not allow_zero):
         raise ValueError(f"if_generation_match must be {'>= 0' if allow_zero else '> 0'}, got {generation}")
     return generation
+
+
+def validate_max_bytes(max_bytes: object) -> int | None:
+    """Check a read's size cap: None (no cap) or a non-negative int (not a bool)."""
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+    return max_bytes

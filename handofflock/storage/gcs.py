@@ -53,7 +53,7 @@ from ..errors import (
     TransientStorageError,
 )
 from . import _BUCKET_RE
-from .base import validate_generation, validate_key, validate_prefix
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
     import google_crc32c
@@ -152,8 +152,7 @@ class GCSStorage:
 
     def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
         validate_key(key)
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
-            raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+        validate_max_bytes(max_bytes)
         headers = {
             # Never let the server or requests transform the bytes: a Range then
             # counts stored bytes and the checksum covers what we return.

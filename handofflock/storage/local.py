@@ -15,6 +15,7 @@ See ``docs/local-backend.md``.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 import time
@@ -29,7 +30,7 @@ except ImportError:  # pragma: no cover - non-POSIX; refused at first use
 
 from ..errors import ConfigurationError, InvalidKey, NotFound, PreconditionFailed, StorageError, TransientStorageError
 from . import local_lock
-from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_prefix
+from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_max_bytes, validate_prefix
 from .local_format import MAX_GENERATION, MAX_HEADER, RESERVED_PREFIX, Header
 from .local_format import encode_header, foreign_generation, parse_header, sidecar_name
 
@@ -80,8 +81,8 @@ class LocalStorage:
         text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text or "\x00" in text:
             raise ConfigurationError(f"LocalStorage root must be a non-empty text path without NUL, got {root!r}")
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
-            raise ConfigurationError(f"lock_timeout must be a number > 0, got {lock_timeout!r}")
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not 0 < lock_timeout < math.inf:
+            raise ConfigurationError(f"lock_timeout must be a finite number > 0, got {lock_timeout!r}")
         # abspath, not resolve(): no I/O here, and symlinks are refused later, not resolved away.
         self.root = os.path.abspath(text)
         self.url = Path(self.root).as_uri()
@@ -100,8 +101,7 @@ class LocalStorage:
         as data, at its mtime in microseconds (see ``docs/local-backend.md``).
         """
         self._check_key(key)
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
-            raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
+        validate_max_bytes(max_bytes)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             found = None if dir_fd is None else self._open_object(stack, dir_fd, name, key)
@@ -165,7 +165,9 @@ class LocalStorage:
             if start is None:
                 return found
             pending = [(os.dup(start), f"{dir_part}/" if dir_part else "", name_prefix)]
-            while pending:  # depth-first, one directory descriptor at a time
+            # Directories waiting their turn hold descriptors: close them however the walk ends.
+            stack.callback(lambda: [os.close(fd) for fd, _, _ in pending])
+            while pending:  # depth-first
                 fd, base, must_start = pending.pop()
                 try:
                     with os.scandir(fd) as entries:
@@ -248,8 +250,12 @@ class LocalStorage:
             except FileExistsError:
                 pass  # a concurrent writer made it; open it like any other
         if made:
-            os.fchmod(fd, _DIR_MODE)
-            os.fsync(parent)  # the new directory entry must survive a crash too
+            try:
+                os.fchmod(fd, _DIR_MODE)
+                os.fsync(parent)  # the new directory entry must survive a crash too
+            except BaseException:
+                os.close(fd)
+                raise
         return fd
 
     def _refuse(self, dir_fd: int, name: str, relpath: str, exc: OSError | None = None) -> None:

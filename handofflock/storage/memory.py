@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import NotFound, PreconditionFailed, TransientStorageError
-from .base import validate_generation, validate_key, validate_prefix
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 _REGISTRY: dict[str, "MemoryStorage"] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -116,6 +116,7 @@ class MemoryStorage:
 
     def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
         validate_key(key)
+        validate_max_bytes(max_bytes)
         fault = self._before("read", key)
         with self._lock:
             found = self._objects.get(key)
@@ -171,7 +172,8 @@ class MemoryStorage:
     # -- fault hooks ----------------------------------------------------------
 
     def _before(self, op: str, key: str | None) -> _Fault | None:
-        self.calls[op] += 1
+        with self._lock:  # ``+=`` on a Counter is a read and a write: concurrent calls would lose counts
+            self.calls[op] += 1
         fault = self.faults._take(op, key)
         if fault is not None and fault.kind == "fail":
             raise fault.exc_factory()
