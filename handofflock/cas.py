@@ -24,6 +24,35 @@ from .pacing import WriteGate, backoff
 from .storage import Storage
 
 
+def read_retrying(
+    storage: Storage,
+    key: str,
+    *,
+    clock: Clock,
+    deadline: float | None,
+    max_bytes: int,
+    retry: bool = True,
+    sleep: Callable[[float], bool] | None = None,
+) -> tuple[bytes, int] | None:
+    """One read, its transient errors retried with backoff until ``deadline`` (monotonic).
+
+    ``retry`` and ``sleep`` as for :func:`write_resolving`. Every read that
+    decides a write goes through here (the lock's, the fence's, a force-release's).
+    """
+    delays = backoff(base=0.1, cap=2.0)
+    while True:
+        try:
+            return storage.read(key, max_bytes=max_bytes)
+        except TransientStorageError:
+            delay = next(delays)
+            if not retry or (deadline is not None and clock.monotonic() + delay >= deadline):
+                raise
+            if sleep is None:
+                clock.sleep(delay)
+            elif not sleep(delay):
+                raise
+
+
 def write_resolving(
     storage: Storage,
     key: str,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from .cas import write_resolving
+from .cas import read_retrying, write_resolving
 from .clock import Clock
 from .errors import (
     ConfigurationError,
@@ -36,9 +36,8 @@ from .errors import (
     FencedObjectFull,
     PreconditionFailed,
     StaleToken,
-    TransientStorageError,
 )
-from .pacing import backoff, gate_for
+from .pacing import gate_for
 from .record import MAX_TOKEN, id_problem, new_nonce
 from .storage import Storage, validate_key
 
@@ -290,16 +289,7 @@ class FencedObject:
     # ------------------------------------------------------------------ I/O
 
     def _read(self, deadline: float) -> tuple[int, _Doc]:
-        delays = backoff(base=0.1, cap=2.0)
-        while True:
-            try:
-                found = self._storage.read(self.key, max_bytes=self.max_bytes)
-                break
-            except TransientStorageError:
-                delay = next(delays)
-                if self._clock.monotonic() + delay >= deadline:
-                    raise
-                self._clock.sleep(delay)
+        found = read_retrying(self._storage, self.key, clock=self._clock, deadline=deadline, max_bytes=self.max_bytes)
         if found is None:
             return 0, _Doc()
         data, generation = found

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from . import protocol, signals
-from .cas import write_resolving
+from .cas import read_retrying, write_resolving
 from .clock import Clock
 from .errors import (
     AcquireCancelled,
@@ -728,14 +728,10 @@ class HandoffLock:
 
     def _read(self, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> tuple[LockRecord | None, int]:
         """One read (retried on transient errors until ``deadline``), decoded strictly."""
-        delays = _jitter(0)
-        while True:
-            try:
-                found = self._storage.read(self._key, max_bytes=MAX_RECORD_BYTES)
-                break
-            except TransientStorageError:
-                if not retry or not self._sleep_before_retry(next(delays), deadline, interruptible):
-                    raise
+        found = read_retrying(
+            self._storage, self._key, clock=self._clock, deadline=deadline, max_bytes=MAX_RECORD_BYTES,
+            retry=retry, sleep=lambda delay: self._sleep_before_retry(delay, None, interruptible),
+        )
         if found is None:
             return None, 0
         data, generation = found

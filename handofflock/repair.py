@@ -13,13 +13,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from .cas import write_resolving
+from .cas import read_retrying, write_resolving
 from .clock import Clock
-from .errors import LockRecordCorrupt, PreconditionFailed, TransientStorageError
-from .pacing import backoff
+from .errors import LockRecordCorrupt, PreconditionFailed
 from .protocol import next_token
 from .record import LockRecord, new_nonce
-from .storage import MAX_RECORD_BYTES, Storage, open_url
+from .storage import MAX_RECORD_BYTES, open_url
 
 if TYPE_CHECKING:
     from .lock import HandoffLock
@@ -79,7 +78,7 @@ def force_release(
     clock = clock or Clock()
     deadline = clock.monotonic() + timeout
 
-    found = _read(storage, key, clock, deadline)
+    found = read_retrying(storage, key, clock=clock, deadline=deadline, max_bytes=MAX_RECORD_BYTES)
     if found is None:
         if expected_generation not in (None, 0):
             raise PreconditionFailed(key, expected_generation, url=url)
@@ -119,15 +118,3 @@ def force_release(
         url=url, key=key, generation=generation, data=data[:MAX_RECORD_BYTES], truncated=len(data) > MAX_RECORD_BYTES,
         record=old, error=error, new_generation=new_generation, token=free.token,
     )
-
-
-def _read(storage: Storage, key: str, clock: Clock, deadline: float) -> tuple[bytes, int] | None:
-    delays = backoff(base=0.1, cap=2.0)
-    while True:
-        try:
-            return storage.read(key, max_bytes=MAX_RECORD_BYTES)
-        except TransientStorageError:
-            delay = next(delays)
-            if clock.monotonic() + delay >= deadline:
-                raise
-            clock.sleep(delay)
