@@ -37,7 +37,7 @@ from .errors import (
     PreconditionFailed,
     StaleToken,
 )
-from .pacing import gate_for
+from .pacing import default_write_interval, gate_for
 from .record import MAX_TOKEN, id_problem, new_nonce
 from .storage import Storage, validate_key
 
@@ -149,7 +149,7 @@ class FencedObject:
             raise ConfigurationError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         if min_write_interval is None:
-            min_write_interval = 1.0 if type(storage).__name__ == "GCSStorage" else 0.0
+            min_write_interval = default_write_interval(storage)
         if min_write_interval < 0:
             raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
         self.min_write_interval = float(min_write_interval)

@@ -34,7 +34,7 @@ from .errors import (
     StorageError,
     TransientStorageError,
 )
-from .pacing import WriteGate, backoff, gate_for
+from .pacing import WriteGate, backoff, default_write_interval, gate_for
 from .protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
 from .record import MAX_TTL, LockRecord, id_problem, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
@@ -185,7 +185,7 @@ class HandoffLock:
             raise ConfigurationError(f"max_clock_skew must be >= 0, got {max_clock_skew}")
         self.max_clock_skew = float(max_clock_skew)
         if min_write_interval is None:
-            min_write_interval = 1.0 if type(self._storage).__name__ == "GCSStorage" else 0.0
+            min_write_interval = default_write_interval(self._storage)
         if min_write_interval < 0:
             raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
         self.min_write_interval = float(min_write_interval)

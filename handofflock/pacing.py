@@ -83,6 +83,11 @@ class WriteGate:
                 self.interval = max(self.min_interval, self.interval * 0.75)
 
 
+def default_write_interval(storage: object) -> float:
+    """The write spacing a store asks for (``min_write_interval``: 1 s on GCS), else 0."""
+    return float(getattr(storage, "min_write_interval", 0.0))
+
+
 def gate_for(storage: object, key: str, min_interval: float) -> WriteGate:
     """The process-wide gate for ``key`` in ``storage`` (the strictest minimum wins)."""
     with _GATES_LOCK:

@@ -333,3 +333,17 @@ def _acquire_outcome(lock: HandoffLock) -> str:
         return "cancelled"
     except Exception as exc:  # noqa: BLE001 - reported by the assertion
         return repr(exc)
+
+
+def test_writes_to_one_gcs_object_are_spaced_a_second_apart_by_default_and_elsewhere_not():
+    from handofflock.fencing import FencedObject
+    from handofflock.storage import open_url
+
+    gcs_lock = HandoffLock("gs://some-bucket/locks/a.json")  # no I/O: nothing is sent
+    assert gcs_lock.min_write_interval == 1.0
+    assert FencedObject.beside(gcs_lock, "ckpt.json").min_write_interval == 1.0
+    assert HandoffLock("gs://some-bucket/locks/a.json", min_write_interval=0.0).min_write_interval == 0.0
+    for url in ("memory://spacing/a.json", "file:///tmp/never-written/a.json"):
+        lock = HandoffLock(url)
+        assert lock.min_write_interval == 0.0
+        assert FencedObject(open_url(url)[0], "ckpt.json").min_write_interval == 0.0

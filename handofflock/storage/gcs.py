@@ -90,6 +90,9 @@ class GCSStorage:
 
     #: Objects per listing page (the JSON API's maximum).
     _LIST_PAGE_SIZE = 1000
+    #: Seconds between writes to one object from this process, unless a lock or fence is told
+    #: otherwise: GCS sustains about one write per second per object and answers 429 beyond.
+    min_write_interval = 1.0
 
     def __init__(
         self,
