@@ -134,7 +134,8 @@ class CannedServer:
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
+                if "Content-Length" not in headers:  # a test may declare more than it sends: a cut reply
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -629,6 +630,13 @@ def test_an_accepted_upload_whose_reply_cannot_be_read_is_ambiguous_not_a_failur
     with pytest.raises(TransientStorageError) as info:
         store.write("a.json", b"{}", if_generation_match=0)
     assert info.value.ambiguous is True and "probably been applied" in str(info.value)
+
+
+def test_a_reply_cut_short_of_its_content_length_is_a_transient_error_not_a_short_object(canned):
+    # urllib3 2 notices by itself; 1.26 (still allowed by the SDK) would hand b'{"own' over as the object.
+    server, store = canned(lambda handler: (200, {"x-goog-generation": "5", "Content-Length": "40"}, b'{"own'))
+    with pytest.raises(TransientStorageError):
+        store.read("a.json", max_bytes=1000)
 
 
 def test_a_reply_without_a_generation_is_refused(canned):

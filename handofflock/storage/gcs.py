@@ -134,7 +134,11 @@ class GCSStorage:
         if client is None:
             with self._client_lock:
                 if self._client is None:
-                    self._client = self._make_client()
+                    made = self._make_client()
+                    # The SDK makes its HTTP session lazily and without a lock: make it here, under
+                    # ours, or two threads' first requests could each make one and leak the other.
+                    made._http  # noqa: B018 - no I/O: it only builds the session
+                    self._client = made
                 client = self._client
         return client
 
@@ -277,6 +281,7 @@ class GCSStorage:
             generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
             data, complete = _read_body(response, limit)
             if complete:
+                _check_length(response, data, key, self.url)
                 _verify_crc32c(response, data, key, self.url)
             return data, generation
 
@@ -508,6 +513,21 @@ def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, b
             # not claim completeness; closing the response drops the rest.
             return data, False
     return b"".join(chunks), True
+
+
+def _check_length(response: requests.Response, data: bytes, key: str, url: str) -> None:
+    """A body that ended before its Content-Length is a cut reply, not a short object.
+
+    urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which the SDK
+    still allows, hands the short body over as if complete, and the CRC32C
+    check does not cover a ranged read.
+    """
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) != len(data):
+        raise TransientStorageError(
+            f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
+            url=url, key=key, ambiguous=False,
+        )
 
 
 def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
