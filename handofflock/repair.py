@@ -13,11 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+import orjson
+
 from .cas import read_retrying, write_resolving
 from .clock import Clock
 from .errors import LockRecordCorrupt, PreconditionFailed
 from .protocol import next_token
-from .record import LockRecord, new_nonce
+from .record import MAX_TOKEN, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, open_url
 
 if TYPE_CHECKING:
@@ -65,7 +67,8 @@ def force_release(
     A readable record continues its token sequence (owner and waiter cleared,
     unknown fields kept), so the evicted owner's fenced writes are refused once
     the next holder writes. An unreadable one is replaced by a fresh record
-    whose token is the current time in milliseconds, as for a new lock.
+    whose token is the current time in milliseconds, as for a new lock, or one
+    more than the token the broken record still shows, if that is higher.
     Returns None if there was no object (a missing lock is already free).
 
     >>> force_release("gs://bucket/locks/train.json", expected_generation=err.generation)
@@ -100,8 +103,8 @@ def force_release(
             owner_id=None, expires_at=None, waiting_owner_id=None, waiter_expires_at=None,
             token=next_token(old, now), nonce=nonce,
         )
-    else:
-        free = LockRecord(token=next_token(None, now), nonce=nonce)
+    else:  # continue past whatever token the broken record still shows, if any
+        free = LockRecord(token=next_token(LockRecord(token=_salvage_token(data)), now), nonce=nonce)
 
     def is_ours(raw: bytes) -> bool:
         return LockRecord.decode(raw, key=key).nonce == nonce
@@ -118,3 +121,15 @@ def force_release(
         url=url, key=key, generation=generation, data=data[:MAX_RECORD_BYTES], truncated=len(data) > MAX_RECORD_BYTES,
         record=old, error=error, new_generation=new_generation, token=free.token,
     )
+
+
+def _salvage_token(data: bytes) -> int:
+    """The ``token`` of a record too broken to decode, if its JSON still has a plausible one; else 0."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return 0
+    token = value.get("token") if isinstance(value, dict) else None
+    if isinstance(token, int) and not isinstance(token, bool) and 0 <= token < MAX_TOKEN:
+        return token
+    return 0

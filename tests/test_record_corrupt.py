@@ -419,6 +419,21 @@ def test_force_release_replaces_a_corrupt_record_with_a_free_one_and_returns_it(
     assert lock.acquire(blocking=False) and lock.token > replaced.token
 
 
+def test_force_release_of_a_corrupt_record_still_continues_past_the_token_it_shows(sim):
+    """Tokens written by a host whose clock ran ahead can exceed the clock here: a fresh
+    clock-based token would fall below them, and the old holder's fenced writes would pass."""
+    clock, _ = sim
+    store = MemoryStorage.named("force-corrupt-token")
+    ahead = int(clock.time() * 1000) + 3_600_000  # an hour ahead of this host
+    store.write(KEY, b'{"version": 99, "token": %d, "ownerId": "A"}' % ahead, if_generation_match=0)
+    try:
+        replaced = force_release(f"memory://force-corrupt-token/{KEY}", clock=clock)
+    finally:
+        MemoryStorage.forget("force-corrupt-token")
+    assert replaced.record is None and replaced.error is not None
+    assert replaced.token == ahead + 1
+
+
 def test_force_release_of_a_held_lock_continues_the_token_sequence_and_evicts_the_owner(sim):
     clock, sched = sim
     store = MemoryStorage.named("force-held")
