@@ -72,6 +72,8 @@ def emulator_env(url: str) -> Iterator[None]:
             os.environ.pop(_EMULATOR_ENV, None)
         else:
             os.environ[_EMULATOR_ENV] = previous
+
+
 _IO_TIMEOUT = 60.0  # no read from a peer blocks longer than this
 
 #: Every fault the proxy can inject.

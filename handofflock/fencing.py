@@ -38,7 +38,7 @@ from .errors import (
     StaleToken,
 )
 from .pacing import default_write_interval, gate_for
-from .record import MAX_TOKEN, id_problem, new_nonce
+from .record import MAX_TOKEN, _is_int, _is_number, id_problem, new_nonce
 from .storage import Storage, validate_key
 
 if TYPE_CHECKING:
@@ -361,10 +361,3 @@ def _encodable(value: Any, what: str) -> None:
 def _url(storage: Storage) -> str | None:
     return getattr(storage, "url", None)
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -210,7 +210,7 @@ class HandoffLock:
         self._lost_error: BaseException | None = None
         self.release_requested: bool = False
         self.release_request: ReleaseRequest | None = None
-        self._notified_waiters: set[tuple[str, float]] = set()
+        self._notified_waiters: set[str] = set()  # waiters already announced while we hold the lock
         self._pending_notices: list[ReleaseRequest] = []
         self._pending_events: list[tuple[Any, dict[str, Any]]] = []
 
@@ -682,8 +682,8 @@ class HandoffLock:
         if record is None:
             return
         seen = protocol.observe_as_owner(record, me=self.owner_id, token=self.token or 0, now=self._clock.time())
-        if isinstance(seen, WaiterSeen) and seen.waiter_id not in {w for w, _ in self._notified_waiters}:
-            self._notified_waiters.add((seen.waiter_id, seen.deadline))
+        if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
+            self._notified_waiters.add(seen.waiter_id)
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
             self.request_release("waiter", requester=seen.waiter_id, deadline=seen.deadline)
 

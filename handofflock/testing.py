@@ -38,7 +38,6 @@ from .faultproxy import FaultProxy, emulator_env
 __all__ = ["FakeGCSServer", "FaultProxy"]
 
 _HOST = "127.0.0.1"  # never anything else: the emulator has no authentication
-_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 # urllib honours http_proxy & co.; the emulator must be reached directly.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
