@@ -652,15 +652,20 @@ class HandoffLock:
         (0: not listed) when it checks many locks at once; the check then runs
         whether or not it was due. Generations only grow, so a listed generation equal to the one we know
         means the object holds exactly our cached record: deciding on that is
-        deciding on what a read would return. Anything else (0 included: not
-        listed) is settled by a read, never by the listing alone.
+        deciding on what a read would return. A listed generation below ours
+        means the listing is older than our own last write or read of the
+        object (a renewal while the group was being listed), which already
+        showed it: no read either. A higher one (someone else wrote), or 0
+        (not listed), is settled by a read, never by the listing alone.
         """
         with self._io:
             if self._state != HELD:
                 return
             self._next_check = self._clock.monotonic() + self.waiter_check_interval
             try:
-                if known_generation is not None and known_generation == self._generation and self._record is not None:
+                if known_generation is not None and 0 < known_generation <= self._generation and self._record is not None:
+                    # Listed as we know it, or older: we wrote (renewed) or read it since the
+                    # listing was made, and that is at least as fresh as the listing's view.
                     record, generation = self._record, self._generation
                 else:
                     record, generation = self._read(None, retry=False)

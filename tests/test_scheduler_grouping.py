@@ -326,3 +326,31 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
             lock.release()
         MemoryStorage.forget(name)
     assert not beat.is_alive()
+
+
+@pytest.mark.parametrize("base", ["memory"], indirect=True)
+def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
+    """With many locks, renewals run while a beat lists and checks. A listing older than a lock's own
+    renewal shows an older generation: that is no sign of a change, and must not cost a read each."""
+    locks, clock, sched, requests = held
+    store = requests.store
+    real_list = store.list
+
+    def list_then_renew(prefix):
+        listing = real_list(prefix)
+        for lock in locks:  # every lock renews after the listing was taken
+            lock._renew()
+        return listing
+
+    store.list = list_then_renew
+    try:
+        clock.advance(CHECK)
+        before = requests.snapshot()
+        sched.run_pending()
+    finally:
+        store.list = real_list
+    assert requests.since(before) == Counter(list=1, write=N), "a stale listing cost reads"
+    record, generation = raw_read(locks[0].url)
+    raw_write(locks[0].url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w"), generation)
+    one_interval(clock, sched)
+    assert locks[0].release_requested, "a change by someone else is still read and noticed"
