@@ -735,7 +735,7 @@ class HandoffLock:
         """One read (retried on transient errors until ``deadline``), decoded strictly."""
         found = read_retrying(
             self._storage, self._key, clock=self._clock, deadline=deadline, max_bytes=MAX_RECORD_BYTES,
-            retry=retry, sleep=lambda delay: self._sleep_before_retry(delay, None, interruptible),
+            retry=retry, sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
         if found is None:
             return None, 0
@@ -774,22 +774,20 @@ class HandoffLock:
             self._storage, self._key, write.record.encode(),
             if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
             deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), retry=retry,
-            sleep=lambda delay: self._sleep_before_retry(delay, None, interruptible),
+            sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
         if read_back is not None:
             _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
         return generation
 
-    def _sleep_before_retry(self, delay: float, deadline: float | None, interruptible: bool) -> bool:
-        """Sleep ``delay`` before a retry; False (give up) if that passes ``deadline``.
+    def _sleep_before_retry(self, delay: float, interruptible: bool) -> bool:
+        """Sleep ``delay`` before a retry (the caller has checked its deadline); False to give up.
 
-        ``interruptible`` retries (an acquire's polling, ``status()``) also give
-        up on ``cancel()`` or a deferred release. The others (a release, giving
+        ``interruptible`` retries (an acquire's polling, ``status()``) give up
+        on ``cancel()`` or a deferred release. The others (a release, giving
         the waiter slot back) carry on to their deadline whatever arrives: they
         are what a cancel or a signal wants done.
         """
-        if deadline is not None and self._clock.monotonic() + delay >= deadline:
-            return False
         if not interruptible:
             self._clock.sleep(delay)
             return True
