@@ -56,7 +56,7 @@ def read_retrying(
 def write_resolving(
     storage: Storage,
     key: str,
-    data: bytes,
+    data: bytes | Callable[[], bytes],
     *,
     if_generation_match: int,
     is_ours: Callable[[bytes], bool],
@@ -64,10 +64,16 @@ def write_resolving(
     deadline: float | None,
     max_bytes: int,
     gate: WriteGate | None = None,
+    urgent: bool = False,
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
 ) -> tuple[int, bytes | None]:
     """Write ``data`` if the object is at ``if_generation_match``; return ``(generation, read_back)``.
+
+    ``data`` may be a function called just before each attempt is sent (after
+    any wait for the write gate), so what it stamps (a lease's ``expiresAt``)
+    dates from the send; ``is_ours`` must then recognise every attempt's bytes.
+    ``gate`` spaces the writes; ``urgent`` as for :meth:`WriteGate.take`.
 
     ``read_back`` is None when the store answered the write, else the bytes read
     back that proved it landed (they may be a later write that kept our nonce in
@@ -95,19 +101,20 @@ def write_resolving(
         return sleep(delay)
 
     while True:
-        if gate is not None:
-            wait = gate.reserve(clock.monotonic())
-            if wait > 0:
-                if deadline is not None and clock.monotonic() + wait >= deadline:
-                    # The spacing (widened by 429s) would carry the write past the deadline:
-                    # give up now rather than sleep there (a renewal holds the lock's mutex).
-                    raise failed or TransientStorageError(
-                        f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
-                        url=getattr(storage, "url", None), key=key, ambiguous=False,
-                    )
-                clock.sleep(wait)
+        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent):
+            wait = gate.ready_in(clock.monotonic(), urgent=urgent)
+            if deadline is not None and clock.monotonic() + wait >= deadline:
+                # The spacing (widened by 429s) would carry the write past the deadline:
+                # give up now rather than sleep there. Nothing was booked, so giving up
+                # costs the other writers of the object nothing.
+                raise failed or TransientStorageError(
+                    f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
+                    url=getattr(storage, "url", None), key=key, ambiguous=False,
+                )
+            clock.sleep(max(wait, 0.001))
+        body = data() if callable(data) else data
         try:
-            generation = storage.write(key, data, if_generation_match=if_generation_match)
+            generation = storage.write(key, body, if_generation_match=if_generation_match)
         except PreconditionFailed:
             if maybe_landed:  # our own earlier attempt may be what moved the generation
                 while True:  # only a read can tell; a failed one is no answer, so read again

@@ -12,6 +12,9 @@ import threading
 import time as _time
 
 
+_REAL_TIMEBASE = "time.monotonic"
+
+
 class Clock:
     """The real clock. ``offset`` shifts wall time (to simulate a skewed host)."""
 
@@ -25,6 +28,14 @@ class Clock:
     def monotonic(self) -> float:
         """Seconds on a clock that never jumps; keeps counting while the process is stopped."""
         return _time.monotonic()
+
+    @property
+    def timebase(self) -> object:
+        """What ``monotonic()`` readings may be compared across: every real clock shares one.
+
+        A clock that keeps its own monotonic time (a fake one) is its own timebase.
+        """
+        return _REAL_TIMEBASE if type(self).monotonic is Clock.monotonic else self
 
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
         """Wait for ``event`` at most ``timeout`` seconds; return whether it is set."""

@@ -36,8 +36,9 @@ from .errors import (
 )
 from .pacing import WriteGate, backoff, default_write_interval, gate_for
 from .protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
-from .record import MAX_TTL, LockRecord, id_problem, new_nonce
+from .record import LockRecord, id_problem, new_nonce
 from .storage import MAX_RECORD_BYTES, Storage, open_url
+from .timing import Timing
 
 if TYPE_CHECKING:
     from .training import Steps
@@ -49,6 +50,9 @@ _log_release = logging.getLogger("handofflock.release")
 T = TypeVar("T")
 
 IDLE, WAITING, HELD, LOST = "idle", "waiting", "held", "lost"
+#: A release whose write failed transiently: retried in the background (and by ``release()``)
+#: until it lands or the lease runs out. Not renewed, not "held" for the user.
+RELEASING = "releasing"
 
 
 def default_owner_id() -> str:
@@ -161,34 +165,20 @@ class HandoffLock:
         else:
             self._storage, self._key = open_url(url)
             self.url = os.fspath(url)
-        self.ttl = _positive("ttl", ttl)
-        if self.ttl > MAX_TTL:
-            raise ConfigurationError(f"ttl must be at most {MAX_TTL:.0f} s (a week), got {ttl}")
-        self.renew_interval = _positive("renew_interval", ttl / 8 if renew_interval is None else renew_interval)
-        self.renew_deadline = _positive("renew_deadline", ttl / 2 if renew_deadline is None else renew_deadline)
-        if not self.ttl > self.renew_deadline > self.renew_interval:
-            raise ConfigurationError(
-                f"need ttl > renew_deadline > renew_interval > 0, got ttl={self.ttl}, "
-                f"renew_deadline={self.renew_deadline}, renew_interval={self.renew_interval}"
-            )
-        self.waiter_ttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
-        if self.waiter_ttl > MAX_TTL:
-            raise ConfigurationError(f"waiter_ttl must be at most {MAX_TTL:.0f} s (a week), got {waiter_ttl}")
-        self.waiter_check_interval = _positive("waiter_check_interval", waiter_check_interval)
-        self.waiter_poll_interval = _positive("waiter_poll_interval", waiter_poll_interval)
-        if self.waiter_ttl < 2 * self.waiter_poll_interval:
-            raise ConfigurationError(
-                f"waiter_ttl ({self.waiter_ttl}) must be at least twice waiter_poll_interval "
-                f"({self.waiter_poll_interval}) so the waiter can refresh its slot in time"
-            )
-        if max_clock_skew < 0 or max_clock_skew != max_clock_skew:
-            raise ConfigurationError(f"max_clock_skew must be >= 0, got {max_clock_skew}")
-        self.max_clock_skew = float(max_clock_skew)
         if min_write_interval is None:
             min_write_interval = default_write_interval(self._storage)
-        if min_write_interval < 0:
-            raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
-        self.min_write_interval = float(min_write_interval)
+        self.timing = Timing.build(
+            ttl=ttl, renew_interval=renew_interval, renew_deadline=renew_deadline, waiter_ttl=waiter_ttl,
+            waiter_check_interval=waiter_check_interval, waiter_poll_interval=waiter_poll_interval,
+            max_clock_skew=max_clock_skew, min_write_interval=min_write_interval,
+        )
+        t = self.timing
+        self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = t.ttl, t.renew_interval, t.renew_deadline, t.waiter_ttl
+        self.waiter_check_interval, self.waiter_poll_interval = t.waiter_check_interval, t.waiter_poll_interval
+        self.max_clock_skew, self.min_write_interval = t.max_clock_skew, t.min_write_interval
+        #: How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
+        #: and an urgent write, each allowed a retry. acquire() returns within its timeout plus this.
+        self.give_up_budget = max(2.0, 2 * t.min_write_interval + 1.0)
         self.wait_for_slot = bool(wait_for_slot)
         if owner_id is not None and (problem := id_problem(owner_id, "owner_id")) is not None:
             raise ConfigurationError(f"{problem}: it is written into the lock object")
@@ -196,6 +186,9 @@ class HandoffLock:
         self._clock = clock or Clock()
         self._scheduler = scheduler
         self._policy = Policy(ttl=self.ttl, waiter_ttl=self.waiter_ttl, max_clock_skew=self.max_clock_skew)
+        #: Random id of this instance, written beside owner_id: two instances that share a stable
+        #: owner_id (a restart racing its predecessor) are never taken for each other.
+        self._instance = secrets.token_hex(8)
 
         # State. Plain attributes read without locks are written atomically.
         self._state = IDLE
@@ -216,6 +209,11 @@ class HandoffLock:
 
         self._io = threading.Lock()  # serialises this lock's storage operations
         self._cancel = threading.Event()
+        self._not_acquiring = threading.Event()  # set while no acquire() runs (release() waits on it)
+        self._not_acquiring.set()
+        self._next_release_try = float("inf")
+        self._notify_mutex = threading.Lock()
+        self._notifier_running = False
         self._tls = threading.local()
         self._deferred_release = False
         self._after_deferred_release: list[Callable[[], Any]] = []
@@ -312,52 +310,64 @@ class HandoffLock:
         False if the lock cannot be taken now (transient storage errors are
         retried for at most ``timeout``, default ``renew_deadline``).
         ``timeout`` bounds the wait; on expiry the waiter slot is given back
-        and :class:`LockTimeout` raised.
+        and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
+
+        Every way out that does not return True gives the waiter slot back: a
+        timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. A
+        :meth:`cancel` that comes while no acquire runs cancels the next one.
+        When True is returned the lease is valid and counted from the write
+        that made it (for a handoff, from the previous owner's write, renewed
+        at once if little of it is left).
         """
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError("timeout must be >= 0 or None")
+        if timeout is not None and not timeout >= 0:  # also refuses NaN
+            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
         return self._guarded(lambda: self._acquire(blocking, timeout))
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
-        if self._state in (HELD, WAITING):
-            raise HandoffLockError(f"this HandoffLock instance already {'holds' if self._state == HELD else 'is acquiring'} {self.url!r}")
-        self._cancel.clear()
+        if self._state in (HELD, WAITING, RELEASING):
+            doing = {HELD: "holds", WAITING: "is acquiring", RELEASING: "is still releasing"}[self._state]
+            raise HandoffLockError(f"this HandoffLock instance already {doing} {self.url!r}")
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
             deadline = self._clock.monotonic() + self.renew_deadline
         waiting = False
         last: LockRecord | None = None
         self._state = WAITING
+        self._not_acquiring.clear()
         try:
+            if self._cancel.is_set():  # a cancel() that came before we started
+                raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
             polled = self._clock.monotonic()
-            with self._io:
-                record, generation = self._read(deadline, interruptible=True)
+            record, generation = self._read_locked(deadline)
             while True:
                 last = record or last
-                if blocking and not waiting and record is not None and record.waiting_owner_id == self.owner_id and record.owner_id != self.owner_id:
+                if (
+                    blocking and not waiting and record is not None and record.owner_id != self.owner_id
+                    and record.waiting_owner_id == self.owner_id and record.waiter_instance == self._instance
+                ):
                     # Our registration landed though we could not confirm it (its reply was lost and
                     # the record moved on before we read it back): we are the waiter all the same.
                     waiting = self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
                     record, generation, me=self.owner_id, now=wall,
-                    policy=self._policy, nonce=new_nonce(), waiting=waiting,
+                    policy=self._policy, nonce=new_nonce(), waiting=waiting, instance=self._instance,
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
+                    self._settle_handed_lease(deadline)
                     return True
                 if isinstance(decision, Write):
                     if decision.kind is Kind.BECOME_WAITER and not blocking:
                         return self._not_acquired()
                     try:
                         with self._io:
-                            generation = self._write(decision, deadline, interruptible=True)
+                            written, generation, mono, wall = self._write_lease(decision, deadline, interruptible=True)
                     except PreconditionFailed:
-                        with self._io:
-                            record, generation = self._read_to_write(deadline, interruptible=True)
+                        record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
-                    record = decision.record
-                    if decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
+                    record = written.record
+                    if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
                         self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
                         return True
                     if not waiting:
@@ -381,12 +391,23 @@ class HandoffLock:
                 if self._clock.wait(self._cancel, pause) or self._deferred_release:
                     return self._give_up(waiting, last, timed_out=False)
                 polled = self._clock.monotonic()
-                with self._io:
-                    record, generation = self._read(deadline, interruptible=True)
-        except BaseException:
+                record, generation = self._read_locked(deadline)
+        except BaseException as exc:
             if self._state == WAITING:
-                self._state = IDLE
+                # Every way out gives the slot back, or the owner would hand the lock to nobody.
+                try:
+                    self._leave_slot(waiting, last, keep=False)
+                except BaseException as cleanup:  # the original error is what the caller must see
+                    _log_acquire.warning("%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup)
+                if self._state == WAITING:
+                    self._state = IDLE
+                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred_release):
+                    # The retry was interrupted by cancel(): that is what happened.
+                    raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
             raise
+        finally:
+            self._cancel.clear()
+            self._not_acquiring.set()
 
     def _now_waiting(self, record: LockRecord) -> bool:
         _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
@@ -394,44 +415,71 @@ class HandoffLock:
         return True
 
     def cancel(self) -> None:
-        """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back."""
-        self._cancel.set()
+        """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
+
+        If no acquire is running, the next one to start is cancelled instead
+        (a cancel racing the start of an acquire is never dropped). No effect
+        while the lock is held.
+        """
+        if self._state in (IDLE, WAITING):
+            self._cancel.set()
 
     def _not_acquired(self) -> bool:
         self._state = IDLE
         return False
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
-        """Leave the waiter slot with a conditional write; maybe we were handed the lock meanwhile."""
-        # ``waiting`` is False if our registration's reply was lost and the record moved
-        # on before we could see our nonce; the record naming us still says the slot is ours.
-        if waiting or (last is not None and last.waiting_owner_id == self.owner_id):
-            for _ in range(5):
-                mono, wall = self._clock.monotonic(), self._clock.time()
-                with self._io:
-                    record, generation = self._read_to_write(mono + self.renew_deadline)
-                decision = protocol.decide_give_up_wait(
-                    record, generation, me=self.owner_id, now=self._clock.time(), policy=self._policy, nonce=new_nonce()
-                )
-                if isinstance(decision, Owned):
-                    self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
-                    if timed_out:  # the handoff beat the timeout: keep it
-                        return True
-                    self._deferred_release = False
-                    self._release()
-                    break
-                if not isinstance(decision, Write):
-                    break
-                try:
-                    with self._io:
-                        self._write(decision, self._clock.monotonic() + self.renew_deadline)
-                    break
-                except PreconditionFailed:
-                    continue
-        self._state = IDLE
+        """A timeout or a cancel: leave the waiter slot (maybe we were handed the lock meanwhile)."""
+        try:
+            if self._leave_slot(waiting, last, keep=timed_out):
+                return True  # the handoff beat the timeout: keep it
+        finally:
+            if self._state == WAITING:  # given back, or tried within the budget: never tried twice
+                self._state = IDLE
         if timed_out:
             raise self._contended(LockTimeout, last, timed_out=True)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
+
+    def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:
+        """Clear our waiter slot with a conditional write, within ``give_up_budget``.
+
+        If the owner handed us the lock meanwhile we own it: with ``keep`` we
+        keep it (returns True), else we release it at once, handing it on.
+        Returns False when we do not hold the lock afterwards.
+        """
+        # ``waiting`` is False if our registration's reply was lost and the record moved
+        # on before we could see our nonce; the record naming us still says the slot is ours.
+        if not (waiting or (last is not None and last.waiting_owner_id == self.owner_id)):
+            return False
+        deadline = self._clock.monotonic() + self.give_up_budget
+        while self._clock.monotonic() < deadline:
+            record, generation = self._read_to_write(deadline, urgent=True)
+            mono, wall = self._clock.monotonic(), self._clock.time()
+            decision = protocol.decide_give_up_wait(
+                record, generation, me=self.owner_id, now=wall, policy=self._policy, nonce=new_nonce(),
+                instance=self._instance,
+            )
+            if isinstance(decision, Owned):
+                self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
+                if keep:
+                    self._settle_handed_lease(deadline)
+                    return True
+                self._deferred_release = False
+                self._release_held(deadline)
+                return False
+            if not isinstance(decision, Write):
+                return False
+            try:
+                with self._io:
+                    self._write(decision, deadline, urgent=True)
+                return False
+            except PreconditionFailed:
+                continue
+        raise TransientStorageError(
+            f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
+            f"it expires by itself within waiter_ttl ({self.waiter_ttl} s)",
+            url=self.url, key=self._key, ambiguous=False,
+        )
 
     def _contended(self, cls: type[LockContended], record: LockRecord | None, timed_out: bool = False) -> LockContended:
         r = record or LockRecord()
@@ -450,19 +498,32 @@ class HandoffLock:
             waiter_expires_at=r.waiter_expires_at,
         )
 
-    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
-        """We own ``record``. ``mono``/``wall`` are the clocks when its lease was decided (or read)."""
-        now = self._clock.monotonic()
-        self._record, self._generation = record, generation
-        self.token = record.token
-        # Safe until the lease leaves only the usual margin (ttl - renew_deadline) before it
-        # expires: exactly renew_deadline for a lease we wrote, a little less for one written
-        # for us by the previous owner at handoff.
+    def _lease_until(self, record: LockRecord, mono: float, wall: float) -> float:
+        """Monotonic time until which ``record``'s lease is safe for us, ``mono``/``wall`` read together.
+
+        The lease runs to ``expiresAt``; we stop calling it safe the usual
+        margin (``ttl - renew_deadline``, in proportion for a lease of another
+        length) before that. For a lease we wrote, stamped at its send, this is
+        exactly ``send + renew_deadline``: counted from the write that made it.
+        Others take the lock only ``max_clock_skew`` after ``expiresAt`` by
+        their clocks, which is where the skew allowance is.
+        """
         assert record.expires_at is not None
-        self._valid_until = mono + (record.expires_at - wall) - (self.ttl - self.renew_deadline)
-        self._next_renew = now + (0.0 if handoff else self.renew_interval)
-        self._next_check = now + self.waiter_check_interval
+        length = record.ttl or self.ttl
+        return mono + (record.expires_at - wall) - length * (1 - self.renew_deadline / self.ttl)
+
+    def _set_lease(self, record: LockRecord, generation: int, mono: float, wall: float) -> None:
+        self._record, self._generation = record, generation
+        self._valid_until = self._lease_until(record, mono, wall)
+        # Renew when what is left of the validity falls to renew_deadline - renew_interval.
+        self._next_renew = self._valid_until - (self.renew_deadline - self.renew_interval)
         self._renew_failures = 0
+
+    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
+        """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
+        self.token = record.token
+        self._set_lease(record, generation, mono, wall)
+        self._next_check = self._clock.monotonic() + self.waiter_check_interval
         self._lost_reason = self._lost_error = None
         # A release request recorded while we were acquiring (a SIGTERM, say) stands.
         self._notified_waiters.clear()
@@ -470,6 +531,38 @@ class HandoffLock:
         _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
         self._schedule()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
+
+    def _settle_handed_lease(self, deadline: float | None) -> None:
+        """A handed-over lease with less than ``renew_interval`` of validity left is renewed before we return.
+
+        The previous owner wrote it; we may have seen it late (a slow poll, a
+        pause). acquire() returns only with a lease no check can call lost
+        before its first renewal. The renewal is a write conditional on the
+        generation we read, so it is safe however late it is.
+        """
+        if self._valid_until - self._clock.monotonic() >= self.renew_interval:
+            return
+        with self._io:
+            if self._state != HELD:
+                return
+            decision = protocol.decide_renew(
+                self._record, self._generation, me=self.owner_id, token=self.token or 0,
+                now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
+            )
+            try:
+                if not isinstance(decision, Write):
+                    raise PreconditionFailed(self._key, self._generation, url=self.url)
+                end = self._clock.monotonic() + self.renew_deadline
+                written, generation, mono, wall = self._write_lease(
+                    decision, end if deadline is None else max(min(deadline, end), self._valid_until), urgent=True,
+                )
+            except (StorageError, LockRecordCorrupt) as exc:
+                if self._clock.monotonic() < self._valid_until:
+                    self._next_renew = self._clock.monotonic()  # keep it; the scheduler retries at once
+                    return
+                self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)
+                raise self._lost_error from exc  # type: ignore[misc]
+            self._set_lease(written.record, generation, mono, wall)
 
     # ------------------------------------------------------------------ release
 
@@ -479,49 +572,89 @@ class HandoffLock:
         Returns the waiter's owner id when handed off, else None. Raises
         :class:`LockLost` (writing nothing) if the lock had been lost, and
         :class:`LockNotHeld` if this instance never held it. During a blocking
-        ``acquire()`` in another thread, it cancels that acquire instead.
+        ``acquire()`` in another thread, it cancels that acquire and waits for
+        it to end; if the acquire got the lock first, that hold is released.
+
+        If the release write fails (the store is down), the error is raised
+        and the lock is no longer renewed; the release is retried in the
+        background until it lands or the lease runs out, and ``release()`` may
+        be called again to retry it at once.
         """
         return self._guarded(self._release, deferrable=True)
 
     def _release(self) -> str | None:
         if self._state == WAITING:
             self._cancel.set()
-            return None
+            if not self._not_acquiring.wait(self.give_up_budget + self.renew_deadline + 30.0):
+                _log_release.warning("release() of %s: the acquire it cancelled has not ended yet", self.url)
+                return None
+            if self._state != HELD:  # the acquire gave up (and gave the slot back)
+                return None
+            # The acquire got the lock just before it saw the cancel: release that hold.
         if self._state == LOST:
             self._state = IDLE
+            self._end_hold()
             raise LockLost(f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written", url=self.url, reason=self._lost_reason or "lost")
-        if self._state != HELD:
+        if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
+        return self._release_held(self._clock.monotonic() + max(self.renew_deadline, 5.0))
+
+    def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
+        """The release write of a held (or releasing) lock; see :meth:`release`."""
         self._unschedule()
         with self._io:
-            if self._state != HELD:  # lost while we waited for the scheduler's I/O
-                return self._release()  # no I/O: raises LockLost
+            if self._state not in (HELD, RELEASING):  # lost while we waited for the scheduler's I/O
+                return None if background else self._release()  # no I/O: raises LockLost
             try:
-                heir, lost = self._write_release()
-            finally:
-                # Still under _io: a scheduler duty queued behind this release must find the
-                # lock no longer held, not renew or check it from the record just replaced.
+                heir, lost = self._write_release(deadline)
+            except (TransientStorageError, PreconditionFailed) as exc:
+                # Not idle: the record still names us (perhaps with a waiter waiting). Keep
+                # trying in the background, no longer renewing; release() may retry at once.
+                if self._state in (HELD, RELEASING):
+                    self._state = RELEASING
+                    self._next_release_try = self._clock.monotonic() + min(1.0, self.renew_interval)
+                    self._schedule()
+                _log_release.warning("release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc)
+                if background:
+                    return None
+                raise
+            except BaseException:
                 self._state = IDLE
+                self._end_hold()
+                raise
+            # Still under _io: a scheduler duty queued behind this release must find the
+            # lock no longer held, not renew or check it from the record just replaced.
+            self._state = IDLE
+        self._end_hold()
         if lost is not None:
+            if background:
+                return None
             self._flush_events()  # outside _io: a receiver of ``lost`` may call back in
             raise lost
         token = self.token
-        self.release_request = None
         _log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
-        self.release_requested = False
-        signals.send(signals.released, self, handed_off_to=heir, token=token)
+        if background:
+            self._pending_events.append((signals.released, {"handed_off_to": heir, "token": token}))
+            self._notify()
+        else:
+            signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
 
-    def _write_release(self) -> tuple[str | None, LockLost | None]:
+    def _end_hold(self) -> None:
+        """A hold is over, however it ended: a release request belonged to it and goes with it."""
+        self.release_request = None
+        self.release_requested = False
+        self._next_release_try = float("inf")
+
+    def _write_release(self, deadline: float) -> tuple[str | None, LockLost | None]:
         """The release's write (retried, re-read on 412): (heir, None), or (None, why it was lost)."""
-        deadline = self._clock.monotonic() + max(self.renew_deadline, 5.0)
         attempted: Write | None = None
         record, generation = self._record, self._generation
         while True:
             decision = protocol.decide_release(
                 record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
                 policy=self._policy, nonce=new_nonce(), attempted=attempted,
-                within_lease=self._clock.monotonic() < self._valid_until,
+                within_lease=self._clock.monotonic() < self._valid_until, instance=self._instance,
             )
             if isinstance(decision, Released):
                 return decision.handed_off_to, None
@@ -531,18 +664,18 @@ class HandoffLock:
                 return None, LockLost(why, url=self.url, reason=decision.why)
             assert isinstance(decision, Write)
             try:
-                self._write(decision, deadline)
+                written, _, _, _ = self._write_lease(decision, deadline, urgent=True)
             except PreconditionFailed:
                 attempted = decision
                 try:
-                    record, generation = self._read_to_write(deadline)
+                    record, generation = self._read(deadline)
                 except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
                     self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
                     lost = LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc)
                     lost.__cause__ = exc
                     return None, lost
                 continue
-            return (decision.record.owner_id if decision.kind is Kind.HANDOFF else None), None
+            return (written.record.owner_id if written.kind is Kind.HANDOFF else None), None
 
     # ------------------------------------------------------------------ context manager
 
@@ -587,14 +720,16 @@ class HandoffLock:
 
     def _due_besides_check(self) -> float:
         """Like :meth:`_due` without the waiter check, which a scheduler may batch across locks."""
-        if self._pending_notices or self._pending_events:
+        if (self._pending_notices or self._pending_events) and not self._notifier_running:
             return float("-inf")
+        if self._state == RELEASING:
+            return self._next_release_try
         if self._state != HELD:
             return float("inf")
         return min(self._next_renew, self._valid_until)
 
     def _run_due(self) -> None:
-        """Do whatever is due: renew, check for a waiter, send pending signals."""
+        """Do whatever is due: renew, check for a waiter, retry a failed release; hand signals to the notifier."""
         now = self._clock.monotonic()
         if self._state == HELD:
             if now >= self._valid_until:
@@ -602,41 +737,55 @@ class HandoffLock:
                     if self._state == HELD:
                         self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
             elif now >= self._next_renew:
-                self._renew()
+                self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
             elif now >= self._next_check:
                 self._check_waiter()
-        self._flush_events()
+        elif self._state == RELEASING and now >= self._next_release_try:
+            self._retry_release()
+        self._notify()
 
     def _renew(self) -> None:
+        """One renewal attempt; never waits for the write gate (it defers instead) and never retries in place.
+
+        The lease stays valid until ``_valid_until``, well past the next
+        attempt: a renewal the store's write spacing would delay is deferred to
+        when the gate opens, so the lock's I/O mutex is never held through a
+        wait and a release or a waiter check never queues behind one.
+        """
         with self._io:
             if self._state != HELD:
                 return
-            started = self._clock.monotonic()
+            now = self._clock.monotonic()
+            wait = self._write_gate().ready_in(now)
+            if wait > 0:
+                self._next_renew = now + wait
+                return
             try:
-                record, generation = self._record, self._generation
-                for _ in range(4):
-                    decision = protocol.decide_renew(
-                        record, generation, me=self.owner_id, token=self.token or 0,
-                        now=self._clock.time(), policy=self._policy, nonce=new_nonce(),
-                    )
-                    if isinstance(decision, Lost):
-                        self._mark_lost(decision.why, None)
-                        return
-                    assert isinstance(decision, Write)
-                    try:
-                        generation = self._write(decision, self._valid_until, retry=False)
-                    except PreconditionFailed:
-                        # A waiter registered or refreshed (or we lost it): read and decide again.
-                        record, generation = self._read_to_write(self._valid_until, retry=False)
-                        self._note_waiter(record)
-                        continue
-                    self._record, self._generation = decision.record, generation
-                    self._valid_until = started + self.renew_deadline
-                    self._next_renew = started + self.renew_interval
-                    self._renew_failures = 0
-                    _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, decision.record.expires_at)
+                decision = protocol.decide_renew(
+                    self._record, self._generation, me=self.owner_id, token=self.token or 0,
+                    now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
+                )
+                if isinstance(decision, Lost):
+                    self._mark_lost(decision.why, None)
                     return
-                raise TransientStorageError("the record kept changing under renewal", ambiguous=False)
+                assert isinstance(decision, Write)
+                try:
+                    written, generation, mono, wall = self._write_lease(decision, self._valid_until, retry=False)
+                except PreconditionFailed:
+                    # A waiter registered or refreshed (or we lost it): read, note, renew again soon.
+                    record, generation = self._read(self._valid_until, retry=False)
+                    seen = protocol.observe_as_owner(
+                        record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+                    )
+                    if isinstance(seen, Lost):
+                        self._mark_lost(seen.why, None)
+                        return
+                    self._record, self._generation = record, generation
+                    self._note_waiter(record)
+                    self._next_renew = self._clock.monotonic()  # the gate decides when
+                    return
+                self._set_lease(written.record, generation, mono, wall)
+                _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
             except TransientStorageError as exc:
                 self._renew_failures += 1
                 delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
@@ -644,6 +793,23 @@ class HandoffLock:
                 _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
             except (StorageError, LockRecordCorrupt) as exc:
                 self._mark_lost(f"renewal failed: {exc}", exc)
+
+    def _retry_release(self) -> None:
+        """Retry a release whose write failed, until it lands or the lease is over anyway."""
+        now = self._clock.monotonic()
+        if now >= self._valid_until + (self.ttl - self.renew_deadline):
+            with self._io:
+                if self._state == RELEASING:
+                    _log_release.warning("gave up releasing %s: its lease has run out, so it is free for others anyway", self.url)
+                    self._state = IDLE
+                    self._end_hold()
+                    self._unschedule()
+            return
+        self._next_release_try = now + min(1.0, self.renew_interval)
+        try:
+            self._release_held(now + min(self.renew_deadline, 5.0), background=True)
+        except Exception as exc:  # already logged; a permanent error ends the hold
+            _log_release.warning("release of %s failed for good: %s", self.url, exc)
 
     def _check_waiter(self, known_generation: int | None = None) -> None:
         """Still ours? Someone waiting? One read, or none when ``known_generation`` says nothing changed.
@@ -675,7 +841,9 @@ class HandoffLock:
             except (StorageError, LockRecordCorrupt) as exc:
                 self._mark_lost(f"the lock object became unreadable: {exc}", exc)
                 return
-            seen = protocol.observe_as_owner(record, me=self.owner_id, token=self.token or 0, now=self._clock.time())
+            seen = protocol.observe_as_owner(
+                record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+            )
             if isinstance(seen, Lost):
                 self._mark_lost(seen.why, None)
                 return
@@ -686,7 +854,9 @@ class HandoffLock:
     def _note_waiter(self, record: LockRecord | None) -> None:
         if record is None:
             return
-        seen = protocol.observe_as_owner(record, me=self.owner_id, token=self.token or 0, now=self._clock.time())
+        seen = protocol.observe_as_owner(
+            record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+        )
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
@@ -709,11 +879,46 @@ class HandoffLock:
             self._pending_events.append((signals.on_renewal_error, {"error": exc}))
         self._pending_events.append((signals.lost, {"reason": why, "error": exc}))
 
+    def _notify(self) -> None:
+        """Have queued signals sent by this lock's notifier thread, never by the thread that renews.
+
+        Receivers may block (a checkpoint in an ``on_release_requested``
+        receiver is the point of it): they delay only later signals of this
+        lock, never a renewal or a waiter check of any lock. The notifier is a
+        daemon thread that lives while there is something to send, so
+        interpreter exit never waits for a receiver.
+        """
+        if not (self._pending_notices or self._pending_events):
+            return
+        with self._notify_mutex:
+            if self._notifier_running:
+                return
+            self._notifier_running = True
+        try:
+            threading.Thread(target=self._notifier_main, name=f"handofflock-notify-{self.owner_id}", daemon=True).start()
+        except BaseException:
+            self._notifier_running = False
+            raise
+
+    def _notifier_main(self) -> None:
+        while True:
+            try:
+                self._flush_events()
+            except Exception:  # signals.send already isolates receivers; this is a last resort
+                _log_renew.exception("sending the signals of %s failed", self.url)
+            with self._notify_mutex:
+                if not (self._pending_notices or self._pending_events):
+                    self._notifier_running = False
+                    return
+
     def _flush_events(self) -> None:
-        """Send queued signals. Called with no lock held, so receivers may call back in."""
-        # Two threads may flush at once (a release and a scheduler duty): pop, never test then pop.
+        """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
+        # Two threads may flush at once (a release and the notifier): pop, never test then pop.
         while (req := _pop_first(self._pending_notices)) is not None:
-            signals.send(signals.on_release_requested, self, waiter_id=req.requester, deadline=req.deadline, reason=req.reason)
+            signals.send(
+                signals.on_release_requested, self,
+                waiter_id=req.requester, deadline=req.deadline, reason=req.reason, request=req,
+            )
         while (event := _pop_first(self._pending_events)) is not None:
             signal, kwargs = event
             signals.send(signal, self, **kwargs)
@@ -742,43 +947,77 @@ class HandoffLock:
         data, generation = found
         return LockRecord.decode(data, key=self._key, generation=generation, url=self.url), generation
 
+    def _read_locked(self, deadline: float | None) -> tuple[LockRecord | None, int]:
+        """An acquire's poll: one interruptible read under the I/O mutex."""
+        with self._io:
+            return self._read(deadline, interruptible=True)
+
     def _write_gate(self) -> WriteGate:
         if self._gate is None:
-            self._gate = gate_for(self._storage, self._key, self.min_write_interval)
+            self._gate = gate_for(self._storage, self._key, self.min_write_interval, self._clock)
         return self._gate
 
-    def _read_to_write(self, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> tuple[LockRecord | None, int]:
-        """Read for a decision that will likely be written: wait for our write slot first.
+    def _read_to_write(self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False) -> tuple[LockRecord | None, int]:
+        """Read for a decision that will likely be written: wait for our write slot first (mutex not held).
 
         Reading and then waiting out the per-object write spacing would send the
         write on a generation that has had a second to go stale; against a busy
         object that can lose every time.
         """
-        wait = self._write_gate().ready_in(self._clock.monotonic())
+        wait = self._write_gate().ready_in(self._clock.monotonic(), urgent=urgent)
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - self._clock.monotonic()))
         if wait > 0:
-            self._clock.sleep(wait)  # not cut short by cancel: giving the slot back needs it too
-        return self._read(deadline, retry=retry, interruptible=interruptible)
+            if interruptible:
+                self._sleep_before_retry(wait, True)
+            else:
+                self._clock.sleep(wait)
+        with self._io:
+            return self._read(deadline, interruptible=interruptible)
 
-    def _write(self, write: Write, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> int:
-        """Make one conditional write; resolve a lost reply by looking for our nonce.
+    def _write_lease(
+        self, write: Write, deadline: float | None, *, retry: bool = True, urgent: bool = False, interruptible: bool = False,
+    ) -> tuple[Write, int, float, float]:
+        """Make ``write``, its lease or slot stamped at the send of each attempt. Call with ``_io`` held.
 
-        Returns the new generation. Raises PreconditionFailed when the record
-        moved on (the caller reads and decides again).
+        Returns ``(the attempt that landed, new generation, monotonic and wall
+        time of its send)``: a lease is counted from the send of the write that
+        made it, never from when the operation began (a wait for the write
+        gate, or retries after a 503 or a 429, come before the stamp).
         """
-        nonce = write.record.nonce
+        attempts: dict[str, tuple[Write, float, float]] = {}
+        sent: list[str] = []
+
+        def stamp() -> bytes:
+            mono, wall = self._clock.monotonic(), self._clock.time()
+            attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), policy=self._policy)
+            assert attempt.record.nonce is not None
+            attempts[attempt.record.nonce] = (attempt, mono, wall)
+            sent.append(attempt.record.nonce)
+            return attempt.record.encode()
 
         def is_ours(data: bytes) -> bool:
-            return LockRecord.decode(data, key=self._key, url=self.url).nonce == nonce
+            return LockRecord.decode(data, key=self._key, url=self.url).nonce in attempts
 
         generation, read_back = write_resolving(
-            self._storage, self._key, write.record.encode(),
+            self._storage, self._key, stamp,
             if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
-            deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), retry=retry,
+            deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), urgent=urgent, retry=retry,
             sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
+        landed = attempts[sent[-1]]
         if read_back is not None:
+            landed = attempts.get(LockRecord.decode(read_back, key=self._key, url=self.url).nonce or "", landed)
             _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
-        return generation
+        attempt, mono, wall = landed
+        return attempt, generation, mono, wall
+
+    def _write(self, write: Write, deadline: float | None, *, retry: bool = True, urgent: bool = False, interruptible: bool = False) -> int:
+        """Make one conditional write (stamped at its send); return the new generation.
+
+        Raises PreconditionFailed when the record moved on (the caller reads and decides again).
+        """
+        return self._write_lease(write, deadline, retry=retry, urgent=urgent, interruptible=interruptible)[1]
 
     def _sleep_before_retry(self, delay: float, interruptible: bool) -> bool:
         """Sleep ``delay`` before a retry (the caller has checked its deadline); False to give up.

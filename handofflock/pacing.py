@@ -2,9 +2,9 @@
 
 GCS sustains about one write per second to a single object; faster writes
 earn 429s. Every lock instance in this process that writes the same object
-shares one :class:`WriteGate`, which spaces writes by at least
-``min_interval`` and widens the spacing after a 429 (shrinking it back after
-successes). Retries use capped exponential backoff with full jitter, bounded
+(on the same clock) shares one :class:`WriteGate`, which keeps writes to one
+per ``min_interval`` on average, lets a release through at once, and widens
+the spacing after a 429 (shrinking it back after successes). Retries use capped exponential backoff with full jitter, bounded
 by the caller's deadline.
 """
 
@@ -18,12 +18,14 @@ from typing import Iterator
 # Gates live as long as their store: keyed by the store object itself (weakly),
 # not by id(), which a new store can reuse after the old one is collected and so
 # inherit its spacing and its booked slots.
-_GATES: "weakref.WeakKeyDictionary[object, dict[str, WriteGate]]" = weakref.WeakKeyDictionary()
-_UNWEAKABLE: dict[int, tuple[object, dict[str, "WriteGate"]]] = {}
+_GATES: "weakref.WeakKeyDictionary[object, dict[tuple[str, object], WriteGate]]" = weakref.WeakKeyDictionary()
+_UNWEAKABLE: dict[int, tuple[object, dict[tuple[str, object], "WriteGate"]]] = {}
 _GATES_LOCK = threading.Lock()
 
 #: Longest spacing a run of 429s can push writes to one object to.
 MAX_PENALTY_INTERVAL = 8.0
+#: Writes the bucket of a gate holds: an urgent write may follow an ordinary one at once.
+BURST = 2
 
 
 def backoff(base: float = 0.1, cap: float = 4.0, rng: random.Random | None = None) -> Iterator[float]:
@@ -36,51 +38,85 @@ def backoff(base: float = 0.1, cap: float = 4.0, rng: random.Random | None = Non
 
 
 class WriteGate:
-    """Spacing of writes to one object from this process.
+    """Spacing of writes to one object from this process: a token bucket on one clock.
 
-    ``reserve(now)`` returns how long to wait before writing and books the slot,
-    so two threads of one process never write the same object within
-    ``interval`` of each other.
+    The bucket holds at most :data:`BURST` writes and refills one write per
+    ``interval`` (``min_interval``, widened after a 429). An ordinary write
+    (a renewal, a waiter's registration) needs the bucket full and leaves one
+    write in it; an ``urgent`` one (a release or handoff, giving a waiter slot
+    back) needs just one. So writes average at most one per ``interval``, and
+    a release never waits behind the renewal that went out a moment before it.
+
+    Nothing is booked ahead: :meth:`ready_in` says how long until a write of
+    its class could go, and :meth:`take` spends a write only at the moment it
+    is sent. A writer that gives up costs the others nothing.
+
+    A gate belongs to one clock: times passed to it are that clock's
+    ``monotonic()`` readings (see :func:`gate_for`).
     """
 
     def __init__(self, min_interval: float) -> None:
         self.min_interval = min_interval
         self.interval = min_interval
-        self._next_free = float("-inf")
-        self._last_start = float("-inf")
+        self._tokens = float(BURST)
+        self._stamp = float("-inf")  # when _tokens was last brought up to date
         self._lock = threading.Lock()
 
-    def reserve(self, now: float) -> float:
-        with self._lock:
-            start = max(now, self._next_free)
-            self._last_start = start
-            self._next_free = start + self.interval
-            return start - now
+    def _capacity(self) -> float:
+        # While a 429's penalty lasts there is no burst: every write waits its full spacing.
+        return float(BURST) if self.interval <= self.min_interval else 1.0
 
-    def ready_in(self, now: float) -> float:
-        """Seconds until a write could start, without booking it.
+    def _refill(self, now: float) -> float:
+        """Bring the bucket up to ``now``; return what a write of the asking class needs."""
+        cap = self._capacity()
+        if self.interval <= 0:
+            self._tokens = cap
+        elif now > self._stamp:
+            gained = (now - self._stamp) / self.interval if self._stamp != float("-inf") else cap
+            self._tokens = min(cap, self._tokens + gained)
+        self._tokens = min(cap, self._tokens)
+        self._stamp = max(self._stamp, now)
+        return cap
+
+    def ready_in(self, now: float, *, urgent: bool = False) -> float:
+        """Seconds until a write of this class could be sent; nothing is booked.
 
         A read whose result decides a write should come after this wait, not
         before, or the write may go out on a stale generation.
         """
         with self._lock:
-            return max(0.0, self._next_free - now)
+            need = 1.0 if urgent else self._refill(now)
+            if urgent:
+                self._refill(now)
+            return max(0.0, (need - self._tokens) * self.interval)
+
+    def take(self, now: float, *, urgent: bool = False) -> bool:
+        """Spend one write now if its class may go; False (and nothing spent) if not yet."""
+        with self._lock:
+            need = 1.0 if urgent else self._refill(now)
+            if urgent:
+                self._refill(now)
+            if self.interval > 0 and self._tokens < need - 1e-9:
+                return False
+            self._tokens = max(0.0, self._tokens - 1.0)
+            return True
 
     def throttled(self, retry_after: float | None = None) -> None:
-        """The store answered 429: space later writes further apart, starting with the retry."""
+        """The store answered 429: empty the bucket and refill it more slowly."""
         with self._lock:
             widened = max(self.interval * 2, self.min_interval, 1.0)
             if retry_after:
                 widened = max(widened, retry_after)
             self.interval = min(widened, MAX_PENALTY_INTERVAL)
-            # The slot booked for the refused write was sized by the old spacing.
-            self._next_free = max(self._next_free, self._last_start + self.interval)
+            self._tokens = 0.0
 
     def succeeded(self) -> None:
         """A write went through: let the spacing relax back toward the minimum."""
         with self._lock:
             if self.interval > self.min_interval:
-                self.interval = max(self.min_interval, self.interval * 0.75)
+                relaxed = self.interval * 0.75
+                # Close enough to the minimum is the minimum (0.75**n never reaches 0).
+                self.interval = self.min_interval if relaxed < self.min_interval + 0.05 else relaxed
 
 
 def default_write_interval(storage: object) -> float:
@@ -88,16 +124,22 @@ def default_write_interval(storage: object) -> float:
     return float(getattr(storage, "min_write_interval", 0.0))
 
 
-def gate_for(storage: object, key: str, min_interval: float) -> WriteGate:
-    """The process-wide gate for ``key`` in ``storage`` (the strictest minimum wins)."""
+def gate_for(storage: object, key: str, min_interval: float, clock: object = None) -> WriteGate:
+    """The process-wide gate for ``key`` in ``storage`` on ``clock`` (the strictest minimum wins).
+
+    Writers on different clocks get different gates: a gate compares times of
+    one clock only. (A fake clock's monotonic time has nothing to do with the
+    real one; mixing them once made a real-clock lock wait out the difference.)
+    """
     with _GATES_LOCK:
         try:
             gates = _GATES.setdefault(storage, {})
         except TypeError:  # not weak-referenceable or unhashable: keep it alive with its gates
             gates = _UNWEAKABLE.setdefault(id(storage), (storage, {}))[1]
-        gate = gates.get(key)
+        slot = (key, getattr(clock, "timebase", clock))
+        gate = gates.get(slot)
         if gate is None:
-            gate = gates[key] = WriteGate(min_interval)
+            gate = gates[slot] = WriteGate(min_interval)
         elif min_interval > gate.min_interval:
             gate.min_interval = min_interval
             gate.interval = max(gate.interval, min_interval)

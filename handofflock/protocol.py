@@ -113,7 +113,7 @@ def next_token(record: LockRecord | None, now: float) -> int:
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 
-def _owned_by(record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str) -> LockRecord:
+def _owned_by(record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str, instance: str | None) -> LockRecord:
     return record.replace(
         owner_id=me,
         expires_at=now + ttl,
@@ -122,7 +122,39 @@ def _owned_by(record: LockRecord, me: str, ttl: float, now: float, token: int, n
         ttl=ttl,
         token=token,
         nonce=nonce,
+        owner_instance=instance,
+        waiter_ttl=None,
+        waiter_instance=None,
     )
+
+
+def _is(who: str | None, inst: str | None, me: str, instance: str | None) -> bool:
+    """Whether ``who``/``inst`` in a record name us: our id, and our instance where both are known.
+
+    Two live lock instances may share a stable owner id (a restart racing its
+    predecessor). The instance id tells them apart; a record written without
+    one (another implementation) is matched by id alone, as before.
+    """
+    return who == me and (inst is None or instance is None or inst == instance)
+
+
+def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
+    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
+
+    A write that waited for the store's write spacing, or is retried after a
+    transient error, goes out later than it was decided: its ``expiresAt`` (or
+    ``waiterExpiresAt``) must date from the send, so the lease others see and
+    the one the writer counts on start together.
+    """
+    r = write.record
+    if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
+        assert r.ttl is not None
+        r = r.replace(expires_at=now + r.ttl, nonce=nonce)
+    elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
+        r = r.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce)
+    else:
+        r = r.replace(nonce=nonce)
+    return Write(write.kind, r, write.if_generation_match)
 
 
 def decide_acquire(
@@ -134,39 +166,48 @@ def decide_acquire(
     policy: Policy,
     nonce: str,
     waiting: bool,
+    instance: str | None = None,
 ) -> Decision:
     """The next step of ``acquire()``.
 
     ``waiting`` says whether we registered as the waiter during this acquire
-    (a record naming us as owner then means the owner handed the lock to us).
+    (a record naming us, this very ``instance``, as owner then means the owner
+    handed the lock to us).
     """
     if record is None:
         fresh = LockRecord(ttl=policy.ttl)
-        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce), 0)
+        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance), 0)
 
     if record.owner_id == me:
-        if waiting and record.expires_at is not None and now < record.expires_at:
-            # Handed to us, and the lease the old owner wrote is still running by our clock.
+        if (
+            waiting and record.expires_at is not None and now < record.expires_at
+            and instance is not None and record.owner_instance == instance
+        ):
+            # Handed to this instance, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
         # The record names our stable owner id but this instance does not hold it:
-        # a restart. Take it back at once, with a new token to fence the old
-        # incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce)
-        if record.waiter_live(now, policy.max_clock_skew) and record.waiting_owner_id != me:
-            taken = taken.replace(waiting_owner_id=record.waiting_owner_id, waiter_expires_at=record.waiter_expires_at)
+        # a restart (or a twin sharing the id). Take it back at once, with a new
+        # token to fence the other incarnation, keeping a live waiter's slot.
+        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance)
+        if record.waiter_live(now, policy.max_clock_skew) and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
+            taken = taken.replace(
+                waiting_owner_id=record.waiting_owner_id, waiter_expires_at=record.waiter_expires_at,
+                waiter_ttl=record.waiter_ttl, waiter_instance=record.waiter_instance,
+            )
         return Write(Kind.RETAKE, taken, generation)
 
     skew = policy.max_clock_skew
-    other_waiter_live = record.waiter_live(now, skew) and record.waiting_owner_id != me
+    mine = _is(record.waiting_owner_id, record.waiter_instance, me, instance)
+    other_waiter_live = record.waiter_live(now, skew) and not mine
 
     if not record.owner_live(now, skew):
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record)  # the live waiter has priority; only it may take the lock
-        return Write(Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce), generation)
+        return Write(Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance), generation)
 
     # A live owner holds it.
-    if record.waiting_owner_id == me:
+    if mine:
         assert record.waiter_expires_at is not None
         if now >= record.waiter_expires_at - policy.waiter_ttl / 2:
             return Write(Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation)
@@ -175,13 +216,17 @@ def decide_acquire(
         return Contended(record)
     return Write(
         Kind.BECOME_WAITER,
-        record.replace(waiting_owner_id=me, waiter_expires_at=now + policy.waiter_ttl, nonce=nonce),
+        record.replace(
+            waiting_owner_id=me, waiter_expires_at=now + policy.waiter_ttl, nonce=nonce,
+            waiter_ttl=policy.ttl, waiter_instance=instance,
+        ),
         generation,
     )
 
 
 def decide_give_up_wait(
-    record: LockRecord | None, generation: int, *, me: str, now: float, policy: Policy, nonce: str
+    record: LockRecord | None, generation: int, *, me: str, now: float, policy: Policy, nonce: str,
+    instance: str | None = None,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
@@ -192,20 +237,27 @@ def decide_give_up_wait(
     """
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
-    if record.owner_id == me:
+    if _is(record.owner_id, record.owner_instance, me, instance):
         if record.expires_at is not None and now < record.expires_at:
             return Owned(record, generation)
-        return decide_release(record, generation, me=me, token=record.token, now=now, policy=policy, nonce=nonce)
-    if record.waiting_owner_id != me:
+        return decide_release(
+            record, generation, me=me, token=record.token, now=now, policy=policy, nonce=nonce, instance=instance
+        )
+    if not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
         return Wait("the waiter slot is not ours; nothing to give back")
-    return Write(Kind.GIVE_UP_WAIT, record.replace(waiting_owner_id=None, waiter_expires_at=None, nonce=nonce), generation)
+    return Write(
+        Kind.GIVE_UP_WAIT,
+        record.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, nonce=nonce),
+        generation,
+    )
 
 
 def decide_renew(
-    record: LockRecord | None, generation: int, *, me: str, token: int, now: float, policy: Policy, nonce: str
+    record: LockRecord | None, generation: int, *, me: str, token: int, now: float, policy: Policy, nonce: str,
+    instance: str | None = None,
 ) -> Decision:
     """Push our lease forward, keeping the waiter fields exactly as read."""
-    lost = _check_still_mine(record, me, token)
+    lost = _check_still_mine(record, me, token, instance)
     if lost is not None:
         return lost
     assert record is not None
@@ -223,6 +275,7 @@ def decide_release(
     nonce: str,
     attempted: Write | None = None,
     within_lease: bool = False,
+    instance: str | None = None,
 ) -> Decision:
     """Release: hand off to a live waiter in one write, or mark the lock free.
 
@@ -243,17 +296,22 @@ def decide_release(
             return Released(handed_off_to=heir)
         if within_lease and record.owner_id != me and record.token >= landed.token:
             return Released(handed_off_to=heir)
-    lost = _check_still_mine(record, me, token)
+    lost = _check_still_mine(record, me, token, instance)
     if lost is not None:
         return lost
     assert record is not None
-    if record.waiter_live(now) and record.waiting_owner_id != me:
+    if record.waiter_live(now) and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
         assert record.waiting_owner_id is not None
-        heir = _owned_by(record, record.waiting_owner_id, policy.ttl, now, next_token(record, now), nonce)
+        # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
+        # ttl than ours must not start with a lease it would count as already half gone.
+        heir = _owned_by(
+            record, record.waiting_owner_id, record.waiter_ttl or policy.ttl, now,
+            next_token(record, now), nonce, record.waiter_instance,
+        )
         return Write(Kind.HANDOFF, heir, generation)
-    freed = record.replace(owner_id=None, expires_at=None, nonce=nonce)
+    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, nonce=nonce)
     if not record.waiter_live(now, policy.max_clock_skew):
-        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None)
+        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None)
     return Write(Kind.FREE, freed, generation)
 
 
@@ -265,19 +323,25 @@ class WaiterSeen:
     deadline: float
 
 
-def observe_as_owner(record: LockRecord | None, *, me: str, token: int, now: float) -> Lost | WaiterSeen | None:
+def observe_as_owner(
+    record: LockRecord | None, *, me: str, token: int, now: float, instance: str | None = None
+) -> Lost | WaiterSeen | None:
     """The owner's read-only check: still mine? Is someone waiting?"""
-    lost = _check_still_mine(record, me, token)
+    lost = _check_still_mine(record, me, token, instance)
     if lost is not None:
         return lost
     assert record is not None
-    if record.waiting_owner_id is not None and record.waiting_owner_id != me and record.waiter_live(now):
+    if (
+        record.waiting_owner_id is not None
+        and not _is(record.waiting_owner_id, record.waiter_instance, me, instance)
+        and record.waiter_live(now)
+    ):
         assert record.waiter_expires_at is not None
         return WaiterSeen(record.waiting_owner_id, record.waiter_expires_at)
     return None
 
 
-def _check_still_mine(record: LockRecord | None, me: str, token: int) -> Lost | None:
+def _check_still_mine(record: LockRecord | None, me: str, token: int, instance: str | None = None) -> Lost | None:
     if record is None:
         return Lost("the lock object was deleted", None)
     if record.owner_id != me:
@@ -285,4 +349,6 @@ def _check_still_mine(record: LockRecord | None, me: str, token: int) -> Lost | 
         return Lost(f"the lock is now owned by {who}", record)
     if record.token != token:
         return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
+    if not _is(record.owner_id, record.owner_instance, me, instance):
+        return Lost(f"the lock was taken by another instance with our id ({record.owner_instance})", record)
     return None

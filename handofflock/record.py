@@ -7,6 +7,12 @@ Wire format (version 1)::
      "waitingOwnerId": null, "waiterExpiresAt": null,
      "ttl": 60.0, "token": 1700000000123, "nonce": "9f2c..."}
 
+Three optional fields carry who exactly is waiting: ``waiterInstance`` (a
+random id of the waiting lock instance, so two processes that share a stable
+owner id are never confused), ``waiterTtl`` (the lease the waiter wants), and
+``ownerInstance`` (the instance a handoff was made to). They are written only
+when set.
+
 The first four fields are the original design's and the only required ones: a
 record written by another implementation with just those four is read
 correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields are kept and
@@ -42,7 +48,10 @@ MAX_TOKEN = 2**63 - 1
 #: even at their longest, so a record the lock writes back always fits the cap.
 MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
-_KNOWN = ("version", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt", "ttl", "token", "nonce")
+_KNOWN = (
+    "version", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt", "ttl", "token", "nonce",
+    "ownerInstance", "waiterTtl", "waiterInstance",
+)
 _REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
 
 
@@ -67,6 +76,9 @@ class LockRecord:
     ttl: float | None = None
     token: int = 0
     nonce: str | None = None
+    owner_instance: str | None = None
+    waiter_ttl: float | None = None
+    waiter_instance: str | None = None
     version: int = RECORD_VERSION
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
@@ -104,6 +116,13 @@ class LockRecord:
             "token": self.token,
             "nonce": self.nonce,
         }
+        # Written only when set, so a record of the original design stays as it was.
+        if self.owner_instance is not None:
+            doc["ownerInstance"] = self.owner_instance
+        if self.waiter_ttl is not None:
+            doc["waiterTtl"] = self.waiter_ttl
+        if self.waiter_instance is not None:
+            doc["waiterInstance"] = self.waiter_instance
         for k, v in self.extra.items():
             if k not in doc:
                 doc[k] = v
@@ -186,6 +205,14 @@ class LockRecord:
         if nonce is not None and (not isinstance(nonce, str) or not 0 < len(nonce) <= MAX_NONCE_LENGTH):
             raise corrupt(f"'nonce' must be a string of 1-{MAX_NONCE_LENGTH} characters")
 
+        owner_instance = _opt_instance(doc.get("ownerInstance"), "ownerInstance", corrupt)
+        waiter_instance = _opt_instance(doc.get("waiterInstance"), "waiterInstance", corrupt)
+        waiter_ttl = doc.get("waiterTtl")
+        if waiter_ttl is not None:
+            if not _is_number(waiter_ttl) or not math.isfinite(waiter_ttl) or not 0 < waiter_ttl <= MAX_TTL:
+                raise corrupt(f"'waiterTtl' must be a number in (0, {MAX_TTL:.0f}] seconds, got {_json_type(waiter_ttl)}")
+            waiter_ttl = float(waiter_ttl)
+
         extra = {k: v for k, v in doc.items() if k not in _KNOWN}
         if extra:
             # The lock writes unknown fields back unchanged, so they must survive that:
@@ -200,7 +227,10 @@ class LockRecord:
                     f"unknown fields take {extra_bytes} bytes; at most {MAX_EXTRA_BYTES} are kept "
                     "so the record still fits when written back"
                 )
-        return cls(owner, expires, waiter, waiter_expires, ttl, token, nonce, version, extra, legacy)
+        return cls(
+            owner, expires, waiter, waiter_expires, ttl, token, nonce,
+            owner_instance, waiter_ttl, waiter_instance, version, extra, legacy,
+        )
 
 
 def _json_type(value: Any) -> str:
@@ -253,6 +283,14 @@ def _opt_id(value: Any, name: str, corrupt: Any) -> str | None:
     problem = id_problem(value, name)
     if problem is not None:
         raise corrupt(problem)
+    return value
+
+
+def _opt_instance(value: Any, name: str, corrupt: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NONCE_LENGTH or not value.isascii() or not value.isalnum():
+        raise corrupt(f"'{name}' must be 1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null")
     return value
 
 

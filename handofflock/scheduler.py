@@ -265,7 +265,7 @@ class Scheduler:
                         self._running.add(id(lock))
                 try:
                     lock._check_waiter(known_generation=listing.get(lock._key, 0))
-                    lock._flush_events()
+                    lock._notify()
                 except Exception:
                     _log.exception("waiter check of %r raised; carrying on", lock)
                 finally:

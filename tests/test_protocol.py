@@ -35,7 +35,10 @@ ACQUIRE_TABLE = [
     ("owner live, my slot fresh: wait", rec("a", NOW + 30, "me", NOW + 25), True, Wait, None),
     ("owner live, my slot half used: refresh it", rec("a", NOW + 30, "me", NOW + 14), True, Write, Kind.REFRESH_WAITER),
     ("owner live, my slot expired but still mine: refresh it", rec("a", NOW + 30, "me", NOW - 1), True, Write, Kind.REFRESH_WAITER),
-    ("handed to me while I waited: owned, no write", rec("me", NOW + 60), True, Owned, None),
+    ("handed to me while I waited: owned, no write", rec("me", NOW + 60, owner_instance="i1"), True, Owned, None),
+    ("handed to my id but another instance (a twin): retake with a new token", rec("me", NOW + 60, owner_instance="i2"), True, Write, Kind.RETAKE),
+    ("handed to my id, no instance recorded: retake, never assume", rec("me", NOW + 60), True, Write, Kind.RETAKE),
+    ("owner live, slot names my id but a twin instance: contended", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
     ("names me but I was not waiting: retake with a new token", rec("me", NOW + 60), False, Write, Kind.RETAKE),
     ("names me, lease long expired, was waiting: retake", rec("me", NOW - 100), True, Write, Kind.RETAKE),
     ("handed to me but the lease ran out by my clock: retake, never assume", rec("me", NOW - 0.5), True, Write, Kind.RETAKE),
@@ -45,7 +48,7 @@ ACQUIRE_TABLE = [
 
 @pytest.mark.parametrize("name,record,waiting,outcome,kind", ACQUIRE_TABLE, ids=[r[0] for r in ACQUIRE_TABLE])
 def test_acquire_decision_table(name, record, waiting, outcome, kind):
-    d = protocol.decide_acquire(record, GEN if record else 0, me="me", now=NOW, policy=POLICY, nonce="n1", waiting=waiting)
+    d = protocol.decide_acquire(record, GEN if record else 0, me="me", now=NOW, policy=POLICY, nonce="n1", waiting=waiting, instance="i1")
     assert isinstance(d, outcome), d
     if kind is not None:
         assert d.kind is kind

@@ -1,0 +1,138 @@
+"""The lock's timing, as one value validated once (client-go's ``LeaderElectionConfig`` check).
+
+Every cross-field rule lives in :meth:`Timing.build`, including the store's
+write spacing: a configuration the store cannot serve is refused here with a
+:class:`~handofflock.errors.ConfigurationError` naming the minimum, never
+accepted and then lost at run time.
+
+The rules, with ``s`` the store's write spacing (``min_write_interval``: 1 s on
+GCS, 0 elsewhere):
+
+* every interval is a positive finite number of seconds, ``ttl`` at most a week;
+* ``ttl > renew_deadline > renew_interval``;
+* ``renew_interval >= s``: a renewal cannot be sent more often than the store
+  takes writes;
+* ``renew_deadline - renew_interval >= 1.5 * s``: after a renewal that fails,
+  one retry (one spacing later, with half a spacing for the request itself)
+  still lands before the owner must call itself lost;
+* ``waiter_ttl >= 2 * waiter_poll_interval`` and ``waiter_ttl / 2 >= s``: a
+  waiter refreshes its slot at half-life, by a poll and a write.
+
+Defaults: ``renew_interval = max(ttl / 8, s)``, ``renew_deadline = ttl / 2``,
+``waiter_ttl = ttl``. On GCS that makes 5 s the shortest ttl.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+from .record import MAX_TTL
+
+#: A failed renewal must leave room for this many write spacings before the renew deadline.
+RETRY_SPACINGS = 1.5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Validated timing of one lock (seconds). Build it with :meth:`build`."""
+
+    ttl: float
+    renew_interval: float
+    renew_deadline: float
+    waiter_ttl: float
+    waiter_check_interval: float
+    waiter_poll_interval: float
+    max_clock_skew: float
+    min_write_interval: float
+
+    @property
+    def margin(self) -> float:
+        """How long before its lease runs out (for others) an owner stops calling itself healthy."""
+        return self.ttl - self.renew_deadline
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        ttl: float = 60.0,
+        renew_interval: float | None = None,
+        renew_deadline: float | None = None,
+        waiter_ttl: float | None = None,
+        waiter_check_interval: float = 2.0,
+        waiter_poll_interval: float = 1.0,
+        max_clock_skew: float = 2.0,
+        min_write_interval: float = 0.0,
+    ) -> "Timing":
+        """Apply the defaults and check every rule; raise :class:`ConfigurationError` naming what to change."""
+        spacing = _non_negative("min_write_interval", min_write_interval)
+        ttl = _positive("ttl", ttl)
+        if ttl > MAX_TTL:
+            raise ConfigurationError(f"ttl must be at most {MAX_TTL:.0f} s (a week), got {ttl}")
+        floor = min_ttl(spacing)
+        explicit_ri = renew_interval is not None
+        ri = _positive("renew_interval", max(ttl / 8, spacing) if renew_interval is None else renew_interval)
+        rd = _positive("renew_deadline", ttl / 2 if renew_deadline is None else renew_deadline)
+        if not ttl > rd > ri:
+            if renew_interval is None and renew_deadline is None:
+                raise ConfigurationError(
+                    f"ttl={ttl} is too short for this store: its write spacing is {spacing} s, so ttl must be at least "
+                    f"{floor:g} s (or pass renew_interval and renew_deadline yourself)"
+                )
+            raise ConfigurationError(
+                f"need ttl > renew_deadline > renew_interval > 0, got ttl={ttl}, "
+                f"renew_deadline={rd}, renew_interval={ri}"
+            )
+        if ri < spacing:
+            raise ConfigurationError(
+                f"renew_interval={ri} is shorter than the store's write spacing ({spacing} s): "
+                f"renewals cannot be sent that often; use renew_interval >= {spacing}"
+            )
+        if rd - ri < RETRY_SPACINGS * spacing:
+            what = "ttl" if not explicit_ri and renew_deadline is None else "renew_deadline - renew_interval"
+            need = f"at least {floor:g} s" if what == "ttl" else f"at least {RETRY_SPACINGS * spacing:g} s"
+            raise ConfigurationError(
+                f"{what} must be {need} on this store (write spacing {spacing} s): a failed renewal needs "
+                f"time for one more write before renew_deadline; got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
+            )
+        wttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
+        if wttl > MAX_TTL:
+            raise ConfigurationError(f"waiter_ttl must be at most {MAX_TTL:.0f} s (a week), got {wttl}")
+        check = _positive("waiter_check_interval", waiter_check_interval)
+        poll = _positive("waiter_poll_interval", waiter_poll_interval)
+        named = "waiter_ttl" if waiter_ttl is not None else "waiter_ttl (default: ttl)"
+        if wttl < 2 * poll:
+            raise ConfigurationError(
+                f"{named} = {wttl} must be at least twice waiter_poll_interval ({poll}) "
+                "so the waiter can refresh its slot in time"
+            )
+        if wttl / 2 < spacing:
+            raise ConfigurationError(
+                f"{named} = {wttl} must be at least {2 * spacing:g} s on this store (write spacing {spacing} s): "
+                "the waiter refreshes its slot at half-life with a write"
+            )
+        skew = _non_negative("max_clock_skew", max_clock_skew)
+        return cls(ttl, ri, rd, wttl, check, poll, skew, spacing)
+
+
+def min_ttl(spacing: float) -> float:
+    """The shortest ttl the defaults allow for a store with write spacing ``spacing``.
+
+    ``ttl / 2 - max(ttl / 8, spacing) >= 1.5 * spacing``: with ``ttl/8 <= spacing``
+    that is ``ttl >= 5 * spacing``.
+    """
+    return (1 + RETRY_SPACINGS) * 2 * spacing
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _non_negative(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
