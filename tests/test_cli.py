@@ -385,7 +385,7 @@ def test_sigterm_to_a_waiting_run_stops_it_and_gives_the_slot_back(shared_url, t
 
 @pytest.mark.timeout(60)
 def test_a_lock_lost_under_run_stops_the_command_and_exits_70(shared_url, tmp_path):
-    a = popen([str(CONSOLE_SCRIPT), "run", shared_url, "--ttl", "3", "--grace", "10", "--",
+    a = popen([str(CONSOLE_SCRIPT), "run", shared_url, "--ttl", "5", "--grace", "10", "--",
                PY, str(JOB), "A", str(tmp_path)])
     assert a.stdout.readline().startswith("A start")
     assert main(["release", shared_url, "--force", "--yes"]) == 0
