@@ -116,6 +116,8 @@ def write_resolving(
         try:
             generation = storage.write(key, body, if_generation_match=if_generation_match)
         except PreconditionFailed:
+            if gate is not None:
+                gate.refund(clock.monotonic())
             if maybe_landed:  # our own earlier attempt may be what moved the generation
                 while True:  # only a read can tell; a failed one is no answer, so read again
                     try:

@@ -745,54 +745,64 @@ class HandoffLock:
         self._notify()
 
     def _renew(self) -> None:
-        """One renewal attempt; never waits for the write gate (it defers instead) and never retries in place.
+        """Renew; never waits for the write gate (it defers instead) and never sleeps between retries.
 
         The lease stays valid until ``_valid_until``, well past the next
         attempt: a renewal the store's write spacing would delay is deferred to
         when the gate opens, so the lock's I/O mutex is never held through a
         wait and a release or a waiter check never queues behind one.
+
+        Renewals are urgent writes for the gate (they keep the lock), so a
+        renewal whose write failed its precondition (a waiter registered,
+        refreshed or left) is sent again at once from the record just read,
+        not a full spacing later: a few waiter writes in a row must not run
+        an owner at the shortest ttl past its renew deadline.
         """
         with self._io:
-            if self._state != HELD:
-                return
-            now = self._clock.monotonic()
-            wait = self._write_gate().ready_in(now)
-            if wait > 0:
-                self._next_renew = now + wait
-                return
-            try:
-                decision = protocol.decide_renew(
-                    self._record, self._generation, me=self.owner_id, token=self.token or 0,
-                    now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
-                )
-                if isinstance(decision, Lost):
-                    self._mark_lost(decision.why, None)
+            for _ in range(3):
+                if self._state != HELD:
                     return
-                assert isinstance(decision, Write)
+                now = self._clock.monotonic()
+                wait = self._write_gate().ready_in(now, urgent=True)
+                if wait > 0:
+                    self._next_renew = now + wait
+                    return
                 try:
-                    written, generation, mono, wall = self._write_lease(decision, self._valid_until, retry=False)
-                except PreconditionFailed:
-                    # A waiter registered or refreshed (or we lost it): read, note, renew again soon.
-                    record, generation = self._read(self._valid_until, retry=False)
-                    seen = protocol.observe_as_owner(
-                        record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+                    decision = protocol.decide_renew(
+                        self._record, self._generation, me=self.owner_id, token=self.token or 0,
+                        now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
                     )
-                    if isinstance(seen, Lost):
-                        self._mark_lost(seen.why, None)
+                    if isinstance(decision, Lost):
+                        self._mark_lost(decision.why, None)
                         return
-                    self._record, self._generation = record, generation
-                    self._note_waiter(record)
-                    self._next_renew = self._clock.monotonic()  # the gate decides when
+                    assert isinstance(decision, Write)
+                    try:
+                        written, generation, mono, wall = self._write_lease(decision, self._valid_until, retry=False, urgent=True)
+                    except PreconditionFailed:
+                        # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
+                        record, generation = self._read(self._valid_until, retry=False)
+                        seen = protocol.observe_as_owner(
+                            record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+                        )
+                        if isinstance(seen, Lost):
+                            self._mark_lost(seen.why, None)
+                            return
+                        self._record, self._generation = record, generation
+                        self._note_waiter(record)
+                        self._next_renew = self._clock.monotonic()
+                        continue
+                    self._set_lease(written.record, generation, mono, wall)
+                    _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
-                self._set_lease(written.record, generation, mono, wall)
-                _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
-            except TransientStorageError as exc:
-                self._renew_failures += 1
-                delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
-                self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
-                _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
-            except (StorageError, LockRecordCorrupt) as exc:
-                self._mark_lost(f"renewal failed: {exc}", exc)
+                except TransientStorageError as exc:
+                    self._renew_failures += 1
+                    delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
+                    self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
+                    _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
+                    return
+                except (StorageError, LockRecordCorrupt) as exc:
+                    self._mark_lost(f"renewal failed: {exc}", exc)
+                    return
 
     def _retry_release(self) -> None:
         """Retry a release whose write failed, until it lands or the lease is over anyway."""
@@ -889,6 +899,9 @@ class HandoffLock:
         interpreter exit never waits for a receiver.
         """
         if not (self._pending_notices or self._pending_events):
+            return
+        if getattr(self._scheduler, "notify_inline", False):
+            self._flush_events()  # a scheduler run by hand (tests, simulations): deterministic, in its caller
             return
         with self._notify_mutex:
             if self._notifier_running:

@@ -101,6 +101,16 @@ class WriteGate:
             self._tokens = max(0.0, self._tokens - 1.0)
             return True
 
+    def refund(self, now: float) -> None:
+        """A write was refused on its precondition (412): it changed nothing, so it costs nothing.
+
+        GCS's rate limit is on updates of the object; a refused write is none. An
+        owner whose renewal lost the race with a waiter's write retries at once.
+        """
+        with self._lock:
+            cap = self._refill(now)
+            self._tokens = min(cap, self._tokens + 1.0)
+
     def throttled(self, retry_after: float | None = None) -> None:
         """The store answered 429: empty the bucket and refill it more slowly."""
         with self._lock:

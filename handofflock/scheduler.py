@@ -89,6 +89,10 @@ class Scheduler:
         self._pool: ThreadPoolExecutor | None = None
         self._io_workers = io_workers
         self._autostart = autostart
+        #: Run by hand (``autostart=False``: tests and simulations), the scheduler's caller also sends
+        #: the locks' signals, so a run is deterministic. A live scheduler never does: receivers run on
+        #: each lock's notifier thread, off the path that renews (see ``HandoffLock._notify``).
+        self.notify_inline = not autostart
         self._name = name
         self._gkeys: dict[int, tuple[int, str] | None] = {}
         self._groups: dict[tuple[int, str], _Group] = {}
