@@ -16,6 +16,7 @@ from .errors import (
     InvalidKey,
     InvalidLockURL,
     LockContended,
+    TokensExhausted,
     LockLost,
     LockNotHeld,
     LockRecordCorrupt,
@@ -33,6 +34,7 @@ from .record import LockRecord
 from .repair import ForcedRelease, force_release
 from .scheduler import Scheduler
 from .signal_handlers import SignalHandlers, install_signal_handlers
+from .timing import Timing
 from .training import Steps
 
 __version__ = "0.1.0"
@@ -62,6 +64,8 @@ __all__ = [
     "InvalidKey",
     "InvalidLockURL",
     "LockContended",
+    "TokensExhausted",
+    "Timing",
     "LockLost",
     "LockNotHeld",
     "LockRecordCorrupt",

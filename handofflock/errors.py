@@ -13,7 +13,21 @@ from typing import Any
 
 
 class HandoffLockError(Exception):
-    """Root of every error raised by handofflock."""
+    """Root of every error raised by handofflock.
+
+    Every one pickles (a worker of a ``ProcessPoolExecutor`` may raise it):
+    it is rebuilt from its message and attributes, whatever its constructor takes.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, self.__dict__.copy()))
+
+
+def _rebuild(cls: type[HandoffLockError], args: tuple[Any, ...], state: dict[str, Any]) -> HandoffLockError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
 
 
 # --------------------------------------------------------------------------- storage
@@ -128,6 +142,16 @@ def _fmt_ts(ts: float | None) -> str:
     left = ts - time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
     return f"{stamp} ({left:+.1f}s)"
+
+
+class TokensExhausted(HandoffLockError):
+    """The lock's fencing token is at its maximum (2**63 - 1): no higher one can be issued.
+
+    A new owner must get a token strictly greater than every earlier one, or
+    fencing cannot tell them apart; so taking the lock fails instead. Only a
+    hand-written (or hostile) record gets here: tokens start at the creator's
+    clock in milliseconds (about 1.7e12).
+    """
 
 
 class LockContended(HandoffLockError):

@@ -347,7 +347,8 @@ class HandoffLock:
                 ):
                     # Our registration landed though we could not confirm it (its reply was lost and
                     # the record moved on before we read it back): we are the waiter all the same.
-                    waiting = self._now_waiting(record)
+                    waiting = True
+                    self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
                     record, generation, me=self.owner_id, now=wall,
@@ -371,7 +372,8 @@ class HandoffLock:
                         self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
                         return True
                     if not waiting:
-                        waiting = self._now_waiting(record)
+                        waiting = True  # before the signal: a receiver that raises must find the slot to give back
+                        self._now_waiting(record)
                 elif isinstance(decision, Contended):
                     if not blocking:
                         return self._not_acquired()
@@ -409,10 +411,9 @@ class HandoffLock:
             self._cancel.clear()
             self._not_acquiring.set()
 
-    def _now_waiting(self, record: LockRecord) -> bool:
+    def _now_waiting(self, record: LockRecord) -> None:
         _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
         signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
-        return True
 
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .errors import TokensExhausted
 from .record import MAX_TOKEN, LockRecord
 
 
@@ -110,6 +111,11 @@ def next_token(record: LockRecord | None, now: float) -> int:
     happens within the clock skew; see docs/design.md.
     """
     floor = 0 if record is None else record.token
+    if floor >= MAX_TOKEN:
+        raise TokensExhausted(
+            f"the lock's fencing token is {floor}, the largest a fenced resource can store (2**63-1): no new owner "
+            "can be given a higher one. Somebody wrote this token by hand; fenced resources must be reset with the lock"
+        )
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 

@@ -22,6 +22,7 @@ written back unchanged. Anything else that is off raises
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -130,7 +131,11 @@ class LockRecord:
 
     def encode(self) -> bytes:
         """The record as compact JSON bytes."""
-        return orjson.dumps(self.to_json())
+        doc = self.to_json()
+        try:
+            return orjson.dumps(doc)
+        except orjson.JSONEncodeError:  # an unknown field holds an integer past 64 bits: keep it exact
+            return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
     @classmethod
     def decode(cls, data: bytes, *, key: str = "<lock>", generation: int | None = None, url: str | None = None) -> "LockRecord":
@@ -150,7 +155,10 @@ class LockRecord:
         if not data.strip():
             raise corrupt("object is empty")
         try:
-            doc = orjson.loads(data)
+            orjson.loads(data)  # strict about syntax and UTF-8; then read for what orjson cannot check
+            doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        except _DuplicateKey as exc:
+            raise corrupt(f"duplicate key {exc.args[0]!r}: readers could disagree on its value") from exc
         except orjson.JSONDecodeError as exc:
             try:
                 data.decode("utf-8")
@@ -219,8 +227,10 @@ class LockRecord:
             # orjson reads 1024 levels of nesting but writes only 254, and a record
             # near the cap would grow past it and become unreadable once rewritten.
             try:
-                extra_bytes = len(orjson.dumps(extra))
-            except orjson.JSONEncodeError as exc:
+                extra_bytes = len(json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+                if _depth(extra) > 250:
+                    raise ValueError("nested too deeply")
+            except (ValueError, RecursionError) as exc:
                 raise corrupt(f"unknown fields cannot be written back unchanged ({exc})") from exc
             if extra_bytes > MAX_EXTRA_BYTES:
                 raise corrupt(
@@ -231,6 +241,36 @@ class LockRecord:
             owner, expires, waiter, waiter_expires, ttl, token, nonce,
             owner_instance, waiter_ttl, waiter_instance, version, extra, legacy,
         )
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return doc
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    """How deeply ``value`` nests (orjson writes at most 254 levels; we stay under that)."""
+    if level > 260:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level + 1)
+    return level
 
 
 def _json_type(value: Any) -> str:

@@ -193,7 +193,16 @@ class Scheduler:
 
     def _ensure_thread(self) -> None:
         with self._mutex:
-            if self._thread is not None and self._thread.is_alive():
+            old = self._thread
+        if old is not None and old.is_alive() and self._stop.is_set():
+            # A stop() whose join timed out: that loop is on its way out. Let it finish before
+            # starting the next, never two loops at once.
+            old.join(5.0)
+            if old.is_alive():
+                _log.error("the stopped scheduler loop %s has not ended after 5 s; not starting a second one", old.name)
+                return
+        with self._mutex:
+            if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
                 return
             self._stop.clear()
             self._pool = self._pool or ThreadPoolExecutor(self._io_workers, thread_name_prefix=f"{self._name}-io")
@@ -288,7 +297,8 @@ class Scheduler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            self._thread = None
+            if not self._thread.is_alive():  # one still running is remembered: add() must not start a twin
+                self._thread = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
