@@ -606,13 +606,16 @@ class HandoffLock:
         with self._io:
             if self._state not in (HELD, RELEASING):  # lost while we waited for the scheduler's I/O
                 return None if background else self._release()  # no I/O: raises LockLost
+            # From here the lock is no longer ours to use: the write may land (and the heir start)
+            # before its reply reaches us, so healthy/check() say no from the moment it is sent.
+            self._state = RELEASING
+            self._next_release_try = float("inf")  # this attempt runs now
             try:
                 heir, lost = self._write_release(deadline)
             except (TransientStorageError, PreconditionFailed) as exc:
                 # Not idle: the record still names us (perhaps with a waiter waiting). Keep
                 # trying in the background, no longer renewing; release() may retry at once.
-                if self._state in (HELD, RELEASING):
-                    self._state = RELEASING
+                if self._state == RELEASING:
                     self._next_release_try = self._clock.monotonic() + min(1.0, self.renew_interval)
                     self._schedule()
                 _log_release.warning("release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc)
