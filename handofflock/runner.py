@@ -18,6 +18,10 @@ working on the resource while the next holder starts.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
+import functools
+import math
 import os
 import shlex
 import signal
@@ -35,7 +39,13 @@ from .signal_handlers import parse_signal
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
 #: in the terminal's foreground group, so Ctrl-C reaches it only this way.
-RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+#: Signals that cannot be passed on as a polite stop: the command could not clean up (KILL), or
+#: would never end (STOP and the terminal stops).
+UNUSABLE_STOP_SIGNALS = (signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
+
+_PR_SET_PDEATHSIG = 1
 
 #: After the command's own process exits, how long the rest of its group gets before SIGKILL
 #: when no grace is running yet (the command left helpers behind).
@@ -54,8 +64,15 @@ class CommandRunner:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.stop_signal = parse_signal(args.signal)
-        if args.grace is None or not args.grace >= 0:
-            raise ConfigurationError(f"--grace must be >= 0, got {args.grace}")
+        if self.stop_signal in UNUSABLE_STOP_SIGNALS:
+            raise ConfigurationError(
+                f"--signal {self.stop_signal.name} cannot ask a command to stop and clean up; use TERM, INT, "
+                "HUP or USR1 (after --grace the command is killed anyway)"
+            )
+        if args.grace is None or not args.grace >= 0 or not math.isfinite(args.grace):
+            raise ConfigurationError(f"--grace must be a finite number >= 0, got {args.grace}")
+        if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
+            raise ConfigurationError(f"--timeout must be a finite number >= 0, got {args.timeout}")
         timing: dict[str, Any] = {"ttl": args.ttl, "wait_for_slot": args.wait_for_slot}
         if args.poll_interval is not None:
             timing.update(waiter_check_interval=args.poll_interval, waiter_poll_interval=args.poll_interval)
@@ -64,9 +81,18 @@ class CommandRunner:
         self.first_signal: int | None = None
         self._previous: dict[int, Any] = {}
 
+    _stderr_broken = False
+
     def say(self, message: str) -> None:
-        if not self.args.quiet:
+        """A status line on stderr. Never fails: a closed pipe or a hung-up terminal must not end ``run``."""
+        if self.args.quiet or self._stderr_broken:
+            return
+        try:
             print(f"handofflock: {message}", file=sys.stderr, flush=True)
+        except (OSError, ValueError) as exc:  # EPIPE, EIO after SIGHUP, a closed stream
+            if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.EIO, errno.EBADF):
+                raise
+            self._stderr_broken = True  # say nothing more: each try would fail the same way
 
     # Signal handler: only appends and assigns (no I/O, no locks); the main loop acts.
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -144,13 +170,21 @@ class CommandRunner:
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
         try:
-            child = subprocess.Popen(command, env=env, start_new_session=True)
+            child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         except FileNotFoundError:
             lock.release()
             return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
         except OSError as exc:
             lock.release()
             return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
+        # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
+        # terminal's foreground group, so run stops it too, and on `fg` continues it only if
+        # the lock is still safely held; otherwise the command is killed, never continued.
+        self.job_control: list[int] = []
+        for sig in (signal.SIGTSTP, signal.SIGCONT):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self._previous.setdefault(sig, signal.getsignal(sig))
+                signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         killed_at: float | None = None
         lost = False
@@ -164,6 +198,20 @@ class CommandRunner:
             else:
                 time.sleep(0.05)
             now = time.monotonic()
+            if os.getpid() == 1:
+                _reap_orphans(but=child.pid)
+            while self.job_control:
+                if self.job_control.pop(0) == signal.SIGTSTP:
+                    _signal_group(child, signal.SIGSTOP)
+                    os.kill(os.getpid(), signal.SIGSTOP)  # continues here on SIGCONT (fg, bg, kill -CONT)
+                elif lock.healthy:
+                    _signal_group(child, signal.SIGCONT)
+                    self.say(f"continued; {command[0]} continues")
+                else:  # stopped past the lease: the lock may be someone else's by now
+                    _signal_group(child, signal.SIGKILL)
+                    _signal_group(child, signal.SIGCONT)
+                    killed_at = killed_at or now
+                    self.say(f"continued after the lease ran out; killed {command[0]} instead of continuing it")
             if returncode is not None:
                 if not _group_alive(child.pid):
                     break
@@ -175,6 +223,8 @@ class CommandRunner:
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
                 sig = self.pending.pop(0)
+                if sig == signal.SIGCONT:
+                    continue
                 self._send(child, sig, f"passing {signal.Signals(sig).name} on to")
                 if kill_at is None:
                     kill_at = now + self.args.grace
@@ -206,22 +256,88 @@ class CommandRunner:
         return status
 
     def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
-        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (process group {child.pid}), {self.args.grace:g} s to exit")
-        _signal_group(child, sig)
+        _signal_group(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
+        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
 
 
-def _signal_group(child: subprocess.Popen, sig: int) -> None:
-    """Send ``sig`` to the child's process group (its pid: it leads a session of its own)."""
+def _die_with_parent(parent: int) -> None:
+    """In the command, before exec: SIGKILL it if ``run`` dies, whatever kills ``run`` (Linux).
+
+    ``run`` forks from its main thread, which lives as long as ``run``, so the
+    parent-death signal fires exactly when ``run`` is gone. Elsewhere this does
+    nothing (see docs/jobs.md).
+    """
     try:
-        os.killpg(child.pid, sig)
-    except ProcessLookupError:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # run died before prctl took effect
+            os._exit(137)
+    except (OSError, AttributeError):
         pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group is left, after reaping those that are our children."""
+def _reap_orphans(*, but: int) -> None:
+    """As PID 1 (a container's entrypoint) every orphan is ours to reap: collect the dead ones, never ``but``."""
+    for pid in _session_members(0, children_of=os.getpid(), zombies=True):
+        if pid != but:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _session_members(sid: int, *, children_of: int | None = None, zombies: bool = False) -> list[int]:
+    """Every process of session ``sid`` (Linux: from /proc), including those in process groups of their own.
+
+    With ``children_of``, instead the children of that process; with ``zombies``, only dead ones.
+    """
+    members = []
     try:
-        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:  # members reparented to us (we may be PID 1)
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) <= 3:
+            continue
+        if children_of is not None:
+            if int(fields[1]) == children_of and (fields[0] == b"Z") == zombies:
+                members.append(int(entry))
+        elif int(fields[3]) == sid and fields[0] != b"Z":
+            members.append(int(entry))
+    return members
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to every process of the command's session: its own group, and any group it made.
+
+    A job-control shell or GNU ``timeout`` inside the command puts processes in
+    process groups of their own, in the same session; signalling the command's
+    group alone would miss them.
+    """
+    try:
+        os.killpg(child.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in _session_members(child.pid):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the command's session is left, after reaping those that are our children."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the command and processes reparented to us (we may be PID 1)
             pass
     except ChildProcessError:
         pass
@@ -229,9 +345,10 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
         return True
     except ProcessLookupError:
-        return False
+        pass
     except PermissionError:  # a member changed its credentials: it exists
         return True
+    return bool(_session_members(pgid))
 
 
 def _short(command: list[str], limit: int = 100) -> str:

@@ -176,6 +176,10 @@ class SignalHandlers:
         # SIG_DFL (or a C-level handler we could not keep): the default action, for real.
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
+        if os.getpid() == 1:
+            # The kernel ignores a signal whose action is SIG_DFL for PID 1 (a container's
+            # entrypoint): the kill above did nothing. End the process as the signal would have.
+            os._exit(128 + int(sig))
 
     def _release_at_exit(self) -> None:
         if not self.lock.is_held:

@@ -35,7 +35,7 @@ from typing import Iterator
 
 from .faultproxy import FaultProxy, emulator_env
 
-__all__ = ["FakeGCSServer", "FaultProxy"]
+__all__ = ["ExternalEmulator", "FakeGCSServer", "FaultProxy"]
 
 _HOST = "127.0.0.1"  # never anything else: the emulator has no authentication
 # urllib honours http_proxy & co.; the emulator must be reached directly.
@@ -207,6 +207,59 @@ class FakeGCSServer:
     def __repr__(self) -> str:
         state = self.url if self.running else "stopped"
         return f"FakeGCSServer({state})"
+
+
+class ExternalEmulator(FakeGCSServer):
+    """A GCS emulator someone else runs (``STORAGE_EMULATOR_HOST``), used like a :class:`FakeGCSServer`.
+
+    For running the suite against Google's storage-testbench, which honours
+    every precondition and can inject faults (see docs/storage.md). Starting
+    and stopping do nothing: the emulator's lifetime is its owner's.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        url = url.rstrip("/")
+        if "://" not in url:
+            url = f"http://{url}"
+        self._url = url
+        self.port = int(url.rsplit(":", 1)[1]) if url.count(":") >= 2 else 80
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def host_port(self) -> str:
+        return self._url.split("://", 1)[1]
+
+    @property
+    def running(self) -> bool:
+        return True
+
+    def start(self) -> "ExternalEmulator":
+        try:
+            with _DIRECT.open(f"{self.url}/storage/v1/b?project=handofflock-test", timeout=5) as response:
+                response.read()
+        except OSError as exc:
+            raise RuntimeError(f"the GCS emulator at STORAGE_EMULATOR_HOST={self.url} does not answer: {exc}") from exc
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def create_bucket(self, name: str) -> None:
+        try:
+            super().create_bucket(name)
+        except RuntimeError as exc:
+            if "409" not in str(exc):  # already there (a rerun against the same emulator)
+                raise
+
+    def log_tail(self, lines: int = 40) -> str:
+        return f"(an external emulator at {self.url}: see its own log)"
+
+    def __repr__(self) -> str:
+        return f"ExternalEmulator({self.url})"
 
 
 def _binary_path() -> Path:

@@ -391,6 +391,7 @@ def test_a_missing_bucket_fails_writes_and_listings_with_a_message_naming_it(gcs
         assert "create it" in str(info.value)
 
 
+@pytest.mark.fake_gcs_quirk
 def test_on_the_emulator_a_read_from_a_missing_bucket_looks_like_an_absent_object(gcs_emulator):
     """fake-gcs-server's 404s do not say what is missing; the create that follows fails (previous test)."""
     store = GCSStorage("handofflock-no-such-bucket")
@@ -658,6 +659,7 @@ def test_the_emulator_honours_if_generation_match_on_multipart_uploads(gcs_emula
     assert raw_multipart_upload(gcs_emulator, bucket, "a.json", b"2", generation)[0] == 200
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_ignores_if_generation_match_on_media_uploads(gcs_emulator, bucket):
     """So handofflock uploads multipart, never uploadType=media."""
     base = f"{gcs_emulator.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name=a.json"
@@ -666,6 +668,7 @@ def test_the_emulator_ignores_if_generation_match_on_media_uploads(gcs_emulator,
     assert raw("POST", base + "&ifGenerationMatch=12345", b"3")[0] == 200  # GCS: 412
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_ignores_if_generation_match_on_delete(gcs_emulator, bucket):
     status, _, body = raw_multipart_upload(gcs_emulator, bucket, "a.json", b"1", 0)
     generation = int(json.loads(body)["generation"])
@@ -675,6 +678,7 @@ def test_the_emulator_ignores_if_generation_match_on_delete(gcs_emulator, bucket
     assert raw("GET", f"{gcs_emulator.url}/storage/v1/b/{bucket}/o/a.json")[0] == 404
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_ignores_if_metageneration_match_on_patch(gcs_emulator, bucket):
     raw_multipart_upload(gcs_emulator, bucket, "a.json", b"1", 0)
     status, _, _ = raw(
@@ -687,6 +691,7 @@ def test_the_emulator_ignores_if_metageneration_match_on_patch(gcs_emulator, buc
     assert metadata(gcs_emulator, bucket, "a.json")["metadata"] == {"k": "v"}
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_ignores_if_generation_not_match_on_get(gcs_emulator, bucket):
     status, _, body = raw_multipart_upload(gcs_emulator, bucket, "a.json", b"1", 0)
     generation = int(json.loads(body)["generation"])
@@ -695,6 +700,7 @@ def test_the_emulator_ignores_if_generation_not_match_on_get(gcs_emulator, bucke
     assert (status, body) == (200, b"1")  # GCS: 304 Not Modified
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_ignores_if_generation_match_on_get(gcs_emulator, bucket):
     raw_multipart_upload(gcs_emulator, bucket, "a.json", b"1", 0)
     url = f"{gcs_emulator.url}/download/storage/v1/b/{bucket}/o/a.json?alt=media&ifGenerationMatch=1"
@@ -702,6 +708,7 @@ def test_the_emulator_ignores_if_generation_match_on_get(gcs_emulator, bucket):
     assert (status, body) == (200, b"1")  # GCS: 412
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_answers_the_same_bare_404_for_a_missing_bucket_and_a_missing_object(gcs_emulator, bucket):
     for path in ("/download/storage/v1/b/{b}/o/absent.json?alt=media", "/storage/v1/b/{b}/o/absent.json"):
         missing_object = raw("GET", gcs_emulator.url + path.format(b=bucket))
@@ -711,6 +718,7 @@ def test_the_emulator_answers_the_same_bare_404_for_a_missing_bucket_and_a_missi
         assert b"bucket" not in missing_bucket[2].lower()
 
 
+@pytest.mark.fake_gcs_quirk
 def test_the_emulator_sends_the_generation_with_a_416_for_a_range_on_an_empty_object(gcs_emulator, bucket):
     """Why a capped read of an empty object costs one request here (GCS may need two)."""
     status, _, body = raw_multipart_upload(gcs_emulator, bucket, "empty.json", b"", 0)

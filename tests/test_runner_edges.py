@@ -1,0 +1,194 @@
+"""``handofflock run``: the command never outlives its lock (issue 18), with real processes.
+
+Each test starts ``handofflock run LOCK -- CMD`` on a local lock file, finds
+the command's processes through /proc, does to ``run`` what the world does
+(SIGKILL, SIGQUIT, Ctrl-Z, a closed stderr), and checks that no process of
+the command is left running once ``run`` is gone or the lock has moved on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobsutil import CONSOLE_SCRIPT, child_env
+from lockutil import eventually, raw_read
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the guarantees are Linux's"),
+              pytest.mark.timeout(90)]
+
+
+def stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, session) of ``pid``, or None if it is gone (or a zombie)."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None
+    return fields[0].decode(), int(fields[1]), int(fields[3])
+
+
+def session_of(sid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := stat(int(entry))) is not None and st[2] == sid:
+            out.append(int(entry))
+    return out
+
+
+def children(pid: int) -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (st := stat(int(e))) and st[1] == pid]
+
+
+def start_run(lock: Path, *cmd: str, stderr=subprocess.PIPE, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
+    """``run`` and the pid of its command (which leads a session of its own)."""
+    proc = subprocess.Popen([str(CONSOLE_SCRIPT), "run", str(lock), "--grace", "3", *extra, "--", *cmd],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=child_env())
+    cmd_pid = eventually(lambda: next(iter(children(proc.pid)), None), timeout=20, what="the command started")
+    return proc, cmd_pid
+
+
+def gone(pids: list[int], timeout: float = 10.0) -> None:
+    eventually(lambda: all(stat(p) is None for p in pids), timeout=timeout, what=f"processes {pids} gone")
+
+
+def reap(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGQUIT])
+def test_the_command_dies_with_run_whatever_kills_run(tmp_path, sig):
+    proc, cmd = start_run(tmp_path / "lock.json", "sleep", "60")
+    os.kill(proc.pid, sig)
+    reap(proc)
+    gone([cmd])
+    if sig == signal.SIGQUIT:  # a signal run can catch: passed on, then the lock released
+        record, _ = raw_read((tmp_path / "lock.json").as_uri())
+        assert record.owner_id is None
+
+
+def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_path):
+    """GNU timeout puts its child in a process group of its own; the handoff must not leave it running."""
+    proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", "timeout 60 sleep 60; true")
+    def three() -> list[int] | None:
+        members = session_of(cmd)
+        return members if len(members) >= 3 else None
+
+    members = eventually(three, timeout=20, what="sh, timeout and sleep")
+    groups = {int(Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()[2]) for p in members}
+    assert len(groups) >= 2, "timeout(1) made a process group of its own"
+    os.kill(proc.pid, signal.SIGTERM)
+    reap(proc)
+    gone(members)
+
+
+def test_a_closed_stderr_never_stops_run_from_passing_a_signal_on(tmp_path):
+    r, w = os.pipe()
+    proc, cmd = start_run(tmp_path / "lock.json", "sleep", "60", stderr=w)
+    os.close(w)
+    os.close(r)  # whatever run writes to stderr now fails with EPIPE
+    os.kill(proc.pid, signal.SIGHUP)
+    reap(proc)
+    assert proc.returncode == 128 + signal.SIGHUP, "the command got SIGHUP, and run exited with its status"
+    gone([cmd])
+    record, _ = raw_read((tmp_path / "lock.json").as_uri())
+    assert record.owner_id is None, "run died before releasing"
+
+
+def test_ctrl_z_stops_the_command_with_run_and_fg_continues_both(tmp_path):
+    proc, cmd = start_run(tmp_path / "lock.json", "sleep", "60", extra=("--ttl", "30"))
+    os.kill(proc.pid, signal.SIGTSTP)
+    eventually(lambda: stat(proc.pid)[0] == "T" and stat(cmd)[0] == "T", timeout=10, what="run and the command stopped")
+    os.kill(proc.pid, signal.SIGCONT)
+    eventually(lambda: stat(cmd)[0] in "RS" and stat(proc.pid)[0] in "RS", timeout=10, what="both continued")
+    os.kill(proc.pid, signal.SIGTERM)
+    reap(proc)
+    gone([cmd])
+
+
+def test_a_command_stopped_past_its_lease_is_killed_not_continued(tmp_path):
+    proc, cmd = start_run(tmp_path / "lock.json", "sleep", "60", extra=("--ttl", "2"))
+    os.kill(proc.pid, signal.SIGTSTP)
+    eventually(lambda: stat(cmd)[0] == "T", timeout=10, what="the command stopped")
+    time.sleep(2.5)  # the lease runs out while both are stopped
+    os.kill(proc.pid, signal.SIGCONT)
+    gone([cmd])
+    reap(proc)
+    assert proc.returncode == 70, proc.stderr.read()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--signal", "KILL"), "cannot ask a command to stop"),
+    (("--signal", "9"), "cannot ask a command to stop"),
+    (("--signal", "STOP"), "cannot ask a command to stop"),
+    (("--timeout", "nan"), "--timeout must be a finite number"),
+    (("--grace", "inf"), "--grace must be a finite number"),
+])
+def test_nonsense_options_get_a_usage_error_not_a_traceback(tmp_path, args, message):
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), *args, "--", "true"],
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert proc.returncode == 64, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "lock.json").exists(), "nothing was acquired"
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+PID1 = pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --pid` (root or user namespaces); not available here")
+
+_HOLDER = """
+import sys, time
+from handofflock import HandoffLock, install_signal_handlers
+lock = HandoffLock(sys.argv[1], ttl=5)
+lock.acquire()
+install_signal_handlers(lock, grace=30)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@PID1
+def test_a_second_sigterm_ends_a_process_that_is_pid_1(tmp_path):
+    """The kernel ignores SIG_DFL signals for PID 1 (a container's entrypoint): the second SIGTERM
+    must still end it, after releasing the lock."""
+    url = (tmp_path / "lock.json").as_uri()
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _HOLDER, url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    init = children(proc.pid)[0]  # PID 1 inside its namespace
+    os.kill(init, signal.SIGTERM)
+    time.sleep(0.3)
+    os.kill(init, signal.SIGTERM)
+    reap(proc)
+    gone([init])
+    assert raw_read(url)[0].owner_id is None, "the lock was released before the process ended"
+
+
+@PID1
+def test_run_as_pid_1_reaps_the_orphans_of_its_command(tmp_path):
+    """A daemon that double-forks away from the command is reparented to PID 1: run must reap it
+    when it dies, or zombies pile up in the container."""
+    cmd = "sh -c 'sleep 0.2 &' ; sleep 1.5; ps -eo stat,comm | grep -c '^Z' || true"
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(CONSOLE_SCRIPT), "run",
+                           str(tmp_path / "lock.json"), "--", "sh", "-c", cmd],
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "0", f"zombies left: {proc.stdout!r}"
