@@ -187,7 +187,10 @@ OPERATIONS = [
     pytest.param(lambda s, g: s.read("absent.json"), None, "GET", id="read-absent"),
     pytest.param(lambda s, g: s.read("a.json"), None, "GET", id="read-present"),
     pytest.param(lambda s, g: s.read("a.json", max_bytes=3), None, "GET", id="read-present-capped"),
-    pytest.param(lambda s, g: s.read("empty.json", max_bytes=3), None, "GET", id="read-empty-capped"),
+    # One request only where the emulator sends the generation with its 416 (fake-gcs-server does; the
+    # testbench does not, and the read then asks again without a range).
+    pytest.param(lambda s, g: s.read("empty.json", max_bytes=3), None, "GET", id="read-empty-capped",
+                 marks=pytest.mark.fake_gcs_quirk),
     pytest.param(lambda s, g: s.write("new.json", b"{}", if_generation_match=0), None, "POST", id="write-create"),
     pytest.param(lambda s, g: s.write("a.json", b"{}", if_generation_match=g), None, "POST", id="write-overwrite"),
     pytest.param(
@@ -222,6 +225,7 @@ def test_the_first_operation_of_a_new_store_is_one_request(bucket):
     assert len(log) == 1 and "/download/storage/v1/" in log[0][1]
 
 
+@pytest.mark.emulator_pages
 def test_listing_costs_one_request_per_page_and_asks_only_for_names_and_generations(gcs):
     written = {f"p/{i}.json": gcs.write(f"p/{i}.json", b"{}", if_generation_match=0) for i in range(5)}
     gcs.write("q/other.json", b"{}", if_generation_match=0)
