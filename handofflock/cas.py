@@ -24,6 +24,39 @@ from .pacing import WriteGate, backoff
 from .storage import Storage
 
 
+#: A retry that backoff would put past the deadline goes this long before it instead (once).
+LAST_TRY_MARGIN = 0.05
+
+
+class Retries:
+    """Backoff delays bounded by a deadline (monotonic, or None for none).
+
+    A drawn delay that would carry the next try past the deadline is cut short
+    so that one last try goes :data:`LAST_TRY_MARGIN` before it; after that
+    try there is no other. So an operation keeps trying until its deadline
+    instead of stopping early on an unlucky draw, and never sleeps past it.
+    """
+
+    def __init__(self, clock: Clock, deadline: float | None) -> None:
+        self._delays = backoff(base=0.1, cap=2.0)
+        self._clock = clock
+        self._deadline = deadline
+        self._last = False
+
+    def next_delay(self) -> float | None:
+        """Seconds to wait before the next try, or None when there is none."""
+        delay = next(self._delays)
+        if self._deadline is None:
+            return delay
+        if self._last:
+            return None
+        room = self._deadline - LAST_TRY_MARGIN - self._clock.monotonic()
+        if delay < room:
+            return delay
+        self._last = True
+        return room if room > 0 else None
+
+
 def read_retrying(
     storage: Storage,
     key: str,
@@ -39,13 +72,13 @@ def read_retrying(
     ``retry`` and ``sleep`` as for :func:`write_resolving`. Every read that
     decides a write goes through here (the lock's, the fence's, a force-release's).
     """
-    delays = backoff(base=0.1, cap=2.0)
+    retries = Retries(clock, deadline)
     while True:
         try:
             return storage.read(key, max_bytes=max_bytes)
         except TransientStorageError:
-            delay = next(delays)
-            if not retry or (deadline is not None and clock.monotonic() + delay >= deadline):
+            delay = retries.next_delay()
+            if not retry or delay is None:
                 raise
             if sleep is None:
                 clock.sleep(delay)
@@ -86,14 +119,14 @@ def write_resolving(
     :class:`PreconditionFailed` when the object moved on, and any permanent
     :class:`StorageError` at once.
     """
-    delays = backoff(base=0.1, cap=2.0)
+    retries = Retries(clock, deadline)
     maybe_landed = False
     failed: TransientStorageError | None = None
 
     def pause() -> bool:
         """Sleep before the next try; False when there is no next try."""
-        delay = next(delays)
-        if not retry or (deadline is not None and clock.monotonic() + delay >= deadline):
+        delay = retries.next_delay()
+        if not retry or delay is None:
             return False
         if sleep is None:
             clock.sleep(delay)

@@ -511,9 +511,11 @@ def test_a_throttled_write_is_retried_after_retry_after_not_at_once(actor, bucke
 @pytest.mark.parametrize("status", ["429", "503"])
 def test_a_store_that_keeps_refusing_fails_the_acquire_within_its_deadline(actor, bucket, status):
     """Retries stop at the operation's deadline: acquire(timeout=1) against a store that answers
-    every write with 503 retries until about a second and raises a TransientStorageError. With 429s
-    the spacing (Retry-After: 2) puts the next try past the deadline, so it gives up at once rather
-    than sleep past it. Never: retry forever, or return after the deadline."""
+    every write with 503 retries until the deadline (a backoff draw that would pass it is cut short
+    to one last try just before it, so an unlucky draw never ends the acquire early) and raises a
+    TransientStorageError. With 429s the spacing (Retry-After: 2) puts the next try past the
+    deadline, so it gives up at once rather than sleep past it. Never: retry forever, or return
+    long after the deadline (a try under way at the deadline is finished: hence the slack)."""
     a = actor("A")
     a.proxy.inject(status, method="POST", times=10_000, retry_after=2)
     started = time.monotonic()
@@ -521,9 +523,9 @@ def test_a_store_that_keeps_refusing_fails_the_acquire_within_its_deadline(actor
         a.lock.acquire(timeout=1.0)
     elapsed = time.monotonic() - started
     assert info.value.status == int(status)
-    assert elapsed < 1.0 + 0.3
+    assert elapsed < 1.0 + 0.5
     if status == "503":
-        assert elapsed > 0.3 and len(a.writes()) >= 3
+        assert elapsed > 1.0 - 0.05 - 0.02 and len(a.writes()) >= 3
     else:
         assert len(a.writes()) == 1
     assert not a.lock.is_held and raw_read(url(bucket))[0] is None
