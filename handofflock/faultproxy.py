@@ -18,6 +18,12 @@ request injects one of these faults:
 ``429``         answered by the proxy: too many requests, with ``Retry-After``
 ``503``         answered by the proxy: service unavailable (not forwarded)
 ``403``         answered by the proxy: permission denied (a permanent error)
+``409``         answered by the proxy: conflict, as GCS answers a change that
+                lost to a concurrent one (not forwarded, so not applied)
+``trickle``     the request is forwarded and applied; the reply's head is sent
+                at once, then its body one byte every ``delay`` seconds
+``trickle_head`` as ``trickle``, but the reply is trickled from its first byte
+                (a server slow to send even its status line and headers)
 ==============  ==============================================================
 
 Faults are scheduled programmatically: :meth:`FaultProxy.inject` for the next
@@ -77,9 +83,13 @@ def emulator_env(url: str) -> Iterator[None]:
 _IO_TIMEOUT = 60.0  # no read from a peer blocks longer than this
 
 #: Every fault the proxy can inject.
-FAULT_KINDS = ("refuse", "delay", "reset", "drop_reply", "429", "503", "403")
+FAULT_KINDS = ("refuse", "delay", "reset", "drop_reply", "429", "503", "403", "409", "trickle", "trickle_head")
 #: The faults that act on one request (``refuse`` acts on connections).
-REQUEST_FAULTS = ("delay", "reset", "drop_reply", "429", "503", "403")
+REQUEST_FAULTS = ("delay", "reset", "drop_reply", "429", "503", "403", "409", "trickle", "trickle_head")
+#: The faults the proxy answers itself, without forwarding the request.
+_ANSWERED = ("429", "503", "403", "409")
+#: The faults that send the reply slowly, one byte at a time.
+_TRICKLES = ("trickle", "trickle_head")
 
 _ANSWERS = {
     "429": (429, "Too Many Requests", "rateLimitExceeded",
@@ -87,6 +97,10 @@ _ANSWERS = {
     "503": (503, "Service Unavailable", "backendError", "Backend Error (injected by FaultProxy)."),
     "403": (403, "Forbidden", "forbidden",
             "injected@faultproxy does not have storage.objects.create access (injected by FaultProxy)."),
+    # Worded as GCS documents reason "conflict" (cloud.google.com/storage/docs/json_api/v1/status-codes).
+    "409": (409, "Conflict", "conflict",
+            "The change failed to commit due to a conflicting concurrent change to the same resource "
+            "(injected by FaultProxy)."),
 }
 
 
@@ -265,14 +279,15 @@ class FaultProxy:
 
         ``method`` is compared exactly, ``path`` and ``body`` as substrings,
         ``when`` is called with the :class:`Exchange`. ``delay`` is the pause of
-        a ``delay`` fault; ``retry_after`` the header of a ``429`` or ``503``.
+        a ``delay`` fault, and the pause before each byte of a trickled reply;
+        ``retry_after`` the header of a ``429`` or ``503``.
         Rules are tried in the order they were added; the first that matches fires.
         Returns the rule: ``rule.fired`` counts its firings.
         """
         if kind not in REQUEST_FAULTS:
             raise ValueError(f"unknown request fault {kind!r}; choose from {REQUEST_FAULTS} (refuse: refuse_connections())")
-        if kind == "delay" and not delay > 0:
-            raise ValueError("a delay fault needs delay > 0")
+        if kind in ("delay", *_TRICKLES) and not delay > 0:
+            raise ValueError(f"a {kind} fault needs delay > 0")
         rule = Rule(kind, method, path, body.encode() if isinstance(body, str) else body, when, times, delay, retry_after)
         with self._mutex:
             self._rules.append(rule)
@@ -460,7 +475,7 @@ class FaultProxy:
                 kind, rule = self._decide(ex)
                 keep_alive = headers.get("connection", "").lower() != "close"
 
-                if kind in ("429", "503", "403"):
+                if kind in _ANSWERED:
                     self._count(answered=True)
                     ex.status = int(kind)
                     close = self._replying(state, not keep_alive)
@@ -495,7 +510,12 @@ class FaultProxy:
                 close = self._replying(state, not keep_alive or upstream_done)
                 if close:
                     reply_head = with_connection_close(reply_head)
-                client.sendall(reply_head + reply_body)
+                if kind in _TRICKLES:
+                    pause = rule.delay if rule is not None else self._chaos_delay()
+                    if not self._trickle(client, reply_head, reply_body, pause, whole=kind == "trickle_head"):
+                        return
+                else:
+                    client.sendall(reply_head + reply_body)
                 if close:
                     return
         except (OSError, Closed, ValueError):
@@ -508,6 +528,17 @@ class FaultProxy:
             if upstream is not None:
                 with contextlib.suppress(OSError):
                     upstream.close()
+
+    def _trickle(self, client: socket.socket, reply_head: bytes, body: bytes, pause: float, *, whole: bool) -> bool:
+        """Send a reply one byte per ``pause`` seconds, its head at once unless ``whole``; False if stopped."""
+        reply = reply_head + body
+        sent = 0 if whole else len(reply_head)
+        client.sendall(reply[:sent])
+        for i in range(sent, len(reply)):
+            if self._stop.wait(pause):
+                return False
+            client.sendall(reply[i : i + 1])
+        return True
 
     def _decide(self, ex: Exchange) -> tuple[str | None, Rule | None]:
         with self._mutex:
@@ -562,7 +593,7 @@ class FaultProxy:
     def _chaos_retry_after(self, kind: str, rule: Rule | None) -> float | None:
         if rule is not None:
             return rule.retry_after
-        if kind == "403":
+        if kind not in ("429", "503"):
             return None
         with self._mutex:
             chaos = self._chaos

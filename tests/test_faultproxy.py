@@ -95,6 +95,41 @@ def test_429_and_503_are_answered_by_the_proxy_with_retry_after(proxy, via, dire
     assert proxy.stats()["connections"] == 1
 
 
+@pytest.mark.parametrize("kind, head_at_once", [("trickle", True), ("trickle_head", False)])
+def test_a_trickled_reply_arrives_whole_one_byte_per_pause(proxy, bucket, direct, kind, head_at_once):
+    """The reply is forwarded unchanged, only slowly: the head at once (trickle) or not (trickle_head),
+    then one byte per `delay`. Read with a raw socket to see when each byte comes."""
+    generation = direct.write("a.json", b'{"n":1}', if_generation_match=0)
+    proxy.inject(kind, method="GET", delay=0.005)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(
+            f"GET /download/storage/v1/b/{bucket}/o/a.json?alt=media HTTP/1.1\r\n"
+            "Host: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+        )
+        first = sock.recv(65536)
+        chunks = [first]
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        elapsed = time.monotonic() - started
+    reply = b"".join(chunks)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200") and body == b'{"n":1}'
+    assert f"x-goog-generation: {generation}".lower().encode() in head.lower()
+    if head_at_once:  # the first read has the whole head (and maybe a byte or two of the body)
+        assert first.startswith(head + b"\r\n\r\n")
+    else:
+        assert len(first) < len(head) // 2
+    trickled = len(body) if head_at_once else len(reply)
+    assert elapsed >= (trickled - 1) * 0.005 * 0.9
+    assert proxy.stats()["faults"][kind] == 1 and proxy.stats()["forwarded"] == 1
+
+
+def test_a_trickle_needs_a_pause(proxy):
+    with pytest.raises(ValueError, match="delay > 0"):
+        proxy.inject("trickle")
+
+
 def test_403_is_a_permanent_storage_error(proxy, via, direct):
     proxy.inject("403", method="POST")
     with pytest.raises(StorageError) as info:
