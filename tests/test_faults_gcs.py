@@ -96,10 +96,12 @@ def bucket(gcs_emulator):
 def actor(gcs_emulator, bucket):
     made: list[Actor] = []
 
-    def make(name: str, *, key: str = KEY, bucket_name: str | None = None, **overrides: Any) -> Actor:
+    def make(
+        name: str, *, key: str = KEY, bucket_name: str | None = None, store: dict[str, Any] | None = None, **overrides: Any
+    ) -> Actor:
         proxy = FaultProxy(gcs_emulator.url, lifetime=120).start()
         with proxy.env():
-            store = GCSStorage(bucket_name or bucket, timeout=(1.0, 2.0))
+            store = GCSStorage(bucket_name or bucket, **{"timeout": (1.0, 2.0), **(store or {})})
         lock = HandoffLock(f"gs://{bucket_name or bucket}/{key}", storage=store, key=key, owner_id=name, **{**FAST, **overrides})
         a = Actor(name, lock, proxy)
         for sig in (signals.waiting, signals.acquired, signals.released, signals.lost):
@@ -577,6 +579,24 @@ def test_a_request_reset_before_it_was_forwarded_is_retried_and_lands_once(actor
     assert sent[0][0].token == sent[1][0].token and sent[0][0].nonce != sent[1][0].nonce
     assert raw_read(url(bucket))[0].token == a.lock.token
     assert a.named("lost") == []
+
+
+@pytest.mark.gcs
+def test_a_write_whose_reply_trickles_is_cut_off_at_the_request_deadline_and_resolved_by_the_read_back(actor, bucket):
+    """The create is applied, but its reply comes one byte a second (the read timeout, 2 s, never
+    trips). request_timeout (1 s) cuts it off as an ambiguous failure; the read-back finds the write
+    landed and the lock goes on from it. Without the deadline acquire(timeout=5) would sit in that one
+    request for minutes."""
+    a = actor("A", store={"request_timeout": 1.0})
+    a.proxy.inject("trickle", method="POST", delay=1.0)
+    started = time.monotonic()
+    assert a.lock.acquire(timeout=5)
+    assert time.monotonic() - started < 1.0 + 2.0
+    record, ex = a.writes()[0]
+    assert ex.fault == "trickle" and a.lock.token == record.token
+    assert raw_read(url(bucket))[0].token == record.token
+    assert [e.status for _, e in a.writes()].count(412) == 0, "the create was sent again"
+    assert_carried_on(a)
 
 
 # --------------------------------------------------------------------------- permanent errors

@@ -16,6 +16,7 @@ import ast
 import email.utils
 import http.server
 import json
+import os
 import socket
 import threading
 import time
@@ -27,6 +28,8 @@ from urllib.parse import quote
 
 import google.auth.exceptions
 import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage as google_storage
 import requests
 
 from handofflock.errors import (
@@ -37,7 +40,8 @@ from handofflock.errors import (
     StorageError,
     TransientStorageError,
 )
-from handofflock.storage import open_url
+from handofflock.faultproxy import FaultProxy
+from handofflock.storage import gcs_deadline, open_url
 from handofflock.storage.gcs import GCSStorage
 
 PACKAGE = Path(__file__).resolve().parent.parent / "handofflock"
@@ -171,6 +175,39 @@ def canned(monkeypatch):
     yield make
     for server in servers:
         server.close()
+
+
+@pytest.fixture
+def proxy(gcs_emulator):
+    """A FaultProxy in front of the emulator: it can trickle replies, and it records every request."""
+    with FaultProxy(gcs_emulator.url, lifetime=120) as p:
+        yield p
+
+
+def through(proxy: FaultProxy, bucket: str, **options) -> GCSStorage:
+    """A store that talks to the emulator through ``proxy``."""
+    with proxy.env():
+        return GCSStorage(bucket, **options)
+
+
+def finishes_within(limit: float, fn) -> tuple[float, BaseException | None]:
+    """Run ``fn`` in a thread: (seconds it took, what it raised). Fails if it is still running after ``limit``,
+    so a request that is never cut off fails the test instead of hanging it."""
+    box: dict = {}
+
+    def run():
+        started = time.monotonic()
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test
+            box["error"] = exc
+        box["elapsed"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert "elapsed" in box, f"still running after {limit} s"
+    return box["elapsed"], box.get("error")
 
 
 def json_error(status: int, message: str) -> tuple[int, dict, bytes]:
@@ -337,6 +374,12 @@ def test_an_invalid_timeout_is_refused_by_the_constructor(bad):
         GCSStorage("some-bucket", timeout=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5", True, (1.0, 2.0)])
+def test_an_invalid_request_timeout_is_refused_by_the_constructor(bad):
+    with pytest.raises(ConfigurationError, match="request_timeout"):
+        GCSStorage("some-bucket", request_timeout=bad)
+
+
 def test_shared_returns_one_store_per_bucket_and_emulator(monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
     a = GCSStorage.shared("shared-bucket")
@@ -371,6 +414,105 @@ def test_a_gs_url_opens_the_shared_store_for_its_bucket(monkeypatch):
 def test_a_malformed_gs_url_gets_invalid_lock_url(url):
     with pytest.raises(InvalidLockURL):
         open_url(url)
+
+
+# --------------------------------------------------------------------------- a total deadline per request
+
+
+# A lock record of 60 bytes: its body alone, one byte a second, takes a minute to arrive.
+RECORD = b'{"ownerId": "host:1:abc", "expiresAt": 1.0, "token": 7, "n": 1}'
+
+TRICKLED = [
+    pytest.param("trickle", lambda s, g: s.read("a.json"), False, id="read-body"),
+    pytest.param("trickle_head", lambda s, g: s.read("a.json"), False, id="read-head"),
+    pytest.param("trickle", lambda s, g: s.read("a.json", max_bytes=1000), False, id="read-capped-body"),
+    pytest.param("trickle", lambda s, g: s.list(""), False, id="list-body"),
+    pytest.param("trickle", lambda s, g: s.write("a.json", b"{}", if_generation_match=g), True, id="write-reply"),
+    pytest.param("trickle_head", lambda s, g: s.delete("a.json", if_generation_match=g), True, id="delete-reply"),
+]
+
+
+@pytest.mark.parametrize("kind, operation, mutation", TRICKLED)
+def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy, bucket, kind, operation, mutation):
+    """One byte a second never lets a read wait its 2 s read timeout, so only the request's own
+    deadline (1 s) ends it; without one each of these takes a minute or more (a read of an 8-byte
+    object took 8 s, a write's reply over 25 s before request_timeout existed). Slack for a loaded
+    machine: 2 s. A write or delete cut off this way was applied, so the error says it may have been."""
+    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
+    generation = store.write("a.json", RECORD, if_generation_match=0)
+    proxy.inject(kind, delay=1.0)
+    elapsed, error = finishes_within(15, lambda: operation(store, generation))
+    assert isinstance(error, TransientStorageError), error
+    assert "request_timeout (1s)" in str(error) and error.ambiguous is mutation
+    assert 0.9 <= elapsed < 3.0, f"cut off after {elapsed:.2f} s"
+    assert proxy.stats()["faults"][kind] == 1
+    if mutation:  # the request reached the store and was applied: why a write says "ambiguous"
+        direct = GCSStorage(bucket)
+        assert direct.read("a.json") != (RECORD, generation)
+        direct.close()
+    proxy.clear()
+    store.list("")  # the store goes on, on a new connection
+    store.close()
+
+
+def test_by_default_a_request_may_take_its_connect_and_read_timeouts_together(proxy, bucket):
+    store = through(proxy, bucket, timeout=(0.5, 1.0))
+    store.write("a.json", RECORD, if_generation_match=0)
+    proxy.inject("trickle_head", method="GET", delay=0.4)
+    elapsed, error = finishes_within(15, lambda: store.read("a.json"))
+    assert isinstance(error, TransientStorageError) and "request_timeout (1.5s)" in str(error)
+    assert 1.4 <= elapsed < 3.5
+    store.close()
+
+
+def test_a_deadline_that_passes_after_its_request_ended_cuts_nothing(proxy, bucket):
+    """Each request's deadline lets go of its connection before the connection goes back to the
+    pool: the next request reuses it, though the first one's deadline passed in between."""
+    store = through(proxy, bucket, request_timeout=0.3)
+    generation = store.write("a.json", RECORD, if_generation_match=0)
+    time.sleep(0.6)
+    assert store.read("a.json") == (RECORD, generation)
+    time.sleep(0.6)
+    assert store.list("") == {"a.json": generation}
+    assert proxy.stats()["connections"] == 1
+    store.close()
+
+
+def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
+    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
+    store.write("a.json", RECORD, if_generation_match=0)
+    proxy.inject("trickle", method="GET", delay=0.01)  # 60 bytes in 0.6 s
+    assert store.read("a.json")[0] == RECORD
+    store.close()
+
+
+def test_the_store_s_own_session_gets_the_deadline_pools_and_a_client_you_pass_is_left_alone(bucket):
+    own = GCSStorage(bucket)
+    assert all(isinstance(own.client._http.adapters[p], gcs_deadline.DeadlineAdapter) for p in ("http://", "https://"))
+    own.close()
+    client = google_storage.Client(
+        project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": os.environ["STORAGE_EMULATOR_HOST"]}
+    )
+    passed = GCSStorage(bucket, client=client)
+    passed.write("a.json", b"{}", if_generation_match=0)
+    assert type(client._http.adapters["http://"]) is requests.adapters.HTTPAdapter
+    client.close()
+
+
+def test_installing_the_deadline_pools_keeps_the_pool_settings_and_leaves_special_adapters_alone():
+    class MutualTLS(requests.adapters.HTTPAdapter):
+        pass
+
+    session = requests.Session()
+    special = MutualTLS()
+    session.mount("https://", special)
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32, pool_connections=3))
+    assert gcs_deadline.install(session) is False
+    assert session.adapters["https://"] is special
+    plain = session.adapters["http://"]
+    assert isinstance(plain, gcs_deadline.DeadlineAdapter)
+    assert (plain._pool_maxsize, plain._pool_connections) == (32, 3)
+    assert gcs_deadline.install(requests.Session()) is True
 
 
 # --------------------------------------------------------------------------- error mapping, on the emulator
@@ -736,11 +878,12 @@ def test_the_emulator_sends_the_generation_with_a_416_for_a_range_on_an_empty_ob
 
 
 def test_only_the_gcs_backend_imports_the_google_sdk_or_the_http_transport():
-    forbidden = ("google", "requests", "urllib3")
+    """gcs.py alone imports the SDK; its transport half, gcs_deadline.py, imports only the HTTP stack."""
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         if path == PACKAGE / "storage" / "gcs.py":
             continue
+        forbidden = ("google",) if path == PACKAGE / "storage" / "gcs_deadline.py" else ("google", "requests", "urllib3")
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = []
             if isinstance(node, ast.Import):

@@ -52,7 +52,7 @@ from ..errors import (
     StorageError,
     TransientStorageError,
 )
-from . import _BUCKET_RE
+from . import _BUCKET_RE, gcs_deadline
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
@@ -80,7 +80,14 @@ class GCSStorage:
     created on first use, with the default credentials, or anonymously against
     an emulator when ``STORAGE_EMULATOR_HOST`` is set. Pass ``client`` to use
     your own (it is then yours to close). ``timeout`` is ``(connect, read)`` in
-    seconds and applies to every request.
+    seconds and applies to every request: how long to wait for a connection,
+    and for each read from the socket. ``request_timeout`` bounds each request
+    as a whole, from sending it to the last byte of its reply (default: connect
+    plus read timeout); past it the request is cut off and fails with a
+    :class:`~handofflock.errors.TransientStorageError`. It is enforced by
+    shutting the connection down, on the HTTP session of a client this store
+    creates; a ``client`` you pass keeps its session as it is, and only
+    ``timeout`` bounds its requests.
 
     >>> store = GCSStorage("my-bucket")
     >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
@@ -100,6 +107,7 @@ class GCSStorage:
         *,
         client: gcs.Client | None = None,
         timeout: tuple[float, float] = (5.0, 15.0),
+        request_timeout: float | None = None,
     ) -> None:
         if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket) or ".." in bucket:
             raise ConfigurationError(
@@ -108,6 +116,7 @@ class GCSStorage:
         self.bucket = bucket
         self.url = f"gs://{bucket}"
         self._timeout = _checked_timeout(timeout)
+        self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
         self._client = client
@@ -137,7 +146,8 @@ class GCSStorage:
                     made = self._make_client()
                     # The SDK makes its HTTP session lazily and without a lock: make it here, under
                     # ours, or two threads' first requests could each make one and leak the other.
-                    made._http  # noqa: B018 - no I/O: it only builds the session
+                    # Our own session: give it the connection pools that enforce request_timeout.
+                    gcs_deadline.install(made._http)
                     self._client = made
                 client = self._client
         return client
@@ -190,7 +200,9 @@ class GCSStorage:
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         body, content_type = _multipart(key, bytes(data))
         with self._mapped("write", key):
-            response = self._send(
+            with self._request(
+                "write",
+                key,
                 "POST",
                 f"{self._base()}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o",
                 params={
@@ -200,8 +212,7 @@ class GCSStorage:
                 },
                 headers={"Content-Type": content_type},
                 data=body,
-            )
-            with contextlib.closing(response):
+            ) as response:
                 if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
                     raise self._bucket_missing(key, response)
                 self._check(response, "write", key, if_generation_match)
@@ -218,12 +229,9 @@ class GCSStorage:
         validate_key(key)
         validate_generation(if_generation_match)
         with self._mapped("delete", key):
-            response = self._send(
-                "DELETE",
-                self._object_url(key),
-                params={"ifGenerationMatch": str(if_generation_match)},
-            )
-            with contextlib.closing(response):
+            with self._request(
+                "delete", key, "DELETE", self._object_url(key), params={"ifGenerationMatch": str(if_generation_match)}
+            ) as response:
                 if response.status_code == 404:
                     if _says_bucket_missing(response):
                         raise self._bucket_missing(key, response)
@@ -239,8 +247,7 @@ class GCSStorage:
                 params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
                 if page_token:
                     params["pageToken"] = page_token
-                response = self._send("GET", self._bucket_url() + "/o", params=params)
-                with contextlib.closing(response):
+                with self._request("list", None, "GET", self._bucket_url() + "/o", params=params) as response:
                     if response.status_code == 404:  # a listing has no object to miss
                         raise self._bucket_missing(None, response)
                     self._check(response, "list", None)
@@ -257,14 +264,15 @@ class GCSStorage:
     # -- requests -------------------------------------------------------------
 
     def _download(self, key: str, headers: dict[str, str], limit: int | None) -> Any:
-        response = self._send(
+        with self._request(
+            "read",
+            key,
             "GET",
             f"{self._base()}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
             params={"alt": "media"},
             headers=headers,
             stream=True,  # read no more than `limit` bytes, then drop the connection
-        )
-        with contextlib.closing(response):
+        ) as response:
             if response.status_code == 404:
                 # The emulator cannot tell a missing bucket from a missing object;
                 # GCS says so in the message. A missing bucket read as "no lock"
@@ -285,6 +293,49 @@ class GCSStorage:
                 _verify_crc32c(response, data, key, self.url)
             return data, generation
 
+    @contextlib.contextmanager
+    def _request(
+        self,
+        op: str,
+        key: str | None,
+        method: str,
+        url: str,
+        *,
+        params: dict[str, str],
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+        stream: bool = False,
+    ) -> Iterator[requests.Response]:
+        """One request, its reply read and closed inside the block, all within ``request_timeout``.
+
+        Past the deadline the connection is shut down (see :mod:`.gcs_deadline`),
+        and whatever that breaks is reported as the deadline it is.
+        """
+        with gcs_deadline.armed(self._request_timeout) as deadline:
+            try:
+                response = self._send(method, url, params=params, headers=headers, data=data, stream=stream)
+                with contextlib.closing(response):
+                    yield response
+            except HandoffLockError:
+                raise
+            except Exception as exc:
+                if not deadline.expired:
+                    raise
+                raise self._past_deadline(op, key, method) from exc
+            if deadline.cut:
+                # Done, yet its connection was shut down on the way: a reply framed by the end of the
+                # connection alone would look complete though cut short. Not to be trusted.
+                raise self._past_deadline(op, key, method)
+
+    def _past_deadline(self, op: str, key: str | None, method: str) -> TransientStorageError:
+        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+        mutation = method in ("POST", "PUT", "PATCH", "DELETE")
+        return TransientStorageError(
+            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
+            + ("the request may have been applied" if mutation else "nothing was changed"),
+            url=self.url, key=key, ambiguous=mutation,
+        )
+
     def _send(
         self,
         method: str,
@@ -303,13 +354,15 @@ class GCSStorage:
             "x-goog-api-client": connection.user_agent,
             **(headers or {}),
         }
+        connect, read = self._timeout
         return client._http.request(
             method,
             url,
             params=params,
             headers=all_headers,
             data=data,
-            timeout=self._timeout,
+            # The deadline cannot cut a connection that is still being made: never wait longer for one.
+            timeout=(min(connect, self._request_timeout), read),
             stream=stream,
             allow_redirects=False,  # one request per operation, always
         )
@@ -480,6 +533,16 @@ def _checked_timeout(timeout: object) -> tuple[float, float]:
     ):
         raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
     return (float(timeout[0]), float(timeout[1]))
+
+
+def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    if value is None:
+        # A reply that keeps coming, however slowly, never trips the read timeout; the
+        # default allows what a request that uses both its timeouts in full could take.
+        return timeout[0] + timeout[1]
+    if not _positive_number(value):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def _multipart(key: str, data: bytes) -> tuple[bytes, str]:

@@ -1,0 +1,263 @@
+"""A total deadline for each HTTP request of the GCS backend (:mod:`.gcs`).
+
+requests' ``timeout=(connect, read)`` bounds each socket operation, not the
+request: a server (or a proxy) that sends its reply one byte every second never
+lets a single read wait its full read timeout, and holds the request, and the
+thread that sent it, for as long as it likes (measured: a read of an 8-byte
+lock object took 8 s, and a write whose reply trickled more than 25 s, both
+with ``timeout=(2, 2)``).
+
+So every request is given a :class:`Deadline`, armed with one watchdog thread
+per process. A request's connection is taken from a connection pool of this
+module's own (:class:`DeadlineAdapter`, mounted by the GCS backend on the
+sessions it creates); the pool tells the deadline which connection carries the
+request. When the deadline passes, the watchdog shuts that connection's socket
+down: a thread blocked sending the request or reading the reply wakes at once
+with an error, which :mod:`.gcs` reports as a transient error (ambiguous for
+a write: it may have been applied). A connection goes back to the pool only
+after its deadline has let go of it, so a late watchdog never cuts another
+request's connection.
+
+This module imports requests and urllib3 and nothing of Google's: it is the
+transport half of the GCS backend, kept apart because it is a job of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import requests.adapters
+import urllib3.poolmanager
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+__all__ = ["Deadline", "DeadlineAdapter", "armed", "install"]
+
+#: How often an expired deadline looks again for a socket to shut down (a connection still
+#: connecting has none yet; its connect timeout is capped at the deadline by the caller).
+_RECHECK = 0.02
+
+_current = threading.local()
+
+
+class Deadline:
+    """One request's deadline, ``seconds`` from now (monotonic).
+
+    ``expired`` turns True when the watchdog reaches it while the request is
+    still under way; from then on every connection attached to it has its
+    socket shut down, and ``cut`` says that one was.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self.cut = False
+        self._done = False
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def attach(self, conn: Any) -> None:
+        """``conn`` now carries the request (called by the pool as it hands the connection out)."""
+        with self._lock:
+            if self._done:
+                return
+            self._conn = conn
+            conn._handofflock_deadline = self
+            if self.expired:
+                self.cut |= _shut_down(conn)
+
+    def detach(self, conn: Any) -> None:
+        """``conn`` no longer carries the request (called as it goes back to the pool)."""
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+
+    def finish(self) -> None:
+        """The request is over, however it ended: nothing is shut down after this."""
+        with self._lock:
+            self._done = True
+            self._conn = None
+
+    def _expire(self) -> bool:
+        """Called by the watchdog at the deadline; True to be called again shortly."""
+        with self._lock:
+            if self._done:
+                return False
+            self.expired = True
+            if self._conn is not None:
+                self.cut |= _shut_down(self._conn)
+            return True
+
+
+def _shut_down(conn: Any) -> bool:
+    """Wake whatever blocks on ``conn``'s socket: shut it down both ways (it is closed by its owner).
+
+    Returns whether there was a socket to shut down.
+    """
+    sock = getattr(conn, "sock", None)
+    if sock is not None and not isinstance(sock, socket.socket):  # urllib3's SSLTransport (TLS in TLS)
+        sock = getattr(sock, "socket", None)
+    if not isinstance(sock, socket.socket):
+        return False
+    try:
+        # The plain socket's shutdown, also for an SSLSocket: ssl's own would unwrap it under
+        # the feet of the thread reading from it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:  # already shut down, or closed meanwhile
+        pass
+    return True
+
+
+class _Watchdog:
+    """One daemon thread that expires deadlines in order, started on first use."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: Deadline) -> None:
+        self._push(deadline.at, deadline)
+
+    def _push(self, at: float, deadline: Deadline) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._seq), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="handofflock-gcs-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is deadline:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._heap and self._heap[0][2]._done:
+                        heapq.heappop(self._heap)
+                        continue
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    left = self._heap[0][0] - time.monotonic()
+                    if left <= 0:
+                        deadline = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(left)
+            if deadline._expire():
+                self._push(time.monotonic() + _RECHECK, deadline)
+
+
+_watchdog = _Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's watchdog thread does not exist in the child, and its lock may have been held.
+    global _watchdog
+    _watchdog = _Watchdog()
+    _current.__dict__.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def armed(seconds: float) -> Iterator[Deadline]:
+    """A deadline for the request sent, and its reply read, inside the block (in this thread)."""
+    deadline = Deadline(seconds)
+    previous = getattr(_current, "deadline", None)
+    _current.deadline = deadline
+    _watchdog.arm(deadline)
+    try:
+        yield deadline
+    finally:
+        deadline.finish()
+        _current.deadline = previous
+
+
+class _Watched:
+    """Connection-pool mix-in: hand the current thread's deadline the connection it will use."""
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        deadline = getattr(_current, "deadline", None)
+        if deadline is not None:
+            deadline.attach(conn)
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        deadline = getattr(conn, "_handofflock_deadline", None)
+        if deadline is not None:
+            deadline.detach(conn)  # before anyone else can take it from the pool
+            conn._handofflock_deadline = None
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class _WatchedHTTPConnectionPool(_Watched, HTTPConnectionPool):
+    pass
+
+
+class _WatchedHTTPSConnectionPool(_Watched, HTTPSConnectionPool):
+    pass
+
+
+_POOLS = {"http": _WatchedHTTPConnectionPool, "https": _WatchedHTTPSConnectionPool}
+
+
+class DeadlineAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter, with connection pools that let a :class:`Deadline` cut their connections.
+
+    Behaves exactly like ``HTTPAdapter`` for a request sent outside :func:`armed`.
+    Through an HTTP(S) proxy as well; not through a SOCKS proxy, whose pools
+    are urllib3's own (there only ``timeout`` applies).
+    """
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if manager.pool_classes_by_scheme is urllib3.poolmanager.pool_classes_by_scheme:
+            manager.pool_classes_by_scheme = _POOLS
+        return manager
+
+
+def install(session: Any) -> bool:
+    """Mount a :class:`DeadlineAdapter` on ``session`` in place of its plain ``HTTPAdapter``\\ s.
+
+    Only an adapter of exactly requests' own class is replaced, by one with the
+    same settings: a session with adapters of its own (mutual TLS, say) is left
+    as it is. Returns whether both ``https://`` and ``http://`` are now watched.
+    """
+    adapters = getattr(session, "adapters", None)
+    if not isinstance(session, requests.Session) or adapters is None:
+        return False
+    watched = 0
+    for prefix in ("https://", "http://"):
+        adapter = adapters.get(prefix)
+        if type(adapter) is requests.adapters.HTTPAdapter:
+            session.mount(
+                prefix,
+                DeadlineAdapter(
+                    pool_connections=adapter._pool_connections,
+                    pool_maxsize=adapter._pool_maxsize,
+                    max_retries=adapter.max_retries,
+                    pool_block=adapter._pool_block,
+                ),
+            )
+            adapter.close()
+        if isinstance(adapters.get(prefix), DeadlineAdapter):
+            watched += 1
+    return watched == 2
