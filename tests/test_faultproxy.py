@@ -95,6 +95,16 @@ def test_429_and_503_are_answered_by_the_proxy_with_retry_after(proxy, via, dire
     assert proxy.stats()["connections"] == 1
 
 
+def test_409_is_answered_by_the_proxy_as_gcs_words_a_conflict_and_is_not_forwarded(proxy, via, direct):
+    proxy.inject("409", method="POST")
+    with pytest.raises(TransientStorageError) as info:
+        via.write("a.json", b"{}", if_generation_match=0)
+    assert info.value.status == 409 and info.value.ambiguous is False
+    assert "conflicting concurrent change" in str(info.value)
+    assert direct.read("a.json") is None
+    assert proxy.stats()["answered"] == 1 and proxy.stats()["forwarded"] == 0
+
+
 @pytest.mark.parametrize("kind, head_at_once", [("trickle", True), ("trickle_head", False)])
 def test_a_trickled_reply_arrives_whole_one_byte_per_pause(proxy, bucket, direct, kind, head_at_once):
     """The reply is forwarded unchanged, only slowly: the head at once (trickle) or not (trickle_head),

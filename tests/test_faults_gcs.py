@@ -582,6 +582,23 @@ def test_a_request_reset_before_it_was_forwarded_is_retried_and_lands_once(actor
 
 
 @pytest.mark.gcs
+def test_a_write_refused_with_409_is_retried_and_lands(actor, bucket):
+    """GCS answers 409 to a change that lost to a concurrent one and says to retry it; the write is
+    generation-matched, so the retry cannot overwrite that change. Not applied, so no read-back: the
+    same write goes again and lands, once."""
+    a = actor("A")
+    rule = a.proxy.inject("409", method="POST")
+    started = time.monotonic()
+    assert a.lock.acquire(timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert rule.fired == 1
+    assert [ex.status for _, ex in a.writes()][:2] == [409, 200]
+    assert [ex.method for ex in a.proxy.exchanges()][:3] == ["GET", "POST", "POST"], "retried without a read-back"
+    assert raw_read(url(bucket))[0].token == a.lock.token
+    assert_carried_on(a)
+
+
+@pytest.mark.gcs
 def test_a_write_whose_reply_trickles_is_cut_off_at_the_request_deadline_and_resolved_by_the_read_back(actor, bucket):
     """The create is applied, but its reply comes one byte a second (the read timeout, 2 s, never
     trips). request_timeout (1 s) cuts it off as an ambiguous failure; the read-back finds the write

@@ -688,6 +688,25 @@ def test_throttling_timeouts_and_server_errors_are_transient(canned, reply, kind
     assert len(server.requests) == 1  # nothing retried behind the lock's back
 
 
+@pytest.mark.parametrize(
+    "operation",
+    [
+        pytest.param(lambda s: s.write("a.json", b"{}", if_generation_match=0), id="write"),
+        pytest.param(lambda s: s.delete("a.json", if_generation_match=5), id="delete"),
+    ],
+)
+def test_a_conflict_on_a_conditional_write_or_delete_is_transient_and_was_not_applied(canned, operation):
+    """GCS documents 409 as a change that failed to commit against a concurrent one, to be retried;
+    a generation-matched retry cannot overwrite what the other change did."""
+    message = "A request to change a resource failed to commit due to a conflicting concurrent change."
+    server, store = canned(lambda handler: json_error(409, message))
+    with pytest.raises(TransientStorageError) as info:
+        operation(store)
+    assert info.value.status == 409 and info.value.ambiguous is False
+    assert "conflicting concurrent change" in str(info.value)
+    assert len(server.requests) == 1
+
+
 def test_a_retry_after_date_is_turned_into_seconds(canned):
     when = email.utils.formatdate(time.time() + 30, usegmt=True)
     server, store = canned(lambda handler: (503, {"Retry-After": when}, b""))

@@ -483,6 +483,19 @@ class GCSStorage:
         if status == 412 and key is not None and expected is not None:
             raise PreconditionFailed(key, expected, url=self.url)
         message = _error_message(response)
+        if status == 409 and key is not None and expected is not None:
+            # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
+            # conflicting concurrent change to the same resource. The request can be retried, though
+            # care should be taken to consider the new state of the resource to avoid blind
+            # replacement of another agent's changes" (cloud.google.com/storage/docs/json_api/v1/
+            # status-codes, 409 Conflict). Our writes and deletes always carry ifGenerationMatch, so
+            # a retry can never replace a change made meanwhile: it fails with 412 instead. Not
+            # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
+            raise TransientStorageError(
+                f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
+                url=self.url, key=key, status=status, ambiguous=False,
+                retry_after=_retry_after(response.headers.get("Retry-After")),
+            )
         if status in (408, 429) or status >= 500:
             raise TransientStorageError(
                 f"{where}: GCS answered {status} ({message})",
