@@ -32,6 +32,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as google_storage
 import requests
 
+from handofflock import HandoffLock
 from handofflock.errors import (
     ConfigurationError,
     InvalidLockURL,
@@ -380,6 +381,12 @@ def test_an_invalid_request_timeout_is_refused_by_the_constructor(bad):
         GCSStorage("some-bucket", request_timeout=bad)
 
 
+@pytest.mark.parametrize("bad", ["", "My Project", "UPPER-case", "-leading", "trailing-", "a" * 200, "a&b=c", 12345])
+def test_an_invalid_user_project_is_refused_by_the_constructor(bad):
+    with pytest.raises(ConfigurationError, match="user_project"):
+        GCSStorage("some-bucket", user_project=bad)
+
+
 def test_shared_returns_one_store_per_bucket_and_emulator(monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
     a = GCSStorage.shared("shared-bucket")
@@ -394,6 +401,33 @@ def test_a_gs_url_opens_the_shared_store_for_its_bucket(monkeypatch):
     store, key = open_url("gs://my-bucket/locks/train.json")
     assert isinstance(store, GCSStorage) and store.url == "gs://my-bucket" and key == "locks/train.json"
     assert store is GCSStorage.shared("my-bucket")
+    assert store.user_project is None
+
+
+def test_a_gs_url_names_the_project_billed_for_a_requester_pays_bucket_with_user_project(monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+    store, key = open_url("gs://my-bucket/locks/train.json?userProject=billing-123")
+    assert store.user_project == "billing-123" and key == "locks/train.json"
+    assert store is GCSStorage.shared("my-bucket", user_project="billing-123")
+    assert store is not open_url("gs://my-bucket/locks/train.json")[0]  # one store per billed project
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "gs://my-bucket/a.json?userProject=",
+        "gs://my-bucket/a.json?userProject=Not%20A%20Project",
+        "gs://my-bucket/a.json?userProject=a-proj&userProject=b-proj",
+        "gs://my-bucket/a.json?userProject=a-proj&x=1",
+        "gs://my-bucket/a.json?userproject=a-proj",
+        "gs://my-bucket/a.json?userProject=a-proj#frag",
+        "memory://store/a.json?userProject=a-proj",
+        "file:///tmp/a.json?userProject=a-proj",
+    ],
+)
+def test_a_lock_url_with_an_option_it_cannot_take_gets_invalid_lock_url(url):
+    with pytest.raises(InvalidLockURL):
+        open_url(url)
 
 
 @pytest.mark.parametrize(
@@ -513,6 +547,37 @@ def test_installing_the_deadline_pools_keeps_the_pool_settings_and_leaves_specia
     assert isinstance(plain, gcs_deadline.DeadlineAdapter)
     assert (plain._pool_maxsize, plain._pool_connections) == (32, 3)
     assert gcs_deadline.install(requests.Session()) is True
+
+
+# --------------------------------------------------------------------------- requester pays
+
+
+def test_every_request_names_the_user_project_when_one_is_given(proxy, bucket):
+    store = through(proxy, bucket, user_project="billing-123")
+    generation = store.write("a.json", RECORD, if_generation_match=0)
+    store.read("a.json")
+    store.read("a.json", max_bytes=10)
+    store.list("")
+    generation = store.write("a.json", b"{}", if_generation_match=generation)
+    store.delete("a.json", if_generation_match=generation)
+    sent = proxy.exchanges()
+    assert [e.method for e in sent] == ["POST", "GET", "GET", "GET", "POST", "DELETE"]
+    assert [e.query.get("userProject") for e in sent] == ["billing-123"] * 6
+    store.close()
+
+    plain = through(proxy, bucket)
+    plain.read("a.json")
+    assert "userProject" not in proxy.exchanges()[-1].query
+    plain.close()
+
+
+def test_a_lock_on_a_gs_url_with_user_project_names_it_in_every_request(proxy, bucket):
+    with proxy.env():
+        lock = HandoffLock(f"gs://{bucket}/locks/a.json?userProject=billing-123", ttl=5.0, min_write_interval=0)
+        with lock:
+            pass
+    sent = proxy.exchanges()
+    assert len(sent) >= 2 and {e.query.get("userProject") for e in sent} == {"billing-123"}
 
 
 # --------------------------------------------------------------------------- error mapping, on the emulator

@@ -1,7 +1,9 @@
 """Storage backends, chosen by URL.
 
 ========================  ===============================================
-``gs://bucket/path.json``  Google Cloud Storage (honours STORAGE_EMULATOR_HOST)
+``gs://bucket/path.json``  Google Cloud Storage (honours STORAGE_EMULATOR_HOST);
+                           ``?userProject=PROJECT`` bills a requester-pays bucket's
+                           requests to PROJECT
 ``file:///abs/path.json``  the local filesystem (also plain paths)
 ``memory://name[/key]``    in-process, thread-safe, with fault hooks
 ========================  ===============================================
@@ -16,9 +18,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import InvalidLockURL, InvalidKey
+from ..errors import ConfigurationError, InvalidLockURL, InvalidKey
 from .base import MAX_KEY_BYTES, MAX_RECORD_BYTES, Storage, validate_generation, validate_key, validate_prefix
 from .memory import MemoryStorage
 
@@ -63,10 +65,10 @@ def open_url(url: str) -> tuple[Storage, str]:
 
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
-    if parts.query or parts.fragment:
+    if parts.fragment or (parts.query and scheme != "gs"):
         raise InvalidLockURL(f"lock URL {text!r} must not have a query or fragment")
     if scheme == "gs":
-        return _open_gcs(parts.netloc, parts.path, original=text)
+        return _open_gcs(parts.netloc, parts.path, parts.query, original=text)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidLockURL(f"file URL {text!r} names host {parts.netloc!r}; use file:///absolute/path.json")
@@ -89,7 +91,29 @@ def _checked_key(key: str, url: str) -> str:
         raise InvalidLockURL(f"lock URL {url!r} names an invalid object: {exc}") from exc
 
 
-def _open_gcs(bucket: str, path: str, *, original: str) -> tuple[Storage, str]:
+#: The options a ``gs://`` URL may carry in its query, and the GCSStorage parameter each sets.
+_GCS_OPTIONS = {"userProject": "user_project"}
+
+
+def _gcs_options(query: str, original: str) -> dict[str, str]:
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True) if query else []
+    except ValueError as exc:
+        raise InvalidLockURL(f"GCS URL {original!r} has a malformed query: {exc}") from exc
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in _GCS_OPTIONS:
+            raise InvalidLockURL(
+                f"GCS URL {original!r} has an unknown option {name!r}; the only one is "
+                "userProject=PROJECT (the project billed for a requester-pays bucket)"
+            )
+        if _GCS_OPTIONS[name] in options:
+            raise InvalidLockURL(f"GCS URL {original!r} gives {name} twice")
+        options[_GCS_OPTIONS[name]] = value
+    return options
+
+
+def _open_gcs(bucket: str, path: str, query: str, *, original: str) -> tuple[Storage, str]:
     if not bucket:
         raise InvalidLockURL(f"GCS URL {original!r} has no bucket: use gs://bucket/path/name.json")
     if not _BUCKET_RE.match(bucket) or ".." in bucket:
@@ -100,9 +124,14 @@ def _open_gcs(bucket: str, path: str, *, original: str) -> tuple[Storage, str]:
     key = unquote(path.lstrip("/"))
     if not key or key.endswith("/"):
         raise InvalidLockURL(f"GCS URL {original!r} names no object: use gs://{bucket}/path/name.json")
+    options = _gcs_options(query, original)
     from .gcs import GCSStorage  # the only place google.cloud.storage is imported
 
-    return GCSStorage.shared(bucket), _checked_key(key, original)
+    try:
+        store = GCSStorage.shared(bucket, **options)
+    except ConfigurationError as exc:
+        raise InvalidLockURL(f"GCS URL {original!r}: {exc}") from exc
+    return store, _checked_key(key, original)
 
 
 def _open_local(path: Path, *, original: str) -> tuple[Storage, str]:

@@ -29,6 +29,7 @@ import contextlib
 import email.utils
 import math
 import os
+import re
 import ssl
 import threading
 import time
@@ -69,7 +70,7 @@ _ERROR_BODY_BYTES = 4096
 #: What :meth:`GCSStorage._download` returns for a 416 without a generation.
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
-_SHARED: dict[tuple[str, str | None], "GCSStorage"] = {}
+_SHARED: dict[tuple[str, str | None, str | None], "GCSStorage"] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -87,7 +88,9 @@ class GCSStorage:
     :class:`~handofflock.errors.TransientStorageError`. It is enforced by
     shutting the connection down, on the HTTP session of a client this store
     creates; a ``client`` you pass keeps its session as it is, and only
-    ``timeout`` bounds its requests.
+    ``timeout`` bounds its requests. ``user_project`` names the project billed
+    for the requests, as a requester-pays bucket requires (sent as
+    ``userProject`` with every request).
 
     >>> store = GCSStorage("my-bucket")
     >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
@@ -108,6 +111,7 @@ class GCSStorage:
         client: gcs.Client | None = None,
         timeout: tuple[float, float] = (5.0, 15.0),
         request_timeout: float | None = None,
+        user_project: str | None = None,
     ) -> None:
         if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket) or ".." in bucket:
             raise ConfigurationError(
@@ -117,6 +121,7 @@ class GCSStorage:
         self.url = f"gs://{bucket}"
         self._timeout = _checked_timeout(timeout)
         self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
+        self.user_project = _checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
         self._client = client
@@ -124,16 +129,17 @@ class GCSStorage:
         self._client_lock = threading.Lock()
 
     @classmethod
-    def shared(cls, bucket: str) -> "GCSStorage":
-        """The process-wide instance for ``bucket`` (and the current ``STORAGE_EMULATOR_HOST``).
+    def shared(cls, bucket: str, *, user_project: str | None = None) -> "GCSStorage":
+        """The process-wide instance for ``bucket`` and ``user_project`` (and the current
+        ``STORAGE_EMULATOR_HOST``).
 
         Locks on the same bucket share one HTTP connection pool this way.
         """
-        key = (bucket, os.environ.get(_EMULATOR_ENV))
+        key = (bucket, os.environ.get(_EMULATOR_ENV), user_project)
         with _SHARED_LOCK:
             store = _SHARED.get(key)
             if store is None:
-                store = _SHARED[key] = cls(bucket)
+                store = _SHARED[key] = cls(bucket, user_project=user_project)
             return store
 
     @property
@@ -354,6 +360,8 @@ class GCSStorage:
             "x-goog-api-client": connection.user_agent,
             **(headers or {}),
         }
+        if self.user_project is not None:
+            params = {**params, "userProject": self.user_project}
         connect, read = self._timeout
         return client._http.request(
             method,
@@ -556,6 +564,21 @@ def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> flo
     if not _positive_number(value):
         raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+# Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
+_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
+
+
+def _checked_user_project(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PROJECT_RE.match(value):
+        raise ConfigurationError(
+            f"user_project must be a Google Cloud project ID or number (the project billed for requests "
+            f"to a requester-pays bucket), got {value!r}"
+        )
+    return value
 
 
 def _multipart(key: str, data: bytes) -> tuple[bytes, str]:
