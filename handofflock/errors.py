@@ -62,6 +62,15 @@ class PreconditionFailed(StorageError):
         self.expected_generation = expected_generation
 
 
+class LockingUnsupported(StorageError):
+    """The filesystem under a local store refuses file locks (``ENOLCK``): it cannot serialize writes.
+
+    Typically NFS without a lock manager (mounted ``nolock``, or ``rpc.statd`` /
+    ``lockd`` not running). Retrying does not help, so it is raised at once.
+    Put the lock on a local filesystem, or use ``gs://`` for more than one host.
+    """
+
+
 class NotFound(StorageError):
     """The object does not exist (for operations that need it to)."""
 

@@ -17,15 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from handofflock import HandoffLock
 from handofflock.errors import (
     ConfigurationError,
     InvalidKey,
+    LockingUnsupported,
     NotFound,
     PreconditionFailed,
     StorageError,
     TransientStorageError,
 )
 from handofflock.storage import open_url
+from handofflock.storage import local_lock
 from handofflock.storage.local import LocalStorage
 from handofflock.storage.local_format import MAGIC, RESERVED_PREFIX, sidecar_name
 
@@ -633,6 +636,53 @@ def test_a_writer_that_holds_the_key_lock_too_long_makes_others_fail_typed_inste
         assert store.write("a.json", b"new", if_generation_match=gen) > gen  # proceeds once it is released
     finally:
         os.close(fd)
+
+
+class NoLockManager:
+    """``fcntl`` as on NFS mounted without a lock manager: ``flock`` fails with ENOLCK. Counts the tries."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    def __getattr__(self, name):
+        return getattr(fcntl, name)
+
+    def flock(self, fd, operation):
+        if operation & fcntl.LOCK_UN:
+            return fcntl.flock(fd, operation)
+        self.tries += 1
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+
+def test_a_filesystem_without_locks_is_a_permanent_error_at_once_that_says_so(root, monkeypatch):
+    """ENOLCK is not a busy moment: flock gets it on every try where the filesystem cannot lock
+    (NFS without lockd). Retried as transient, each write would spin until its deadline and then
+    report a vague transient error; instead the first one says what is wrong."""
+    store = LocalStorage(root)
+    gen = store.write("a.json", b"old", if_generation_match=0)
+    nfs = NoLockManager()
+    monkeypatch.setattr(local_lock, "fcntl", nfs)
+    for attempt in (lambda: store.write("a.json", b"new", if_generation_match=gen),
+                    lambda: store.delete("a.json", if_generation_match=gen)):
+        with pytest.raises(LockingUnsupported) as info:
+            attempt()
+        assert isinstance(info.value, StorageError) and not isinstance(info.value, TransientStorageError)
+        message = str(info.value)
+        assert "does not support file locks" in message and "NFS" in message and str(root) in message
+        assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOLCK
+    assert nfs.tries == 2
+    assert store.read("a.json") == (b"old", gen)  # reads take no lock and still work
+
+
+def test_a_lock_on_a_filesystem_without_locks_fails_at_once_instead_of_at_its_timeout(root, monkeypatch):
+    nfs = NoLockManager()
+    monkeypatch.setattr(local_lock, "fcntl", nfs)
+    lock = HandoffLock(root / "train.lock.json", ttl=5.0)
+    started = time.monotonic()
+    with pytest.raises(LockingUnsupported):
+        lock.acquire(timeout=5)
+    assert time.monotonic() - started < 1.0 and nfs.tries == 1
+    assert not lock.is_held
 
 
 # --------------------------------------------------------------------------- construction and URLs

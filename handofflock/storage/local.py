@@ -28,7 +28,15 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX; refused at first use
     fcntl = None  # type: ignore[assignment]
 
-from ..errors import ConfigurationError, InvalidKey, NotFound, PreconditionFailed, StorageError, TransientStorageError
+from ..errors import (
+    ConfigurationError,
+    InvalidKey,
+    LockingUnsupported,
+    NotFound,
+    PreconditionFailed,
+    StorageError,
+    TransientStorageError,
+)
 from . import local_lock
 from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_max_bytes, validate_prefix
 from .local_format import MAX_GENERATION, MAX_HEADER, RESERVED_PREFIX, Header
@@ -46,7 +54,9 @@ _POSIX_OK = fcntl is not None and os.name == "posix" and bool(_NOFOLLOW) and os.
 # errno values after which a retry can succeed: they are about this moment's
 # resources, not the store. ENOSPC, EDQUOT, EROFS and EIO are *not* here: they
 # last until someone acts, and retrying against a failing disk only hides it.
-_TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOLCK, errno.EAGAIN, errno.ENOMEM, errno.ETIMEDOUT}
+# Nor is ENOLCK: flock fails with it where the filesystem has no working locks
+# (NFS without a lock manager), which no retry fixes (LockingUnsupported).
+_TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM, errno.ETIMEDOUT}
 _REFUSED = {errno.ELOOP, errno.EMLINK, errno.ENOTDIR}  # what O_NOFOLLOW / O_DIRECTORY report, by platform
 _HINTS = {
     errno.ENOSPC: "free space on the filesystem",
@@ -393,6 +403,14 @@ class LocalStorage:
             where = exc.filename
         else:  # dir_fd-relative calls report only a name; the key says where
             where = os.path.join(self.root, key) if key else self.root
+        if exc.errno == errno.ENOLCK:
+            return LockingUnsupported(
+                f"local store {self.url}: the filesystem under {self.root!r} does not support file locks "
+                f"(flock: {exc.strerror or 'No locks available'}), so writes to it cannot be serialized; "
+                "typically NFS without a lock manager (mounted nolock, or rpc.statd/lockd not running). "
+                "Put the lock on a local filesystem, or use gs:// to share it between hosts; nothing was changed",
+                url=self.url, key=key,
+            )
         if exc.errno in (errno.EACCES, errno.EPERM):
             return StorageError(
                 f"local store {self.url}: permission denied on {where!r}; check that the user running this "
