@@ -603,8 +603,9 @@ def test_a_write_whose_reply_trickles_is_cut_off_at_the_request_deadline_and_res
     """The create is applied, but its reply comes one byte a second (the read timeout, 2 s, never
     trips). request_timeout (1 s) cuts it off as an ambiguous failure; the read-back finds the write
     landed and the lock goes on from it. Without the deadline acquire(timeout=5) would sit in that one
-    request for minutes."""
-    a = actor("A", store={"request_timeout": 1.0})
+    request for minutes. The lease counts from the create's send, a second before the read-back
+    confirms it, so it is longer than FAST's (whose 0.8 s renew_deadline would be over by then)."""
+    a = actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0, store={"request_timeout": 1.0})
     a.proxy.inject("trickle", method="POST", delay=1.0)
     started = time.monotonic()
     assert a.lock.acquire(timeout=5)
@@ -613,6 +614,8 @@ def test_a_write_whose_reply_trickles_is_cut_off_at_the_request_deadline_and_res
     assert ex.fault == "trickle" and a.lock.token == record.token
     assert raw_read(url(bucket))[0].token == record.token
     assert [e.status for _, e in a.writes()].count(412) == 0, "the create was sent again"
+    time.sleep(0.5)  # renewals go on from the generation that write created
+    assert a.lock.healthy
     assert_carried_on(a)
 
 
