@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from . import _watchdog
 from . import signals as lock_signals
 from .errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
@@ -169,6 +170,16 @@ class CommandRunner:
         lock, command = self.lock, self.args.command
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
+        # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
+        # terminal's foreground group, so run stops it too, and on `fg` continues it only if
+        # the lock is still safely held; otherwise the command is killed, never continued.
+        # Installed before the command starts, so a Ctrl-Z at any moment stops both.
+        self.job_control: list[int] = []
+        for sig in (signal.SIGTSTP, signal.SIGCONT):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self._previous.setdefault(sig, signal.getsignal(sig))
+                signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
+        watchdog = _start_watchdog()
         try:
             child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         except FileNotFoundError:
@@ -177,14 +188,11 @@ class CommandRunner:
         except OSError as exc:
             lock.release()
             return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
-        # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
-        # terminal's foreground group, so run stops it too, and on `fg` continues it only if
-        # the lock is still safely held; otherwise the command is killed, never continued.
-        self.job_control: list[int] = []
-        for sig in (signal.SIGTSTP, signal.SIGCONT):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                self._previous.setdefault(sig, signal.getsignal(sig))
-                signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
+        if watchdog is not None:
+            try:
+                os.write(watchdog, f"{child.pid}\n".encode())  # the session id; closed when run exits
+            except OSError:
+                pass
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         killed_at: float | None = None
         lost = False
@@ -225,7 +233,7 @@ class CommandRunner:
                 sig = self.pending.pop(0)
                 if sig == signal.SIGCONT:
                     continue
-                self._send(child, sig, f"passing {signal.Signals(sig).name} on to")
+                self._send(child, sig, "passing on")
                 if kill_at is None:
                     kill_at = now + self.args.grace
             if not lost and not lock.healthy:
@@ -260,6 +268,37 @@ class CommandRunner:
         self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
 
 
+def _start_watchdog() -> int | None:
+    """Start the watchdog (handofflock/_watchdog.py); return the write end of its pipe, or None.
+
+    The watchdog kills what is left of the command's session once run exits,
+    whatever ends run. The write end is not inheritable, so only run holds it:
+    the command and its children never keep the watchdog waiting. It is never
+    closed by run on purpose; the kernel closes it when run exits.
+    """
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        subprocess.Popen(
+            [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
+            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            preexec_fn=_own_process_group,
+        )
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def _own_process_group() -> None:
+    """In the watchdog, before exec: a process group of its own, out of reach of the terminal's signals."""
+    os.setpgid(0, 0)
+
+
 def _die_with_parent(parent: int) -> None:
     """In the command, before exec: SIGKILL it if ``run`` dies, whatever kills ``run`` (Linux).
 
@@ -287,33 +326,13 @@ def _reap_orphans(*, but: int) -> None:
 
 
 def _session_members(sid: int, *, children_of: int | None = None, zombies: bool = False) -> list[int]:
-    """Every process of session ``sid`` (Linux: from /proc), including those in process groups of their own.
+    """Every live process of session ``sid``, including those in process groups of their own.
 
     With ``children_of``, instead the children of that process; with ``zombies``, only dead ones.
     """
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) <= 3:
-            continue
-        if children_of is not None:
-            if int(fields[1]) == children_of and (fields[0] == b"Z") == zombies:
-                members.append(int(entry))
-        elif int(fields[3]) == sid and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
+    if children_of is None:
+        return _watchdog.session_members(sid)
+    return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:
@@ -327,7 +346,7 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
         os.killpg(child.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in _session_members(child.pid):
+    for pid in _watchdog.session_members(child.pid, outside_group=child.pid):  # each process gets one copy
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
