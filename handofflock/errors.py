@@ -211,6 +211,16 @@ class LockNotHeld(HandoffLockError, RuntimeError):
     """An operation that needs the lock held (release, renew) was called without it."""
 
 
+class InheritedAcrossFork(HandoffLockError, RuntimeError):
+    """A HandoffLock used in a process forked from the one that created it.
+
+    The lock, its lease and its renewals belong to the parent. In the child an
+    inherited instance holds nothing: ``is_held`` and ``healthy`` are False,
+    ``check()`` raises :class:`LockLost`, and acquire, release and status raise
+    this. Create a new HandoffLock in the child.
+    """
+
+
 class StaleToken(HandoffLockError):
     """A fenced write carried a token lower than one the resource already accepted.
 
