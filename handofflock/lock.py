@@ -543,6 +543,10 @@ class HandoffLock:
         _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
         self._schedule()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
+        # A waiter already in the record we took (it registered while the lock was being handed
+        # to us) is asked for now, not at the first waiter check an interval later.
+        self._note_waiter(record)
+        self._notify()
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
         """A handed-over lease with less than ``renew_interval`` of validity left is renewed before we return.
