@@ -275,3 +275,17 @@ class FencedObjectFull(HandoffLockError):
         self.key = key
         self.size = size
         self.max_bytes = max_bytes
+
+
+class FencedObjectTooLarge(FencedObjectFull):
+    """A fenced object is larger than this reader's ``max_bytes``. It is not corrupt: raise ``max_bytes``."""
+
+    def __init__(self, key: str, size: int, max_bytes: int) -> None:
+        HandoffLockError.__init__(
+            self,
+            f"fenced object {key!r} holds more than {max_bytes} bytes, this instance's max_bytes: it is not "
+            "corrupt, only larger than this reader accepts. Nothing was written; pass a larger max_bytes",
+        )
+        self.key = key
+        self.size = size
+        self.max_bytes = max_bytes
