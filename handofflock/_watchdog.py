@@ -8,14 +8,15 @@ command's session never reach it. It holds the read end of a pipe whose write
 end only ``run`` holds. ``run`` writes the command's session id on it; the
 watchdog then reads until end of file, which comes when ``run`` exits, however
 it ends (SIGKILL and an out-of-memory kill included). It then SIGKILLs every
-process of that session, again until none is left (a member may fork while it
-is being killed), and exits.
+process of the command's cgroup, if ``run`` made one (that includes processes
+that left the session), and of that session, again until none is left (a
+member may fork while it is being killed), removes the cgroup, and exits.
 
 ``PR_SET_PDEATHSIG`` alone kills only the command's own process: the children
 of a shell, or of ``timeout(1)``, would live on beside the next holder. On an
 ordinary exit ``run`` has already emptied the session and there is nothing to
-kill. A process that leaves the session (``setsid``, a daemon) escapes both;
-docs/jobs.md says so.
+kill. A process that leaves the session (``setsid``, a daemon) escapes the
+session's kill, but not the cgroup's; without a cgroup it escapes (docs/jobs.md).
 
 Usage (by ``run`` only): ``python -I -S _watchdog.py FD``.
 """
@@ -64,6 +65,46 @@ def session_members(sid: int, *, outside_group: int | None = None) -> list[int]:
             if session == sid and state != b"Z" and group != outside_group]
 
 
+def cgroup_members(cgroup: str | None) -> list[int]:
+    """The processes in cgroup ``cgroup`` (a cgroup v2 directory), or none."""
+    if not cgroup:
+        return []
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return [int(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_cgroup(cgroup: str | None) -> None:
+    """SIGKILL every process in ``cgroup`` until it is empty (or ``KILL_FOR`` passes), then remove it."""
+    if not cgroup:
+        return
+    until = time.monotonic() + KILL_FOR
+    while True:
+        try:
+            with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:  # Linux 5.14+: the kernel does it all
+                f.write("1")
+        except OSError:
+            pass
+        members = cgroup_members(cgroup)
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.rmdir(cgroup)  # only once empty (EBUSY before)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        if time.monotonic() >= until:
+            return
+        time.sleep(0.02)
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL the process group ``sid`` and every process of session ``sid`` until none is left."""
     until = time.monotonic() + KILL_FOR
@@ -93,10 +134,11 @@ def main(argv: list[str]) -> int:
         if not chunk:
             return 0  # run is gone before it named the session; PR_SET_PDEATHSIG ended the command
         line += chunk
-    sid = int(line)
+    sid, _, cgroup = line.decode().strip().partition(" ")
     while os.read(fd, 64):
         pass
-    kill_session(sid)
+    kill_cgroup(cgroup or None)
+    kill_session(int(sid))
     return 0
 
 

@@ -123,6 +123,37 @@ def test_a_signal_passed_on_reaches_each_process_once(tmp_path):
     assert proc.returncode == 0, err
 
 
+def _cgroup_parent() -> str | None:
+    """Where run (a child of this process, so in its cgroup) makes the command's cgroup, if it can."""
+    from handofflock.runner import _make_cgroup, _remove_cgroup
+
+    path = _make_cgroup()
+    _remove_cgroup(path)
+    return None if path is None else os.path.dirname(path)
+
+
+def _cgroup_v2_writable() -> bool:
+    return _cgroup_parent() is not None
+
+
+@pytest.mark.skipif(not _cgroup_v2_writable(), reason="needs a writable cgroup v2 hierarchy (no cgroup, or no delegation here): run falls back to the session")
+def test_a_daemon_that_left_the_session_is_stopped_with_the_command_through_its_cgroup(tmp_path):
+    """A command that starts a daemon (``setsid``: a session of its own) and exits: the daemon is
+    not in the command's session, but it is in the command's cgroup, so it is stopped before the
+    lock is released, and the cgroup is removed. Without the cgroup it ran on beside the next holder."""
+    marker = tmp_path / "daemon.pid"
+    script = f"setsid sh -c 'echo $$ > {marker}; exec sleep 60' & sleep 0.5; exit 0"
+    proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", script)
+    daemon = eventually(lambda: int(marker.read_text()) if marker.exists() and marker.read_text().strip() else None,
+                        timeout=20, what="the daemon started")
+    assert stat(daemon)[2] != cmd, "the daemon left the command's session"
+    reap(proc)
+    gone([daemon], timeout=10)
+    record, _ = raw_read((tmp_path / "lock.json").as_uri())
+    assert record.owner_id is None
+    assert not os.path.exists(os.path.join(_cgroup_parent(), f"handofflock-run-{proc.pid}")), "the cgroup was removed"
+
+
 def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_path):
     """GNU timeout puts its child in a process group of its own; the handoff must not leave it running."""
     proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", "timeout 60 sleep 60; true")
