@@ -220,6 +220,16 @@ class LockNotHeld(HandoffLockError, RuntimeError):
     """An operation that needs the lock held (release, renew) was called without it."""
 
 
+class InheritedAcrossFork(HandoffLockError, RuntimeError):
+    """A HandoffLock used in a process forked from the one that created it.
+
+    The lock, its lease and its renewals belong to the parent. In the child an
+    inherited instance holds nothing: ``is_held`` and ``healthy`` are False,
+    ``check()`` raises :class:`LockLost`, and acquire, release and status raise
+    this. Create a new HandoffLock in the child.
+    """
+
+
 class StaleToken(HandoffLockError):
     """A fenced write carried a token lower than one the resource already accepted.
 
@@ -270,6 +280,20 @@ class FencedObjectFull(HandoffLockError):
         super().__init__(
             f"fenced object {key!r} would grow to {size} bytes, over its limit of {max_bytes}; "
             "nothing was written: start a new object (a new journal key) or raise max_bytes"
+        )
+        self.key = key
+        self.size = size
+        self.max_bytes = max_bytes
+
+
+class FencedObjectTooLarge(FencedObjectFull):
+    """A fenced object is larger than this reader's ``max_bytes``. It is not corrupt: raise ``max_bytes``."""
+
+    def __init__(self, key: str, size: int, max_bytes: int) -> None:
+        HandoffLockError.__init__(
+            self,
+            f"fenced object {key!r} holds more than {max_bytes} bytes, this instance's max_bytes: it is not "
+            "corrupt, only larger than this reader accepts. Nothing was written; pass a larger max_bytes",
         )
         self.key = key
         self.size = size

@@ -34,6 +34,7 @@ from .errors import (
     ConfigurationError,
     FencedObjectCorrupt,
     FencedObjectFull,
+    FencedObjectTooLarge,
     PreconditionFailed,
     StaleToken,
 )
@@ -222,6 +223,9 @@ class FencedObject:
 
         Call it right after acquiring the lock: from then on, writes from any
         earlier holder are refused, even before this holder writes anything.
+        A claim is a decision, so it always reads the object (it never trusts
+        this instance's view of it): a claim that returns is in force, and one
+        that a higher token has overtaken raises :class:`StaleToken`.
         """
         return self._update(token, None)
 
@@ -232,6 +236,8 @@ class FencedObject:
         with self._mutex:
             deadline = self._clock.monotonic() + self.timeout
             gate = gate_for(self._storage, self.key, self.min_write_interval)
+            if change is None:
+                self._cached = None  # a claim decides on what the store holds now
             while True:
                 if self._cached is None:
                     self._cached = self._read(deadline)
@@ -311,8 +317,8 @@ def decode_fence(
     def corrupt(reason: str) -> FencedObjectCorrupt:
         return FencedObjectCorrupt(key, reason, generation=generation, url=url)
 
-    if len(data) > max_bytes:
-        raise corrupt(f"object is larger than max_bytes ({max_bytes})")
+    if len(data) > max_bytes:  # the reader's limit, not a property of the object
+        raise FencedObjectTooLarge(key, len(data), max_bytes)
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -352,10 +358,36 @@ def _nonces_in(data: bytes) -> tuple[str, ...]:
 
 
 def _encodable(value: Any, what: str) -> None:
+    """Refuse what cannot be stored as given: unserialisable values, and NaN or infinities.
+
+    JSON has no NaN or infinity; orjson would store them as ``null``, and the
+    write would return a payload the object does not hold.
+    """
     try:
         orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
         raise TypeError(f"the {what} of a fenced write must be JSON-serialisable: {exc}") from exc
+    if (where := _non_finite(value, "")) is not None:
+        raise ConfigurationError(
+            f"the {what} of a fenced write holds a non-finite number at {where or 'its top'}; JSON cannot "
+            "store NaN or infinity (it would be read back as null), so nothing was written"
+        )
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity in ``value``, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        if (found := _non_finite(v, f"{path}[{k!r}]")) is not None:
+            return found
+    return None
 
 
 def _url(storage: Storage) -> str | None:

@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
@@ -25,6 +26,7 @@ from .errors import (
     AcquireCancelled,
     ConfigurationError,
     HandoffLockError,
+    InheritedAcrossFork,
     LockContended,
     LockLost,
     LockNotHeld,
@@ -53,6 +55,11 @@ IDLE, WAITING, HELD, LOST = "idle", "waiting", "held", "lost"
 #: A release whose write failed transiently: retried in the background (and by ``release()``)
 #: until it lands or the lease runs out. Not renewed, not "held" for the user.
 RELEASING = "releasing"
+#: An instance inherited across fork(): in the child it holds nothing and does nothing.
+FORKED = "forked"
+
+#: Every live instance, so that a forked child can disarm those it inherited.
+_INSTANCES: "weakref.WeakSet[HandoffLock]" = weakref.WeakSet()
 
 
 def default_owner_id() -> str:
@@ -218,6 +225,8 @@ class HandoffLock:
         self._deferred_release = False
         self._after_deferred_release: list[Callable[[], Any]] = []
         self._gate: WriteGate | None = None
+        self._pid = os.getpid()
+        _INSTANCES.add(self)
 
     # ------------------------------------------------------------------ public state
 
@@ -262,6 +271,8 @@ class HandoffLock:
             )
         if self._state == LOST:
             raise LockLost(f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost")
+        if self._state == FORKED:
+            raise LockLost(f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it", url=self.url, reason="inherited across fork")
         raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
 
     def steps(self, iterable: Iterable[T]) -> "Steps[T]":
@@ -532,6 +543,10 @@ class HandoffLock:
         _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
         self._schedule()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
+        # A waiter already in the record we took (it registered while the lock was being handed
+        # to us) is asked for now, not at the first waiter check an interval later.
+        self._note_waiter(record)
+        self._notify()
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
         """A handed-over lease with less than ``renew_interval`` of validity left is renewed before we return.
@@ -1053,6 +1068,11 @@ class HandoffLock:
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
+        if self._state == FORKED:
+            raise InheritedAcrossFork(
+                f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
+                "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
+            )
         depth = getattr(self._tls, "depth", 0)
         if depth and deferrable:
             # Only a plain assignment: this may run in a signal handler that interrupted
@@ -1110,3 +1130,32 @@ def _jitter(start: int):
     for _ in range(start):
         next(gen)
     return gen
+
+
+def _disarm_inherited() -> None:
+    """In a forked child: every inherited instance holds nothing and can do nothing.
+
+    The parent's lease, renewals and release are the parent's business; a child
+    that released or renewed them (an inherited ``release_at_exit`` hook, say)
+    would take the lock from under the parent, or hand it on while the parent
+    still works. The mutexes are new: one may have been held by a parent thread
+    that does not exist here.
+    """
+    for lock in list(_INSTANCES):
+        lock._state = FORKED
+        lock._io = threading.Lock()
+        lock._notify_mutex = threading.Lock()
+        lock._notifier_running = False
+        lock._cancel = threading.Event()
+        lock._not_acquiring = threading.Event()
+        lock._not_acquiring.set()
+        lock._tls = threading.local()
+        lock._pending_notices = []
+        lock._pending_events = []
+        lock._scheduler = None
+        lock.release_requested = False
+        lock.release_request = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disarm_inherited)

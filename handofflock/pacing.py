@@ -10,6 +10,7 @@ by the caller's deadline.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import weakref
@@ -154,3 +155,16 @@ def gate_for(storage: object, key: str, min_interval: float, clock: object = Non
             gate.min_interval = min_interval
             gate.interval = max(gate.interval, min_interval)
         return gate
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: new mutexes for the gates (a parent thread may have held one at the fork)."""
+    global _GATES_LOCK
+    _GATES_LOCK = threading.Lock()
+    for gates in [*_GATES.values(), *(held for _, held in _UNWEAKABLE.values())]:
+        for gate in gates.values():
+            gate._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from . import _watchdog
 from . import signals as lock_signals
 from .errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
@@ -63,6 +64,7 @@ class CommandRunner:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.cgroup: str | None = None  # the command's cgroup, where run could make one
         self.stop_signal = parse_signal(args.signal)
         if self.stop_signal in UNUSABLE_STOP_SIGNALS:
             raise ConfigurationError(
@@ -169,22 +171,38 @@ class CommandRunner:
         lock, command = self.lock, self.args.command
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
-        try:
-            child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
-        except FileNotFoundError:
-            lock.release()
-            return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
-        except OSError as exc:
-            lock.release()
-            return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
         # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
         # terminal's foreground group, so run stops it too, and on `fg` continues it only if
         # the lock is still safely held; otherwise the command is killed, never continued.
+        # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
         for sig in (signal.SIGTSTP, signal.SIGCONT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous.setdefault(sig, signal.getsignal(sig))
                 signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
+        watchdog = _start_watchdog()
+        cgroup = _make_cgroup()
+        try:
+            child = subprocess.Popen(command, env=env, start_new_session=True,
+                                     preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
+        except FileNotFoundError:
+            _remove_cgroup(cgroup)
+            lock.release()
+            return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
+        except OSError as exc:
+            _remove_cgroup(cgroup)
+            lock.release()
+            return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
+        if cgroup is not None and child.pid not in _watchdog.cgroup_members(cgroup):
+            _remove_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
+            cgroup = None
+        self.cgroup = cgroup
+        if watchdog is not None:
+            try:
+                # The session id and the cgroup; the pipe closes when run exits.
+                os.write(watchdog, f"{child.pid} {cgroup or ''}\n".encode())
+            except OSError:
+                pass
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         killed_at: float | None = None
         lost = False
@@ -202,30 +220,30 @@ class CommandRunner:
                 _reap_orphans(but=child.pid)
             while self.job_control:
                 if self.job_control.pop(0) == signal.SIGTSTP:
-                    _signal_group(child, signal.SIGSTOP)
+                    self._signal(child, signal.SIGSTOP)
                     os.kill(os.getpid(), signal.SIGSTOP)  # continues here on SIGCONT (fg, bg, kill -CONT)
                 elif lock.healthy:
-                    _signal_group(child, signal.SIGCONT)
+                    self._signal(child, signal.SIGCONT)
                     self.say(f"continued; {command[0]} continues")
                 else:  # stopped past the lease: the lock may be someone else's by now
-                    _signal_group(child, signal.SIGKILL)
-                    _signal_group(child, signal.SIGCONT)
+                    self._signal(child, signal.SIGKILL)
+                    self._signal(child, signal.SIGCONT)
                     killed_at = killed_at or now
                     self.say(f"continued after the lease ran out; killed {command[0]} instead of continuing it")
             if returncode is not None:
-                if not _group_alive(child.pid):
+                if not _group_alive(child.pid, self.cgroup):
                     break
                 if killed_at is not None and now >= killed_at + 2.0:
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
                     self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
-                    _signal_group(child, self.stop_signal)
+                    self._signal(child, self.stop_signal)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
                 sig = self.pending.pop(0)
                 if sig == signal.SIGCONT:
                     continue
-                self._send(child, sig, f"passing {signal.Signals(sig).name} on to")
+                self._send(child, sig, "passing on")
                 if kill_at is None:
                     kill_at = now + self.args.grace
             if not lost and not lock.healthy:
@@ -241,9 +259,12 @@ class CommandRunner:
                 kill_at = now + self.args.grace
             if kill_at is not None and killed_at is None and now >= kill_at:
                 self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
-                _signal_group(child, signal.SIGKILL)
+                self._signal(child, signal.SIGKILL)
                 killed_at = now
         assert returncode is not None
+        _remove_cgroup(self.cgroup)
+        if watchdog is not None:
+            os.close(watchdog)  # nothing of the command is left: the watchdog finds nothing, and ends
         status = returncode if returncode >= 0 else 128 - returncode
         if lost or not lock.is_held:
             try:
@@ -255,9 +276,81 @@ class CommandRunner:
         self.say(f"{command[0]} exited with {status}; " + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}"))
         return status
 
+    def _signal(self, child: subprocess.Popen, sig: int) -> None:
+        _signal_group(child, sig, self.cgroup)
+
     def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
-        _signal_group(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
+        self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
         self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+
+
+def _start_watchdog() -> int | None:
+    """Start the watchdog (handofflock/_watchdog.py); return the write end of its pipe, or None.
+
+    The watchdog kills what is left of the command's session once run exits,
+    whatever ends run. The write end is not inheritable, so only run holds it:
+    the command and its children never keep the watchdog waiting. run closes
+    it once nothing of the command is left; if run dies first, the kernel
+    closes it.
+    """
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        subprocess.Popen(
+            [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
+            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            preexec_fn=_own_process_group,
+        )
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def _own_process_group() -> None:
+    """In the watchdog, before exec: a process group of its own, out of reach of the terminal's signals."""
+    os.setpgid(0, 0)
+
+
+def _make_cgroup() -> str | None:
+    """A cgroup (v2) for the command, below run's own, where the hierarchy lets us make one; else None.
+
+    Every process the command starts stays in it, even one that leaves the
+    session (``setsid``, a daemon), so nothing the command started can outlive
+    the hold unseen. Where cgroup v2 is not mounted, or not writable (no
+    delegation), the session is all there is (docs/jobs.md).
+    """
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next(line[3:].strip() for line in f if line.startswith("0::"))
+        with open("/proc/self/mountinfo") as f:
+            mount = next(fields[4] for fields in (line.split() for line in f)
+                         if "-" in fields and fields[fields.index("-") + 1] == "cgroup2")
+        path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}")
+        os.mkdir(path)
+        return path
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def _remove_cgroup(cgroup: str | None) -> None:
+    """Kill what is left in the command's cgroup and remove it."""
+    _watchdog.kill_cgroup(cgroup)
+
+
+def _prepare_command(parent: int, cgroup: str | None) -> None:
+    """In the command, before exec: into its cgroup (if any), and SIGKILLed when run dies."""
+    if cgroup is not None:
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write("0")  # this process; its children are born in it
+        except OSError:
+            pass  # run sees it is not there and falls back to the session
+    _die_with_parent(parent)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -287,55 +380,40 @@ def _reap_orphans(*, but: int) -> None:
 
 
 def _session_members(sid: int, *, children_of: int | None = None, zombies: bool = False) -> list[int]:
-    """Every process of session ``sid`` (Linux: from /proc), including those in process groups of their own.
+    """Every live process of session ``sid``, including those in process groups of their own.
 
     With ``children_of``, instead the children of that process; with ``zombies``, only dead ones.
     """
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) <= 3:
-            continue
-        if children_of is not None:
-            if int(fields[1]) == children_of and (fields[0] == b"Z") == zombies:
-                members.append(int(entry))
-        elif int(fields[3]) == sid and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
+    if children_of is None:
+        return _watchdog.session_members(sid)
+    return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
 
 
-def _signal_group(child: subprocess.Popen, sig: int) -> None:
-    """Send ``sig`` to every process of the command's session: its own group, and any group it made.
+def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None) -> None:
+    """Send ``sig`` to every process of the command: its group, the rest of its session, its cgroup.
 
     A job-control shell or GNU ``timeout`` inside the command puts processes in
     process groups of their own, in the same session; signalling the command's
-    group alone would miss them.
+    group alone would miss them. A daemon that left the session is still in
+    the command's cgroup, where there is one. Each process gets one copy.
     """
     try:
         os.killpg(child.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in _session_members(child.pid):
+    members = _watchdog.session_members(child.pid, outside_group=child.pid)
+    if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
+        stats = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
+        members += [pid for pid in _watchdog.cgroup_members(cgroup) if stats.get(pid, child.pid) != child.pid and pid not in members]
+    for pid in members:
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the command's session is left, after reaping those that are our children."""
+def _group_alive(pgid: int, cgroup: str | None = None) -> bool:
+    """Whether any process of the command's session or cgroup is left, after reaping those that are our children."""
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the command and processes reparented to us (we may be PID 1)
             pass
@@ -348,7 +426,7 @@ def _group_alive(pgid: int) -> bool:
         pass
     except PermissionError:  # a member changed its credentials: it exists
         return True
-    return bool(_session_members(pgid))
+    return bool(_session_members(pgid) or _watchdog.cgroup_members(cgroup))
 
 
 def _short(command: list[str], limit: int = 100) -> str:

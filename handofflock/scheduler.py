@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -69,6 +71,8 @@ LIST_PAGE_SIZE = 1000
 
 _default: "Scheduler | None" = None
 _default_lock = threading.Lock()
+#: Every live scheduler, so that a forked child can reset those it inherited.
+_SCHEDULERS: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
 
 
 class Scheduler:
@@ -97,6 +101,20 @@ class Scheduler:
         self._gkeys: dict[int, tuple[int, str] | None] = {}
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
+        _SCHEDULERS.add(self)
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: no thread, no workers, no locks (the parent's are not ours), new mutexes."""
+        self._locks = {}
+        self._running = set()
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = None
+        self._pool = None
+        self._gkeys = {}
+        self._groups = {}
+        self._ungrouped = set()
 
     # -- registration ---------------------------------------------------------
 
@@ -326,3 +344,15 @@ def default_scheduler() -> Scheduler:
         if _default is None:
             _default = Scheduler()
         return _default
+
+
+def _reset_after_fork() -> None:
+    """In a forked child, every scheduler starts afresh: the threads that ran them exist only in the parent."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    for scheduler in list(_SCHEDULERS):
+        scheduler._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

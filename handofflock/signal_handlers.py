@@ -91,6 +91,7 @@ class SignalHandlers:
         self.signals: tuple[signal.Signals, ...] = ()
         self._previous: dict[signal.Signals, _Handler] = {}
         self._installed = False
+        self._pid = os.getpid()
 
     # -- installing -----------------------------------------------------------
 
@@ -137,6 +138,11 @@ class SignalHandlers:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
+        if os.getpid() != self._pid:
+            # A forked child inherited the handler, not the lock: the signal does what it would
+            # have done had we never been installed (a worker told to stop must stop).
+            self._reraise(sig, frame, self._previous.get(sig))
+            return
         self.received.append(sig.name)
         if len(self.received) == 1:
             # Attributes only: no I/O, no lock, whatever the main thread was doing.
@@ -182,8 +188,8 @@ class SignalHandlers:
             os._exit(128 + int(sig))
 
     def _release_at_exit(self) -> None:
-        if not self.lock.is_held:
-            return
+        if os.getpid() != self._pid or not self.lock.is_held:
+            return  # a forked child's exit releases nothing: the lock is the parent's
         try:
             heir = self.lock.release()
             _log.info("released %s at exit%s", self.lock.url, f", handed off to {heir}" if heir else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 import uuid
 
 import pytest
@@ -20,6 +21,14 @@ EXTERNAL = os.environ.get("STORAGE_EMULATOR_HOST")
 BACKENDS = ["memory", "local", "gcs"]
 
 _names = itertools.count()
+
+# A suite started in the background (`cmd &` in a script, nohup, some CI runners) inherits
+# SIGINT, SIGQUIT and SIGHUP ignored, and so would every process a test starts: `run` then
+# rightly leaves them ignored, and the tests that send them would wait in vain. The tests
+# start from the dispositions of an interactive start.
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL), (signal.SIGHUP, signal.SIG_DFL)):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, _default)
 
 
 def make_store(kind: str, request: pytest.FixtureRequest, tmp_path):

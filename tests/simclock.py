@@ -35,6 +35,9 @@ class SimClock(FakeClock):
         while not event.is_set():
             left = end - self.monotonic()
             if left <= 1e-9:
+                # A real wait always lets some time pass, however short. Without this, a caller
+                # whose deadline is a rounding error away would wait for nothing, again and again.
+                self.advance(1e-9)
                 return False
             self.advance(min(self.step, left))
             self.tick()

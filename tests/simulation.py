@@ -474,7 +474,11 @@ class World:
                     self.timed(party, "acquire", lambda p, t=timeout: p.lock.acquire(timeout=t), bound=timeout)
                 party.left_wait_at = hub.now
                 self.checker.after_acquire(party)
-                party.faults_seen = 0
+                if not self.checker.slot_names(party):
+                    # A slot an acquire could not give back for faults may outlive it (it expires by
+                    # itself): the faults excuse it until it is gone, even if the next acquire was
+                    # cancelled before it read the record, and so never learnt of it.
+                    party.faults_seen = 0
                 hub.park(hub.now + r.uniform(0.0, ttl / 2))
 
     def _cancel_later(self, party: Party) -> None:
@@ -586,6 +590,11 @@ class Checker:
         if doc.highest < self.fence_highest:
             raise Violation(f"the fence took token {doc.highest} after {self.fence_highest}")
         self.fence_highest = doc.highest
+
+    def slot_names(self, party: Party) -> bool:
+        """Whether the record's waiter slot is this party's instance (live or not)."""
+        found = self.world.backend.read(KEY)
+        return found is not None and LockRecord.decode(found[0]).waiter_instance == _instance(party.lock)
 
     def after_acquire(self, party: Party) -> None:
         """An acquire that ended without the lock, with no fault on its requests, left no slot behind."""

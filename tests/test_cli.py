@@ -338,7 +338,7 @@ def test_a_signal_to_run_is_passed_on_and_the_lock_released_when_the_command_exi
     a.send_signal(sig)
     out, err = a.communicate(timeout=30)
     assert a.returncode == 0, err
-    assert f"on {sig.name}" in out and f"passing {sig.name} on to" in err
+    assert f"on {sig.name}" in out and f"passing on {sig.name} to" in err
     assert HandoffLock(shared_url).status().owner_id is None
 
 

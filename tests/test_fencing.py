@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -14,6 +15,7 @@ from handofflock import (
     FencedObject,
     FencedObjectCorrupt,
     FencedObjectFull,
+    FencedObjectTooLarge,
     HandoffLock,
     InvalidKey,
     LockLost,
@@ -145,6 +147,27 @@ def test_a_writer_id_its_own_decoder_would_refuse_is_refused_up_front(store, wri
     assert store.calls["write"] == store.calls["read"] == 0
 
 
+@pytest.mark.parametrize("payload", [math.nan, math.inf, -math.inf, {"loss": [0.5, math.nan]}, ("ok", {"lr": math.inf})])
+@pytest.mark.parametrize("operation", ["write", "append"])
+def test_nan_and_infinities_are_refused_before_anything_is_written(store, payload, operation):
+    """JSON has no NaN or infinity: before, they were stored as null while write() returned the
+    NaN payload, so the caller and the object disagreed."""
+    with pytest.raises(ConfigurationError, match="non-finite"):
+        getattr(fence(store), operation)(payload, token=1)
+    assert store.calls["write"] == 0 and store.read(KEY) is None
+
+
+def test_a_claim_overtaken_by_a_higher_token_raises_even_when_this_instance_claimed_it_before(store):
+    """Before: the second claim(9) answered from this instance's cached view (highest 9, ours) and
+    reported success although the fence had moved on to 10."""
+    mine = fence(store, "A")
+    mine.claim(token=9)
+    fence(store, "B").claim(token=10)
+    with pytest.raises(StaleToken):
+        mine.claim(token=9)
+    assert stored(store)[0]["highestToken"] == 10
+
+
 def test_payloads_must_be_json(store):
     with pytest.raises(TypeError, match="JSON-serialisable"):
         fence(store).write({"when": object()}, token=1)
@@ -228,9 +251,19 @@ def test_a_corrupt_fenced_object_is_reported_and_never_overwritten(store, data, 
 def test_an_oversized_fenced_object_is_reported_after_reading_at_most_one_byte_too_many(store):
     big = orjson.dumps({"handofflockFence": 1, "highestToken": 1, "payload": "x" * 10_000})
     store.write(KEY, big, if_generation_match=0)
-    with pytest.raises(FencedObjectCorrupt, match="larger than max_bytes"):
+    with pytest.raises(FencedObjectTooLarge, match="not corrupt"):
         fence(store, max_bytes=4096).write("x", token=2)
     assert store.read(KEY)[0] == big
+
+
+def test_a_reader_with_a_smaller_max_bytes_calls_a_healthy_object_too_large_not_corrupt(store):
+    """Before: a 3 kB object written by a writer with the default limit read as "corrupt" to a
+    reader whose max_bytes is 2 kB, which sends its user to repair a healthy object by hand."""
+    fence(store, "A").write("x" * 3000, token=5)
+    with pytest.raises(FencedObjectTooLarge) as info:
+        fence(store, "B", max_bytes=2048).read()
+    assert not isinstance(info.value, FencedObjectCorrupt) and info.value.max_bytes == 2048
+    assert fence(store, "C").read().payload == "x" * 3000
 
 
 def test_unknown_fields_of_a_fenced_object_are_kept(store):

@@ -53,6 +53,30 @@ def test_an_heir_with_a_longer_ttl_than_its_predecessor_is_healthy_on_arrival_an
     assert world.record().owner_id == "H" and world.record().expires_at > record.expires_at
 
 
+def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handoff(world):
+    """The owner hands over to H; before H's next poll reads the handoff, C registers as the
+    waiter. The record H takes already names C, and H's renewals, which write against that very
+    generation, would never meet C: before, H heard of C only at its first waiter check, a full
+    check interval later (30 s here). Now acquire() returns with the request already sent."""
+    owner = world.lock("O", ttl=10.0)
+    heir = world.lock("H", ttl=10.0, waiter_check_interval=30.0)
+    asked: list[str] = []
+    assert owner.acquire()
+
+    def hand_over(sender, **kw):
+        sender.release()
+        record = world.record()
+        assert record.owner_id == "H"  # handed over; H has not read it yet
+        world.store.write(KEY, record.replace(nonce="c", waiting_owner_id="C", waiter_expires_at=world.clock.time() + 5).encode(),
+                          if_generation_match=world.generation())
+
+    heir_asked = lambda sender, waiter_id=None, **kw: asked.append(waiter_id)  # noqa: E731
+    with signals.on_release_requested.connected_to(hand_over, sender=owner), \
+            signals.on_release_requested.connected_to(heir_asked, sender=heir):
+        assert heir.acquire(timeout=30)
+        assert heir.release_requested and asked == ["C"], "the heir did not hear of the waiter in the record it took"
+
+
 def test_a_lease_counts_from_the_send_of_the_write_that_landed_after_a_503_and_a_429(world):
     store = TimedStore("lease-503-429", world.clock)
     world.store = store

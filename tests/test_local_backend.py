@@ -10,6 +10,8 @@ import random
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -750,3 +752,80 @@ def test_an_unbounded_lock_timeout_is_refused():
     for bad in (float("inf"), float("nan"), 0, -1, True):
         with pytest.raises(ConfigurationError):
             LocalStorage("/tmp/never-used", lock_timeout=bad)
+
+
+# --------------------------------------------------------------------------- shared lock directories
+
+NOBODY = 65534
+
+
+def _as_nobody(*code: str) -> subprocess.CompletedProcess:
+    """Run Python as uid/gid 65534 (``setpriv``), the way a second user of a shared lock would."""
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", "\n".join(code)],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def _second_uid_available() -> str | None:
+    """Why a second uid cannot be used here, or None."""
+    if os.geteuid() != 0:
+        return "needs root to act as a second user (uid 65534)"
+    if shutil.which("setpriv") is None:
+        return "needs setpriv (util-linux) to run as uid 65534"
+    probe = _as_nobody("import handofflock")
+    if probe.returncode != 0:
+        return f"uid 65534 cannot run this interpreter: {probe.stderr.strip()[-200:]}"
+    return None
+
+
+@pytest.mark.skipif(_second_uid_available() is not None, reason=str(_second_uid_available()))
+def test_a_forced_release_by_root_leaves_the_lock_usable_by_its_user():
+    """uid 65534 holds a lock; root forces it free (``sudo handofflock release --force``). Before,
+    the replacement file was root's, mode 0600: the user's next status, acquire or run failed with
+    "permission denied" (exit 69). Now the file keeps its owner and mode, and the user goes on."""
+    shared = Path(tempfile.mkdtemp(prefix="hl-shared-", dir="/tmp"))
+    try:
+        os.chown(shared, NOBODY, NOBODY)
+        url = (shared / "locks" / "gpu.json").as_uri()
+        took = _as_nobody("from handofflock import HandoffLock",
+                          f"lock = HandoffLock({url!r}, ttl=60, owner_id='user')",
+                          "assert lock.acquire(blocking=False)",
+                          "lock._unschedule(); print(lock.token)")  # exits holding it, as a crashed job would
+        assert took.returncode == 0, took.stderr
+        obj = shared / "locks" / "gpu.json"
+        before = obj.stat()
+        assert before.st_uid == NOBODY
+        from handofflock.repair import force_release
+
+        assert force_release(url) is not None
+        after = obj.stat()
+        assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (before.st_uid, before.st_gid, stat.S_IMODE(before.st_mode))
+        again = _as_nobody("from handofflock import HandoffLock",
+                           f"lock = HandoffLock({url!r}, ttl=60, owner_id='user')",
+                           "assert lock.status().owner_id is None",
+                           "assert lock.acquire(blocking=False)",
+                           "lock.release()")
+        assert again.returncode == 0, again.stderr
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_in_a_group_writable_directory_new_files_and_directories_are_group_writable(tmp_path):
+    """A lock directory shared by a group (mode 2770): the files and directories the store creates
+    in it are 0660 and 2770, so every member can take the lock, whoever wrote first."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o2770)
+    store = LocalStorage(shared)
+    store.write("team/gpu.json", b"{}", if_generation_match=0)
+    assert stat.S_IMODE((shared / "team").stat().st_mode) == 0o2770
+    assert stat.S_IMODE((shared / "team" / "gpu.json").stat().st_mode) == 0o660
+    lock_file = shared / "team" / sidecar_name("gpu.json", "lock")
+    assert stat.S_IMODE(lock_file.stat().st_mode) == 0o660
+
+
+def test_a_replaced_file_keeps_the_mode_it_was_given(tmp_path):
+    store = LocalStorage(tmp_path / "s")
+    generation = store.write("a.json", b"{}", if_generation_match=0)
+    os.chmod(tmp_path / "s" / "a.json", 0o640)
+    store.write("a.json", b"{ }", if_generation_match=generation)
+    assert stat.S_IMODE((tmp_path / "s" / "a.json").stat().st_mode) == 0o640

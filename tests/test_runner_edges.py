@@ -52,7 +52,10 @@ def start_run(lock: Path, *cmd: str, stderr=subprocess.PIPE, extra: tuple[str, .
     """``run`` and the pid of its command (which leads a session of its own)."""
     proc = subprocess.Popen([str(CONSOLE_SCRIPT), "run", str(lock), "--grace", "3", *extra, "--", *cmd],
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=child_env())
-    cmd_pid = eventually(lambda: next(iter(children(proc.pid)), None), timeout=20, what="the command started")
+    def command() -> int | None:  # run's other child is its watchdog, in run's session
+        return next((c for c in children(proc.pid) if (st := stat(c)) and st[2] == c), None)
+
+    cmd_pid = eventually(command, timeout=20, what="the command started")
     return proc, cmd_pid
 
 
@@ -77,6 +80,78 @@ def test_the_command_dies_with_run_whatever_kills_run(tmp_path, sig):
     if sig == signal.SIGQUIT:  # a signal run can catch: passed on, then the lock released
         record, _ = raw_read((tmp_path / "lock.json").as_uri())
         assert record.owner_id is None
+
+
+def test_nothing_of_the_command_session_outlives_a_killed_run(tmp_path):
+    """SIGKILL to run, whose command is a shell with children: PR_SET_PDEATHSIG kills the shell
+    alone; the watchdog kills the rest of the session (the sleeps, one in a group of its own),
+    at once, long before the lease (60 s) could pass to anyone else."""
+    proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", "sleep 60 & timeout 60 sleep 61 & wait")
+
+    def three() -> list[int] | None:
+        members = session_of(cmd)
+        return members if len(members) >= 4 else None
+
+    members = eventually(three, timeout=20, what="sh, sleep, timeout and its sleep")
+    os.kill(proc.pid, signal.SIGKILL)
+    reap(proc)
+    gone(members, timeout=5)
+    assert session_of(cmd) == []
+
+
+COUNT_SIGNALS = """
+import signal, sys, time
+got = []
+signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+print("ready", flush=True)
+while not got:
+    time.sleep(0.01)
+time.sleep(1.0)  # a second copy would arrive well within this
+print("copies", len(got), flush=True)
+"""
+
+
+def test_a_signal_passed_on_reaches_each_process_once(tmp_path):
+    """Ctrl-C to run reaches the command once. To many programs a second SIGINT means "abort
+    now", and a Python program that has begun to exit dies of a second SIGUSR1 (its handlers are
+    reset): signalling the command's group, then each session member again, did both."""
+    proc, cmd = start_run(tmp_path / "lock.json", sys.executable, "-c", COUNT_SIGNALS)
+    assert proc.stdout.readline().strip() == "ready"
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert out.split() == ["copies", "1"], err
+    assert proc.returncode == 0, err
+
+
+def _cgroup_parent() -> str | None:
+    """Where run (a child of this process, so in its cgroup) makes the command's cgroup, if it can."""
+    from handofflock.runner import _make_cgroup, _remove_cgroup
+
+    path = _make_cgroup()
+    _remove_cgroup(path)
+    return None if path is None else os.path.dirname(path)
+
+
+def _cgroup_v2_writable() -> bool:
+    return _cgroup_parent() is not None
+
+
+@pytest.mark.skipif(not _cgroup_v2_writable(), reason="needs a writable cgroup v2 hierarchy (no cgroup, or no delegation here): run falls back to the session")
+def test_a_daemon_that_left_the_session_is_stopped_with_the_command_through_its_cgroup(tmp_path):
+    """A command that starts a daemon (``setsid``: a session of its own) and exits: the daemon is
+    not in the command's session, but it is in the command's cgroup, so it is stopped before the
+    lock is released, and the cgroup is removed. Without the cgroup it ran on beside the next holder."""
+    marker = tmp_path / "daemon.pid"
+    script = f"setsid sh -c 'echo $$ > {marker}; exec sleep 60' & sleep 0.5; exit 0"
+    proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", script)
+    daemon = eventually(lambda: int(marker.read_text()) if marker.exists() and marker.read_text().strip() else None,
+                        timeout=20, what="the daemon started")
+    assert stat(daemon)[2] != cmd, "the daemon left the command's session"
+    reap(proc)
+    gone([daemon], timeout=10)
+    record, _ = raw_read((tmp_path / "lock.json").as_uri())
+    assert record.owner_id is None
+    assert not os.path.exists(os.path.join(_cgroup_parent(), f"handofflock-run-{proc.pid}")), "the cgroup was removed"
 
 
 def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_path):

@@ -34,6 +34,7 @@ import ssl
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Iterator
 from urllib.parse import quote
 
@@ -72,6 +73,8 @@ _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
 _SHARED: dict[tuple[str, str | None, str | None], "GCSStorage"] = {}
 _SHARED_LOCK = threading.Lock()
+#: Every live store, so that a forked child can give each fresh connections.
+_STORES: "weakref.WeakSet[GCSStorage]" = weakref.WeakSet()
 
 
 class GCSStorage:
@@ -127,6 +130,9 @@ class GCSStorage:
         self._client = client
         self._owns_client = client is None
         self._client_lock = threading.Lock()
+        self._pid = os.getpid()  # where ``client`` (and its connections) was made or passed in
+        self._inherited: list[Any] = []
+        _STORES.add(self)
 
     @classmethod
     def shared(cls, bucket: str, *, user_project: str | None = None) -> "GCSStorage":
@@ -146,6 +152,12 @@ class GCSStorage:
     def client(self) -> gcs.Client:
         """The ``google.cloud.storage.Client`` in use, created on first access."""
         client = self._client
+        if client is not None and self._pid != os.getpid():
+            raise ConfigurationError(
+                f"the client passed to GCSStorage({self.bucket!r}) was made in process {self._pid}, which this "
+                "process was forked from: its keep-alive connections are shared with that process, and replies "
+                "would reach the wrong one. Pass a client made in this process."
+            )
         if client is None:
             with self._client_lock:
                 if self._client is None:
@@ -765,3 +777,28 @@ def _reason(exc: BaseException) -> str:
     if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
         reason = reason.reason
     return str(reason) or type(reason).__name__
+
+
+def _fresh_connections_after_fork() -> None:
+    """In a forked child: no store uses a connection it shares with the parent.
+
+    Both processes would write requests to the same sockets and read each
+    other's replies: a read would return another object's bytes and
+    generation. A client this store made is dropped (and kept referenced, so
+    that collecting it never closes, or sends a TLS close on, a socket the
+    parent still uses); the next request makes a new one. A client passed in
+    is the caller's to replace: using it in the child raises (see ``client``).
+    """
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for store in list(_STORES):
+        store._client_lock = threading.Lock()
+        if store._owns_client:
+            if store._client is not None:
+                store._inherited.append(store._client)
+            store._client = None
+            store._pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_connections_after_fork)

@@ -73,7 +73,11 @@ class LocalStorage:
 
     Keys are relative ``/``-separated paths below ``root``. ``root`` and the
     directories below it are created on first write, mode ``0o700``; files are
-    ``0o600``, whatever the umask. Symlinks below ``root`` are refused, never
+    ``0o600``, whatever the umask. In a group-writable directory (a lock
+    directory shared by a group) they are ``0o770`` (keeping its setgid bit)
+    and ``0o660``. A file that is replaced keeps its mode, and its owner and
+    group as far as the writer may give them (root: both), so a forced release
+    by another user leaves the lock usable by its users. Symlinks below ``root`` are refused, never
     followed (``root`` itself, and the path to it, are used as given).
 
     >>> store = LocalStorage("/var/lib/myjob/locks")
@@ -261,7 +265,7 @@ class LocalStorage:
                 pass  # a concurrent writer made it; open it like any other
         if made:
             try:
-                os.fchmod(fd, _DIR_MODE)
+                os.fchmod(fd, _new_dir_mode(parent))
                 os.fsync(parent)  # the new directory entry must survive a crash too
             except BaseException:
                 os.close(fd)
@@ -347,7 +351,7 @@ class LocalStorage:
         lock_name = sidecar_name(name, "lock")
         lock_rel = os.path.join(os.path.dirname(key), lock_name)
         try:
-            fd = local_lock.open_sidecar(dir_fd, lock_name)
+            fd = local_lock.open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd))
         except OSError as exc:
             if exc.errno in _REFUSED:
                 self._refuse(dir_fd, lock_name, lock_rel, exc)
@@ -371,9 +375,18 @@ class LocalStorage:
             os.unlink(tmp, dir_fd=dir_fd)  # a crash's leftover, or anything planted (unlink never follows)
         except FileNotFoundError:
             pass
+        try:
+            old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, _FILE_MODE, dir_fd=dir_fd)
         try:
-            os.fchmod(fd, _FILE_MODE)  # the umask may have taken bits from the mode above
+            # The umask may have taken bits from the mode above; and a file that is replaced keeps
+            # its mode and owner, so that a write by another user (root's `release --force`) does
+            # not take the lock away from the users who share it.
+            os.fchmod(fd, _new_file_mode(dir_fd) if old is None else stat.S_IMODE(old.st_mode) & 0o777)
+            if old is not None:
+                _keep_owner(fd, old)
             view = memoryview(content)
             while view:
                 view = view[os.write(fd, view):]
@@ -422,6 +435,32 @@ class LocalStorage:
             return TransientStorageError(f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False)
         hint = _HINTS.get(exc.errno, "check the path and the filesystem")
         return StorageError(f"{what} ({hint}); nothing was changed", url=self.url, key=key)
+
+
+def _new_file_mode(dir_fd: int) -> int:
+    """``0o600``; ``0o660`` in a group-writable directory (a lock directory shared by a group)."""
+    return _FILE_MODE | 0o060 if os.fstat(dir_fd).st_mode & stat.S_IWGRP else _FILE_MODE
+
+
+def _new_dir_mode(parent_fd: int) -> int:
+    """``0o700``; in a group-writable directory ``0o770``, with its setgid bit (the group carries on)."""
+    mode = os.fstat(parent_fd).st_mode
+    if not mode & stat.S_IWGRP:
+        return _DIR_MODE
+    return _DIR_MODE | 0o070 | (mode & stat.S_ISGID)
+
+
+def _keep_owner(fd: int, old: os.stat_result) -> None:
+    """Give the new file the old one's owner and group, as far as this process may (root: both;
+    the owner: a group it belongs to). What it may not give, it leaves as created."""
+    if (old.st_uid, old.st_gid) == (os.geteuid(), os.getegid()):
+        return
+    for uid, gid in ((old.st_uid, old.st_gid), (-1, old.st_gid)):
+        try:
+            os.fchown(fd, uid, gid)
+            return
+        except PermissionError:
+            continue
 
 
 def _mode(dir_fd: int, name: str) -> int:

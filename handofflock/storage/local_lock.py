@@ -45,18 +45,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
-def open_sidecar(dir_fd: int, name: str) -> int:
-    """Open the lock file ``name`` in ``dir_fd``, creating it ``0o600`` if needed.
+def open_sidecar(dir_fd: int, name: str, mode: int = 0o600) -> int:
+    """Open the lock file ``name`` in ``dir_fd``, creating it with ``mode`` if needed.
 
     Never follows a symlink (``OSError`` with ELOOP) and never blocks on a FIFO;
     the caller checks that it got a regular file.
     """
     try:
-        fd = os.open(name, _FLAGS | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+        fd = os.open(name, _FLAGS | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
     except FileExistsError:
         return os.open(name, _FLAGS, dir_fd=dir_fd)
     try:
-        os.fchmod(fd, 0o600)  # the umask may have taken bits from the mode above
+        os.fchmod(fd, mode)  # the umask may have taken bits from the mode above
     except BaseException:
         os.close(fd)
         raise

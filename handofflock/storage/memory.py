@@ -7,6 +7,7 @@ write and then raise as if the reply had been lost.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -186,3 +187,19 @@ class MemoryStorage:
 
     def __repr__(self) -> str:
         return f"MemoryStorage({self.name!r})"
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: new mutexes (a parent thread may have held one at the fork).
+
+    The child's stores are copies: nothing it writes reaches the parent's.
+    """
+    global _REGISTRY_LOCK
+    _REGISTRY_LOCK = threading.Lock()
+    for store in _REGISTRY.values():
+        store._lock = threading.Lock()
+        store.faults._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,146 @@
+"""The runner's watchdog: once ``run`` is gone, nothing of its command's session is left running.
+
+``handofflock run`` starts this script (by path, stdlib only, so it starts in a
+few milliseconds and imports nothing of the package) before the command, in a
+process group of its own in ``run``'s session: the terminal's signals and a
+kill of ``run``'s group pass it by, and the signals ``run`` sends to the
+command's session never reach it. It holds the read end of a pipe whose write
+end only ``run`` holds. ``run`` writes the command's session id on it; the
+watchdog then reads until end of file, which comes when ``run`` exits, however
+it ends (SIGKILL and an out-of-memory kill included). It then SIGKILLs every
+process of the command's cgroup, if ``run`` made one (that includes processes
+that left the session), and of that session, again until none is left (a
+member may fork while it is being killed), removes the cgroup, and exits.
+
+``PR_SET_PDEATHSIG`` alone kills only the command's own process: the children
+of a shell, or of ``timeout(1)``, would live on beside the next holder. On an
+ordinary exit ``run`` has already emptied the session and there is nothing to
+kill. A process that leaves the session (``setsid``, a daemon) escapes the
+session's kill, but not the cgroup's; without a cgroup it escapes (docs/jobs.md).
+
+Usage (by ``run`` only): ``python -I -S _watchdog.py FD``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+#: How long the watchdog keeps killing a session that keeps forking.
+KILL_FOR = 5.0
+
+
+def processes() -> list[tuple[int, bytes, int, int, int]]:
+    """``(pid, state, ppid, process group, session)`` of every process (Linux, from /proc; elsewhere none)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 3:
+            found.append((int(entry), fields[0], int(fields[1]), int(fields[2]), int(fields[3])))
+    return found
+
+
+def session_members(sid: int, *, outside_group: int | None = None) -> list[int]:
+    """Live processes of session ``sid``, including those in process groups of their own.
+
+    With ``outside_group``, only those not in that process group (already
+    signalled through it: a second copy of a signal is not harmless; a second
+    SIGINT means "abort now" to many programs).
+    """
+    return [pid for pid, state, _, group, session in processes()
+            if session == sid and state != b"Z" and group != outside_group]
+
+
+def cgroup_members(cgroup: str | None) -> list[int]:
+    """The processes in cgroup ``cgroup`` (a cgroup v2 directory), or none."""
+    if not cgroup:
+        return []
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return [int(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_cgroup(cgroup: str | None) -> None:
+    """SIGKILL every process in ``cgroup`` until it is empty (or ``KILL_FOR`` passes), then remove it."""
+    if not cgroup:
+        return
+    until = time.monotonic() + KILL_FOR
+    while True:
+        try:
+            with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:  # Linux 5.14+: the kernel does it all
+                f.write("1")
+        except OSError:
+            pass
+        members = cgroup_members(cgroup)
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.rmdir(cgroup)  # only once empty (EBUSY before)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        if time.monotonic() >= until:
+            return
+        time.sleep(0.02)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL the process group ``sid`` and every process of session ``sid`` until none is left."""
+    until = time.monotonic() + KILL_FOR
+    while True:
+        try:
+            os.killpg(sid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        members = session_members(sid)
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not members or time.monotonic() >= until:
+            return
+        time.sleep(0.02)
+
+
+def main(argv: list[str]) -> int:
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGUSR1", "SIGUSR2", "SIGPIPE"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    fd = int(argv[1])
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return 0  # run is gone before it named the session; PR_SET_PDEATHSIG ended the command
+        line += chunk
+    sid, _, cgroup = line.decode().strip().partition(" ")
+    while os.read(fd, 64):
+        pass
+    kill_cgroup(cgroup or None)
+    kill_session(int(sid))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,129 @@
+"""Scenarios that fork, run in a process of their own (pytest's threads make fork() there unsafe).
+
+    python forked.py gcs-reads BUCKET N        parent and child read two objects through one store
+    python forked.py held URL                  a child forked while its parent holds the lock
+
+Each prints one JSON line with what it saw and exits 0; a child that hangs is
+killed by the parent after a timeout, and that is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import orjson
+
+
+def wait_child(pid: int, timeout: float) -> int | None:
+    """The child's exit status, or None (and the child killed) if it did not end within ``timeout``."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def gcs_reads(bucket: str, n: int) -> dict:
+    """Parent reads ``a`` and child reads ``b``, ``n`` times each, at once, through one shared store.
+
+    Before the fork the store has a live keep-alive connection. Every read must
+    return its own object's bytes and generation.
+    """
+    from handofflock.storage.gcs import GCSStorage
+
+    store = GCSStorage.shared(bucket)
+    gens = {key: store.write(key, key.encode() * 100, if_generation_match=0) for key in ("a", "b")}
+    store.read("a")  # a connection in the pool, inherited by the child
+    r, w = os.pipe()
+    pid = os.fork()
+    key = "b" if pid == 0 else "a"
+    wrong = errors = 0
+    for _ in range(n):
+        try:
+            data, generation = store.read(key)
+        except Exception:  # noqa: BLE001 - counted: a reply meant for the other process
+            errors += 1
+            continue
+        if data != key.encode() * 100 or generation != gens[key]:
+            wrong += 1
+    if pid == 0:
+        os.write(w, orjson.dumps({"wrong": wrong, "errors": errors}))
+        os._exit(0)
+    os.close(w)
+    status = wait_child(pid, 60)
+    child = orjson.loads(os.read(r, 1000) or b"null")
+    return {"parent": {"wrong": wrong, "errors": errors}, "child": child, "child_status": status}
+
+
+def held(url: str) -> dict:
+    """The parent holds the lock (with ``release_at_exit``) and forks.
+
+    The child: the inherited lock is not held there, release() and acquire()
+    refuse with InheritedAcrossFork, a new lock of its own on another key is
+    acquired and released (a fresh scheduler), a SIGTERM ends it as if no
+    handler were installed, or else it exits normally, running the inherited
+    atexit hook, which must neither hang nor release the parent's lock.
+    """
+    from handofflock import HandoffLock, InheritedAcrossFork, install_signal_handlers
+
+    lock = HandoffLock(url, ttl=5, owner_id="parent")
+    assert lock.acquire(timeout=10)
+    install_signal_handlers(lock, release_at_exit=True)
+    token = lock.token
+    report: dict = {}
+    for mode in ("exit", "sigterm"):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            seen = {"is_held": lock.is_held, "healthy": lock.healthy}
+            for name, call in (("release", lock.release), ("acquire", lambda: lock.acquire(blocking=False))):
+                try:
+                    call()
+                    seen[name] = "returned"
+                except InheritedAcrossFork:
+                    seen[name] = "InheritedAcrossFork"
+            own = HandoffLock(url + ".child", ttl=5, owner_id="child")
+            seen["own"] = own.acquire(timeout=10)
+            time.sleep(1.5)  # renewed by the child's own scheduler meanwhile
+            seen["own_healthy"] = own.healthy
+            own.release()
+            os.write(w, orjson.dumps(seen))
+            os.close(w)
+            if mode == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+                os._exit(3)  # the signal did not end us
+            sys.exit(0)  # runs the inherited atexit hook
+        os.close(w)
+        status = wait_child(pid, 30)
+        seen = orjson.loads(os.read(r, 10_000) or b"null")
+        os.close(r)
+        report[mode] = {"child": seen, "status": status}
+    report["parent_healthy"] = lock.healthy
+    report["record_owner"] = lock.status().owner_id
+    report["token_kept"] = lock.token == token
+    lock.release()
+    return report
+
+
+def main(argv: list[str]) -> int:
+    if argv[1] == "gcs-reads":
+        out = gcs_reads(argv[2], int(argv[3]))
+    elif argv[1] == "held":
+        out = held(argv[2])
+    else:
+        raise SystemExit(f"unknown scenario {argv[1]!r}")
+    print(orjson.dumps(out).decode(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
