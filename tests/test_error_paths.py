@@ -381,6 +381,7 @@ def _sample(cls: type) -> BaseException:
         errors.StaleToken: lambda: cls("k", 1, 2, writer_id="w", holder_id="h"),
         errors.FencedObjectCorrupt: lambda: cls("k", "bad", generation=2),
         errors.FencedObjectFull: lambda: cls("k", 10, 5),
+        errors.FencedObjectTooLarge: lambda: cls("k", 10, 5),
     }
     for base, make in samples.items():
         if cls is base:
