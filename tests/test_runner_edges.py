@@ -169,11 +169,19 @@ def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_p
     gone(members)
 
 
-def test_a_closed_stderr_never_stops_run_from_passing_a_signal_on(tmp_path):
-    r, w = os.pipe()
+@pytest.mark.parametrize("stderr", ["pipe", "terminal"])
+def test_a_closed_stderr_never_stops_run_from_passing_a_signal_on(tmp_path, stderr):
+    """An ssh session that drops: SIGHUP, and stderr gone (a closed terminal answers EIO, a
+    closed pipe EPIPE). run must pass the signal on and release, saying nothing it cannot."""
+    if stderr == "pipe":
+        reader, w = os.pipe()
+    else:
+        import pty
+
+        reader, w = pty.openpty()
     proc, cmd = start_run(tmp_path / "lock.json", "sleep", "60", stderr=w)
     os.close(w)
-    os.close(r)  # whatever run writes to stderr now fails with EPIPE
+    os.close(reader)  # whatever run writes to stderr now fails: EPIPE, or EIO from the hung-up terminal
     os.kill(proc.pid, signal.SIGHUP)
     reap(proc)
     assert proc.returncode == 128 + signal.SIGHUP, "the command got SIGHUP, and run exited with its status"
