@@ -1254,12 +1254,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
     parser.add_argument("--json", metavar="PATH", help="also write every number as JSON to PATH")
-    parser.add_argument("--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}")
+    parser.add_argument("--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}, pacing")
     args = parser.parse_args(argv)
     only = set(SECTIONS) if not args.only else {s.strip() for s in args.only.split(",")}
-    unknown = only - set(SECTIONS)
+    unknown = only - set(SECTIONS) - {"pacing"}
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if "pacing" in only:
+        # Two processes at GCS's default pacing, and without it (scripts/bench_pacing.py, about
+        # 8 minutes in full): asked for by name only, as the full run is long enough without it.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_pacing
+
+        code = bench_pacing.main(["--handoffs", "10" if args.quick else "200", "--compare", "5" if args.quick else "50"]
+                                 + (["--json", args.json + ".pacing.json"] if args.json else []))
+        only.discard("pacing")
+        if not only:
+            return code
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("handofflock").setLevel(logging.CRITICAL)  # overload runs count losses instead
     results = run(Plan(args.quick), only)
