@@ -185,13 +185,13 @@ class CommandRunner:
         try:
             child = subprocess.Popen(command, env=env, start_new_session=True,
                                      preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
-        except FileNotFoundError:
-            _remove_cgroup(cgroup)
-            lock.release()
-            return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
         except OSError as exc:
             _remove_cgroup(cgroup)
+            if watchdog is not None:
+                os.close(watchdog)
             lock.release()
+            if isinstance(exc, FileNotFoundError):
+                return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
             return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
         if cgroup is not None and child.pid not in _watchdog.cgroup_members(cgroup):
             _remove_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then

@@ -17,6 +17,7 @@ import pytest
 from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
 from handofflock.cli import main
 from handofflock.exit_codes import (
+    EXIT_CANNOT_EXECUTE,
     EXIT_CONFIG,
     EXIT_CONTENDED,
     EXIT_CORRUPT,
@@ -256,6 +257,15 @@ def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, ca
 
 def test_run_reports_a_missing_command_as_127_and_releases(url, capsys):
     assert main(["run", url, "--", "/no/such/command-here"]) == EXIT_NOT_FOUND
+    assert raw_read(url)[0].owner_id is None
+
+
+def test_run_reports_a_command_it_cannot_execute_as_126_and_releases(url, tmp_path, capsys):
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o644)
+    assert main(["run", url, "--", str(script)]) == EXIT_CANNOT_EXECUTE
+    assert "cannot execute" in capsys.readouterr().err
     assert raw_read(url)[0].owner_id is None
 
 
