@@ -823,6 +823,23 @@ def test_in_a_group_writable_directory_new_files_and_directories_are_group_writa
     assert stat.S_IMODE(lock_file.stat().st_mode) == 0o660
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to write as one user a file another user owns")
+def test_a_lock_file_made_beside_an_existing_object_takes_its_owner_and_mode(tmp_path):
+    """An object with no lock file yet (written by hand, or its lock file removed), owned by uid
+    65534: root's write makes the lock file, which must be the object's user's too, or that user's
+    next write fails with "permission denied" on it."""
+    store = LocalStorage(tmp_path / "s")
+    generation = store.write("a.json", b"{}", if_generation_match=0)
+    obj = tmp_path / "s" / "a.json"
+    lock_file = tmp_path / "s" / sidecar_name("a.json", "lock")
+    lock_file.unlink()
+    os.chown(obj, NOBODY, NOBODY)
+    os.chmod(obj, 0o640)
+    store.write("a.json", b"{ }", if_generation_match=generation)
+    st = lock_file.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, 0o640)
+
+
 def test_a_replaced_file_keeps_the_mode_it_was_given(tmp_path):
     store = LocalStorage(tmp_path / "s")
     generation = store.write("a.json", b"{}", if_generation_match=0)

@@ -350,15 +350,23 @@ class LocalStorage:
         """Take the key's lock (see :mod:`.local_lock`), or say why it cannot be taken."""
         lock_name = sidecar_name(name, "lock")
         lock_rel = os.path.join(os.path.dirname(key), lock_name)
+        try:  # a lock file made beside an existing object takes its mode and owner, as a replacement does
+            obj = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            obj = None
+        like = obj if obj is not None and stat.S_ISREG(obj.st_mode) else None
         try:
-            fd = local_lock.open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd))
+            fd = local_lock.open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777)
         except OSError as exc:
             if exc.errno in _REFUSED:
                 self._refuse(dir_fd, lock_name, lock_rel, exc)
             raise
         stack.callback(local_lock.unlock_and_close, fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             self._refuse(dir_fd, lock_name, lock_rel)
+        if like is not None and st.st_uid == os.geteuid() and (st.st_uid, st.st_gid) != (like.st_uid, like.st_gid):
+            _keep_owner(fd, like)  # ours (made just now, most likely): give it to the object's owner
         try:
             local_lock.lock(fd, self.lock_timeout)
         except TimeoutError:
