@@ -2,11 +2,11 @@
 
 ``handofflock run`` starts this script (by path, stdlib only, so it starts in a
 few milliseconds and imports nothing of the package) before the command, in a
-process group of its own in ``run``'s session: the terminal's signals and a
-kill of ``run``'s group pass it by, and the signals ``run`` sends to the
-command's session never reach it. It holds the read end of a pipe whose write
-end only ``run`` holds. ``run`` writes the command's session id on it; the
-watchdog then reads until end of file, which comes when ``run`` exits, however
+session of its own: the terminal's signals and a kill of ``run``'s group or
+session pass it by, and the signals ``run`` sends to the command never reach
+it. It holds the read end of a pipe whose write end only ``run`` holds.
+``run`` writes the command's cgroup on it before starting the command, and
+the command's session id right after; the watchdog then reads until end of file, which comes when ``run`` exits, however
 it ends (SIGKILL and an out-of-memory kill included). It then SIGKILLs every
 process of the command's cgroup, if ``run`` made one (that includes processes
 that left the session), and of that session, again until none is left (a
@@ -17,6 +17,10 @@ of a shell, or of ``timeout(1)``, would live on beside the next holder. On an
 ordinary exit ``run`` has already emptied the session and there is nothing to
 kill. A process that leaves the session (``setsid``, a daemon) escapes the
 session's kill, but not the cgroup's; without a cgroup it escapes (docs/jobs.md).
+
+The watchdog has a session of its own: a signal or SIGKILL to the session it
+was started from (an outer ``run`` stopping this one, say) passes it by, so it
+is there to clean up when its ``run`` dies.
 
 Usage (by ``run`` only): ``python -I -S _watchdog.py FD``.
 """
@@ -66,14 +70,33 @@ def session_members(sid: int, *, outside_group: int | None = None) -> list[int]:
 
 
 def cgroup_members(cgroup: str | None) -> list[int]:
-    """The processes in cgroup ``cgroup`` (a cgroup v2 directory), or none."""
+    """The processes in cgroup ``cgroup`` (a cgroup v2 directory) and in the cgroups below it, or none.
+
+    Below it: a ``run`` inside the command (nested) puts its own command in a
+    cgroup of its own, inside ours.
+    """
     if not cgroup:
         return []
-    try:
-        with open(os.path.join(cgroup, "cgroup.procs")) as f:
-            return [int(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
+    members = []
+    for path, _, _ in os.walk(cgroup):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                members += [int(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            continue
+    return members
+
+
+def _remove_tree(cgroup: str) -> bool:
+    """Remove ``cgroup`` and the (empty) cgroups below it, deepest first; True once it is gone."""
+    for path, _, _ in sorted(os.walk(cgroup), key=lambda entry: -entry[0].count(os.sep)):
+        try:
+            os.rmdir(path)  # a cgroup directory goes with rmdir once it holds no process
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return not os.path.exists(cgroup)
 
 
 def kill_cgroup(cgroup: str | None) -> None:
@@ -93,13 +116,8 @@ def kill_cgroup(cgroup: str | None) -> None:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        try:
-            os.rmdir(cgroup)  # only once empty (EBUSY before)
+        if _remove_tree(cgroup):  # only once empty (EBUSY before)
             return
-        except FileNotFoundError:
-            return
-        except OSError:
-            pass
         if time.monotonic() >= until:
             return
         time.sleep(0.02)
@@ -128,17 +146,17 @@ def main(argv: list[str]) -> int:
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGUSR1", "SIGUSR2", "SIGPIPE"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     fd = int(argv[1])
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = os.read(fd, 64)
-        if not chunk:
-            return 0  # run is gone before it named the session; PR_SET_PDEATHSIG ended the command
-        line += chunk
-    sid, _, cgroup = line.decode().strip().partition(" ")
-    while os.read(fd, 64):
-        pass
-    kill_cgroup(cgroup or None)
-    kill_session(int(sid))
+    data = b""
+    while chunk := os.read(fd, 4096):  # until run is gone, however it ends
+        data += chunk
+    # Lines run wrote: "cgroup PATH" before the command starts, "session SID" once it has.
+    # If run died in between, the cgroup alone says where the command is.
+    for line in data.decode(errors="replace").splitlines():
+        what, _, value = line.partition(" ")
+        if what == "cgroup" and value:
+            kill_cgroup(value)
+        elif what == "session" and value.isdigit():
+            kill_session(int(value))
     return 0
 
 

@@ -23,6 +23,7 @@ import errno
 import functools
 import math
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -91,9 +92,7 @@ class CommandRunner:
             return
         try:
             print(f"handofflock: {message}", file=sys.stderr, flush=True)
-        except (OSError, ValueError) as exc:  # EPIPE, EIO after SIGHUP, a closed stream
-            if isinstance(exc, OSError) and exc.errno not in (errno.EPIPE, errno.EIO, errno.EBADF):
-                raise
+        except (OSError, ValueError):  # EPIPE, EIO after SIGHUP, ENOSPC, a closed stream: never a reason to end
             self._stderr_broken = True  # say nothing more: each try would fail the same way
 
     # Signal handler: only appends and assigns (no I/O, no locks); the main loop acts.
@@ -176,12 +175,23 @@ class CommandRunner:
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
-        for sig in (signal.SIGTSTP, signal.SIGCONT):
+        for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous.setdefault(sig, signal.getsignal(sig))
                 signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
         watchdog = _start_watchdog()
         cgroup = _make_cgroup()
+        if watchdog is not None and cgroup is not None:
+            _tell(watchdog, f"cgroup {cgroup}")  # before the command exists: if run dies next, it is still found
+        if not lock.healthy:  # stopped (a background write to the terminal, Ctrl-Z) since the acquire
+            _remove_cgroup(cgroup)
+            if watchdog is not None:
+                os.close(watchdog)
+            try:
+                lock.release()  # a lost lock: writes nothing
+            except HandoffLockError:
+                pass
+            return fail(f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST)
         try:
             child = subprocess.Popen(command, env=env, start_new_session=True,
                                      preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
@@ -198,13 +208,10 @@ class CommandRunner:
             cgroup = None
         self.cgroup = cgroup
         if watchdog is not None:
-            try:
-                # The session id and the cgroup; the pipe closes when run exits.
-                os.write(watchdog, f"{child.pid} {cgroup or ''}\n".encode())
-            except OSError:
-                pass
+            _tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         killed_at: float | None = None
+        last_kill = 0.0
         lost = False
         returncode: int | None = None
         while True:
@@ -219,25 +226,28 @@ class CommandRunner:
             if os.getpid() == 1:
                 _reap_orphans(but=child.pid)
             while self.job_control:
-                if self.job_control.pop(0) == signal.SIGTSTP:
+                if self.job_control.pop(0) != signal.SIGCONT:  # Ctrl-Z, or a background read or write of the terminal
                     self._signal(child, signal.SIGSTOP)
+                    _freeze(self.cgroup, True)  # and any it forked while the stop went round
                     os.kill(os.getpid(), signal.SIGSTOP)  # continues here on SIGCONT (fg, bg, kill -CONT)
                 elif lock.healthy:
+                    _freeze(self.cgroup, False)
                     self._signal(child, signal.SIGCONT)
                     self.say(f"continued; {command[0]} continues")
                 else:  # stopped past the lease: the lock may be someone else's by now
                     self._signal(child, signal.SIGKILL)
+                    _freeze(self.cgroup, False)
                     self._signal(child, signal.SIGCONT)
                     killed_at = killed_at or now
                     self.say(f"continued after the lease ran out; killed {command[0]} instead of continuing it")
             if returncode is not None:
                 if not _group_alive(child.pid, self.cgroup):
                     break
-                if killed_at is not None and now >= killed_at + 2.0:
+                if killed_at is not None and now >= killed_at + 2.0 and not _live_members(child.pid, self.cgroup):
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
                     self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
-                    self._signal(child, self.stop_signal)
+                    _signal_group(child, self.stop_signal, self.cgroup, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
                 sig = self.pending.pop(0)
@@ -251,7 +261,8 @@ class CommandRunner:
                 self.say(f"LOST {lock.url}; stopping the command: its work is no longer protected")
                 self._send(child, self.stop_signal, "sending")
                 kill_at = min(kill_at or float("inf"), now + self.args.grace)
-            elif kill_at is None and lock.release_requested:
+            elif kill_at is None and lock.release_requested and self.first_signal is None:
+                # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
                 who = f"{request.requester} ({request.reason})" if request else "someone"
                 self.say(f"{who} asks for {lock.url}")
@@ -260,7 +271,12 @@ class CommandRunner:
             if kill_at is not None and killed_at is None and now >= kill_at:
                 self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
                 self._signal(child, signal.SIGKILL)
-                killed_at = now
+                killed_at = last_kill = now
+            elif killed_at is not None and now >= last_kill + 1.0:
+                # Still some left: a child forked while the last kill went round, or one we may not
+                # signal (a setuid program). The lock is not released while any of them lives.
+                self._signal(child, signal.SIGKILL)
+                last_kill = now
         assert returncode is not None
         _remove_cgroup(self.cgroup)
         if watchdog is not None:
@@ -284,6 +300,13 @@ class CommandRunner:
         self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
 
 
+def _tell(watchdog: int, line: str) -> None:
+    try:
+        os.write(watchdog, f"{line}\n".encode())
+    except OSError:
+        pass
+
+
 def _start_watchdog() -> int | None:
     """Start the watchdog (handofflock/_watchdog.py); return the write end of its pipe, or None.
 
@@ -301,7 +324,7 @@ def _start_watchdog() -> int | None:
         subprocess.Popen(
             [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
             pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            preexec_fn=_own_process_group,
+            start_new_session=True,  # out of reach of the terminal, and of an outer run stopping this one
         )
     except OSError:
         os.close(write_end)
@@ -309,11 +332,6 @@ def _start_watchdog() -> int | None:
     finally:
         os.close(read_end)
     return write_end
-
-
-def _own_process_group() -> None:
-    """In the watchdog, before exec: a process group of its own, out of reach of the terminal's signals."""
-    os.setpgid(0, 0)
 
 
 def _make_cgroup() -> str | None:
@@ -330,7 +348,8 @@ def _make_cgroup() -> str | None:
         with open("/proc/self/mountinfo") as f:
             mount = next(fields[4] for fields in (line.split() for line in f)
                          if "-" in fields and fields[fields.index("-") + 1] == "cgroup2")
-        path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}")
+        # The pid alone is not unique: every run that is PID 1 of a container would be "1".
+        path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}-{secrets.token_hex(3)}")
         os.mkdir(path)
         return path
     except (OSError, StopIteration, ValueError, IndexError):
@@ -389,27 +408,61 @@ def _session_members(sid: int, *, children_of: int | None = None, zombies: bool 
     return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
 
 
-def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None) -> None:
-    """Send ``sig`` to every process of the command: its group, the rest of its session, its cgroup.
+#: Signals that go to every process of the command, not only to its process group.
+TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
-    A job-control shell or GNU ``timeout`` inside the command puts processes in
-    process groups of their own, in the same session; signalling the command's
-    group alone would miss them. A daemon that left the session is still in
-    the command's cgroup, where there is one. Each process gets one copy.
+
+def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None) -> None:
+    """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
+
+    A polite signal (the stop signal, a signal passed on) goes to the command's
+    process group, as a terminal would send it: a supervisor inside (GNU
+    ``timeout``, a job-control shell) relays it to the groups it made, and a
+    second copy sent to them directly would be one too many (to many programs
+    a second SIGINT means "abort now"). KILL, STOP and CONT (``everyone``, the
+    default for them) go to every process: the rest of the session, and the
+    command's cgroup where there is one (a daemon that left the session is
+    still in it). Each process gets one copy. Nothing of the command outlives
+    the hold either way: what the polite signal did not end is killed after
+    the grace, and the lock moves on only once none is left.
     """
+    if everyone is None:
+        everyone = sig in TO_EVERYONE
     try:
         os.killpg(child.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    if not everyone:
+        return
     members = _watchdog.session_members(child.pid, outside_group=child.pid)
     if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
-        stats = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
-        members += [pid for pid in _watchdog.cgroup_members(cgroup) if stats.get(pid, child.pid) != child.pid and pid not in members]
+        groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
+        # One born since the group was signalled is signalled too: it did not get that copy.
+        members += [pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members]
     for pid in members:
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _live_members(pgid: int, cgroup: str | None) -> bool:
+    """Whether a live (not zombie) process of the command's session or cgroup is left."""
+    if _session_members(pgid):
+        return True
+    zombies = {pid for pid, state, _, _, _ in _watchdog.processes() if state == b"Z"}
+    return any(pid not in zombies for pid in _watchdog.cgroup_members(cgroup))
+
+
+def _freeze(cgroup: str | None, frozen: bool) -> None:
+    """Freeze (or thaw) the command's cgroup, where there is one: every process at once."""
+    if cgroup is None:
+        return
+    try:
+        with open(os.path.join(cgroup, "cgroup.freeze"), "w") as f:
+            f.write("1" if frozen else "0")
+    except OSError:
+        pass
 
 
 def _group_alive(pgid: int, cgroup: str | None = None) -> bool:

@@ -52,11 +52,18 @@ def start_run(lock: Path, *cmd: str, stderr=subprocess.PIPE, extra: tuple[str, .
     """``run`` and the pid of its command (which leads a session of its own)."""
     proc = subprocess.Popen([str(CONSOLE_SCRIPT), "run", str(lock), "--grace", "3", *extra, "--", *cmd],
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=child_env())
-    def command() -> int | None:  # run's other child is its watchdog, in run's session
-        return next((c for c in children(proc.pid) if (st := stat(c)) and st[2] == c), None)
+    def command() -> int | None:  # run's other child is its watchdog (a session of its own too)
+        return next((c for c in children(proc.pid) if (st := stat(c)) and st[2] == c and not _is_watchdog(c)), None)
 
     cmd_pid = eventually(command, timeout=20, what="the command started")
     return proc, cmd_pid
+
+
+def _is_watchdog(pid: int) -> bool:
+    try:
+        return b"_watchdog.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def gone(pids: list[int], timeout: float = 10.0) -> None:
@@ -152,6 +159,47 @@ def test_a_daemon_that_left_the_session_is_stopped_with_the_command_through_its_
     record, _ = raw_read((tmp_path / "lock.json").as_uri())
     assert record.owner_id is None
     assert not os.path.exists(os.path.join(_cgroup_parent(), f"handofflock-run-{proc.pid}")), "the cgroup was removed"
+
+
+@pytest.mark.skipif(not _cgroup_v2_writable(), reason="needs a writable cgroup v2 hierarchy (no cgroup, or no delegation here): run falls back to the session")
+def test_a_nested_run_leaves_nothing_of_its_command_when_the_outer_run_lets_go(tmp_path):
+    """run A -- run B -- CMD, where CMD ignores SIGTERM and has a child. A SIGTERM to the outer run:
+    after its grace it kills the inner run; the inner command's child is in the inner session, which
+    the outer run never looks at, but in a cgroup below the outer one. Before, lock A was released
+    with that child running, and the two cgroup directories were left behind."""
+    marker = f"{os.getpid()}.5"  # a unique sleep argument
+    outer = subprocess.Popen([str(CONSOLE_SCRIPT), "run", str(tmp_path / "a.json"), "--grace", "1", "--",
+                              str(CONSOLE_SCRIPT), "run", str(tmp_path / "b.json"), "--grace", "5", "--",
+                              "sh", "-c", f'trap "" TERM; sleep 3{marker} & wait'],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+
+    def sleeper() -> int | None:
+        return next((int(e) for e in os.listdir("/proc") if e.isdigit() and _cmdline(int(e)) == f"sleep 3{marker}"), None)
+
+    child = eventually(sleeper, timeout=20, what="the inner command's child started")
+    parent = _cgroup_parent()
+    os.kill(outer.pid, signal.SIGTERM)
+    reap(outer)
+    assert stat(child) is None, "the inner command's child outlived lock A"
+    assert raw_read((tmp_path / "a.json").as_uri())[0].owner_id is None
+    assert not [d for d in os.listdir(parent) if d == f"handofflock-run-{outer.pid}" or d.startswith(f"handofflock-run-{outer.pid}-")], "cgroups left behind"
+
+
+def test_a_status_line_that_cannot_be_written_never_ends_run(tmp_path):
+    """stderr on a full disk (ENOSPC): before, run exited 1 at its first status line, leaving the
+    lock held until its lease ran out and the command running unsupervised."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--", "sh", "-c", "exit 3"],
+                              stderr=full, stdout=subprocess.PIPE, timeout=60, env=child_env())
+    assert done.returncode == 3
+    assert raw_read((tmp_path / "lock.json").as_uri())[0].owner_id is None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
 
 
 def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_path):
