@@ -21,8 +21,10 @@ overwritten. See ``docs/fencing.md``.
 from __future__ import annotations
 
 import math
+import os
 import posixpath
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -52,6 +54,9 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 #: Nonces of the last writes kept in the document, so a writer whose reply was
 #: lost can tell that its write landed even if a few others wrote after it.
 RECENT_NONCES = 16
+
+#: Every live fenced object, so that a forked child can give each a new mutex.
+_FENCES: "weakref.WeakSet[FencedObject]" = weakref.WeakSet()
 
 _KNOWN = ("handofflockFence", "highestToken", "writerId", "writtenAt", "recentNonces", "payload")
 
@@ -158,6 +163,7 @@ class FencedObject:
         self._lock = _lock
         self._mutex = threading.Lock()
         self._cached: tuple[int, _Doc] | None = None  # (generation, document) as last seen or written
+        _FENCES.add(self)
 
     @classmethod
     def beside(cls, lock: "HandoffLock", name: str, **kwargs: Any) -> "FencedObject":
@@ -393,3 +399,14 @@ def _non_finite(value: Any, path: str) -> str | None:
 def _url(storage: Storage) -> str | None:
     return getattr(storage, "url", None)
 
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: new mutexes (a parent thread may have been inside a write), no cached view."""
+    for fence in list(_FENCES):
+        fence._mutex = threading.Lock()
+        fence._cached = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -541,12 +541,14 @@ class HandoffLock:
         self._notified_waiters.clear()
         self._state = HELD
         _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
+        if record.waiter_live(self._clock.time()) and record.waiter_instance != self._instance:
+            # A waiter already in the record we took (it registered while the lock was being
+            # handed to us): our renewals write against this very generation and never meet it,
+            # so the first waiter check runs now, not an interval later. It runs in the
+            # background, after acquire() has returned: receivers never run inside acquire().
+            self._next_check = self._clock.monotonic()
         self._schedule()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
-        # A waiter already in the record we took (it registered while the lock was being handed
-        # to us) is asked for now, not at the first waiter check an interval later.
-        self._note_waiter(record)
-        self._notify()
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
         """A handed-over lease with less than ``renew_interval`` of validity left is renewed before we return.
@@ -1153,6 +1155,7 @@ def _disarm_inherited() -> None:
         lock._pending_notices = []
         lock._pending_events = []
         lock._scheduler = None
+        lock.token = None  # the parent's: a fenced write in the child must not carry it
         lock.release_requested = False
         lock.release_request = None
 

@@ -48,9 +48,16 @@ def test_a_forked_child_neither_hangs_nor_touches_its_parents_lock(kind, request
     which before hung on a scheduler mutex inherited locked, or could release the parent's lock; a
     SIGTERM ends the child as if no handler were installed. The parent keeps its lock throughout."""
     out = scenario("held", url_for(kind, request, tmp_path))
-    expected_child = {"is_held": False, "healthy": False, "release": "InheritedAcrossFork",
+    expected_child = {"is_held": False, "healthy": False, "token": None, "release": "InheritedAcrossFork",
                       "acquire": "InheritedAcrossFork", "own": True, "own_healthy": True}
     assert out["exit"] == {"child": expected_child, "status": 0}
     assert out["sigterm"] == {"child": expected_child, "status": -signal.SIGTERM}
     assert out["parent_healthy"] and out["token_kept"]
     assert out["record_owner"] == "parent"
+
+
+def test_a_child_forked_during_a_fenced_write_can_use_the_fence(tmp_path):
+    """The fence's mutex is held across store I/O and the write gate (up to a second per write on
+    GCS): a child forked meanwhile waited forever for a thread that does not exist in it."""
+    out = scenario("fence-mutex", (tmp_path / "jobs" / "latest.json").as_uri())
+    assert out["child_status"] == 0

@@ -57,7 +57,8 @@ def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handof
     """The owner hands over to H; before H's next poll reads the handoff, C registers as the
     waiter. The record H takes already names C, and H's renewals, which write against that very
     generation, would never meet C: before, H heard of C only at its first waiter check, a full
-    check interval later (30 s here). Now acquire() returns with the request already sent."""
+    check interval later (30 s here). Now that check runs at once, after acquire() has returned
+    (receivers never run inside acquire(): the caller has not loaded its state yet)."""
     owner = world.lock("O", ttl=10.0)
     heir = world.lock("H", ttl=10.0, waiter_check_interval=30.0)
     asked: list[str] = []
@@ -74,6 +75,8 @@ def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handof
     with signals.on_release_requested.connected_to(hand_over, sender=owner), \
             signals.on_release_requested.connected_to(heir_asked, sender=heir):
         assert heir.acquire(timeout=30)
+        assert asked == [], "a receiver ran inside acquire()"
+        world.sched.run_pending()  # the scheduler's next pass, no time passing
         assert heir.release_requested and asked == ["C"], "the heir did not hear of the waiter in the record it took"
 
 

@@ -83,7 +83,7 @@ def held(url: str) -> dict:
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            seen = {"is_held": lock.is_held, "healthy": lock.healthy}
+            seen = {"is_held": lock.is_held, "healthy": lock.healthy, "token": lock.token}
             for name, call in (("release", lock.release), ("acquire", lambda: lock.acquire(blocking=False))):
                 try:
                     call()
@@ -114,11 +114,32 @@ def held(url: str) -> dict:
     return report
 
 
+def fence_mutex(url: str) -> dict:
+    """A child forked while a parent thread is inside a fenced write (holding the fence's mutex):
+    the child's own read of the fence must not wait for a thread that does not exist there."""
+    from handofflock import FencedObject
+    from handofflock.storage import open_url
+
+    store, key = open_url(url)
+    fence = FencedObject(store, key, writer_id="parent", min_write_interval=0.0)
+    fence.write({"step": 1}, token=5)
+    fence._mutex.acquire()  # as a write in another thread holds it (across store I/O and the write gate)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # a hang ends the child with SIGALRM
+        value = fence.read()
+        os._exit(0 if value.payload == {"step": 1} else 2)
+    fence._mutex.release()
+    return {"child_status": wait_child(pid, 30)}
+
+
 def main(argv: list[str]) -> int:
     if argv[1] == "gcs-reads":
         out = gcs_reads(argv[2], int(argv[3]))
     elif argv[1] == "held":
         out = held(argv[2])
+    elif argv[1] == "fence-mutex":
+        out = fence_mutex(argv[2])
     else:
         raise SystemExit(f"unknown scenario {argv[1]!r}")
     print(orjson.dumps(out).decode(), flush=True)
