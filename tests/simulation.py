@@ -505,6 +505,11 @@ class World:
         except (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld) as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
             result = exc
+            if isinstance(exc, TransientStorageError) and "could not give back the waiter slot" in str(exc):
+                # The documented way out when every give-back write met a newer generation for the
+                # whole give-up budget (an owner renewing faster than a read and a write take):
+                # the error says so, and the slot expires by itself within waiter_ttl.
+                party.faults_seen += 1
         except HandoffLockError as exc:
             if "already" in str(exc):  # a concurrent acquire/release of the same instance: the API says no
                 return exc
