@@ -227,16 +227,17 @@ class CommandRunner:
                 _reap_orphans(but=child.pid)
             while self.job_control:
                 if self.job_control.pop(0) != signal.SIGCONT:  # Ctrl-Z, or a background read or write of the terminal
-                    self._signal(child, signal.SIGSTOP)
-                    _freeze(self.cgroup, True)  # and any it forked while the stop went round
+                    for _ in range(10):  # again, for any child forked while the stop went round
+                        self._signal(child, signal.SIGSTOP)
+                        if _all_stopped(child.pid, self.cgroup):
+                            break
+                        time.sleep(0.01)
                     os.kill(os.getpid(), signal.SIGSTOP)  # continues here on SIGCONT (fg, bg, kill -CONT)
                 elif lock.healthy:
-                    _freeze(self.cgroup, False)
                     self._signal(child, signal.SIGCONT)
                     self.say(f"continued; {command[0]} continues")
                 else:  # stopped past the lease: the lock may be someone else's by now
                     self._signal(child, signal.SIGKILL)
-                    _freeze(self.cgroup, False)
                     self._signal(child, signal.SIGCONT)
                     killed_at = killed_at or now
                     self.say(f"continued after the lease ran out; killed {command[0]} instead of continuing it")
@@ -454,15 +455,11 @@ def _live_members(pgid: int, cgroup: str | None) -> bool:
     return any(pid not in zombies for pid in _watchdog.cgroup_members(cgroup))
 
 
-def _freeze(cgroup: str | None, frozen: bool) -> None:
-    """Freeze (or thaw) the command's cgroup, where there is one: every process at once."""
-    if cgroup is None:
-        return
-    try:
-        with open(os.path.join(cgroup, "cgroup.freeze"), "w") as f:
-            f.write("1" if frozen else "0")
-    except OSError:
-        pass
+def _all_stopped(pgid: int, cgroup: str | None) -> bool:
+    """Whether every live process of the command's session and cgroup is stopped (a stopped one cannot fork)."""
+    states = {pid: state for pid, state, _, _, _ in _watchdog.processes()}
+    members = set(_session_members(pgid)) | set(_watchdog.cgroup_members(cgroup))
+    return all(states.get(pid, b"Z") in (b"T", b"t", b"Z") for pid in members)
 
 
 def _group_alive(pgid: int, cgroup: str | None = None) -> bool:

@@ -52,18 +52,20 @@ def start_run(lock: Path, *cmd: str, stderr=subprocess.PIPE, extra: tuple[str, .
     """``run`` and the pid of its command (which leads a session of its own)."""
     proc = subprocess.Popen([str(CONSOLE_SCRIPT), "run", str(lock), "--grace", "3", *extra, "--", *cmd],
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=child_env())
-    def command() -> int | None:  # run's other child is its watchdog (a session of its own too)
-        return next((c for c in children(proc.pid) if (st := stat(c)) and st[2] == c and not _is_watchdog(c)), None)
+    def command() -> int | None:
+        # run's other child is its watchdog, a session leader too; and a child that has not
+        # exec'd yet still shows run's own command line: wait for the command's own.
+        return next((c for c in children(proc.pid) if (st := stat(c)) and st[2] == c and _argv0(c) == cmd[0]), None)
 
     cmd_pid = eventually(command, timeout=20, what="the command started")
     return proc, cmd_pid
 
 
-def _is_watchdog(pid: int) -> bool:
+def _argv0(pid: int) -> str | None:
     try:
-        return b"_watchdog.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def gone(pids: list[int], timeout: float = 10.0) -> None:
