@@ -9,6 +9,7 @@ the command is left running once ``run`` is gone or the lock has moved on.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -217,6 +218,26 @@ def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_p
     os.kill(proc.pid, signal.SIGTERM)
     reap(proc)
     gone(members)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash (job control without a terminal)")
+def test_a_job_control_shell_leaves_nothing_behind_when_the_lock_moves_on(tmp_path):
+    """A shell with job control on (bash, set -m) puts each background job in a process group of its own:
+    a signal to the command's group reaches the shell alone. The jobs must still be gone before the
+    lock is released."""
+    proc, cmd = start_run(tmp_path / "lock.json", "bash", "-c", "set -m; sleep 61 & sleep 62 & wait")
+
+    def three() -> list[int] | None:
+        members = session_of(cmd)
+        return members if len(members) >= 3 else None
+
+    members = eventually(three, timeout=20, what="the shell and its two jobs")
+    groups = {int(Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()[2]) for p in members}
+    assert len(groups) >= 3, "each job has a process group of its own"
+    os.kill(proc.pid, signal.SIGTERM)
+    reap(proc)
+    gone(members)
+    assert raw_read((tmp_path / "lock.json").as_uri())[0].owner_id is None
 
 
 @pytest.mark.parametrize("stderr", ["pipe", "terminal"])
