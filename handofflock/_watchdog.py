@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 #: How long the watchdog keeps killing a session that keeps forking.
 KILL_FOR = 5.0
@@ -99,47 +100,53 @@ def _remove_tree(cgroup: str) -> bool:
     return not os.path.exists(cgroup)
 
 
+def signal_each(pids: list[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids``; one that is gone, or not ours to signal, is passed over."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _until_done(kill_round: Callable[[], bool]) -> None:
+    """Repeat ``kill_round`` (True once nothing is left) every 20 ms, for at most ``KILL_FOR``:
+    a member may fork while it is being killed."""
+    until = time.monotonic() + KILL_FOR
+    while not kill_round() and time.monotonic() < until:
+        time.sleep(0.02)
+
+
 def kill_cgroup(cgroup: str | None) -> None:
     """SIGKILL every process in ``cgroup`` until it is empty (or ``KILL_FOR`` passes), then remove it."""
     if not cgroup:
         return
-    until = time.monotonic() + KILL_FOR
-    while True:
+
+    def kill_round() -> bool:
         try:
             with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:  # Linux 5.14+: the kernel does it all
                 f.write("1")
         except OSError:
             pass
-        members = cgroup_members(cgroup)
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if _remove_tree(cgroup):  # only once empty (EBUSY before)
-            return
-        if time.monotonic() >= until:
-            return
-        time.sleep(0.02)
+        signal_each(cgroup_members(cgroup), signal.SIGKILL)
+        return _remove_tree(cgroup)  # only once empty (EBUSY before)
+
+    _until_done(kill_round)
 
 
 def kill_session(sid: int) -> None:
     """SIGKILL the process group ``sid`` and every process of session ``sid`` until none is left."""
-    until = time.monotonic() + KILL_FOR
-    while True:
+
+    def kill_round() -> bool:
         try:
             os.killpg(sid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         members = session_members(sid)
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not members or time.monotonic() >= until:
-            return
-        time.sleep(0.02)
+        signal_each(members, signal.SIGKILL)
+        return not members
+
+    _until_done(kill_round)
 
 
 def main(argv: list[str]) -> int:

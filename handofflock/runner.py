@@ -440,11 +440,7 @@ def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, 
         groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
         # One born since the group was signalled is signalled too: it did not get that copy.
         members += [pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members]
-    for pid in members:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    _watchdog.signal_each(members, sig)
 
 
 def _live_members(pgid: int, cgroup: str | None) -> bool:
