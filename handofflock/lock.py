@@ -214,19 +214,24 @@ class HandoffLock:
         self._pending_notices: list[ReleaseRequest] = []
         self._pending_events: list[tuple[Any, dict[str, Any]]] = []
 
-        self._io = threading.Lock()  # serialises this lock's storage operations
-        self._cancel = threading.Event()
-        self._not_acquiring = threading.Event()  # set while no acquire() runs (release() waits on it)
-        self._not_acquiring.set()
+        self._new_primitives()
         self._next_release_try = float("inf")
-        self._notify_mutex = threading.Lock()
-        self._notifier_running = False
-        self._tls = threading.local()
         self._deferred_release = False
         self._after_deferred_release: list[Callable[[], Any]] = []
         self._gate: WriteGate | None = None
         self._pid = os.getpid()
         _INSTANCES.add(self)
+
+    def _new_primitives(self) -> None:
+        """The lock's mutexes, events and thread state, new: at construction, and in a forked child
+        (where one may have been held by a parent thread that does not exist there)."""
+        self._io = threading.Lock()  # serialises this lock's storage operations
+        self._cancel = threading.Event()
+        self._not_acquiring = threading.Event()  # set while no acquire() runs (release() waits on it)
+        self._not_acquiring.set()
+        self._notify_mutex = threading.Lock()
+        self._notifier_running = False
+        self._tls = threading.local()
 
     # ------------------------------------------------------------------ public state
 
@@ -1140,18 +1145,11 @@ def _disarm_inherited() -> None:
     The parent's lease, renewals and release are the parent's business; a child
     that released or renewed them (an inherited ``release_at_exit`` hook, say)
     would take the lock from under the parent, or hand it on while the parent
-    still works. The mutexes are new: one may have been held by a parent thread
-    that does not exist here.
+    still works.
     """
     for lock in list(_INSTANCES):
         lock._state = FORKED
-        lock._io = threading.Lock()
-        lock._notify_mutex = threading.Lock()
-        lock._notifier_running = False
-        lock._cancel = threading.Event()
-        lock._not_acquiring = threading.Event()
-        lock._not_acquiring.set()
-        lock._tls = threading.local()
+        lock._new_primitives()
         lock._pending_notices = []
         lock._pending_events = []
         lock._scheduler = None

@@ -84,13 +84,7 @@ class Scheduler:
 
     def __init__(self, clock: Clock | None = None, *, io_workers: int = IO_WORKERS, autostart: bool = True, name: str = "handofflock") -> None:
         self._clock = clock or Clock()
-        self._locks: dict[int, Any] = {}
-        self._running: set[int] = set()
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._start_empty()
         self._io_workers = io_workers
         self._autostart = autostart
         #: Run by hand (``autostart=False``: tests and simulations), the scheduler's caller also sends
@@ -98,23 +92,21 @@ class Scheduler:
         #: each lock's notifier thread, off the path that renews (see ``HandoffLock._notify``).
         self.notify_inline = not autostart
         self._name = name
-        self._gkeys: dict[int, tuple[int, str] | None] = {}
-        self._groups: dict[tuple[int, str], _Group] = {}
-        self._ungrouped: set[tuple[int, str]] = set()
         _SCHEDULERS.add(self)
 
-    def _reset_after_fork(self) -> None:
-        """In a forked child: no thread, no workers, no locks (the parent's are not ours), new mutexes."""
-        self._locks = {}
-        self._running = set()
+    def _start_empty(self) -> None:
+        """No locks, no thread, no workers, new mutexes: a new scheduler, and one in a forked child
+        (the parent's locks are not the child's, and its threads do not exist there)."""
+        self._locks: dict[int, Any] = {}
+        self._running: set[int] = set()
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = None
-        self._pool = None
-        self._gkeys = {}
-        self._groups = {}
-        self._ungrouped = set()
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._gkeys: dict[int, tuple[int, str] | None] = {}
+        self._groups: dict[tuple[int, str], _Group] = {}
+        self._ungrouped: set[tuple[int, str]] = set()
 
     # -- registration ---------------------------------------------------------
 
@@ -351,7 +343,7 @@ def _reset_after_fork() -> None:
     global _default_lock
     _default_lock = threading.Lock()
     for scheduler in list(_SCHEDULERS):
-        scheduler._reset_after_fork()
+        scheduler._start_empty()
 
 
 if hasattr(os, "register_at_fork"):
