@@ -45,6 +45,19 @@ def session_of(sid: int) -> list[int]:
     return out
 
 
+def members_of(sid: int, at_least: int, what: str) -> list[int]:
+    """The processes of session ``sid``, once there are ``at_least`` of them."""
+    def enough() -> list[int] | None:
+        members = session_of(sid)
+        return members if len(members) >= at_least else None
+
+    return eventually(enough, timeout=20, what=what)
+
+
+def process_groups(pids: list[int]) -> set[int]:
+    return {int(Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()[2]) for p in pids}
+
+
 def children(pid: int) -> list[int]:
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (st := stat(int(e))) and st[1] == pid]
 
@@ -98,11 +111,7 @@ def test_nothing_of_the_command_session_outlives_a_killed_run(tmp_path):
     at once, long before the lease (60 s) could pass to anyone else."""
     proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", "sleep 60 & timeout 60 sleep 61 & wait")
 
-    def three() -> list[int] | None:
-        members = session_of(cmd)
-        return members if len(members) >= 4 else None
-
-    members = eventually(three, timeout=20, what="sh, sleep, timeout and its sleep")
+    members = members_of(cmd, 4, "sh, sleep, timeout and its sleep")
     os.kill(proc.pid, signal.SIGKILL)
     reap(proc)
     gone(members, timeout=5)
@@ -208,13 +217,8 @@ def _cmdline(pid: int) -> str:
 def test_processes_in_their_own_process_group_are_stopped_with_the_command(tmp_path):
     """GNU timeout puts its child in a process group of its own; the handoff must not leave it running."""
     proc, cmd = start_run(tmp_path / "lock.json", "sh", "-c", "timeout 60 sleep 60; true")
-    def three() -> list[int] | None:
-        members = session_of(cmd)
-        return members if len(members) >= 3 else None
-
-    members = eventually(three, timeout=20, what="sh, timeout and sleep")
-    groups = {int(Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()[2]) for p in members}
-    assert len(groups) >= 2, "timeout(1) made a process group of its own"
+    members = members_of(cmd, 3, "sh, timeout and sleep")
+    assert len(process_groups(members)) >= 2, "timeout(1) made a process group of its own"
     os.kill(proc.pid, signal.SIGTERM)
     reap(proc)
     gone(members)
@@ -227,13 +231,8 @@ def test_a_job_control_shell_leaves_nothing_behind_when_the_lock_moves_on(tmp_pa
     lock is released."""
     proc, cmd = start_run(tmp_path / "lock.json", "bash", "-c", "set -m; sleep 61 & sleep 62 & wait")
 
-    def three() -> list[int] | None:
-        members = session_of(cmd)
-        return members if len(members) >= 3 else None
-
-    members = eventually(three, timeout=20, what="the shell and its two jobs")
-    groups = {int(Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()[2]) for p in members}
-    assert len(groups) >= 3, "each job has a process group of its own"
+    members = members_of(cmd, 3, "the shell and its two jobs")
+    assert len(process_groups(members)) >= 3, "each job has a process group of its own"
     os.kill(proc.pid, signal.SIGTERM)
     reap(proc)
     gone(members)
