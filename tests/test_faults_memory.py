@@ -427,6 +427,7 @@ def test_a_renewal_that_the_write_spacing_would_carry_past_its_deadline_fails_at
     """After 429s widened the spacing to 8 s, a renewal with 3 s left must not sleep 8 s holding the
     lock's I/O mutex and then write a lease the owner itself already counts as lost: it fails, and is
     retried (or given up at the deadline) like any transient failure."""
+    # Spacing 0 to start from: the 429s below are what widen it, to 8 s.
     a = world.lock("A", ttl=6.0, renew_interval=0.75, renew_deadline=3.0, min_write_interval=0.0, frozen=True)
     assert a.acquire(timeout=10)
     gate = pacing.gate_for(world.store, KEY, 0.0, world.clock)

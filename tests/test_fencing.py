@@ -315,6 +315,8 @@ def test_racing_writers_that_all_passed_the_check_cannot_all_write(any_store, se
     results_lock = threading.Lock()
 
     def writer(token: int) -> None:
+        # No pacing: the writers stand for separate processes, whose writes no gate spaces; one
+        # gate in this process would queue them a second apart on GCS, and there would be no race.
         f = FencedObject(store, KEY, writer_id=f"w{token}", min_write_interval=0.0)
         try:
             written = f.append(token, token=token)
@@ -342,6 +344,7 @@ def test_racing_writers_that_all_passed_the_check_cannot_all_write(any_store, se
 
 
 def test_on_every_backend_a_stale_token_changes_nothing_and_a_corrupt_object_is_kept(any_store):
+    # No pacing: what is tested is what is refused and kept, not when writes go out.
     fence(any_store, "B", min_write_interval=0.0).write("b", token=8)
     before = any_store.read(KEY)
     for writer, token in (("A", 7), ("A", 8)):  # lower, and equal from another writer

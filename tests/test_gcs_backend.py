@@ -573,6 +573,7 @@ def test_every_request_names_the_user_project_when_one_is_given(proxy, bucket):
 
 def test_a_lock_on_a_gs_url_with_user_project_names_it_in_every_request(proxy, bucket):
     with proxy.env():
+        # No pacing: the subject is the query parameter of each request, not their spacing.
         lock = HandoffLock(f"gs://{bucket}/locks/a.json?userProject=billing-123", ttl=5.0, min_write_interval=0)
         with lock:
             pass

@@ -75,7 +75,12 @@ def base(request):
 
 @pytest.fixture
 def held(base):
-    """N locks held under one prefix on a fake clock, with a scheduler that runs only when told."""
+    """N locks held under one prefix on a fake clock, with a scheduler that runs only when told.
+
+    Without pacing (here and below): these tests count the requests of waiter checks, which
+    pacing does not change; each lock is its own object, so GCS's per-object spacing would only
+    delay the renewals of the fake clock, not the counts.
+    """
     clock = FakeClock(start=time.time())
     sched = Scheduler(clock, autostart=False)
     locks = [
