@@ -45,6 +45,9 @@ def test_a_handoff_between_two_processes_notifies_the_owner_and_raises_the_token
     notice = o["noticed"]["t"] - w["waiting"]["t"]
     handoff = w["acquired"]["t"] - o["released"]["t"]
     # waiter_check_interval is 0.5 s and waiter_poll_interval 0.2 s in lockproc; allow for process start-up noise.
-    assert 0 <= notice < 0.5 + 1.0, notice
+    # The waiter stamps "waiting" when its write's reply arrives; the owner may read the registration
+    # before that (seen: 0.6 ms earlier, on a loaded machine), so a notice may precede the stamp by up
+    # to a round trip.
+    assert -0.25 <= notice < 0.5 + 1.0, notice
     assert 0 <= handoff < 0.2 + 1.0, handoff
     print(f"\n[{backend}] notice latency {notice * 1000:.0f} ms, handoff latency {handoff * 1000:.0f} ms")
