@@ -49,5 +49,5 @@ def test_a_handoff_between_two_processes_notifies_the_owner_and_raises_the_token
     # before that (seen: 0.6 ms earlier, on a loaded machine), so a notice may precede the stamp by up
     # to a round trip.
     assert -0.25 <= notice < 0.5 + 1.0, notice
-    assert 0 <= handoff < 0.2 + 1.0, handoff
+    assert -0.25 <= handoff < 0.2 + 1.0, handoff  # "released" too is stamped after the reply arrives
     print(f"\n[{backend}] notice latency {notice * 1000:.0f} ms, handoff latency {handoff * 1000:.0f} ms")
