@@ -5,9 +5,9 @@
 ...     ...  # lock.release_requested turns True when a waiter asks; leaving hands off
 """
 
-from . import signals
-from .clock import Clock, FakeClock
-from .errors import (
+from ._version import __version__
+from .core.clock import Clock, FakeClock
+from .core.errors import (
     AcquireCancelled,
     ConfigurationError,
     FencedObjectCorrupt,
@@ -31,16 +31,13 @@ from .errors import (
     TransientStorageError,
 )
 from .fencing import FencedObject, FencedValue
-from .lock import HandoffLock, LockStatus, ReleaseRequest
+from .lock import HandoffLock, LockStatus, ReleaseRequest, Scheduler, Steps
+from .lock import events as signals
 from .preemption import PreemptionWatcher
-from .record import LockRecord
+from .core.record import LockRecord
 from .repair import ForcedRelease, force_release
-from .scheduler import Scheduler
-from .signal_handlers import SignalHandlers, install_signal_handlers
-from .timing import Timing
-from .training import Steps
-
-__version__ = "0.1.0"
+from .os_signals import SignalHandlers, install_signal_handlers
+from .core.timing import Timing
 
 __all__ = [
     "Clock",

@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from .errors import (
+from .core.errors import (
     ConfigurationError,
     HandoffLockError,
     LockContended,
@@ -58,8 +58,8 @@ from .exit_codes import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from .lock import HandoffLock, LockStatus
-from .record import LockRecord
+from .lock.handoff import HandoffLock, LockStatus
+from .core.record import LockRecord
 from .repair import force_release
 from .runner import CommandRunner, fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url

@@ -25,9 +25,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from . import signals
+from .lock import events as signals
 from .fencing import FencedObject
-from .lock import HandoffLock
+from .lock.handoff import HandoffLock
 
 TOTAL_STEPS = 100
 STEP_SECONDS = 0.05
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="handofflock-demo-")))
         url = args.url
         if args.emulator:
-            from .testing import FakeGCSServer
+            from .testing.emulator import FakeGCSServer
 
             server = stack.enter_context(FakeGCSServer())
             stack.enter_context(server.env())

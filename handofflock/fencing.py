@@ -4,7 +4,7 @@ A lease cannot stop a paused process: it wakes up believing it still holds the
 lock while a newer holder works. What can stop it is the resource refusing its
 writes. A :class:`FencedObject` is a JSON document in the lock's store that
 remembers the highest fencing token it accepted and refuses any write with a
-lower one (:class:`~handofflock.errors.StaleToken`). Every check-then-write is
+lower one (:class:`~handofflock.core.errors.StaleToken`). Every check-then-write is
 one generation-matched write, so two writers cannot both pass the check.
 
 Document (version 1)::
@@ -14,7 +14,7 @@ Document (version 1)::
 
 ``payload`` is the caller's JSON value (a list for a journal built with
 :meth:`FencedObject.append`). Unknown fields are kept. Anything else off raises
-:class:`~handofflock.errors.FencedObjectCorrupt`; such an object is never
+:class:`~handofflock.core.errors.FencedObjectCorrupt`; such an object is never
 overwritten. See ``docs/fencing.md``.
 """
 
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from .cas import read_retrying, write_resolving
-from .clock import Clock
-from .errors import (
+from .storage.cas import read_retrying, write_resolving
+from .core.clock import Clock
+from .core.errors import (
     ConfigurationError,
     FencedObjectCorrupt,
     FencedObjectFull,
@@ -40,12 +40,12 @@ from .errors import (
     PreconditionFailed,
     StaleToken,
 )
-from .pacing import default_write_interval, gate_for
-from .record import MAX_TOKEN, _is_int, _is_number, id_problem, new_nonce
+from .storage.pacing import default_write_interval, gate_for
+from .core.record import MAX_TOKEN, _is_int, _is_number, id_problem, new_nonce
 from .storage import Storage, validate_key
 
 if TYPE_CHECKING:
-    from .lock import HandoffLock
+    from .lock.handoff import HandoffLock
 
 #: The document format version this release reads and writes.
 FENCE_VERSION = 1
@@ -142,7 +142,7 @@ class FencedObject:
         self._storage = storage
         self.key = validate_key(key)
         if writer_id is None:
-            from .lock import default_owner_id
+            from .lock.handoff import default_owner_id
 
             writer_id = default_owner_id()
         if (problem := id_problem(writer_id, "writer_id")) is not None:

@@ -30,10 +30,10 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .errors import ConfigurationError
+from .core.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .lock import HandoffLock
+    from .lock.handoff import HandoffLock
 
 _log = logging.getLogger("handofflock.preemption")
 

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Union
 
 import orjson
 
-from .cas import read_retrying, write_resolving
-from .clock import Clock
-from .errors import LockRecordCorrupt, PreconditionFailed
-from .protocol import next_token
-from .record import MAX_TOKEN, LockRecord, new_nonce
+from .storage.cas import read_retrying, write_resolving
+from .core.clock import Clock
+from .core.errors import LockRecordCorrupt, PreconditionFailed
+from .core.protocol import next_token
+from .core.record import MAX_TOKEN, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, open_url
 
 if TYPE_CHECKING:
-    from .lock import HandoffLock
+    from .lock.handoff import HandoffLock
 
 _log = logging.getLogger("handofflock.repair")
 

@@ -33,11 +33,11 @@ import time
 from typing import Any
 
 from . import _watchdog
-from . import signals as lock_signals
-from .errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .lock import events as lock_signals
+from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
-from .lock import HandoffLock
-from .signal_handlers import parse_signal
+from .lock.handoff import HandoffLock
+from .os_signals import parse_signal
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
 #: in the terminal's foreground group, so Ctrl-C reaches it only this way.

@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from handofflock import Clock, FakeClock, HandoffLock, LockRecord, Scheduler, signals  # noqa: E402
-from handofflock.lock import HELD  # noqa: E402
-from handofflock.scheduler import IO_WORKERS  # noqa: E402
+from handofflock.lock.handoff import HELD  # noqa: E402
+from handofflock.lock.scheduler import IO_WORKERS  # noqa: E402
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.testing import FakeGCSServer  # noqa: E402
 

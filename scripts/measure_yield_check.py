@@ -14,7 +14,7 @@ import sys
 import timeit
 
 from handofflock import HandoffLock
-from handofflock.scheduler import Scheduler
+from handofflock.lock.scheduler import Scheduler
 
 
 def best_ns(stmt: str, env: dict, number: int) -> float:

@@ -37,7 +37,7 @@ from pathlib import Path
 import orjson
 
 from handofflock import HandoffLock, HandoffLockError, LockLost, StaleToken, signals
-from handofflock.clock import Clock
+from handofflock.core.clock import Clock
 from handofflock.fencing import FencedObject
 from handofflock.storage.gcs import GCSStorage
 

@@ -8,7 +8,7 @@ import uuid
 from typing import Any, Callable
 
 from handofflock import HandoffLock
-from handofflock.record import LockRecord
+from handofflock.core.record import LockRecord
 from handofflock.storage import open_url
 
 _n = itertools.count()

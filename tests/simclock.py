@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from handofflock.clock import FakeClock
+from handofflock.core.clock import FakeClock
 
 
 class SimClock(FakeClock):

@@ -54,9 +54,9 @@ from handofflock import (
     protocol,
     signals,
 )
-from handofflock.clock import Clock
+from handofflock.core.clock import Clock
 from handofflock.fencing import FencedObject, decode_fence
-from handofflock.lock import HandoffLock as _Lock
+from handofflock.lock.handoff import HandoffLock as _Lock
 from handofflock.storage import MemoryStorage
 
 KEY = "locks/sim.json"

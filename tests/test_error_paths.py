@@ -34,7 +34,7 @@ from handofflock import (
     signals,
 )
 from handofflock.fencing import FencedObject
-from handofflock.record import MAX_TOKEN
+from handofflock.core.record import MAX_TOKEN
 from handofflock.storage import MemoryStorage
 from test_faults_memory import KEY, World, world  # noqa: F401  (the fixture)
 

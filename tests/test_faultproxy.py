@@ -14,8 +14,8 @@ import uuid
 import pytest
 import requests
 
-from handofflock.errors import StorageError, TransientStorageError
-from handofflock.faultproxy import FaultProxy, multipart_data
+from handofflock.core.errors import StorageError, TransientStorageError
+from handofflock.testing.faultproxy import FaultProxy, multipart_data
 from handofflock.storage.gcs import GCSStorage
 
 

@@ -15,7 +15,7 @@ such fault, for every transition:
   bytes, nonce included, and fails its precondition against itself);
 * no false LockLost, no double handoff, no lost waiter.
 
-Without the read-back (``handofflock.cas._landed`` answering "not landed")
+Without the read-back (``handofflock.storage.cas._landed`` answering "not landed")
 every one of these tests fails on the first point at least; the docstrings say
 what else would break. ``test_..._catches_a_lock_without_the_read_back`` runs
 the scenarios on such a lock to prove it.
@@ -23,7 +23,7 @@ the scenarios on such a lock to prove it.
 
 from __future__ import annotations
 
-from handofflock import cas
+from handofflock.storage import cas
 
 import threading
 import time
@@ -41,8 +41,8 @@ from handofflock import (
     TransientStorageError,
     signals,
 )
-from handofflock.faultproxy import Exchange, FaultProxy
-from handofflock.record import LockRecord
+from handofflock.testing.faultproxy import Exchange, FaultProxy
+from handofflock.core.record import LockRecord
 from handofflock.storage.gcs import GCSStorage
 from lockutil import FAST, eventually, raw_read, raw_write
 

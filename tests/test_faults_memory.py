@@ -21,7 +21,7 @@ simulated time and runs the scheduler, so the interleavings are deterministic.
 
 from __future__ import annotations
 
-from handofflock import cas
+from handofflock.storage import cas
 
 import itertools
 from dataclasses import dataclass
@@ -39,8 +39,8 @@ from handofflock import (
     TransientStorageError,
     signals,
 )
-from handofflock import pacing
-from handofflock.record import new_nonce
+from handofflock.storage import pacing
+from handofflock.core.record import new_nonce
 from handofflock.storage import MemoryStorage
 from simclock import SimClock
 

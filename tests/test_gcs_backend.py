@@ -33,7 +33,7 @@ from google.cloud import storage as google_storage
 import requests
 
 from handofflock import HandoffLock
-from handofflock.errors import (
+from handofflock.core.errors import (
     ConfigurationError,
     InvalidLockURL,
     NotFound,
@@ -41,7 +41,7 @@ from handofflock.errors import (
     StorageError,
     TransientStorageError,
 )
-from handofflock.faultproxy import FaultProxy
+from handofflock.testing.faultproxy import FaultProxy
 from handofflock.storage import gcs_deadline, open_url
 from handofflock.storage.gcs import GCSStorage
 

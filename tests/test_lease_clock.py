@@ -22,8 +22,8 @@ import time
 import pytest
 
 from handofflock import Clock, ConfigurationError, FakeClock, HandoffLock, TransientStorageError, signals
-from handofflock.cas import write_resolving
-from handofflock.pacing import gate_for
+from handofflock.storage.cas import write_resolving
+from handofflock.storage.pacing import gate_for
 from handofflock.storage import MemoryStorage
 from test_faults_memory import KEY, TimedStore, World, world  # noqa: F401  (the fixture)
 

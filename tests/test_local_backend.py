@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from handofflock import HandoffLock
-from handofflock.errors import (
+from handofflock.core.errors import (
     ConfigurationError,
     InvalidKey,
     LockingUnsupported,

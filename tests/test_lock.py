@@ -17,7 +17,7 @@ from handofflock import (
     Scheduler,
     signals,
 )
-from handofflock.record import LockRecord
+from handofflock.core.record import LockRecord
 from lockutil import FAST, eventually, make_lock, raw_read, raw_write, url_for
 
 

@@ -173,7 +173,7 @@ def test_an_owner_id_the_decoder_would_call_corrupt_is_refused_before_anything_i
     """The constructor applies the decoder's rule for ids: otherwise the lock would write a record
     that it, and every contender, then reads as corrupt, stuck until someone forces it."""
     from handofflock import ConfigurationError
-    from handofflock.record import LockRecord
+    from handofflock.core.record import LockRecord
 
     with pytest.raises(ConfigurationError, match="owner_id"):
         HandoffLock("memory://cfg/x.json", owner_id=owner_id)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from handofflock import protocol
-from handofflock.protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
-from handofflock.record import LockRecord
+from handofflock.core import protocol
+from handofflock.core.protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
+from handofflock.core.record import LockRecord
 
 NOW = 1_700_000_000.0
 POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)

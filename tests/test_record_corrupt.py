@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handofflock import HandoffLock, LockLost, LockRecord, LockRecordCorrupt, Scheduler, force_release, signals
-from handofflock.errors import PreconditionFailed
-from handofflock.protocol import next_token
-from handofflock.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL
+from handofflock.core.errors import PreconditionFailed
+from handofflock.core.protocol import next_token
+from handofflock.core.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL
 from handofflock.storage import MAX_RECORD_BYTES, MemoryStorage
 from conftest import BACKENDS, make_store
 from simclock import SimClock

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from handofflock import FakeClock, HandoffLock, Scheduler, signals
-from handofflock.errors import StorageError
+from handofflock.core.errors import StorageError
 from handofflock.storage import MemoryStorage, open_url
 from lockutil import eventually, raw_read, raw_write
 

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
-from handofflock.signal_handlers import DEFAULT_GRACE, install_signal_handlers, parse_signal
+from handofflock.os_signals import DEFAULT_GRACE, install_signal_handlers, parse_signal
 from handofflock.storage import MemoryStorage
 from jobsutil import shared_url  # noqa: F401
 
@@ -171,7 +171,7 @@ CHILD = textwrap.dedent(
     """
     import itertools, signal, sys, time
     from handofflock import HandoffLock, signals
-    from handofflock.signal_handlers import install_signal_handlers
+    from handofflock.os_signals import install_signal_handlers
 
     url, mode = sys.argv[1], sys.argv[2]
     lock = HandoffLock(url, ttl=30.0, owner_id="child")

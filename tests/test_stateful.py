@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from handofflock import Clock, HandoffLock, HandoffLockError, signals
-from handofflock.errors import TransientStorageError
-from handofflock.record import LockRecord
+from handofflock.core.errors import TransientStorageError
+from handofflock.core.record import LockRecord
 from handofflock.repair import force_release
-from handofflock.scheduler import Scheduler
+from handofflock.lock.scheduler import Scheduler
 from handofflock.storage import MemoryStorage
 from simclock import SimClock
 from simulation import BUGS

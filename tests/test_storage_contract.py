@@ -7,7 +7,7 @@ import threading
 import pytest
 from conftest import EXTERNAL
 
-from handofflock.errors import InvalidKey, NotFound, PreconditionFailed
+from handofflock.core.errors import InvalidKey, NotFound, PreconditionFailed
 from handofflock.storage import MAX_RECORD_BYTES
 
 RACERS = 16

@@ -31,8 +31,8 @@ from typing import Any
 import orjson
 import pytest
 
-from handofflock.faultproxy import FaultProxy
-from handofflock.record import LockRecord
+from handofflock.testing.faultproxy import FaultProxy
+from handofflock.core.record import LockRecord
 from lockutil import raw_read, url_for
 
 PROC = Path(__file__).parent / "procs" / "xproc.py"

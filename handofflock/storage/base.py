@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..errors import InvalidKey
-
-#: Records larger than this are refused without being read further.
-MAX_RECORD_BYTES = 64 * 1024
+from ..core.errors import InvalidKey
+from ..core.record import MAX_RECORD_BYTES as MAX_RECORD_BYTES  # the record's limit, enforced by every store
 
 #: GCS's own limit on object names, in UTF-8 bytes.
 MAX_KEY_BYTES = 1024
@@ -27,8 +25,8 @@ class Storage(Protocol):
     :class:`~handofflock.storage.local.LocalStorage`,
     :class:`~handofflock.storage.gcs.GCSStorage`.
 
-    All methods may raise :class:`~handofflock.errors.TransientStorageError`
-    (retry may help) or :class:`~handofflock.errors.StorageError` (it will not).
+    All methods may raise :class:`~handofflock.core.errors.TransientStorageError`
+    (retry may help) or :class:`~handofflock.core.errors.StorageError` (it will not).
     """
 
     #: A URL naming the store (for messages and logs).
@@ -47,15 +45,15 @@ class Storage(Protocol):
 
         ``0`` means the object must not exist. Returns the new generation, which
         is strictly greater than any generation the key had before, even across
-        a delete. Raises :class:`~handofflock.errors.PreconditionFailed` otherwise.
+        a delete. Raises :class:`~handofflock.core.errors.PreconditionFailed` otherwise.
         """
         ...
 
     def delete(self, key: str, *, if_generation_match: int) -> None:
         """Delete the object if its generation is ``if_generation_match``.
 
-        Raises :class:`~handofflock.errors.PreconditionFailed` on a mismatch and
-        :class:`~handofflock.errors.NotFound` if it does not exist. (The GCS
+        Raises :class:`~handofflock.core.errors.PreconditionFailed` on a mismatch and
+        :class:`~handofflock.core.errors.NotFound` if it does not exist. (The GCS
         emulator ignores the precondition on DELETE; the lock never relies on it.)
         """
         ...

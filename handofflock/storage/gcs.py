@@ -2,7 +2,7 @@
 
 This is the only module of handofflock that imports ``google.cloud.storage``,
 ``google.auth`` or ``requests``. Every error the SDK or the transport can raise
-is mapped here, at the boundary, into :mod:`handofflock.errors`.
+is mapped here, at the boundary, into :mod:`handofflock.core.errors`.
 
 The ``google.cloud.storage.Client`` provides credentials, the endpoint (it
 honours ``STORAGE_EMULATOR_HOST``) and its authorized HTTP session; the requests
@@ -45,8 +45,8 @@ import urllib3.exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs
 
-from .. import __version__
-from ..errors import (
+from .._version import __version__
+from ..core.errors import (
     ConfigurationError,
     HandoffLockError,
     NotFound,
@@ -54,7 +54,8 @@ from ..errors import (
     StorageError,
     TransientStorageError,
 )
-from . import _BUCKET_RE, gcs_deadline
+from . import _BUCKET_RE
+from . import gcs_deadline
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
@@ -88,7 +89,7 @@ class GCSStorage:
     and for each read from the socket. ``request_timeout`` bounds each request
     as a whole, from sending it to the last byte of its reply (default: connect
     plus read timeout); past it the request is cut off and fails with a
-    :class:`~handofflock.errors.TransientStorageError`. It is enforced by
+    :class:`~handofflock.core.errors.TransientStorageError`. It is enforced by
     shutting the connection down, on the HTTP session of a client this store
     creates; a ``client`` you pass keeps its session as it is, and only
     ``timeout`` bounds its requests. ``user_project`` names the project billed

@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX; refused at first use
     fcntl = None  # type: ignore[assignment]
 
-from ..errors import (
+from ..core.errors import (
     ConfigurationError,
     InvalidKey,
     LockingUnsupported,
@@ -87,7 +87,7 @@ class LocalStorage:
 
     ``lock_timeout`` bounds the wait for another writer of the same key (which
     holds the key's lock for one fsync'd write); past it the call raises
-    :class:`~handofflock.errors.TransientStorageError` instead of hanging.
+    :class:`~handofflock.core.errors.TransientStorageError` instead of hanging.
     Single host only: see ``docs/local-backend.md`` about network filesystems.
     """
 

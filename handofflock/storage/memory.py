@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import NotFound, PreconditionFailed, TransientStorageError
+from ..core.errors import NotFound, PreconditionFailed, TransientStorageError
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 _REGISTRY: dict[str, "MemoryStorage"] = {}

@@ -2,7 +2,7 @@
 
 Every cross-field rule lives in :meth:`Timing.build`, including the store's
 write spacing: a configuration the store cannot serve is refused here with a
-:class:`~handofflock.errors.ConfigurationError` naming the minimum, never
+:class:`~handofflock.core.errors.ConfigurationError` naming the minimum, never
 accepted and then lost at run time.
 
 The rules, with ``s`` the store's write spacing (``min_write_interval``: 1 s on

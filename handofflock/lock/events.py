@@ -39,7 +39,7 @@ acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed 
 released: Signal = _ns.signal("released", doc="The lock was released (handed off or freed).")
 lost: Signal = _ns.signal("lost", doc="The lock is no longer safely held.")
 
-_log = logging.getLogger("handofflock.signals")
+_log = logging.getLogger("handofflock.lock.events")
 
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:

@@ -47,10 +47,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .clock import Clock
-from .errors import TransientStorageError
+from ..core.clock import Clock
+from ..core.errors import TransientStorageError
 
-_log = logging.getLogger("handofflock.scheduler")
+_log = logging.getLogger("handofflock.lock.scheduler")
 
 #: Longest sleep while locks are registered (seconds).
 MAX_IDLE = 0.2

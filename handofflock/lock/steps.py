@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Generic, Iterable, Iterator, TypeVar
 
 if TYPE_CHECKING:
-    from .lock import HandoffLock, ReleaseRequest
+    from .handoff import HandoffLock, ReleaseRequest
 
 T = TypeVar("T")
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .clock import Clock
-from .errors import PreconditionFailed, TransientStorageError
+from ..core.clock import Clock
+from ..core.errors import PreconditionFailed, TransientStorageError
 from .pacing import WriteGate, backoff
-from .storage import Storage
+from .base import Storage
 
 
 #: A retry that backoff would put past the deadline goes this long before it instead (once).

@@ -37,12 +37,12 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
-from .errors import ConfigurationError, HandoffLockError
+from .core.errors import ConfigurationError, HandoffLockError
 
 if TYPE_CHECKING:
-    from .lock import HandoffLock
+    from .lock.handoff import HandoffLock
 
-_log = logging.getLogger("handofflock.signals")
+_log = logging.getLogger("handofflock.lock.events")
 
 #: The signals handled when none are named.
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -17,7 +17,7 @@ The first four fields are the original design's and the only required ones: a
 record written by another implementation with just those four is read
 correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields are kept and
 written back unchanged. Anything else that is off raises
-:class:`~handofflock.errors.LockRecordCorrupt` naming the object and the reason.
+:class:`~handofflock.core.errors.LockRecordCorrupt` naming the object and the reason.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import orjson
 
 from .errors import LockRecordCorrupt
-from .storage.base import MAX_RECORD_BYTES
 
 #: The format version this release writes and reads.
 RECORD_VERSION = 1
@@ -47,6 +46,8 @@ MAX_NONCE_LENGTH = 128
 MAX_TOKEN = 2**63 - 1
 #: Most bytes unknown fields may take, encoded. The known fields take under 5 KiB
 #: even at their longest, so a record the lock writes back always fits the cap.
+#: Records larger than this are refused without being read further.
+MAX_RECORD_BYTES = 64 * 1024
 MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
 _KNOWN = (

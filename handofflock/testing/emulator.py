@@ -9,7 +9,7 @@
 ...     server.create_bucket("locks")
 ...     store, key = open_url("gs://locks/train.json")
 
-:class:`FaultProxy` (from :mod:`handofflock.faultproxy`) goes between a client
+:class:`FaultProxy` (from :mod:`handofflock.testing.faultproxy`) goes between a client
 and the emulator and injects faults: refused connections, delays, resets,
 requests applied whose reply is lost, 429/503/403 answers.
 

@@ -19,10 +19,11 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
-from . import protocol, signals
-from .cas import read_retrying, write_resolving
-from .clock import Clock
-from .errors import (
+from ..core import protocol
+from . import events as signals
+from ..storage.cas import read_retrying, write_resolving
+from ..core.clock import Clock
+from ..core.errors import (
     AcquireCancelled,
     ConfigurationError,
     HandoffLockError,
@@ -36,14 +37,14 @@ from .errors import (
     StorageError,
     TransientStorageError,
 )
-from .pacing import WriteGate, backoff, default_write_interval, gate_for
-from .protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
-from .record import LockRecord, id_problem, new_nonce
-from .storage import MAX_RECORD_BYTES, Storage, open_url
-from .timing import Timing
+from ..storage.pacing import WriteGate, backoff, default_write_interval, gate_for
+from ..core.protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
+from ..core.record import LockRecord, id_problem, new_nonce
+from ..storage import MAX_RECORD_BYTES, Storage, open_url
+from ..core.timing import Timing
 
 if TYPE_CHECKING:
-    from .training import Steps
+    from .steps import Steps
 
 _log_acquire = logging.getLogger("handofflock.acquire")
 _log_renew = logging.getLogger("handofflock.renew")
@@ -289,9 +290,9 @@ class HandoffLock:
         >>> save_checkpoint(steps.last, fence=lock.token)   # then leave: hands off
 
         No I/O per step; raises :class:`LockLost` before a step if the lock is
-        no longer safely held. See :class:`handofflock.training.Steps`.
+        no longer safely held. See :class:`handofflock.lock.steps.Steps`.
         """
-        from .training import Steps
+        from .steps import Steps
 
         return Steps(self, iterable)
 

@@ -1,4 +1,4 @@
-"""Just enough HTTP/1.1 for :mod:`handofflock.faultproxy`: message heads, framed bodies, multipart.
+"""Just enough HTTP/1.1 for :mod:`handofflock.testing.faultproxy`: message heads, framed bodies, multipart.
 
 Reads one message at a time from a socket (head up to the blank line, body by
 ``Content-Length``, chunked framing kept as it came, or to the end of the
