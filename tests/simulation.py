@@ -51,9 +51,9 @@ from handofflock import (
     Scheduler,
     StaleToken,
     TransientStorageError,
-    protocol,
     signals,
 )
+from handofflock.core import protocol
 from handofflock.core.clock import Clock
 from handofflock.fencing import FencedObject, decode_fence
 from handofflock.lock.handoff import HandoffLock as _Lock

@@ -30,9 +30,9 @@ from handofflock import (
     StorageError,
     TokensExhausted,
     TransientStorageError,
-    errors,
     signals,
 )
+from handofflock.core import errors
 from handofflock.fencing import FencedObject
 from handofflock.core.record import MAX_TOKEN
 from handofflock.storage import MemoryStorage
