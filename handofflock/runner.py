@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import functools
 import math
 import os
@@ -33,9 +32,9 @@ import time
 from typing import Any
 
 from . import _watchdog
-from .lock import events as lock_signals
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
+from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .os_signals import parse_signal
 
@@ -104,7 +103,7 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
-        for sig in dict.fromkeys(RUN_SIGNALS + (self.stop_signal,)):
+        for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
             previous = signal.getsignal(sig)
             if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
                 continue
@@ -169,7 +168,9 @@ class CommandRunner:
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
-        env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
+        env = dict(
+            os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id
+        )
         # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
         # terminal's foreground group, so run stops it too, and on `fg` continues it only if
         # the lock is still safely held; otherwise the command is killed, never continued.
@@ -191,10 +192,16 @@ class CommandRunner:
                 lock.release()  # a lost lock: writes nothing
             except HandoffLockError:
                 pass
-            return fail(f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST)
+            return fail(
+                f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST
+            )
         try:
-            child = subprocess.Popen(command, env=env, start_new_session=True,
-                                     preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
+            child = subprocess.Popen(
+                command,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup),
+            )
         except OSError as exc:
             _remove_cgroup(cgroup)
             if watchdog is not None:
@@ -247,7 +254,10 @@ class CommandRunner:
                 if killed_at is not None and now >= killed_at + 2.0 and not _live_members(child.pid, self.cgroup):
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
-                    self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
+                    self.say(
+                        f"{command[0]} exited; giving the rest of its process group "
+                        f"{min(self.args.grace, LEFTOVER_GRACE):g} s"
+                    )
                     _signal_group(child, self.stop_signal, self.cgroup, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
@@ -290,7 +300,10 @@ class CommandRunner:
                 pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
-        self.say(f"{command[0]} exited with {status}; " + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}"))
+        self.say(
+            f"{command[0]} exited with {status}; "
+            + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+        )
         return status
 
     def _signal(self, child: subprocess.Popen, sig: int) -> None:
@@ -298,7 +311,10 @@ class CommandRunner:
 
     def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
         self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
-        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+        self.say(
+            f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), "
+            f"{self.args.grace:g} s to exit"
+        )
 
 
 def _tell(watchdog: int, line: str) -> None:
@@ -324,7 +340,9 @@ def _start_watchdog() -> int | None:
     try:
         subprocess.Popen(
             [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
-            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of the terminal, and of an outer run stopping this one
         )
     except OSError:
@@ -347,8 +365,11 @@ def _make_cgroup() -> str | None:
         with open("/proc/self/cgroup") as f:
             own = next(line[3:].strip() for line in f if line.startswith("0::"))
         with open("/proc/self/mountinfo") as f:
-            mount = next(fields[4] for fields in (line.split() for line in f)
-                         if "-" in fields and fields[fields.index("-") + 1] == "cgroup2")
+            mount = next(
+                fields[4]
+                for fields in (line.split() for line in f)
+                if "-" in fields and fields[fields.index("-") + 1] == "cgroup2"
+            )
         # The pid alone is not unique: every run that is PID 1 of a container would be "1".
         path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}-{secrets.token_hex(3)}")
         os.mkdir(path)
@@ -406,14 +427,18 @@ def _session_members(sid: int, *, children_of: int | None = None, zombies: bool 
     """
     if children_of is None:
         return _watchdog.session_members(sid)
-    return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
+    return [
+        pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies
+    ]
 
 
 #: Signals that go to every process of the command, not only to its process group.
 TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
 
-def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None) -> None:
+def _signal_group(
+    child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None
+) -> None:
     """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
 
     A polite signal (the stop signal, a signal passed on) goes to the command's
@@ -439,7 +464,9 @@ def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, 
     if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
         groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
         # One born since the group was signalled is signalled too: it did not get that copy.
-        members += [pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members]
+        members += [
+            pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members
+        ]
     _watchdog.signal_each(members, sig)
 
 

@@ -65,7 +65,7 @@ class Timing:
         waiter_poll_interval: float = 1.0,
         max_clock_skew: float = 2.0,
         min_write_interval: float = 0.0,
-    ) -> "Timing":
+    ) -> Timing:
         """Apply the defaults and check every rule; raise :class:`ConfigurationError` naming what to change."""
         spacing = _non_negative("min_write_interval", min_write_interval)
         ttl = _positive("ttl", ttl)
@@ -95,7 +95,8 @@ class Timing:
             need = f"at least {floor:g} s" if what == "ttl" else f"at least {RETRY_SPACINGS * spacing:g} s"
             raise ConfigurationError(
                 f"{what} must be {need} on this store (write spacing {spacing} s): a failed renewal needs "
-                f"time for one more write before renew_deadline; got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
+                f"time for one more write before renew_deadline; "
+                f"got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
             )
         wttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
         if wttl > MAX_TTL:

@@ -32,7 +32,9 @@ from blinker import Namespace, Signal
 
 _ns = Namespace()
 
-on_release_requested: Signal = _ns.signal("on_release_requested", doc="A waiter, signal or preemption asks for the lock.")
+on_release_requested: Signal = _ns.signal(
+    "on_release_requested", doc="A waiter, signal or preemption asks for the lock."
+)
 on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
 waiting: Signal = _ns.signal("waiting", doc="We registered as the single waiter.")
 acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed to us).")

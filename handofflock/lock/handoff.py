@@ -16,12 +16,11 @@ import secrets
 import socket
 import threading
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core import protocol
-from . import events as signals
-from ..storage.cas import read_retrying, write_resolving
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
@@ -37,11 +36,13 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..storage.pacing import WriteGate, backoff, default_write_interval, gate_for
 from ..core.protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
 from ..core.record import LockRecord, id_problem, new_nonce
-from ..storage import MAX_RECORD_BYTES, Storage, open_url
 from ..core.timing import Timing
+from ..storage import MAX_RECORD_BYTES, Storage, open_url
+from ..storage.cas import read_retrying, write_resolving
+from ..storage.pacing import WriteGate, backoff, default_write_interval, gate_for
+from . import events as signals
 
 if TYPE_CHECKING:
     from .steps import Steps
@@ -60,7 +61,7 @@ RELEASING = "releasing"
 FORKED = "forked"
 
 #: Every live instance, so that a forked child can disarm those it inherited.
-_INSTANCES: "weakref.WeakSet[HandoffLock]" = weakref.WeakSet()
+_INSTANCES: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
 
 
 def default_owner_id() -> str:
@@ -176,12 +177,22 @@ class HandoffLock:
         if min_write_interval is None:
             min_write_interval = default_write_interval(self._storage)
         self.timing = Timing.build(
-            ttl=ttl, renew_interval=renew_interval, renew_deadline=renew_deadline, waiter_ttl=waiter_ttl,
-            waiter_check_interval=waiter_check_interval, waiter_poll_interval=waiter_poll_interval,
-            max_clock_skew=max_clock_skew, min_write_interval=min_write_interval,
+            ttl=ttl,
+            renew_interval=renew_interval,
+            renew_deadline=renew_deadline,
+            waiter_ttl=waiter_ttl,
+            waiter_check_interval=waiter_check_interval,
+            waiter_poll_interval=waiter_poll_interval,
+            max_clock_skew=max_clock_skew,
+            min_write_interval=min_write_interval,
         )
         t = self.timing
-        self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = t.ttl, t.renew_interval, t.renew_deadline, t.waiter_ttl
+        self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = (
+            t.ttl,
+            t.renew_interval,
+            t.renew_deadline,
+            t.waiter_ttl,
+        )
         self.waiter_check_interval, self.waiter_poll_interval = t.waiter_check_interval, t.waiter_poll_interval
         self.max_clock_skew, self.min_write_interval = t.max_clock_skew, t.min_write_interval
         #: How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
@@ -276,12 +287,18 @@ class HandoffLock:
                 reason="renew deadline passed",
             )
         if self._state == LOST:
-            raise LockLost(f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost")
+            raise LockLost(
+                f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost"
+            )
         if self._state == FORKED:
-            raise LockLost(f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it", url=self.url, reason="inherited across fork")
+            raise LockLost(
+                f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it",
+                url=self.url,
+                reason="inherited across fork",
+            )
         raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
 
-    def steps(self, iterable: Iterable[T]) -> "Steps[T]":
+    def steps(self, iterable: Iterable[T]) -> Steps[T]:
         """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
 
         >>> steps = lock.steps(range(start, total))
@@ -359,8 +376,12 @@ class HandoffLock:
             while True:
                 last = record or last
                 if (
-                    blocking and not waiting and record is not None and record.owner_id != self.owner_id
-                    and record.waiting_owner_id == self.owner_id and record.waiter_instance == self._instance
+                    blocking
+                    and not waiting
+                    and record is not None
+                    and record.owner_id != self.owner_id
+                    and record.waiting_owner_id == self.owner_id
+                    and record.waiter_instance == self._instance
                 ):
                     # Our registration landed though we could not confirm it (its reply was lost and
                     # the record moved on before we read it back): we are the waiter all the same.
@@ -368,8 +389,14 @@ class HandoffLock:
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self.owner_id, now=wall,
-                    policy=self._policy, nonce=new_nonce(), waiting=waiting, instance=self._instance,
+                    record,
+                    generation,
+                    me=self.owner_id,
+                    now=wall,
+                    policy=self._policy,
+                    nonce=new_nonce(),
+                    waiting=waiting,
+                    instance=self._instance,
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -417,7 +444,9 @@ class HandoffLock:
                 try:
                     self._leave_slot(waiting, last, keep=False)
                 except BaseException as cleanup:  # the original error is what the caller must see
-                    _log_acquire.warning("%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup)
+                    _log_acquire.warning(
+                        "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
+                    )
                 if self._state == WAITING:
                     self._state = IDLE
                 if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred_release):
@@ -474,7 +503,12 @@ class HandoffLock:
             record, generation = self._read_to_write(deadline, urgent=True)
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
-                record, generation, me=self.owner_id, now=wall, policy=self._policy, nonce=new_nonce(),
+                record,
+                generation,
+                me=self.owner_id,
+                now=wall,
+                policy=self._policy,
+                nonce=new_nonce(),
                 instance=self._instance,
             )
             if isinstance(decision, Owned):
@@ -496,7 +530,9 @@ class HandoffLock:
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
             f"it expires by itself within waiter_ttl ({self.waiter_ttl} s)",
-            url=self.url, key=self._key, ambiguous=False,
+            url=self.url,
+            key=self._key,
+            ambiguous=False,
         )
 
     def _contended(self, cls: type[LockContended], record: LockRecord | None, timed_out: bool = False) -> LockContended:
@@ -546,7 +582,9 @@ class HandoffLock:
         # A release request recorded while we were acquiring (a SIGTERM, say) stands.
         self._notified_waiters.clear()
         self._state = HELD
-        _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
+        _log_acquire.info(
+            "%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else ""
+        )
         if record.waiter_live(self._clock.time()) and record.waiter_instance != self._instance:
             # A waiter already in the record we took (it registered while the lock was being
             # handed to us): our renewals write against this very generation and never meet it,
@@ -570,15 +608,23 @@ class HandoffLock:
             if self._state != HELD:
                 return
             decision = protocol.decide_renew(
-                self._record, self._generation, me=self.owner_id, token=self.token or 0,
-                now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
+                self._record,
+                self._generation,
+                me=self.owner_id,
+                token=self.token or 0,
+                now=self._clock.time(),
+                policy=self._policy,
+                nonce=new_nonce(),
+                instance=self._instance,
             )
             try:
                 if not isinstance(decision, Write):
                     raise PreconditionFailed(self._key, self._generation, url=self.url)
                 end = self._clock.monotonic() + self.renew_deadline
                 written, generation, mono, wall = self._write_lease(
-                    decision, end if deadline is None else max(min(deadline, end), self._valid_until), urgent=True,
+                    decision,
+                    end if deadline is None else max(min(deadline, end), self._valid_until),
+                    urgent=True,
                 )
             except (StorageError, LockRecordCorrupt) as exc:
                 if self._clock.monotonic() < self._valid_until:
@@ -618,7 +664,11 @@ class HandoffLock:
         if self._state == LOST:
             self._state = IDLE
             self._end_hold()
-            raise LockLost(f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written", url=self.url, reason=self._lost_reason or "lost")
+            raise LockLost(
+                f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written",
+                url=self.url,
+                reason=self._lost_reason or "lost",
+            )
         if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(self.renew_deadline, 5.0))
@@ -641,7 +691,9 @@ class HandoffLock:
                 if self._state == RELEASING:
                     self._next_release_try = self._clock.monotonic() + min(1.0, self.renew_interval)
                     self._schedule()
-                _log_release.warning("release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc)
+                _log_release.warning(
+                    "release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc
+                )
                 if background:
                     return None
                 raise
@@ -679,9 +731,16 @@ class HandoffLock:
         record, generation = self._record, self._generation
         while True:
             decision = protocol.decide_release(
-                record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
-                policy=self._policy, nonce=new_nonce(), attempted=attempted,
-                within_lease=self._clock.monotonic() < self._valid_until, instance=self._instance,
+                record,
+                generation,
+                me=self.owner_id,
+                token=self.token or 0,
+                now=self._clock.time(),
+                policy=self._policy,
+                nonce=new_nonce(),
+                attempted=attempted,
+                within_lease=self._clock.monotonic() < self._valid_until,
+                instance=self._instance,
             )
             if isinstance(decision, Released):
                 return decision.handed_off_to, None
@@ -698,7 +757,9 @@ class HandoffLock:
                     record, generation = self._read(deadline)
                 except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
                     self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
-                    lost = LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc)
+                    lost = LockLost(
+                        f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc
+                    )
                     lost.__cause__ = exc
                     return None, lost
                 continue
@@ -706,7 +767,7 @@ class HandoffLock:
 
     # ------------------------------------------------------------------ context manager
 
-    def __enter__(self) -> "HandoffLock":
+    def __enter__(self) -> HandoffLock:
         self.acquire()
         return self
 
@@ -724,6 +785,7 @@ class HandoffLock:
 
     def status(self) -> LockStatus:
         """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
+
         def read() -> LockStatus:
             with self._io:
                 record, generation = self._read(self._clock.monotonic() + 30.0, interruptible=True)
@@ -731,10 +793,21 @@ class HandoffLock:
             if record is None:
                 return LockStatus(self.url, False, 0, read_at=now)
             return LockStatus(
-                self.url, True, generation, record.owner_id, record.expires_at, record.waiting_owner_id,
-                record.waiter_expires_at, record.token, record.ttl, now,
-                record.owner_live(now), record.waiter_live(now), record,
+                self.url,
+                True,
+                generation,
+                record.owner_id,
+                record.expires_at,
+                record.waiting_owner_id,
+                record.waiter_expires_at,
+                record.token,
+                record.ttl,
+                now,
+                record.owner_live(now),
+                record.waiter_live(now),
+                record,
             )
+
         return self._guarded(read)
 
     # ------------------------------------------------------------------ background duties (scheduler thread)
@@ -796,20 +869,32 @@ class HandoffLock:
                     return
                 try:
                     decision = protocol.decide_renew(
-                        self._record, self._generation, me=self.owner_id, token=self.token or 0,
-                        now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
+                        self._record,
+                        self._generation,
+                        me=self.owner_id,
+                        token=self.token or 0,
+                        now=self._clock.time(),
+                        policy=self._policy,
+                        nonce=new_nonce(),
+                        instance=self._instance,
                     )
                     if isinstance(decision, Lost):
                         self._mark_lost(decision.why, None)
                         return
                     assert isinstance(decision, Write)
                     try:
-                        written, generation, mono, wall = self._write_lease(decision, self._valid_until, retry=False, urgent=True)
+                        written, generation, mono, wall = self._write_lease(
+                            decision, self._valid_until, retry=False, urgent=True
+                        )
                     except PreconditionFailed:
                         # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
                         record, generation = self._read(self._valid_until, retry=False)
                         seen = protocol.observe_as_owner(
-                            record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+                            record,
+                            me=self.owner_id,
+                            token=self.token or 0,
+                            now=self._clock.time(),
+                            instance=self._instance,
                         )
                         if isinstance(seen, Lost):
                             self._mark_lost(seen.why, None)
@@ -825,7 +910,12 @@ class HandoffLock:
                     self._renew_failures += 1
                     delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
                     self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
-                    _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
+                    _log_renew.warning(
+                        "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
+                        self.url,
+                        exc,
+                        delay,
+                    )
                     return
                 except (StorageError, LockRecordCorrupt) as exc:
                     self._mark_lost(f"renewal failed: {exc}", exc)
@@ -837,7 +927,9 @@ class HandoffLock:
         if now >= self._valid_until + (self.ttl - self.renew_deadline):
             with self._io:
                 if self._state == RELEASING:
-                    _log_release.warning("gave up releasing %s: its lease has run out, so it is free for others anyway", self.url)
+                    _log_release.warning(
+                        "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
+                    )
                     self._state = IDLE
                     self._end_hold()
                     self._unschedule()
@@ -866,7 +958,11 @@ class HandoffLock:
                 return
             self._next_check = self._clock.monotonic() + self.waiter_check_interval
             try:
-                if known_generation is not None and 0 < known_generation <= self._generation and self._record is not None:
+                if (
+                    known_generation is not None
+                    and 0 < known_generation <= self._generation
+                    and self._record is not None
+                ):
                     # Listed as we know it, or older: we wrote (renewed) or read it since the
                     # listing was made, and that is at least as fresh as the listing's view.
                     record, generation = self._record, self._generation
@@ -935,7 +1031,9 @@ class HandoffLock:
                 return
             self._notifier_running = True
         try:
-            threading.Thread(target=self._notifier_main, name=f"handofflock-notify-{self.owner_id}", daemon=True).start()
+            threading.Thread(
+                target=self._notifier_main, name=f"handofflock-notify-{self.owner_id}", daemon=True
+            ).start()
         except BaseException:
             self._notifier_running = False
             raise
@@ -956,8 +1054,12 @@ class HandoffLock:
         # Two threads may flush at once (a release and the notifier): pop, never test then pop.
         while (req := _pop_first(self._pending_notices)) is not None:
             signals.send(
-                signals.on_release_requested, self,
-                waiter_id=req.requester, deadline=req.deadline, reason=req.reason, request=req,
+                signals.on_release_requested,
+                self,
+                waiter_id=req.requester,
+                deadline=req.deadline,
+                reason=req.reason,
+                request=req,
             )
         while (event := _pop_first(self._pending_events)) is not None:
             signal, kwargs = event
@@ -976,11 +1078,18 @@ class HandoffLock:
 
     # ------------------------------------------------------------------ storage I/O
 
-    def _read(self, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> tuple[LockRecord | None, int]:
+    def _read(
+        self, deadline: float | None, *, retry: bool = True, interruptible: bool = False
+    ) -> tuple[LockRecord | None, int]:
         """One read (retried on transient errors until ``deadline``), decoded strictly."""
         found = read_retrying(
-            self._storage, self._key, clock=self._clock, deadline=deadline, max_bytes=MAX_RECORD_BYTES,
-            retry=retry, sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
+            self._storage,
+            self._key,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            retry=retry,
+            sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
         if found is None:
             return None, 0
@@ -997,7 +1106,9 @@ class HandoffLock:
             self._gate = gate_for(self._storage, self._key, self.min_write_interval, self._clock)
         return self._gate
 
-    def _read_to_write(self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False) -> tuple[LockRecord | None, int]:
+    def _read_to_write(
+        self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False
+    ) -> tuple[LockRecord | None, int]:
         """Read for a decision that will likely be written: wait for our write slot first (mutex not held).
 
         Reading and then waiting out the per-object write spacing would send the
@@ -1016,7 +1127,13 @@ class HandoffLock:
             return self._read(deadline, interruptible=interruptible)
 
     def _write_lease(
-        self, write: Write, deadline: float | None, *, retry: bool = True, urgent: bool = False, interruptible: bool = False,
+        self,
+        write: Write,
+        deadline: float | None,
+        *,
+        retry: bool = True,
+        urgent: bool = False,
+        interruptible: bool = False,
     ) -> tuple[Write, int, float, float]:
         """Make ``write``, its lease or slot stamped at the send of each attempt. Call with ``_io`` held.
 
@@ -1040,9 +1157,17 @@ class HandoffLock:
             return LockRecord.decode(data, key=self._key, url=self.url).nonce in attempts
 
         generation, read_back = write_resolving(
-            self._storage, self._key, stamp,
-            if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
-            deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), urgent=urgent, retry=retry,
+            self._storage,
+            self._key,
+            stamp,
+            if_generation_match=write.if_generation_match,
+            is_ours=is_ours,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            gate=self._write_gate(),
+            urgent=urgent,
+            retry=retry,
             sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
         landed = attempts[sent[-1]]
@@ -1052,7 +1177,15 @@ class HandoffLock:
         attempt, mono, wall = landed
         return attempt, generation, mono, wall
 
-    def _write(self, write: Write, deadline: float | None, *, retry: bool = True, urgent: bool = False, interruptible: bool = False) -> int:
+    def _write(
+        self,
+        write: Write,
+        deadline: float | None,
+        *,
+        retry: bool = True,
+        urgent: bool = False,
+        interruptible: bool = False,
+    ) -> int:
         """Make one conditional write (stamped at its send); return the new generation.
 
         Raises PreconditionFailed when the record moved on (the caller reads and decides again).

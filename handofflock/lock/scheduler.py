@@ -43,9 +43,10 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
@@ -69,10 +70,10 @@ MAX_GATHER = 0.05
 #: Objects per listing page (GCS's maximum), to estimate what a listing costs.
 LIST_PAGE_SIZE = 1000
 
-_default: "Scheduler | None" = None
+_default: Scheduler | None = None
 _default_lock = threading.Lock()
 #: Every live scheduler, so that a forked child can reset those it inherited.
-_SCHEDULERS: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
+_SCHEDULERS: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 
 
 class Scheduler:
@@ -82,7 +83,14 @@ class Scheduler:
     to run what is due on their own (fake) clock.
     """
 
-    def __init__(self, clock: Clock | None = None, *, io_workers: int = IO_WORKERS, autostart: bool = True, name: str = "handofflock") -> None:
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        *,
+        io_workers: int = IO_WORKERS,
+        autostart: bool = True,
+        name: str = "handofflock",
+    ) -> None:
         self._clock = clock or Clock()
         self._start_empty()
         self._io_workers = io_workers
@@ -145,7 +153,7 @@ class Scheduler:
             job(track=False)
         return len(jobs)
 
-    def _plan(self, now: float, *, track: bool) -> "tuple[list[tuple[Callable[..., None], list[Any]]], float]":
+    def _plan(self, now: float, *, track: bool) -> tuple[list[tuple[Callable[..., None], list[Any]]], float]:
         """What to run now, and when the next duty falls due. Called with ``_mutex`` held.
 
         Returns ``(jobs, next_due)``; each job is a callable taking ``track``,
@@ -192,7 +200,12 @@ class Scheduler:
                 # The beat covers no lock as a whole: its listing may be slow, and a member's
                 # renewal must not wait for it. Each member is busy only during its own check.
                 group.busy = track
-                start(lambda track=True, gkey=gkey, group=group, batch=batch: self._check_group(gkey, group, batch, track), [])
+                start(
+                    lambda track=True, gkey=gkey, group=group, batch=batch: self._check_group(
+                        gkey, group, batch, track
+                    ),
+                    [],
+                )
             next_due = min(next_due, group.next_at)
         for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
             del self._groups[gkey]
@@ -260,22 +273,40 @@ class Scheduler:
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
-    def _check_group(self, gkey: tuple[int, str], group: "_Group", batch: list[Any], track: bool = True) -> None:
+    def _check_group(self, gkey: tuple[int, str], group: _Group, batch: list[Any], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
         try:
             storage, prefix = batch[0]._storage, gkey[1]
             try:
                 listing = storage.list(prefix)
             except TransientStorageError as exc:
-                _log.debug("listing %s in %s failed (%s); skipping one waiter check of %d locks", prefix, storage, exc, len(batch))
+                _log.debug(
+                    "listing %s in %s failed (%s); skipping one waiter check of %d locks",
+                    prefix,
+                    storage,
+                    exc,
+                    len(batch),
+                )
                 return
             except Exception as exc:
-                _log.warning("cannot list %r in %s (%s); checking its %d locks one read each from now on", prefix, storage, exc, len(batch))
+                _log.warning(
+                    "cannot list %r in %s (%s); checking its %d locks one read each from now on",
+                    prefix,
+                    storage,
+                    exc,
+                    len(batch),
+                )
                 with self._mutex:
                     self._ungrouped.add(gkey)
                 return
             if math.ceil(len(listing) / LIST_PAGE_SIZE) >= len(batch):
-                _log.info("listing %r in %s returned %d objects for %d locks; checking them one read each from now on", prefix, storage, len(listing), len(batch))
+                _log.info(
+                    "listing %r in %s returned %d objects for %d locks; checking them one read each from now on",
+                    prefix,
+                    storage,
+                    len(listing),
+                    len(batch),
+                )
                 with self._mutex:
                     self._ungrouped.add(gkey)
             for lock in batch:

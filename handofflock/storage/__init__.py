@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..core.errors import ConfigurationError, InvalidLockURL, InvalidKey
+from ..core.errors import ConfigurationError, InvalidKey, InvalidLockURL
 from .base import MAX_KEY_BYTES, MAX_RECORD_BYTES, Storage, validate_generation, validate_key, validate_prefix
 from .memory import MemoryStorage
 

@@ -16,13 +16,12 @@ failure the object is read back:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..core.clock import Clock
 from ..core.errors import PreconditionFailed, TransientStorageError
-from .pacing import WriteGate, backoff
 from .base import Storage
-
+from .pacing import WriteGate, backoff
 
 #: A retry that backoff would put past the deadline goes this long before it instead (once).
 LAST_TRY_MARGIN = 0.05
@@ -142,7 +141,9 @@ def write_resolving(
                 # costs the other writers of the object nothing.
                 raise failed or TransientStorageError(
                     f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
-                    url=getattr(storage, "url", None), key=key, ambiguous=False,
+                    url=getattr(storage, "url", None),
+                    key=key,
+                    ambiguous=False,
                 )
             clock.sleep(max(wait, 0.001))
         body = data() if callable(data) else data

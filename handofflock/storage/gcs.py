@@ -35,7 +35,8 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import google.auth.exceptions
@@ -54,8 +55,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import _BUCKET_RE
-from . import gcs_deadline
+from . import _BUCKET_RE, gcs_deadline
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
@@ -72,10 +72,10 @@ _ERROR_BODY_BYTES = 4096
 #: What :meth:`GCSStorage._download` returns for a 416 without a generation.
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
-_SHARED: dict[tuple[str, str | None, str | None], "GCSStorage"] = {}
+_SHARED: dict[tuple[str, str | None, str | None], GCSStorage] = {}
 _SHARED_LOCK = threading.Lock()
 #: Every live store, so that a forked child can give each fresh connections.
-_STORES: "weakref.WeakSet[GCSStorage]" = weakref.WeakSet()
+_STORES: weakref.WeakSet[GCSStorage] = weakref.WeakSet()
 
 
 class GCSStorage:
@@ -136,7 +136,7 @@ class GCSStorage:
         _STORES.add(self)
 
     @classmethod
-    def shared(cls, bucket: str, *, user_project: str | None = None) -> "GCSStorage":
+    def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
         """The process-wide instance for ``bucket`` and ``user_project`` (and the current
         ``STORAGE_EMULATOR_HOST``).
 
@@ -218,8 +218,9 @@ class GCSStorage:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         body, content_type = _multipart(key, bytes(data))
-        with self._mapped("write", key):
-            with self._request(
+        with (
+            self._mapped("write", key),
+            self._request(
                 "write",
                 key,
                 "POST",
@@ -231,31 +232,37 @@ class GCSStorage:
                 },
                 headers={"Content-Type": content_type},
                 data=body,
-            ) as response:
-                if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
-                    raise self._bucket_missing(key, response)
-                self._check(response, "write", key, if_generation_match)
-                try:
-                    return _parse_generation(_json(response).get("generation"), "the upload's reply")
-                except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
-                    raise TransientStorageError(
-                        f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
-                        f"reply cannot be read ({exc}); it has probably been applied",
-                        url=self.url, key=key, status=response.status_code, ambiguous=True,
-                    ) from exc
+            ) as response,
+        ):
+            if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
+                raise self._bucket_missing(key, response)
+            self._check(response, "write", key, if_generation_match)
+            try:
+                return _parse_generation(_json(response).get("generation"), "the upload's reply")
+            except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
+                raise TransientStorageError(
+                    f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
+                    f"reply cannot be read ({exc}); it has probably been applied",
+                    url=self.url,
+                    key=key,
+                    status=response.status_code,
+                    ambiguous=True,
+                ) from exc
 
     def delete(self, key: str, *, if_generation_match: int) -> None:
         validate_key(key)
         validate_generation(if_generation_match)
-        with self._mapped("delete", key):
-            with self._request(
+        with (
+            self._mapped("delete", key),
+            self._request(
                 "delete", key, "DELETE", self._object_url(key), params={"ifGenerationMatch": str(if_generation_match)}
-            ) as response:
-                if response.status_code == 404:
-                    if _says_bucket_missing(response):
-                        raise self._bucket_missing(key, response)
-                    raise NotFound(key, url=self.url)
-                self._check(response, "delete", key, if_generation_match)
+            ) as response,
+        ):
+            if response.status_code == 404:
+                if _says_bucket_missing(response):
+                    raise self._bucket_missing(key, response)
+                raise NotFound(key, url=self.url)
+            self._check(response, "delete", key, if_generation_match)
 
     def list(self, prefix: str) -> dict[str, int]:
         validate_prefix(prefix)
@@ -352,7 +359,9 @@ class GCSStorage:
         return TransientStorageError(
             f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
             + ("the request may have been applied" if mutation else "nothing was changed"),
-            url=self.url, key=key, ambiguous=mutation,
+            url=self.url,
+            key=key,
+            ambiguous=mutation,
         )
 
     def _send(
@@ -435,56 +444,73 @@ class GCSStorage:
         except requests.exceptions.ConnectTimeout as exc:
             raise TransientStorageError(
                 f"{where}: could not connect within {self._timeout[0]}s; nothing was sent",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             ) from exc
         except requests.exceptions.ReadTimeout as exc:
             raise TransientStorageError(
                 f"{where}: no reply within {self._timeout[1]}s; the request may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
         except requests.exceptions.SSLError as exc:
             if _caused_by(exc, ssl.SSLCertVerificationError):
                 raise StorageError(
                     f"{where}: the server's TLS certificate was not accepted ({_reason(exc)}); check the CA "
                     "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
-                    url=self.url, key=key,
+                    url=self.url,
+                    key=key,
                 ) from exc
             raise TransientStorageError(
                 f"{where}: the TLS connection failed ({_reason(exc)}); the request may have been applied",
-                url=self.url, key=key, ambiguous=not _never_connected(exc),
+                url=self.url,
+                key=key,
+                ambiguous=not _never_connected(exc),
             ) from exc
         except requests.exceptions.ConnectionError as exc:
             if _never_connected(exc):
                 raise TransientStorageError(
                     f"{where}: could not connect ({_reason(exc)}); nothing was sent",
-                    url=self.url, key=key, ambiguous=False,
+                    url=self.url,
+                    key=key,
+                    ambiguous=False,
                 ) from exc
             raise TransientStorageError(
-                f"{where}: the connection failed after the request was sent ({_reason(exc)}); "
-                "it may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                f"{where}: the connection failed after the request was sent ({_reason(exc)}); it may have been applied",
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
         except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
             raise TransientStorageError(
                 f"{where}: the reply was cut off or garbled ({exc}); the request may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
         except google.auth.exceptions.RefreshError as exc:
             # Credentials are refreshed before the request is sent: nothing was applied.
             if getattr(exc, "retryable", False):
                 raise TransientStorageError(
                     f"{where}: refreshing the Google credentials failed ({exc}); nothing was sent",
-                    url=self.url, key=key, ambiguous=False,
+                    url=self.url,
+                    key=key,
+                    ambiguous=False,
                 ) from exc
             raise StorageError(
                 f"{where}: the Google credentials could not be refreshed ({exc}); run "
                 "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             ) from exc
         except google.auth.exceptions.TransportError as exc:
             raise TransientStorageError(
                 f"{where}: could not reach the credentials server ({exc}); nothing was sent",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             ) from exc
         except (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError) as exc:
             # What is left is configuration: an invalid URL or header, a bad credentials file.
@@ -492,7 +518,9 @@ class GCSStorage:
         except (urllib3.exceptions.HTTPError, OSError) as exc:  # leaked past requests: be conservative
             raise TransientStorageError(
                 f"{where}: transport error ({exc!r}); the request may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
 
     def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
@@ -514,13 +542,18 @@ class GCSStorage:
             # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
             raise TransientStorageError(
                 f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
-                url=self.url, key=key, status=status, ambiguous=False,
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=False,
                 retry_after=_retry_after(response.headers.get("Retry-After")),
             )
         if status in (408, 429) or status >= 500:
             raise TransientStorageError(
                 f"{where}: GCS answered {status} ({message})",
-                url=self.url, key=key, status=status,
+                url=self.url,
+                key=key,
+                status=status,
                 ambiguous=status != 429,  # 429: refused before it was applied
                 retry_after=_retry_after(response.headers.get("Retry-After")),
             )
@@ -528,13 +561,15 @@ class GCSStorage:
             raise StorageError(
                 f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
                 "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         if status == 403:
             raise StorageError(
                 f"{where}: permission denied on bucket {self.bucket!r} (403: {message}); check which account "
                 "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         raise StorageError(f"{where}: GCS answered {status} ({message})", url=self.url, key=key)
 
@@ -560,11 +595,7 @@ def _positive_number(value: object) -> bool:
 def _checked_timeout(timeout: object) -> tuple[float, float]:
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         timeout = (timeout, timeout)
-    if (
-        not isinstance(timeout, tuple)
-        or len(timeout) != 2
-        or not all(_positive_number(t) for t in timeout)
-    ):
+    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(_positive_number(t) for t in timeout):
         raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
     return (float(timeout[0]), float(timeout[1]))
 
@@ -604,9 +635,16 @@ def _multipart(key: str, data: bytes) -> tuple[bytes, str]:
     delimiter = b"--" + boundary.encode()
     body = b"".join(
         [
-            delimiter, b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n", metadata, b"\r\n",
-            delimiter, b"\r\nContent-Type: application/json\r\n\r\n", data, b"\r\n",
-            delimiter, b"--\r\n",
+            delimiter,
+            b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n",
+            metadata,
+            b"\r\n",
+            delimiter,
+            b"\r\nContent-Type: application/json\r\n\r\n",
+            data,
+            b"\r\n",
+            delimiter,
+            b"--\r\n",
         ]
     )
     return body, f'multipart/related; boundary="{boundary}"'
@@ -638,7 +676,9 @@ def _check_length(response: requests.Response, data: bytes, key: str, url: str) 
     if declared is not None and declared.isdigit() and int(declared) != len(data):
         raise TransientStorageError(
             f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
-            url=url, key=key, ambiguous=False,
+            url=url,
+            key=key,
+            ambiguous=False,
         )
 
 
@@ -668,7 +708,9 @@ def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str)
         raise TransientStorageError(
             f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
             f"({actual} != {expected}); the transfer was corrupted",
-            url=url, key=key, ambiguous=False,
+            url=url,
+            key=key,
+            ambiguous=False,
         )
 
 

@@ -31,7 +31,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import requests.adapters
 import urllib3.poolmanager

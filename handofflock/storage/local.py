@@ -19,9 +19,9 @@ import math
 import os
 import stat
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 try:
     import fcntl
@@ -39,8 +39,16 @@ from ..core.errors import (
 )
 from . import local_lock
 from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_max_bytes, validate_prefix
-from .local_format import MAX_GENERATION, MAX_HEADER, RESERVED_PREFIX, Header
-from .local_format import encode_header, foreign_generation, parse_header, sidecar_name
+from .local_format import (
+    MAX_GENERATION,
+    MAX_HEADER,
+    RESERVED_PREFIX,
+    Header,
+    encode_header,
+    foreign_generation,
+    parse_header,
+    sidecar_name,
+)
 
 _FILE_MODE, _DIR_MODE = 0o600, 0o700
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -95,7 +103,11 @@ class LocalStorage:
         text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text or "\x00" in text:
             raise ConfigurationError(f"LocalStorage root must be a non-empty text path without NUL, got {root!r}")
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not 0 < lock_timeout < math.inf:
+        if (
+            isinstance(lock_timeout, bool)
+            or not isinstance(lock_timeout, (int, float))
+            or not 0 < lock_timeout < math.inf
+        ):
             raise ConfigurationError(f"lock_timeout must be a finite number > 0, got {lock_timeout!r}")
         # abspath, not resolve(): no I/O here, and symlinks are refused later, not resolved away.
         self.root = os.path.abspath(text)
@@ -356,7 +368,9 @@ class LocalStorage:
             obj = None
         like = obj if obj is not None and stat.S_ISREG(obj.st_mode) else None
         try:
-            fd = local_lock.open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777)
+            fd = local_lock.open_sidecar(
+                dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777
+            )
         except OSError as exc:
             if exc.errno in _REFUSED:
                 self._refuse(dir_fd, lock_name, lock_rel, exc)
@@ -373,7 +387,9 @@ class LocalStorage:
             raise TransientStorageError(
                 f"local store {self.url}: waited {self.lock_timeout:.1f}s for the lock of {key!r}; "
                 "another process holds it (stopped, or stuck on I/O?)",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             ) from None
 
     def _replace(self, dir_fd: int, name: str, key: str, content: bytes) -> None:
@@ -397,7 +413,7 @@ class LocalStorage:
                 _keep_owner(fd, old)
             view = memoryview(content)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             _fsync(fd)  # the data must be on disk before the name points at it
         finally:
             os.close(fd)
@@ -408,7 +424,9 @@ class LocalStorage:
             raise TransientStorageError(
                 f"local store {self.url}: {key!r} was replaced but its directory could not be synced ({exc}); "
                 "the write is visible and may not survive a crash",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
 
     @contextmanager
@@ -430,17 +448,21 @@ class LocalStorage:
                 f"(flock: {exc.strerror or 'No locks available'}), so writes to it cannot be serialized; "
                 "typically NFS without a lock manager (mounted nolock, or rpc.statd/lockd not running). "
                 "Put the lock on a local filesystem, or use gs:// to share it between hosts; nothing was changed",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         if exc.errno in (errno.EACCES, errno.EPERM):
             return StorageError(
                 f"local store {self.url}: permission denied on {where!r}; check that the user running this "
                 f"process (uid {os.geteuid()}) can read, write and search {self.root!r} and the files in it",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         what = f"local store {self.url}: {exc.strerror or exc} on {where!r}"
         if exc.errno in _TRANSIENT:
-            return TransientStorageError(f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False)
+            return TransientStorageError(
+                f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False
+            )
         hint = _HINTS.get(exc.errno, "check the path and the filesystem")
         return StorageError(f"{what} ({hint}); nothing was changed", url=self.url, key=key)
 
