@@ -39,7 +39,7 @@ KILL_FOR = 5.0
 
 def processes() -> list[tuple[int, bytes, int, int, int]]:
     """``(pid, state, ppid, process group, session)`` of every process (Linux, from /proc; elsewhere none)."""
-    found = []
+    found: list[tuple[int, bytes, int, int, int]] = []
     try:
         entries = os.listdir("/proc")
     except OSError:

@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
     )
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except LockTimeout as exc:
         return _fail(str(exc), EXIT_TIMEOUT)
     except LockContended as exc:
@@ -362,7 +363,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
             try:
                 st = lock.status()
                 doc = status_json(st, now)
-                seen = (doc["state"], st.owner_id, st.waiter_id if st.waiter_live else None, st.token)
+                seen: tuple[object, ...] = (
+                    doc["state"],
+                    st.owner_id,
+                    st.waiter_id if st.waiter_live else None,
+                    st.token,
+                )
                 line = _watch_line(st, doc, now)
             except LockRecordCorrupt as exc:
                 doc = {"url": lock.url, "state": "corrupt", "error": str(exc)}

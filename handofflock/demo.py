@@ -33,7 +33,7 @@ TOTAL_STEPS = 100
 STEP_SECONDS = 0.05
 B_ARRIVES_AFTER = 2.2  # off the owner's 0.5 s check grid, so the notice latency shows
 #: Fast enough to watch; see docs/jobs.md for production values.
-TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
+TIMING: dict[str, Any] = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
 
 
 class Timeline:
@@ -66,7 +66,8 @@ class Checkpoints:
         target = pointer.claim().payload
         if not target or not Path(target["file"]).exists():  # none yet (or from an earlier run's temp dir)
             return None
-        return json.loads(Path(target["file"]).read_text())
+        state: dict[str, Any] = json.loads(Path(target["file"]).read_text())
+        return state
 
     def save(self, pointer: FencedObject, state: dict[str, Any], *, token: int) -> Path:
         path = self.root / f"ckpt-{token:020d}-{state['step']:08d}.json"
@@ -120,6 +121,7 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
                 say(name, f"step {step:3d}  loss {state['loss']:.4f}", lock.token)
         if steps.stopped:
             request = steps.request
+            assert request is not None  # stopped: somebody asked
             waited = time.monotonic() - shared.get("asked_at", time.monotonic())
             say(
                 name,
@@ -128,7 +130,7 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
                 lock.token,
             )
         last = steps.last if steps.last is not None else start - 1
-        path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token)
+        path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token or 0)
         say(name, f"checkpointed step {last} as {path.name}; the fenced pointer names it", lock.token)
         shared[f"{name.lower()}_last"] = last
         token = lock.token

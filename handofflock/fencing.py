@@ -25,7 +25,7 @@ import os
 import posixpath
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -360,7 +360,7 @@ def decode_fence(
     if version != FENCE_VERSION or not _is_int(version):
         raise corrupt(f"unsupported fence version {version!r} (this handofflock reads {FENCE_VERSION}); upgrade first")
     highest = doc.get("highestToken")
-    if not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
+    if not isinstance(highest, int) or not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
         raise corrupt("'highestToken' must be an integer in [0, 2**63-1]")
     writer = doc.get("writerId")
     if writer is not None and (problem := id_problem(writer, "writerId")) is not None:
@@ -409,6 +409,7 @@ def _non_finite(value: Any, path: str) -> str | None:
     """The path of the first NaN or infinity in ``value``, or None."""
     if isinstance(value, float):
         return None if math.isfinite(value) else path
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, (list, tuple)):

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .core.errors import ConfigurationError, HandoffLockError
 
@@ -152,7 +152,7 @@ class SignalHandlers:
             self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
             previous = self._previous.get(sig)
             if _is_python_handler(previous):
-                previous(signum, frame)  # type: ignore[operator]
+                previous(signum, frame)
             return
         self._escalate(sig, frame)
 
@@ -184,7 +184,7 @@ class SignalHandlers:
         if previous is signal.default_int_handler:
             raise KeyboardInterrupt
         if _is_python_handler(previous):
-            previous(sig, frame)  # type: ignore[operator]
+            previous(sig, frame)
             return
         # SIG_DFL (or a C-level handler we could not keep): the default action, for real.
         signal.signal(sig, signal.SIG_DFL)
@@ -255,6 +255,6 @@ def install_signal_handlers(
     return handlers
 
 
-def _is_python_handler(handler: _Handler) -> bool:
+def _is_python_handler(handler: _Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
     """A function to call: not SIG_DFL/SIG_IGN, not None (C-level), not SIGINT's default."""
     return callable(handler) and handler is not signal.default_int_handler

@@ -103,6 +103,7 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
+        sig: int
         for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
             previous = signal.getsignal(sig)
             if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
@@ -120,7 +121,7 @@ class CommandRunner:
 
     def _acquire(self) -> int | None:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
-        lock, outcome = self.lock, {}
+        lock, outcome = self.lock, dict[str, Any]()
 
         def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
             self.say(f"waiting for {lock.url}: held by {owner_id}")
@@ -176,6 +177,7 @@ class CommandRunner:
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
+        sig: int
         for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous.setdefault(sig, signal.getsignal(sig))
@@ -306,10 +308,10 @@ class CommandRunner:
         )
         return status
 
-    def _signal(self, child: subprocess.Popen, sig: int) -> None:
+    def _signal(self, child: subprocess.Popen[bytes], sig: int) -> None:
         _signal_group(child, sig, self.cgroup)
 
-    def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
+    def _send(self, child: subprocess.Popen[bytes], sig: int, verb: str) -> None:
         self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
         self.say(
             f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), "
@@ -437,7 +439,7 @@ TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
 
 def _signal_group(
-    child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None
+    child: subprocess.Popen[bytes], sig: int, cgroup: str | None = None, *, everyone: bool | None = None
 ) -> None:
     """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
 

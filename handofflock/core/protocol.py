@@ -341,7 +341,7 @@ def decide_release(
         assert record.waiting_owner_id is not None
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
-        heir = _owned_by(
+        heir_record = _owned_by(
             record,
             record.waiting_owner_id,
             record.waiter_ttl or policy.ttl,
@@ -350,7 +350,7 @@ def decide_release(
             nonce,
             record.waiter_instance,
         )
-        return Write(Kind.HANDOFF, heir, generation)
+        return Write(Kind.HANDOFF, heir_record, generation)
     freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, nonce=nonce)
     if not record.waiter_live(now, policy.max_clock_skew):
         freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None)

@@ -52,4 +52,6 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
         try:
             receiver(sender, **kwargs)
         except Exception:
-            _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
+            _log.exception(
+                "receiver %r of handofflock signal %r raised; carrying on", receiver, getattr(signal, "name", signal)
+            )

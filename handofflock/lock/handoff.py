@@ -16,7 +16,7 @@ import secrets
 import socket
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -957,6 +957,7 @@ class HandoffLock:
             if self._state != HELD:
                 return
             self._next_check = self._clock.monotonic() + self.waiter_check_interval
+            record: LockRecord | None
             try:
                 if (
                     known_generation is not None
@@ -1266,7 +1267,7 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
-def _jitter(start: int):
+def _jitter(start: int) -> Iterator[float]:
     gen = backoff(base=0.1, cap=2.0)
     for _ in range(start):
         next(gen)

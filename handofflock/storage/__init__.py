@@ -43,7 +43,7 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 DEFAULT_MEMORY_KEY = "lock.json"
 
 
-def open_url(url: str) -> tuple[Storage, str]:
+def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
     """Open the store a lock URL points at; return ``(storage, key)``.
 
     No I/O happens here: GCS clients are created lazily and local directories

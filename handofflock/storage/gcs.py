@@ -36,7 +36,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import google.auth.exceptions
@@ -61,7 +61,7 @@ from .base import validate_generation, validate_key, validate_max_bytes, validat
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
     import google_crc32c
 except ImportError:  # pragma: no cover
-    google_crc32c = None
+    google_crc32c = None  # type: ignore[assignment]
 
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
@@ -210,7 +210,7 @@ class GCSStorage:
                 found = self._download(key, headers, limit)
                 if found is _EMPTY_AT_UNKNOWN_GENERATION:  # pragma: no cover - no Range, no 416
                     raise StorageError(f"read {key!r} in {self.url}: GCS answered 416 to a read without a Range")
-            return found
+            return cast("tuple[bytes, int] | None", found)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
         validate_key(key)
@@ -307,10 +307,10 @@ class GCSStorage:
                     raise self._bucket_missing(key, response)
                 return None
             if response.status_code == 416:  # a Range on an empty object
-                generation = response.headers.get("x-goog-generation")
-                if generation is None:
+                stated = response.headers.get("x-goog-generation")
+                if stated is None:
                     return _EMPTY_AT_UNKNOWN_GENERATION
-                return b"", _parse_generation(generation, "the x-goog-generation header")
+                return b"", _parse_generation(stated, "the x-goog-generation header")
             self._check(response, "read", key)
             generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
             data, complete = _read_body(response, limit)
@@ -385,7 +385,7 @@ class GCSStorage:
         if self.user_project is not None:
             params = {**params, "userProject": self.user_project}
         connect, read = self._timeout
-        return client._http.request(
+        response: requests.Response = client._http.request(
             method,
             url,
             params=params,
@@ -396,11 +396,12 @@ class GCSStorage:
             stream=stream,
             allow_redirects=False,  # one request per operation, always
         )
+        return response
 
     def _base(self) -> str:
         connection = self.client._connection
         getter = getattr(connection, "get_api_base_url_for_mtls", None)
-        base = (getter() if getter else connection.API_BASE_URL).rstrip("/")
+        base = str(getter() if getter else connection.API_BASE_URL).rstrip("/")
         if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
             base = "http://" + base
         return base
@@ -416,7 +417,7 @@ class GCSStorage:
             if self._emulator_host:
                 return gcs.Client(
                     project=_EMULATOR_PROJECT,
-                    credentials=AnonymousCredentials(),
+                    credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
                     client_options={"api_endpoint": self._emulator_host},
                 )
             # project=None: objects need no project, and looking one up may cost I/O.
@@ -703,7 +704,7 @@ def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str)
             expected = value
     if not expected:
         return
-    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
+    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()  # type: ignore[no-untyped-call]
     if actual != expected:
         raise TransientStorageError(
             f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
@@ -746,7 +747,7 @@ def _error_message(response: requests.Response) -> str:
     """The server's explanation of an error: the JSON API's message, or the start of the body."""
     cached = getattr(response, "_handofflock_message", None)
     if cached is not None:
-        return cached
+        return str(cached)
     body = _error_body(response)
     message = ""
     try:

@@ -14,6 +14,7 @@ See ``docs/local-backend.md``.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import math
 import os
@@ -192,7 +193,7 @@ class LocalStorage:
                 return found
             pending = [(os.dup(start), f"{dir_part}/" if dir_part else "", name_prefix)]
             # Directories waiting their turn hold descriptors: close them however the walk ends.
-            stack.callback(lambda: [os.close(fd) for fd, _, _ in pending])
+            stack.callback(_close_all, pending)
             while pending:  # depth-first
                 fd, base, must_start = pending.pop()
                 try:
@@ -250,6 +251,7 @@ class LocalStorage:
                 sub = self._open_dir(fd, os.path.basename(path), path, create=True)
             finally:
                 os.close(fd)
+            assert sub is not None  # create=True opens or raises
             fd = sub
         return fd
 
@@ -325,7 +327,14 @@ class LocalStorage:
             self._refuse(dir_fd, name, key)
         return None
 
-    def _list_entry(self, fd: int, entry: os.DirEntry, key: str, found: dict, pending: list) -> None:
+    def _list_entry(
+        self,
+        fd: int,
+        entry: os.DirEntry[str],
+        key: str,
+        found: dict[str, int],
+        pending: builtins.list[tuple[int, str, str]],
+    ) -> None:
         try:
             validate_key(key)
         except InvalidKey:
@@ -463,7 +472,7 @@ class LocalStorage:
             return TransientStorageError(
                 f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False
             )
-        hint = _HINTS.get(exc.errno, "check the path and the filesystem")
+        hint = _HINTS.get(exc.errno or 0, "check the path and the filesystem")
         return StorageError(f"{what} ({hint}); nothing was changed", url=self.url, key=key)
 
 
@@ -521,3 +530,8 @@ def _fsync(fd: int) -> None:
         except OSError:
             pass
     os.fsync(fd)
+
+
+def _close_all(pending: list[tuple[int, str, str]]) -> None:
+    for fd, _, _ in pending:
+        os.close(fd)

