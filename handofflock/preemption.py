@@ -23,13 +23,13 @@ import http.client
 import logging
 import math
 import os
-import random
 import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from .core.backoff import Backoff
 from .core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ class PreemptionWatcher:
         self.request_timeout = float(request_timeout)
         self.backoff_initial = float(backoff_initial)
         self.backoff_max = float(backoff_max)
+        self._backoff = Backoff(self.backoff_initial, self.backoff_max)
         self.preempted = False
         self.noticed_at: float | None = None
         self.attempts = 0
@@ -167,9 +168,7 @@ class PreemptionWatcher:
                     return
                 failures += 1
                 self.last_error = exc
-                delay = min(self.backoff_max, self.backoff_initial * 2 ** min(failures - 1, 30)) * random.uniform(
-                    0.5, 1.0
-                )
+                delay = self._backoff.delay(failures - 1)
                 level = logging.INFO if failures == 1 else logging.DEBUG
                 _log.log(
                     level, "metadata server %s not answering (%s); retrying in %.1f s", self.host, _describe(exc), delay

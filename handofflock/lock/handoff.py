@@ -16,11 +16,12 @@ import secrets
 import socket
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core import protocol
+from ..core.backoff import RETRY
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
@@ -41,7 +42,7 @@ from ..core.record import LockRecord, id_problem, new_nonce
 from ..core.timing import Timing
 from ..storage import MAX_RECORD_BYTES, Storage, open_url
 from ..storage.cas import read_retrying, write_resolving
-from ..storage.pacing import WriteGate, backoff, default_write_interval, gate_for
+from ..storage.pacing import WriteGate, default_write_interval, gate_for
 from . import events as signals
 
 if TYPE_CHECKING:
@@ -908,7 +909,7 @@ class HandoffLock:
                     return
                 except TransientStorageError as exc:
                     self._renew_failures += 1
-                    delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
+                    delay = min(self.renew_interval, RETRY.delay(self._renew_failures))
                     self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
                     _log_renew.warning(
                         "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
@@ -1265,13 +1266,6 @@ def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
         raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
     return float(value)
-
-
-def _jitter(start: int) -> Iterator[float]:
-    gen = backoff(base=0.1, cap=2.0)
-    for _ in range(start):
-        next(gen)
-    return gen
 
 
 def _disarm_inherited() -> None:
