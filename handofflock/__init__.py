@@ -33,7 +33,7 @@ from .core.errors import (
 from .core.record import LockRecord
 from .core.timing import Timing
 from .fencing import FencedObject, FencedValue
-from .lock import HandoffLock, LockStatus, ReleaseRequest, Scheduler, Steps
+from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
 from .lock import events as signals
 from .os_signals import SignalHandlers, install_signal_handlers
 from .preemption import PreemptionWatcher
@@ -67,6 +67,7 @@ __all__ = [
     "PreconditionFailed",
     "PreemptionWatcher",
     "ReleaseRequest",
+    "RequestReason",
     "Scheduler",
     "SignalHandlers",
     "StaleToken",

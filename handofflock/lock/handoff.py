@@ -10,11 +10,14 @@ out, so nothing deadlocks.
 
 from __future__ import annotations
 
+import enum
 import logging
+import math
 import os
 import secrets
 import socket
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -70,16 +73,33 @@ def default_owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
+class RequestReason(str, enum.Enum):
+    """Why the lock is wanted. A ``str``: ``RequestReason.WAITER == "waiter"``."""
+
+    #: Another party registered as the waiter; ``requester`` is its owner id.
+    WAITER = "waiter"
+    #: An OS signal (SIGTERM, SIGUSR1, ...) through :func:`~handofflock.install_signal_handlers`.
+    SIGNAL = "signal"
+    #: A preemption notice from :class:`~handofflock.PreemptionWatcher`.
+    PREEMPTION = "preemption"
+    #: Code or a person called :meth:`HandoffLock.request_release` (formerly ``"manual"``).
+    OPERATOR = "operator"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class ReleaseRequest:
     """Someone wants the lock: who, why, and by when.
 
-    ``reason`` is ``"waiter"``, ``"signal"``, ``"preemption"`` or ``"manual"``;
-    ``requester`` is the waiter's owner id, or the signal/notice that asked;
-    ``deadline`` is the Unix time by which the lock should be released, or None.
+    ``reason`` is a :class:`RequestReason`; ``requester`` is the waiter's owner
+    id, or the signal/notice/operator that asked; ``deadline`` is the Unix time
+    by which the lock should be released, or None; ``requested_at`` is the Unix
+    time the request was noted here.
     """
 
-    reason: str
+    reason: RequestReason
     requester: str
     deadline: float | None
     requested_at: float
@@ -315,15 +335,37 @@ class HandoffLock:
         return Steps(self, iterable)
 
     def request_release(
-        self, reason: str = "manual", *, requester: str | None = None, deadline: float | None = None
+        self,
+        reason: RequestReason | str = RequestReason.OPERATOR,
+        *,
+        requester: str | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Ask the holder of this instance to release, as a waiter would.
 
         Safe in a signal handler: it only assigns attributes; the
         ``on_release_requested`` signal is sent from the scheduler thread.
-        The most urgent request (earliest deadline) is kept.
+        The most urgent request (earliest deadline) is kept. ``reason`` is a
+        :class:`RequestReason` or its value; ``"manual"`` (the old name of
+        ``"operator"``) still works, with a :class:`DeprecationWarning`.
         """
-        request = ReleaseRequest(reason, requester or reason, deadline, self._clock.time())
+        if reason == "manual":
+            warnings.warn(
+                'request_release("manual") is deprecated: use RequestReason.OPERATOR ("operator")',
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            reason = RequestReason.OPERATOR
+        try:
+            why = RequestReason(reason)
+        except ValueError:
+            choices = ", ".join(repr(r.value) for r in RequestReason)
+            raise ConfigurationError(f"release request reason must be one of {choices}, got {reason!r}") from None
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
+        ):
+            raise ConfigurationError(f"release request deadline must be a finite Unix time or None, got {deadline!r}")
+        request = ReleaseRequest(why, requester or why.value, deadline, self._clock.time())
         current = self.release_request
         if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
             self.release_request = request
@@ -995,7 +1037,7 @@ class HandoffLock:
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
-            self.request_release("waiter", requester=seen.waiter_id, deadline=seen.deadline)
+            self.request_release(RequestReason.WAITER, requester=seen.waiter_id, deadline=seen.deadline)
 
     def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
         """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
@@ -1058,10 +1100,11 @@ class HandoffLock:
             signals.send(
                 signals.on_release_requested,
                 self,
-                waiter_id=req.requester,
-                deadline=req.deadline,
-                reason=req.reason,
                 request=req,
+                requester=req.requester,
+                reason=req.reason,
+                deadline=req.deadline,
+                waiter_id=req.requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
             )
         while (event := _pop_first(self._pending_events)) is not None:
             signal, kwargs = event
