@@ -195,6 +195,8 @@ class HandoffLock:
         else:
             self._storage, self._key = open_url(url)
             self.url = os.fspath(url)
+        #: What the scheduler runs (its whole view of this lock).
+        self._duties = _Duties(self)
         if min_write_interval is None:
             min_write_interval = default_write_interval(self._storage)
         self.timing = Timing.build(
@@ -1115,11 +1117,11 @@ class HandoffLock:
             from .scheduler import default_scheduler
 
             self._scheduler = default_scheduler()
-        self._scheduler.add(self)
+        self._scheduler.add(self._duties)
 
     def _unschedule(self) -> None:
         if self._scheduler is not None:
-            self._scheduler.discard(self)
+            self._scheduler.discard(self._duties)
 
     # ------------------------------------------------------------------ storage I/O
 
@@ -1332,3 +1334,43 @@ def _disarm_inherited() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_disarm_inherited)
+
+
+class _Duties:
+    """A lock as its scheduler sees it (:class:`~handofflock.lock.scheduler.Scheduled`): its duties, nothing else."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: HandoffLock) -> None:
+        self._lock = lock
+
+    def __repr__(self) -> str:
+        return f"<duties of {self._lock!r}>"
+
+    @property
+    def check_interval(self) -> float:
+        return self._lock.waiter_check_interval
+
+    @property
+    def store(self) -> Storage:
+        return self._lock._storage
+
+    @property
+    def key(self) -> str:
+        return self._lock._key
+
+    def next_due(self) -> float:
+        return self._lock._due()
+
+    def next_due_besides_check(self) -> float:
+        return self._lock._due_besides_check()
+
+    def next_check_at(self) -> float:
+        return self._lock._next_check
+
+    def run_due(self) -> None:
+        self._lock._run_due()
+
+    def check_against(self, generation: int) -> None:
+        self._lock._check_waiter(known_generation=generation)
+        self._lock._notify()
