@@ -186,6 +186,7 @@ class HandoffLock:
         scheduler: Any = None,
         storage: Storage | None = None,
         key: str | None = None,
+        timing: Timing | None = None,
     ) -> None:
         if storage is not None:
             if key is None:
@@ -197,18 +198,39 @@ class HandoffLock:
             self.url = os.fspath(url)
         #: What the scheduler runs (its whole view of this lock).
         self._duties = _Duties(self)
-        if min_write_interval is None:
-            min_write_interval = default_write_interval(self._storage)
-        self.timing = Timing.build(
-            ttl=ttl,
-            renew_interval=renew_interval,
-            renew_deadline=renew_deadline,
-            waiter_ttl=waiter_ttl,
-            waiter_check_interval=waiter_check_interval,
-            waiter_poll_interval=waiter_poll_interval,
-            max_clock_skew=max_clock_skew,
-            min_write_interval=min_write_interval,
-        )
+        if timing is not None:
+            given = {
+                name: value
+                for name, value, default in (
+                    ("ttl", ttl, 60.0),
+                    ("renew_interval", renew_interval, None),
+                    ("renew_deadline", renew_deadline, None),
+                    ("waiter_ttl", waiter_ttl, None),
+                    ("waiter_check_interval", waiter_check_interval, 2.0),
+                    ("waiter_poll_interval", waiter_poll_interval, 1.0),
+                    ("max_clock_skew", max_clock_skew, 2.0),
+                    ("min_write_interval", min_write_interval, None),
+                )
+                if value != default
+            }
+            if not isinstance(timing, Timing):
+                raise ConfigurationError(f"timing must be a handofflock.Timing, got {type(timing).__name__}")
+            if given:
+                raise ConfigurationError(f"pass timing= or the timing keywords, not both (got {', '.join(given)})")
+            self.timing = timing
+        else:
+            if min_write_interval is None:
+                min_write_interval = default_write_interval(self._storage)
+            self.timing = Timing.build(
+                ttl=ttl,
+                renew_interval=renew_interval,
+                renew_deadline=renew_deadline,
+                waiter_ttl=waiter_ttl,
+                waiter_check_interval=waiter_check_interval,
+                waiter_poll_interval=waiter_poll_interval,
+                max_clock_skew=max_clock_skew,
+                min_write_interval=min_write_interval,
+            )
         t = self.timing
         self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = (
             t.ttl,
