@@ -24,23 +24,16 @@ and a listing one request per page of up to 1000 objects.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import email.utils
-import math
 import os
-import re
 import ssl
 import threading
-import time
-import uuid
 import weakref
 from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import quote
 
 import google.auth.exceptions
-import orjson
 import requests
 import urllib3.exceptions
 from google.auth.credentials import AnonymousCredentials
@@ -57,17 +50,28 @@ from ..core.errors import (
 )
 from . import _BUCKET_RE, gcs_deadline
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
-
-try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
-    import google_crc32c
-except ImportError:  # pragma: no cover
-    google_crc32c = None  # type: ignore[assignment]
+from .gcs_http import (
+    caused_by,
+    check_length,
+    checked_request_timeout,
+    checked_timeout,
+    checked_user_project,
+    error_message,
+    exc_reason,
+    multipart_upload,
+    never_connected,
+    parse_generation,
+    read_body,
+    reply_json,
+    retry_after_seconds,
+    says_bucket_missing,
+    verify_crc32c,
+)
 
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
 _LIST_FIELDS = "items(name,generation),nextPageToken"
-_ERROR_BODY_BYTES = 4096
 
 #: What :meth:`GCSStorage._download` returns for a 416 without a generation.
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
@@ -123,9 +127,9 @@ class GCSStorage:
             )
         self.bucket = bucket
         self.url = f"gs://{bucket}"
-        self._timeout = _checked_timeout(timeout)
-        self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
-        self.user_project = _checked_user_project(user_project)
+        self._timeout = checked_timeout(timeout)
+        self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        self.user_project = checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
         self._client = client
@@ -217,7 +221,7 @@ class GCSStorage:
         validate_generation(if_generation_match)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        body, content_type = _multipart(key, bytes(data))
+        body, content_type = multipart_upload(key, bytes(data))
         with (
             self._mapped("write", key),
             self._request(
@@ -238,7 +242,7 @@ class GCSStorage:
                 raise self._bucket_missing(key, response)
             self._check(response, "write", key, if_generation_match)
             try:
-                return _parse_generation(_json(response).get("generation"), "the upload's reply")
+                return parse_generation(reply_json(response).get("generation"), "the upload's reply")
             except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
                 raise TransientStorageError(
                     f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
@@ -259,7 +263,7 @@ class GCSStorage:
             ) as response,
         ):
             if response.status_code == 404:
-                if _says_bucket_missing(response):
+                if says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 raise NotFound(key, url=self.url)
             self._check(response, "delete", key, if_generation_match)
@@ -277,12 +281,12 @@ class GCSStorage:
                     if response.status_code == 404:  # a listing has no object to miss
                         raise self._bucket_missing(None, response)
                     self._check(response, "list", None)
-                    page = _json(response)
+                    page = reply_json(response)
                 for item in page.get("items") or ():
                     name = item.get("name") if isinstance(item, dict) else None
                     if not isinstance(name, str):
                         raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
-                    found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
+                    found[name] = parse_generation(item.get("generation"), f"the listing of {name!r}")
                 page_token = page.get("nextPageToken")
                 if not page_token:
                     return found
@@ -303,20 +307,20 @@ class GCSStorage:
                 # The emulator cannot tell a missing bucket from a missing object;
                 # GCS says so in the message. A missing bucket read as "no lock"
                 # is still caught: the create that follows fails with 404.
-                if _says_bucket_missing(response):
+                if says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 return None
             if response.status_code == 416:  # a Range on an empty object
                 stated = response.headers.get("x-goog-generation")
                 if stated is None:
                     return _EMPTY_AT_UNKNOWN_GENERATION
-                return b"", _parse_generation(stated, "the x-goog-generation header")
+                return b"", parse_generation(stated, "the x-goog-generation header")
             self._check(response, "read", key)
-            generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
-            data, complete = _read_body(response, limit)
+            generation = parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
+            data, complete = read_body(response, limit)
             if complete:
-                _check_length(response, data, key, self.url)
-                _verify_crc32c(response, data, key, self.url)
+                check_length(response, data, key, self.url)
+                verify_crc32c(response, data, key, self.url)
             return data, generation
 
     @contextlib.contextmanager
@@ -457,29 +461,30 @@ class GCSStorage:
                 ambiguous=True,
             ) from exc
         except requests.exceptions.SSLError as exc:
-            if _caused_by(exc, ssl.SSLCertVerificationError):
+            if caused_by(exc, ssl.SSLCertVerificationError):
                 raise StorageError(
-                    f"{where}: the server's TLS certificate was not accepted ({_reason(exc)}); check the CA "
+                    f"{where}: the server's TLS certificate was not accepted ({exc_reason(exc)}); check the CA "
                     "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
                     url=self.url,
                     key=key,
                 ) from exc
             raise TransientStorageError(
-                f"{where}: the TLS connection failed ({_reason(exc)}); the request may have been applied",
+                f"{where}: the TLS connection failed ({exc_reason(exc)}); the request may have been applied",
                 url=self.url,
                 key=key,
-                ambiguous=not _never_connected(exc),
+                ambiguous=not never_connected(exc),
             ) from exc
         except requests.exceptions.ConnectionError as exc:
-            if _never_connected(exc):
+            if never_connected(exc):
                 raise TransientStorageError(
-                    f"{where}: could not connect ({_reason(exc)}); nothing was sent",
+                    f"{where}: could not connect ({exc_reason(exc)}); nothing was sent",
                     url=self.url,
                     key=key,
                     ambiguous=False,
                 ) from exc
             raise TransientStorageError(
-                f"{where}: the connection failed after the request was sent ({_reason(exc)}); it may have been applied",
+                f"{where}: the connection failed after the request was sent ({exc_reason(exc)}); "
+                "it may have been applied",
                 url=self.url,
                 key=key,
                 ambiguous=True,
@@ -532,7 +537,7 @@ class GCSStorage:
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         if status == 412 and key is not None and expected is not None:
             raise PreconditionFailed(key, expected, url=self.url)
-        message = _error_message(response)
+        message = error_message(response)
         if status == 409 and key is not None and expected is not None:
             # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
             # conflicting concurrent change to the same resource. The request can be retried, though
@@ -547,7 +552,7 @@ class GCSStorage:
                 key=key,
                 status=status,
                 ambiguous=False,
-                retry_after=_retry_after(response.headers.get("Retry-After")),
+                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
             )
         if status in (408, 429) or status >= 500:
             raise TransientStorageError(
@@ -556,7 +561,7 @@ class GCSStorage:
                 key=key,
                 status=status,
                 ambiguous=status != 429,  # 429: refused before it was applied
-                retry_after=_retry_after(response.headers.get("Retry-After")),
+                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
             )
         if status == 401:
             raise StorageError(
@@ -576,7 +581,7 @@ class GCSStorage:
 
     def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
         return StorageError(
-            f"GCS bucket {self.bucket!r} does not exist (404: {_error_message(response)}); create it "
+            f"GCS bucket {self.bucket!r} does not exist (404: {error_message(response)}); create it "
             f"(`gcloud storage buckets create gs://{self.bucket}`) or check the bucket name in the lock URL",
             url=self.url,
             key=key,
@@ -584,243 +589,6 @@ class GCSStorage:
 
     def __repr__(self) -> str:
         return f"GCSStorage({self.bucket!r})"
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _positive_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
-
-
-def _checked_timeout(timeout: object) -> tuple[float, float]:
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = (timeout, timeout)
-    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(_positive_number(t) for t in timeout):
-        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
-    return (float(timeout[0]), float(timeout[1]))
-
-
-def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
-    if value is None:
-        # A reply that keeps coming, however slowly, never trips the read timeout; the
-        # default allows what a request that uses both its timeouts in full could take.
-        return timeout[0] + timeout[1]
-    if not _positive_number(value):
-        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-# Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
-_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
-
-
-def _checked_user_project(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _PROJECT_RE.match(value):
-        raise ConfigurationError(
-            f"user_project must be a Google Cloud project ID or number (the project billed for requests "
-            f"to a requester-pays bucket), got {value!r}"
-        )
-    return value
-
-
-def _multipart(key: str, data: bytes) -> tuple[bytes, str]:
-    """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
-    metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
-    while True:
-        boundary = f"handofflock-{uuid.uuid4().hex}"
-        if boundary.encode() not in data:
-            break
-    delimiter = b"--" + boundary.encode()
-    body = b"".join(
-        [
-            delimiter,
-            b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n",
-            metadata,
-            b"\r\n",
-            delimiter,
-            b"\r\nContent-Type: application/json\r\n\r\n",
-            data,
-            b"\r\n",
-            delimiter,
-            b"--\r\n",
-        ]
-    )
-    return body, f'multipart/related; boundary="{boundary}"'
-
-
-def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
-    """Read at most ``limit`` bytes of a streamed body; say whether it was read to its end."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_content(chunk_size=64 * 1024):
-        chunks.append(chunk)
-        size += len(chunk)
-        if limit is not None and size >= limit:
-            data = b"".join(chunks)[:limit]
-            # At the limit we cannot know whether more was coming, so we do
-            # not claim completeness; closing the response drops the rest.
-            return data, False
-    return b"".join(chunks), True
-
-
-def _check_length(response: requests.Response, data: bytes, key: str, url: str) -> None:
-    """A body that ended before its Content-Length is a cut reply, not a short object.
-
-    urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which the SDK
-    still allows, hands the short body over as if complete, and the CRC32C
-    check does not cover a ranged read.
-    """
-    declared = response.headers.get("Content-Length")
-    if declared is not None and declared.isdigit() and int(declared) != len(data):
-        raise TransientStorageError(
-            f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
-            url=url,
-            key=key,
-            ambiguous=False,
-        )
-
-
-def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
-    """Check a whole-object read against the server's CRC32C, when it sent one for these bytes.
-
-    Skipped for partial reads (the hash covers the whole object) and for objects
-    stored with a content encoding (the hash covers the stored bytes).
-    """
-    if google_crc32c is None:  # pragma: no cover
-        return
-    if response.headers.get("x-goog-stored-content-encoding", "identity") != "identity":
-        return
-    if response.status_code == 206:
-        total = response.headers.get("Content-Range", "").rpartition("/")[2]
-        if total != str(len(data)):
-            return
-    expected = None
-    for part in response.headers.get("x-goog-hash", "").split(","):
-        name, _, value = part.strip().partition("=")
-        if name == "crc32c":
-            expected = value
-    if not expected:
-        return
-    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()  # type: ignore[no-untyped-call]
-    if actual != expected:
-        raise TransientStorageError(
-            f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
-            f"({actual} != {expected}); the transfer was corrupted",
-            url=url,
-            key=key,
-            ambiguous=False,
-        )
-
-
-def _json(response: requests.Response) -> dict[str, Any]:
-    try:
-        value = orjson.loads(response.content)
-    except orjson.JSONDecodeError as exc:
-        raise StorageError(f"GCS sent a reply that is not JSON: {response.content[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise StorageError(f"GCS sent an unexpected reply: {response.content[:200]!r}")
-    return value
-
-
-def _parse_generation(value: object, where: str) -> int:
-    try:
-        generation = int(str(value), 10)
-    except ValueError:
-        generation = 0
-    if generation <= 0:
-        raise StorageError(f"GCS sent no valid generation in {where} (got {value!r})")
-    return generation
-
-
-def _error_body(response: requests.Response) -> bytes:
-    """At most the first few KiB of an error reply (it may be a streamed download's)."""
-    try:
-        return next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
-    except Exception:  # a reply cut off while explaining an error still has a status to go by
-        return b""
-
-
-def _error_message(response: requests.Response) -> str:
-    """The server's explanation of an error: the JSON API's message, or the start of the body."""
-    cached = getattr(response, "_handofflock_message", None)
-    if cached is not None:
-        return str(cached)
-    body = _error_body(response)
-    message = ""
-    try:
-        error = orjson.loads(body).get("error", {})
-        message = str(error.get("message") or "")
-    except (orjson.JSONDecodeError, AttributeError):
-        message = body.decode("utf-8", "replace").strip()
-    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
-    response._handofflock_message = message  # type: ignore[attr-defined]
-    return message
-
-
-def _says_bucket_missing(response: requests.Response) -> bool:
-    """Whether a 404 is about the bucket rather than the object.
-
-    GCS says "The specified bucket does not exist." for a missing bucket and
-    "No such object: BUCKET/KEY" for a missing object, with the same status and
-    reason ("notFound"); only the message tells them apart. fake-gcs-server says
-    "Not Found" for both. When unsure this answers False: reading a missing
-    bucket as "no object" is caught by the create that follows, which fails
-    with 404 on the bucket.
-    """
-    return "bucket does not exist" in _error_message(response).lower()
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when is None:
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
-
-
-def _never_connected(exc: requests.exceptions.ConnectionError) -> bool:
-    """Whether a connection error happened before any byte of the request was sent."""
-    reason = exc.args[0] if exc.args else None
-    if isinstance(reason, urllib3.exceptions.MaxRetryError):
-        reason = reason.reason
-    # NewConnectionError (refused, unreachable, DNS failure) is a ConnectTimeoutError.
-    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
-
-
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    """Whether ``kind`` is anywhere in ``exc``'s chain: causes, contexts, wrapped reasons and args."""
-    seen: set[int] = set()
-    todo: list[object] = [exc]
-    while todo:
-        item = todo.pop()
-        if not isinstance(item, BaseException) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, kind):
-            return True
-        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
-    return False
-
-
-def _reason(exc: BaseException) -> str:
-    reason = exc.args[0] if exc.args else exc
-    if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
-        reason = reason.reason
-    return str(reason) or type(reason).__name__
 
 
 def _fresh_connections_after_fork() -> None:
