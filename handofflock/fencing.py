@@ -16,6 +16,9 @@ Document (version 1)::
 :meth:`FencedObject.append`). Unknown fields are kept. Anything else off raises
 :class:`~handofflock.core.errors.FencedObjectCorrupt`; such an object is never
 overwritten. See ``docs/fencing.md``.
+
+Slightly over 400 lines: the document's strict decoder sits beside the one
+class that writes it, so what is accepted and what is written cannot drift.
 """
 
 from __future__ import annotations

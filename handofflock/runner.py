@@ -13,6 +13,11 @@ goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
 trainer too, not only the shell. The lock moves on only once the group is
 empty (or killed after the grace), so no process of the command is left
 working on the resource while the next holder starts.
+
+Longer than 400 lines on purpose: it is one supervisor loop (signals passed
+on, job control, the lock's health, the grace and the kill) whose branches
+share the child's state; split, each part would need all of it. Process-tree
+bookkeeping that needs no state is in :mod:`._watchdog`.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ skips one check.
 In money a listing is not a read: GCS bills ``objects.list`` as a Class A
 operation, like a write, at about 12.5 times a read (Class B). Grouping saves
 requests from two locks on, and money from about thirteen.
+
+Slightly over 400 lines, a fifth of them the :class:`Scheduled` protocol that
+is its contract with the locks it runs.
 """
 
 from __future__ import annotations

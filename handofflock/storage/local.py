@@ -10,6 +10,11 @@ serialized by ``flock`` on a sidecar lock file (:mod:`.local_lock`), which
 excludes other processes and, since every call opens its own descriptor, other
 threads too. Nothing below the root is ever followed through a symlink.
 See ``docs/local-backend.md``.
+
+Longer than 400 lines on purpose: every operation here walks the same
+descriptor-relative path (no symlinks, ``openat`` all the way down), and the
+walk, the atomic replace and the errno mapping only read right side by side.
+The on-disk format and the sidecar lock are already their own modules.
 """
 
 from __future__ import annotations

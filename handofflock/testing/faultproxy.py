@@ -41,6 +41,10 @@ counted (:meth:`FaultProxy.stats`) and the recent exchanges are kept
 
 The proxy only listens on 127.0.0.1, runs as daemon threads of the calling
 process, and stops itself after ``lifetime`` seconds.
+
+Longer than 400 lines on purpose: one relay loop and the faults injected into
+it, which all act on the same connection state; HTTP parsing is in
+:mod:`._http11`. Test tooling, not part of the runtime.
 """
 
 from __future__ import annotations
