@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 from .core.backoff import Backoff
 from .core.errors import ConfigurationError
+from .core.threads import quiet
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
@@ -122,7 +123,7 @@ class PreemptionWatcher:
         """Start the watching thread (once). Returns self."""
         if self._thread is not None:
             raise RuntimeError("this PreemptionWatcher was already started")
-        self._thread = threading.Thread(target=self._run, name="handofflock-preemption", daemon=True)
+        self._thread = threading.Thread(target=quiet(self._run), name="handofflock-preemption", daemon=True)
         self._thread.start()
         return self
 

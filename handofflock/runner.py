@@ -38,6 +38,7 @@ from typing import Any
 
 from . import _watchdog
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
@@ -139,7 +140,7 @@ class CommandRunner:
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
         try:
-            worker = threading.Thread(target=acquire, name="handofflock-run-acquire", daemon=True)
+            worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.1)

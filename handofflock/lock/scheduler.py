@@ -53,6 +53,7 @@ from typing import Protocol
 
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
+from ..core.threads import leave_signals_to_the_main_thread, quiet
 from ..storage.base import Storage
 
 _log = logging.getLogger("handofflock.lock.scheduler")
@@ -277,8 +278,12 @@ class Scheduler:
             if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
                 return
             self._stop.clear()
-            self._pool = self._pool or ThreadPoolExecutor(self._io_workers, thread_name_prefix=f"{self._name}-io")
-            self._thread = threading.Thread(target=self._loop, name=f"{self._name}-scheduler", daemon=True)
+            self._pool = self._pool or ThreadPoolExecutor(
+                self._io_workers,
+                thread_name_prefix=f"{self._name}-io",
+                initializer=leave_signals_to_the_main_thread,
+            )
+            self._thread = threading.Thread(target=quiet(self._loop), name=f"{self._name}-scheduler", daemon=True)
             self._thread.start()
 
     def _loop(self) -> None:
