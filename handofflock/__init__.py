@@ -5,6 +5,8 @@
 ...     ...  # lock.release_requested turns True when a waiter asks; leaving hands off
 """
 
+import logging as _logging
+
 from ._version import __version__
 from .core.clock import Clock, FakeClock
 from .core.errors import (
@@ -38,6 +40,12 @@ from .core.record import LockRecord
 from .repair import ForcedRelease, force_release
 from .os_signals import SignalHandlers, install_signal_handlers
 from .core.timing import Timing
+from .lock import logfields as _logfields
+
+# A library configures no logging of its own: records go nowhere until the application
+# configures logging (docs/observability.md lists the loggers and their fields).
+_logging.getLogger("handofflock").addHandler(_logging.NullHandler())
+_logfields.install()
 
 __all__ = [
     "Clock",

@@ -35,6 +35,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from ._version import __version__
 from .core.errors import (
     ConfigurationError,
     HandoffLockError,
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path).",
         epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"handofflock {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it.")

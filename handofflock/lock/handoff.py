@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from ..core import protocol
 from . import events as signals
+from . import metrics
 from ..storage.cas import read_retrying, write_resolving
 from ..core.clock import Clock
 from ..core.errors import (
@@ -338,7 +339,7 @@ class HandoffLock:
         """
         if timeout is not None and not timeout >= 0:  # also refuses NaN
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return self._guarded(lambda: self._acquire(blocking, timeout))
+        return metrics.timed_acquire(self, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
@@ -819,15 +820,18 @@ class HandoffLock:
                         self._next_renew = self._clock.monotonic()
                         continue
                     self._set_lease(written.record, generation, mono, wall)
+                    metrics.renewed(self, mono)
                     _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
                 except TransientStorageError as exc:
+                    metrics.renewal_failed(self, exc)
                     self._renew_failures += 1
                     delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
                     self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
                     _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
                     return
                 except (StorageError, LockRecordCorrupt) as exc:
+                    metrics.renewal_failed(self, exc)
                     self._mark_lost(f"renewal failed: {exc}", exc)
                     return
 
@@ -896,6 +900,7 @@ class HandoffLock:
         )
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
+            metrics.waiter_noticed(self, record)
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
             self.request_release("waiter", requester=seen.waiter_id, deadline=seen.deadline)
 
