@@ -12,7 +12,7 @@ log pipeline to index:
 
 One filter adds them at every call site, so the sites keep plain ``%``
 formatting: it finds the lock the logging code works for (the ``self`` of a
-method of :class:`~handofflock.HandoffLock`, the ``lock`` of a helper object
+method of :class:`~handofflock.HandoffLock`, the ``lock`` of a helper object, the ``sender`` of a signal
 or function) in the calling frames. It runs only for records a logger
 actually emits; fields passed with ``extra=`` are left as they are.
 """
@@ -74,7 +74,7 @@ def _lock_of_caller(frame: FrameType | None) -> Any:
         if frame.f_code.co_filename != logging_file:
             searched += 1
             local = frame.f_locals
-            for candidate in (local.get("self"), local.get("lock")):
+            for candidate in (local.get("self"), local.get("lock"), local.get("sender")):
                 if isinstance(candidate, HandoffLock):
                     return candidate
                 inner = getattr(candidate, "lock", None) if candidate is not None else None

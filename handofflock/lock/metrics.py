@@ -36,6 +36,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
+from .._version import __version__
 from ..core.errors import AcquireCancelled, LockContended, LockTimeout
 from . import events
 
@@ -102,7 +103,7 @@ def use_meter_provider(provider: Any = None) -> None:
         from ..core.errors import ConfigurationError
 
         raise ConfigurationError("metrics need the OpenTelemetry API: pip install 'handofflock[otel]'")
-    meter = _otel.get_meter(METER_NAME) if provider is None else provider.get_meter(METER_NAME)
+    meter = (_otel.get_meter if provider is None else provider.get_meter)(METER_NAME, __version__)
     _instruments = _Instruments(meter)
 
 
