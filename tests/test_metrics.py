@@ -222,7 +222,8 @@ def test_the_prometheus_example_serves_the_lock_metrics_on_localhost():
         samples = eventually(lambda: (s := scrape(port)) and value(s, "handofflock_handoffs_total") >= 2 and s,
                              timeout=45, what="two handoffs on /metrics")
         assert value(samples, "handofflock_acquisitions_total") >= 2
-        assert value(samples, "handofflock_locks_held") == 1, "one of the two workers holds the lock"
+        assert "handofflock_locks_held" in {k.partition("{")[0] for k in samples}
+        assert value(samples, "handofflock_locks_held") <= 1, "never both workers at once"
         assert value(samples, "handofflock_acquire_duration_seconds_count") >= 2
         assert value(samples, "handofflock_notice_latency_seconds_count") >= 2
         assert any('outcome="acquired"' in k for k in samples)
