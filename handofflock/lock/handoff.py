@@ -339,7 +339,7 @@ class HandoffLock:
         """
         if timeout is not None and not timeout >= 0:  # also refuses NaN
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return metrics.timed_acquire(self, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
+        return metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
@@ -820,7 +820,7 @@ class HandoffLock:
                         self._next_renew = self._clock.monotonic()
                         continue
                     self._set_lease(written.record, generation, mono, wall)
-                    metrics.renewed(self, mono)
+                    metrics.renewed(self, self._clock.monotonic() - mono)
                     _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
                 except TransientStorageError as exc:
@@ -900,7 +900,7 @@ class HandoffLock:
         )
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
-            metrics.waiter_noticed(self, record)
+            metrics.waiter_noticed(self, record, self._clock.time())
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
             self.request_release("waiter", requester=seen.waiter_id, deadline=seen.deadline)
 

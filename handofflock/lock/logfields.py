@@ -77,7 +77,10 @@ def _lock_of_caller(frame: FrameType | None) -> Any:
             for candidate in (local.get("self"), local.get("lock"), local.get("sender")):
                 if isinstance(candidate, HandoffLock):
                     return candidate
-                inner = getattr(candidate, "lock", None) if candidate is not None else None
+                try:  # a helper that holds a lock (PreemptionWatcher, SignalHandlers)
+                    inner = getattr(candidate, "lock", None) if candidate is not None else None
+                except Exception:  # a property that fails: not ours to report, and logging must go on
+                    continue
                 if isinstance(inner, HandoffLock):
                     return inner
         frame = frame.f_back

@@ -41,6 +41,7 @@ from ..core.errors import AcquireCancelled, LockContended, LockTimeout
 from . import events
 
 if TYPE_CHECKING:
+    from ..core.clock import Clock
     from ..core.record import LockRecord
     from .handoff import HandoffLock
 
@@ -121,11 +122,11 @@ def _observe_held(options: Any) -> Iterable[Any]:
 # ---------------------------------------------------------------------- hooks (handoff.py calls these)
 
 
-def timed_acquire(lock: "HandoffLock", acquire: Callable[[], bool]) -> bool:
-    """Run ``acquire`` and record how long it took and how it ended."""
+def timed_acquire(lock: "HandoffLock", clock: "Clock", acquire: Callable[[], bool]) -> bool:
+    """Run ``acquire`` and record how long it took (on ``clock``) and how it ended."""
     if _instruments is None:
         return acquire()
-    started = lock._clock.monotonic()
+    started = clock.monotonic()
     outcome = "error"
     try:
         got = acquire()
@@ -144,18 +145,18 @@ def timed_acquire(lock: "HandoffLock", acquire: Callable[[], bool]) -> bool:
         instruments = _instruments
         if instruments is not None:
             instruments.acquire_duration.record(
-                max(0.0, lock._clock.monotonic() - started), {**_attrs(lock), "outcome": outcome}
+                max(0.0, clock.monotonic() - started), {**_attrs(lock), "outcome": outcome}
             )
 
 
-def renewed(lock: "HandoffLock", sent_at: float) -> None:
-    """A renewal landed; ``sent_at`` is the monotonic time its write was sent."""
+def renewed(lock: "HandoffLock", latency: float) -> None:
+    """A renewal landed, ``latency`` seconds after its write was sent."""
     instruments = _instruments
     if instruments is None:
         return
     attrs = _attrs(lock)
     instruments.renewals.add(1, attrs)
-    instruments.renewal_duration.record(max(0.0, lock._clock.monotonic() - sent_at), attrs)
+    instruments.renewal_duration.record(max(0.0, latency), attrs)
 
 
 def renewal_failed(lock: "HandoffLock", error: BaseException) -> None:
@@ -166,14 +167,14 @@ def renewal_failed(lock: "HandoffLock", error: BaseException) -> None:
     instruments.renewal_errors.add(1, {**_attrs(lock), "error.type": type(error).__name__})
 
 
-def waiter_noticed(lock: "HandoffLock", record: "LockRecord") -> None:
-    """The owner saw a new waiter in ``record``: record how long after the waiter's slot began."""
+def waiter_noticed(lock: "HandoffLock", record: "LockRecord", now: float) -> None:
+    """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began."""
     instruments = _instruments
     if instruments is None or record.waiter_expires_at is None:
         return
     slot = record.waiter_ttl or lock.waiter_ttl
     registered = record.waiter_expires_at - slot
-    instruments.notice_latency.record(max(0.0, lock._clock.time() - registered), _attrs(lock))
+    instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
 
 
 # ---------------------------------------------------------------------- from the lock's signals
