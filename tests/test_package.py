@@ -58,3 +58,12 @@ def test_the_wheel_and_sdist_build_pass_twine_check_and_run_from_a_clean_venv(tm
     assert short.stdout == version.stdout
     demo = run(bin_dir / "python", "-m", "handofflock.demo", cwd=tmp_path, env=env, timeout=180)
     assert "resumed at step" in demo.stdout and demo.stdout.rstrip().endswith("yes"), demo.stdout
+
+
+def test_version_flags_print_the_version_from_version_py(capsys):
+    from handofflock.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"handofflock {__version__}\n"
+    assert main(["-V"]) == 0
+    assert capsys.readouterr().out == f"handofflock {__version__}\n"
