@@ -4,11 +4,11 @@ Every record from a ``handofflock`` logger emitted on behalf of a lock carries
 these attributes (as if passed with ``extra=``), for a JSON formatter or a
 log pipeline to index:
 
-=============  =====================================================
-``lock_url``   the lock's URL (``gs://bucket/key.json``, a path, ...)
-``owner_id``   the owner id of the instance that logged
-``token``      its fencing token while it holds the lock, else None
-=============  =====================================================
+| attribute | value |
+|---|---|
+| ``lock_url`` | the lock's URL (``gs://bucket/key.json``, a path, ...) |
+| ``owner_id`` | the owner id of the instance that logged |
+| ``token`` | its fencing token while it holds the lock, else None |
 
 One filter adds them at every call site, so the sites keep plain ``%``
 formatting: it finds the lock the logging code works for (the ``self`` of a

@@ -7,19 +7,17 @@ provider: a no-op until the application configures one
 convention for libraries. :func:`use_meter_provider` binds them to a given
 provider instead (tests, or an application that keeps its provider local).
 
-======================================  =========  ====  ==========================================
-instrument                              kind       unit  what
-======================================  =========  ====  ==========================================
-``handofflock.locks.held``              gauge      1     locks this process holds now, per lock
-``handofflock.acquire.duration``        histogram  s     how long ``acquire()`` took, by ``outcome``
-``handofflock.acquisitions``            counter    1     locks taken, ``handoff`` True when handed over
-``handofflock.renewals``                counter    1     successful renewals
-``handofflock.renewal.duration``        histogram  s     a successful renewal's write, send to reply
-``handofflock.renewal.errors``          counter    1     failed renewal attempts, by ``error.type``
-``handofflock.handoffs``                counter    1     locks handed to a waiter by their release
-``handofflock.notice.latency``          histogram  s     waiter's registration to the owner seeing it
-``handofflock.losses``                  counter    1     locks lost while held
-======================================  =========  ====  ==========================================
+| instrument | kind | unit | what |
+|---|---|---|---|
+| ``handofflock.locks.held`` | gauge | 1 | locks this process holds now, per lock |
+| ``handofflock.acquire.duration`` | histogram | s | how long ``acquire()`` took, by ``outcome`` |
+| ``handofflock.acquisitions`` | counter | 1 | locks taken, ``handoff`` True when handed over |
+| ``handofflock.renewals`` | counter | 1 | successful renewals |
+| ``handofflock.renewal.duration`` | histogram | s | a successful renewal's write, send to reply |
+| ``handofflock.renewal.errors`` | counter | 1 | failed renewal attempts, by ``error.type`` |
+| ``handofflock.handoffs`` | counter | 1 | locks handed to a waiter by their release |
+| ``handofflock.notice.latency`` | histogram | s | waiter's registration to the owner seeing it |
+| ``handofflock.losses`` | counter | 1 | locks lost while held |
 
 Every point carries ``lock.url``. ``outcome`` is ``acquired``, ``not_acquired``
 (a non-blocking try), ``timeout``, ``contended``, ``cancelled`` or ``error``.
