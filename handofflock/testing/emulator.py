@@ -79,6 +79,7 @@ class FakeGCSServer:
             raise ValueError(f"port must be an int in 1..65535, got {port!r}")
         self._fixed_port = port
         self._lifeline: int | None = None  # write end of the pipe the guard watches
+        self._owner_pid = os.getpid()
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.port: int | None = None
@@ -121,6 +122,7 @@ class FakeGCSServer:
         if self._process is not None:
             raise RuntimeError("this fake GCS server is already started")
         binary = _binary_path()
+        self._owner_pid = os.getpid()
         self._tmpdir = tempfile.TemporaryDirectory(prefix="handofflock-fake-gcs-")
         self.log_path = Path(self._tmpdir.name) / "fake-gcs-server.log"
         atexit.register(self.stop)
@@ -238,8 +240,8 @@ class FakeGCSServer:
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:
             os.close(lifeline)  # the guard reads end of file and stops the binary
-        if process is None:
-            return
+        if process is None or os.getpid() != self._owner_pid:
+            return  # a forked child's copy: the server is its parent's to stop
         if process.poll() is None:
             try:
                 process.wait(timeout=5)
