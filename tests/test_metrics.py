@@ -19,7 +19,7 @@ from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.lock import metrics
 from handofflock.storage.memory import MemoryStorage
 
-from lockutil import FAST, eventually, make_lock, raw_read, raw_write
+from lockutil import eventually, make_lock, raw_read, raw_write
 
 
 @pytest.fixture
