@@ -5,6 +5,8 @@
 ...     ...  # lock.release_requested turns True when a waiter asks; leaving hands off
 """
 
+import logging as _logging
+
 from ._version import __version__
 from .core.clock import Clock, FakeClock
 from .core.errors import (
@@ -35,9 +37,15 @@ from .core.timing import Timing
 from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
 from .lock import events as signals
+from .lock import logfields as _logfields
 from .os_signals import SignalHandlers, install_signal_handlers
 from .preemption import PreemptionWatcher
 from .repair import ForcedRelease, force_release
+
+# A library configures no logging of its own: records go nowhere until the application
+# configures logging (docs/observability.md lists the loggers and their fields).
+_logging.getLogger("handofflock").addHandler(_logging.NullHandler())
+_logfields.install()
 
 __all__ = [
     "AcquireCancelled",

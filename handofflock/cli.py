@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._version import __version__
 from .core.errors import (
     ConfigurationError,
     HandoffLockError,
@@ -116,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"handofflock {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser(

@@ -43,7 +43,7 @@ from .core.errors import ConfigurationError, HandoffLockError
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
 
-_log = logging.getLogger("handofflock.lock.events")
+_log = logging.getLogger("handofflock.os_signals")
 
 #: The signals handled when none are named.
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)

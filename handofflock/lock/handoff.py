@@ -47,6 +47,7 @@ from ..storage import MAX_RECORD_BYTES, Storage, open_url
 from ..storage.cas import read_retrying, write_resolving
 from ..storage.pacing import WriteGate, default_write_interval, gate_for
 from . import events as signals
+from . import metrics
 
 if TYPE_CHECKING:
     from .steps import Steps
@@ -422,7 +423,7 @@ class HandoffLock:
         """
         if timeout is not None and not timeout >= 0:  # also refuses NaN
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return self._guarded(lambda: self._acquire(blocking, timeout))
+        return metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
@@ -971,9 +972,11 @@ class HandoffLock:
                         self._next_renew = self._clock.monotonic()
                         continue
                     self._set_lease(written.record, generation, mono, wall)
+                    metrics.renewed(self, self._clock.monotonic() - mono)
                     _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
                 except TransientStorageError as exc:
+                    metrics.renewal_failed(self, exc)
                     self._renew_failures += 1
                     delay = min(self.renew_interval, RETRY.delay(self._renew_failures))
                     self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
@@ -985,6 +988,7 @@ class HandoffLock:
                     )
                     return
                 except (StorageError, LockRecordCorrupt) as exc:
+                    metrics.renewal_failed(self, exc)
                     self._mark_lost(f"renewal failed: {exc}", exc)
                     return
 
@@ -1060,6 +1064,7 @@ class HandoffLock:
         )
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
+            metrics.waiter_noticed(self, record, self._clock.time())
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
             self.request_release(RequestReason.WAITER, requester=seen.waiter_id, deadline=seen.deadline)
 
