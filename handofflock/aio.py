@@ -143,21 +143,35 @@ class _Forward:
 class _Call(Generic[T]):
     """One blocking call of the sync lock, in a worker thread of its own, awaited from the loop."""
 
-    __slots__ = ("fn", "done", "result", "error")
+    __slots__ = ("fn", "done", "result", "error", "_claim", "_started", "_dropped")
 
     def __init__(self, fn: Callable[[], T]) -> None:
         self.fn = fn
         self.done = threading.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
+        self._claim = threading.Lock()
+        self._started = self._dropped = False
 
     def _main(self) -> None:
+        with self._claim:  # a call the task has given up before it started never starts
+            if self._dropped:
+                return
+            self._started = True
         try:
             self.result = self.fn()
         except BaseException as exc:  # handed to the awaiting task
             self.error = exc
         finally:
             self.done.set()
+
+    def _drop_unless_started(self) -> bool:
+        """After a cancellation: True if the call never started (and now never will)."""
+        with self._claim:
+            if not self._started:
+                self._dropped = True
+                self.done.set()
+            return self._dropped
 
     async def run(self, on_cancel: Callable[[], None] | None = None) -> T:
         """Run the call; if the awaiting task is cancelled, ``on_cancel()`` then wait for the thread, then re-raise.
@@ -169,10 +183,13 @@ class _Call(Generic[T]):
         """
         try:
             await to_thread.run_sync(self._main, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
-        except BaseException:  # a cancellation (or KeyboardInterrupt): the thread still runs
-            if on_cancel is not None and not self.done.is_set():
-                on_cancel()
-            await self.finish()
+        except BaseException:  # a cancellation (or KeyboardInterrupt): the thread may still run
+            # anyio may give the job up before a worker thread took it (cancelled while waiting for
+            # the limiter or the worker): then it never runs, and there is nothing to wait for.
+            if not self._drop_unless_started():
+                if on_cancel is not None and not self.done.is_set():
+                    on_cancel()
+                await self.finish()
             raise
         return self.outcome()
 
