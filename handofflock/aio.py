@@ -103,7 +103,8 @@ class _Loop:
         try:
             from_thread.run(functools.partial(receiver, sender, **kwargs), token=token)
         except RuntimeError as exc:
-            if "finished" in str(exc).lower() or "closed" in str(exc).lower():
+            # asyncio: "Event loop is closed"; trio: RunFinishedError. A receiver's own error goes on.
+            if type(exc).__name__ == "RunFinishedError" or "closed" in str(exc).lower():
                 _log.debug("event loop gone; async receiver %r not awaited: %s", receiver, exc)
                 return
             raise
@@ -360,8 +361,12 @@ class AsyncHandoffLock:
         return await _Call(self._sync.release).run()
 
     async def status(self) -> LockStatus:
-        """Read the lock object now (one read, in a worker thread)."""
-        return await _Call(self._sync.status).run()
+        """Read the lock object now (one read, in a worker thread).
+
+        A read changes nothing, so a cancelled ``status()`` returns at once and
+        leaves the read to end in its thread.
+        """
+        return await to_thread.run_sync(self._sync.status, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
 
     async def check(self) -> None:
         """Raise :class:`~handofflock.LockLost` unless the lock is held and healthy. No I/O."""

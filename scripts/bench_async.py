@@ -20,6 +20,7 @@ on the scheduler's threads.
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 from typing import Any
@@ -168,16 +169,25 @@ async def _run(backend: Any, store: Any, counter: Any, sched: Scheduler, *, lock
 
 
 def bench_async(backend: Any, *, loop: str = "asyncio", locks: int = 200, handoffs: int = 10,
-                window: float = 20.0, ttl: float = 60.0) -> dict[str, Any]:
-    """One row: ``locks`` held async locks and ``handoffs`` handoffs on ``backend``, under ``loop``."""
+                window: float = 20.0, ttl: float = 60.0, switch_interval: float | None = None) -> dict[str, Any]:
+    """One row: ``locks`` held async locks and ``handoffs`` handoffs on ``backend``, under ``loop``.
+
+    ``switch_interval`` sets ``sys.setswitchinterval()`` for the row (and puts it back after): how
+    long the loop's thread may wait for the GIL while background threads run Python code.
+    """
     store, counter = backend.store()
     sched = Scheduler(name=f"bench-async-{backend.name}")
+    previous = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     try:
         row = anyio.run(
             lambda: _run(backend, store, counter, sched, locks=locks, handoffs=handoffs, window=window, ttl=ttl),
             backend=loop,
         )
     finally:
+        sys.setswitchinterval(previous)
         sched.stop()
         store.close()
-    return {"backend": backend.name, "loop": loop, **row}
+    return {"backend": backend.name, "loop": loop, "switch_interval_ms": round(sys.getswitchinterval() * 1000
+            if switch_interval is None else switch_interval * 1000, 2), **row}
