@@ -62,7 +62,7 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
                 runner = async_runners.get(sender)
                 if runner is None:
                     _log.warning("async receiver %r of handofflock signal %r skipped: only an AsyncHandoffLock "
-                                 "awaits async receivers", receiver, signal.name)
+                                 "awaits async receivers", receiver, getattr(signal, "name", signal))
                     continue
                 runner(receiver, sender, kwargs)
             else:
