@@ -286,6 +286,12 @@ async def test_asyncio_timeout_and_task_cancel_around_acquire_give_the_slot_back
     holder = make_lock(url)
     holder.acquire()
     lock = AsyncHandoffLock(url, **QUICK)
+    registered: list[str] = []
+
+    def on_waiting(sender, **kw):
+        registered.append(sender.owner_id)
+
+    signals.waiting.connect(on_waiting, sender=lock)
 
     task = asyncio.ensure_future(lock.acquire())
     await until(lambda: waiter_of(url) == lock.owner_id)
@@ -301,6 +307,7 @@ async def test_asyncio_timeout_and_task_cancel_around_acquire_give_the_slot_back
                 await lock.acquire()
         else:  # pragma: no cover - Python 3.10
             await asyncio.wait_for(lock.acquire(), 0.6)
+    assert registered == [lock.owner_id] * 2  # it was the waiter both times, and gave the slot back
     assert waiter_of(url) is None and not lock.is_held
     holder.release()
 
