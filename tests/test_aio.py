@@ -252,6 +252,42 @@ async def test_cancelling_a_task_waiting_in_acquire_gives_the_waiter_slot_back(a
     await lock.release()
 
 
+async def test_a_handoff_that_lands_as_the_acquire_is_cancelled_is_passed_on_not_kept(anyio_backend, request, tmp_path):
+    url = url_for("memory", request, tmp_path)
+    holder = make_lock(url)
+    holder.acquire()
+    lock = AsyncHandoffLock(url, **QUICK)
+    outcome: list[str] = []
+    scope = anyio.CancelScope()
+
+    def cancel_as_it_lands(sender, token, handoff, **kw):
+        # In the worker thread, inside acquire(), once the lock is ours: the task is cancelled
+        # before it can see acquire() return True.
+        anyio.from_thread.run_sync(scope.cancel)
+
+    signals.acquired.connect(cancel_as_it_lands, sender=lock)
+
+    async def wait() -> None:
+        with scope:
+            try:
+                await lock.acquire()
+            except anyio.get_cancelled_exc_class():
+                outcome.append("cancelled")
+                raise
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await until(lambda: waiter_of(url) == lock.owner_id)
+        token = holder.token
+        assert holder.release() == lock.owner_id  # handed to the async lock ...
+    assert outcome == ["cancelled"] and scope.cancelled_caught
+    record, _ = raw_read(url)
+    assert record.owner_id is None and record.token > token  # ... which took it and released it at once
+    assert not lock.is_held
+    assert await lock.acquire(blocking=False)  # and no cancel is left over
+    await lock.release()
+
+
 async def test_fail_after_around_acquire_acts_like_timeout(anyio_backend, request, tmp_path):
     url = url_for("local", request, tmp_path)
     holder = make_lock(url)
