@@ -5,7 +5,10 @@
 ...     ...  # lock.release_requested turns True when a waiter asks; leaving hands off
 """
 
+import importlib as _importlib
+import importlib.util as _importlib_util
 import logging as _logging
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .core.clock import Clock, FakeClock
@@ -46,6 +49,10 @@ from .repair import ForcedRelease, force_release
 # configures logging (docs/observability.md lists the loggers and their fields).
 _logging.getLogger("handofflock").addHandler(_logging.NullHandler())
 _logfields.install()
+
+if TYPE_CHECKING:
+    from .aio import AsyncHandoffLock as AsyncHandoffLock
+    from .aio import AsyncSteps as AsyncSteps
 
 __all__ = [
     "AcquireCancelled",
@@ -89,3 +96,16 @@ __all__ = [
     "install_signal_handlers",
     "signals",
 ]
+
+# The async lock needs anyio (the ``async`` extra): imported on first use, so that the
+# package itself never does; listed in __all__ where anyio is installed.
+_LAZY = {"AsyncHandoffLock": "aio", "AsyncSteps": "aio"}
+
+if _importlib_util.find_spec("anyio") is not None:
+    __all__ += list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(_importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

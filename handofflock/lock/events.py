@@ -29,7 +29,10 @@ the background scheduler); one that raises is logged and the others still run.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from blinker import Namespace, Signal
@@ -47,6 +50,14 @@ lost: Signal = _ns.signal("lost", doc="The lock is no longer safely held.")
 
 _log = logging.getLogger("handofflock.lock.events")
 
+#: Who awaits a coroutine-function receiver (``async def``) for a given sender: ``runner(receiver,
+#: sender, kwargs)``, which returns once it has been awaited. :mod:`handofflock.aio` registers one
+#: per lock it wraps, awaiting on that lock's event loop. Calling such a receiver here would only
+#: make a coroutine nobody awaits, so for other senders it is skipped, with a warning.
+async_runners: weakref.WeakKeyDictionary[Any, Callable[[Callable[..., Any], Any, dict[str, Any]], None]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a receiver that raises is logged and the rest still run."""
@@ -54,7 +65,19 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
         return
     for receiver in list(signal.receivers_for(sender)):
         try:
-            receiver(sender, **kwargs)
+            if inspect.iscoroutinefunction(receiver):
+                runner = async_runners.get(sender)
+                if runner is None:
+                    _log.warning(
+                        "async receiver %r of handofflock signal %r skipped: only an AsyncHandoffLock "
+                        "awaits async receivers",
+                        receiver,
+                        getattr(signal, "name", signal),
+                    )
+                    continue
+                runner(receiver, sender, kwargs)
+            else:
+                receiver(sender, **kwargs)
         except Exception:
             _log.exception(
                 "receiver %r of handofflock signal %r raised; carrying on", receiver, getattr(signal, "name", signal)
