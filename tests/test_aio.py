@@ -177,7 +177,7 @@ async def test_async_steps_run_until_a_release_is_requested_over_sync_and_async_
         steps = lock.steps(range(1000))
         async for step in steps:
             if step == 5:
-                lock.request_release("manual", requester="test")
+                lock.request_release("operator", requester="test")
         assert steps.stopped and steps.last == 5 and steps.count == 6
         assert steps.request is not None and steps.request.requester == "test"
     with pytest.raises(LockLost):  # released: no step starts without the lock

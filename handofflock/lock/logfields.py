@@ -34,6 +34,7 @@ LOGGERS = (
     "handofflock.os_signals",
     "handofflock.preemption",
     "handofflock.repair",
+    "handofflock.aio",
 )
 
 #: The attributes added to each record.
