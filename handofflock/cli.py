@@ -60,6 +60,7 @@ from .exit_codes import (
 )
 from .lock.handoff import HandoffLock, LockStatus
 from .core.record import LockRecord
+from .core.timefmt import iso, when
 from .repair import force_release
 from .runner import CommandRunner, fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
@@ -141,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-for-slot", action="store_true", help="if another process already waits, wait for its slot instead of exiting 75")
     p.add_argument("--poll-interval", type=float, default=None,
                    help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)")
+    p.add_argument("--label", default=None,
+                   help="who this is, shown by `status` beside the owner or waiter id (default: host, pid, "
+                        "Kubernetes pod, Slurm job and torchrun rank, as found in the environment)")
+    p.add_argument("--owner-id", default=None,
+                   help="a stable owner id (default: a fresh host:pid:random); a run restarted with the same id "
+                        "retakes its own lock at once")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
     p.set_defaults(func=cmd_run)
@@ -167,13 +174,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
-    """``LockStatus.to_json()`` plus ``state`` and seconds left: the stable shape of ``status --json``."""
+    """``LockStatus.to_json()`` plus ``state``, seconds left and ISO times: the stable shape of ``status --json``.
+
+    ``releaseRequested`` is True while a live waiter is registered (the holder
+    is told within its waiter check interval); ``releaseRequestedBy`` names it
+    (its label, else its id).
+    """
     now = st.read_at if now is None else now
     doc = st.to_json()
     doc["state"] = _state(st, now)
     doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
     doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
+    doc["expiresAtIso"] = iso(st.expires_at)
+    doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
+    doc["readAtIso"] = iso(st.read_at)
+    requested = _release_requested(st, now)
+    doc["releaseRequested"] = requested
+    doc["releaseRequestedBy"] = _who(st.waiter_id, st.waiter_label) if requested else None
     return doc
+
+
+def _release_requested(st: LockStatus, now: float) -> bool:
+    return _state(st, now) == "held" and st.waiter_id is not None and st.waiter_expires_at is not None and now <= st.waiter_expires_at
+
+
+def _who(ident: str | None, label: Any) -> str:
+    """``label (id)``, or the id alone when there is no label."""
+    if ident is None:
+        return "-"
+    return f"{label.text} ({ident})" if label is not None else ident
 
 
 def _state(st: LockStatus, now: float) -> str:
@@ -188,8 +217,7 @@ def _left(ts: float | None, now: float) -> str:
     if ts is None:
         return "-"
     left = ts - now
-    when = time.strftime("%H:%M:%S", time.localtime(ts))
-    return f"{left:.1f} s left, until {when}" if left >= 0 else f"ran out {-left:.1f} s ago, at {when}"
+    return f"{left:.1f} s left, until {iso(ts)}" if left >= 0 else f"ran out {-left:.1f} s ago, at {iso(ts)}"
 
 
 def status_text(st: LockStatus, now: float | None = None) -> str:
@@ -205,16 +233,25 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         "expired": f"expired: the lease {_left(st.expires_at, now)}; the next acquire takes it",
     }[state]
     lines.append(f"  state       {owner}")
-    lines.append(f"  owner       {st.owner_id or '-'}")
+    lines.append(f"  owner       {_who(st.owner_id, st.owner_label) if st.owner_id else '-'}")
+    if st.expires_at is not None:
+        lines.append(f"  expires     {when(st.expires_at, now)}")
     if st.waiter_id is None:
         lines.append("  waiter      none")
     else:
         live = "live" if st.waiter_live else "gone"
-        lines.append(f"  waiter      {st.waiter_id} ({live}, {_left(st.waiter_expires_at, now)})")
+        lines.append(f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({live}, {_left(st.waiter_expires_at, now)})")
+    if _release_requested(st, now):
+        grace = st.owner_label.grace if st.owner_label is not None else None
+        lines.append(f"  release     requested by {_who(st.waiter_id, st.waiter_label)}"
+                     + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else ""))
+    elif state == "held":
+        lines.append("  release     not requested")
     lines.append(f"  token       {st.token}")
     lines.append(f"  generation  {st.generation}")
     if st.ttl is not None:
         lines.append(f"  ttl         {st.ttl:g} s")
+    lines.append(f"  read at     {iso(st.read_at)}")
     return "\n".join(lines)
 
 
@@ -321,11 +358,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         while True:
             now = time.time()
-            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            stamp = iso(now)
             try:
                 st = lock.status()
                 doc = status_json(st, now)
-                seen = (doc["state"], st.owner_id, st.waiter_id if st.waiter_live else None, st.token)
+                seen = (doc["state"], st.owner_id, st.owner_label, st.waiter_id if st.waiter_live else None,
+                        st.waiter_label if st.waiter_live else None, st.token)
                 line = _watch_line(st, doc, now)
             except LockRecordCorrupt as exc:
                 doc = {"url": lock.url, "state": "corrupt", "error": str(exc)}
@@ -349,9 +387,9 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
         return "absent (no lock object)"
     if state == "free":
         return f"free (token {st.token})"
-    line = f"{state}: {st.owner_id} (token {st.token}, lease {_left(st.expires_at, now)})"
+    line = f"{state}: {_who(st.owner_id, st.owner_label)} (token {st.token}, lease {_left(st.expires_at, now)})"
     if st.waiter_id is not None and st.waiter_live:
-        line += f"; waiter {st.waiter_id}"
+        line += f"; release requested by waiter {_who(st.waiter_id, st.waiter_label)}"
     return line
 
 

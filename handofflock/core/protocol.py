@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from .errors import TokensExhausted
-from .record import MAX_TOKEN, LockRecord
+from .record import MAX_TOKEN, Label, LockRecord
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,13 @@ def next_token(record: LockRecord | None, now: float) -> int:
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 
-def _owned_by(record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str, instance: str | None) -> LockRecord:
+def _owned_by(
+    record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str, instance: str | None,
+    label: Label | None = None,
+) -> LockRecord:
     return record.replace(
+        owner_label=label,
+        waiter_label=None,
         owner_id=me,
         expires_at=now + ttl,
         waiting_owner_id=None,
@@ -173,8 +178,9 @@ def decide_acquire(
     nonce: str,
     waiting: bool,
     instance: str | None = None,
+    label: Label | None = None,
 ) -> Decision:
-    """The next step of ``acquire()``.
+    """The next step of ``acquire()``. ``label`` goes into the record beside our id (as owner or waiter).
 
     ``waiting`` says whether we registered as the waiter during this acquire
     (a record naming us, this very ``instance``, as owner then means the owner
@@ -182,7 +188,7 @@ def decide_acquire(
     """
     if record is None:
         fresh = LockRecord(ttl=policy.ttl)
-        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance), 0)
+        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance, label), 0)
 
     if record.owner_id == me:
         if (
@@ -194,11 +200,11 @@ def decide_acquire(
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance)
+        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label)
         if record.waiter_live(now, policy.max_clock_skew) and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
             taken = taken.replace(
                 waiting_owner_id=record.waiting_owner_id, waiter_expires_at=record.waiter_expires_at,
-                waiter_ttl=record.waiter_ttl, waiter_instance=record.waiter_instance,
+                waiter_ttl=record.waiter_ttl, waiter_instance=record.waiter_instance, waiter_label=record.waiter_label,
             )
         return Write(Kind.RETAKE, taken, generation)
 
@@ -210,7 +216,7 @@ def decide_acquire(
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record)  # the live waiter has priority; only it may take the lock
-        return Write(Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance), generation)
+        return Write(Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label), generation)
 
     # A live owner holds it.
     if mine:
@@ -224,7 +230,7 @@ def decide_acquire(
         Kind.BECOME_WAITER,
         record.replace(
             waiting_owner_id=me, waiter_expires_at=now + policy.waiter_ttl, nonce=nonce,
-            waiter_ttl=policy.ttl, waiter_instance=instance,
+            waiter_ttl=policy.ttl, waiter_instance=instance, waiter_label=label,
         ),
         generation,
     )
@@ -253,7 +259,9 @@ def decide_give_up_wait(
         return Wait("the waiter slot is not ours; nothing to give back")
     return Write(
         Kind.GIVE_UP_WAIT,
-        record.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, nonce=nonce),
+        record.replace(
+            waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, waiter_label=None, nonce=nonce,
+        ),
         generation,
     )
 
@@ -312,12 +320,12 @@ def decide_release(
         # ttl than ours must not start with a lease it would count as already half gone.
         heir = _owned_by(
             record, record.waiting_owner_id, record.waiter_ttl or policy.ttl, now,
-            next_token(record, now), nonce, record.waiter_instance,
+            next_token(record, now), nonce, record.waiter_instance, record.waiter_label,
         )
         return Write(Kind.HANDOFF, heir, generation)
-    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, nonce=nonce)
+    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, owner_label=None, nonce=nonce)
     if not record.waiter_live(now, policy.max_clock_skew):
-        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None)
+        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, waiter_label=None)
     return Write(Kind.FREE, freed, generation)
 
 
