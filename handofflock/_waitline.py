@@ -22,6 +22,7 @@ changes, and otherwise every ``heartbeat`` seconds, never two within
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import IO, Any, Callable
@@ -36,13 +37,14 @@ class WaitLine:
     def __init__(
         self, lock: Any, *, stream: IO[str] | None = None, read_every: float = 2.0,
         min_spacing: float = 5.0, heartbeat: float = 30.0, clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
     ) -> None:
         self.lock = lock
         self.stream = stream if stream is not None else sys.stderr
         self.read_every, self.min_spacing, self.heartbeat = read_every, min_spacing, heartbeat
         self._clock = clock
-        self.started = clock()
-        self._next_read = self.started
+        self.started = clock() if started is None else started  # when the wait began (monotonic)
+        self._next_read = clock()
         self._holder: str | None = None
         self._waiting_as: float | None = None  # the holder's expiresAt when we first saw ourselves waiting
         self._notified_at: float | None = None  # wall time we saw the holder renew since
@@ -106,7 +108,7 @@ class WaitLine:
             if self._rich is not None:
                 self._rich.update(self.text())
             elif self.terminal:
-                self.stream.write("\r\x1b[K" + self.text())
+                self.stream.write("\r\x1b[K" + self.text()[: self._width() - 1])  # a wrapped line would not redraw
                 self.stream.flush()
                 self._drawn = True
             else:
@@ -118,6 +120,13 @@ class WaitLine:
                     self.stream.flush()
         except (OSError, ValueError):
             self._broken = True  # a closed or hung-up stderr never ends run
+
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+        return max(20, columns) if columns > 0 else 10_000  # 0: a terminal that does not say (a bare pty)
 
     def say(self, line: str) -> None:
         """Print ``line`` above the live line (or as is elsewhere)."""

@@ -156,7 +156,7 @@ class CommandRunner:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
                 elif line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
                     # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
-                    line = self._line = WaitLine(lock)
+                    line = self._line = WaitLine(lock, started=started)
                 if line is not None:
                     line.tick()
         finally:
