@@ -558,8 +558,8 @@ class HandoffLock:
         message = None
         if timed_out:
             message = (
-                f"timed out acquiring {self.url!r}: held by {r.owner_id!r} "
-                f"(lease ends {_when(r.expires_at, self._clock.time())}), waiter {r.waiting_owner_id!r}"
+                f"timed out acquiring {self.url!r}: held by {r.owner_id!r}, "
+                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {r.waiting_owner_id!r}"
             )
         return cls(
             message,
