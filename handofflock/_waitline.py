@@ -5,8 +5,9 @@ the holder has been told, and when its grace ends::
 
     waiting 1 min 12 s for gs://b/train.json: held by pod=ml/train-0 pid=1; notified yes; grace ends by 2026-11-23T10:02:11.000Z
 
-Where it comes from: a read of the lock every ``read_every`` seconds (reads
-cost nothing on the store's write budget). "Notified" is yes once the holder
+Where it comes from: a read of the lock every ``read_every`` seconds, in a
+helper thread so that a slow store never holds up the main loop (reads cost
+nothing on the store's write budget). "Notified" is yes once the holder
 has renewed its lease since we registered as the waiter: a renewal is a write
 conditional on the record that names us, so the holder had read us (and was
 told, within its waiter check interval) before it. The grace is the one the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import IO, Any, Callable
 
@@ -52,6 +54,7 @@ class WaitLine:
         self._printed_at = float("-inf")
         self._printed: tuple[Any, ...] | None = None
         self._broken = False
+        self._reading = False
         try:
             self.terminal = bool(self.stream.isatty())
         except (AttributeError, ValueError, OSError):
@@ -62,6 +65,20 @@ class WaitLine:
             self._rich = _rich_status(self.stream)
 
     # -- state ------------------------------------------------------------------------------
+
+    def _read_in_background(self) -> None:
+        """One read, off the main loop (which must stay free to pass signals on); one at a time."""
+        if self._reading:
+            return
+        self._reading = True
+
+        def read() -> None:
+            try:
+                self._read()
+            finally:
+                self._reading = False
+
+        threading.Thread(target=read, name="handofflock-run-waitline", daemon=True).start()
 
     def _read(self) -> None:
         try:
@@ -101,7 +118,7 @@ class WaitLine:
         now = self._clock()
         if now >= self._next_read:
             self._next_read = now + self.read_every
-            self._read()
+            self._read_in_background()
         if self._broken:
             return
         try:

@@ -342,9 +342,8 @@ class CommandRunner:
             return lock.release_requested
         if not lock.release_requested:
             return False
-        try:
-            st = lock.status()
-        except HandoffLockError:
+        st = _status_within(lock, RECHECK_TIMEOUT)
+        if st is None:
             return True
         return st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id
 
@@ -356,6 +355,30 @@ class CommandRunner:
         name = signal.Signals(sig).name
         what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
         self.say(f"{what} {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+
+
+#: How long ``run`` waits for the read that checks a waiter is still there before it signals or
+#: kills the command; past it (a slow or unreachable store) the request is taken to stand.
+RECHECK_TIMEOUT = 2.0
+
+
+def _status_within(lock: HandoffLock, timeout: float) -> Any:
+    """``lock.status()`` read in a helper thread, or None if it failed or took longer than ``timeout``.
+
+    The main loop must not hang on a store that does not answer: it supervises the command.
+    """
+    found: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            found["status"] = lock.status()
+        except HandoffLockError:
+            pass
+
+    reader = threading.Thread(target=read, name="handofflock-run-recheck", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found.get("status")
 
 
 def stop_signal(value: Any) -> signal.Signals:
