@@ -1,7 +1,7 @@
 """The ``handofflock`` command: look at a lock, hold it around a command, clear it, watch it.
 
     handofflock status URL [--json]
-    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] -- CMD [ARGS...]
+    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] [--label TEXT] [--owner-id ID] -- CMD [ARGS...]
     handofflock release URL --force [--yes]
     handofflock watch URL [--interval S] [--json]
 
@@ -129,7 +129,9 @@ def _parser() -> argparse.ArgumentParser:
             "its own, and signals go to the whole group. The lock is released only after the group has\n"
             "exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2 sent to this\n"
             "process are passed on to CMD's group. CMD's environment has HANDOFFLOCK_URL,\n"
-            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID."
+            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID.\n"
+            "CMD is looked up before the lock is asked for (exit 127/126 if it cannot run). If the\n"
+            "waiter goes away before the grace ends, CMD is left alone and run keeps the lock."
         ),
         epilog=EXIT_CODES_HELP,
     )
