@@ -27,7 +27,8 @@ import os
 import sys
 import threading
 import time
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 from .core.errors import HandoffLockError
 from .core.timefmt import age, iso

@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from handofflock import AcquireCancelled, HandoffLock, signals  # noqa: E402
+from handofflock import AcquireCancelled, HandoffLock, signals
 
 
 def one_round(url: str, check: float) -> float:
-    timing = dict(ttl=30.0, waiter_check_interval=check, waiter_poll_interval=min(0.5, check), min_write_interval=0.0)
+    timing = {"ttl": 30.0, "waiter_check_interval": check, "waiter_poll_interval": min(0.5, check), "min_write_interval": 0.0}
     holder = HandoffLock(url, owner_id="holder", **timing)
     waiter = HandoffLock(url, owner_id="waiter", **timing)
     asked, withdrawn = threading.Event(), threading.Event()

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import orjson
 import pytest
+from lockutil import eventually, make_lock, raw_read, raw_write
 
 from handofflock import FakeClock, HandoffLock, LockRecordCorrupt, Scheduler
 from handofflock.cli import main
 from handofflock.core import protocol
 from handofflock.core.errors import ConfigurationError
 from handofflock.core.identity import detect_label
-from handofflock.core.protocol import Kind, Policy, Write
+from handofflock.core.protocol import Kind, Policy
 from handofflock.core.record import Label, LockRecord
 from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
-from lockutil import eventually, make_lock, raw_read, raw_write
 
 NOW = 1_700_000_000.0
 POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
@@ -39,12 +39,14 @@ def url():
 
 
 def held(**kw) -> LockRecord:
-    base = dict(owner_id="a", expires_at=NOW + 30, ttl=60.0, token=7, nonce="n0", owner_instance="ia", owner_label=OWNER)
+    base = {"owner_id": "a", "expires_at": NOW + 30, "ttl": 60.0, "token": 7, "nonce": "n0", "owner_instance": "ia",
+            "owner_label": OWNER}
     return LockRecord(**{**base, **kw})
 
 
 def waited(**kw) -> LockRecord:
-    base = dict(waiting_owner_id="w", waiter_expires_at=NOW + 20, waiter_instance="iw", waiter_ttl=60.0, waiter_label=WAITER)
+    base = {"waiting_owner_id": "w", "waiter_expires_at": NOW + 20, "waiter_instance": "iw", "waiter_ttl": 60.0,
+            "waiter_label": WAITER}
     return held(**{**base, **kw})
 
 

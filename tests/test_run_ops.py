@@ -3,8 +3,9 @@ signal, and what a long wait shows, on a terminal (a real pty) and elsewhere. Re
 
 from __future__ import annotations
 
-import json
 import fcntl
+import itertools
+import json
 import os
 import select
 import signal
@@ -17,14 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from jobsutil import CONSOLE_SCRIPT, child_env, popen
+from lockutil import eventually, raw_read
 
 from handofflock import HandoffLock
 from handofflock.cli import main
 from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
 from handofflock.lock import events as lock_signals
-from jobsutil import CONSOLE_SCRIPT, child_env, popen
-from lockutil import eventually, raw_read
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
@@ -67,7 +68,7 @@ def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
                                     (str(notexec), EXIT_CANNOT_EXECUTE, "is not executable"),
                                     (str(tmp_path), EXIT_CANNOT_EXECUTE, "is a directory")):
             proc = subprocess.run([str(CONSOLE_SCRIPT), "run", url, "--", command, "train.py"],
-                                  capture_output=True, text=True, env=child_env(), timeout=60)
+                                  check=False, capture_output=True, text=True, env=child_env(), timeout=60)
             assert proc.returncode == code, proc.stderr
             assert says in proc.stderr and "the lock was not asked for" in proc.stderr
         record, _ = raw_read(url)
@@ -82,7 +83,7 @@ def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
 @pytest.mark.parametrize("value", ["KILL", "9", "STOP", "CHLD", "SEGV", "WINCH", "0", "65", "TERMINATE"])
 def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, value):
     proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--signal", value, "--", "true"],
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+                          check=False, capture_output=True, text=True, env=child_env(), timeout=60)
     assert proc.returncode == EXIT_CONFIG, proc.stderr
     assert "--signal" in proc.stderr or "signal" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -96,7 +97,7 @@ def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path):
     url = (tmp_path / "lock.json").as_uri()
     holder = holder_run(url, tmp_path, "--grace", "12")
     try:
-        proc = subprocess.run([str(CONSOLE_SCRIPT), "status", url, "--json"], capture_output=True, text=True,
+        proc = subprocess.run([str(CONSOLE_SCRIPT), "status", url, "--json"], check=False, capture_output=True, text=True,
                               env=child_env(), timeout=60)
         doc = json.loads(proc.stdout)
         assert (doc["ownerId"], doc["ownerLabel"], doc["ownerGrace"]) == ("holder-job", "pod=ml/train-0", 12.0)
@@ -270,6 +271,6 @@ def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path):
     waiting = [(t, ln) for t, ln in lines if "handofflock: waiting " in ln and "notified" in ln]
     assert waiting and "held by pod=ml/train-0; notified no" in waiting[0][1]
     assert "grace ends by 20" in waiting[-1][1]
-    gaps = [b[0] - a[0] for a, b in zip(waiting, waiting[1:])]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(waiting)]
     assert all(gap >= 4.0 for gap in gaps), f"at most one line every 5 s: {gaps}"
     assert not any("\r" in ln for _, ln in lines)

@@ -8,11 +8,11 @@ import time
 import uuid
 
 import pytest
+from lockutil import make_lock
 
 from handofflock import HandoffLock, LockTimeout
 from handofflock.core.errors import ConfigurationError
 from handofflock.core.timefmt import age, iso, when
-from lockutil import make_lock
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Mapping
+from collections.abc import Mapping
 
 from .record import MAX_LABEL_LENGTH
 
