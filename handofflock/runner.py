@@ -300,13 +300,14 @@ class CommandRunner:
                     self.say(f"{who} asks for {lock.url}")
                     self._send(child, self.stop_signal, "sending")
                     kill_at, asked = now + self.args.grace, request
-            if kill_at is not None and killed_at is None and now >= kill_at:
+            if kill_at is not None and killed_at is None and (now >= kill_at or (asked is not None and not lock.release_requested)):
+                # At the end of the grace, or as soon as the lock withdrew the waiter's request.
                 if asked is not None and not self._still_wanted(asked):
                     # The waiter left (or its slot expired) during the grace: nobody needs the lock now.
                     self.say(f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
                              "it goes on, and run keeps the lock")
                     declined, asked, kill_at = asked, None, None
-                else:
+                elif now >= kill_at:
                     self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
                     self._signal(child, signal.SIGKILL)
                     killed_at = last_kill = now

@@ -119,16 +119,22 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
         waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--label", "eval-job", "--", "true"])
         eventually(lambda: (raw_read(url)[0]).waiting_owner_id is not None, timeout=20, what="the waiter registered")
         wait_for_line(holder, "asks for")
+        grace_ends = time.monotonic() + 3.0
         waiter.send_signal(signal.SIGINT)
         assert waiter.wait(20) == 128 + signal.SIGINT, waiter.stderr.read()
         err = wait_for_line(holder, "is no longer waiting")
         assert "not killing" in err and "run keeps the lock" in err
-        time.sleep(1.0)
+        time.sleep(max(0.0, grace_ends + 1.0 - time.monotonic()))  # past the end of the grace it was given
         assert alive(cmd) and holder.poll() is None, "the command runs on"
         record, _ = raw_read(url)
         assert record.owner_id == "holder-job" and record.waiting_owner_id is None
-        st = HandoffLock(url).status()
-        assert st.owner_live
+        assert HandoffLock(url).status().owner_live
+        # A new waiter is a new request: the command is asked again, and killed after a fresh grace.
+        second = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"])
+        wait_for_line(holder, "asks for")
+        assert holder.wait(30) == 128 + signal.SIGKILL
+        assert "did not exit within 3 s; killing it" in holder.stderr.read()
+        assert second.wait(30) == 0, second.stderr.read()
     finally:
         kill_run(holder)
 
