@@ -22,7 +22,7 @@ from handofflock.storage import MemoryStorage
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=["memory", "local", "gcs"])
 def url(request, tmp_path):
     u = url_for(request.param, request, tmp_path)
     yield u
