@@ -14,69 +14,70 @@ from .core.errors import (
     FencedObjectFull,
     FencedObjectTooLarge,
     HandoffLockError,
+    InheritedAcrossFork,
     InvalidKey,
     InvalidLockURL,
     LockContended,
-    TokensExhausted,
     LockingUnsupported,
     LockLost,
     LockNotHeld,
-    InheritedAcrossFork,
     LockRecordCorrupt,
     LockTimeout,
     NotFound,
     PreconditionFailed,
     StaleToken,
     StorageError,
+    TokensExhausted,
     TransientStorageError,
 )
-from .fencing import FencedObject, FencedValue
-from .lock import HandoffLock, LockStatus, ReleaseRequest, Scheduler, Steps
-from .lock import events as signals
-from .preemption import PreemptionWatcher
 from .core.record import LockRecord
-from .repair import ForcedRelease, force_release
-from .os_signals import SignalHandlers, install_signal_handlers
 from .core.timing import Timing
+from .fencing import FencedObject, FencedValue
+from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
+from .lock import events as signals
+from .os_signals import SignalHandlers, install_signal_handlers
+from .preemption import PreemptionWatcher
+from .repair import ForcedRelease, force_release
 
 __all__ = [
+    "AcquireCancelled",
     "Clock",
+    "ConfigurationError",
     "FakeClock",
     "FencedObject",
-    "FencedValue",
-    "ForcedRelease",
-    "HandoffLock",
-    "LockRecord",
-    "LockStatus",
-    "PreemptionWatcher",
-    "ReleaseRequest",
-    "Scheduler",
-    "SignalHandlers",
-    "Steps",
-    "force_release",
-    "install_signal_handlers",
-    "signals",
-    "AcquireCancelled",
-    "ConfigurationError",
     "FencedObjectCorrupt",
     "FencedObjectFull",
     "FencedObjectTooLarge",
+    "FencedValue",
+    "ForcedRelease",
+    "HandoffLock",
     "HandoffLockError",
+    "InheritedAcrossFork",
     "InvalidKey",
     "InvalidLockURL",
     "LockContended",
-    "TokensExhausted",
-    "Timing",
-    "LockingUnsupported",
     "LockLost",
     "LockNotHeld",
-    "InheritedAcrossFork",
+    "LockRecord",
     "LockRecordCorrupt",
+    "LockStatus",
     "LockTimeout",
+    "LockingUnsupported",
     "NotFound",
     "PreconditionFailed",
+    "PreemptionWatcher",
+    "ReleaseRequest",
+    "RequestReason",
+    "Scheduler",
+    "SignalHandlers",
     "StaleToken",
+    "Steps",
     "StorageError",
+    "Timing",
+    "TokensExhausted",
     "TransientStorageError",
     "__version__",
+    "force_release",
+    "install_signal_handlers",
+    "signals",
 ]

@@ -1,9 +1,9 @@
-"""What ``handofflock run`` shows while it waits for the lock: one live line on a terminal, a line now and then elsewhere.
+"""What ``handofflock run`` shows while it waits: one live line on a terminal, a line now and then elsewhere.
 
 The line says how long we have waited, who holds the lock (its label), whether
 the holder has been told, and when its grace ends::
 
-    waiting 1 min 12 s for gs://b/train.json: held by pod=ml/train-0 pid=1; notified yes; grace ends by 2026-11-23T10:02:11.000Z
+    waiting 1 min 12 s for gs://b/t.json: held by pod=ml/train-0; notified yes; grace ends by 2026-11-23T10:02:11.000Z
 
 Where it comes from: a read of the lock every ``read_every`` seconds, in a
 helper thread so that a slow store never holds up the main loop (reads cost
@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from .core.errors import HandoffLockError
+from .core.threads import quiet
 from .core.timefmt import age, iso
 
 
@@ -38,8 +39,14 @@ class WaitLine:
     """The waiting status of one ``run``; :meth:`tick` it from the main loop, :meth:`close` it when done."""
 
     def __init__(
-        self, lock: Any, *, stream: IO[str] | None = None, read_every: float = 2.0,
-        min_spacing: float = 5.0, heartbeat: float = 30.0, clock: Callable[[], float] = time.monotonic,
+        self,
+        lock: Any,
+        *,
+        stream: IO[str] | None = None,
+        read_every: float = 2.0,
+        min_spacing: float = 5.0,
+        heartbeat: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
     ) -> None:
         self.lock = lock
@@ -79,7 +86,7 @@ class WaitLine:
             finally:
                 self._reading = False
 
-        threading.Thread(target=read, name="handofflock-run-waitline", daemon=True).start()
+        threading.Thread(target=quiet(read), name="handofflock-run-waitline", daemon=True).start()
 
     def _read(self) -> None:
         try:
@@ -104,7 +111,9 @@ class WaitLine:
         """The status line as it stands."""
         waited = age(self._clock() - self.started)
         holder = self._holder or "?"
-        line = f"waiting {waited} for {self.lock.url}: held by {holder}; notified {'yes' if self._notified_at else 'no'}"
+        line = (
+            f"waiting {waited} for {self.lock.url}: held by {holder}; notified {'yes' if self._notified_at else 'no'}"
+        )
         if self._notified_at is not None:
             if self._grace is not None:
                 line += f"; grace ends by {iso(self._notified_at + self._grace)}"

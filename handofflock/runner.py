@@ -13,13 +13,17 @@ goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
 trainer too, not only the shell. The lock moves on only once the group is
 empty (or killed after the grace), so no process of the command is left
 working on the resource while the next holder starts.
+
+Longer than 400 lines on purpose: it is one supervisor loop (signals passed
+on, job control, the lock's health, the grace and the kill) whose branches
+share the child's state; split, each part would need all of it. Process-tree
+bookkeeping that needs no state is in :mod:`._watchdog`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import functools
 import math
 import os
@@ -34,12 +38,13 @@ from typing import Any
 
 from . import _watchdog
 from ._waitline import WaitLine
+from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .core.identity import detect_label
 from .core.record import Label
-from .lock import events as lock_signals
-from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
-from .lock.handoff import HandoffLock, ReleaseRequest
+from .lock import events as lock_signals
+from .lock.handoff import HandoffLock, LockStatus, ReleaseRequest
 from .os_signals import parse_signal
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
@@ -53,8 +58,17 @@ UNUSABLE_STOP_SIGNALS = (signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.
 #: The signals ``--signal`` accepts: each asks a process to end and can be caught, so the command
 #: can checkpoint first; none is sent by the system for another reason (CHLD, WINCH, PIPE, SEGV...),
 #: which ``run`` would otherwise take for a request to stop.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-                signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGRTMIN,
+    signal.SIGRTMAX,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -113,7 +127,8 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
-        for sig in dict.fromkeys(RUN_SIGNALS + (self.stop_signal,)):
+        sig: int
+        for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
             previous = signal.getsignal(sig)
             if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
                 continue
@@ -133,7 +148,7 @@ class CommandRunner:
 
     def _acquire(self) -> int | None:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
-        lock, outcome = self.lock, {}
+        lock, outcome = self.lock, dict[str, Any]()
 
         def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
             self.say(f"waiting for {lock.url}: held by {owner_id}")
@@ -148,7 +163,7 @@ class CommandRunner:
         line: WaitLine | None = None
         started = time.monotonic()
         try:
-            worker = threading.Thread(target=acquire, name="handofflock-run-acquire", daemon=True)
+            worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.1)
@@ -191,12 +206,15 @@ class CommandRunner:
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
-        env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
+        env = dict(
+            os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id
+        )
         # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
         # terminal's foreground group, so run stops it too, and on `fg` continues it only if
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
+        sig: int
         for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous.setdefault(sig, signal.getsignal(sig))
@@ -213,10 +231,16 @@ class CommandRunner:
                 lock.release()  # a lost lock: writes nothing
             except HandoffLockError:
                 pass
-            return fail(f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST)
+            return fail(
+                f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST
+            )
         try:
-            child = subprocess.Popen(command, env=env, start_new_session=True,
-                                     preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
+            child = subprocess.Popen(
+                command,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup),
+            )
         except OSError as exc:
             _remove_cgroup(cgroup)
             if watchdog is not None:
@@ -271,7 +295,10 @@ class CommandRunner:
                 if killed_at is not None and now >= killed_at + 2.0 and not _live_members(child.pid, self.cgroup):
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
-                    self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
+                    self.say(
+                        f"{command[0]} exited; giving the rest of its process group "
+                        f"{min(self.args.grace, LEFTOVER_GRACE):g} s"
+                    )
                     _signal_group(child, self.stop_signal, self.cgroup, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
@@ -288,24 +315,38 @@ class CommandRunner:
                 self.say(f"LOST {lock.url}; stopping the command: its work is no longer protected")
                 self._send(child, self.stop_signal, "sending")
                 kill_at = min(kill_at or float("inf"), now + self.args.grace)
-            elif (kill_at is None and returncode is None and lock.release_requested and self.first_signal is None
-                  and lock.release_request is not declined):
+            elif (
+                kill_at is None
+                and returncode is None
+                and lock.release_requested
+                and self.first_signal is None
+                and lock.release_request is not declined
+            ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
                 who = f"{request.requester} ({request.reason})" if request else "someone"
                 if request is not None and not self._still_wanted(request):  # read again: it may have gone
                     declined = request
-                    self.say(f"{who} asked for {lock.url} but is no longer waiting; {command[0]} is left alone and run keeps the lock")
+                    self.say(
+                        f"{who} asked for {lock.url} but is no longer waiting; "
+                        f"{command[0]} is left alone and run keeps the lock"
+                    )
                 else:
                     self.say(f"{who} asks for {lock.url}")
                     self._send(child, self.stop_signal, "sending")
                     kill_at, asked = now + self.args.grace, request
-            if kill_at is not None and killed_at is None and (now >= kill_at or (asked is not None and not lock.release_requested)):
+            if (
+                kill_at is not None
+                and killed_at is None
+                and (now >= kill_at or (asked is not None and not lock.release_requested))
+            ):
                 # At the end of the grace, or as soon as the lock withdrew the waiter's request.
                 if asked is not None and not self._still_wanted(asked):
                     # The waiter left (or its slot expired) during the grace: nobody needs the lock now.
-                    self.say(f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
-                             "it goes on, and run keeps the lock")
+                    self.say(
+                        f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
+                        "it goes on, and run keeps the lock"
+                    )
                     declined, asked, kill_at = asked, None, None
                 elif now >= kill_at:
                     self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
@@ -328,7 +369,10 @@ class CommandRunner:
                 pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
-        self.say(f"{command[0]} exited with {status}; " + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}"))
+        self.say(
+            f"{command[0]} exited with {status}; "
+            + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+        )
         return status
 
     def _still_wanted(self, request: ReleaseRequest) -> bool:
@@ -346,12 +390,12 @@ class CommandRunner:
         st = _status_within(lock, RECHECK_TIMEOUT)
         if st is None:
             return True
-        return st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id
+        return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
 
-    def _signal(self, child: subprocess.Popen, sig: int) -> None:
+    def _signal(self, child: subprocess.Popen[bytes], sig: int) -> None:
         _signal_group(child, sig, self.cgroup)
 
-    def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
+    def _send(self, child: subprocess.Popen[bytes], sig: int, verb: str) -> None:
         self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
         name = signal.Signals(sig).name
         what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
@@ -363,12 +407,12 @@ class CommandRunner:
 RECHECK_TIMEOUT = 2.0
 
 
-def _status_within(lock: HandoffLock, timeout: float) -> Any:
+def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
     """``lock.status()`` read in a helper thread, or None if it failed or took longer than ``timeout``.
 
     The main loop must not hang on a store that does not answer: it supervises the command.
     """
-    found: dict[str, Any] = {}
+    found: dict[str, LockStatus] = {}
 
     def read() -> None:
         try:
@@ -376,14 +420,14 @@ def _status_within(lock: HandoffLock, timeout: float) -> Any:
         except HandoffLockError:
             pass
 
-    reader = threading.Thread(target=read, name="handofflock-run-recheck", daemon=True)
+    reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
     reader.start()
     reader.join(timeout)
     return found.get("status")
 
 
 def stop_signal(value: Any) -> signal.Signals:
-    """``--signal``'s value, checked before anything is done: a clean :class:`ConfigurationError` (exit 64) if unusable."""
+    """``--signal``'s value, checked before anything is done: :class:`ConfigurationError` (exit 64) if unusable."""
     sig = parse_signal(value)  # unknown names, numbers out of range
     if sig in UNUSABLE_STOP_SIGNALS:
         raise ConfigurationError(
@@ -445,7 +489,9 @@ def _start_watchdog() -> int | None:
     try:
         subprocess.Popen(
             [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
-            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of the terminal, and of an outer run stopping this one
         )
     except OSError:
@@ -468,8 +514,11 @@ def _make_cgroup() -> str | None:
         with open("/proc/self/cgroup") as f:
             own = next(line[3:].strip() for line in f if line.startswith("0::"))
         with open("/proc/self/mountinfo") as f:
-            mount = next(fields[4] for fields in (line.split() for line in f)
-                         if "-" in fields and fields[fields.index("-") + 1] == "cgroup2")
+            mount = next(
+                fields[4]
+                for fields in (line.split() for line in f)
+                if "-" in fields and fields[fields.index("-") + 1] == "cgroup2"
+            )
         # The pid alone is not unique: every run that is PID 1 of a container would be "1".
         path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}-{secrets.token_hex(3)}")
         os.mkdir(path)
@@ -527,14 +576,18 @@ def _session_members(sid: int, *, children_of: int | None = None, zombies: bool 
     """
     if children_of is None:
         return _watchdog.session_members(sid)
-    return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
+    return [
+        pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies
+    ]
 
 
 #: Signals that go to every process of the command, not only to its process group.
 TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
 
-def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None) -> None:
+def _signal_group(
+    child: subprocess.Popen[bytes], sig: int, cgroup: str | None = None, *, everyone: bool | None = None
+) -> None:
     """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
 
     A polite signal (the stop signal, a signal passed on) goes to the command's
@@ -560,7 +613,9 @@ def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, 
     if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
         groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
         # One born since the group was signalled is signalled too: it did not get that copy.
-        members += [pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members]
+        members += [
+            pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members
+        ]
     _watchdog.signal_each(members, sig)
 
 

@@ -54,8 +54,8 @@ class Heard:
     def _requested(self, sender, request, **kw):
         self.events.append(("requested", request))
 
-    def _withdrawn(self, sender, request, waiter_id, reason, **kw):
-        assert (waiter_id, reason) == (request.requester, "waiter")
+    def _withdrawn(self, sender, request, requester, reason, **kw):
+        assert (requester, reason) == (request.requester, "waiter")
         self.events.append(("withdrawn", request))
 
     def kinds(self) -> list[tuple[str, str]]:

@@ -35,8 +35,13 @@ from .record import MAX_LABEL_LENGTH
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-def detect_label(environ: Mapping[str, str] | None = None, *, pid: int | None = None, host: str | None = None,
-                 namespace_file: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
+def detect_label(
+    environ: Mapping[str, str] | None = None,
+    *,
+    pid: int | None = None,
+    host: str | None = None,
+    namespace_file: str = SERVICE_ACCOUNT_NAMESPACE,
+) -> str:
     """The label this process would write: ``key=value`` words from the environment (see the module docstring)."""
     env = os.environ if environ is None else environ
     host = socket.gethostname() if host is None else host
