@@ -1,7 +1,8 @@
 """The ``handofflock`` command: look at a lock, hold it around a command, clear it, watch it.
 
     handofflock status URL [--json]
-    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] -- CMD [ARGS...]
+    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] [--label TEXT] [--owner-id ID]
+                    -- CMD [ARGS...]
     handofflock release URL --force [--yes]
     handofflock watch URL [--interval S] [--json]
 
@@ -49,6 +50,7 @@ from .core.errors import (
     TransientStorageError,
 )
 from .core.record import LockRecord
+from .core.timefmt import iso, when
 from .exit_codes import (
     EXIT_CODES_HELP,
     EXIT_CONFIG,
@@ -139,7 +141,9 @@ def _parser() -> argparse.ArgumentParser:
             "its own, and signals go to the whole group. The lock is released only after the group has\n"
             "exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2 sent to this\n"
             "process are passed on to CMD's group. CMD's environment has HANDOFFLOCK_URL,\n"
-            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID."
+            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID.\n"
+            "CMD is looked up before the lock is asked for (exit 127/126 if it cannot run). If the\n"
+            "waiter goes away before the grace ends, CMD is left alone and run keeps the lock."
         ),
         epilog=EXIT_CODES_HELP,
     )
@@ -166,6 +170,18 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)",
+    )
+    p.add_argument(
+        "--label",
+        default=None,
+        help="who this is, shown by `status` beside the owner or waiter id (default: host, pid, "
+        "Kubernetes pod, Slurm job and torchrun rank, as found in the environment)",
+    )
+    p.add_argument(
+        "--owner-id",
+        default=None,
+        help="a stable owner id (default: a fresh host:pid:random); a run restarted with the same id "
+        "retakes its own lock at once",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
@@ -200,13 +216,40 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
-    """``LockStatus.to_json()`` plus ``state`` and seconds left: the stable shape of ``status --json``."""
+    """``LockStatus.to_json()`` plus ``state``, seconds left and ISO times: the stable shape of ``status --json``.
+
+    ``releaseRequested`` is True while a live waiter is registered (the holder
+    is told within its waiter check interval); ``releaseRequestedBy`` names it
+    (its label, else its id).
+    """
     now = st.read_at if now is None else now
     doc = st.to_json()
     doc["state"] = _state(st, now)
     doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
     doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
+    doc["expiresAtIso"] = iso(st.expires_at)
+    doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
+    doc["readAtIso"] = iso(st.read_at)
+    requested = _release_requested(st, now)
+    doc["releaseRequested"] = requested
+    doc["releaseRequestedBy"] = _who(st.waiter_id, st.waiter_label) if requested else None
     return doc
+
+
+def _release_requested(st: LockStatus, now: float) -> bool:
+    return (
+        _state(st, now) == "held"
+        and st.waiter_id is not None
+        and st.waiter_expires_at is not None
+        and now <= st.waiter_expires_at
+    )
+
+
+def _who(ident: str | None, label: Any) -> str:
+    """``label (id)``, or the id alone when there is no label."""
+    if ident is None:
+        return "-"
+    return f"{label.text} ({ident})" if label is not None else ident
 
 
 def _state(st: LockStatus, now: float) -> str:
@@ -221,8 +264,7 @@ def _left(ts: float | None, now: float) -> str:
     if ts is None:
         return "-"
     left = ts - now
-    when = time.strftime("%H:%M:%S", time.localtime(ts))
-    return f"{left:.1f} s left, until {when}" if left >= 0 else f"ran out {-left:.1f} s ago, at {when}"
+    return f"{left:.1f} s left, until {iso(ts)}" if left >= 0 else f"ran out {-left:.1f} s ago, at {iso(ts)}"
 
 
 def status_text(st: LockStatus, now: float | None = None) -> str:
@@ -238,16 +280,29 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         "expired": f"expired: the lease {_left(st.expires_at, now)}; the next acquire takes it",
     }[state]
     lines.append(f"  state       {owner}")
-    lines.append(f"  owner       {st.owner_id or '-'}")
+    lines.append(f"  owner       {_who(st.owner_id, st.owner_label) if st.owner_id else '-'}")
+    if st.expires_at is not None:
+        lines.append(f"  expires     {when(st.expires_at, now)}")
     if st.waiter_id is None:
         lines.append("  waiter      none")
     else:
         live = "live" if st.waiter_live else "gone"
-        lines.append(f"  waiter      {st.waiter_id} ({live}, {_left(st.waiter_expires_at, now)})")
+        lines.append(
+            f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({live}, {_left(st.waiter_expires_at, now)})"
+        )
+    if _release_requested(st, now):
+        grace = st.owner_label.grace if st.owner_label is not None else None
+        lines.append(
+            f"  release     requested by {_who(st.waiter_id, st.waiter_label)}"
+            + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
+        )
+    elif state == "held":
+        lines.append("  release     not requested")
     lines.append(f"  token       {st.token}")
     lines.append(f"  generation  {st.generation}")
     if st.ttl is not None:
         lines.append(f"  ttl         {st.ttl:g} s")
+    lines.append(f"  read at     {iso(st.read_at)}")
     return "\n".join(lines)
 
 
@@ -361,14 +416,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         while True:
             now = time.time()
-            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            stamp = iso(now)
             try:
                 st = lock.status()
                 doc = status_json(st, now)
                 seen: tuple[object, ...] = (
                     doc["state"],
                     st.owner_id,
+                    st.owner_label,
                     st.waiter_id if st.waiter_live else None,
+                    st.waiter_label if st.waiter_live else None,
                     st.token,
                 )
                 line = _watch_line(st, doc, now)
@@ -394,9 +451,9 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
         return "absent (no lock object)"
     if state == "free":
         return f"free (token {st.token})"
-    line = f"{state}: {st.owner_id} (token {st.token}, lease {_left(st.expires_at, now)})"
+    line = f"{state}: {_who(st.owner_id, st.owner_label)} (token {st.token}, lease {_left(st.expires_at, now)})"
     if st.waiter_id is not None and st.waiter_live:
-        line += f"; waiter {st.waiter_id}"
+        line += f"; release requested by waiter {_who(st.waiter_id, st.waiter_label)}"
     return line
 
 

@@ -104,6 +104,8 @@ def force_release(
             expires_at=None,
             waiting_owner_id=None,
             waiter_expires_at=None,
+            owner_label=None,
+            waiter_label=None,
             token=next_token(old, now),
             nonce=nonce,
         )

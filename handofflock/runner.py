@@ -37,11 +37,14 @@ import time
 from typing import Any
 
 from . import _watchdog
+from ._waitline import WaitLine
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.identity import detect_label
+from .core.record import Label
 from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
 from .lock import events as lock_signals
-from .lock.handoff import HandoffLock
+from .lock.handoff import HandoffLock, LockStatus, ReleaseRequest
 from .os_signals import parse_signal
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
@@ -51,6 +54,21 @@ RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sig
 #: Signals that cannot be passed on as a polite stop: the command could not clean up (KILL), or
 #: would never end (STOP and the terminal stops).
 UNUSABLE_STOP_SIGNALS = (signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
+
+#: The signals ``--signal`` accepts: each asks a process to end and can be caught, so the command
+#: can checkpoint first; none is sent by the system for another reason (CHLD, WINCH, PIPE, SEGV...),
+#: which ``run`` would otherwise take for a request to stop.
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGRTMIN,
+    signal.SIGRTMAX,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -71,12 +89,7 @@ class CommandRunner:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.cgroup: str | None = None  # the command's cgroup, where run could make one
-        self.stop_signal = parse_signal(args.signal)
-        if self.stop_signal in UNUSABLE_STOP_SIGNALS:
-            raise ConfigurationError(
-                f"--signal {self.stop_signal.name} cannot ask a command to stop and clean up; use TERM, INT, "
-                "HUP or USR1 (after --grace the command is killed anyway)"
-            )
+        self.stop_signal = stop_signal(args.signal)
         if args.grace is None or not args.grace >= 0 or not math.isfinite(args.grace):
             raise ConfigurationError(f"--grace must be a finite number >= 0, got {args.grace}")
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
@@ -84,16 +97,21 @@ class CommandRunner:
         timing: dict[str, Any] = {"ttl": args.ttl, "wait_for_slot": args.wait_for_slot}
         if args.poll_interval is not None:
             timing.update(waiter_check_interval=args.poll_interval, waiter_poll_interval=args.poll_interval)
-        self.lock = HandoffLock(args.url, **timing)
+        label = Label(args.label if args.label is not None else detect_label(), grace=args.grace)
+        self.lock = HandoffLock(args.url, owner_id=args.owner_id, label=label, **timing)
         self.pending: list[int] = []  # signals received, appended by the handler (atomic)
         self.first_signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._line: WaitLine | None = None  # the live waiting line, while it is up
 
     _stderr_broken = False
 
     def say(self, message: str) -> None:
         """A status line on stderr. Never fails: a closed pipe or a hung-up terminal must not end ``run``."""
         if self.args.quiet or self._stderr_broken:
+            return
+        if self._line is not None:
+            self._line.say(f"handofflock: {message}")
             return
         try:
             print(f"handofflock: {message}", file=sys.stderr, flush=True)
@@ -117,6 +135,9 @@ class CommandRunner:
             self._previous[sig] = previous
             signal.signal(sig, self._on_signal)
         try:
+            code = _check_command(self.args.command)  # before the lock: never evict the holder for a typo
+            if code is not None:
+                return code
             code = self._acquire()
             if code is not None:
                 return code
@@ -139,6 +160,8 @@ class CommandRunner:
                 outcome["error"] = exc
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
+        line: WaitLine | None = None
+        started = time.monotonic()
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
@@ -146,8 +169,16 @@ class CommandRunner:
                 worker.join(0.1)
                 if self.pending:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
+                elif line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
+                    # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
+                    line = self._line = WaitLine(lock, started=started)
+                if line is not None:
+                    line.tick()
         finally:
             lock_signals.waiting.disconnect(on_waiting, sender=lock)
+            if line is not None:
+                line.close()
+                self._line = None
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
             self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting; {self._slot_left()}")
@@ -225,6 +256,8 @@ class CommandRunner:
         if watchdog is not None:
             _tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
+        asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
+        declined: ReleaseRequest | None = None  # a request found withdrawn when checked again: not acted on
         killed_at: float | None = None
         last_kill = 0.0
         lost = False
@@ -273,24 +306,52 @@ class CommandRunner:
                 if sig == signal.SIGCONT:
                     continue
                 self._send(child, sig, "passing on")
+                asked = None  # a signal to run: stopping is no longer only the waiter's wish
                 if kill_at is None:
                     kill_at = now + self.args.grace
             if not lost and not lock.healthy:
                 lost = True
+                asked = None
                 self.say(f"LOST {lock.url}; stopping the command: its work is no longer protected")
                 self._send(child, self.stop_signal, "sending")
                 kill_at = min(kill_at or float("inf"), now + self.args.grace)
-            elif kill_at is None and lock.release_requested and self.first_signal is None:
+            elif (
+                kill_at is None
+                and returncode is None
+                and lock.release_requested
+                and self.first_signal is None
+                and lock.release_request is not declined
+            ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
                 who = f"{request.requester} ({request.reason})" if request else "someone"
-                self.say(f"{who} asks for {lock.url}")
-                self._send(child, self.stop_signal, "sending")
-                kill_at = now + self.args.grace
-            if kill_at is not None and killed_at is None and now >= kill_at:
-                self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
-                self._signal(child, signal.SIGKILL)
-                killed_at = last_kill = now
+                if request is not None and not self._still_wanted(request):  # read again: it may have gone
+                    declined = request
+                    self.say(
+                        f"{who} asked for {lock.url} but is no longer waiting; "
+                        f"{command[0]} is left alone and run keeps the lock"
+                    )
+                else:
+                    self.say(f"{who} asks for {lock.url}")
+                    self._send(child, self.stop_signal, "sending")
+                    kill_at, asked = now + self.args.grace, request
+            if (
+                kill_at is not None
+                and killed_at is None
+                and (now >= kill_at or (asked is not None and not lock.release_requested))
+            ):
+                # At the end of the grace, or as soon as the lock withdrew the waiter's request.
+                if asked is not None and not self._still_wanted(asked):
+                    # The waiter left (or its slot expired) during the grace: nobody needs the lock now.
+                    self.say(
+                        f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
+                        "it goes on, and run keeps the lock"
+                    )
+                    declined, asked, kill_at = asked, None, None
+                elif now >= kill_at:
+                    self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
+                    self._signal(child, signal.SIGKILL)
+                    killed_at = last_kill = now
             elif killed_at is not None and now >= last_kill + 1.0:
                 # Still some left: a child forked while the last kill went round, or one we may not
                 # signal (a setuid program). The lock is not released while any of them lives.
@@ -314,15 +375,95 @@ class CommandRunner:
         )
         return status
 
+    def _still_wanted(self, request: ReleaseRequest) -> bool:
+        """Whether ``request`` (or another waiter's) still stands, read afresh for a waiter's request.
+
+        The lock withdraws a waiter's request at its next check once the waiter
+        has gone; a read now settles it without waiting for that. A read that
+        fails leaves the request standing: the waiter may well be there.
+        """
+        lock = self.lock
+        if request.reason != "waiter":
+            return lock.release_requested
+        if not lock.release_requested:
+            return False
+        st = _status_within(lock, RECHECK_TIMEOUT)
+        if st is None:
+            return True
+        return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
+
     def _signal(self, child: subprocess.Popen[bytes], sig: int) -> None:
         _signal_group(child, sig, self.cgroup)
 
     def _send(self, child: subprocess.Popen[bytes], sig: int, verb: str) -> None:
         self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
-        self.say(
-            f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), "
-            f"{self.args.grace:g} s to exit"
+        name = signal.Signals(sig).name
+        what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
+        self.say(f"{what} {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+
+
+#: How long ``run`` waits for the read that checks a waiter is still there before it signals or
+#: kills the command; past it (a slow or unreachable store) the request is taken to stand.
+RECHECK_TIMEOUT = 2.0
+
+
+def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
+    """``lock.status()`` read in a helper thread, or None if it failed or took longer than ``timeout``.
+
+    The main loop must not hang on a store that does not answer: it supervises the command.
+    """
+    found: dict[str, LockStatus] = {}
+
+    def read() -> None:
+        try:
+            found["status"] = lock.status()
+        except HandoffLockError:
+            pass
+
+    reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found.get("status")
+
+
+def stop_signal(value: Any) -> signal.Signals:
+    """``--signal``'s value, checked before anything is done: :class:`ConfigurationError` (exit 64) if unusable."""
+    sig = parse_signal(value)  # unknown names, numbers out of range
+    if sig in UNUSABLE_STOP_SIGNALS:
+        raise ConfigurationError(
+            f"--signal {sig.name} cannot ask a command to stop and clean up; use TERM, INT, "
+            "HUP or USR1 (after --grace the command is killed anyway)"
         )
+    if sig not in STOP_SIGNALS:
+        raise ConfigurationError(
+            f"--signal {sig.name} is not a request to stop: the system sends it for other reasons, or a process "
+            f"cannot handle it safely; use one of {', '.join(s.name.removeprefix('SIG') for s in STOP_SIGNALS)}"
+        )
+    return sig
+
+
+def _check_command(command: list[str]) -> int | None:
+    """Exit 127 (not found) or 126 (not executable) for a command that cannot run, None if it can.
+
+    Looked up as ``execvp`` will (``PATH`` unless the name has a slash), before
+    the lock is asked for: a typo must not evict the holder. (``Popen`` still
+    reports a command that vanishes in between.)
+    """
+    name = command[0]
+    if "/" in name:
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d or ".", name) for d in os.environ.get("PATH", os.defpath).split(os.pathsep)]
+    found_unusable = None
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return None
+        if os.path.exists(path):
+            found_unusable = path
+    if found_unusable is None:
+        return fail(f"command not found: {name}; the lock was not asked for", EXIT_NOT_FOUND)
+    why = "is a directory" if os.path.isdir(found_unusable) else "is not executable"
+    return fail(f"cannot execute {name}: {found_unusable} {why}; the lock was not asked for", EXIT_CANNOT_EXECUTE)
 
 
 def _tell(watchdog: int, line: str) -> None:

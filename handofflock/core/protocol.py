@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from .errors import TokensExhausted
-from .record import MAX_TOKEN, LockRecord
+from .record import MAX_TOKEN, Label, LockRecord
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,18 @@ def next_token(record: LockRecord | None, now: float) -> int:
 
 
 def _owned_by(
-    record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str, instance: str | None
+    record: LockRecord,
+    me: str,
+    ttl: float,
+    now: float,
+    token: int,
+    nonce: str,
+    instance: str | None,
+    label: Label | None = None,
 ) -> LockRecord:
     return record.replace(
+        owner_label=label,
+        waiter_label=None,
         owner_id=me,
         expires_at=now + ttl,
         waiting_owner_id=None,
@@ -175,8 +184,9 @@ def decide_acquire(
     nonce: str,
     waiting: bool,
     instance: str | None = None,
+    label: Label | None = None,
 ) -> Decision:
-    """The next step of ``acquire()``.
+    """The next step of ``acquire()``. ``label`` goes into the record beside our id (as owner or waiter).
 
     ``waiting`` says whether we registered as the waiter during this acquire
     (a record naming us, this very ``instance``, as owner then means the owner
@@ -184,7 +194,9 @@ def decide_acquire(
     """
     if record is None:
         fresh = LockRecord(ttl=policy.ttl)
-        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance), 0)
+        return Write(
+            Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance, label), 0
+        )
 
     if record.owner_id == me:
         if (
@@ -199,7 +211,7 @@ def decide_acquire(
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance)
+        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label)
         if record.waiter_live(now, policy.max_clock_skew) and not _is(
             record.waiting_owner_id, record.waiter_instance, me, instance
         ):
@@ -208,6 +220,7 @@ def decide_acquire(
                 waiter_expires_at=record.waiter_expires_at,
                 waiter_ttl=record.waiter_ttl,
                 waiter_instance=record.waiter_instance,
+                waiter_label=record.waiter_label,
             )
         return Write(Kind.RETAKE, taken, generation)
 
@@ -220,7 +233,9 @@ def decide_acquire(
         if other_waiter_live:
             return Contended(record)  # the live waiter has priority; only it may take the lock
         return Write(
-            Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance), generation
+            Kind.TAKE,
+            _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label),
+            generation,
         )
 
     # A live owner holds it.
@@ -241,6 +256,7 @@ def decide_acquire(
             nonce=nonce,
             waiter_ttl=policy.ttl,
             waiter_instance=instance,
+            waiter_label=label,
         ),
         generation,
     )
@@ -276,7 +292,12 @@ def decide_give_up_wait(
     return Write(
         Kind.GIVE_UP_WAIT,
         record.replace(
-            waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, nonce=nonce
+            waiting_owner_id=None,
+            waiter_expires_at=None,
+            waiter_ttl=None,
+            waiter_instance=None,
+            waiter_label=None,
+            nonce=nonce,
         ),
         generation,
     )
@@ -349,11 +370,14 @@ def decide_release(
             next_token(record, now),
             nonce,
             record.waiter_instance,
+            record.waiter_label,
         )
         return Write(Kind.HANDOFF, heir_record, generation)
-    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, nonce=nonce)
+    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, owner_label=None, nonce=nonce)
     if not record.waiter_live(now, policy.max_clock_skew):
-        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None)
+        freed = freed.replace(
+            waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, waiter_label=None
+        )
     return Write(Kind.FREE, freed, generation)
 
 

@@ -116,6 +116,15 @@ class Timing:
         check = _positive("waiter_check_interval", waiter_check_interval)
         poll = _positive("waiter_poll_interval", waiter_poll_interval)
         named = "waiter_ttl" if waiter_ttl is not None else "waiter_ttl (default: ttl)"
+        if waiter_ttl is None and (wttl < 2 * poll or wttl / 2 < spacing):
+            # The user set ttl alone: the rule is about ttl (the waiter's slot lasts ttl), say so.
+            shortest = max(2 * poll, 2 * spacing)
+            raise ConfigurationError(
+                f"ttl={ttl} is too short: a waiter holds its slot for ttl (waiter_ttl defaults to it) and must be able "
+                f"to refresh it, so ttl must be at least {shortest:g} s here (twice waiter_poll_interval={poll:g}"
+                + (f" and twice the store's write spacing {spacing:g} s" if spacing else "")
+                + "); use a longer ttl, or pass waiter_ttl and waiter_poll_interval yourself"
+            )
         if wttl < 2 * poll:
             raise ConfigurationError(
                 f"{named} = {wttl} must be at least twice waiter_poll_interval ({poll}) "

@@ -12,6 +12,12 @@ the background scheduler); one that raises is logged and the others still run.
                             preemption, operator) and ``deadline`` (Unix time or
                             None). ``waiter_id`` is a deprecated alias of
                             ``requester``.
+``on_release_withdrawn``    a waiter's request went away before the handoff (the
+                            waiter left, or its slot expired): ``request`` (the
+                            :class:`~handofflock.ReleaseRequest` sent with
+                            ``on_release_requested``), ``requester``, ``reason``
+                            (always waiter); ``release_requested`` is False
+                            again unless another request stands
 ``on_renewal_error``        the lock can no longer be kept: ``error`` (an
                             exception; :class:`~handofflock.LockLost` when lost)
 ``waiting``                 we became the single waiter: ``owner_id`` (who holds it),
@@ -41,6 +47,9 @@ _ns = Namespace()
 
 on_release_requested: Signal = _ns.signal(
     "on_release_requested", doc="A waiter, signal or preemption asks for the lock."
+)
+on_release_withdrawn: Signal = _ns.signal(
+    "on_release_withdrawn", doc="A waiter's release request went away: the waiter left or its slot expired."
 )
 on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
 waiting: Signal = _ns.signal("waiting", doc="We registered as the single waiter.")

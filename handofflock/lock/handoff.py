@@ -40,8 +40,10 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
+from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
-from ..core.record import LockRecord, id_problem, new_nonce
+from ..core.record import Label, LockRecord, id_problem, label_problem, new_nonce
+from ..core.timefmt import when as _when
 from ..core.timing import Timing
 from ..storage import MAX_RECORD_BYTES, Storage, open_url
 from ..storage.cas import read_retrying, write_resolving
@@ -107,6 +109,13 @@ class ReleaseRequest:
 
 
 @dataclass(frozen=True)
+class _Withdrawn:
+    """A queued ``on_release_withdrawn`` (it travels with the notices, so it is sent after its request)."""
+
+    request: ReleaseRequest
+
+
+@dataclass(frozen=True)
 class LockStatus:
     """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`."""
 
@@ -123,6 +132,8 @@ class LockStatus:
     owner_live: bool = False
     waiter_live: bool = False
     record: LockRecord | None = None
+    owner_label: Label | None = None
+    waiter_label: Label | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +149,9 @@ class LockStatus:
             "readAt": self.read_at,
             "ownerLive": self.owner_live,
             "waiterLive": self.waiter_live,
+            "ownerLabel": None if self.owner_label is None else self.owner_label.text,
+            "waiterLabel": None if self.waiter_label is None else self.waiter_label.text,
+            "ownerGrace": None if self.owner_label is None else self.owner_label.grace,
         }
 
 
@@ -164,7 +178,11 @@ class HandoffLock:
     With ``wait_for_slot=True`` a blocking acquire that finds another live
     waiter keeps polling for the slot instead of raising :class:`LockContended`.
     ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
-    let a restarted process retake its own lock at once.
+    let a restarted process retake its own lock at once. ``label`` says who
+    this is for people (``status`` shows it beside the owner or waiter id): a
+    string, a :class:`~handofflock.core.record.Label`, or by default what
+    :func:`~handofflock.core.identity.detect_label` finds (host, pid, pod,
+    Slurm job, torchrun rank).
 
     No I/O happens in the constructor.
     """
@@ -183,6 +201,7 @@ class HandoffLock:
         min_write_interval: float | None = None,
         wait_for_slot: bool = False,
         owner_id: str | None = None,
+        label: str | Label | None = None,
         clock: Clock | None = None,
         scheduler: Any = None,
         storage: Storage | None = None,
@@ -248,6 +267,15 @@ class HandoffLock:
         if owner_id is not None and (problem := id_problem(owner_id, "owner_id")) is not None:
             raise ConfigurationError(f"{problem}: it is written into the lock object")
         self.owner_id: str = owner_id or default_owner_id()
+        if label is None:
+            label = Label(detect_label())
+        elif isinstance(label, str):
+            label = Label(label)
+        problem = label_problem(label.text, "label") if isinstance(label, Label) else "label must be a string"
+        if problem is not None:
+            raise ConfigurationError(f"{problem}: it is written into the lock object")
+        #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
+        self.label: Label = label
         self._clock = clock or Clock()
         self._scheduler = scheduler
         self._policy = Policy(ttl=self.ttl, waiter_ttl=self.waiter_ttl, max_clock_skew=self.max_clock_skew)
@@ -269,7 +297,9 @@ class HandoffLock:
         self.release_requested: bool = False
         self.release_request: ReleaseRequest | None = None
         self._notified_waiters: set[str] = set()  # waiters already announced while we hold the lock
-        self._pending_notices: list[ReleaseRequest] = []
+        self._requests: list[ReleaseRequest] = []  # the requests that stand (release_request: the most urgent)
+        self._waiter_request: tuple[tuple[str, str | None], ReleaseRequest] | None = None  # (waiter id, instance)
+        self._pending_notices: list[ReleaseRequest | _Withdrawn] = []
         self._pending_events: list[tuple[Any, dict[str, Any]]] = []
 
         self._new_primitives()
@@ -390,12 +420,36 @@ class HandoffLock:
             isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
         ):
             raise ConfigurationError(f"release request deadline must be a finite Unix time or None, got {deadline!r}")
-        request = ReleaseRequest(why, requester or why.value, deadline, self._clock.time())
+        self._request(why, requester or why.value, deadline)
+
+    def _request(self, reason: RequestReason, requester: str, deadline: float | None) -> ReleaseRequest:
+        request = ReleaseRequest(reason, requester, deadline, self._clock.time())
+        self._requests.append(request)  # first: a withdrawal running meanwhile must see it
         current = self.release_request
         if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
             self.release_request = request
         self.release_requested = True
         self._pending_notices.append(request)
+        return request
+
+    def _withdraw(self, request: ReleaseRequest) -> None:
+        """A waiter's request went away (it left, or its slot expired): it no longer stands.
+
+        Runs on the scheduler thread while a signal handler may add a request
+        in the main thread: the flags are set from what stands, then checked
+        again, so a request added meanwhile is never hidden.
+        """
+        try:
+            self._requests.remove(request)
+        except ValueError:
+            return
+        while True:
+            standing = list(self._requests)
+            self.release_request = _most_urgent(standing)
+            self.release_requested = bool(standing)
+            if len(self._requests) == len(standing):
+                break
+        self._pending_notices.append(_Withdrawn(request))
 
     # ------------------------------------------------------------------ acquire
 
@@ -465,6 +519,7 @@ class HandoffLock:
                     nonce=new_nonce(),
                     waiting=waiting,
                     instance=self._instance,
+                    label=self.label,
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -608,8 +663,8 @@ class HandoffLock:
         message = None
         if timed_out:
             message = (
-                f"timed out acquiring {self.url!r}: held by {r.owner_id!r} (expires {r.expires_at}), "
-                f"waiter {r.waiting_owner_id!r}"
+                f"timed out acquiring {self.url!r}: held by {r.owner_id!r}, "
+                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {r.waiting_owner_id!r}"
             )
         return cls(
             message,
@@ -791,6 +846,8 @@ class HandoffLock:
         """A hold is over, however it ended: a release request belonged to it and goes with it."""
         self.release_request = None
         self.release_requested = False
+        self._requests = []
+        self._waiter_request = None
         self._next_release_try = float("inf")
 
     def _write_release(self, deadline: float) -> tuple[str | None, LockLost | None]:
@@ -874,6 +931,8 @@ class HandoffLock:
                 record.owner_live(now),
                 record.waiter_live(now),
                 record,
+                record.owner_label,
+                record.waiter_label,
             )
 
         return self._guarded(read)
@@ -1057,16 +1116,29 @@ class HandoffLock:
             self._note_waiter(record)
 
     def _note_waiter(self, record: LockRecord | None) -> None:
+        """Announce a new waiter; withdraw the request of one that has gone (left, expired or replaced)."""
         if record is None:
             return
         seen = protocol.observe_as_owner(
             record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
         )
+        if isinstance(seen, Lost):
+            return
+        waiter = (seen.waiter_id, record.waiter_instance) if isinstance(seen, WaiterSeen) else None
+        standing = self._waiter_request
+        if standing is not None and standing[0] != waiter:
+            # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
+            self._waiter_request = None
+            self._notified_waiters.discard(standing[0][0])  # should it come back, it is announced again
+            gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
+            _log_renew.info("%s: waiter %s %s; its release request is withdrawn", self.owner_id, standing[0][0], gone)
+            self._withdraw(standing[1])
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
             metrics.waiter_noticed(self, record, self._clock.time())
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
-            self.request_release(RequestReason.WAITER, requester=seen.waiter_id, deadline=seen.deadline)
+            request = self._request(RequestReason.WAITER, seen.waiter_id, seen.deadline)
+            self._waiter_request = ((seen.waiter_id, record.waiter_instance), request)
 
     def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
         """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
@@ -1126,6 +1198,15 @@ class HandoffLock:
         """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
         # Two threads may flush at once (a release and the notifier): pop, never test then pop.
         while (req := _pop_first(self._pending_notices)) is not None:
+            if isinstance(req, _Withdrawn):
+                signals.send(
+                    signals.on_release_withdrawn,
+                    self,
+                    request=req.request,
+                    requester=req.request.requester,
+                    reason=req.request.reason,
+                )
+                continue
             signals.send(
                 signals.on_release_requested,
                 self,
@@ -1326,6 +1407,17 @@ class HandoffLock:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state} token={self.token}>"
 
 
+def _most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
+    """The request with the earliest deadline (one without a deadline last; the first of equals)."""
+    best: ReleaseRequest | None = None
+    for request in requests:
+        if best is None or (
+            request.deadline is not None and (best.deadline is None or request.deadline < best.deadline)
+        ):
+            best = request
+    return best
+
+
 def _pop_first(items: list[T]) -> T | None:
     """Remove and return the first item, or None if there is none (atomic: one list.pop)."""
     try:
@@ -1357,6 +1449,8 @@ def _disarm_inherited() -> None:
         lock.token = None  # the parent's: a fenced write in the child must not carry it
         lock.release_requested = False
         lock.release_request = None
+        lock._requests = []
+        lock._waiter_request = None
 
 
 if hasattr(os, "register_at_fork"):
