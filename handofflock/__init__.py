@@ -35,7 +35,7 @@ from .core.errors import (
     TokensExhausted,
     TransientStorageError,
 )
-from .core.record import LockRecord
+from .core.record import Label, LockRecord
 from .core.timing import Timing
 from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
@@ -73,6 +73,7 @@ __all__ = [
     "LockContended",
     "LockLost",
     "LockNotHeld",
+    "Label",
     "LockRecord",
     "LockRecordCorrupt",
     "LockStatus",
