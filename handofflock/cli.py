@@ -63,7 +63,8 @@ from .exit_codes import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from .lock.handoff import HandoffLock, LockStatus
+from .lock.handoff import HandoffLock
+from .lock.types import LockStatus
 from .repair import force_release
 from .runner import CommandRunner
 from .runner import fail as _fail

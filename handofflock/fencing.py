@@ -146,7 +146,7 @@ class FencedObject:
         self._storage = storage
         self.key = validate_key(key)
         if writer_id is None:
-            from .lock.handoff import default_owner_id
+            from .lock.types import default_owner_id
 
             writer_id = default_owner_id()
         if (problem := id_problem(writer_id, "writer_id")) is not None:

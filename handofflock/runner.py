@@ -44,7 +44,8 @@ from .core.record import Label
 from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
 from .lock import events as lock_signals
-from .lock.handoff import HandoffLock, LockStatus, ReleaseRequest
+from .lock.handoff import HandoffLock
+from .lock.types import LockStatus, ReleaseRequest
 from .os_signals import parse_signal
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not

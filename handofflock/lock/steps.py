@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from .handoff import HandoffLock, ReleaseRequest
+    from .handoff import HandoffLock
+    from .types import ReleaseRequest
 
 T = TypeVar("T")
 

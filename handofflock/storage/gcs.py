@@ -20,6 +20,11 @@ fit a lock:
 So: a read is one ``GET .../o/KEY?alt=media``, a write one multipart upload
 with ``ifGenerationMatch``, a delete one ``DELETE`` with ``ifGenerationMatch``,
 and a listing one request per page of up to 1000 objects.
+
+Over 400 lines: one class, the store's four operations with their error
+mapping and the client's life (creation, fork, mTLS base URL). The wire (reply
+parsing, error bodies, checked options) is in :mod:`.gcs_http`, and the total
+request deadline in :mod:`.gcs_deadline`.
 """
 
 from __future__ import annotations

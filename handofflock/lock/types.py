@@ -1,0 +1,100 @@
+"""What a lock reports: release requests and their reasons, status snapshots, owner ids.
+
+Plain values, apart from :class:`~handofflock.lock.handoff.HandoffLock`, so that code
+reading them (the CLI, the runner, the async lock, receivers) need not read the lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.record import Label, LockRecord
+
+
+def default_owner_id() -> str:
+    """``host:pid:random``: unique per lock instance, readable in ``status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class RequestReason(str, enum.Enum):
+    """Why the lock is wanted. A ``str``: ``RequestReason.WAITER == "waiter"``."""
+
+    #: Another party registered as the waiter; ``requester`` is its owner id.
+    WAITER = "waiter"
+    #: An OS signal (SIGTERM, SIGUSR1, ...) through :func:`~handofflock.install_signal_handlers`.
+    SIGNAL = "signal"
+    #: A preemption notice from :class:`~handofflock.PreemptionWatcher`.
+    PREEMPTION = "preemption"
+    #: Code or a person called :meth:`HandoffLock.request_release` (formerly ``"manual"``).
+    OPERATOR = "operator"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """Someone wants the lock: who, why, and by when.
+
+    ``reason`` is a :class:`RequestReason`; ``requester`` is the waiter's owner
+    id, or the signal/notice/operator that asked; ``deadline`` is the Unix time
+    by which the lock should be released, or None; ``requested_at`` is the Unix
+    time the request was noted here.
+    """
+
+    reason: RequestReason
+    requester: str
+    deadline: float | None
+    requested_at: float
+
+
+@dataclass(frozen=True)
+class _Withdrawn:
+    """A queued ``on_release_withdrawn`` (it travels with the notices, so it is sent after its request)."""
+
+    request: ReleaseRequest
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`."""
+
+    url: str
+    exists: bool
+    generation: int
+    owner_id: str | None = None
+    expires_at: float | None = None
+    waiter_id: str | None = None
+    waiter_expires_at: float | None = None
+    token: int = 0
+    ttl: float | None = None
+    read_at: float = 0.0
+    owner_live: bool = False
+    waiter_live: bool = False
+    record: LockRecord | None = None
+    owner_label: Label | None = None
+    waiter_label: Label | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "exists": self.exists,
+            "generation": self.generation,
+            "ownerId": self.owner_id,
+            "expiresAt": self.expires_at,
+            "waitingOwnerId": self.waiter_id,
+            "waiterExpiresAt": self.waiter_expires_at,
+            "token": self.token,
+            "ttl": self.ttl,
+            "readAt": self.read_at,
+            "ownerLive": self.owner_live,
+            "waiterLive": self.waiter_live,
+            "ownerLabel": None if self.owner_label is None else self.owner_label.text,
+            "waiterLabel": None if self.waiter_label is None else self.waiter_label.text,
+            "ownerGrace": None if self.owner_label is None else self.owner_label.grace,
+        }
