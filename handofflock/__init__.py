@@ -9,6 +9,7 @@ from ._version import __version__
 from .core.clock import Clock, FakeClock
 from .core.errors import (
     AcquireCancelled,
+    AgreementFailed,
     ConfigurationError,
     FencedObjectCorrupt,
     FencedObjectFull,
@@ -57,6 +58,7 @@ __all__ = [
     "install_signal_handlers",
     "signals",
     "AcquireCancelled",
+    "AgreementFailed",
     "ConfigurationError",
     "FencedObjectCorrupt",
     "FencedObjectFull",
