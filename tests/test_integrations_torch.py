@@ -1,0 +1,108 @@
+"""Multi-rank jobs on real gloo process groups: every rank yields at the same step, resumes there, stops together on loss.
+
+The jobs are real processes (torchrun, or env:// ranks started here) on loopback,
+the lock a local file; the second job is a separate process asking for the lock.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from handofflock import HandoffLock, LockLost, force_release
+from handofflock.integrations import RankLock, any_of_two, local_agree
+from ranksutil import EXAMPLES, Lines, free_port, rank_env, torchrun
+
+EXAMPLE = EXAMPLES / "torchrun_yield.py"
+
+
+def check_handoff_timeline(out: str, world: int, steps: int, workdir) -> None:
+    """Every rank stopped after one step N, the checkpoint of N holds N, B got the lock, A resumed at N + 1."""
+    stops = {int(r): int(s) for r, s in re.findall(r"A(\d+)\s+\S+\s+stopped after step (\d+)", out)}
+    assert sorted(stops) == list(range(world)), out
+    assert len(set(stops.values())) == 1, f"ranks stopped at different steps: {stops}"
+    yielded = stops[0]
+    assert 0 <= yielded < steps - 1
+    saved = torch.load(workdir / f"checkpoint-{yielded:06d}.pt")
+    assert saved["step"] == yielded
+    token_a = int(re.search(r"A\s+(\d+)\s+acquired the lock\n", out).group(1))
+    token_b = int(re.search(r"B\s+(\d+)\s+acquired the lock \(handed over by A\)", out).group(1))
+    assert token_b > token_a
+    assert f"sees A's checkpoint of step {yielded};" in out
+    assert re.search(r"A\s+(\d+)\s+acquired the lock \(handed back by B\)", out), out
+    resumed = {int(r): int(s) for r, s in re.findall(rf"A(\d+)\s+\S+\s+resumes from the checkpoint of step {yielded} at step (\d+)", out)}
+    assert resumed == {r: yielded + 1 for r in range(world)}, out
+    assert len(re.findall(rf"A\d+\s+\S+\s+finished all {steps} steps", out)) == world, out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 4])
+def test_torchrun_ranks_yield_at_the_same_step_hand_off_and_resume_there(tmp_path, world):
+    url = (tmp_path / "train.lock.json").as_uri()
+    proc = torchrun(EXAMPLE, world, "--url", url, "--workdir", str(tmp_path), "--steps", "160", "--every", "3",
+                    "--b-after", "1.0", "--b-work", "0.5", "--step-time", "0.02", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[:6000]
+    check_handoff_timeline(proc.stdout, world, 160, tmp_path)
+    assert HandoffLock(url).status().owner_id is None  # A released at the end
+
+
+@pytest.mark.timeout(90)
+def test_when_rank_0_dies_the_other_rank_exits_with_a_clear_error_instead_of_hanging(tmp_path):
+    port, url = free_port(), (tmp_path / "train.lock.json").as_uri()
+    args = [sys.executable, str(EXAMPLE), "--url", url, "--workdir", str(tmp_path), "--steps", "100000",
+            "--every", "1", "--b-after", "-1", "--no-ddp", "--group-timeout", "10"]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rank_env(r, 2, port))
+             for r in range(2)]
+    try:
+        Lines(procs[0]).wait_for(r"step  20 ", timeout=60)
+        procs[0].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, err = procs[1].communicate(timeout=40)
+        took = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[1].returncode not in (0, None)
+    assert "AgreementFailed" in err and "could not agree with the other ranks" in err, err[-3000:]
+    assert took < 35, took
+
+
+def test_a_job_of_one_rank_agrees_with_itself_and_yields_when_asked(tmp_path):
+    lock = HandoffLock(tmp_path / "l.json", ttl=5.0)
+    with RankLock(lock, local_agree, every=2, rank=0) as ranks:
+        steps = ranks.steps(range(100))
+        for step in steps:
+            if step == 4:
+                lock.request_release("test")
+        # asked during step 4; agreements fall before steps 0, 2, 4, 6: the loop ends before step 6
+        assert steps.stopped and steps.last == 5 and steps.request.reason == "test"
+    assert not lock.is_held
+
+
+def test_a_holder_that_lost_the_lock_stops_every_rank_with_lock_lost(tmp_path):
+    url = tmp_path / "l.json"
+    lock = HandoffLock(url, ttl=2.0, renew_interval=0.1)
+    votes = []
+
+    def agree(flags):  # this rank and one follower that votes nothing
+        votes.append(tuple(flags))
+        return local_agree(flags)
+
+    ranks = RankLock(lock, any_of_two(lambda f: agree([f])[0]), rank=0)
+    ranks.acquire()
+    assert ranks.should_stop() is False
+    force_release(str(url))  # an operator frees the lock under the holder: its next renewal finds out
+    with pytest.raises(LockLost):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            ranks.should_stop()
+            time.sleep(0.05)
+    assert votes[-2:] == [(False,), (True,)]  # (yield, lost): one collective per flag with any_of_two
+    assert not ranks.held
