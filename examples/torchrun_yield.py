@@ -74,12 +74,6 @@ def train(args: argparse.Namespace) -> int:
     if rank == 0:
         print(f"handofflock torchrun example: job A with {world} ranks, one lock at {args.url}", flush=True)
         print(f"{'elapsed':>7}  {'who':<3}  {'token':<13}  what", flush=True)
-        if args.b_after >= 0:
-            def launch_b() -> None:
-                time.sleep(args.b_after)
-                subprocess.Popen([sys.executable, __file__, "--job-b", "--url", args.url, "--workdir", args.workdir,
-                                  "--b-work", str(args.b_work), "--t0", repr(say.start)])
-            threading.Thread(target=launch_b, daemon=True).start()
 
     ranks = rank_lock(args.url, holder_rank=0, every=args.every, poll=0.5, owner_id="job-A", **TIMING)
     handed_back = False
@@ -88,6 +82,12 @@ def train(args: argparse.Namespace) -> int:
         token = ranks.lock.token if ranks.lock else None
         if rank == 0:
             say("A", "acquired the lock" + (" (handed back by B)" if handed_back else ""), token)
+            if args.b_after >= 0 and not handed_back:  # job B asks a while after A started
+                def launch_b() -> None:
+                    time.sleep(args.b_after)
+                    subprocess.Popen([sys.executable, __file__, "--job-b", "--url", args.url, "--workdir", args.workdir,
+                                      "--b-work", str(args.b_work), "--t0", repr(say.start)])
+                threading.Thread(target=launch_b, daemon=True).start()
         start = 0
         if ckpt_json.exists():  # every rank loads the same checkpoint
             state = torch.load(workdir / json.loads(ckpt_json.read_text())["file"])
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--step-time", type=float, default=0.03)
     parser.add_argument("--every", type=int, default=5, help="steps between agreements")
-    parser.add_argument("--b-after", type=float, default=2.0, help="seconds until job B asks (-1: never)")
+    parser.add_argument("--b-after", type=float, default=2.0, help="seconds after A first holds the lock until job B asks (-1: never)")
     parser.add_argument("--b-work", type=float, default=1.0)
     parser.add_argument("--group-timeout", type=float, default=60.0, help="gloo timeout, seconds")
     parser.add_argument("--no-ddp", dest="ddp", action="store_false", help="no DDP: the agreement is the only collective")
@@ -145,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.workdir is None or args.url is None:  # every rank must agree on both: the ranks share a parent, the launcher
-        base = Path(tempfile.gettempdir()) / f"handofflock-torchrun-{os.getppid()}"
-        base.mkdir(parents=True, exist_ok=True)
+        if "WORLD_SIZE" in os.environ:
+            base = Path(tempfile.gettempdir()) / f"handofflock-torchrun-{os.getppid()}"
+            base.mkdir(parents=True, exist_ok=True)
+        else:
+            base = Path(tempfile.mkdtemp(prefix="handofflock-torchrun-"))
         args.workdir = args.workdir or str(base)
         args.url = args.url or (base / "train.lock.json").as_uri()
     return job_b(args) if args.job_b else train(args)

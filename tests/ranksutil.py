@@ -66,3 +66,24 @@ class Lines:
 
     def text(self) -> str:
         return "".join(self.lines)
+
+
+def check_handoff_timeline(out: str, world: int, steps: int, *, resume_offset: int) -> int:
+    """Every rank stopped after one step N, B got the lock with a higher token, every rank resumed at N + offset.
+
+    Returns N. The examples print these lines (examples/*_yield.py).
+    """
+    stops = {int(r): int(s) for r, s in re.findall(r"A(\d+)\s+\S+\s+stopped after step (\d+)", out)}
+    assert sorted(stops) == list(range(world)), out
+    assert len(set(stops.values())) == 1, f"ranks stopped at different steps: {stops}"
+    yielded = stops[0]
+    assert 0 <= yielded < steps - 1, out
+    token_a = int(re.search(r"A\s+(\d+)\s+acquired the lock\n", out).group(1))
+    token_b = int(re.search(r"B\s+(\d+)\s+acquired the lock \(handed over by A\)", out).group(1))
+    assert token_b > token_a, out
+    assert re.search(r"A\s+(\d+)\s+acquired the lock \(handed back by B\)", out), out
+    resumed = {int(r): int(s) for r, s in
+               re.findall(rf"A(\d+)\s+\S+\s+resumes from the checkpoint of step {yielded} at step (\d+)", out)}
+    assert resumed == {r: yielded + resume_offset for r in range(world)}, out
+    assert len(re.findall(rf"A\d+\s+\S+\s+finished all {steps} steps", out)) == world, out
+    return yielded
