@@ -89,3 +89,18 @@ def test_a_holder_that_lost_the_lock_stops_every_rank_with_lock_lost(tmp_path):
             time.sleep(0.05)
     assert votes[-2:] == [(False,), (True,)]  # (yield, lost): one collective per flag with any_of_two
     assert not ranks.held
+
+
+def test_importing_handofflock_and_the_neutral_core_imports_no_framework():
+    code = ("import sys, handofflock, handofflock.integrations; "
+            "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_every_must_be_a_positive_number_of_steps(tmp_path):
+    from handofflock import ConfigurationError
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigurationError, match="every must be a positive int"):
+            RankLock(None, local_agree, every=bad)
