@@ -122,6 +122,7 @@ def train(args: argparse.Namespace) -> int:
         handed_back = True
     say(who, f"finished all {trainer.global_step} steps", None)
     if world > 1:
+        dist.barrier()  # every rank is past its last collective before any tears the group down
         dist.destroy_process_group()
     return 0
 

@@ -126,6 +126,7 @@ def train(args: argparse.Namespace) -> int:
             break
         handed_back = True
     say(who, f"finished all {args.steps} steps", None)
+    dist.barrier()  # every rank is past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
