@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from handofflock import HandoffLock
+from handofflock import HandoffLock, LockLost
 from handofflock.demo import Timeline
 
 TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
@@ -98,15 +98,21 @@ def train(args: argparse.Namespace) -> int:
         elif rank == 0:
             say("A", "no checkpoint: training from step 0", token)
         steps = ranks.steps(range(start, args.steps))
-        for step in steps:
-            x = torch.randn(16, 8, generator=data)
-            loss = torch.nn.functional.mse_loss(net(x).squeeze(1), x @ true_w)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            time.sleep(args.step_time)  # the rest of a real step
-            if step % 20 == 0 and rank == 0:
-                say("A", f"step {step:3d}  loss {loss.item():.4f}", token)
+        try:
+            for step in steps:
+                x = torch.randn(16, 8, generator=data)
+                loss = torch.nn.functional.mse_loss(net(x).squeeze(1), x @ true_w)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                time.sleep(args.step_time)  # the rest of a real step
+                if step % 20 == 0 and rank == 0:
+                    say("A", f"step {step:3d}  loss {loss.item():.4f}", token)
+        except LockLost as exc:  # every rank learns it at the same agreement: stop, save nothing
+            say(who, f"lost the lock after step {steps.last}; stopping: {exc}", token)
+            dist.barrier()
+            dist.destroy_process_group()
+            return 3
         last = steps.last if steps.last is not None else start - 1
         if steps.stopped:
             if rank == 0 and steps.request is not None:

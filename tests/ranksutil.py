@@ -33,7 +33,24 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: float) -> subprocess
     cmd = [*TORCHRUN, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            str(script), *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_torchrun(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def stop_torchrun(proc: subprocess.Popen) -> None:
+    """End a torchrun and its workers: SIGTERM, which it forwards to them (SIGKILL would orphan them)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Lines:
@@ -42,7 +59,8 @@ class Lines:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc, self.lines = proc, []
         self._changed = threading.Condition()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
 
     def _pump(self) -> None:
         for line in self.proc.stdout:
@@ -64,8 +82,11 @@ class Lines:
                     raise AssertionError(f"no line matching /{pattern}/ within {timeout} s: {''.join(self.lines)}")
                 self._changed.wait(min(left, 0.5))
 
-    def text(self) -> str:
-        return "".join(self.lines)
+    def text(self, join: float = 0) -> str:
+        """What was read so far; with ``join``, first wait up to that long for the end of the output."""
+        self._thread.join(join)
+        with self._changed:
+            return "".join(self.lines)
 
 
 def check_handoff_timeline(out: str, world: int, steps: int, *, resume_offset: int) -> int:

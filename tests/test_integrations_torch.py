@@ -6,6 +6,7 @@ the lock a local file; the second job is a separate process asking for the lock.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import torch
 
 from handofflock import HandoffLock, LockLost, force_release
 from handofflock.integrations import RankLock, any_of_two, local_agree
-from ranksutil import EXAMPLES, Lines, check_handoff_timeline, free_port, rank_env, torchrun
+from ranksutil import EXAMPLES, TORCHRUN, Lines, check_handoff_timeline, free_port, rank_env, stop_torchrun, torchrun
 
 EXAMPLE = EXAMPLES / "torchrun_yield.py"
 
@@ -33,6 +34,29 @@ def test_torchrun_ranks_yield_at_the_same_step_hand_off_and_resume_there(tmp_pat
     assert torch.load(tmp_path / f"checkpoint-{yielded:06d}.pt")["step"] == yielded  # the checkpoint holds that step
     assert f"sees A's checkpoint of step {yielded};" in proc.stdout  # and B, a separate process, read it
     assert HandoffLock(url).status().owner_id is None  # A released at the end
+
+
+@pytest.mark.timeout(90)
+def test_when_the_holder_loses_the_lock_every_rank_stops_after_the_same_step(tmp_path):
+    url = (tmp_path / "train.lock.json").as_uri()
+    cmd = [*TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(EXAMPLE), "--url", url, "--workdir", str(tmp_path), "--steps", "100000", "--every", "2",
+           "--b-after", "-1", "--step-time", "0.02"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        lines = Lines(proc)
+        lines.wait_for(r"step  20 ", timeout=60)
+        force_release(url)  # an operator frees the lock under job A: its holder finds out at the next renewal
+        proc.wait(timeout=40)
+        out = lines.text(join=10)
+    finally:
+        stop_torchrun(proc)
+    assert proc.returncode != 0
+    lost = {int(r): int(s) for r, s in re.findall(r"A(\d+)\s+\S+\s+lost the lock after step (\d+)", out)}
+    assert sorted(lost) == [0, 1] and len(set(lost.values())) == 1, out
+    assert "the holder rank lost the lock" in out  # rank 1 never touched the lock: it learnt it from the vote
+    assert HandoffLock(url).status().owner_id is None  # and nobody wrote it back
 
 
 @pytest.mark.timeout(90)
