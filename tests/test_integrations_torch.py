@@ -128,3 +128,13 @@ def test_every_must_be_a_positive_number_of_steps(tmp_path):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigurationError, match="every must be a positive int"):
             RankLock(None, local_agree, every=bad)
+
+
+@pytest.mark.timeout(90)
+def test_the_agreement_benchmark_runs_and_prints_its_numbers_with_their_conditions():
+    out = subprocess.run([sys.executable, str(EXAMPLES.parent / "scripts" / "bench_ranks.py"), "--ranks", "2",
+                          "--checks", "50", "--warmup", "5"], capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(r"gloo on 127\.0\.0\.1, \d+ cores, load average", out.stdout), out.stdout
+    p50, p90, p99, mean, worst = map(float, re.search(r"^\s+2\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", out.stdout, re.M).groups())
+    assert 0 < p50 <= p90 <= p99 <= worst and mean > 0
