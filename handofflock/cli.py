@@ -33,7 +33,8 @@ import logging
 import signal
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .core.errors import (
     ConfigurationError,
@@ -46,6 +47,7 @@ from .core.errors import (
     StorageError,
     TransientStorageError,
 )
+from .core.record import LockRecord
 from .exit_codes import (
     EXIT_CODES_HELP,
     EXIT_CONFIG,
@@ -59,9 +61,9 @@ from .exit_codes import (
     EXIT_USAGE,
 )
 from .lock.handoff import HandoffLock, LockStatus
-from .core.record import LockRecord
 from .repair import force_release
-from .runner import CommandRunner, fail as _fail
+from .runner import CommandRunner
+from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
 
 
@@ -80,10 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd != "run" and command is not None:
         return _fail("'--' and a command only go with `handofflock run`", EXIT_USAGE)
     args.command = command
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="handofflock: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
+    )
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except LockTimeout as exc:
         return _fail(str(exc), EXIT_TIMEOUT)
     except LockContended as exc:
@@ -107,18 +111,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="handofflock",
-        description="Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path).",
+        description=(
+            "Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path)."
+        ),
         epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it.")
+    p = sub.add_parser(
+        "status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it."
+    )
     p.add_argument("url")
     p.add_argument("--json", action="store_true", help="one JSON object with stable keys, for scripts")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
-        "run", help="hold the lock around a command (like flock(1), for a fleet)",
+        "run",
+        help="hold the lock around a command (like flock(1), for a fleet)",
         usage="handofflock run URL [options] -- CMD [ARGS...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
@@ -135,26 +144,48 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds CMD has to exit after that signal before SIGKILL (default 30)")
-    p.add_argument("--timeout", type=float, default=None, help="give up waiting for the lock after this many seconds (exit 124)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds CMD has to exit after that signal before SIGKILL (default 30)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="give up waiting for the lock after this many seconds (exit 124)"
+    )
     p.add_argument("-n", "--nonblock", action="store_true", help="do not wait: exit 75 if the lock is held")
-    p.add_argument("--wait-for-slot", action="store_true", help="if another process already waits, wait for its slot instead of exiting 75")
-    p.add_argument("--poll-interval", type=float, default=None,
-                   help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)")
+    p.add_argument(
+        "--wait-for-slot",
+        action="store_true",
+        help="if another process already waits, wait for its slot instead of exiting 75",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("release", help="clear a stuck or corrupt lock (--force)",
-                       description="Clear the lock from outside with a generation-matched write: "
-                                   "it becomes free and the next acquire takes it. Its holder, if any, "
-                                   "finds out at its next renewal and stops.")
+    p = sub.add_parser(
+        "release",
+        help="clear a stuck or corrupt lock (--force)",
+        description="Clear the lock from outside with a generation-matched write: "
+        "it becomes free and the next acquire takes it. Its holder, if any, "
+        "finds out at its next renewal and stops.",
+    )
     p.add_argument("url")
     p.add_argument("--force", action="store_true", help="required: this overrides whoever holds the lock")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("watch", help="show changes live until Ctrl-C", description="Poll the lock and print a line whenever its holder, waiter or state changes.")
+    p = sub.add_parser(
+        "watch",
+        help="show changes live until Ctrl-C",
+        description="Poll the lock and print a line whenever its holder, waiter or state changes.",
+    )
     p.add_argument("url")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
     p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
@@ -266,8 +297,10 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
             return EXIT_OK
         what = f"{url} (generation {generation}) is held by {record.owner_id}"
         if record.owner_live(now) and record.expires_at is not None:
-            what += (f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
-                     " until its next renewal finds the lock gone; only writes fenced with the token are safe")
+            what += (
+                f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
+                " until its next renewal finds the lock gone; only writes fenced with the token are safe"
+            )
         elif record.owner_id is not None:
             what += ", whose lease has expired"
         if record.waiting_owner_id:
@@ -278,7 +311,10 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
     try:
         result = force_release(url, expected_generation=generation)
     except PreconditionFailed:
-        return _fail(f"{url} changed while you looked; nothing was written. Run `handofflock status {url}` and try again", EXIT_CONTENDED)
+        return _fail(
+            f"{url} changed while you looked; nothing was written. Run `handofflock status {url}` and try again",
+            EXIT_CONTENDED,
+        )
     if result is None:
         say(f"{url}: the lock object is gone; nothing to clear")
     else:
@@ -290,7 +326,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     if not args.force:
         return _fail(
             "`release` only clears a lock from outside, overriding its holder: add --force. "
-            "(A holder releases by calling release() or leaving its `with` block.)", EXIT_USAGE)
+            "(A holder releases by calling release() or leaving its `with` block.)",
+            EXIT_USAGE,
+        )
 
     def confirm(description: str) -> bool:
         print(description, file=sys.stderr)
@@ -325,7 +363,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
             try:
                 st = lock.status()
                 doc = status_json(st, now)
-                seen = (doc["state"], st.owner_id, st.waiter_id if st.waiter_live else None, st.token)
+                seen: tuple[object, ...] = (
+                    doc["state"],
+                    st.owner_id,
+                    st.waiter_id if st.waiter_live else None,
+                    st.token,
+                )
                 line = _watch_line(st, doc, now)
             except LockRecordCorrupt as exc:
                 doc = {"url": lock.url, "state": "corrupt", "error": str(exc)}

@@ -13,13 +13,17 @@ goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
 trainer too, not only the shell. The lock moves on only once the group is
 empty (or killed after the grace), so no process of the command is left
 working on the resource while the next holder starts.
+
+Longer than 400 lines on purpose: it is one supervisor loop (signals passed
+on, job control, the lock's health, the grace and the kill) whose branches
+share the child's state; split, each part would need all of it. Process-tree
+bookkeeping that needs no state is in :mod:`._watchdog`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import functools
 import math
 import os
@@ -33,9 +37,10 @@ import time
 from typing import Any
 
 from . import _watchdog
-from .lock import events as lock_signals
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
+from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .os_signals import parse_signal
 
@@ -104,7 +109,8 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
-        for sig in dict.fromkeys(RUN_SIGNALS + (self.stop_signal,)):
+        sig: int
+        for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
             previous = signal.getsignal(sig)
             if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
                 continue
@@ -121,7 +127,7 @@ class CommandRunner:
 
     def _acquire(self) -> int | None:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
-        lock, outcome = self.lock, {}
+        lock, outcome = self.lock, dict[str, Any]()
 
         def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
             self.say(f"waiting for {lock.url}: held by {owner_id}")
@@ -134,7 +140,7 @@ class CommandRunner:
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
         try:
-            worker = threading.Thread(target=acquire, name="handofflock-run-acquire", daemon=True)
+            worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.1)
@@ -169,12 +175,15 @@ class CommandRunner:
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
-        env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
+        env = dict(
+            os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id
+        )
         # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
         # terminal's foreground group, so run stops it too, and on `fg` continues it only if
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
+        sig: int
         for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous.setdefault(sig, signal.getsignal(sig))
@@ -191,10 +200,16 @@ class CommandRunner:
                 lock.release()  # a lost lock: writes nothing
             except HandoffLockError:
                 pass
-            return fail(f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST)
+            return fail(
+                f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST
+            )
         try:
-            child = subprocess.Popen(command, env=env, start_new_session=True,
-                                     preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
+            child = subprocess.Popen(
+                command,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup),
+            )
         except OSError as exc:
             _remove_cgroup(cgroup)
             if watchdog is not None:
@@ -247,7 +262,10 @@ class CommandRunner:
                 if killed_at is not None and now >= killed_at + 2.0 and not _live_members(child.pid, self.cgroup):
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
-                    self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
+                    self.say(
+                        f"{command[0]} exited; giving the rest of its process group "
+                        f"{min(self.args.grace, LEFTOVER_GRACE):g} s"
+                    )
                     _signal_group(child, self.stop_signal, self.cgroup, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
@@ -290,15 +308,21 @@ class CommandRunner:
                 pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
-        self.say(f"{command[0]} exited with {status}; " + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}"))
+        self.say(
+            f"{command[0]} exited with {status}; "
+            + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+        )
         return status
 
-    def _signal(self, child: subprocess.Popen, sig: int) -> None:
+    def _signal(self, child: subprocess.Popen[bytes], sig: int) -> None:
         _signal_group(child, sig, self.cgroup)
 
-    def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
+    def _send(self, child: subprocess.Popen[bytes], sig: int, verb: str) -> None:
         self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
-        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+        self.say(
+            f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), "
+            f"{self.args.grace:g} s to exit"
+        )
 
 
 def _tell(watchdog: int, line: str) -> None:
@@ -324,7 +348,9 @@ def _start_watchdog() -> int | None:
     try:
         subprocess.Popen(
             [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
-            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of the terminal, and of an outer run stopping this one
         )
     except OSError:
@@ -347,8 +373,11 @@ def _make_cgroup() -> str | None:
         with open("/proc/self/cgroup") as f:
             own = next(line[3:].strip() for line in f if line.startswith("0::"))
         with open("/proc/self/mountinfo") as f:
-            mount = next(fields[4] for fields in (line.split() for line in f)
-                         if "-" in fields and fields[fields.index("-") + 1] == "cgroup2")
+            mount = next(
+                fields[4]
+                for fields in (line.split() for line in f)
+                if "-" in fields and fields[fields.index("-") + 1] == "cgroup2"
+            )
         # The pid alone is not unique: every run that is PID 1 of a container would be "1".
         path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}-{secrets.token_hex(3)}")
         os.mkdir(path)
@@ -406,14 +435,18 @@ def _session_members(sid: int, *, children_of: int | None = None, zombies: bool 
     """
     if children_of is None:
         return _watchdog.session_members(sid)
-    return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
+    return [
+        pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies
+    ]
 
 
 #: Signals that go to every process of the command, not only to its process group.
 TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
 
-def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None) -> None:
+def _signal_group(
+    child: subprocess.Popen[bytes], sig: int, cgroup: str | None = None, *, everyone: bool | None = None
+) -> None:
     """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
 
     A polite signal (the stop signal, a signal passed on) goes to the command's
@@ -439,7 +472,9 @@ def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, 
     if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
         groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
         # One born since the group was signalled is signalled too: it did not get that copy.
-        members += [pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members]
+        members += [
+            pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members
+        ]
     _watchdog.signal_each(members, sig)
 
 

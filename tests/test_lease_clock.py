@@ -25,7 +25,7 @@ from handofflock import Clock, ConfigurationError, FakeClock, HandoffLock, Trans
 from handofflock.storage.cas import write_resolving
 from handofflock.storage.pacing import gate_for
 from handofflock.storage import MemoryStorage
-from test_faults_memory import KEY, TimedStore, World, world  # noqa: F401  (the fixture)
+from simworld import KEY, TimedStore, World
 
 GCS_SPACING = 1.0  # GCS's default write spacing, given to the memory store where a test says so
 

