@@ -309,4 +309,3 @@ class AgreementFailed(HandoffLockError, RuntimeError):
     between ranks broke. This rank stops rather than wait: it can no longer
     learn what the others decided. The framework's own error is chained.
     """
-

@@ -32,10 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-try:
-    from lightning.pytorch import Callback
-except ImportError:  # the standalone package
-    from pytorch_lightning import Callback  # type: ignore[no-redef]
+from lightning.pytorch import Callback
 
 from .ranks import RankLock
 from .torch import rank_lock
@@ -43,7 +40,7 @@ from .torch import rank_lock
 __all__ = ["HandoffLockCallback"]
 
 
-class HandoffLockCallback(Callback):  # type: ignore[misc]
+class HandoffLockCallback(Callback):
     """Hold a :class:`~handofflock.HandoffLock` for ``trainer.fit`` on one rank; yield on all ranks together.
 
     ``url`` and ``lock_kwargs`` open the lock on ``holder_rank``; ``every`` is
@@ -54,8 +51,16 @@ class HandoffLockCallback(Callback):  # type: ignore[misc]
     for, and ``yield_step`` is the ``trainer.global_step`` the checkpoint holds.
     """
 
-    def __init__(self, url: "str | os.PathLike[str]", *, checkpoint: "str | os.PathLike[str]", holder_rank: int = 0,
-                 every: int = 1, poll: float = 1.0, **lock_kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        checkpoint: str | os.PathLike[str],
+        holder_rank: int = 0,
+        every: int = 1,
+        poll: float = 1.0,
+        **lock_kwargs: Any,
+    ) -> None:
         super().__init__()
         self.url = url
         self.checkpoint = Path(checkpoint)
@@ -75,7 +80,9 @@ class HandoffLockCallback(Callback):  # type: ignore[misc]
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held."""
         if self.ranks is None:
-            self.ranks = rank_lock(self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs)
+            self.ranks = rank_lock(
+                self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs
+            )
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step = False, None

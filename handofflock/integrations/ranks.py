@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
 
@@ -84,7 +85,9 @@ class RankLock:
     :meth:`steps`) and :meth:`release`.
     """
 
-    def __init__(self, lock: "HandoffLock | None", agree: Agree, *, every: int = 1, poll: float = 1.0, rank: int | None = None) -> None:
+    def __init__(
+        self, lock: HandoffLock | None, agree: Agree, *, every: int = 1, poll: float = 1.0, rank: int | None = None
+    ) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ConfigurationError(f"every must be a positive int (steps between agreements), not {every!r}")
         if not poll > 0:
@@ -209,7 +212,7 @@ class RankLock:
             return True
         return False
 
-    def steps(self, iterable: Iterable[T]) -> "RankSteps[T]":
+    def steps(self, iterable: Iterable[T]) -> RankSteps[T]:
         """Iterate ``iterable`` on every rank until the ranks agree to yield; see :class:`RankSteps`."""
         return RankSteps(self, iterable)
 
@@ -238,11 +241,13 @@ class RankLock:
             except HandoffLockError as exc:  # lost meanwhile: nothing to hand off
                 _log.warning("rank %s could not release %s while failing: %s", self.rank, lock.url, exc)
 
-    def __enter__(self) -> "RankLock":
+    def __enter__(self) -> RankLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if not self._held and exc_type is None:
             return
         if exc_type is None:
@@ -269,7 +274,7 @@ class RankSteps(Generic[T]):
     :class:`~handofflock.ReleaseRequest`, on the holder rank only).
     """
 
-    __slots__ = ("ranks", "last", "count", "stopped", "request", "_items")
+    __slots__ = ("_items", "count", "last", "ranks", "request", "stopped")
 
     def __init__(self, ranks: RankLock, iterable: Iterable[T]) -> None:
         self.ranks = ranks

@@ -21,7 +21,8 @@ Importing this module imports torch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,13 +36,15 @@ if TYPE_CHECKING:
 __all__ = ["rank_lock", "torch_agree"]
 
 
-def torch_agree(group: Any = None, device: "torch.device | str | None" = None) -> Agree:
+def torch_agree(group: Any = None, device: torch.device | str | None = None) -> Agree:
     """An :data:`~handofflock.integrations.ranks.Agree` doing one all-reduce (MAX) per call on ``group``.
 
     ``device`` defaults to the current CUDA device for nccl and the CPU otherwise.
     """
     if not dist.is_available() or not dist.is_initialized():
-        raise ConfigurationError("torch_agree() needs an initialised process group (torch.distributed.init_process_group)")
+        raise ConfigurationError(
+            "torch_agree() needs an initialised process group (torch.distributed.init_process_group)"
+        )
     backend = dist.get_backend(group)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -64,9 +67,9 @@ def torch_agree(group: Any = None, device: "torch.device | str | None" = None) -
 
 
 def rank_lock(
-    url: "str | os.PathLike[str] | None" = None,
+    url: str | os.PathLike[str] | None = None,
     *,
-    lock: "HandoffLock | None" = None,
+    lock: HandoffLock | None = None,
     holder_rank: int = 0,
     group: Any = None,
     every: int = 1,

@@ -37,15 +37,22 @@ from .torch import rank_lock
 __all__ = ["HandoffLockTrainerCallback"]
 
 
-class HandoffLockTrainerCallback(TrainerCallback):  # type: ignore[misc]
+class HandoffLockTrainerCallback(TrainerCallback):
     """Hold a :class:`~handofflock.HandoffLock` for ``trainer.train`` on one rank; yield on all ranks together.
 
     After a run: ``yielded`` is True if it ended because the lock was asked
     for, and ``yield_step`` is the ``state.global_step`` of the checkpoint it saved.
     """
 
-    def __init__(self, url: "str | os.PathLike[str]", *, holder_rank: int = 0, every: int = 1, poll: float = 1.0,
-                 **lock_kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        holder_rank: int = 0,
+        every: int = 1,
+        poll: float = 1.0,
+        **lock_kwargs: Any,
+    ) -> None:
         self.url = url
         self.holder_rank = holder_rank
         self.every = every
@@ -56,14 +63,19 @@ class HandoffLockTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self.yield_step: int | None = None
 
     @staticmethod
-    def resume_path(output_dir: "str | os.PathLike[str]") -> str | None:
+    def resume_path(output_dir: str | os.PathLike[str]) -> str | None:
         """The newest ``checkpoint-N`` in ``output_dir``, or None: pass it as ``resume_from_checkpoint``."""
-        return get_last_checkpoint(os.fspath(output_dir)) if os.path.isdir(output_dir) else None
+        if not os.path.isdir(output_dir):
+            return None
+        last: str | None = get_last_checkpoint(os.fspath(output_dir))  # type: ignore[no-untyped-call]
+        return last
 
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held."""
         if self.ranks is None:
-            self.ranks = rank_lock(self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs)
+            self.ranks = rank_lock(
+                self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs
+            )
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step = False, None
