@@ -128,7 +128,7 @@ def train(args: argparse.Namespace) -> int:
         if not callback.yielded:
             break
         if rank == 0 and callback.ranks.request is not None:
-            say("A", f"told: {callback.ranks.request.requester} wants the lock ({callback.ranks.request.reason})", held)
+            say("A", f"told: {callback.ranks.request.requester} wants the lock ({callback.ranks.request.reason.value})", held)
         say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks)", held)
         if rank == 0:
             say("A", f"checkpointed step {callback.yield_step} as checkpoint-{callback.yield_step}; handed off", held)

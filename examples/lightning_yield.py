@@ -115,7 +115,7 @@ def train(args: argparse.Namespace) -> int:
         if not callback.yielded:
             break
         if rank == 0 and callback.ranks.request is not None:
-            say("A", f"told: {callback.ranks.request.requester} wants the lock ({callback.ranks.request.reason})", token)
+            say("A", f"told: {callback.ranks.request.requester} wants the lock ({callback.ranks.request.reason.value})", token)
         say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks)", token)
         if rank == 0:
             say("A", f"checkpointed step {callback.yield_step} as {callback.checkpoint.name}; handed off", token)

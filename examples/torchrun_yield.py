@@ -116,7 +116,7 @@ def train(args: argparse.Namespace) -> int:
         last = steps.last if steps.last is not None else start - 1
         if steps.stopped:
             if rank == 0 and steps.request is not None:
-                say("A", f"told: {steps.request.requester} wants the lock ({steps.request.reason})", token)
+                say("A", f"told: {steps.request.requester} wants the lock ({steps.request.reason.value})", token)
             say(who, f"stopped after step {last} (agreed with all {world} ranks)", token)
         if rank == 0:  # one writer; the release below waits for every rank
             path = workdir / f"checkpoint-{last:06d}.pt"

@@ -87,9 +87,9 @@ def test_a_job_of_one_rank_agrees_with_itself_and_yields_when_asked(tmp_path):
         steps = ranks.steps(range(100))
         for step in steps:
             if step == 4:
-                lock.request_release("test")
+                lock.request_release("operator")
         # asked during step 4; agreements fall before steps 0, 2, 4, 6: the loop ends before step 6
-        assert steps.stopped and steps.last == 5 and steps.request.reason == "test"
+        assert steps.stopped and steps.last == 5 and steps.request.reason == "operator"
     assert not lock.is_held
 
 
