@@ -14,6 +14,7 @@ from ._version import __version__
 from .core.clock import Clock, FakeClock
 from .core.errors import (
     AcquireCancelled,
+    AgreementFailed,
     ConfigurationError,
     FencedObjectCorrupt,
     FencedObjectFull,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AcquireCancelled",
+    "AgreementFailed",
     "Clock",
     "ConfigurationError",
     "FakeClock",

@@ -300,3 +300,12 @@ class FencedObjectTooLarge(FencedObjectFull):
         self.key = key
         self.size = size
         self.max_bytes = max_bytes
+
+
+class AgreementFailed(HandoffLockError, RuntimeError):
+    """The collective by which the ranks of one job agree to go on, yield or stop failed.
+
+    Another rank died, hung past the process group's timeout, or the network
+    between ranks broke. This rank stops rather than wait: it can no longer
+    learn what the others decided. The framework's own error is chained.
+    """

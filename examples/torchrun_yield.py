@@ -1,0 +1,166 @@
+"""A multi-rank trainer yields at a checkpoint, on every rank at the same step, and resumes later.
+
+    torchrun --nproc-per-node 2 examples/torchrun_yield.py            # CPU, gloo, local backend
+
+Job A is this torchrun job: rank 0 holds the lock; all ranks agree every
+``--every`` steps whether to yield. A while after A starts, rank 0 launches job
+B (this file with ``--job-b``, a separate process) which asks for the lock. At
+the next agreement every rank of A stops after the same step; A checkpoints and
+hands off. B takes the lock, does its work, and releases; A, waiting for the
+lock meanwhile, gets it back and resumes from its checkpoint. The timeline
+has the demo's columns (``python -m handofflock.demo``).
+
+Works without torchrun too (set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from handofflock import HandoffLock, LockLost
+from handofflock.demo import Timeline
+
+TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
+
+
+def job_b(args: argparse.Namespace) -> int:
+    """The second job: asks for the lock, works a little, releases. Never imports torch."""
+    say = Timeline()
+    if args.t0 is not None:  # A's start: one monotonic clock for all processes of a host
+        say.start = args.t0
+    lock = HandoffLock(args.url, owner_id="job-B", **TIMING)
+    say("B", "asks for the lock")
+    lock.acquire(timeout=120)
+    say("B", "acquired the lock (handed over by A)", lock.token)
+    ckpt = Path(args.workdir) / "checkpoint.json"
+    seen = json.loads(ckpt.read_text()) if ckpt.exists() else None
+    say("B", f"sees A's checkpoint of step {seen['step'] if seen else None}; works {args.b_work:g} s", lock.token)
+    time.sleep(args.b_work)
+    token = lock.token
+    heir = lock.release()
+    say("B", f"handed off to {heir}" if heir else "released the lock (nobody waiting)", token)
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from handofflock.integrations.torch import rank_lock
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.group_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    say = Timeline()
+    who = f"A{rank}"
+    workdir = Path(args.workdir)
+    ckpt_json = workdir / "checkpoint.json"  # names the latest checkpoint file
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    net = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(rank)
+    true_w = torch.arange(8, dtype=torch.float32) / 8
+
+    if rank == 0:
+        print(f"handofflock torchrun example: job A with {world} ranks, one lock at {args.url}", flush=True)
+        print(f"{'elapsed':>7}  {'who':<3}  {'token':<13}  what", flush=True)
+
+    ranks = rank_lock(args.url, holder_rank=0, every=args.every, poll=0.5, owner_id="job-A", **TIMING)
+    handed_back = False
+    while True:
+        ranks.acquire()
+        token = ranks.lock.token if ranks.lock else None
+        if rank == 0:
+            say("A", "acquired the lock" + (" (handed back by B)" if handed_back else ""), token)
+            if args.b_after >= 0 and not handed_back:  # job B asks a while after A started
+                def launch_b() -> None:
+                    time.sleep(args.b_after)
+                    subprocess.Popen([sys.executable, __file__, "--job-b", "--url", args.url, "--workdir", args.workdir,
+                                      "--b-work", str(args.b_work), "--t0", repr(say.start)])
+                threading.Thread(target=launch_b, daemon=True).start()
+        start = 0
+        if ckpt_json.exists():  # every rank loads the same checkpoint
+            state = torch.load(workdir / json.loads(ckpt_json.read_text())["file"])
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            start = state["step"] + 1
+            say(who, f"resumes from the checkpoint of step {state['step']} at step {start}", token)
+        elif rank == 0:
+            say("A", "no checkpoint: training from step 0", token)
+        steps = ranks.steps(range(start, args.steps))
+        try:
+            for step in steps:
+                x = torch.randn(16, 8, generator=data)
+                loss = torch.nn.functional.mse_loss(net(x).squeeze(1), x @ true_w)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                time.sleep(args.step_time)  # the rest of a real step
+                if step % 20 == 0 and rank == 0:
+                    say("A", f"step {step:3d}  loss {loss.item():.4f}", token)
+        except LockLost as exc:  # every rank learns it at the same agreement: stop, save nothing
+            say(who, f"lost the lock after step {steps.last}; stopping: {exc}", token)
+            dist.barrier()
+            dist.destroy_process_group()
+            return 3
+        last = steps.last if steps.last is not None else start - 1
+        if steps.stopped:
+            if rank == 0 and steps.request is not None:
+                say("A", f"told: {steps.request.requester} wants the lock ({steps.request.reason.value})", token)
+            say(who, f"stopped after step {last} (agreed with all {world} ranks)", token)
+        if rank == 0:  # one writer; the release below waits for every rank
+            path = workdir / f"checkpoint-{last:06d}.pt"
+            torch.save({"step": last, "model": model.state_dict(), "opt": opt.state_dict()}, path)
+            tmp = ckpt_json.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": last, "file": path.name, "token": token}))
+            os.replace(tmp, ckpt_json)  # the pointer moves only once the checkpoint is whole
+            say("A", f"checkpointed step {last} as {path.name}", token)
+        heir = ranks.release()
+        if rank == 0:
+            say("A", f"handed off to {heir}" if heir else "released the lock (nobody waiting)", token)
+        if not steps.stopped:
+            break
+        handed_back = True
+    say(who, f"finished all {args.steps} steps", None)
+    dist.barrier()  # every rank is past its last collective before any tears the group down
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="lock URL (default: a file in a temporary directory)")
+    parser.add_argument("--workdir", help="where the checkpoint goes (default: a temporary directory)")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--step-time", type=float, default=0.03)
+    parser.add_argument("--every", type=int, default=5, help="steps between agreements")
+    parser.add_argument("--b-after", type=float, default=2.0, help="seconds after A first holds the lock until job B asks (-1: never)")
+    parser.add_argument("--b-work", type=float, default=1.0)
+    parser.add_argument("--group-timeout", type=float, default=60.0, help="gloo timeout, seconds")
+    parser.add_argument("--no-ddp", dest="ddp", action="store_false", help="no DDP: the agreement is the only collective")
+    parser.add_argument("--job-b", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.workdir is None or args.url is None:  # every rank must agree on both: the ranks share a parent, the launcher
+        if "WORLD_SIZE" in os.environ:
+            base = Path(tempfile.gettempdir()) / f"handofflock-torchrun-{os.getppid()}"
+            base.mkdir(parents=True, exist_ok=True)
+        else:
+            base = Path(tempfile.mkdtemp(prefix="handofflock-torchrun-"))
+        args.workdir = args.workdir or str(base)
+        args.url = args.url or (base / "train.lock.json").as_uri()
+    return job_b(args) if args.job_b else train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""One lock holder, one yield decision for every rank of a multi-process job.
+
+A job of N ranks (``torchrun`` workers, say) takes the lock once: one rank,
+the *holder*, owns the :class:`~handofflock.HandoffLock`; the others never
+touch it. Every K steps all ranks run one tiny collective, ``agree``, in
+which each rank votes two flags, *yield* and *lost*, and learns whether any
+rank voted each. So every rank stops after the same step, checkpoints the same
+state, and nobody waits in a collective that another rank has left:
+
+* the holder votes *yield* when ``lock.release_requested`` (a waiter, a
+  signal, a preemption notice); any rank may vote it with
+  :meth:`RankLock.request_stop` (its own SIGTERM, say);
+* the holder votes *lost* when ``lock.check()`` raises
+  :class:`~handofflock.LockLost`; then every rank raises ``LockLost`` at that
+  same step.
+
+The collective is the caller's: ``agree(flags) -> flags``, the elementwise
+any-rank-true of a short sequence of bools. :mod:`handofflock.integrations.torch`
+supplies one all-reduce (MAX over a 2-element tensor); a launcher whose only
+collective agrees on one bool can use :func:`any_of_two`. If the collective
+itself fails (a rank died), the adapter raises
+:class:`~handofflock.AgreementFailed`.
+
+>>> ranks = RankLock(lock if rank == 0 else None, agree, every=10)
+>>> with ranks:                                   # all ranks: the holder acquires
+...     steps = ranks.steps(range(start, total))
+...     for step in steps:
+...         train(step)
+...     save_checkpoint(steps.last)               # every rank stopped after this step
+...     # leaving: all ranks meet, then the holder hands the lock off
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
+
+if TYPE_CHECKING:
+    from ..lock.handoff import HandoffLock, ReleaseRequest
+
+T = TypeVar("T")
+
+#: The collective: each rank passes the same number of flags, every rank gets their elementwise OR.
+Agree = Callable[[Sequence[bool]], Sequence[bool]]
+
+_log = logging.getLogger("handofflock.ranks")
+
+_YIELD, _LOST = 0, 1
+
+
+def local_agree(flags: Sequence[bool]) -> Sequence[bool]:
+    """The collective of a job of one rank: the flags as they are."""
+    return tuple(bool(f) for f in flags)
+
+
+def any_of_two(agree_one: Callable[[bool], bool]) -> Agree:
+    """An :data:`Agree` from a collective that agrees on one bool (any-rank-true): one call per flag.
+
+    Every rank makes the same calls in the same order, so this never leaves a
+    rank waiting; it costs one collective per flag instead of one in all.
+    """
+
+    def agree(flags: Sequence[bool]) -> Sequence[bool]:
+        return tuple(bool(agree_one(bool(f))) for f in flags)
+
+    return agree
+
+
+class RankLock:
+    """The lock of a multi-rank job: held by one rank, decided on by all.
+
+    Construct it on every rank, passing the :class:`~handofflock.HandoffLock`
+    on the holder rank and ``None`` on every other rank, and the same
+    ``agree`` collective and ``every`` everywhere. ``every`` is how many steps
+    pass between agreements (1: before each step); ``poll`` is how often, in
+    seconds, the ranks meet while the holder waits for the lock.
+
+    Every method that takes part in the collective must be called by all ranks
+    in the same order: :meth:`acquire`, :meth:`should_stop` (or iterating
+    :meth:`steps`) and :meth:`release`.
+    """
+
+    def __init__(
+        self, lock: HandoffLock | None, agree: Agree, *, every: int = 1, poll: float = 1.0, rank: int | None = None
+    ) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ConfigurationError(f"every must be a positive int (steps between agreements), not {every!r}")
+        if not poll > 0:
+            raise ConfigurationError(f"poll must be > 0 seconds, not {poll!r}")
+        self.lock = lock
+        self.agree = agree
+        self.every = every
+        self.poll = float(poll)
+        self.rank = rank
+        #: How many agreements this rank took part in (acquire rounds, step checks and the release).
+        self.agreements = 0
+        #: Steps counted by :meth:`should_stop` since the last agreement.
+        self._since = 0
+        self._stop_asked = False
+        self._held = False
+        #: After a yield: the release request that caused it (holder rank only; None elsewhere).
+        self.request: ReleaseRequest | None = None
+
+    @property
+    def is_holder(self) -> bool:
+        """True on the rank that holds the lock object."""
+        return self.lock is not None
+
+    @property
+    def held(self) -> bool:
+        """True on every rank between a successful :meth:`acquire` and :meth:`release` (or a loss)."""
+        return self._held
+
+    def _meet(self, flags: Sequence[bool]) -> Sequence[bool]:
+        self.agreements += 1
+        agreed = self.agree(flags)
+        if len(agreed) != len(flags):
+            raise ConfigurationError(f"agree() returned {len(agreed)} flags for {len(flags)}")
+        return agreed
+
+    # ------------------------------------------------------------------ acquire
+
+    def acquire(self, timeout: float | None = None) -> None:
+        """Take the lock for the job: the holder acquires; all ranks return together once it holds.
+
+        While the holder waits (as the single waiter, perhaps for hours), all
+        ranks meet every ``poll`` seconds, so no collective waits longer than
+        that. If the holder's acquire fails, it re-raises the error and every
+        other rank raises :class:`~handofflock.LockNotHeld`.
+        """
+        outcome: dict[str, BaseException | bool] = {}
+        done = threading.Event()
+        if self.lock is not None:
+            lock = self.lock
+
+            def take() -> None:
+                try:
+                    outcome["ok"] = bool(lock.acquire(timeout=timeout))
+                except BaseException as exc:  # reported to every rank below, re-raised on this one
+                    outcome["error"] = exc
+                finally:
+                    done.set()
+
+            threading.Thread(target=take, name="handofflock-rank-acquire", daemon=True).start()
+        while True:
+            if self.lock is not None:
+                done.wait(self.poll)
+                finished = done.is_set()
+            else:
+                finished = False
+            ok = finished and outcome.get("ok") is True
+            failed = finished and not ok
+            agreed_ok, agreed_failed = self._meet((ok, failed))
+            if agreed_failed:
+                if self.lock is not None:
+                    if "error" in outcome:
+                        raise outcome["error"]  # type: ignore[misc]
+                    raise LockNotHeld(f"could not take {self.lock.url!r}")
+                raise LockNotHeld(f"the holder rank could not take the lock; rank {self.rank} stops too")
+            if agreed_ok:
+                break
+        self._held, self._since, self._stop_asked, self.request = True, 0, False, None
+        if self.lock is not None:
+            _log.info("rank %s holds %s for the job (token %s)", self.rank, self.lock.url, self.lock.token)
+
+    # ------------------------------------------------------------------ steps
+
+    def request_stop(self) -> None:
+        """Ask, from any rank, that all ranks yield at the next agreement. Safe in a signal handler."""
+        self._stop_asked = True
+
+    def should_stop(self) -> bool:
+        """Count one step; every ``every`` steps, agree with all ranks. True when all must yield now.
+
+        Call it on every rank before each step (the first call agrees at once).
+        Raises :class:`~handofflock.LockLost` on every rank, at the same call,
+        if the holder's ``lock.check()`` failed: the work must stop unprotected
+        by the lock. The holder raises its own ``LockLost``; the others a new
+        one saying the holder lost the lock.
+        """
+        if not self._held:
+            raise LockNotHeld("should_stop() before acquire(), or after release: every rank calls acquire() first")
+        due = self._since % self.every == 0
+        self._since += 1
+        if not due:
+            return False
+        lost_error: LockLost | None = None
+        want = self._stop_asked
+        if self.lock is not None:
+            try:
+                self.lock.check()
+            except LockLost as exc:
+                lost_error = exc
+            want = want or self.lock.release_requested
+        agreed = self._meet((want, lost_error is not None))
+        if agreed[_LOST]:
+            self._held = False
+            if lost_error is not None:
+                raise lost_error
+            raise LockLost(
+                f"the holder rank lost the lock; rank {self.rank} stops at the same step as every other rank",
+                reason="the holder rank lost the lock",
+            )
+        if agreed[_YIELD]:
+            if self.lock is not None:
+                self.request = self.lock.release_request
+            return True
+        return False
+
+    def steps(self, iterable: Iterable[T]) -> RankSteps[T]:
+        """Iterate ``iterable`` on every rank until the ranks agree to yield; see :class:`RankSteps`."""
+        return RankSteps(self, iterable)
+
+    # ------------------------------------------------------------------ release
+
+    def release(self) -> str | None:
+        """Hand the lock off once every rank got here (after its checkpoint): one agreement, then the holder releases.
+
+        Returns the heir's owner id on the holder (None if nobody waited), None elsewhere.
+        """
+        if not self._held:
+            raise LockNotHeld("release() without acquire(): every rank calls acquire() first")
+        self._meet((False, False))  # nobody leaves its checkpoint before everybody finished theirs
+        self._held = False
+        if self.lock is not None:
+            return self.lock.release()
+        return None
+
+    def abandon(self) -> None:
+        """Leave without meeting the other ranks (this rank failed): the holder lets the lock go if it still has it."""
+        self._held = False
+        lock = self.lock
+        if lock is not None and lock.is_held:
+            try:
+                lock.release()
+            except HandoffLockError as exc:  # lost meanwhile: nothing to hand off
+                _log.warning("rank %s could not release %s while failing: %s", self.rank, lock.url, exc)
+
+    def __enter__(self) -> RankLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._held and exc_type is None:
+            return
+        if exc_type is None:
+            self.release()
+        else:  # the others may be gone (or failing too): meeting them could hang until the group's timeout
+            self.abandon()
+
+    def __repr__(self) -> str:
+        role = "holder" if self.is_holder else "follower"
+        return f"<RankLock rank={self.rank} {role} every={self.every} held={self._held}>"
+
+
+class RankSteps(Generic[T]):
+    """Iterate ``iterable`` on every rank while the job holds the lock and nobody asked for it.
+
+    Like :class:`~handofflock.Steps`, for a job of many ranks: before each
+    item it calls :meth:`RankLock.should_stop` (which agrees with the other
+    ranks every ``every`` items) and stops, without taking the item, when the
+    ranks agreed to yield. Every rank hands out the same items, so after the
+    loop ``last`` is the same step on every rank.
+
+    After the loop: ``last`` (the last item handed out, or None), ``count``,
+    ``stopped`` (True if the ranks agreed to yield), and ``request`` (the
+    :class:`~handofflock.ReleaseRequest`, on the holder rank only).
+    """
+
+    __slots__ = ("_items", "count", "last", "ranks", "request", "stopped")
+
+    def __init__(self, ranks: RankLock, iterable: Iterable[T]) -> None:
+        self.ranks = ranks
+        self.last: T | None = None
+        self.count = 0
+        self.stopped = False
+        self.request: ReleaseRequest | None = None
+        self._items = iter(iterable)
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self.ranks.should_stop():  # raises LockLost on every rank at once
+            self.stopped = True
+            self.request = self.ranks.request
+            raise StopIteration
+        item = next(self._items)
+        self.last = item
+        self.count += 1
+        return item
+
+    def __repr__(self) -> str:
+        return f"<RankSteps last={self.last!r} count={self.count} stopped={self.stopped}>"

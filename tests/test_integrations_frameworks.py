@@ -1,0 +1,52 @@
+"""Lightning and the Hugging Face Trainer on real gloo process groups: yield at one step on every rank, resume there.
+
+Each test runs an example (examples/lightning_yield.py, examples/hf_trainer_yield.py)
+as job A, under torchrun with 2 ranks or as one process; job B is a separate
+process the example starts once A holds the lock. The lock is a local file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from handofflock import HandoffLock
+from ranksutil import EXAMPLES, ROOT, check_handoff_timeline, torchrun
+
+STEPS = 60
+ARGS = ["--steps", str(STEPS), "--every", "2", "--b-after", "0.5", "--b-work", "0.5", "--step-time", "0.02"]
+
+
+def run_example(name: str, world: int, tmp_path) -> str:
+    url = (tmp_path / "train.lock.json").as_uri()
+    args = ["--url", url, "--workdir", str(tmp_path), *ARGS]
+    if world == 1:
+        proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
+                              timeout=150, cwd=ROOT)
+    else:
+        proc = torchrun(EXAMPLES / name, world, *args, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-6000:]
+    assert HandoffLock(url).status().owner_id is None  # A released when it finished
+    return proc.stdout
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 1])
+def test_lightning_ranks_save_one_checkpoint_at_one_step_hand_off_and_resume_from_it(tmp_path, world):
+    out = run_example("lightning_yield.py", world, tmp_path)
+    yielded = check_handoff_timeline(out, world, STEPS, resume_offset=0)  # global_step counts steps done
+    assert torch.load(tmp_path / "handoff.ckpt", weights_only=False)["global_step"] == yielded
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 1])
+def test_hf_trainer_ranks_save_one_checkpoint_at_one_step_hand_off_and_resume_from_it(tmp_path, world):
+    out = run_example("hf_trainer_yield.py", world, tmp_path)
+    yielded = check_handoff_timeline(out, world, STEPS, resume_offset=0)
+    state = json.loads((tmp_path / "hf" / f"checkpoint-{yielded}" / "trainer_state.json").read_text())
+    assert state["global_step"] == yielded
+    assert sorted(p.name for p in (tmp_path / "hf").glob("checkpoint-*")) == [f"checkpoint-{yielded}"]
