@@ -40,7 +40,7 @@ from . import _watchdog
 from ._waitline import WaitLine
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .core.identity import detect_label
-from .core.record import Label
+from .core.record import MAX_TTL, Label
 from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
 from .lock import events as lock_signals
@@ -91,8 +91,10 @@ class CommandRunner:
         self.args = args
         self.cgroup: str | None = None  # the command's cgroup, where run could make one
         self.stop_signal = stop_signal(args.signal)
-        if args.grace is None or not args.grace >= 0 or not math.isfinite(args.grace):
-            raise ConfigurationError(f"--grace must be a finite number >= 0, got {args.grace}")
+        if args.grace is None or not 0 <= args.grace <= MAX_TTL:  # NaN fails both comparisons
+            raise ConfigurationError(
+                f"--grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {args.grace}"
+            )
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
             raise ConfigurationError(f"--timeout must be a finite number >= 0, got {args.timeout}")
         timing: dict[str, Any] = {"ttl": args.ttl, "wait_for_slot": args.wait_for_slot}
@@ -259,6 +261,7 @@ class CommandRunner:
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
         declined: ReleaseRequest | None = None  # a request found withdrawn when checked again: not acted on
+        declined_at = 0.0  # ... as of then: a request that still stands is read again every check interval
         killed_at: float | None = None
         last_kill = 0.0
         lost = False
@@ -321,17 +324,23 @@ class CommandRunner:
                 and returncode is None
                 and lock.release_requested
                 and self.first_signal is None
-                and lock.release_request is not declined
+                and (
+                    lock.release_request is not declined
+                    or now >= declined_at + max(lock.waiter_check_interval, RECHECK_TIMEOUT)
+                )
             ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
                 who = f"{request.requester} ({request.reason})" if request else "someone"
                 if request is not None and not self._still_wanted(request):  # read again: it may have gone
-                    declined = request
-                    self.say(
-                        f"{who} asked for {lock.url} but is no longer waiting; "
-                        f"{command[0]} is left alone and run keeps the lock"
-                    )
+                    if declined is not request:
+                        self.say(
+                            f"{who} asked for {lock.url} but is no longer waiting; "
+                            f"{command[0]} is left alone and run keeps the lock"
+                        )
+                    # A read can fall in the moment a waiter re-registers (its slot briefly empty):
+                    # while the lock has not withdrawn the request, it is read again each interval.
+                    declined, declined_at = request, now
                 else:
                     self.say(f"{who} asks for {lock.url}")
                     self._send(child, self.stop_signal, "sending")
@@ -348,7 +357,7 @@ class CommandRunner:
                         f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
                         "it goes on, and run keeps the lock"
                     )
-                    declined, asked, kill_at = asked, None, None
+                    declined, declined_at, asked, kill_at = asked, now, None, None
                 elif now >= kill_at:
                     self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
                     self._signal(child, signal.SIGKILL)

@@ -56,8 +56,8 @@ def waited(**kw) -> LockRecord:
 def test_labels_round_trip_bound_to_the_instance_they_belong_to():
     r = waited()
     doc = orjson.loads(r.encode())
-    assert doc["ownerLabel"] == {"text": OWNER.text, "instance": "ia", "grace": 30.0}
-    assert doc["waiterLabel"] == {"text": WAITER.text, "instance": "iw"}
+    assert doc["ownerLabel"] == {"text": OWNER.text, "instance": "ia", "id": "a", "grace": 30.0}
+    assert doc["waiterLabel"] == {"text": WAITER.text, "instance": "iw", "id": "w"}
     back = LockRecord.decode(r.encode())
     assert (back.owner_label, back.waiter_label) == (OWNER, WAITER)
 
@@ -99,17 +99,17 @@ def test_an_older_reader_ignores_labels_and_keeps_them_and_they_stop_counting_wh
 
 @pytest.mark.parametrize("field, value, why", [
     ("ownerLabel", "pod=x", "must be an object"),
-    ("ownerLabel", {"text": "x"}, "must have 'text' and 'instance'"),
-    ("ownerLabel", {"text": "x", "instance": "ia", "pid": 3}, "must have 'text' and 'instance'"),
-    ("ownerLabel", {"text": "", "instance": "ia"}, "1-256 characters"),
-    ("ownerLabel", {"text": "x" * 257, "instance": "ia"}, "1-256 characters"),
-    ("ownerLabel", {"text": 5, "instance": "ia"}, "must be a string"),
-    ("ownerLabel", {"text": "a\nb", "instance": "ia"}, "control characters"),
-    ("ownerLabel", {"text": "x", "instance": "no-dashes!"}, "ASCII letters or digits"),
-    ("ownerLabel", {"text": "x", "instance": "ia", "grace": -1}, "'ownerLabel.grace'"),
-    ("ownerLabel", {"text": "x", "instance": "ia", "grace": True}, "'ownerLabel.grace'"),
+    ("ownerLabel", {"text": "x"}, "must have 'text', 'instance' and 'id'"),
+    ("ownerLabel", {"text": "x", "instance": "ia", "id": "a", "pid": 3}, "must have 'text', 'instance' and 'id'"),
+    ("ownerLabel", {"text": "", "instance": "ia", "id": "a"}, "1-256 characters"),
+    ("ownerLabel", {"text": "x" * 257, "instance": "ia", "id": "a"}, "1-256 characters"),
+    ("ownerLabel", {"text": 5, "instance": "ia", "id": "a"}, "must be a string"),
+    ("ownerLabel", {"text": "a\nb", "instance": "ia", "id": "a"}, "control characters"),
+    ("ownerLabel", {"text": "x", "instance": "no-dashes!", "id": "a"}, "ASCII letters or digits"),
+    ("ownerLabel", {"text": "x", "instance": "ia", "id": "a", "grace": -1}, "'ownerLabel.grace'"),
+    ("ownerLabel", {"text": "x", "instance": "ia", "id": "a", "grace": True}, "'ownerLabel.grace'"),
     ("waiterLabel", ["x"], "must be an object"),
-    ("waiterLabel", {"text": "\u0085", "instance": "iw"}, "control characters"),
+    ("waiterLabel", {"text": "\u0085", "instance": "iw", "id": "w"}, "control characters"),
 ])
 def test_a_bad_label_is_a_corrupt_record_never_dropped(field, value, why):
     doc = orjson.loads(waited().encode())

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from .errors import LockRecordCorrupt
+from .errors import ConfigurationError, LockRecordCorrupt
 
 #: The format version this release writes and reads.
 RECORD_VERSION = 1
@@ -96,6 +96,15 @@ class Label:
 
     text: str
     grace: float | None = None
+
+    def __post_init__(self) -> None:
+        problem = label_problem(self.text, "label")
+        if problem is None and self.grace is not None:
+            g = self.grace
+            if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 <= g <= MAX_TTL:
+                problem = f"a label's grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {g!r}"
+        if problem is not None:
+            raise ConfigurationError(problem)
 
 
 @dataclass(frozen=True)
@@ -164,9 +173,9 @@ class LockRecord:
         if self.waiter_instance is not None:
             doc["waiterInstance"] = self.waiter_instance
         if self.owner_label is not None and self.owner_id is not None:
-            doc["ownerLabel"] = _label_json(self.owner_label, self.owner_instance)
+            doc["ownerLabel"] = _label_json(self.owner_label, self.owner_instance, self.owner_id)
         if self.waiter_label is not None and self.waiting_owner_id is not None:
-            doc["waiterLabel"] = _label_json(self.waiter_label, self.waiter_instance)
+            doc["waiterLabel"] = _label_json(self.waiter_label, self.waiter_instance, self.waiting_owner_id)
         for k, v in self.extra.items():
             if k not in doc:
                 doc[k] = v
@@ -402,8 +411,8 @@ def label_problem(value: Any, name: str) -> str | None:
     return None
 
 
-def _label_json(label: Label, instance: str | None) -> dict[str, Any]:
-    doc: dict[str, Any] = {"text": label.text, "instance": instance}
+def _label_json(label: Label, instance: str | None, holder: str | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"text": label.text, "instance": instance, "id": holder}
     if label.grace is not None:
         doc["grace"] = label.grace
     return doc
@@ -415,21 +424,27 @@ def _opt_label(value: Any, name: str, instance: str | None, holder: str | None, 
         return None
     if not isinstance(value, dict):
         raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
-    unknown = sorted(set(value) - {"text", "instance", "grace"})
-    if unknown or "text" not in value or "instance" not in value:
-        raise corrupt(f"'{name}' must have 'text' and 'instance' (and optionally 'grace'), got keys {sorted(value)}")
+    unknown = sorted(set(value) - {"text", "instance", "id", "grace"})
+    if unknown or "text" not in value or "instance" not in value or "id" not in value:
+        raise corrupt(
+            f"'{name}' must have 'text', 'instance' and 'id' (and optionally 'grace'), got keys {sorted(value)}"
+        )
     problem = label_problem(value["text"], f"{name}.text")
     if problem is not None:
         raise corrupt(problem)
     of = _opt_instance(value["instance"], f"{name}.instance", corrupt)
+    written_for = value["id"]
+    if written_for is not None and id_problem(written_for, f"{name}.id") is not None:
+        raise corrupt(str(id_problem(written_for, f"{name}.id")))
     grace = value.get("grace")
     if grace is not None:
         if not _is_number(grace) or not math.isfinite(grace) or not 0 <= grace <= MAX_TTL:
             raise corrupt(f"'{name}.grace' must be a number in [0, {MAX_TTL:.0f}] seconds, got {_json_type(grace)}")
         grace = float(grace)
-    if holder is None or of != instance:
+    if holder is None or of != instance or written_for != holder:
         # Written for an owner or waiter that has since been replaced by a writer that does not
-        # know labels (it kept this one as an unknown field): it no longer says who is there.
+        # know labels (it kept this one, and maybe the instance too, as unknown fields): it no
+        # longer says who is there. The id it was written for must still be the one in place.
         return None
     return Label(value["text"], grace)
 

@@ -13,7 +13,10 @@ once (EINTR) and runs the handler.
 
 The one exception is the notifier thread that runs ``on_release_requested``
 and the other receivers: it runs user code, and a process that code starts
-would inherit a blocked mask (a child that cannot be stopped by SIGTERM).
+would inherit a blocked mask (a child that cannot be stopped by SIGTERM). A
+thread inherits the mask of the thread that starts it (the scheduler's, here),
+so the notifier unblocks the signals again first thing
+(:func:`take_signals_again`). It lives only while it has receivers to run.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ def leave_signals_to_the_main_thread() -> None:
     """Block this thread's asynchronous signals (a no-op where threads have no signal mask)."""
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS)
+
+
+def take_signals_again() -> None:
+    """Unblock every signal in this thread: for threads that run user code (and may start processes)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signal.valid_signals())
 
 
 def quiet(target: Callable[..., Any]) -> Callable[..., Any]:

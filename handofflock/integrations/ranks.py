@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
 
 if TYPE_CHECKING:
-    from ..lock.handoff import HandoffLock, ReleaseRequest
+    from ..lock.handoff import HandoffLock
+    from ..lock.types import ReleaseRequest
 
 T = TypeVar("T")
 

@@ -50,6 +50,7 @@ from ..core.errors import (
 from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
 from ..core.record import Label, LockRecord, id_problem, label_problem, new_nonce
+from ..core.threads import take_signals_again
 from ..core.timefmt import when as _when
 from ..core.timing import Timing
 from ..storage import MAX_RECORD_BYTES, Storage, open_url
@@ -407,6 +408,8 @@ class HandoffLock:
         if self._state in (HELD, WAITING, RELEASING):
             doing = {HELD: "holds", WAITING: "is acquiring", RELEASING: "is still releasing"}[self._state]
             raise HandoffLockError(f"this HandoffLock instance already {doing} {self.url!r}")
+        if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
+            self._end_hold()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
             deadline = self._clock.monotonic() + self.renew_deadline
@@ -836,8 +839,9 @@ class HandoffLock:
         """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
 
         def read() -> LockStatus:
-            with self._io:
-                record, generation = self._read(self._clock.monotonic() + 30.0, interruptible=True)
+            # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
+            # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
+            record, generation = self._read(self._clock.monotonic() + 30.0, interruptible=True)
             now = self._clock.time()
             if record is None:
                 return LockStatus(self.url, False, 0, read_at=now)
@@ -1108,6 +1112,7 @@ class HandoffLock:
             raise
 
     def _notifier_main(self) -> None:
+        take_signals_again()  # receivers are user code: what they start must be stoppable (core/threads.py)
         while True:
             try:
                 self._flush_events()
