@@ -31,6 +31,7 @@ LOGGERS = (
     "handofflock.release",
     "handofflock.lock.scheduler",
     "handofflock.lock.events",
+    "handofflock.lock.metrics",
     "handofflock.os_signals",
     "handofflock.preemption",
     "handofflock.repair",

@@ -27,10 +27,18 @@ waiter's slot (its ``waiterExpiresAt`` minus its ``waiterTtl``) to the check
 that saw it: the waiter's registration, or its latest refresh if the owner
 first saw the slot after a refresh. Clock skew between the two hosts is in it;
 a negative value (the waiter's clock ahead) counts as 0.
+
+The hooks run on the lock's own paths (acquire, the renewal, the waiter
+check). A meter provider is a plug-in point that may fail (a full exporter
+queue, a bad configuration): an instrument that raises is logged on
+``handofflock.lock.metrics`` (with its traceback the first time per hook, at
+DEBUG after that) and never reaches the lock. ``timed_acquire`` returns or
+raises exactly what the acquire did.
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,6 +53,8 @@ if TYPE_CHECKING:
     from .handoff import HandoffLock
 
 T = TypeVar("T")
+
+_log = logging.getLogger("handofflock.lock.metrics")
 
 try:
     from opentelemetry import metrics as _otel
@@ -90,6 +100,8 @@ class _Instruments:
 _instruments: _Instruments | None = None
 #: Locks that were held at some point, for the ``locks.held`` gauge (weak: a dropped lock is no series).
 _locks: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+#: The hooks whose instruments raised since the instruments were made (each logged in full once).
+_failed: set[str] = set()
 
 
 def enabled() -> bool:
@@ -109,6 +121,24 @@ def use_meter_provider(provider: Any = None) -> None:
         raise ConfigurationError("metrics need the OpenTelemetry API: pip install 'handofflock[otel]'")
     meter = (_otel.get_meter if provider is None else provider.get_meter)(METER_NAME, __version__)
     _instruments = _Instruments(meter)
+    _failed.clear()  # new instruments: their first failure is worth a traceback again
+
+
+def _instrument_failed(hook: str) -> None:
+    """Called in an ``except`` block: an instrument raised in ``hook``. Logged, never raised into the lock.
+
+    With its traceback the first time per hook, at DEBUG after that: a broken
+    exporter fails on every renewal, and the log must not drown in it.
+    """
+    if hook in _failed:
+        _log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+        return
+    _failed.add(hook)
+    _log.error(
+        "metrics hook %s raised; ignored, the lock goes on (later failures of this hook are logged at DEBUG)",
+        hook,
+        exc_info=True,
+    )
 
 
 def _attrs(lock: HandoffLock) -> dict[str, Any]:
@@ -126,7 +156,12 @@ def _observe_held(options: Any) -> Iterable[Any]:
 
 
 def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) -> bool:
-    """Run ``acquire`` and record how long it took (on ``clock``) and how it ended."""
+    """Run ``acquire`` and record how long it took (on ``clock``) and how it ended.
+
+    Returns or raises exactly what ``acquire`` did: a lock taken is never
+    reported as an error because its measurement failed (``with lock:`` would
+    then never release it).
+    """
     if _instruments is None:
         return acquire()
     started = clock.monotonic()
@@ -145,11 +180,18 @@ def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) 
         outcome = "cancelled"
         raise
     finally:
-        instruments = _instruments
-        if instruments is not None:
-            instruments.acquire_duration.record(
-                max(0.0, clock.monotonic() - started), {**_attrs(lock), "outcome": outcome}
-            )
+        _record_acquire(lock, clock, started, outcome)
+
+
+def _record_acquire(lock: HandoffLock, clock: Clock, started: float, outcome: str) -> None:
+    # Runs in timed_acquire's ``finally``: whatever it raised would replace the acquire's own result.
+    instruments = _instruments
+    if instruments is None:
+        return
+    try:
+        instruments.acquire_duration.record(max(0.0, clock.monotonic() - started), {**_attrs(lock), "outcome": outcome})
+    except Exception:
+        _instrument_failed("timed_acquire")
 
 
 def renewed(lock: HandoffLock, latency: float) -> None:
@@ -157,9 +199,12 @@ def renewed(lock: HandoffLock, latency: float) -> None:
     instruments = _instruments
     if instruments is None:
         return
-    attrs = _attrs(lock)
-    instruments.renewals.add(1, attrs)
-    instruments.renewal_duration.record(max(0.0, latency), attrs)
+    try:
+        attrs = _attrs(lock)
+        instruments.renewals.add(1, attrs)
+        instruments.renewal_duration.record(max(0.0, latency), attrs)
+    except Exception:
+        _instrument_failed("renewed")
 
 
 def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
@@ -167,7 +212,10 @@ def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
     instruments = _instruments
     if instruments is None:
         return
-    instruments.renewal_errors.add(1, {**_attrs(lock), "error.type": type(error).__name__})
+    try:
+        instruments.renewal_errors.add(1, {**_attrs(lock), "error.type": type(error).__name__})
+    except Exception:  # raised into _renew, it would keep the renewal due: a busy loop against a failing store
+        _instrument_failed("renewal_failed")
 
 
 def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
@@ -175,9 +223,12 @@ def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
     instruments = _instruments
     if instruments is None or record.waiter_expires_at is None:
         return
-    slot = record.waiter_ttl or lock.waiter_ttl
-    registered = record.waiter_expires_at - slot
-    instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
+    try:
+        slot = record.waiter_ttl or lock.waiter_ttl
+        registered = record.waiter_expires_at - slot
+        instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
+    except Exception:  # raised into _note_waiter, it would hide the waiter from the owner for good
+        _instrument_failed("waiter_noticed")
 
 
 # ---------------------------------------------------------------------- from the lock's signals
@@ -186,20 +237,32 @@ def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
 def _on_acquired(sender: Any, *, handoff: bool = False, **_: Any) -> None:
     _locks.add(sender)
     instruments = _instruments
-    if instruments is not None:
+    if instruments is None:
+        return
+    try:
         instruments.acquisitions.add(1, {**_attrs(sender), "handoff": bool(handoff)})
+    except Exception:
+        _instrument_failed("acquired")
 
 
 def _on_released(sender: Any, *, handed_off_to: str | None = None, **_: Any) -> None:
     instruments = _instruments
-    if instruments is not None and handed_off_to is not None:
+    if instruments is None or handed_off_to is None:
+        return
+    try:
         instruments.handoffs.add(1, _attrs(sender))
+    except Exception:
+        _instrument_failed("released")
 
 
 def _on_lost(sender: Any, **_: Any) -> None:
     instruments = _instruments
-    if instruments is not None:
+    if instruments is None:
+        return
+    try:
         instruments.losses.add(1, _attrs(sender))
+    except Exception:
+        _instrument_failed("lost")
 
 
 if _otel is not None:
