@@ -67,6 +67,7 @@ T = TypeVar("T")
 #: The signals an AsyncHandoffLock sends again with itself as the sender.
 _SIGNALS = (
     signals.on_release_requested,
+    signals.on_release_withdrawn,
     signals.on_renewal_error,
     signals.waiting,
     signals.acquired,
@@ -171,9 +172,12 @@ class _Call(Generic[T]):
 
     def _main(self) -> None:
         with self._claim:  # a call the task has given up before it started never starts
-            if self._dropped:
+            if self._dropped or self._started:  # (started: run_to_end took it over)
                 return
             self._started = True
+        self._run()
+
+    def _run(self) -> None:
         try:
             self.result = self.fn()
         except BaseException as exc:  # handed to the awaiting task
@@ -208,6 +212,38 @@ class _Call(Generic[T]):
                 await self.finish()
             raise
         return self.outcome()
+
+    def _take_over_unless_started(self) -> bool:
+        """True if the call had not started: the caller runs it (``_run``) now, and nobody else will."""
+        with self._claim:
+            if self._started or self._dropped:
+                return False
+            self._started = True
+            return True
+
+    async def run_to_end(self) -> T:
+        """Run the call to its end whatever cancellation arrives meanwhile; then re-raise that cancellation.
+
+        For the calls that give the lock up (release, ``__aexit__``): one
+        dropped because its task was cancelled would leave the lock held, and
+        renewed in the background, by nobody. The call's own error, if it
+        raised, goes out instead of the cancellation (as from ``__aexit__``).
+        """
+        interrupted: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            try:
+                await to_thread.run_sync(self._main, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+            except BaseException as exc:
+                # asyncio's task.cancel() reaches into a shielded scope (so can a KeyboardInterrupt), and anyio
+                # may then give the job up before a worker took it: the call runs in a thread of our own.
+                interrupted = exc
+                if self._take_over_unless_started():
+                    threading.Thread(target=self._run, name="handofflock-aio-call", daemon=True).start()
+                await self.finish()
+        result = self.outcome()
+        if interrupted is not None:
+            raise interrupted
+        return result
 
     async def finish(self) -> None:
         """Wait until the thread has ended, whatever cancellation arrives meanwhile."""
@@ -367,19 +403,21 @@ class AsyncHandoffLock:
     async def _release_after_cancel(self) -> None:
         """The acquire got the lock as its task was cancelled: hand it on, shielded."""
         release: _Call[str | None] = _Call(self._sync.release)
-        with anyio.CancelScope(shield=True):
-            try:
-                await release.run()
-            except Exception as exc:
-                _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
+        try:
+            await release.run_to_end()
+        except Exception as exc:
+            _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
 
     async def release(self) -> str | None:
         """Hand the lock to a live waiter, or mark it free (see :meth:`HandoffLock.release`).
 
-        Once started, a release runs to its end even if the task is cancelled
-        meanwhile; the cancellation is raised after it.
+        It runs to its end even if the task is cancelled, before or meanwhile
+        (``finally: await lock.release()`` in a cancelled task releases); the
+        cancellation is raised after it.
         """
-        return await _Call(self._sync.release).run()
+        heir = await _Call(self._sync.release).run_to_end()
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        return heir
 
     async def status(self) -> LockStatus:
         """Read the lock object now (one read, in a worker thread).
@@ -403,7 +441,8 @@ class AsyncHandoffLock:
         """
         while True:
             request = self._sync.release_request
-            if self._sync.release_requested and request is not None:
+            # Read again after the flag: a request withdrawn (and another made) between two reads is not returned.
+            if request is not None and self._sync.release_requested and self._sync.release_request is request:
                 return request
             self._sync.check()
             event = anyio.Event()
@@ -437,8 +476,7 @@ class AsyncHandoffLock:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Release (or hand off) however the block ends, a cancellation included: shielded."""
-        with anyio.CancelScope(shield=True):
-            await _Call(functools.partial(self._sync.__exit__, exc_type, exc, tb)).run()
+        await _Call(functools.partial(self._sync.__exit__, exc_type, exc, tb)).run_to_end()
 
     def __repr__(self) -> str:
         return f"<AsyncHandoffLock {self._sync!r}>"
