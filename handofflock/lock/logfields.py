@@ -36,6 +36,7 @@ LOGGERS = (
     "handofflock.preemption",
     "handofflock.repair",
     "handofflock.aio",
+    "handofflock.ranks",
 )
 
 #: The attributes added to each record.
