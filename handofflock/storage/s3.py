@@ -444,7 +444,7 @@ class S3Storage:
                 f"{where}: S3 asked to slow down ({status} {code}: {message})",
                 url=self.url, key=key, status=status, ambiguous=False, retry_after=retry_after,
             )
-        if status >= 500 or status == 408 or code in ("RequestTimeout", "RequestTimeTooSkewed", "InternalError"):
+        if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
             # RequestTimeout (400): the request body did not arrive in time; not applied.
             ambiguous = mutation and status >= 500
             return TransientStorageError(
