@@ -347,3 +347,26 @@ def test_a_malformed_s3_url_gets_invalid_lock_url(url):
 def test_a_lock_on_s3_has_no_write_spacing_by_default(bucket):
     lock = HandoffLock(f"s3://{bucket}/a.json")
     assert lock.min_write_interval == 0.0
+
+
+def test_only_the_s3_backend_imports_boto3_and_the_core_install_does_not_need_it():
+    """s3.py alone imports boto3 or botocore, and nothing imports s3.py at import time of the package:
+    the core install (google-cloud-storage, orjson, blinker) stays without boto3."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(__import__("handofflock").__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path == package / "storage" / "s3.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("boto3", "botocore")]
+    assert offenders == []
+    code = "import sys, handofflock, handofflock.cli, handofflock.storage; print('boto3' in sys.modules, 'botocore' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
