@@ -263,6 +263,7 @@ def test_permission_denied_is_permanent_and_names_the_actions_to_allow(bucket, p
         store.read("a.json")
     assert not isinstance(info.value, TransientStorageError)
     assert "s3:GetObject" in str(info.value) and bucket in str(info.value)
+    assert "403, not 404, without s3:ListBucket" in str(info.value), "S3's answer for a missing key without ListBucket"
 
 
 def test_a_missing_bucket_is_a_permanent_error_that_says_to_create_it(s3_server):

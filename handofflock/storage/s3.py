@@ -452,10 +452,14 @@ class S3Storage:
                 url=self.url, key=key, status=status, ambiguous=ambiguous, retry_after=retry_after,
             )
         if status == 403 or status == 401:
+            hint = (
+                "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
+                if where.startswith("read") else ""
+            )
             return StorageError(
                 f"{where}: permission denied on bucket {self.bucket!r} ({status} {code}: {message}); check which "
                 "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
-                "s3:GetObject and s3:PutObject on the lock's key (s3:ListBucket for grouped checks)",
+                f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
                 url=self.url, key=key,
             )
         return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
