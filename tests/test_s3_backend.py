@@ -371,3 +371,46 @@ def test_only_the_s3_backend_imports_boto3_and_the_core_install_does_not_need_it
     code = "import sys, handofflock, handofflock.cli, handofflock.storage; print('boto3' in sys.modules, 'botocore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+@pytest.mark.parametrize(
+    "kind, method, ambiguous",
+    [("trickle_head", "PUT", True), ("trickle", "GET", False), ("trickle_head", "GET", False)],
+)
+def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(bucket, proxy, kind, method, ambiguous):
+    """A reply that keeps coming one byte every 0.5 s never trips the read timeout (2 s); the
+    request deadline (1 s) shuts its connection down. Before, a trickled read took 21 s."""
+    store = S3Storage(bucket, endpoint_url=proxy.url, timeout=(2.0, 2.0), request_timeout=1.0)
+    gen = store.write("a.json", b"x" * 200, if_generation_match=0)
+    proxy.inject(kind, method=method, delay=0.5)
+    started = time.monotonic()
+    with pytest.raises(TransientStorageError) as info:
+        if method == "PUT":
+            store.write("a.json", b"y", if_generation_match=gen)
+        else:
+            store.read("a.json")
+    assert time.monotonic() - started < 1.0 + 1.5
+    assert info.value.ambiguous is ambiguous and "request_timeout" in str(info.value)
+
+
+def test_a_lock_whose_create_reply_trickles_is_cut_off_and_resolved_by_the_read_back(bucket, proxy):
+    """The create is applied, its reply's head comes a byte a second: request_timeout cuts it
+    (ambiguous), the read-back finds the lock's nonce, and the lock holds the lock it created."""
+    from lockutil import raw_read
+
+    store = S3Storage(bucket, endpoint_url=proxy.url, timeout=(2.0, 4.0), request_timeout=1.0)
+    lock = HandoffLock(f"s3://{bucket}/a.json", storage=store, key="a.json", ttl=6.0, renew_interval=0.2, renew_deadline=3.0)
+    proxy.inject("trickle_head", method="PUT", delay=1.0)
+    started = time.monotonic()
+    try:
+        assert lock.acquire(timeout=5)
+        assert time.monotonic() - started < 1.0 + 2.0
+        assert raw_read(f"s3://{bucket}/a.json")[0].token == lock.token
+        assert [ex.status for ex in proxy.exchanges("PUT")].count(412) == 0, "the create was sent again"
+    finally:
+        lock.release()
+
+
+def test_a_constructor_refuses_a_nonsense_request_timeout():
+    with pytest.raises(ConfigurationError):
+        S3Storage("ok-bucket", request_timeout=0)

@@ -34,6 +34,7 @@ from typing import Any, Iterator, NamedTuple
 import boto3
 import botocore.config
 import botocore.exceptions
+from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool
 
 from ..core.errors import (
     ConfigurationError,
@@ -43,7 +44,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import s3_format
+from . import gcs_deadline, s3_format
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 #: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
@@ -85,9 +86,14 @@ class S3Storage:
     its retry settings are yours too: ours are off).
 
     ``timeout`` is ``(connect, read)`` in seconds: how long to wait for a
-    connection and for each read from the socket. Each request is sent once
-    (botocore's retries are off), so a request takes at most about connect plus
-    read timeout unless the server keeps trickling bytes (see docs/storage.md).
+    connection and for each read from the socket. ``request_timeout`` bounds
+    each request as a whole, from sending it to the last byte of its reply
+    (default: connect plus read timeout); past it the connection is shut down
+    (the GCS backend's watchdog, :mod:`.gcs_deadline`) and the request fails
+    with a :class:`~handofflock.core.errors.TransientStorageError`. It is
+    enforced on the client this store creates; a ``client`` you pass keeps its
+    connection pools, and only its own timeouts bound it. Each request is sent
+    once (botocore's retries are off).
 
     >>> store = S3Storage("my-bucket")
     >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
@@ -107,6 +113,7 @@ class S3Storage:
         profile: str | None = None,
         region: str | None = None,
         timeout: tuple[float, float] = (5.0, 15.0),
+        request_timeout: float | None = None,
     ) -> None:
         if not isinstance(bucket, str) or not BUCKET_RE.match(bucket) or ".." in bucket:
             raise ConfigurationError(
@@ -115,6 +122,7 @@ class S3Storage:
         self.bucket = bucket
         self.url = f"s3://{bucket}"
         self._timeout = _checked_timeout(timeout)
+        self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
         self._endpoint_url = endpoint_url
         self._profile = profile
         self._region = region
@@ -247,7 +255,8 @@ class S3Storage:
                 params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
                 if token:
                     params["ContinuationToken"] = token
-                page = self.client.list_objects_v2(**params)
+                with self._deadline("list", None):
+                    page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
                     seen = self._recall(key)
@@ -274,7 +283,10 @@ class S3Storage:
         if limit is not None:
             params["Range"] = f"bytes=0-{limit}"
         try:
-            reply = self.client.get_object(**params)
+            with self._deadline("read", key):
+                reply = self.client.get_object(**params)
+                with contextlib.closing(reply["Body"]):
+                    body = reply["Body"].read()
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 404 and code != "NoSuchBucket":
@@ -283,8 +295,6 @@ class S3Storage:
             if status == 416 and limit is not None:  # a Range on an empty (so foreign) object
                 return self._get(key, None)
             raise
-        with contextlib.closing(reply["Body"]):
-            body = reply["Body"].read()
         etag = reply.get("ETag") or ""
         size = _object_size(reply, len(body))
         if limit is None and size != len(body):
@@ -324,7 +334,8 @@ class S3Storage:
         else:
             params["IfMatch"] = s3_format.normalize_etag(etag)
         try:
-            reply = self.client.put_object(**params)
+            with self._deadline("write", key):
+                reply = self.client.put_object(**params)
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 412 or (status == 404 and code == "NoSuchKey"):
@@ -354,7 +365,8 @@ class S3Storage:
 
     def _make_client(self) -> Any:
         config = botocore.config.Config(
-            connect_timeout=self._timeout[0],
+            # The deadline cannot cut a connection that is still being made: never wait longer for one.
+            connect_timeout=min(self._timeout[0], self._request_timeout),
             read_timeout=self._timeout[1],
             # One attempt per operation: a silently retried conditional PUT can fail against its
             # own first attempt; the lock's loop (storage/cas.py) retries and reads back instead.
@@ -370,7 +382,42 @@ class S3Storage:
         except Exception as exc:  # a malformed config file or endpoint
             raise StorageError(f"could not create an S3 client for {self.url}: {exc}", url=self.url) from exc
         client.meta.events.register("before-send.s3.PutObject", _no_expect_continue)
+        _watch_connections(client)
         return client
+
+    @contextlib.contextmanager
+    def _deadline(self, op: str, key: str | None) -> Iterator[None]:
+        """One request, its reply read inside the block, within ``request_timeout``.
+
+        Past the deadline the connection is shut down; whatever that breaks is
+        reported as the deadline it is (ambiguous for a write: it may have been applied).
+        """
+        with gcs_deadline.armed(self._request_timeout) as deadline:
+            try:
+                yield
+            except botocore.exceptions.ClientError:
+                if not deadline.cut:
+                    raise
+                raise self._past_deadline(op, key) from None
+            except HandoffLockError:
+                raise
+            except Exception as exc:
+                if not deadline.expired:
+                    raise
+                raise self._past_deadline(op, key) from exc
+            if deadline.cut:
+                # Done, yet its connection was shut down on the way: a reply framed by the end of
+                # the connection alone would look complete though cut short. Not to be trusted.
+                raise self._past_deadline(op, key)
+
+    def _past_deadline(self, op: str, key: str | None) -> TransientStorageError:
+        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+        mutation = op in ("write", "delete")
+        return TransientStorageError(
+            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
+            + ("the request may have been applied" if mutation else "nothing was changed"),
+            url=self.url, key=key, ambiguous=mutation,
+        )
     # -- errors ---------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -481,6 +528,64 @@ def _checked_timeout(timeout: object) -> tuple[float, float]:
     ):
         raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
     return (float(timeout[0]), float(timeout[1]))
+
+
+def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    if value is None:
+        return timeout[0] + timeout[1]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class _Remembering:
+    """Connection mix-in: keep the socket after http.client lets go of it.
+
+    A reply that ends its connection makes http.client close the connection as
+    soon as the head is read; the body is then read from a socket the
+    connection no longer names, and a deadline could not cut it.
+    """
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self._handofflock_sock = self.sock  # type: ignore[attr-defined]
+
+
+class _RememberingAWSHTTPConnection(_Remembering, AWSHTTPConnection):
+    pass
+
+
+class _RememberingAWSHTTPSConnection(_Remembering, AWSHTTPSConnection):
+    pass
+
+
+class _WatchedAWSHTTPConnectionPool(gcs_deadline._Watched, AWSHTTPConnectionPool):
+    ConnectionCls = _RememberingAWSHTTPConnection
+
+
+class _WatchedAWSHTTPSConnectionPool(gcs_deadline._Watched, AWSHTTPSConnectionPool):
+    ConnectionCls = _RememberingAWSHTTPSConnection
+
+
+_WATCHED_POOLS = {"http": _WatchedAWSHTTPConnectionPool, "https": _WatchedAWSHTTPSConnectionPool}
+
+
+def _watch_connections(client: Any) -> bool:
+    """Give the client's connection pools the deadline hooks of :mod:`.gcs_deadline`.
+
+    botocore keeps its pool classes on its HTTP session (``_pool_classes_by_scheme``,
+    copied to each pool manager it makes); these are private names, so if a botocore
+    release moves them this returns False and only ``timeout`` bounds the requests.
+    """
+    try:
+        session = client._endpoint.http_session
+        session._pool_classes_by_scheme = _WATCHED_POOLS
+        session._manager.pool_classes_by_scheme = _WATCHED_POOLS
+        for manager in session._proxy_managers.values():
+            manager.pool_classes_by_scheme = _WATCHED_POOLS
+    except AttributeError:  # pragma: no cover - a botocore that keeps its pools elsewhere
+        return False
+    return True
 
 
 def _status(exc: botocore.exceptions.ClientError) -> int:
