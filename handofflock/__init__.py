@@ -5,6 +5,11 @@
 ...     ...  # lock.release_requested turns True when a waiter asks; leaving hands off
 """
 
+import importlib as _importlib
+import importlib.util as _importlib_util
+import logging as _logging
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
 from .core.clock import Clock, FakeClock
 from .core.errors import (
@@ -14,69 +19,94 @@ from .core.errors import (
     FencedObjectFull,
     FencedObjectTooLarge,
     HandoffLockError,
+    InheritedAcrossFork,
     InvalidKey,
     InvalidLockURL,
     LockContended,
-    TokensExhausted,
     LockingUnsupported,
     LockLost,
     LockNotHeld,
-    InheritedAcrossFork,
     LockRecordCorrupt,
     LockTimeout,
     NotFound,
     PreconditionFailed,
     StaleToken,
     StorageError,
+    TokensExhausted,
     TransientStorageError,
 )
-from .fencing import FencedObject, FencedValue
-from .lock import HandoffLock, LockStatus, ReleaseRequest, Scheduler, Steps
-from .lock import events as signals
-from .preemption import PreemptionWatcher
-from .core.record import LockRecord
-from .repair import ForcedRelease, force_release
-from .os_signals import SignalHandlers, install_signal_handlers
+from .core.record import Label, LockRecord
 from .core.timing import Timing
+from .fencing import FencedObject, FencedValue
+from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
+from .lock import events as signals
+from .lock import logfields as _logfields
+from .os_signals import SignalHandlers, install_signal_handlers
+from .preemption import PreemptionWatcher
+from .repair import ForcedRelease, force_release
+
+# A library configures no logging of its own: records go nowhere until the application
+# configures logging (docs/observability.md lists the loggers and their fields).
+_logging.getLogger("handofflock").addHandler(_logging.NullHandler())
+_logfields.install()
+
+if TYPE_CHECKING:
+    from .aio import AsyncHandoffLock as AsyncHandoffLock
+    from .aio import AsyncSteps as AsyncSteps
 
 __all__ = [
+    "AcquireCancelled",
     "Clock",
+    "ConfigurationError",
     "FakeClock",
     "FencedObject",
-    "FencedValue",
-    "ForcedRelease",
-    "HandoffLock",
-    "LockRecord",
-    "LockStatus",
-    "PreemptionWatcher",
-    "ReleaseRequest",
-    "Scheduler",
-    "SignalHandlers",
-    "Steps",
-    "force_release",
-    "install_signal_handlers",
-    "signals",
-    "AcquireCancelled",
-    "ConfigurationError",
     "FencedObjectCorrupt",
     "FencedObjectFull",
     "FencedObjectTooLarge",
+    "FencedValue",
+    "ForcedRelease",
+    "HandoffLock",
     "HandoffLockError",
+    "InheritedAcrossFork",
     "InvalidKey",
     "InvalidLockURL",
+    "Label",
     "LockContended",
-    "TokensExhausted",
-    "Timing",
-    "LockingUnsupported",
     "LockLost",
     "LockNotHeld",
-    "InheritedAcrossFork",
+    "LockRecord",
     "LockRecordCorrupt",
+    "LockStatus",
     "LockTimeout",
+    "LockingUnsupported",
     "NotFound",
     "PreconditionFailed",
+    "PreemptionWatcher",
+    "ReleaseRequest",
+    "RequestReason",
+    "Scheduler",
+    "SignalHandlers",
     "StaleToken",
+    "Steps",
     "StorageError",
+    "Timing",
+    "TokensExhausted",
     "TransientStorageError",
     "__version__",
+    "force_release",
+    "install_signal_handlers",
+    "signals",
 ]
+
+# The async lock needs anyio (the ``async`` extra): imported on first use, so that the
+# package itself never does; listed in __all__ where anyio is installed.
+_LAZY = {"AsyncHandoffLock": "aio", "AsyncSteps": "aio"}
+
+if _importlib_util.find_spec("anyio") is not None:
+    __all__ += list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(_importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 #: How long the watchdog keeps killing a session that keeps forking.
 KILL_FOR = 5.0
@@ -39,7 +39,7 @@ KILL_FOR = 5.0
 
 def processes() -> list[tuple[int, bytes, int, int, int]]:
     """``(pid, state, ppid, process group, session)`` of every process (Linux, from /proc; elsewhere none)."""
-    found = []
+    found: list[tuple[int, bytes, int, int, int]] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -66,8 +66,11 @@ def session_members(sid: int, *, outside_group: int | None = None) -> list[int]:
     signalled through it: a second copy of a signal is not harmless; a second
     SIGINT means "abort now" to many programs).
     """
-    return [pid for pid, state, _, group, session in processes()
-            if session == sid and state != b"Z" and group != outside_group]
+    return [
+        pid
+        for pid, state, _, group, session in processes()
+        if session == sid and state != b"Z" and group != outside_group
+    ]
 
 
 def cgroup_members(cgroup: str | None) -> list[int]:
@@ -150,7 +153,18 @@ def kill_session(sid: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGUSR1", "SIGUSR2", "SIGPIPE"):
+    for name in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGPIPE",
+    ):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     fd = int(argv[1])
     data = b""

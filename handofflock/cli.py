@@ -1,7 +1,8 @@
 """The ``handofflock`` command: look at a lock, hold it around a command, clear it, watch it.
 
     handofflock status URL [--json]
-    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] -- CMD [ARGS...]
+    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] [--label TEXT] [--owner-id ID]
+                    -- CMD [ARGS...]
     handofflock release URL --force [--yes]
     handofflock watch URL [--interval S] [--json]
 
@@ -33,8 +34,10 @@ import logging
 import signal
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from ._version import __version__
 from .core.errors import (
     ConfigurationError,
     HandoffLockError,
@@ -46,6 +49,8 @@ from .core.errors import (
     StorageError,
     TransientStorageError,
 )
+from .core.record import LockRecord
+from .core.timefmt import iso, when
 from .exit_codes import (
     EXIT_CODES_HELP,
     EXIT_CONFIG,
@@ -59,9 +64,9 @@ from .exit_codes import (
     EXIT_USAGE,
 )
 from .lock.handoff import HandoffLock, LockStatus
-from .core.record import LockRecord
 from .repair import force_release
-from .runner import CommandRunner, fail as _fail
+from .runner import CommandRunner
+from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
 
 
@@ -80,10 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd != "run" and command is not None:
         return _fail("'--' and a command only go with `handofflock run`", EXIT_USAGE)
     args.command = command
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="handofflock: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
+    )
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except LockTimeout as exc:
         return _fail(str(exc), EXIT_TIMEOUT)
     except LockContended as exc:
@@ -107,18 +114,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="handofflock",
-        description="Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path).",
+        description=(
+            "Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path)."
+        ),
         epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"handofflock {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it.")
+    p = sub.add_parser(
+        "status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it."
+    )
     p.add_argument("url")
     p.add_argument("--json", action="store_true", help="one JSON object with stable keys, for scripts")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
-        "run", help="hold the lock around a command (like flock(1), for a fleet)",
+        "run",
+        help="hold the lock around a command (like flock(1), for a fleet)",
         usage="handofflock run URL [options] -- CMD [ARGS...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
@@ -128,33 +141,69 @@ def _parser() -> argparse.ArgumentParser:
             "its own, and signals go to the whole group. The lock is released only after the group has\n"
             "exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2 sent to this\n"
             "process are passed on to CMD's group. CMD's environment has HANDOFFLOCK_URL,\n"
-            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID."
+            "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID.\n"
+            "CMD is looked up before the lock is asked for (exit 127/126 if it cannot run). If the\n"
+            "waiter goes away before the grace ends, CMD is left alone and run keeps the lock."
         ),
         epilog=EXIT_CODES_HELP,
     )
     p.add_argument("url")
     p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds CMD has to exit after that signal before SIGKILL (default 30)")
-    p.add_argument("--timeout", type=float, default=None, help="give up waiting for the lock after this many seconds (exit 124)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds CMD has to exit after that signal before SIGKILL (default 30)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="give up waiting for the lock after this many seconds (exit 124)"
+    )
     p.add_argument("-n", "--nonblock", action="store_true", help="do not wait: exit 75 if the lock is held")
-    p.add_argument("--wait-for-slot", action="store_true", help="if another process already waits, wait for its slot instead of exiting 75")
-    p.add_argument("--poll-interval", type=float, default=None,
-                   help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)")
+    p.add_argument(
+        "--wait-for-slot",
+        action="store_true",
+        help="if another process already waits, wait for its slot instead of exiting 75",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)",
+    )
+    p.add_argument(
+        "--label",
+        default=None,
+        help="who this is, shown by `status` beside the owner or waiter id (default: host, pid, "
+        "Kubernetes pod, Slurm job and torchrun rank, as found in the environment)",
+    )
+    p.add_argument(
+        "--owner-id",
+        default=None,
+        help="a stable owner id (default: a fresh host:pid:random); a run restarted with the same id "
+        "retakes its own lock at once",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("release", help="clear a stuck or corrupt lock (--force)",
-                       description="Clear the lock from outside with a generation-matched write: "
-                                   "it becomes free and the next acquire takes it. Its holder, if any, "
-                                   "finds out at its next renewal and stops.")
+    p = sub.add_parser(
+        "release",
+        help="clear a stuck or corrupt lock (--force)",
+        description="Clear the lock from outside with a generation-matched write: "
+        "it becomes free and the next acquire takes it. Its holder, if any, "
+        "finds out at its next renewal and stops.",
+    )
     p.add_argument("url")
     p.add_argument("--force", action="store_true", help="required: this overrides whoever holds the lock")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("watch", help="show changes live until Ctrl-C", description="Poll the lock and print a line whenever its holder, waiter or state changes.")
+    p = sub.add_parser(
+        "watch",
+        help="show changes live until Ctrl-C",
+        description="Poll the lock and print a line whenever its holder, waiter or state changes.",
+    )
     p.add_argument("url")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
     p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
@@ -167,13 +216,40 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
-    """``LockStatus.to_json()`` plus ``state`` and seconds left: the stable shape of ``status --json``."""
+    """``LockStatus.to_json()`` plus ``state``, seconds left and ISO times: the stable shape of ``status --json``.
+
+    ``releaseRequested`` is True while a live waiter is registered (the holder
+    is told within its waiter check interval); ``releaseRequestedBy`` names it
+    (its label, else its id).
+    """
     now = st.read_at if now is None else now
     doc = st.to_json()
     doc["state"] = _state(st, now)
     doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
     doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
+    doc["expiresAtIso"] = iso(st.expires_at)
+    doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
+    doc["readAtIso"] = iso(st.read_at)
+    requested = _release_requested(st, now)
+    doc["releaseRequested"] = requested
+    doc["releaseRequestedBy"] = _who(st.waiter_id, st.waiter_label) if requested else None
     return doc
+
+
+def _release_requested(st: LockStatus, now: float) -> bool:
+    return (
+        _state(st, now) == "held"
+        and st.waiter_id is not None
+        and st.waiter_expires_at is not None
+        and now <= st.waiter_expires_at
+    )
+
+
+def _who(ident: str | None, label: Any) -> str:
+    """``label (id)``, or the id alone when there is no label."""
+    if ident is None:
+        return "-"
+    return f"{label.text} ({ident})" if label is not None else ident
 
 
 def _state(st: LockStatus, now: float) -> str:
@@ -188,8 +264,7 @@ def _left(ts: float | None, now: float) -> str:
     if ts is None:
         return "-"
     left = ts - now
-    when = time.strftime("%H:%M:%S", time.localtime(ts))
-    return f"{left:.1f} s left, until {when}" if left >= 0 else f"ran out {-left:.1f} s ago, at {when}"
+    return f"{left:.1f} s left, until {iso(ts)}" if left >= 0 else f"ran out {-left:.1f} s ago, at {iso(ts)}"
 
 
 def status_text(st: LockStatus, now: float | None = None) -> str:
@@ -205,16 +280,29 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         "expired": f"expired: the lease {_left(st.expires_at, now)}; the next acquire takes it",
     }[state]
     lines.append(f"  state       {owner}")
-    lines.append(f"  owner       {st.owner_id or '-'}")
+    lines.append(f"  owner       {_who(st.owner_id, st.owner_label) if st.owner_id else '-'}")
+    if st.expires_at is not None:
+        lines.append(f"  expires     {when(st.expires_at, now)}")
     if st.waiter_id is None:
         lines.append("  waiter      none")
     else:
         live = "live" if st.waiter_live else "gone"
-        lines.append(f"  waiter      {st.waiter_id} ({live}, {_left(st.waiter_expires_at, now)})")
+        lines.append(
+            f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({live}, {_left(st.waiter_expires_at, now)})"
+        )
+    if _release_requested(st, now):
+        grace = st.owner_label.grace if st.owner_label is not None else None
+        lines.append(
+            f"  release     requested by {_who(st.waiter_id, st.waiter_label)}"
+            + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
+        )
+    elif state == "held":
+        lines.append("  release     not requested")
     lines.append(f"  token       {st.token}")
     lines.append(f"  generation  {st.generation}")
     if st.ttl is not None:
         lines.append(f"  ttl         {st.ttl:g} s")
+    lines.append(f"  read at     {iso(st.read_at)}")
     return "\n".join(lines)
 
 
@@ -266,8 +354,10 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
             return EXIT_OK
         what = f"{url} (generation {generation}) is held by {record.owner_id}"
         if record.owner_live(now) and record.expires_at is not None:
-            what += (f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
-                     " until its next renewal finds the lock gone; only writes fenced with the token are safe")
+            what += (
+                f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
+                " until its next renewal finds the lock gone; only writes fenced with the token are safe"
+            )
         elif record.owner_id is not None:
             what += ", whose lease has expired"
         if record.waiting_owner_id:
@@ -278,7 +368,10 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
     try:
         result = force_release(url, expected_generation=generation)
     except PreconditionFailed:
-        return _fail(f"{url} changed while you looked; nothing was written. Run `handofflock status {url}` and try again", EXIT_CONTENDED)
+        return _fail(
+            f"{url} changed while you looked; nothing was written. Run `handofflock status {url}` and try again",
+            EXIT_CONTENDED,
+        )
     if result is None:
         say(f"{url}: the lock object is gone; nothing to clear")
     else:
@@ -290,7 +383,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     if not args.force:
         return _fail(
             "`release` only clears a lock from outside, overriding its holder: add --force. "
-            "(A holder releases by calling release() or leaving its `with` block.)", EXIT_USAGE)
+            "(A holder releases by calling release() or leaving its `with` block.)",
+            EXIT_USAGE,
+        )
 
     def confirm(description: str) -> bool:
         print(description, file=sys.stderr)
@@ -321,11 +416,18 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         while True:
             now = time.time()
-            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            stamp = iso(now)
             try:
                 st = lock.status()
                 doc = status_json(st, now)
-                seen = (doc["state"], st.owner_id, st.waiter_id if st.waiter_live else None, st.token)
+                seen: tuple[object, ...] = (
+                    doc["state"],
+                    st.owner_id,
+                    st.owner_label,
+                    st.waiter_id if st.waiter_live else None,
+                    st.waiter_label if st.waiter_live else None,
+                    st.token,
+                )
                 line = _watch_line(st, doc, now)
             except LockRecordCorrupt as exc:
                 doc = {"url": lock.url, "state": "corrupt", "error": str(exc)}
@@ -349,9 +451,9 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
         return "absent (no lock object)"
     if state == "free":
         return f"free (token {st.token})"
-    line = f"{state}: {st.owner_id} (token {st.token}, lease {_left(st.expires_at, now)})"
+    line = f"{state}: {_who(st.owner_id, st.owner_label)} (token {st.token}, lease {_left(st.expires_at, now)})"
     if st.waiter_id is not None and st.waiter_live:
-        line += f"; waiter {st.waiter_id}"
+        line += f"; release requested by waiter {_who(st.waiter_id, st.waiter_label)}"
     return line
 
 

@@ -25,15 +25,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from .lock import events as signals
 from .fencing import FencedObject
+from .lock import events as signals
 from .lock.handoff import HandoffLock
 
 TOTAL_STEPS = 100
 STEP_SECONDS = 0.05
 B_ARRIVES_AFTER = 2.2  # off the owner's 0.5 s check grid, so the notice latency shows
 #: Fast enough to watch; see docs/jobs.md for production values.
-TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
+TIMING: dict[str, Any] = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
 
 
 class Timeline:
@@ -66,7 +66,8 @@ class Checkpoints:
         target = pointer.claim().payload
         if not target or not Path(target["file"]).exists():  # none yet (or from an earlier run's temp dir)
             return None
-        return json.loads(Path(target["file"]).read_text())
+        state: dict[str, Any] = json.loads(Path(target["file"]).read_text())
+        return state
 
     def save(self, pointer: FencedObject, state: dict[str, Any], *, token: int) -> Path:
         path = self.root / f"ckpt-{token:020d}-{state['step']:08d}.json"
@@ -120,11 +121,16 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
                 say(name, f"step {step:3d}  loss {state['loss']:.4f}", lock.token)
         if steps.stopped:
             request = steps.request
+            assert request is not None  # stopped: somebody asked
             waited = time.monotonic() - shared.get("asked_at", time.monotonic())
-            say(name, f"told: {request.requester} wants the lock ({request.reason}), "
-                      f"{waited:.2f} s after it asked (check interval {lock.waiter_check_interval:g} s)", lock.token)
+            say(
+                name,
+                f"told: {request.requester} wants the lock ({request.reason}), "
+                f"{waited:.2f} s after it asked (check interval {lock.waiter_check_interval:g} s)",
+                lock.token,
+            )
         last = steps.last if steps.last is not None else start - 1
-        path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token)
+        path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token or 0)
         say(name, f"checkpointed step {last} as {path.name}; the fenced pointer names it", lock.token)
         shared[f"{name.lower()}_last"] = last
         token = lock.token
@@ -150,16 +156,20 @@ def run(url: str, workdir: Path) -> int:
     a.join()
     b.join()
     ok = shared.get("b_token", 0) > shared.get("a_token", 0) and shared.get("b_start") == shared.get("a_last", -2) + 1
-    print(f"B's token {shared.get('b_token')} > A's {shared.get('a_token')}, "
-          f"and B resumed at step {shared.get('b_start')} = A's last step {shared.get('a_last')} + 1: "
-          f"{'yes' if ok else 'NO'}")
+    print(
+        f"B's token {shared.get('b_token')} > A's {shared.get('a_token')}, "
+        f"and B resumed at step {shared.get('b_start')} = A's last step {shared.get('a_last')} + 1: "
+        f"{'yes' if ok else 'NO'}"
+    )
     return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m handofflock.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="lock URL (default: a file in a temporary directory)")
-    parser.add_argument("--emulator", action="store_true", help="run against a local fake-gcs-server (needs the [test] extra)")
+    parser.add_argument(
+        "--emulator", action="store_true", help="run against a local fake-gcs-server (needs the [test] extra)"
+    )
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="handofflock-demo-")))

@@ -16,6 +16,9 @@ Document (version 1)::
 :meth:`FencedObject.append`). Unknown fields are kept. Anything else off raises
 :class:`~handofflock.core.errors.FencedObjectCorrupt`; such an object is never
 overwritten. See ``docs/fencing.md``.
+
+Slightly over 400 lines: the document's strict decoder sits beside the one
+class that writes it, so what is accepted and what is written cannot drift.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ import os
 import posixpath
 import threading
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .storage.cas import read_retrying, write_resolving
 from .core.clock import Clock
 from .core.errors import (
     ConfigurationError,
@@ -40,9 +43,10 @@ from .core.errors import (
     PreconditionFailed,
     StaleToken,
 )
-from .storage.pacing import default_write_interval, gate_for
 from .core.record import MAX_TOKEN, _is_int, _is_number, id_problem, new_nonce
 from .storage import Storage, validate_key
+from .storage.cas import read_retrying, write_resolving
+from .storage.pacing import default_write_interval, gate_for
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
@@ -56,7 +60,7 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 RECENT_NONCES = 16
 
 #: Every live fenced object, so that a forked child can give each a new mutex.
-_FENCES: "weakref.WeakSet[FencedObject]" = weakref.WeakSet()
+_FENCES: weakref.WeakSet[FencedObject] = weakref.WeakSet()
 
 _KNOWN = ("handofflockFence", "highestToken", "writerId", "writtenAt", "recentNonces", "payload")
 
@@ -137,7 +141,7 @@ class FencedObject:
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float = 30.0,
         min_write_interval: float | None = None,
-        _lock: "HandoffLock | None" = None,
+        _lock: HandoffLock | None = None,
     ) -> None:
         self._storage = storage
         self.key = validate_key(key)
@@ -166,7 +170,7 @@ class FencedObject:
         _FENCES.add(self)
 
     @classmethod
-    def beside(cls, lock: "HandoffLock", name: str, **kwargs: Any) -> "FencedObject":
+    def beside(cls, lock: HandoffLock, name: str, **kwargs: Any) -> FencedObject:
         """The fenced object ``name`` in the lock's store, next to the lock object.
 
         ``name`` is relative to the directory of the lock's key (``locks/a.json``
@@ -218,7 +222,9 @@ class FencedObject:
                 return [entry]
             if not isinstance(doc.payload, list):
                 raise FencedObjectCorrupt(
-                    self.key, f"append needs a list payload, the object holds {type(doc.payload).__name__}", url=_url(self._storage)
+                    self.key,
+                    f"append needs a list payload, the object holds {type(doc.payload).__name__}",
+                    url=_url(self._storage),
                 )
             return [*doc.payload, entry]
 
@@ -263,14 +269,22 @@ class FencedObject:
                 try:
                     data = new.encode()
                 except orjson.JSONEncodeError as exc:  # only the stored part can fail: ours was checked
-                    raise FencedObjectCorrupt(self.key, f"its content cannot be written back ({exc})", url=_url(self._storage)) from exc
+                    raise FencedObjectCorrupt(
+                        self.key, f"its content cannot be written back ({exc})", url=_url(self._storage)
+                    ) from exc
                 if len(data) > self.max_bytes:
                     raise FencedObjectFull(self.key, len(data), self.max_bytes)
                 try:
                     new_generation, read_back = write_resolving(
-                        self._storage, self.key, data, if_generation_match=generation,
-                        is_ours=lambda raw: nonce in _nonces_in(raw), clock=self._clock,
-                        deadline=deadline, max_bytes=self.max_bytes, gate=gate,
+                        self._storage,
+                        self.key,
+                        data,
+                        if_generation_match=generation,
+                        is_ours=lambda raw, nonce=nonce: nonce in _nonces_in(raw),  # type: ignore[misc]
+                        clock=self._clock,
+                        deadline=deadline,
+                        max_bytes=self.max_bytes,
+                        gate=gate,
                     )
                 except PreconditionFailed:
                     self._cached = None  # someone wrote since we looked: read, check again
@@ -305,7 +319,9 @@ class FencedObject:
         if found is None:
             return 0, _Doc()
         data, generation = found
-        return generation, decode_fence(data, key=self.key, generation=generation, url=_url(self._storage), max_bytes=self.max_bytes)
+        return generation, decode_fence(
+            data, key=self.key, generation=generation, url=_url(self._storage), max_bytes=self.max_bytes
+        )
 
     def _value(self, doc: _Doc, generation: int) -> FencedValue:
         return FencedValue(self.key, doc.payload, doc.highest, doc.writer_id, doc.written_at, generation)
@@ -315,7 +331,11 @@ class FencedObject:
 
 
 def decode_fence(
-    data: bytes, *, key: str = "<fenced>", generation: int | None = None, url: str | None = None,
+    data: bytes,
+    *,
+    key: str = "<fenced>",
+    generation: int | None = None,
+    url: str | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> _Doc:
     """Parse and validate a fence document; raise :class:`FencedObjectCorrupt` on anything off."""
@@ -337,11 +357,13 @@ def decode_fence(
         raise corrupt("expected a JSON object")
     version = doc.get("handofflockFence")
     if version is None:
-        raise corrupt("not a fence document (no 'handofflockFence' field): refusing to overwrite what may be someone's data")
+        raise corrupt(
+            "not a fence document (no 'handofflockFence' field): refusing to overwrite what may be someone's data"
+        )
     if version != FENCE_VERSION or not _is_int(version):
         raise corrupt(f"unsupported fence version {version!r} (this handofflock reads {FENCE_VERSION}); upgrade first")
     highest = doc.get("highestToken")
-    if not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
+    if not isinstance(highest, int) or not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
         raise corrupt("'highestToken' must be an integer in [0, 2**63-1]")
     writer = doc.get("writerId")
     if writer is not None and (problem := id_problem(writer, "writerId")) is not None:
@@ -350,10 +372,16 @@ def decode_fence(
     if written_at is not None and (not _is_number(written_at) or not math.isfinite(written_at)):
         raise corrupt("'writtenAt' must be null or a finite number")
     recent = doc.get("recentNonces", [])
-    if not isinstance(recent, list) or len(recent) > 4 * RECENT_NONCES or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in recent):
+    if (
+        not isinstance(recent, list)
+        or len(recent) > 4 * RECENT_NONCES
+        or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in recent)
+    ):
         raise corrupt("'recentNonces' must be a short list of nonce strings")
     extra = {k: v for k, v in doc.items() if k not in _KNOWN}
-    return _Doc(highest, writer, None if written_at is None else float(written_at), tuple(recent), doc.get("payload"), extra)
+    return _Doc(
+        highest, writer, None if written_at is None else float(written_at), tuple(recent), doc.get("payload"), extra
+    )
 
 
 def _nonces_in(data: bytes) -> tuple[str, ...]:
@@ -384,6 +412,7 @@ def _non_finite(value: Any, path: str) -> str | None:
     """The path of the first NaN or infinity in ``value``, or None."""
     if isinstance(value, float):
         return None if math.isfinite(value) else path
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, (list, tuple)):
@@ -398,7 +427,6 @@ def _non_finite(value: Any, path: str) -> str | None:
 
 def _url(storage: Storage) -> str | None:
     return getattr(storage, "url", None)
-
 
 
 def _reset_after_fork() -> None:

@@ -34,23 +34,24 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .core.errors import ConfigurationError, HandoffLockError
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
 
-_log = logging.getLogger("handofflock.lock.events")
+_log = logging.getLogger("handofflock.os_signals")
 
 #: The signals handled when none are named.
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Seconds promised to the requester after a signal: under the common 30 s before SIGKILL.
 DEFAULT_GRACE = 25.0
 
-SignalLike = Union[int, str, signal.Signals]
-_Handler = Union[Callable[[int, "FrameType | None"], Any], int, None]
+SignalLike = int | str | signal.Signals
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 def parse_signal(value: SignalLike) -> signal.Signals:
@@ -82,7 +83,9 @@ class SignalHandlers:
     received so far, in order. Also a context manager that uninstalls on exit.
     """
 
-    def __init__(self, lock: "HandoffLock", signals: tuple[signal.Signals, ...], grace: float, release_at_exit: bool) -> None:
+    def __init__(
+        self, lock: HandoffLock, signals: tuple[signal.Signals, ...], grace: float, release_at_exit: bool
+    ) -> None:
         self.lock = lock
         self.grace = grace
         self.release_at_exit = release_at_exit
@@ -128,7 +131,7 @@ class SignalHandlers:
             # A handler installed from C reads back as None and cannot be restored; default it.
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
-    def __enter__(self) -> "SignalHandlers":
+    def __enter__(self) -> SignalHandlers:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -149,7 +152,7 @@ class SignalHandlers:
             self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
             previous = self._previous.get(sig)
             if _is_python_handler(previous):
-                previous(signum, frame)  # type: ignore[operator]
+                previous(signum, frame)
             return
         self._escalate(sig, frame)
 
@@ -166,9 +169,13 @@ class SignalHandlers:
                 # The signal interrupted the library itself (a status() or release() in this
                 # thread): the release runs when that call returns, and the signal acts after it.
                 if self.lock._then_after_deferred_release(lambda: self._reraise(sig, frame, previous)):
-                    _log.warning("second %s: releasing %s as soon as the call in progress returns", sig.name, self.lock.url)
+                    _log.warning(
+                        "second %s: releasing %s as soon as the call in progress returns", sig.name, self.lock.url
+                    )
                     return
-                _log.warning("second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else "")
+                _log.warning(
+                    "second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else ""
+                )
         self._reraise(sig, frame, previous)
 
     @staticmethod
@@ -177,7 +184,7 @@ class SignalHandlers:
         if previous is signal.default_int_handler:
             raise KeyboardInterrupt
         if _is_python_handler(previous):
-            previous(sig, frame)  # type: ignore[operator]
+            previous(sig, frame)
             return
         # SIG_DFL (or a C-level handler we could not keep): the default action, for real.
         signal.signal(sig, signal.SIG_DFL)
@@ -202,7 +209,7 @@ class SignalHandlers:
 
 
 def install_signal_handlers(
-    lock: "HandoffLock",
+    lock: HandoffLock,
     signals: Iterable[SignalLike] = DEFAULT_SIGNALS,
     *,
     grace: float = DEFAULT_GRACE,
@@ -232,7 +239,9 @@ def install_signal_handlers(
     Must be called from the main thread: Python runs signal handlers there.
     """
     if threading.current_thread() is not threading.main_thread():
-        raise ConfigurationError("install_signal_handlers() must be called from the main thread (Python runs signal handlers only there)")
+        raise ConfigurationError(
+            "install_signal_handlers() must be called from the main thread (Python runs signal handlers only there)"
+        )
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0 or not math.isfinite(grace):
         raise ConfigurationError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
     wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
@@ -246,6 +255,6 @@ def install_signal_handlers(
     return handlers
 
 
-def _is_python_handler(handler: _Handler) -> bool:
+def _is_python_handler(handler: _Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
     """A function to call: not SIG_DFL/SIG_IGN, not None (C-level), not SIGINT's default."""
     return callable(handler) and handler is not signal.default_int_handler

@@ -23,14 +23,15 @@ import http.client
 import logging
 import math
 import os
-import random
 import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from .core.backoff import Backoff
 from .core.errors import ConfigurationError
+from .core.threads import quiet
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
@@ -70,7 +71,7 @@ class PreemptionWatcher:
 
     def __init__(
         self,
-        lock: "HandoffLock",
+        lock: HandoffLock,
         *,
         notice_grace: float = DEFAULT_NOTICE_GRACE,
         host: str | None = None,
@@ -79,9 +80,18 @@ class PreemptionWatcher:
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
     ) -> None:
-        for name, value in (("notice_grace", notice_grace), ("request_timeout", request_timeout),
-                            ("backoff_initial", backoff_initial), ("backoff_max", backoff_max)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        for name, value in (
+            ("notice_grace", notice_grace),
+            ("request_timeout", request_timeout),
+            ("backoff_initial", backoff_initial),
+            ("backoff_max", backoff_max),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value > 0
+                or not math.isfinite(value)
+            ):
                 raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
         if isinstance(poll_timeout, bool) or not isinstance(poll_timeout, int) or poll_timeout < 1:
             raise ConfigurationError(f"poll_timeout must be a whole number of seconds >= 1, got {poll_timeout!r}")
@@ -96,6 +106,7 @@ class PreemptionWatcher:
         self.request_timeout = float(request_timeout)
         self.backoff_initial = float(backoff_initial)
         self.backoff_max = float(backoff_max)
+        self._backoff = Backoff(self.backoff_initial, self.backoff_max)
         self.preempted = False
         self.noticed_at: float | None = None
         self.attempts = 0
@@ -108,11 +119,11 @@ class PreemptionWatcher:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def start(self) -> "PreemptionWatcher":
+    def start(self) -> PreemptionWatcher:
         """Start the watching thread (once). Returns self."""
         if self._thread is not None:
             raise RuntimeError("this PreemptionWatcher was already started")
-        self._thread = threading.Thread(target=self._run, name="handofflock-preemption", daemon=True)
+        self._thread = threading.Thread(target=quiet(self._run), name="handofflock-preemption", daemon=True)
         self._thread.start()
         return self
 
@@ -137,7 +148,7 @@ class PreemptionWatcher:
         """Block until a notice arrives (True) or ``timeout`` passes (False)."""
         return self._notice.wait(timeout)
 
-    def __enter__(self) -> "PreemptionWatcher":
+    def __enter__(self) -> PreemptionWatcher:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -158,9 +169,11 @@ class PreemptionWatcher:
                     return
                 failures += 1
                 self.last_error = exc
-                delay = min(self.backoff_max, self.backoff_initial * 2 ** min(failures - 1, 30)) * random.uniform(0.5, 1.0)
+                delay = self._backoff.delay(failures - 1)
                 level = logging.INFO if failures == 1 else logging.DEBUG
-                _log.log(level, "metadata server %s not answering (%s); retrying in %.1f s", self.host, _describe(exc), delay)
+                _log.log(
+                    level, "metadata server %s not answering (%s); retrying in %.1f s", self.host, _describe(exc), delay
+                )
                 etag, wait = None, False  # start over with a plain read: we may have missed the change
                 self._stop.wait(delay)
                 continue
@@ -179,7 +192,9 @@ class PreemptionWatcher:
     def _noticed(self) -> None:
         now = time.time()
         self.preempted, self.noticed_at = True, now
-        _log.warning("preemption notice from %s: asking %s to release within %.0f s", self.host, self.lock.url, self.notice_grace)
+        _log.warning(
+            "preemption notice from %s: asking %s to release within %.0f s", self.host, self.lock.url, self.notice_grace
+        )
         self.lock.request_release("preemption", requester="preemption", deadline=now + self.notice_grace)
         self._notice.set()
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import orjson
 
-from .storage.cas import read_retrying, write_resolving
 from .core.clock import Clock
 from .core.errors import LockRecordCorrupt, PreconditionFailed
 from .core.protocol import next_token
 from .core.record import MAX_TOKEN, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, open_url
+from .storage.cas import read_retrying, write_resolving
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
@@ -50,7 +50,7 @@ class ForcedRelease:
 
 
 def force_release(
-    url_or_lock: Union[str, "os.PathLike[str]", "HandoffLock"],
+    url_or_lock: str | os.PathLike[str] | HandoffLock,
     *,
     expected_generation: int | None = None,
     clock: Clock | None = None,
@@ -100,8 +100,14 @@ def force_release(
         old, error = None, exc
     if old is not None:
         free = old.replace(
-            owner_id=None, expires_at=None, waiting_owner_id=None, waiter_expires_at=None,
-            token=next_token(old, now), nonce=nonce,
+            owner_id=None,
+            expires_at=None,
+            waiting_owner_id=None,
+            waiter_expires_at=None,
+            owner_label=None,
+            waiter_label=None,
+            token=next_token(old, now),
+            nonce=nonce,
         )
     else:  # continue past whatever token the broken record still shows, if any
         free = LockRecord(token=next_token(LockRecord(token=_salvage_token(data)), now), nonce=nonce)
@@ -110,16 +116,32 @@ def force_release(
         return LockRecord.decode(raw, key=key).nonce == nonce
 
     new_generation, _ = write_resolving(
-        storage, key, free.encode(), if_generation_match=generation, is_ours=is_ours,
-        clock=clock, deadline=deadline, max_bytes=MAX_RECORD_BYTES,
+        storage,
+        key,
+        free.encode(),
+        if_generation_match=generation,
+        is_ours=is_ours,
+        clock=clock,
+        deadline=deadline,
+        max_bytes=MAX_RECORD_BYTES,
     )
     _log.warning(
         "force-released %s (generation %d, %s): now free with token %d",
-        url, generation, f"owner {old.owner_id!r}" if old is not None else f"corrupt: {error.reason if error else ''}", free.token,
+        url,
+        generation,
+        f"owner {old.owner_id!r}" if old is not None else f"corrupt: {error.reason if error else ''}",
+        free.token,
     )
     return ForcedRelease(
-        url=url, key=key, generation=generation, data=data[:MAX_RECORD_BYTES], truncated=len(data) > MAX_RECORD_BYTES,
-        record=old, error=error, new_generation=new_generation, token=free.token,
+        url=url,
+        key=key,
+        generation=generation,
+        data=data[:MAX_RECORD_BYTES],
+        truncated=len(data) > MAX_RECORD_BYTES,
+        record=old,
+        error=error,
+        new_generation=new_generation,
+        token=free.token,
     )
 
 

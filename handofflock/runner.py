@@ -13,13 +13,17 @@ goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
 trainer too, not only the shell. The lock moves on only once the group is
 empty (or killed after the grace), so no process of the command is left
 working on the resource while the next holder starts.
+
+Longer than 400 lines on purpose: it is one supervisor loop (signals passed
+on, job control, the lock's health, the grace and the kill) whose branches
+share the child's state; split, each part would need all of it. Process-tree
+bookkeeping that needs no state is in :mod:`._watchdog`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import functools
 import math
 import os
@@ -33,10 +37,14 @@ import time
 from typing import Any
 
 from . import _watchdog
-from .lock import events as lock_signals
+from ._waitline import WaitLine
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.identity import detect_label
+from .core.record import Label
+from .core.threads import quiet
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
-from .lock.handoff import HandoffLock
+from .lock import events as lock_signals
+from .lock.handoff import HandoffLock, LockStatus, ReleaseRequest
 from .os_signals import parse_signal
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
@@ -46,6 +54,21 @@ RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sig
 #: Signals that cannot be passed on as a polite stop: the command could not clean up (KILL), or
 #: would never end (STOP and the terminal stops).
 UNUSABLE_STOP_SIGNALS = (signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
+
+#: The signals ``--signal`` accepts: each asks a process to end and can be caught, so the command
+#: can checkpoint first; none is sent by the system for another reason (CHLD, WINCH, PIPE, SEGV...),
+#: which ``run`` would otherwise take for a request to stop.
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGRTMIN,
+    signal.SIGRTMAX,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -66,12 +89,7 @@ class CommandRunner:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.cgroup: str | None = None  # the command's cgroup, where run could make one
-        self.stop_signal = parse_signal(args.signal)
-        if self.stop_signal in UNUSABLE_STOP_SIGNALS:
-            raise ConfigurationError(
-                f"--signal {self.stop_signal.name} cannot ask a command to stop and clean up; use TERM, INT, "
-                "HUP or USR1 (after --grace the command is killed anyway)"
-            )
+        self.stop_signal = stop_signal(args.signal)
         if args.grace is None or not args.grace >= 0 or not math.isfinite(args.grace):
             raise ConfigurationError(f"--grace must be a finite number >= 0, got {args.grace}")
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
@@ -79,16 +97,21 @@ class CommandRunner:
         timing: dict[str, Any] = {"ttl": args.ttl, "wait_for_slot": args.wait_for_slot}
         if args.poll_interval is not None:
             timing.update(waiter_check_interval=args.poll_interval, waiter_poll_interval=args.poll_interval)
-        self.lock = HandoffLock(args.url, **timing)
+        label = Label(args.label if args.label is not None else detect_label(), grace=args.grace)
+        self.lock = HandoffLock(args.url, owner_id=args.owner_id, label=label, **timing)
         self.pending: list[int] = []  # signals received, appended by the handler (atomic)
         self.first_signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._line: WaitLine | None = None  # the live waiting line, while it is up
 
     _stderr_broken = False
 
     def say(self, message: str) -> None:
         """A status line on stderr. Never fails: a closed pipe or a hung-up terminal must not end ``run``."""
         if self.args.quiet or self._stderr_broken:
+            return
+        if self._line is not None:
+            self._line.say(f"handofflock: {message}")
             return
         try:
             print(f"handofflock: {message}", file=sys.stderr, flush=True)
@@ -104,13 +127,17 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
-        for sig in dict.fromkeys(RUN_SIGNALS + (self.stop_signal,)):
+        sig: int
+        for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
             previous = signal.getsignal(sig)
             if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
                 continue
             self._previous[sig] = previous
             signal.signal(sig, self._on_signal)
         try:
+            code = _check_command(self.args.command)  # before the lock: never evict the holder for a typo
+            if code is not None:
+                return code
             code = self._acquire()
             if code is not None:
                 return code
@@ -121,7 +148,7 @@ class CommandRunner:
 
     def _acquire(self) -> int | None:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
-        lock, outcome = self.lock, {}
+        lock, outcome = self.lock, dict[str, Any]()
 
         def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
             self.say(f"waiting for {lock.url}: held by {owner_id}")
@@ -133,15 +160,25 @@ class CommandRunner:
                 outcome["error"] = exc
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
+        line: WaitLine | None = None
+        started = time.monotonic()
         try:
-            worker = threading.Thread(target=acquire, name="handofflock-run-acquire", daemon=True)
+            worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.1)
                 if self.pending:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
+                elif line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
+                    # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
+                    line = self._line = WaitLine(lock, started=started)
+                if line is not None:
+                    line.tick()
         finally:
             lock_signals.waiting.disconnect(on_waiting, sender=lock)
+            if line is not None:
+                line.close()
+                self._line = None
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
             self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting; {self._slot_left()}")
@@ -169,12 +206,15 @@ class CommandRunner:
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
         self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
-        env = dict(os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id)
+        env = dict(
+            os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id
+        )
         # Job control: Ctrl-Z stops run, which no longer renews. The command is not in the
         # terminal's foreground group, so run stops it too, and on `fg` continues it only if
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
+        sig: int
         for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous.setdefault(sig, signal.getsignal(sig))
@@ -191,10 +231,16 @@ class CommandRunner:
                 lock.release()  # a lost lock: writes nothing
             except HandoffLockError:
                 pass
-            return fail(f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST)
+            return fail(
+                f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST
+            )
         try:
-            child = subprocess.Popen(command, env=env, start_new_session=True,
-                                     preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup))
+            child = subprocess.Popen(
+                command,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup),
+            )
         except OSError as exc:
             _remove_cgroup(cgroup)
             if watchdog is not None:
@@ -210,6 +256,8 @@ class CommandRunner:
         if watchdog is not None:
             _tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
+        asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
+        declined: ReleaseRequest | None = None  # a request found withdrawn when checked again: not acted on
         killed_at: float | None = None
         last_kill = 0.0
         lost = False
@@ -247,7 +295,10 @@ class CommandRunner:
                 if killed_at is not None and now >= killed_at + 2.0 and not _live_members(child.pid, self.cgroup):
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
-                    self.say(f"{command[0]} exited; giving the rest of its process group {min(self.args.grace, LEFTOVER_GRACE):g} s")
+                    self.say(
+                        f"{command[0]} exited; giving the rest of its process group "
+                        f"{min(self.args.grace, LEFTOVER_GRACE):g} s"
+                    )
                     _signal_group(child, self.stop_signal, self.cgroup, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
             while self.pending:
@@ -255,24 +306,52 @@ class CommandRunner:
                 if sig == signal.SIGCONT:
                     continue
                 self._send(child, sig, "passing on")
+                asked = None  # a signal to run: stopping is no longer only the waiter's wish
                 if kill_at is None:
                     kill_at = now + self.args.grace
             if not lost and not lock.healthy:
                 lost = True
+                asked = None
                 self.say(f"LOST {lock.url}; stopping the command: its work is no longer protected")
                 self._send(child, self.stop_signal, "sending")
                 kill_at = min(kill_at or float("inf"), now + self.args.grace)
-            elif kill_at is None and lock.release_requested and self.first_signal is None:
+            elif (
+                kill_at is None
+                and returncode is None
+                and lock.release_requested
+                and self.first_signal is None
+                and lock.release_request is not declined
+            ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
                 who = f"{request.requester} ({request.reason})" if request else "someone"
-                self.say(f"{who} asks for {lock.url}")
-                self._send(child, self.stop_signal, "sending")
-                kill_at = now + self.args.grace
-            if kill_at is not None and killed_at is None and now >= kill_at:
-                self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
-                self._signal(child, signal.SIGKILL)
-                killed_at = last_kill = now
+                if request is not None and not self._still_wanted(request):  # read again: it may have gone
+                    declined = request
+                    self.say(
+                        f"{who} asked for {lock.url} but is no longer waiting; "
+                        f"{command[0]} is left alone and run keeps the lock"
+                    )
+                else:
+                    self.say(f"{who} asks for {lock.url}")
+                    self._send(child, self.stop_signal, "sending")
+                    kill_at, asked = now + self.args.grace, request
+            if (
+                kill_at is not None
+                and killed_at is None
+                and (now >= kill_at or (asked is not None and not lock.release_requested))
+            ):
+                # At the end of the grace, or as soon as the lock withdrew the waiter's request.
+                if asked is not None and not self._still_wanted(asked):
+                    # The waiter left (or its slot expired) during the grace: nobody needs the lock now.
+                    self.say(
+                        f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
+                        "it goes on, and run keeps the lock"
+                    )
+                    declined, asked, kill_at = asked, None, None
+                elif now >= kill_at:
+                    self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
+                    self._signal(child, signal.SIGKILL)
+                    killed_at = last_kill = now
             elif killed_at is not None and now >= last_kill + 1.0:
                 # Still some left: a child forked while the last kill went round, or one we may not
                 # signal (a setuid program). The lock is not released while any of them lives.
@@ -290,15 +369,101 @@ class CommandRunner:
                 pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
-        self.say(f"{command[0]} exited with {status}; " + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}"))
+        self.say(
+            f"{command[0]} exited with {status}; "
+            + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+        )
         return status
 
-    def _signal(self, child: subprocess.Popen, sig: int) -> None:
+    def _still_wanted(self, request: ReleaseRequest) -> bool:
+        """Whether ``request`` (or another waiter's) still stands, read afresh for a waiter's request.
+
+        The lock withdraws a waiter's request at its next check once the waiter
+        has gone; a read now settles it without waiting for that. A read that
+        fails leaves the request standing: the waiter may well be there.
+        """
+        lock = self.lock
+        if request.reason != "waiter":
+            return lock.release_requested
+        if not lock.release_requested:
+            return False
+        st = _status_within(lock, RECHECK_TIMEOUT)
+        if st is None:
+            return True
+        return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
+
+    def _signal(self, child: subprocess.Popen[bytes], sig: int) -> None:
         _signal_group(child, sig, self.cgroup)
 
-    def _send(self, child: subprocess.Popen, sig: int, verb: str) -> None:
+    def _send(self, child: subprocess.Popen[bytes], sig: int, verb: str) -> None:
         self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
-        self.say(f"{verb} {signal.Signals(sig).name} to {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+        name = signal.Signals(sig).name
+        what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
+        self.say(f"{what} {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+
+
+#: How long ``run`` waits for the read that checks a waiter is still there before it signals or
+#: kills the command; past it (a slow or unreachable store) the request is taken to stand.
+RECHECK_TIMEOUT = 2.0
+
+
+def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
+    """``lock.status()`` read in a helper thread, or None if it failed or took longer than ``timeout``.
+
+    The main loop must not hang on a store that does not answer: it supervises the command.
+    """
+    found: dict[str, LockStatus] = {}
+
+    def read() -> None:
+        try:
+            found["status"] = lock.status()
+        except HandoffLockError:
+            pass
+
+    reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found.get("status")
+
+
+def stop_signal(value: Any) -> signal.Signals:
+    """``--signal``'s value, checked before anything is done: :class:`ConfigurationError` (exit 64) if unusable."""
+    sig = parse_signal(value)  # unknown names, numbers out of range
+    if sig in UNUSABLE_STOP_SIGNALS:
+        raise ConfigurationError(
+            f"--signal {sig.name} cannot ask a command to stop and clean up; use TERM, INT, "
+            "HUP or USR1 (after --grace the command is killed anyway)"
+        )
+    if sig not in STOP_SIGNALS:
+        raise ConfigurationError(
+            f"--signal {sig.name} is not a request to stop: the system sends it for other reasons, or a process "
+            f"cannot handle it safely; use one of {', '.join(s.name.removeprefix('SIG') for s in STOP_SIGNALS)}"
+        )
+    return sig
+
+
+def _check_command(command: list[str]) -> int | None:
+    """Exit 127 (not found) or 126 (not executable) for a command that cannot run, None if it can.
+
+    Looked up as ``execvp`` will (``PATH`` unless the name has a slash), before
+    the lock is asked for: a typo must not evict the holder. (``Popen`` still
+    reports a command that vanishes in between.)
+    """
+    name = command[0]
+    if "/" in name:
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d or ".", name) for d in os.environ.get("PATH", os.defpath).split(os.pathsep)]
+    found_unusable = None
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return None
+        if os.path.exists(path):
+            found_unusable = path
+    if found_unusable is None:
+        return fail(f"command not found: {name}; the lock was not asked for", EXIT_NOT_FOUND)
+    why = "is a directory" if os.path.isdir(found_unusable) else "is not executable"
+    return fail(f"cannot execute {name}: {found_unusable} {why}; the lock was not asked for", EXIT_CANNOT_EXECUTE)
 
 
 def _tell(watchdog: int, line: str) -> None:
@@ -324,7 +489,9 @@ def _start_watchdog() -> int | None:
     try:
         subprocess.Popen(
             [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
-            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of the terminal, and of an outer run stopping this one
         )
     except OSError:
@@ -347,8 +514,11 @@ def _make_cgroup() -> str | None:
         with open("/proc/self/cgroup") as f:
             own = next(line[3:].strip() for line in f if line.startswith("0::"))
         with open("/proc/self/mountinfo") as f:
-            mount = next(fields[4] for fields in (line.split() for line in f)
-                         if "-" in fields and fields[fields.index("-") + 1] == "cgroup2")
+            mount = next(
+                fields[4]
+                for fields in (line.split() for line in f)
+                if "-" in fields and fields[fields.index("-") + 1] == "cgroup2"
+            )
         # The pid alone is not unique: every run that is PID 1 of a container would be "1".
         path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}-{secrets.token_hex(3)}")
         os.mkdir(path)
@@ -406,14 +576,18 @@ def _session_members(sid: int, *, children_of: int | None = None, zombies: bool 
     """
     if children_of is None:
         return _watchdog.session_members(sid)
-    return [pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies]
+    return [
+        pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies
+    ]
 
 
 #: Signals that go to every process of the command, not only to its process group.
 TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
 
-def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, *, everyone: bool | None = None) -> None:
+def _signal_group(
+    child: subprocess.Popen[bytes], sig: int, cgroup: str | None = None, *, everyone: bool | None = None
+) -> None:
     """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
 
     A polite signal (the stop signal, a signal passed on) goes to the command's
@@ -439,7 +613,9 @@ def _signal_group(child: subprocess.Popen, sig: int, cgroup: str | None = None, 
     if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
         groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
         # One born since the group was signalled is signalled too: it did not get that copy.
-        members += [pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members]
+        members += [
+            pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members
+        ]
     _watchdog.signal_each(members, sig)
 
 

@@ -12,7 +12,9 @@ operation, counted at the HTTP layer on GCS and as storage calls on local;
 ``acquire()`` returning; ``notice`` from the waiter's registration to the
 owner's ``on_release_requested``; ``hot`` the cost of ``lock.release_requested``;
 ``scale`` one process holding 1 to 1,000 locks; ``compare`` the PyPI package
-``gcslock`` and the naive create-if-absent/delete lock of seed 003.
+``gcslock`` and the naive create-if-absent/delete lock of seed 003;
+``async`` event-loop lag while AsyncHandoffLocks renew and hand off
+(scripts/bench_async.py).
 
 Every number printed is measured in this run; nothing is hard-coded but the
 targets it is compared with. Latencies are measured in one process, with
@@ -62,7 +64,7 @@ except ImportError:  # the local backend is not in this checkout yet
 #: Threads the scale bench takes its locks with (setup only; not part of what is measured).
 ACQUIRE_THREADS = 8
 
-SECTIONS = ("rtt", "counts", "handoff", "notice", "hot", "scale", "compare")
+SECTIONS = ("rtt", "counts", "handoff", "notice", "hot", "scale", "compare", "async")
 BUCKET = "handofflock-bench"
 
 #: GCS bills these request kinds as Class A (writes, lists) and Class B (reads); deletes are free.
@@ -1068,6 +1070,16 @@ class Plan:
         self.scale_window = 3.0 if quick else 25.0
         # Full run only: 1000 locks with every request held 50 ms, with half the default pool and the default.
         self.slow_scale = () if quick else ((1000, 0.05, 4), (1000, 0.05, IO_WORKERS))
+        # The async section: (backend, event loop, held locks, handoffs, ttl, GIL switch interval or None
+        # for Python's default 5 ms) rows, each over a window. The ttl-10 rows renew 8x as often as the default.
+        self.async_rows = (
+            (("local", "asyncio", 50, 3, 60.0, None),) if quick else
+            (("local", "asyncio", 200, 10, 60.0, None), ("gcs", "asyncio", 200, 10, 60.0, None),
+             ("local", "trio", 200, 10, 60.0, None), ("gcs", "trio", 200, 10, 60.0, None),
+             ("local", "asyncio", 200, 10, 10.0, None), ("gcs", "asyncio", 200, 10, 10.0, None),
+             ("gcs", "asyncio", 200, 10, 10.0, 0.001))
+        )
+        self.async_window = 8.0 if quick else 20.0
 
 
 def versions() -> dict[str, str]:
@@ -1152,6 +1164,17 @@ def run(plan: Plan, only: set[str]) -> dict[str, Any]:
         if "compare" in only:
             say("gcslock and the naive lock")
             results["compare"] = bench_compare(plan.quick)
+        if "async" in only:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from bench_async import bench_async
+
+            results["async"] = []
+            by_name = {b.name: b for b in backends}
+            for name, loop, n, handoffs, ttl, switch in plan.async_rows:
+                say(f"async: {n} locks, {handoffs} handoffs, {name}, {loop}, ttl {ttl:.0f} s, {plan.async_window:.0f} s"
+                    + (f", switch interval {switch * 1000:g} ms" if switch else ""))
+                results["async"].append(bench_async(by_name[name], loop=loop, locks=n, handoffs=handoffs,
+                                                    window=plan.async_window, ttl=ttl, switch_interval=switch))
     results["meta"]["seconds"] = round(time.monotonic() - t_start, 1)
     results["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     results["targets"] = targets(results)
@@ -1183,7 +1206,15 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             if s["lateness_p99_ms"] is not None:
                 add("scale", f"{s['locks']} locks: renewal lateness p99 (ms)", s["lateness_p99_ms"], "< 1000", s["lateness_p99_ms"] < 1000)
             add("scale", f"{s['locks']} locks: waiter-check requests per check interval", s["check_requests_per_interval"], "<= 2 (O(1))", s["check_requests_per_interval"] <= 2)
+    for a in r.get("async", []):
+        if a["locks"] >= 200 and a["handoffs"] >= 10:
+            add("async", _async_name(a), a["lag_p99_ms"], "< 5", a["lag_p99_ms"] is not None and a["lag_p99_ms"] < 5)
     return out
+
+
+def _async_name(a: dict[str, Any]) -> str:
+    return (f"{a['backend']}, {a['loop']}, ttl {a['ttl_s']:.0f} s, GIL switch {a['switch_interval_ms']:g} ms: "
+            "event-loop lag p99 (ms)")
 
 
 # --------------------------------------------------------------------------- the table
@@ -1304,6 +1335,21 @@ def table(r: dict[str, Any]) -> str:
                          (f"gcslock, {c['gcslock_handoff']['lease_s']} s lease (sleeps until expiry)", c["gcslock_handoff"])):
             L.append(f"  {label:<46}{x['n']:>4}{x['p50_ms']:>10.1f}{x['p99_ms']:>10.1f}   "
                      f"{ratio(x['p50_ms'], ref['p50_ms'] if ref else None)} (vs poll {ref['poll_s'] if ref else '-'} s)")
+
+    if "async" in r:
+        a0 = r["async"][0]
+        L += ["", f"7. Event-loop lag: one process, N AsyncHandoffLocks held (renewed in the background) while M pairs hand off, "
+                  f"{a0['window_s']:.0f} s window",
+              f"   (a task sleeps {a0['probe_interval_ms']:.0f} ms at a time; lag = how late it wakes. Baseline: the same loop, no locks, just before.)",
+              "   (GIL: sys.getswitchinterval() for the row, Python's default is 5 ms; writes, req/s: the held locks' store)",
+              "  backend loop     GIL  locks hand-  ttl  renew  lag p50  lag p99  lag max  base p50  base p99  writes  req/s  handoff  CPU %  healthy  target",
+              "                   ms          offs   s    s      ms       ms       ms       ms        ms        /s             p50 ms"]
+        for a in r["async"]:
+            name = _async_name(a)
+            L.append(f"  {a['backend']:<7} {a['loop']:<8}{a['switch_interval_ms']:>4g}{a['locks']:>6} {a['handoffs_done']:>2}/{a['handoffs']:<3}{a['ttl_s']:>4.0f} {a['renew_interval_s']:>6.2f}"
+                     f"{_f(a['lag_p50_ms']):>9}{_f(a['lag_p99_ms']):>9}{_f(a['lag_max_ms']):>9}{_f(a['baseline_p50_ms']):>10}{_f(a['baseline_p99_ms']):>10}"
+                     f"{a['writes_per_s']:>8.1f}{a['requests_per_s']:>7.1f}{_f(a['handoff_p50_ms']):>9}{a['cpu_percent']:>7.1f}"
+                     f"{a['healthy_at_end']:>7}/{a['locks']:<4} {('p99 < 5 ms: ' + met(name)) if met(name) else ''}")
 
     if r.get("targets"):
         missed = [t for t in r["targets"] if not t["met"]]

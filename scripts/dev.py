@@ -5,7 +5,8 @@ Needs only Python 3.10+ and access to PyPI. Standard library only, so it runs
 before anything is installed:
 
     python3 scripts/dev.py demo    # the two-trainer handoff demo, on the local backend
-    python3 scripts/dev.py test    # the whole test suite (starts its own GCS emulator)
+    python3 scripts/dev.py test    # static checks, then the whole test suite (starts its own GCS emulator)
+    python3 scripts/dev.py lint    # the static checks alone: ruff (lint, format) and mypy --strict
 
 The venv lives in ``.venv`` beside this repository's ``pyproject.toml``. It is
 reused while ``pyproject.toml`` is unchanged, and refreshed when it changes.
@@ -56,19 +57,40 @@ def ensure_venv() -> Path:
     return python
 
 
+def lint(python: Path) -> int:
+    """ruff's lint and format check, then mypy in strict mode, on handofflock/; non-zero on any finding."""
+    failed = 0
+    for name, args in (
+        ("ruff check", ["-m", "ruff", "check", "handofflock"]),
+        ("ruff format --check", ["-m", "ruff", "format", "--check", "handofflock"]),
+        ("mypy --strict", ["-m", "mypy"]),  # settings, strict included, in pyproject.toml
+    ):
+        print(f"[dev] {name}", flush=True)
+        code = subprocess.run([str(python), *args], cwd=ROOT).returncode
+        if code:
+            print(f"[dev] {name} found problems (exit {code})", flush=True)
+            failed = failed or code
+    return failed
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "setup"):
+    if not argv or argv[0] not in ("demo", "test", "setup", "lint"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
     python = ensure_venv()
     if command == "setup":
         return 0
+    if command == "lint":
+        return lint(python)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if command == "demo":
         args = [str(python), "-m", "handofflock.demo", *rest]
     else:
+        # The static checks run first and fail the command, but never stop the tests from running.
+        checks = lint(python) if not rest else 0  # pytest arguments: a partial run, not CI's
         args = [str(python), "-m", "pytest", *rest]
+        return subprocess.run(args, cwd=ROOT, env=env).returncode or checks
     return subprocess.run(args, cwd=ROOT, env=env).returncode
 
 

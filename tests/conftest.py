@@ -104,3 +104,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         elif "emulator_pages" in item.keywords:
             item.add_marker(pages)
+
+
+@pytest.fixture
+def world():
+    """A fresh simulated world: memory store, SimClock, schedulers (tests/simworld.py)."""
+    from simworld import new_world
+
+    return new_world()

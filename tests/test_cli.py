@@ -79,6 +79,9 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
     assert set(doc) == {
         "url", "exists", "generation", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt",
         "token", "ttl", "readAt", "ownerLive", "waiterLive", "state", "expiresIn", "waiterExpiresIn",
+        # issue 17: labels, the release request, and every time as ISO 8601 too
+        "ownerLabel", "waiterLabel", "ownerGrace", "expiresAtIso", "waiterExpiresAtIso", "readAtIso",
+        "releaseRequested", "releaseRequestedBy",
     }
     assert (doc["state"], doc["ownerId"], doc["token"], doc["generation"], doc["ownerLive"]) == ("held", "trainer-A", 7, gen, True)
     assert 40 < doc["expiresIn"] <= 42
@@ -255,18 +258,18 @@ def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, ca
     assert raw_read(url)[0].owner_id is None, "released afterwards"
 
 
-def test_run_reports_a_missing_command_as_127_and_releases(url, capsys):
+def test_run_reports_a_missing_command_as_127_without_asking_for_the_lock(url, capsys):
     assert main(["run", url, "--", "/no/such/command-here"]) == EXIT_NOT_FOUND
-    assert raw_read(url)[0].owner_id is None
+    assert raw_read(url)[0] is None, "the lock was never asked for"
 
 
-def test_run_reports_a_command_it_cannot_execute_as_126_and_releases(url, tmp_path, capsys):
+def test_run_reports_a_command_it_cannot_execute_as_126_without_asking_for_the_lock(url, tmp_path, capsys):
     script = tmp_path / "not-executable.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
     script.chmod(0o644)
     assert main(["run", url, "--", str(script)]) == EXIT_CANNOT_EXECUTE
     assert "cannot execute" in capsys.readouterr().err
-    assert raw_read(url)[0].owner_id is None
+    assert raw_read(url)[0] is None, "the lock was never asked for"
 
 
 def test_run_nonblock_on_a_held_lock_is_contended(url, capsys):
@@ -348,7 +351,7 @@ def test_a_signal_to_run_is_passed_on_and_the_lock_released_when_the_command_exi
     a.send_signal(sig)
     out, err = a.communicate(timeout=30)
     assert a.returncode == 0, err
-    assert f"on {sig.name}" in out and f"passing on {sig.name} to" in err
+    assert f"on {sig.name}" in out and f"passing {sig.name} on to {PY}" in err
     assert HandoffLock(shared_url).status().owner_id is None
 
 

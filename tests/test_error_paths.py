@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from handofflock import (
+    RequestReason,
     AcquireCancelled,
     Clock,
     ConfigurationError,
@@ -36,7 +37,7 @@ from handofflock.core import errors
 from handofflock.fencing import FencedObject
 from handofflock.core.record import MAX_TOKEN
 from handofflock.storage import MemoryStorage
-from test_faults_memory import KEY, World, world  # noqa: F401  (the fixture)
+from simworld import KEY, World
 
 
 def _403() -> StorageError:
@@ -255,7 +256,7 @@ def test_a_release_whose_write_failed_is_retried_in_the_background(world):
 def test_a_release_request_does_not_outlive_a_hold_that_was_lost(world):
     a = world.lock("A")
     assert a.acquire()
-    a.request_release("manual")
+    a.request_release("operator")
     record = world.record()
     world.store.write(KEY, record.replace(owner_id="thief", token=record.token + 1, nonce="t").encode(),
                       if_generation_match=world.generation())
@@ -295,7 +296,7 @@ def test_release_request_receivers_get_the_request(world):
     assert a.acquire()
     got: list[dict] = []
     with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=a):
-        a.request_release("manual", requester="ops")
+        a.request_release(RequestReason.OPERATOR, requester="ops")
         world.sched.run_pending()
     assert isinstance(got[0]["request"], ReleaseRequest) and got[0]["request"].requester == "ops"
     a.release()
@@ -396,7 +397,7 @@ def _sample(cls: type) -> BaseException:
 def test_every_error_survives_pickling_with_its_message_and_attributes(cls):
     exc = _sample(cls)
     back = pickle.loads(pickle.dumps(exc))
-    assert type(back) is cls and str(back) == str(exc) and vars(back) == vars(exc)
+    assert type(back) is cls and str(back) == str(exc) and back.args == exc.args and vars(back) == vars(exc)
 
 
 def _raise_precondition_failed() -> None:

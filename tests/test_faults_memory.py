@@ -44,45 +44,7 @@ from handofflock.core.record import new_nonce
 from handofflock.storage import MemoryStorage
 from simclock import SimClock
 
-KEY = "locks/job.json"
-_names = itertools.count()
-
-
-# --------------------------------------------------------------------------- the world
-
-
-@dataclass
-class World:
-    store: MemoryStorage
-    clock: SimClock
-    sched: Scheduler  # the live processes' scheduler, run on every tick
-    frozen: Scheduler  # the scheduler of processes that never get to run their duties
-
-    def lock(self, owner: str, *, frozen: bool = False, **kwargs) -> HandoffLock:
-        return HandoffLock(
-            "memory://unused", storage=self.store, key=KEY, owner_id=owner, clock=self.clock,
-            scheduler=self.frozen if frozen else self.sched, **kwargs,
-        )
-
-    def record(self) -> LockRecord | None:
-        found = self.store.read(KEY)
-        return None if found is None else LockRecord.decode(found[0], key=KEY)
-
-    def generation(self) -> int:
-        found = self.store.read(KEY)
-        return 0 if found is None else found[1]
-
-    @property
-    def writes(self) -> int:
-        return self.store.calls["write"]
-
-
-@pytest.fixture
-def world() -> World:
-    clock = SimClock()
-    sched = Scheduler(clock, autostart=False)
-    clock.on_tick.append(sched.run_pending)
-    return World(MemoryStorage(f"faults-{next(_names)}"), clock, sched, Scheduler(clock, autostart=False))
+from simworld import KEY, TimedStore, World  # noqa: F401  (the world fixture is in conftest.py)
 
 
 @dataclass(frozen=True)
@@ -389,19 +351,6 @@ def test_a_permanent_storage_error_is_not_retried(world, op):
     assert world.store.calls[op] == 1
     assert not a.is_held and world.record() is None
     assert a.acquire(timeout=10)  # and the instance is usable again
-
-
-class TimedStore(MemoryStorage):
-    """Remembers the (simulated) time of every write call."""
-
-    def __init__(self, name: str, clock: SimClock) -> None:
-        super().__init__(name)
-        self.clock = clock
-        self.write_times: list[float] = []
-
-    def write(self, key, data, *, if_generation_match):
-        self.write_times.append(self.clock.monotonic())
-        return super().write(key, data, if_generation_match=if_generation_match)
 
 
 @pytest.mark.parametrize("retry_after, spacing", [(None, 1.0), (3.0, 3.0)])

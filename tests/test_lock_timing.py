@@ -10,7 +10,16 @@ import uuid
 
 import pytest
 
-from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockLost, LockRecordCorrupt, Scheduler, signals
+from handofflock import (
+    AcquireCancelled,
+    ConfigurationError,
+    FakeClock,
+    HandoffLock,
+    LockLost,
+    LockRecordCorrupt,
+    Scheduler,
+    signals,
+)
 from handofflock.storage import MemoryStorage
 from lockutil import eventually, make_lock, raw_read, raw_write
 
@@ -347,3 +356,26 @@ def test_writes_to_one_gcs_object_are_spaced_a_second_apart_by_default_and_elsew
         lock = HandoffLock(url)
         assert lock.min_write_interval == 0.0
         assert FencedObject(open_url(url)[0], "ckpt.json").min_write_interval == 0.0
+
+
+def test_a_timing_value_built_directly_obeys_the_same_rules():
+    from handofflock import Timing
+
+    good = Timing.build(ttl=10.0)
+    assert Timing(**{**good.__dict__}) == good  # every field explicit: accepted as built
+    with pytest.raises(ConfigurationError, match="renew_deadline"):
+        Timing(**{**good.__dict__, "renew_deadline": good.ttl})  # ttl > renew_deadline broken
+    with pytest.raises(ConfigurationError):
+        Timing(**{**good.__dict__, "min_write_interval": 1.0, "renew_interval": 0.5})  # faster than the store takes
+
+
+def test_a_lock_takes_a_shared_timing_value_or_keywords_but_not_both(tmp_path):
+    from handofflock import Timing
+
+    timing = Timing.build(ttl=12.0, waiter_check_interval=0.5)
+    lock = HandoffLock(str(tmp_path / "a.json"), timing=timing)
+    assert lock.timing is timing and lock.ttl == 12.0 and lock.waiter_check_interval == 0.5
+    with pytest.raises(ConfigurationError, match="not both"):
+        HandoffLock(str(tmp_path / "b.json"), timing=timing, ttl=30.0)
+    with pytest.raises(ConfigurationError, match="Timing"):
+        HandoffLock(str(tmp_path / "c.json"), timing={"ttl": 12.0})

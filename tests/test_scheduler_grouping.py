@@ -318,7 +318,7 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
             jobs, _ = sched._plan(clock.monotonic(), track=True)
             second_beat = [job for job, covered in jobs if not covered]
         renewing = {id(lock) for _, covered in jobs for lock in covered}
-        assert renewing == {id(lock) for lock in locks}, "renewals waited for the listing"
+        assert renewing == {id(lock._duties) for lock in locks}, "renewals waited for the listing"
         assert not second_beat, "a second beat started while the first still lists"
         for job, _ in jobs:
             job()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -262,3 +263,39 @@ def test_release_at_exit_releases_a_lock_left_held(tmp_path, shared_url):
     assert proc.returncode == 3, err
     assert "released token" in out
     assert HandoffLock(shared_url).status().owner_id is None
+
+
+THREADS_CHILD = textwrap.dedent(
+    """
+    import json, signal, sys, threading, time
+    from handofflock import HandoffLock
+
+    lock = HandoffLock(sys.argv[1], ttl=10.0, owner_id="threads")
+    lock.acquire()
+    time.sleep(2.5)  # the scheduler loop and an I/O worker (a renewal) are running by now
+    blocked = {}
+    for thread in threading.enumerate():
+        with open(f"/proc/self/task/{thread.native_id}/status") as status:
+            mask = int(next(l for l in status if l.startswith("SigBlk:")).split()[1], 16)
+        blocked[thread.name] = bool(mask & (1 << (signal.SIGTERM - 1)))
+    lock.release()
+    print(json.dumps(blocked))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread signal masks from /proc")
+@pytest.mark.timeout(60)
+def test_library_threads_leave_sigterm_to_the_main_thread(tmp_path, shared_url):
+    """The kernel gives a process-directed SIGTERM to any thread that does not block it; CPython runs the
+    handler only in the main thread, between bytecodes. Had a library thread taken it while the main thread
+    slept in a slow checkpoint, the second SIGTERM would wait out the checkpoint (seen: 1 run in 10 under load)."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_CHILD)
+    out = subprocess.run([sys.executable, str(script), shared_url], capture_output=True, text=True, timeout=45)
+    assert out.returncode == 0, out.stderr
+    blocked = json.loads(out.stdout)
+    assert blocked.pop("MainThread") is False
+    library = {name: b for name, b in blocked.items() if name.startswith("handofflock")}
+    assert any(name.endswith("-scheduler") for name in library) and any("-io" in name for name in library), blocked
+    assert all(library.values()), f"library threads that would take SIGTERM: {library}"

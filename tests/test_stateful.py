@@ -296,5 +296,10 @@ FOUND_HERE = ["keep-slot-on-timeout", "trust-a-read", "unconditional-handoff", "
 @pytest.mark.parametrize("bug", FOUND_HERE)
 def test_the_machine_finds_each_planted_bug(bug):
     """The invariants can fail: with each planted bug, some rule sequence breaks one."""
+    # Up to 1000 examples (the search stops at the first failure): Hypothesis labels the rule
+    # choice by hash(Rule), which hashes the rule's function by address, so the derandomized walk
+    # shifts with any change to what is loaded before it. At 300, trust-a-read was found in one
+    # memory layout (example ~100) and missed in another (issue 17's record.py), while the
+    # counterexample found in the first still fails the invariants in the second.
     with BUGS[bug](), pytest.raises(AssertionError):
-        run_state_machine_as_test(LockMachine, settings=settings(SETTINGS, phases=[Phase.generate], print_blob=False))
+        run_state_machine_as_test(LockMachine, settings=settings(SETTINGS, max_examples=1000, phases=[Phase.generate], print_blob=False))

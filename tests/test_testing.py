@@ -29,7 +29,7 @@ def test_a_server_runs_on_loopback_and_is_gone_after_stop(monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://previous:1")
     server = FakeGCSServer().start()
     try:
-        pid = server._process.pid
+        pid = server.pid
         assert server.url == f"http://127.0.0.1:{server.port}" and server.host_port == f"127.0.0.1:{server.port}"
         with server.env():
             assert os.environ["STORAGE_EMULATOR_HOST"] == server.url
@@ -53,7 +53,7 @@ def test_a_server_never_stopped_is_stopped_when_the_interpreter_exits():
     script = (
         "from handofflock.testing import FakeGCSServer\n"
         "server = FakeGCSServer().start()\n"
-        "print(server._process.pid, flush=True)\n"
+        "print(server.pid, flush=True)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

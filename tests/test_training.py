@@ -43,9 +43,9 @@ def test_a_request_during_a_step_ends_the_loop_after_that_step(url):
         for step in steps:
             done.append(step)
             if step == 103:
-                lock.request_release("manual", requester="test", deadline=123.0)
+                lock.request_release("operator", requester="test", deadline=123.0)
         assert steps.stopped and steps.last == 103 and steps.count == 4
-        assert steps.request.reason == "manual" and steps.request.requester == "test"
+        assert steps.request.reason == "operator" and steps.request.requester == "test"
         assert steps.request.deadline == 123.0
     assert done == [100, 101, 102, 103]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time as _time
 
-
 _REAL_TIMEBASE = "time.monotonic"
 
 

@@ -238,7 +238,9 @@ class StaleToken(HandoffLockError):
     Stop: a newer holder of the lock has written since this one was replaced.
     """
 
-    def __init__(self, key: str, token: int, highest: int, *, writer_id: str | None = None, holder_id: str | None = None) -> None:
+    def __init__(
+        self, key: str, token: int, highest: int, *, writer_id: str | None = None, holder_id: str | None = None
+    ) -> None:
         if token == highest:
             message = (
                 f"write to {key!r} refused: token {token} was already used by writer {holder_id!r}, "

@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from .errors import TokensExhausted
-from .record import MAX_TOKEN, LockRecord
+from .record import MAX_TOKEN, Label, LockRecord
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,19 @@ def next_token(record: LockRecord | None, now: float) -> int:
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 
-def _owned_by(record: LockRecord, me: str, ttl: float, now: float, token: int, nonce: str, instance: str | None) -> LockRecord:
+def _owned_by(
+    record: LockRecord,
+    me: str,
+    ttl: float,
+    now: float,
+    token: int,
+    nonce: str,
+    instance: str | None,
+    label: Label | None = None,
+) -> LockRecord:
     return record.replace(
+        owner_label=label,
+        waiter_label=None,
         owner_id=me,
         expires_at=now + ttl,
         waiting_owner_id=None,
@@ -173,8 +184,9 @@ def decide_acquire(
     nonce: str,
     waiting: bool,
     instance: str | None = None,
+    label: Label | None = None,
 ) -> Decision:
-    """The next step of ``acquire()``.
+    """The next step of ``acquire()``. ``label`` goes into the record beside our id (as owner or waiter).
 
     ``waiting`` says whether we registered as the waiter during this acquire
     (a record naming us, this very ``instance``, as owner then means the owner
@@ -182,23 +194,33 @@ def decide_acquire(
     """
     if record is None:
         fresh = LockRecord(ttl=policy.ttl)
-        return Write(Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance), 0)
+        return Write(
+            Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance, label), 0
+        )
 
     if record.owner_id == me:
         if (
-            waiting and record.expires_at is not None and now < record.expires_at
-            and instance is not None and record.owner_instance == instance
+            waiting
+            and record.expires_at is not None
+            and now < record.expires_at
+            and instance is not None
+            and record.owner_instance == instance
         ):
             # Handed to this instance, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance)
-        if record.waiter_live(now, policy.max_clock_skew) and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
+        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label)
+        if record.waiter_live(now, policy.max_clock_skew) and not _is(
+            record.waiting_owner_id, record.waiter_instance, me, instance
+        ):
             taken = taken.replace(
-                waiting_owner_id=record.waiting_owner_id, waiter_expires_at=record.waiter_expires_at,
-                waiter_ttl=record.waiter_ttl, waiter_instance=record.waiter_instance,
+                waiting_owner_id=record.waiting_owner_id,
+                waiter_expires_at=record.waiter_expires_at,
+                waiter_ttl=record.waiter_ttl,
+                waiter_instance=record.waiter_instance,
+                waiter_label=record.waiter_label,
             )
         return Write(Kind.RETAKE, taken, generation)
 
@@ -210,28 +232,44 @@ def decide_acquire(
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record)  # the live waiter has priority; only it may take the lock
-        return Write(Kind.TAKE, _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance), generation)
+        return Write(
+            Kind.TAKE,
+            _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label),
+            generation,
+        )
 
     # A live owner holds it.
     if mine:
         assert record.waiter_expires_at is not None
         if now >= record.waiter_expires_at - policy.waiter_ttl / 2:
-            return Write(Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation)
+            return Write(
+                Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation
+            )
         return Wait(f"waiting for {record.owner_id} to release or hand off")
     if other_waiter_live:
         return Contended(record)
     return Write(
         Kind.BECOME_WAITER,
         record.replace(
-            waiting_owner_id=me, waiter_expires_at=now + policy.waiter_ttl, nonce=nonce,
-            waiter_ttl=policy.ttl, waiter_instance=instance,
+            waiting_owner_id=me,
+            waiter_expires_at=now + policy.waiter_ttl,
+            nonce=nonce,
+            waiter_ttl=policy.ttl,
+            waiter_instance=instance,
+            waiter_label=label,
         ),
         generation,
     )
 
 
 def decide_give_up_wait(
-    record: LockRecord | None, generation: int, *, me: str, now: float, policy: Policy, nonce: str,
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: str,
+    now: float,
+    policy: Policy,
+    nonce: str,
     instance: str | None = None,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
@@ -253,13 +291,27 @@ def decide_give_up_wait(
         return Wait("the waiter slot is not ours; nothing to give back")
     return Write(
         Kind.GIVE_UP_WAIT,
-        record.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, nonce=nonce),
+        record.replace(
+            waiting_owner_id=None,
+            waiter_expires_at=None,
+            waiter_ttl=None,
+            waiter_instance=None,
+            waiter_label=None,
+            nonce=nonce,
+        ),
         generation,
     )
 
 
 def decide_renew(
-    record: LockRecord | None, generation: int, *, me: str, token: int, now: float, policy: Policy, nonce: str,
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: str,
+    token: int,
+    now: float,
+    policy: Policy,
+    nonce: str,
     instance: str | None = None,
 ) -> Decision:
     """Push our lease forward, keeping the waiter fields exactly as read."""
@@ -310,14 +362,22 @@ def decide_release(
         assert record.waiting_owner_id is not None
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
-        heir = _owned_by(
-            record, record.waiting_owner_id, record.waiter_ttl or policy.ttl, now,
-            next_token(record, now), nonce, record.waiter_instance,
+        heir_record = _owned_by(
+            record,
+            record.waiting_owner_id,
+            record.waiter_ttl or policy.ttl,
+            now,
+            next_token(record, now),
+            nonce,
+            record.waiter_instance,
+            record.waiter_label,
         )
-        return Write(Kind.HANDOFF, heir, generation)
-    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, nonce=nonce)
+        return Write(Kind.HANDOFF, heir_record, generation)
+    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, owner_label=None, nonce=nonce)
     if not record.waiter_live(now, policy.max_clock_skew):
-        freed = freed.replace(waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None)
+        freed = freed.replace(
+            waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, waiter_label=None
+        )
     return Write(Kind.FREE, freed, generation)
 
 

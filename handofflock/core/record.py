@@ -13,6 +13,16 @@ owner id are never confused), ``waiterTtl`` (the lease the waiter wants), and
 ``ownerInstance`` (the instance a handoff was made to). They are written only
 when set.
 
+Two more optional fields say who the owner and the waiter are, for people:
+``ownerLabel`` and ``waiterLabel``, each ``{"text": "host=gpu-3 pid=4242
+pod=ml/train-0", "instance": "<ownerInstance or waiterInstance>"}`` with an
+optional ``"grace"`` (seconds the holder allows its work to stop once asked).
+A label counts only while the instance it names still holds that place: a
+writer that does not know labels keeps them as unknown fields, and when such a
+writer takes the lock or the slot (writing its own instance, or none) the old
+label stops counting instead of naming the wrong job. A label that is not of
+that shape is corrupt, like any other field.
+
 The first four fields are the original design's and the only required ones: a
 record written by another implementation with just those four is read
 correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields are kept and
@@ -40,6 +50,8 @@ MAX_TTL = 7 * 24 * 3600.0
 MAX_TIMESTAMP = 32_503_680_000.0
 #: Longest owner or waiter id, in characters.
 MAX_ID_LENGTH = 512
+#: Longest label text, in characters.
+MAX_LABEL_LENGTH = 256
 #: Longest nonce, in characters.
 MAX_NONCE_LENGTH = 128
 #: Tokens are signed 64-bit so every fenced resource (SQL BIGINT, Go int64) can store them.
@@ -51,8 +63,19 @@ MAX_RECORD_BYTES = 64 * 1024
 MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
 _KNOWN = (
-    "version", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt", "ttl", "token", "nonce",
-    "ownerInstance", "waiterTtl", "waiterInstance",
+    "version",
+    "ownerId",
+    "expiresAt",
+    "waitingOwnerId",
+    "waiterExpiresAt",
+    "ttl",
+    "token",
+    "nonce",
+    "ownerInstance",
+    "waiterTtl",
+    "waiterInstance",
+    "ownerLabel",
+    "waiterLabel",
 )
 _REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
 
@@ -60,6 +83,19 @@ _REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
 def new_nonce() -> str:
     """A fresh nonce: 128 random bits, hex. Unique per write."""
     return os.urandom(16).hex()
+
+
+@dataclass(frozen=True)
+class Label:
+    """Who a holder or waiter is, for people reading ``status``: free text, and the grace it allows.
+
+    ``text`` is 1-256 printable characters (see :func:`label_problem`);
+    ``grace`` is how many seconds the holder gives its work to stop once a
+    release is asked for (``handofflock run --grace``), or None if it does not say.
+    """
+
+    text: str
+    grace: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +118,8 @@ class LockRecord:
     waiter_ttl: float | None = None
     waiter_instance: str | None = None
     version: int = RECORD_VERSION
+    owner_label: Label | None = None
+    waiter_label: Label | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
 
@@ -99,7 +137,7 @@ class LockRecord:
             and now <= self.waiter_expires_at + skew
         )
 
-    def replace(self, **changes: Any) -> "LockRecord":
+    def replace(self, **changes: Any) -> LockRecord:
         """A copy with ``changes`` applied; always written as the current version."""
         changes.setdefault("version", RECORD_VERSION)
         changes.setdefault("legacy", False)
@@ -125,6 +163,10 @@ class LockRecord:
             doc["waiterTtl"] = self.waiter_ttl
         if self.waiter_instance is not None:
             doc["waiterInstance"] = self.waiter_instance
+        if self.owner_label is not None and self.owner_id is not None:
+            doc["ownerLabel"] = _label_json(self.owner_label, self.owner_instance)
+        if self.waiter_label is not None and self.waiting_owner_id is not None:
+            doc["waiterLabel"] = _label_json(self.waiter_label, self.waiter_instance)
         for k, v in self.extra.items():
             if k not in doc:
                 doc[k] = v
@@ -139,7 +181,9 @@ class LockRecord:
             return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
     @classmethod
-    def decode(cls, data: bytes, *, key: str = "<lock>", generation: int | None = None, url: str | None = None) -> "LockRecord":
+    def decode(
+        cls, data: bytes, *, key: str = "<lock>", generation: int | None = None, url: str | None = None
+    ) -> LockRecord:
         """Parse and validate untrusted bytes; raise :class:`LockRecordCorrupt` on anything off.
 
         Never raises anything else, whatever the input (a property test holds it to that).
@@ -219,8 +263,13 @@ class LockRecord:
         waiter_ttl = doc.get("waiterTtl")
         if waiter_ttl is not None:
             if not _is_number(waiter_ttl) or not math.isfinite(waiter_ttl) or not 0 < waiter_ttl <= MAX_TTL:
-                raise corrupt(f"'waiterTtl' must be a number in (0, {MAX_TTL:.0f}] seconds, got {_json_type(waiter_ttl)}")
+                raise corrupt(
+                    f"'waiterTtl' must be a number in (0, {MAX_TTL:.0f}] seconds, got {_json_type(waiter_ttl)}"
+                )
             waiter_ttl = float(waiter_ttl)
+
+        owner_label = _opt_label(doc.get("ownerLabel"), "ownerLabel", owner_instance, owner, corrupt)
+        waiter_label = _opt_label(doc.get("waiterLabel"), "waiterLabel", waiter_instance, waiter, corrupt)
 
         extra = {k: v for k, v in doc.items() if k not in _KNOWN}
         if extra:
@@ -228,7 +277,9 @@ class LockRecord:
             # orjson reads 1024 levels of nesting but writes only 254, and a record
             # near the cap would grow past it and become unreadable once rewritten.
             try:
-                extra_bytes = len(json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+                extra_bytes = len(
+                    json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+                )
                 if _depth(extra) > 250:
                     raise ValueError("nested too deeply")
             except (ValueError, RecursionError) as exc:
@@ -239,8 +290,21 @@ class LockRecord:
                     "so the record still fits when written back"
                 )
         return cls(
-            owner, expires, waiter, waiter_expires, ttl, token, nonce,
-            owner_instance, waiter_ttl, waiter_instance, version, extra, legacy,
+            owner,
+            expires,
+            waiter,
+            waiter_expires,
+            ttl,
+            token,
+            nonce,
+            owner_instance,
+            waiter_ttl,
+            waiter_instance,
+            version,
+            owner_label,
+            waiter_label,
+            extra,
+            legacy,
         )
 
 
@@ -327,10 +391,58 @@ def _opt_id(value: Any, name: str, corrupt: Any) -> str | None:
     return value
 
 
+def label_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` cannot be a label's text, or None if it can (the decoder and constructors share it)."""
+    if not isinstance(value, str):
+        return f"'{name}' must be a string, got {_json_type(value)}"
+    if not value or len(value) > MAX_LABEL_LENGTH:
+        return f"'{name}' must be 1-{MAX_LABEL_LENGTH} characters long"
+    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in value):
+        return f"'{name}' contains control characters"
+    return None
+
+
+def _label_json(label: Label, instance: str | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"text": label.text, "instance": instance}
+    if label.grace is not None:
+        doc["grace"] = label.grace
+    return doc
+
+
+def _opt_label(value: Any, name: str, instance: str | None, holder: str | None, corrupt: Any) -> Label | None:
+    """A label as read: checked strictly; None when absent, or when it names an instance no longer there."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
+    unknown = sorted(set(value) - {"text", "instance", "grace"})
+    if unknown or "text" not in value or "instance" not in value:
+        raise corrupt(f"'{name}' must have 'text' and 'instance' (and optionally 'grace'), got keys {sorted(value)}")
+    problem = label_problem(value["text"], f"{name}.text")
+    if problem is not None:
+        raise corrupt(problem)
+    of = _opt_instance(value["instance"], f"{name}.instance", corrupt)
+    grace = value.get("grace")
+    if grace is not None:
+        if not _is_number(grace) or not math.isfinite(grace) or not 0 <= grace <= MAX_TTL:
+            raise corrupt(f"'{name}.grace' must be a number in [0, {MAX_TTL:.0f}] seconds, got {_json_type(grace)}")
+        grace = float(grace)
+    if holder is None or of != instance:
+        # Written for an owner or waiter that has since been replaced by a writer that does not
+        # know labels (it kept this one as an unknown field): it no longer says who is there.
+        return None
+    return Label(value["text"], grace)
+
+
 def _opt_instance(value: Any, name: str, corrupt: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NONCE_LENGTH or not value.isascii() or not value.isalnum():
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_NONCE_LENGTH
+        or not value.isascii()
+        or not value.isalnum()
+    ):
         raise corrupt(f"'{name}' must be 1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null")
     return value
 

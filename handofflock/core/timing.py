@@ -24,8 +24,9 @@ Defaults: ``renew_interval = max(ttl / 8, s)``, ``renew_deadline = ttl / 2``,
 
 from __future__ import annotations
 
+import contextvars
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigurationError
@@ -34,10 +35,17 @@ from .record import MAX_TTL
 #: A failed renewal must leave room for this many write spacings before the renew deadline.
 RETRY_SPACINGS = 1.5
 
+_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("handofflock_timing_building", default=False)
+
 
 @dataclass(frozen=True)
 class Timing:
-    """Validated timing of one lock (seconds). Build it with :meth:`build`."""
+    """Validated timing of one lock (seconds).
+
+    :meth:`build` applies the defaults; ``Timing(...)`` with every field given
+    is checked by the same rules, so no instance breaks them. Pass one to
+    ``HandoffLock(url, timing=...)`` to share a configuration between locks.
+    """
 
     ttl: float
     renew_interval: float
@@ -47,6 +55,10 @@ class Timing:
     waiter_poll_interval: float
     max_clock_skew: float
     min_write_interval: float
+
+    def __post_init__(self) -> None:
+        if not _BUILDING.get():  # built directly: every field explicit, the same rules
+            Timing.build(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     @property
     def margin(self) -> float:
@@ -65,7 +77,7 @@ class Timing:
         waiter_poll_interval: float = 1.0,
         max_clock_skew: float = 2.0,
         min_write_interval: float = 0.0,
-    ) -> "Timing":
+    ) -> Timing:
         """Apply the defaults and check every rule; raise :class:`ConfigurationError` naming what to change."""
         spacing = _non_negative("min_write_interval", min_write_interval)
         ttl = _positive("ttl", ttl)
@@ -95,7 +107,8 @@ class Timing:
             need = f"at least {floor:g} s" if what == "ttl" else f"at least {RETRY_SPACINGS * spacing:g} s"
             raise ConfigurationError(
                 f"{what} must be {need} on this store (write spacing {spacing} s): a failed renewal needs "
-                f"time for one more write before renew_deadline; got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
+                f"time for one more write before renew_deadline; "
+                f"got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
             )
         wttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
         if wttl > MAX_TTL:
@@ -103,6 +116,15 @@ class Timing:
         check = _positive("waiter_check_interval", waiter_check_interval)
         poll = _positive("waiter_poll_interval", waiter_poll_interval)
         named = "waiter_ttl" if waiter_ttl is not None else "waiter_ttl (default: ttl)"
+        if waiter_ttl is None and (wttl < 2 * poll or wttl / 2 < spacing):
+            # The user set ttl alone: the rule is about ttl (the waiter's slot lasts ttl), say so.
+            shortest = max(2 * poll, 2 * spacing)
+            raise ConfigurationError(
+                f"ttl={ttl} is too short: a waiter holds its slot for ttl (waiter_ttl defaults to it) and must be able "
+                f"to refresh it, so ttl must be at least {shortest:g} s here (twice waiter_poll_interval={poll:g}"
+                + (f" and twice the store's write spacing {spacing:g} s" if spacing else "")
+                + "); use a longer ttl, or pass waiter_ttl and waiter_poll_interval yourself"
+            )
         if wttl < 2 * poll:
             raise ConfigurationError(
                 f"{named} = {wttl} must be at least twice waiter_poll_interval ({poll}) "
@@ -114,7 +136,11 @@ class Timing:
                 "the waiter refreshes its slot at half-life with a write"
             )
         skew = _non_negative("max_clock_skew", max_clock_skew)
-        return cls(ttl, ri, rd, wttl, check, poll, skew, spacing)
+        building = _BUILDING.set(True)
+        try:
+            return cls(ttl, ri, rd, wttl, check, poll, skew, spacing)
+        finally:
+            _BUILDING.reset(building)
 
 
 def min_ttl(spacing: float) -> float:

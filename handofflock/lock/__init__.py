@@ -4,8 +4,8 @@ Built on :mod:`handofflock.storage` and :mod:`handofflock.core`; knows nothing o
 edges (runner, CLI, OS signal handlers, preemption, fencing, integrations).
 """
 
-from .handoff import HandoffLock, LockStatus, ReleaseRequest, default_owner_id
+from .handoff import HandoffLock, LockStatus, ReleaseRequest, RequestReason, default_owner_id
 from .scheduler import Scheduler
 from .steps import Steps
 
-__all__ = ["HandoffLock", "LockStatus", "ReleaseRequest", "Scheduler", "Steps", "default_owner_id"]
+__all__ = ["HandoffLock", "LockStatus", "ReleaseRequest", "RequestReason", "Scheduler", "Steps", "default_owner_id"]

@@ -5,9 +5,19 @@ about all of them. Receivers run on the thread that noticed the event (usually
 the background scheduler); one that raises is logged and the others still run.
 
 ==========================  ====================================================
-``on_release_requested``    someone wants the lock: ``waiter_id``, ``deadline``
-                            (Unix time), ``reason`` ("waiter", "signal",
-                            "preemption", "manual"), ``request``
+``on_release_requested``    someone wants the lock: ``request`` (a
+                            :class:`~handofflock.ReleaseRequest`), and its fields
+                            ``requester``, ``reason`` (a
+                            :class:`~handofflock.RequestReason`: waiter, signal,
+                            preemption, operator) and ``deadline`` (Unix time or
+                            None). ``waiter_id`` is a deprecated alias of
+                            ``requester``.
+``on_release_withdrawn``    a waiter's request went away before the handoff (the
+                            waiter left, or its slot expired): ``request`` (the
+                            :class:`~handofflock.ReleaseRequest` sent with
+                            ``on_release_requested``), ``requester``, ``reason``
+                            (always waiter); ``release_requested`` is False
+                            again unless another request stands
 ``on_renewal_error``        the lock can no longer be kept: ``error`` (an
                             exception; :class:`~handofflock.LockLost` when lost)
 ``waiting``                 we became the single waiter: ``owner_id`` (who holds it),
@@ -19,20 +29,28 @@ the background scheduler); one that raises is logged and the others still run.
 
 >>> from handofflock import signals
 >>> @signals.on_release_requested.connect_via(lock)
-... def checkpoint_soon(sender, waiter_id, deadline, **kw):
-...     print(f"{waiter_id} wants the lock by {deadline}")
+... def checkpoint_soon(sender, request, **kw):
+...     print(f"{request.requester} ({request.reason}) wants the lock by {request.deadline}")
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from blinker import Namespace, Signal
 
 _ns = Namespace()
 
-on_release_requested: Signal = _ns.signal("on_release_requested", doc="A waiter, signal or preemption asks for the lock.")
+on_release_requested: Signal = _ns.signal(
+    "on_release_requested", doc="A waiter, signal or preemption asks for the lock."
+)
+on_release_withdrawn: Signal = _ns.signal(
+    "on_release_withdrawn", doc="A waiter's release request went away: the waiter left or its slot expired."
+)
 on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
 waiting: Signal = _ns.signal("waiting", doc="We registered as the single waiter.")
 acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed to us).")
@@ -41,6 +59,14 @@ lost: Signal = _ns.signal("lost", doc="The lock is no longer safely held.")
 
 _log = logging.getLogger("handofflock.lock.events")
 
+#: Who awaits a coroutine-function receiver (``async def``) for a given sender: ``runner(receiver,
+#: sender, kwargs)``, which returns once it has been awaited. :mod:`handofflock.aio` registers one
+#: per lock it wraps, awaiting on that lock's event loop. Calling such a receiver here would only
+#: make a coroutine nobody awaits, so for other senders it is skipped, with a warning.
+async_runners: weakref.WeakKeyDictionary[Any, Callable[[Callable[..., Any], Any, dict[str, Any]], None]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a receiver that raises is logged and the rest still run."""
@@ -48,6 +74,20 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
         return
     for receiver in list(signal.receivers_for(sender)):
         try:
-            receiver(sender, **kwargs)
+            if inspect.iscoroutinefunction(receiver):
+                runner = async_runners.get(sender)
+                if runner is None:
+                    _log.warning(
+                        "async receiver %r of handofflock signal %r skipped: only an AsyncHandoffLock "
+                        "awaits async receivers",
+                        receiver,
+                        getattr(signal, "name", signal),
+                    )
+                    continue
+                runner(receiver, sender, kwargs)
+            else:
+                receiver(sender, **kwargs)
         except Exception:
-            _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
+            _log.exception(
+                "receiver %r of handofflock signal %r raised; carrying on", receiver, getattr(signal, "name", signal)
+            )

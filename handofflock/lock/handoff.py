@@ -10,18 +10,21 @@ out, so nothing deadlocks.
 
 from __future__ import annotations
 
+import enum
 import logging
+import math
 import os
 import secrets
 import socket
 import threading
+import warnings
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core import protocol
-from . import events as signals
-from ..storage.cas import read_retrying, write_resolving
+from ..core.backoff import RETRY
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
@@ -37,11 +40,16 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..storage.pacing import WriteGate, backoff, default_write_interval, gate_for
+from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
-from ..core.record import LockRecord, id_problem, new_nonce
-from ..storage import MAX_RECORD_BYTES, Storage, open_url
+from ..core.record import Label, LockRecord, id_problem, label_problem, new_nonce
+from ..core.timefmt import when as _when
 from ..core.timing import Timing
+from ..storage import MAX_RECORD_BYTES, Storage, open_url
+from ..storage.cas import read_retrying, write_resolving
+from ..storage.pacing import WriteGate, default_write_interval, gate_for
+from . import events as signals
+from . import metrics
 
 if TYPE_CHECKING:
     from .steps import Steps
@@ -60,7 +68,7 @@ RELEASING = "releasing"
 FORKED = "forked"
 
 #: Every live instance, so that a forked child can disarm those it inherited.
-_INSTANCES: "weakref.WeakSet[HandoffLock]" = weakref.WeakSet()
+_INSTANCES: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
 
 
 def default_owner_id() -> str:
@@ -68,19 +76,43 @@ def default_owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
+class RequestReason(str, enum.Enum):
+    """Why the lock is wanted. A ``str``: ``RequestReason.WAITER == "waiter"``."""
+
+    #: Another party registered as the waiter; ``requester`` is its owner id.
+    WAITER = "waiter"
+    #: An OS signal (SIGTERM, SIGUSR1, ...) through :func:`~handofflock.install_signal_handlers`.
+    SIGNAL = "signal"
+    #: A preemption notice from :class:`~handofflock.PreemptionWatcher`.
+    PREEMPTION = "preemption"
+    #: Code or a person called :meth:`HandoffLock.request_release` (formerly ``"manual"``).
+    OPERATOR = "operator"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class ReleaseRequest:
     """Someone wants the lock: who, why, and by when.
 
-    ``reason`` is ``"waiter"``, ``"signal"``, ``"preemption"`` or ``"manual"``;
-    ``requester`` is the waiter's owner id, or the signal/notice that asked;
-    ``deadline`` is the Unix time by which the lock should be released, or None.
+    ``reason`` is a :class:`RequestReason`; ``requester`` is the waiter's owner
+    id, or the signal/notice/operator that asked; ``deadline`` is the Unix time
+    by which the lock should be released, or None; ``requested_at`` is the Unix
+    time the request was noted here.
     """
 
-    reason: str
+    reason: RequestReason
     requester: str
     deadline: float | None
     requested_at: float
+
+
+@dataclass(frozen=True)
+class _Withdrawn:
+    """A queued ``on_release_withdrawn`` (it travels with the notices, so it is sent after its request)."""
+
+    request: ReleaseRequest
 
 
 @dataclass(frozen=True)
@@ -100,6 +132,8 @@ class LockStatus:
     owner_live: bool = False
     waiter_live: bool = False
     record: LockRecord | None = None
+    owner_label: Label | None = None
+    waiter_label: Label | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,6 +149,9 @@ class LockStatus:
             "readAt": self.read_at,
             "ownerLive": self.owner_live,
             "waiterLive": self.waiter_live,
+            "ownerLabel": None if self.owner_label is None else self.owner_label.text,
+            "waiterLabel": None if self.waiter_label is None else self.waiter_label.text,
+            "ownerGrace": None if self.owner_label is None else self.owner_label.grace,
         }
 
 
@@ -141,7 +178,11 @@ class HandoffLock:
     With ``wait_for_slot=True`` a blocking acquire that finds another live
     waiter keeps polling for the slot instead of raising :class:`LockContended`.
     ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
-    let a restarted process retake its own lock at once.
+    let a restarted process retake its own lock at once. ``label`` says who
+    this is for people (``status`` shows it beside the owner or waiter id): a
+    string, a :class:`~handofflock.core.record.Label`, or by default what
+    :func:`~handofflock.core.identity.detect_label` finds (host, pid, pod,
+    Slurm job, torchrun rank).
 
     No I/O happens in the constructor.
     """
@@ -160,10 +201,12 @@ class HandoffLock:
         min_write_interval: float | None = None,
         wait_for_slot: bool = False,
         owner_id: str | None = None,
+        label: str | Label | None = None,
         clock: Clock | None = None,
         scheduler: Any = None,
         storage: Storage | None = None,
         key: str | None = None,
+        timing: Timing | None = None,
     ) -> None:
         if storage is not None:
             if key is None:
@@ -173,15 +216,48 @@ class HandoffLock:
         else:
             self._storage, self._key = open_url(url)
             self.url = os.fspath(url)
-        if min_write_interval is None:
-            min_write_interval = default_write_interval(self._storage)
-        self.timing = Timing.build(
-            ttl=ttl, renew_interval=renew_interval, renew_deadline=renew_deadline, waiter_ttl=waiter_ttl,
-            waiter_check_interval=waiter_check_interval, waiter_poll_interval=waiter_poll_interval,
-            max_clock_skew=max_clock_skew, min_write_interval=min_write_interval,
-        )
+        #: What the scheduler runs (its whole view of this lock).
+        self._duties = _Duties(self)
+        if timing is not None:
+            given = {
+                name: value
+                for name, value, default in (
+                    ("ttl", ttl, 60.0),
+                    ("renew_interval", renew_interval, None),
+                    ("renew_deadline", renew_deadline, None),
+                    ("waiter_ttl", waiter_ttl, None),
+                    ("waiter_check_interval", waiter_check_interval, 2.0),
+                    ("waiter_poll_interval", waiter_poll_interval, 1.0),
+                    ("max_clock_skew", max_clock_skew, 2.0),
+                    ("min_write_interval", min_write_interval, None),
+                )
+                if value != default
+            }
+            if not isinstance(timing, Timing):
+                raise ConfigurationError(f"timing must be a handofflock.Timing, got {type(timing).__name__}")
+            if given:
+                raise ConfigurationError(f"pass timing= or the timing keywords, not both (got {', '.join(given)})")
+            self.timing = timing
+        else:
+            if min_write_interval is None:
+                min_write_interval = default_write_interval(self._storage)
+            self.timing = Timing.build(
+                ttl=ttl,
+                renew_interval=renew_interval,
+                renew_deadline=renew_deadline,
+                waiter_ttl=waiter_ttl,
+                waiter_check_interval=waiter_check_interval,
+                waiter_poll_interval=waiter_poll_interval,
+                max_clock_skew=max_clock_skew,
+                min_write_interval=min_write_interval,
+            )
         t = self.timing
-        self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = t.ttl, t.renew_interval, t.renew_deadline, t.waiter_ttl
+        self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = (
+            t.ttl,
+            t.renew_interval,
+            t.renew_deadline,
+            t.waiter_ttl,
+        )
         self.waiter_check_interval, self.waiter_poll_interval = t.waiter_check_interval, t.waiter_poll_interval
         self.max_clock_skew, self.min_write_interval = t.max_clock_skew, t.min_write_interval
         #: How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
@@ -191,6 +267,15 @@ class HandoffLock:
         if owner_id is not None and (problem := id_problem(owner_id, "owner_id")) is not None:
             raise ConfigurationError(f"{problem}: it is written into the lock object")
         self.owner_id: str = owner_id or default_owner_id()
+        if label is None:
+            label = Label(detect_label())
+        elif isinstance(label, str):
+            label = Label(label)
+        problem = label_problem(label.text, "label") if isinstance(label, Label) else "label must be a string"
+        if problem is not None:
+            raise ConfigurationError(f"{problem}: it is written into the lock object")
+        #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
+        self.label: Label = label
         self._clock = clock or Clock()
         self._scheduler = scheduler
         self._policy = Policy(ttl=self.ttl, waiter_ttl=self.waiter_ttl, max_clock_skew=self.max_clock_skew)
@@ -212,7 +297,9 @@ class HandoffLock:
         self.release_requested: bool = False
         self.release_request: ReleaseRequest | None = None
         self._notified_waiters: set[str] = set()  # waiters already announced while we hold the lock
-        self._pending_notices: list[ReleaseRequest] = []
+        self._requests: list[ReleaseRequest] = []  # the requests that stand (release_request: the most urgent)
+        self._waiter_request: tuple[tuple[str, str | None], ReleaseRequest] | None = None  # (waiter id, instance)
+        self._pending_notices: list[ReleaseRequest | _Withdrawn] = []
         self._pending_events: list[tuple[Any, dict[str, Any]]] = []
 
         self._new_primitives()
@@ -276,12 +363,18 @@ class HandoffLock:
                 reason="renew deadline passed",
             )
         if self._state == LOST:
-            raise LockLost(f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost")
+            raise LockLost(
+                f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost"
+            )
         if self._state == FORKED:
-            raise LockLost(f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it", url=self.url, reason="inherited across fork")
+            raise LockLost(
+                f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it",
+                url=self.url,
+                reason="inherited across fork",
+            )
         raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
 
-    def steps(self, iterable: Iterable[T]) -> "Steps[T]":
+    def steps(self, iterable: Iterable[T]) -> Steps[T]:
         """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
 
         >>> steps = lock.steps(range(start, total))
@@ -297,20 +390,66 @@ class HandoffLock:
         return Steps(self, iterable)
 
     def request_release(
-        self, reason: str = "manual", *, requester: str | None = None, deadline: float | None = None
+        self,
+        reason: RequestReason | str = RequestReason.OPERATOR,
+        *,
+        requester: str | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Ask the holder of this instance to release, as a waiter would.
 
         Safe in a signal handler: it only assigns attributes; the
         ``on_release_requested`` signal is sent from the scheduler thread.
-        The most urgent request (earliest deadline) is kept.
+        The most urgent request (earliest deadline) is kept. ``reason`` is a
+        :class:`RequestReason` or its value; ``"manual"`` (the old name of
+        ``"operator"``) still works, with a :class:`DeprecationWarning`.
         """
-        request = ReleaseRequest(reason, requester or reason, deadline, self._clock.time())
+        if reason == "manual":
+            warnings.warn(
+                'request_release("manual") is deprecated: use RequestReason.OPERATOR ("operator")',
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            reason = RequestReason.OPERATOR
+        try:
+            why = RequestReason(reason)
+        except ValueError:
+            choices = ", ".join(repr(r.value) for r in RequestReason)
+            raise ConfigurationError(f"release request reason must be one of {choices}, got {reason!r}") from None
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
+        ):
+            raise ConfigurationError(f"release request deadline must be a finite Unix time or None, got {deadline!r}")
+        self._request(why, requester or why.value, deadline)
+
+    def _request(self, reason: RequestReason, requester: str, deadline: float | None) -> ReleaseRequest:
+        request = ReleaseRequest(reason, requester, deadline, self._clock.time())
+        self._requests.append(request)  # first: a withdrawal running meanwhile must see it
         current = self.release_request
         if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
             self.release_request = request
         self.release_requested = True
         self._pending_notices.append(request)
+        return request
+
+    def _withdraw(self, request: ReleaseRequest) -> None:
+        """A waiter's request went away (it left, or its slot expired): it no longer stands.
+
+        Runs on the scheduler thread while a signal handler may add a request
+        in the main thread: the flags are set from what stands, then checked
+        again, so a request added meanwhile is never hidden.
+        """
+        try:
+            self._requests.remove(request)
+        except ValueError:
+            return
+        while True:
+            standing = list(self._requests)
+            self.release_request = _most_urgent(standing)
+            self.release_requested = bool(standing)
+            if len(self._requests) == len(standing):
+                break
+        self._pending_notices.append(_Withdrawn(request))
 
     # ------------------------------------------------------------------ acquire
 
@@ -338,7 +477,7 @@ class HandoffLock:
         """
         if timeout is not None and not timeout >= 0:  # also refuses NaN
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return self._guarded(lambda: self._acquire(blocking, timeout))
+        return metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
@@ -359,8 +498,12 @@ class HandoffLock:
             while True:
                 last = record or last
                 if (
-                    blocking and not waiting and record is not None and record.owner_id != self.owner_id
-                    and record.waiting_owner_id == self.owner_id and record.waiter_instance == self._instance
+                    blocking
+                    and not waiting
+                    and record is not None
+                    and record.owner_id != self.owner_id
+                    and record.waiting_owner_id == self.owner_id
+                    and record.waiter_instance == self._instance
                 ):
                     # Our registration landed though we could not confirm it (its reply was lost and
                     # the record moved on before we read it back): we are the waiter all the same.
@@ -368,8 +511,15 @@ class HandoffLock:
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self.owner_id, now=wall,
-                    policy=self._policy, nonce=new_nonce(), waiting=waiting, instance=self._instance,
+                    record,
+                    generation,
+                    me=self.owner_id,
+                    now=wall,
+                    policy=self._policy,
+                    nonce=new_nonce(),
+                    waiting=waiting,
+                    instance=self._instance,
+                    label=self.label,
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -417,7 +567,9 @@ class HandoffLock:
                 try:
                     self._leave_slot(waiting, last, keep=False)
                 except BaseException as cleanup:  # the original error is what the caller must see
-                    _log_acquire.warning("%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup)
+                    _log_acquire.warning(
+                        "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
+                    )
                 if self._state == WAITING:
                     self._state = IDLE
                 if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred_release):
@@ -474,7 +626,12 @@ class HandoffLock:
             record, generation = self._read_to_write(deadline, urgent=True)
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
-                record, generation, me=self.owner_id, now=wall, policy=self._policy, nonce=new_nonce(),
+                record,
+                generation,
+                me=self.owner_id,
+                now=wall,
+                policy=self._policy,
+                nonce=new_nonce(),
                 instance=self._instance,
             )
             if isinstance(decision, Owned):
@@ -496,7 +653,9 @@ class HandoffLock:
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
             f"it expires by itself within waiter_ttl ({self.waiter_ttl} s)",
-            url=self.url, key=self._key, ambiguous=False,
+            url=self.url,
+            key=self._key,
+            ambiguous=False,
         )
 
     def _contended(self, cls: type[LockContended], record: LockRecord | None, timed_out: bool = False) -> LockContended:
@@ -504,8 +663,8 @@ class HandoffLock:
         message = None
         if timed_out:
             message = (
-                f"timed out acquiring {self.url!r}: held by {r.owner_id!r} (expires {r.expires_at}), "
-                f"waiter {r.waiting_owner_id!r}"
+                f"timed out acquiring {self.url!r}: held by {r.owner_id!r}, "
+                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {r.waiting_owner_id!r}"
             )
         return cls(
             message,
@@ -546,7 +705,9 @@ class HandoffLock:
         # A release request recorded while we were acquiring (a SIGTERM, say) stands.
         self._notified_waiters.clear()
         self._state = HELD
-        _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else "")
+        _log_acquire.info(
+            "%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else ""
+        )
         if record.waiter_live(self._clock.time()) and record.waiter_instance != self._instance:
             # A waiter already in the record we took (it registered while the lock was being
             # handed to us): our renewals write against this very generation and never meet it,
@@ -570,15 +731,23 @@ class HandoffLock:
             if self._state != HELD:
                 return
             decision = protocol.decide_renew(
-                self._record, self._generation, me=self.owner_id, token=self.token or 0,
-                now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
+                self._record,
+                self._generation,
+                me=self.owner_id,
+                token=self.token or 0,
+                now=self._clock.time(),
+                policy=self._policy,
+                nonce=new_nonce(),
+                instance=self._instance,
             )
             try:
                 if not isinstance(decision, Write):
                     raise PreconditionFailed(self._key, self._generation, url=self.url)
                 end = self._clock.monotonic() + self.renew_deadline
                 written, generation, mono, wall = self._write_lease(
-                    decision, end if deadline is None else max(min(deadline, end), self._valid_until), urgent=True,
+                    decision,
+                    end if deadline is None else max(min(deadline, end), self._valid_until),
+                    urgent=True,
                 )
             except (StorageError, LockRecordCorrupt) as exc:
                 if self._clock.monotonic() < self._valid_until:
@@ -618,7 +787,11 @@ class HandoffLock:
         if self._state == LOST:
             self._state = IDLE
             self._end_hold()
-            raise LockLost(f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written", url=self.url, reason=self._lost_reason or "lost")
+            raise LockLost(
+                f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written",
+                url=self.url,
+                reason=self._lost_reason or "lost",
+            )
         if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(self.renew_deadline, 5.0))
@@ -641,7 +814,9 @@ class HandoffLock:
                 if self._state == RELEASING:
                     self._next_release_try = self._clock.monotonic() + min(1.0, self.renew_interval)
                     self._schedule()
-                _log_release.warning("release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc)
+                _log_release.warning(
+                    "release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc
+                )
                 if background:
                     return None
                 raise
@@ -671,6 +846,8 @@ class HandoffLock:
         """A hold is over, however it ended: a release request belonged to it and goes with it."""
         self.release_request = None
         self.release_requested = False
+        self._requests = []
+        self._waiter_request = None
         self._next_release_try = float("inf")
 
     def _write_release(self, deadline: float) -> tuple[str | None, LockLost | None]:
@@ -679,9 +856,16 @@ class HandoffLock:
         record, generation = self._record, self._generation
         while True:
             decision = protocol.decide_release(
-                record, generation, me=self.owner_id, token=self.token or 0, now=self._clock.time(),
-                policy=self._policy, nonce=new_nonce(), attempted=attempted,
-                within_lease=self._clock.monotonic() < self._valid_until, instance=self._instance,
+                record,
+                generation,
+                me=self.owner_id,
+                token=self.token or 0,
+                now=self._clock.time(),
+                policy=self._policy,
+                nonce=new_nonce(),
+                attempted=attempted,
+                within_lease=self._clock.monotonic() < self._valid_until,
+                instance=self._instance,
             )
             if isinstance(decision, Released):
                 return decision.handed_off_to, None
@@ -698,7 +882,9 @@ class HandoffLock:
                     record, generation = self._read(deadline)
                 except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
                     self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
-                    lost = LockLost(f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc)
+                    lost = LockLost(
+                        f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc
+                    )
                     lost.__cause__ = exc
                     return None, lost
                 continue
@@ -706,7 +892,7 @@ class HandoffLock:
 
     # ------------------------------------------------------------------ context manager
 
-    def __enter__(self) -> "HandoffLock":
+    def __enter__(self) -> HandoffLock:
         self.acquire()
         return self
 
@@ -724,6 +910,7 @@ class HandoffLock:
 
     def status(self) -> LockStatus:
         """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
+
         def read() -> LockStatus:
             with self._io:
                 record, generation = self._read(self._clock.monotonic() + 30.0, interruptible=True)
@@ -731,10 +918,23 @@ class HandoffLock:
             if record is None:
                 return LockStatus(self.url, False, 0, read_at=now)
             return LockStatus(
-                self.url, True, generation, record.owner_id, record.expires_at, record.waiting_owner_id,
-                record.waiter_expires_at, record.token, record.ttl, now,
-                record.owner_live(now), record.waiter_live(now), record,
+                self.url,
+                True,
+                generation,
+                record.owner_id,
+                record.expires_at,
+                record.waiting_owner_id,
+                record.waiter_expires_at,
+                record.token,
+                record.ttl,
+                now,
+                record.owner_live(now),
+                record.waiter_live(now),
+                record,
+                record.owner_label,
+                record.waiter_label,
             )
+
         return self._guarded(read)
 
     # ------------------------------------------------------------------ background duties (scheduler thread)
@@ -796,20 +996,32 @@ class HandoffLock:
                     return
                 try:
                     decision = protocol.decide_renew(
-                        self._record, self._generation, me=self.owner_id, token=self.token or 0,
-                        now=self._clock.time(), policy=self._policy, nonce=new_nonce(), instance=self._instance,
+                        self._record,
+                        self._generation,
+                        me=self.owner_id,
+                        token=self.token or 0,
+                        now=self._clock.time(),
+                        policy=self._policy,
+                        nonce=new_nonce(),
+                        instance=self._instance,
                     )
                     if isinstance(decision, Lost):
                         self._mark_lost(decision.why, None)
                         return
                     assert isinstance(decision, Write)
                     try:
-                        written, generation, mono, wall = self._write_lease(decision, self._valid_until, retry=False, urgent=True)
+                        written, generation, mono, wall = self._write_lease(
+                            decision, self._valid_until, retry=False, urgent=True
+                        )
                     except PreconditionFailed:
                         # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
                         record, generation = self._read(self._valid_until, retry=False)
                         seen = protocol.observe_as_owner(
-                            record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+                            record,
+                            me=self.owner_id,
+                            token=self.token or 0,
+                            now=self._clock.time(),
+                            instance=self._instance,
                         )
                         if isinstance(seen, Lost):
                             self._mark_lost(seen.why, None)
@@ -819,15 +1031,23 @@ class HandoffLock:
                         self._next_renew = self._clock.monotonic()
                         continue
                     self._set_lease(written.record, generation, mono, wall)
+                    metrics.renewed(self, self._clock.monotonic() - mono)
                     _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
                 except TransientStorageError as exc:
+                    metrics.renewal_failed(self, exc)
                     self._renew_failures += 1
-                    delay = min(self.renew_interval, next(_jitter(self._renew_failures)))
+                    delay = min(self.renew_interval, RETRY.delay(self._renew_failures))
                     self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
-                    _log_renew.warning("renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", self.url, exc, delay)
+                    _log_renew.warning(
+                        "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
+                        self.url,
+                        exc,
+                        delay,
+                    )
                     return
                 except (StorageError, LockRecordCorrupt) as exc:
+                    metrics.renewal_failed(self, exc)
                     self._mark_lost(f"renewal failed: {exc}", exc)
                     return
 
@@ -837,7 +1057,9 @@ class HandoffLock:
         if now >= self._valid_until + (self.ttl - self.renew_deadline):
             with self._io:
                 if self._state == RELEASING:
-                    _log_release.warning("gave up releasing %s: its lease has run out, so it is free for others anyway", self.url)
+                    _log_release.warning(
+                        "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
+                    )
                     self._state = IDLE
                     self._end_hold()
                     self._unschedule()
@@ -865,8 +1087,13 @@ class HandoffLock:
             if self._state != HELD:
                 return
             self._next_check = self._clock.monotonic() + self.waiter_check_interval
+            record: LockRecord | None
             try:
-                if known_generation is not None and 0 < known_generation <= self._generation and self._record is not None:
+                if (
+                    known_generation is not None
+                    and 0 < known_generation <= self._generation
+                    and self._record is not None
+                ):
                     # Listed as we know it, or older: we wrote (renewed) or read it since the
                     # listing was made, and that is at least as fresh as the listing's view.
                     record, generation = self._record, self._generation
@@ -889,15 +1116,29 @@ class HandoffLock:
             self._note_waiter(record)
 
     def _note_waiter(self, record: LockRecord | None) -> None:
+        """Announce a new waiter; withdraw the request of one that has gone (left, expired or replaced)."""
         if record is None:
             return
         seen = protocol.observe_as_owner(
             record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
         )
+        if isinstance(seen, Lost):
+            return
+        waiter = (seen.waiter_id, record.waiter_instance) if isinstance(seen, WaiterSeen) else None
+        standing = self._waiter_request
+        if standing is not None and standing[0] != waiter:
+            # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
+            self._waiter_request = None
+            self._notified_waiters.discard(standing[0][0])  # should it come back, it is announced again
+            gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
+            _log_renew.info("%s: waiter %s %s; its release request is withdrawn", self.owner_id, standing[0][0], gone)
+            self._withdraw(standing[1])
         if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
             self._notified_waiters.add(seen.waiter_id)
+            metrics.waiter_noticed(self, record, self._clock.time())
             _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
-            self.request_release("waiter", requester=seen.waiter_id, deadline=seen.deadline)
+            request = self._request(RequestReason.WAITER, seen.waiter_id, seen.deadline)
+            self._waiter_request = ((seen.waiter_id, record.waiter_instance), request)
 
     def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
         """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
@@ -935,7 +1176,9 @@ class HandoffLock:
                 return
             self._notifier_running = True
         try:
-            threading.Thread(target=self._notifier_main, name=f"handofflock-notify-{self.owner_id}", daemon=True).start()
+            threading.Thread(
+                target=self._notifier_main, name=f"handofflock-notify-{self.owner_id}", daemon=True
+            ).start()
         except BaseException:
             self._notifier_running = False
             raise
@@ -955,9 +1198,23 @@ class HandoffLock:
         """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
         # Two threads may flush at once (a release and the notifier): pop, never test then pop.
         while (req := _pop_first(self._pending_notices)) is not None:
+            if isinstance(req, _Withdrawn):
+                signals.send(
+                    signals.on_release_withdrawn,
+                    self,
+                    request=req.request,
+                    requester=req.request.requester,
+                    reason=req.request.reason,
+                )
+                continue
             signals.send(
-                signals.on_release_requested, self,
-                waiter_id=req.requester, deadline=req.deadline, reason=req.reason, request=req,
+                signals.on_release_requested,
+                self,
+                request=req,
+                requester=req.requester,
+                reason=req.reason,
+                deadline=req.deadline,
+                waiter_id=req.requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
             )
         while (event := _pop_first(self._pending_events)) is not None:
             signal, kwargs = event
@@ -968,19 +1225,26 @@ class HandoffLock:
             from .scheduler import default_scheduler
 
             self._scheduler = default_scheduler()
-        self._scheduler.add(self)
+        self._scheduler.add(self._duties)
 
     def _unschedule(self) -> None:
         if self._scheduler is not None:
-            self._scheduler.discard(self)
+            self._scheduler.discard(self._duties)
 
     # ------------------------------------------------------------------ storage I/O
 
-    def _read(self, deadline: float | None, *, retry: bool = True, interruptible: bool = False) -> tuple[LockRecord | None, int]:
+    def _read(
+        self, deadline: float | None, *, retry: bool = True, interruptible: bool = False
+    ) -> tuple[LockRecord | None, int]:
         """One read (retried on transient errors until ``deadline``), decoded strictly."""
         found = read_retrying(
-            self._storage, self._key, clock=self._clock, deadline=deadline, max_bytes=MAX_RECORD_BYTES,
-            retry=retry, sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
+            self._storage,
+            self._key,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            retry=retry,
+            sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
         if found is None:
             return None, 0
@@ -997,7 +1261,9 @@ class HandoffLock:
             self._gate = gate_for(self._storage, self._key, self.min_write_interval, self._clock)
         return self._gate
 
-    def _read_to_write(self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False) -> tuple[LockRecord | None, int]:
+    def _read_to_write(
+        self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False
+    ) -> tuple[LockRecord | None, int]:
         """Read for a decision that will likely be written: wait for our write slot first (mutex not held).
 
         Reading and then waiting out the per-object write spacing would send the
@@ -1016,7 +1282,13 @@ class HandoffLock:
             return self._read(deadline, interruptible=interruptible)
 
     def _write_lease(
-        self, write: Write, deadline: float | None, *, retry: bool = True, urgent: bool = False, interruptible: bool = False,
+        self,
+        write: Write,
+        deadline: float | None,
+        *,
+        retry: bool = True,
+        urgent: bool = False,
+        interruptible: bool = False,
     ) -> tuple[Write, int, float, float]:
         """Make ``write``, its lease or slot stamped at the send of each attempt. Call with ``_io`` held.
 
@@ -1040,9 +1312,17 @@ class HandoffLock:
             return LockRecord.decode(data, key=self._key, url=self.url).nonce in attempts
 
         generation, read_back = write_resolving(
-            self._storage, self._key, stamp,
-            if_generation_match=write.if_generation_match, is_ours=is_ours, clock=self._clock,
-            deadline=deadline, max_bytes=MAX_RECORD_BYTES, gate=self._write_gate(), urgent=urgent, retry=retry,
+            self._storage,
+            self._key,
+            stamp,
+            if_generation_match=write.if_generation_match,
+            is_ours=is_ours,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            gate=self._write_gate(),
+            urgent=urgent,
+            retry=retry,
             sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
         )
         landed = attempts[sent[-1]]
@@ -1052,7 +1332,15 @@ class HandoffLock:
         attempt, mono, wall = landed
         return attempt, generation, mono, wall
 
-    def _write(self, write: Write, deadline: float | None, *, retry: bool = True, urgent: bool = False, interruptible: bool = False) -> int:
+    def _write(
+        self,
+        write: Write,
+        deadline: float | None,
+        *,
+        retry: bool = True,
+        urgent: bool = False,
+        interruptible: bool = False,
+    ) -> int:
         """Make one conditional write (stamped at its send); return the new generation.
 
         Raises PreconditionFailed when the record moved on (the caller reads and decides again).
@@ -1119,6 +1407,17 @@ class HandoffLock:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state} token={self.token}>"
 
 
+def _most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
+    """The request with the earliest deadline (one without a deadline last; the first of equals)."""
+    best: ReleaseRequest | None = None
+    for request in requests:
+        if best is None or (
+            request.deadline is not None and (best.deadline is None or request.deadline < best.deadline)
+        ):
+            best = request
+    return best
+
+
 def _pop_first(items: list[T]) -> T | None:
     """Remove and return the first item, or None if there is none (atomic: one list.pop)."""
     try:
@@ -1131,13 +1430,6 @@ def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
         raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
     return float(value)
-
-
-def _jitter(start: int):
-    gen = backoff(base=0.1, cap=2.0)
-    for _ in range(start):
-        next(gen)
-    return gen
 
 
 def _disarm_inherited() -> None:
@@ -1157,7 +1449,49 @@ def _disarm_inherited() -> None:
         lock.token = None  # the parent's: a fenced write in the child must not carry it
         lock.release_requested = False
         lock.release_request = None
+        lock._requests = []
+        lock._waiter_request = None
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_disarm_inherited)
+
+
+class _Duties:
+    """A lock as its scheduler sees it (:class:`~handofflock.lock.scheduler.Scheduled`): its duties, nothing else."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: HandoffLock) -> None:
+        self._lock = lock
+
+    def __repr__(self) -> str:
+        return f"<duties of {self._lock!r}>"
+
+    @property
+    def check_interval(self) -> float:
+        return self._lock.waiter_check_interval
+
+    @property
+    def store(self) -> Storage:
+        return self._lock._storage
+
+    @property
+    def key(self) -> str:
+        return self._lock._key
+
+    def next_due(self) -> float:
+        return self._lock._due()
+
+    def next_due_besides_check(self) -> float:
+        return self._lock._due_besides_check()
+
+    def next_check_at(self) -> float:
+        return self._lock._next_check
+
+    def run_due(self) -> None:
+        self._lock._run_due()
+
+    def check_against(self, generation: int) -> None:
+        self._lock._check_waiter(known_generation=generation)
+        self._lock._notify()

@@ -1,7 +1,7 @@
 """One background thread that renews and checks every lock of the process.
 
 The scheduler asks each registered lock when its next duty is due
-(``lock._due()``) and runs the due ones (``lock._run_due()``) on a small fixed
+(``lock.next_due()``) and runs the due ones (``lock.run_due()``) on a small fixed
 pool of I/O workers, so a slow request for one lock does not hold up the
 others, and the thread count does not grow with the number of locks. A duty
 that raises is logged and the loop goes on; a lock whose duty is still running
@@ -33,6 +33,9 @@ skips one check.
 In money a listing is not a read: GCS bills ``objects.list`` as a Class A
 operation, like a write, at about 12.5 times a read (Class B). Grouping saves
 requests from two locks on, and money from about thirteen.
+
+Slightly over 400 lines, a fifth of them the :class:`Scheduled` protocol that
+is its contract with the locks it runs.
 """
 
 from __future__ import annotations
@@ -43,14 +46,62 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Protocol
 
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
+from ..core.threads import leave_signals_to_the_main_thread, quiet
+from ..storage.base import Storage
 
 _log = logging.getLogger("handofflock.lock.scheduler")
+
+
+class Scheduled(Protocol):
+    """What a :class:`Scheduler` runs: one lock's background duties. This is the whole contract.
+
+    Times are on the scheduler's clock (monotonic seconds). A lock hands the
+    scheduler an object of this shape (``HandoffLock`` keeps one); the
+    scheduler touches nothing else of the lock.
+    """
+
+    @property
+    def check_interval(self) -> float:
+        """Seconds between waiter checks: the beat of a group of locks checked together."""
+        ...
+
+    @property
+    def store(self) -> Storage:
+        """The store the lock's object lives in (listed once per group beat)."""
+        ...
+
+    @property
+    def key(self) -> str:
+        """The lock object's key in :attr:`store`."""
+        ...
+
+    def next_due(self) -> float:
+        """When the next duty (renewal, waiter check, release retry, loss, signals) falls due; inf if none."""
+        ...
+
+    def next_due_besides_check(self) -> float:
+        """Like :meth:`next_due` without the waiter check, which a group beat may do for many locks at once."""
+        ...
+
+    def next_check_at(self) -> float:
+        """When the next waiter check falls due (inf when the lock is not held)."""
+        ...
+
+    def run_due(self) -> None:
+        """Do whatever is due now. Never blocks on receivers; may do storage I/O."""
+        ...
+
+    def check_against(self, generation: int) -> None:
+        """A waiter check against a listing that shows the object at ``generation`` (0: not listed)."""
+        ...
+
 
 #: Longest sleep while locks are registered (seconds).
 MAX_IDLE = 0.2
@@ -69,10 +120,10 @@ MAX_GATHER = 0.05
 #: Objects per listing page (GCS's maximum), to estimate what a listing costs.
 LIST_PAGE_SIZE = 1000
 
-_default: "Scheduler | None" = None
+_default: Scheduler | None = None
 _default_lock = threading.Lock()
 #: Every live scheduler, so that a forked child can reset those it inherited.
-_SCHEDULERS: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
+_SCHEDULERS: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 
 
 class Scheduler:
@@ -82,7 +133,14 @@ class Scheduler:
     to run what is due on their own (fake) clock.
     """
 
-    def __init__(self, clock: Clock | None = None, *, io_workers: int = IO_WORKERS, autostart: bool = True, name: str = "handofflock") -> None:
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        *,
+        io_workers: int = IO_WORKERS,
+        autostart: bool = True,
+        name: str = "handofflock",
+    ) -> None:
         self._clock = clock or Clock()
         self._start_empty()
         self._io_workers = io_workers
@@ -97,7 +155,7 @@ class Scheduler:
     def _start_empty(self) -> None:
         """No locks, no thread, no workers, new mutexes: a new scheduler, and one in a forked child
         (the parent's locks are not the child's, and its threads do not exist there)."""
-        self._locks: dict[int, Any] = {}
+        self._locks: dict[int, Scheduled] = {}
         self._running: set[int] = set()
         self._mutex = threading.Lock()
         self._wake = threading.Event()
@@ -110,7 +168,7 @@ class Scheduler:
 
     # -- registration ---------------------------------------------------------
 
-    def add(self, lock: Any) -> None:
+    def add(self, lock: Scheduled) -> None:
         with self._mutex:
             self._locks[id(lock)] = lock
             self._gkeys[id(lock)] = _group_key(lock)
@@ -118,7 +176,7 @@ class Scheduler:
             self._ensure_thread()
         self._wake.set()
 
-    def discard(self, lock: Any) -> None:
+    def discard(self, lock: Scheduled) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
             self._gkeys.pop(id(lock), None)
@@ -145,20 +203,20 @@ class Scheduler:
             job(track=False)
         return len(jobs)
 
-    def _plan(self, now: float, *, track: bool) -> "tuple[list[tuple[Callable[..., None], list[Any]]], float]":
+    def _plan(self, now: float, *, track: bool) -> tuple[list[tuple[Callable[..., None], list[Scheduled]]], float]:
         """What to run now, and when the next duty falls due. Called with ``_mutex`` held.
 
         Returns ``(jobs, next_due)``; each job is a callable taking ``track``,
         with the locks it covers. With ``track`` the covered locks are marked
         running, so they are not started again until the job returns.
         """
-        jobs: list[tuple[Callable[..., None], list[Any]]] = []
+        jobs: list[tuple[Callable[..., None], list[Scheduled]]] = []
         next_due = math.inf
-        members: dict[tuple[int, str] | None, list[Any]] = {}
+        members: dict[tuple[int, str] | None, list[Scheduled]] = {}
         for key, lock in self._locks.items():
             members.setdefault(self._gkeys[key], []).append(lock)
 
-        def start(job: Callable[..., None], locks: list[Any]) -> None:
+        def start(job: Callable[..., None], locks: list[Scheduled]) -> None:
             if track:
                 self._running.update(id(lock) for lock in locks)
             jobs.append((job, locks))
@@ -168,7 +226,7 @@ class Scheduler:
             for lock in locks:
                 if id(lock) in self._running:
                     continue
-                due = lock._due_besides_check() if grouped else lock._due()
+                due = lock.next_due_besides_check() if grouped else lock.next_due()
                 if due <= now:
                     start(lambda track=True, lock=lock: self._run_one(lock, track), [lock])
                 else:
@@ -182,17 +240,22 @@ class Scheduler:
             for lock in locks:  # a newcomer is checked no later than it would have been alone
                 if id(lock) not in group.members:
                     group.members.add(id(lock))
-                    group.next_at = min(group.next_at, lock._next_check)
+                    group.next_at = min(group.next_at, lock.next_check_at())
             if now >= group.next_at and not group.busy:
                 batch = [lock for lock in locks if id(lock) not in self._running]
                 if not batch:
                     continue  # all busy: the first to finish wakes the loop
-                group.next_at = now + min(lock.waiter_check_interval for lock in batch)
+                group.next_at = now + min(lock.check_interval for lock in batch)
                 group.members = {id(lock) for lock in locks}
                 # The beat covers no lock as a whole: its listing may be slow, and a member's
                 # renewal must not wait for it. Each member is busy only during its own check.
                 group.busy = track
-                start(lambda track=True, gkey=gkey, group=group, batch=batch: self._check_group(gkey, group, batch, track), [])
+                start(
+                    lambda track=True, gkey=gkey, group=group, batch=batch: self._check_group(
+                        gkey, group, batch, track
+                    ),
+                    [],
+                )
             next_due = min(next_due, group.next_at)
         for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
             del self._groups[gkey]
@@ -215,8 +278,12 @@ class Scheduler:
             if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
                 return
             self._stop.clear()
-            self._pool = self._pool or ThreadPoolExecutor(self._io_workers, thread_name_prefix=f"{self._name}-io")
-            self._thread = threading.Thread(target=self._loop, name=f"{self._name}-scheduler", daemon=True)
+            self._pool = self._pool or ThreadPoolExecutor(
+                self._io_workers,
+                thread_name_prefix=f"{self._name}-io",
+                initializer=leave_signals_to_the_main_thread,
+            )
+            self._thread = threading.Thread(target=quiet(self._loop), name=f"{self._name}-scheduler", daemon=True)
             self._thread.start()
 
     def _loop(self) -> None:
@@ -242,9 +309,9 @@ class Scheduler:
                 _log.exception("scheduler loop error; continuing")
                 self._clock.wait(self._stop, MAX_IDLE)
 
-    def _run_one(self, lock: Any, track: bool = True) -> None:
+    def _run_one(self, lock: Scheduled, track: bool = True) -> None:
         try:
-            lock._run_due()
+            lock.run_due()
         except Exception:
             _log.exception("background duty of %r raised; carrying on", lock)
         finally:
@@ -256,39 +323,56 @@ class Scheduler:
                 # duty may come before the loop wakes anyway (within MAX_IDLE): with many locks,
                 # planning after every finished renewal would cost more than the renewals.
                 # (A grouped lock's waiter check is the group's beat, which the loop has planned.)
-                due = lock._due_besides_check() if grouped else lock._due()
+                due = lock.next_due_besides_check() if grouped else lock.next_due()
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
-    def _check_group(self, gkey: tuple[int, str], group: "_Group", batch: list[Any], track: bool = True) -> None:
+    def _check_group(self, gkey: tuple[int, str], group: _Group, batch: list[Scheduled], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
         try:
-            storage, prefix = batch[0]._storage, gkey[1]
+            storage, prefix = batch[0].store, gkey[1]
             try:
                 listing = storage.list(prefix)
             except TransientStorageError as exc:
-                _log.debug("listing %s in %s failed (%s); skipping one waiter check of %d locks", prefix, storage, exc, len(batch))
+                _log.debug(
+                    "listing %s in %s failed (%s); skipping one waiter check of %d locks",
+                    prefix,
+                    storage,
+                    exc,
+                    len(batch),
+                )
                 return
             except Exception as exc:
-                _log.warning("cannot list %r in %s (%s); checking its %d locks one read each from now on", prefix, storage, exc, len(batch))
+                _log.warning(
+                    "cannot list %r in %s (%s); checking its %d locks one read each from now on",
+                    prefix,
+                    storage,
+                    exc,
+                    len(batch),
+                )
                 with self._mutex:
                     self._ungrouped.add(gkey)
                 return
             if math.ceil(len(listing) / LIST_PAGE_SIZE) >= len(batch):
-                _log.info("listing %r in %s returned %d objects for %d locks; checking them one read each from now on", prefix, storage, len(listing), len(batch))
+                _log.info(
+                    "listing %r in %s returned %d objects for %d locks; checking them one read each from now on",
+                    prefix,
+                    storage,
+                    len(listing),
+                    len(batch),
+                )
                 with self._mutex:
                     self._ungrouped.add(gkey)
             for lock in batch:
                 with self._mutex:
-                    if id(lock) in self._running or lock._due_besides_check() <= self._clock.monotonic():
+                    if id(lock) in self._running or lock.next_due_besides_check() <= self._clock.monotonic():
                         # Busy, or a renewal (or a loss, or signals) fell due while we listed:
                         # its own job covers it (a renewal that meets a new waiter sees it).
                         continue
                     if track:
                         self._running.add(id(lock))
                 try:
-                    lock._check_waiter(known_generation=listing.get(lock._key, 0))
-                    lock._notify()
+                    lock.check_against(listing.get(lock.key, 0))
                 except Exception:
                     _log.exception("waiter check of %r raised; carrying on", lock)
                 finally:
@@ -323,10 +407,10 @@ class _Group:
     busy: bool = False  # a beat is running
 
 
-def _group_key(lock: Any) -> tuple[int, str] | None:
+def _group_key(lock: Scheduled) -> tuple[int, str] | None:
     """``(id(store), "dir/")`` for a lock at ``dir/name``; None at the store's root (never grouped)."""
-    parent = lock._key.rpartition("/")[0]
-    return (id(lock._storage), parent + "/") if parent else None
+    parent = lock.key.rpartition("/")[0]
+    return (id(lock.store), parent + "/") if parent else None
 
 
 def default_scheduler() -> Scheduler:

@@ -21,7 +21,8 @@ the item after it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from .handoff import HandoffLock, ReleaseRequest
@@ -47,9 +48,9 @@ class Steps(Generic[T]):
     * ``request``: the :class:`~handofflock.ReleaseRequest` that stopped it.
     """
 
-    __slots__ = ("lock", "last", "count", "stopped", "request", "_items")
+    __slots__ = ("_items", "count", "last", "lock", "request", "stopped")
 
-    def __init__(self, lock: "HandoffLock", iterable: Iterable[T]) -> None:
+    def __init__(self, lock: HandoffLock, iterable: Iterable[T]) -> None:
         self.lock = lock
         self.last: T | None = None
         self.count = 0

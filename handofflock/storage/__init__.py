@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..core.errors import ConfigurationError, InvalidLockURL, InvalidKey
+from ..core.errors import ConfigurationError, InvalidKey, InvalidLockURL
 from .base import MAX_KEY_BYTES, MAX_RECORD_BYTES, Storage, validate_generation, validate_key, validate_prefix
 from .memory import MemoryStorage
 
@@ -45,7 +45,7 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 DEFAULT_MEMORY_KEY = "lock.json"
 
 
-def open_url(url: str) -> tuple[Storage, str]:
+def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
     """Open the store a lock URL points at; return ``(storage, key)``.
 
     No I/O happens here: GCS clients are created lazily and local directories

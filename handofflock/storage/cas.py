@@ -16,45 +16,34 @@ failure the object is read back:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+from ..core.backoff import RETRY, Backoff
 from ..core.clock import Clock
 from ..core.errors import PreconditionFailed, TransientStorageError
-from .pacing import WriteGate, backoff
 from .base import Storage
-
-
-#: A retry that backoff would put past the deadline goes this long before it instead (once).
-LAST_TRY_MARGIN = 0.05
+from .pacing import WriteGate
 
 
 class Retries:
-    """Backoff delays bounded by a deadline (monotonic, or None for none).
+    """The retries of one operation: :data:`~handofflock.core.backoff.RETRY` delays bounded by a deadline.
 
-    A drawn delay that would carry the next try past the deadline is cut short
-    so that one last try goes :data:`LAST_TRY_MARGIN` before it; after that
-    try there is no other. So an operation keeps trying until its deadline
-    instead of stopping early on an unlucky draw, and never sleeps past it.
+    The deadline is monotonic, or None for none. The policy is
+    :meth:`Backoff.delay_within <handofflock.core.backoff.Backoff.delay_within>`:
+    the last try goes just before the deadline, never past it.
     """
 
-    def __init__(self, clock: Clock, deadline: float | None) -> None:
-        self._delays = backoff(base=0.1, cap=2.0)
+    def __init__(self, clock: Clock, deadline: float | None, policy: Backoff = RETRY) -> None:
         self._clock = clock
         self._deadline = deadline
-        self._last = False
+        self._policy = policy
+        self._attempt = 0
 
     def next_delay(self) -> float | None:
         """Seconds to wait before the next try, or None when there is none."""
-        delay = next(self._delays)
-        if self._deadline is None:
-            return delay
-        if self._last:
-            return None
-        room = self._deadline - LAST_TRY_MARGIN - self._clock.monotonic()
-        if delay < room:
-            return delay
-        self._last = True
-        return room if room > 0 else None
+        delay = self._policy.delay_within(self._attempt, now=self._clock.monotonic(), deadline=self._deadline)
+        self._attempt += 1
+        return delay
 
 
 def read_retrying(
@@ -142,7 +131,9 @@ def write_resolving(
                 # costs the other writers of the object nothing.
                 raise failed or TransientStorageError(
                     f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
-                    url=getattr(storage, "url", None), key=key, ambiguous=False,
+                    url=getattr(storage, "url", None),
+                    key=key,
+                    ambiguous=False,
                 )
             clock.sleep(max(wait, 0.001))
         body = data() if callable(data) else data

@@ -24,22 +24,16 @@ and a listing one request per page of up to 1000 objects.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import email.utils
-import math
 import os
-import re
 import ssl
 import threading
-import time
-import uuid
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, cast
 from urllib.parse import quote
 
 import google.auth.exceptions
-import orjson
 import requests
 import urllib3.exceptions
 from google.auth.credentials import AnonymousCredentials
@@ -54,28 +48,38 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import _BUCKET_RE
-from . import gcs_deadline
+from . import _BUCKET_RE, gcs_deadline
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
-
-try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
-    import google_crc32c
-except ImportError:  # pragma: no cover
-    google_crc32c = None
+from .gcs_http import (
+    caused_by,
+    check_length,
+    checked_request_timeout,
+    checked_timeout,
+    checked_user_project,
+    error_message,
+    exc_reason,
+    multipart_upload,
+    never_connected,
+    parse_generation,
+    read_body,
+    reply_json,
+    retry_after_seconds,
+    says_bucket_missing,
+    verify_crc32c,
+)
 
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
 _LIST_FIELDS = "items(name,generation),nextPageToken"
-_ERROR_BODY_BYTES = 4096
 
 #: What :meth:`GCSStorage._download` returns for a 416 without a generation.
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
-_SHARED: dict[tuple[str, str | None, str | None], "GCSStorage"] = {}
+_SHARED: dict[tuple[str, str | None, str | None], GCSStorage] = {}
 _SHARED_LOCK = threading.Lock()
 #: Every live store, so that a forked child can give each fresh connections.
-_STORES: "weakref.WeakSet[GCSStorage]" = weakref.WeakSet()
+_STORES: weakref.WeakSet[GCSStorage] = weakref.WeakSet()
 
 
 class GCSStorage:
@@ -123,9 +127,9 @@ class GCSStorage:
             )
         self.bucket = bucket
         self.url = f"gs://{bucket}"
-        self._timeout = _checked_timeout(timeout)
-        self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
-        self.user_project = _checked_user_project(user_project)
+        self._timeout = checked_timeout(timeout)
+        self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        self.user_project = checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
         self._client = client
@@ -136,7 +140,7 @@ class GCSStorage:
         _STORES.add(self)
 
     @classmethod
-    def shared(cls, bucket: str, *, user_project: str | None = None) -> "GCSStorage":
+    def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
         """The process-wide instance for ``bucket`` and ``user_project`` (and the current
         ``STORAGE_EMULATOR_HOST``).
 
@@ -210,16 +214,17 @@ class GCSStorage:
                 found = self._download(key, headers, limit)
                 if found is _EMPTY_AT_UNKNOWN_GENERATION:  # pragma: no cover - no Range, no 416
                     raise StorageError(f"read {key!r} in {self.url}: GCS answered 416 to a read without a Range")
-            return found
+            return cast("tuple[bytes, int] | None", found)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
         validate_key(key)
         validate_generation(if_generation_match)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        body, content_type = _multipart(key, bytes(data))
-        with self._mapped("write", key):
-            with self._request(
+        body, content_type = multipart_upload(key, bytes(data))
+        with (
+            self._mapped("write", key),
+            self._request(
                 "write",
                 key,
                 "POST",
@@ -231,31 +236,37 @@ class GCSStorage:
                 },
                 headers={"Content-Type": content_type},
                 data=body,
-            ) as response:
-                if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
-                    raise self._bucket_missing(key, response)
-                self._check(response, "write", key, if_generation_match)
-                try:
-                    return _parse_generation(_json(response).get("generation"), "the upload's reply")
-                except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
-                    raise TransientStorageError(
-                        f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
-                        f"reply cannot be read ({exc}); it has probably been applied",
-                        url=self.url, key=key, status=response.status_code, ambiguous=True,
-                    ) from exc
+            ) as response,
+        ):
+            if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
+                raise self._bucket_missing(key, response)
+            self._check(response, "write", key, if_generation_match)
+            try:
+                return parse_generation(reply_json(response).get("generation"), "the upload's reply")
+            except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
+                raise TransientStorageError(
+                    f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
+                    f"reply cannot be read ({exc}); it has probably been applied",
+                    url=self.url,
+                    key=key,
+                    status=response.status_code,
+                    ambiguous=True,
+                ) from exc
 
     def delete(self, key: str, *, if_generation_match: int) -> None:
         validate_key(key)
         validate_generation(if_generation_match)
-        with self._mapped("delete", key):
-            with self._request(
+        with (
+            self._mapped("delete", key),
+            self._request(
                 "delete", key, "DELETE", self._object_url(key), params={"ifGenerationMatch": str(if_generation_match)}
-            ) as response:
-                if response.status_code == 404:
-                    if _says_bucket_missing(response):
-                        raise self._bucket_missing(key, response)
-                    raise NotFound(key, url=self.url)
-                self._check(response, "delete", key, if_generation_match)
+            ) as response,
+        ):
+            if response.status_code == 404:
+                if says_bucket_missing(response):
+                    raise self._bucket_missing(key, response)
+                raise NotFound(key, url=self.url)
+            self._check(response, "delete", key, if_generation_match)
 
     def list(self, prefix: str) -> dict[str, int]:
         validate_prefix(prefix)
@@ -270,12 +281,12 @@ class GCSStorage:
                     if response.status_code == 404:  # a listing has no object to miss
                         raise self._bucket_missing(None, response)
                     self._check(response, "list", None)
-                    page = _json(response)
+                    page = reply_json(response)
                 for item in page.get("items") or ():
                     name = item.get("name") if isinstance(item, dict) else None
                     if not isinstance(name, str):
                         raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
-                    found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
+                    found[name] = parse_generation(item.get("generation"), f"the listing of {name!r}")
                 page_token = page.get("nextPageToken")
                 if not page_token:
                     return found
@@ -296,20 +307,20 @@ class GCSStorage:
                 # The emulator cannot tell a missing bucket from a missing object;
                 # GCS says so in the message. A missing bucket read as "no lock"
                 # is still caught: the create that follows fails with 404.
-                if _says_bucket_missing(response):
+                if says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 return None
             if response.status_code == 416:  # a Range on an empty object
-                generation = response.headers.get("x-goog-generation")
-                if generation is None:
+                stated = response.headers.get("x-goog-generation")
+                if stated is None:
                     return _EMPTY_AT_UNKNOWN_GENERATION
-                return b"", _parse_generation(generation, "the x-goog-generation header")
+                return b"", parse_generation(stated, "the x-goog-generation header")
             self._check(response, "read", key)
-            generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
-            data, complete = _read_body(response, limit)
+            generation = parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
+            data, complete = read_body(response, limit)
             if complete:
-                _check_length(response, data, key, self.url)
-                _verify_crc32c(response, data, key, self.url)
+                check_length(response, data, key, self.url)
+                verify_crc32c(response, data, key, self.url)
             return data, generation
 
     @contextlib.contextmanager
@@ -352,7 +363,9 @@ class GCSStorage:
         return TransientStorageError(
             f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
             + ("the request may have been applied" if mutation else "nothing was changed"),
-            url=self.url, key=key, ambiguous=mutation,
+            url=self.url,
+            key=key,
+            ambiguous=mutation,
         )
 
     def _send(
@@ -376,7 +389,7 @@ class GCSStorage:
         if self.user_project is not None:
             params = {**params, "userProject": self.user_project}
         connect, read = self._timeout
-        return client._http.request(
+        response: requests.Response = client._http.request(
             method,
             url,
             params=params,
@@ -387,11 +400,12 @@ class GCSStorage:
             stream=stream,
             allow_redirects=False,  # one request per operation, always
         )
+        return response
 
     def _base(self) -> str:
         connection = self.client._connection
         getter = getattr(connection, "get_api_base_url_for_mtls", None)
-        base = (getter() if getter else connection.API_BASE_URL).rstrip("/")
+        base = str(getter() if getter else connection.API_BASE_URL).rstrip("/")
         if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
             base = "http://" + base
         return base
@@ -407,7 +421,7 @@ class GCSStorage:
             if self._emulator_host:
                 return gcs.Client(
                     project=_EMULATOR_PROJECT,
-                    credentials=AnonymousCredentials(),
+                    credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
                     client_options={"api_endpoint": self._emulator_host},
                 )
             # project=None: objects need no project, and looking one up may cost I/O.
@@ -435,56 +449,74 @@ class GCSStorage:
         except requests.exceptions.ConnectTimeout as exc:
             raise TransientStorageError(
                 f"{where}: could not connect within {self._timeout[0]}s; nothing was sent",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             ) from exc
         except requests.exceptions.ReadTimeout as exc:
             raise TransientStorageError(
                 f"{where}: no reply within {self._timeout[1]}s; the request may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
         except requests.exceptions.SSLError as exc:
-            if _caused_by(exc, ssl.SSLCertVerificationError):
+            if caused_by(exc, ssl.SSLCertVerificationError):
                 raise StorageError(
-                    f"{where}: the server's TLS certificate was not accepted ({_reason(exc)}); check the CA "
+                    f"{where}: the server's TLS certificate was not accepted ({exc_reason(exc)}); check the CA "
                     "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
-                    url=self.url, key=key,
+                    url=self.url,
+                    key=key,
                 ) from exc
             raise TransientStorageError(
-                f"{where}: the TLS connection failed ({_reason(exc)}); the request may have been applied",
-                url=self.url, key=key, ambiguous=not _never_connected(exc),
+                f"{where}: the TLS connection failed ({exc_reason(exc)}); the request may have been applied",
+                url=self.url,
+                key=key,
+                ambiguous=not never_connected(exc),
             ) from exc
         except requests.exceptions.ConnectionError as exc:
-            if _never_connected(exc):
+            if never_connected(exc):
                 raise TransientStorageError(
-                    f"{where}: could not connect ({_reason(exc)}); nothing was sent",
-                    url=self.url, key=key, ambiguous=False,
+                    f"{where}: could not connect ({exc_reason(exc)}); nothing was sent",
+                    url=self.url,
+                    key=key,
+                    ambiguous=False,
                 ) from exc
             raise TransientStorageError(
-                f"{where}: the connection failed after the request was sent ({_reason(exc)}); "
+                f"{where}: the connection failed after the request was sent ({exc_reason(exc)}); "
                 "it may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
         except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
             raise TransientStorageError(
                 f"{where}: the reply was cut off or garbled ({exc}); the request may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
         except google.auth.exceptions.RefreshError as exc:
             # Credentials are refreshed before the request is sent: nothing was applied.
             if getattr(exc, "retryable", False):
                 raise TransientStorageError(
                     f"{where}: refreshing the Google credentials failed ({exc}); nothing was sent",
-                    url=self.url, key=key, ambiguous=False,
+                    url=self.url,
+                    key=key,
+                    ambiguous=False,
                 ) from exc
             raise StorageError(
                 f"{where}: the Google credentials could not be refreshed ({exc}); run "
                 "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             ) from exc
         except google.auth.exceptions.TransportError as exc:
             raise TransientStorageError(
                 f"{where}: could not reach the credentials server ({exc}); nothing was sent",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             ) from exc
         except (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError) as exc:
             # What is left is configuration: an invalid URL or header, a bad credentials file.
@@ -492,7 +524,9 @@ class GCSStorage:
         except (urllib3.exceptions.HTTPError, OSError) as exc:  # leaked past requests: be conservative
             raise TransientStorageError(
                 f"{where}: transport error ({exc!r}); the request may have been applied",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
 
     def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
@@ -503,7 +537,7 @@ class GCSStorage:
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         if status == 412 and key is not None and expected is not None:
             raise PreconditionFailed(key, expected, url=self.url)
-        message = _error_message(response)
+        message = error_message(response)
         if status == 409 and key is not None and expected is not None:
             # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
             # conflicting concurrent change to the same resource. The request can be retried, though
@@ -514,33 +548,40 @@ class GCSStorage:
             # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
             raise TransientStorageError(
                 f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
-                url=self.url, key=key, status=status, ambiguous=False,
-                retry_after=_retry_after(response.headers.get("Retry-After")),
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=False,
+                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
             )
         if status in (408, 429) or status >= 500:
             raise TransientStorageError(
                 f"{where}: GCS answered {status} ({message})",
-                url=self.url, key=key, status=status,
+                url=self.url,
+                key=key,
+                status=status,
                 ambiguous=status != 429,  # 429: refused before it was applied
-                retry_after=_retry_after(response.headers.get("Retry-After")),
+                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
             )
         if status == 401:
             raise StorageError(
                 f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
                 "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         if status == 403:
             raise StorageError(
                 f"{where}: permission denied on bucket {self.bucket!r} (403: {message}); check which account "
                 "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         raise StorageError(f"{where}: GCS answered {status} ({message})", url=self.url, key=key)
 
     def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
         return StorageError(
-            f"GCS bucket {self.bucket!r} does not exist (404: {_error_message(response)}); create it "
+            f"GCS bucket {self.bucket!r} does not exist (404: {error_message(response)}); create it "
             f"(`gcloud storage buckets create gs://{self.bucket}`) or check the bucket name in the lock URL",
             url=self.url,
             key=key,
@@ -548,236 +589,6 @@ class GCSStorage:
 
     def __repr__(self) -> str:
         return f"GCSStorage({self.bucket!r})"
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _positive_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
-
-
-def _checked_timeout(timeout: object) -> tuple[float, float]:
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = (timeout, timeout)
-    if (
-        not isinstance(timeout, tuple)
-        or len(timeout) != 2
-        or not all(_positive_number(t) for t in timeout)
-    ):
-        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
-    return (float(timeout[0]), float(timeout[1]))
-
-
-def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
-    if value is None:
-        # A reply that keeps coming, however slowly, never trips the read timeout; the
-        # default allows what a request that uses both its timeouts in full could take.
-        return timeout[0] + timeout[1]
-    if not _positive_number(value):
-        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-# Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
-_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
-
-
-def _checked_user_project(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _PROJECT_RE.match(value):
-        raise ConfigurationError(
-            f"user_project must be a Google Cloud project ID or number (the project billed for requests "
-            f"to a requester-pays bucket), got {value!r}"
-        )
-    return value
-
-
-def _multipart(key: str, data: bytes) -> tuple[bytes, str]:
-    """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
-    metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
-    while True:
-        boundary = f"handofflock-{uuid.uuid4().hex}"
-        if boundary.encode() not in data:
-            break
-    delimiter = b"--" + boundary.encode()
-    body = b"".join(
-        [
-            delimiter, b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n", metadata, b"\r\n",
-            delimiter, b"\r\nContent-Type: application/json\r\n\r\n", data, b"\r\n",
-            delimiter, b"--\r\n",
-        ]
-    )
-    return body, f'multipart/related; boundary="{boundary}"'
-
-
-def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
-    """Read at most ``limit`` bytes of a streamed body; say whether it was read to its end."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_content(chunk_size=64 * 1024):
-        chunks.append(chunk)
-        size += len(chunk)
-        if limit is not None and size >= limit:
-            data = b"".join(chunks)[:limit]
-            # At the limit we cannot know whether more was coming, so we do
-            # not claim completeness; closing the response drops the rest.
-            return data, False
-    return b"".join(chunks), True
-
-
-def _check_length(response: requests.Response, data: bytes, key: str, url: str) -> None:
-    """A body that ended before its Content-Length is a cut reply, not a short object.
-
-    urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which the SDK
-    still allows, hands the short body over as if complete, and the CRC32C
-    check does not cover a ranged read.
-    """
-    declared = response.headers.get("Content-Length")
-    if declared is not None and declared.isdigit() and int(declared) != len(data):
-        raise TransientStorageError(
-            f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
-            url=url, key=key, ambiguous=False,
-        )
-
-
-def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
-    """Check a whole-object read against the server's CRC32C, when it sent one for these bytes.
-
-    Skipped for partial reads (the hash covers the whole object) and for objects
-    stored with a content encoding (the hash covers the stored bytes).
-    """
-    if google_crc32c is None:  # pragma: no cover
-        return
-    if response.headers.get("x-goog-stored-content-encoding", "identity") != "identity":
-        return
-    if response.status_code == 206:
-        total = response.headers.get("Content-Range", "").rpartition("/")[2]
-        if total != str(len(data)):
-            return
-    expected = None
-    for part in response.headers.get("x-goog-hash", "").split(","):
-        name, _, value = part.strip().partition("=")
-        if name == "crc32c":
-            expected = value
-    if not expected:
-        return
-    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
-    if actual != expected:
-        raise TransientStorageError(
-            f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
-            f"({actual} != {expected}); the transfer was corrupted",
-            url=url, key=key, ambiguous=False,
-        )
-
-
-def _json(response: requests.Response) -> dict[str, Any]:
-    try:
-        value = orjson.loads(response.content)
-    except orjson.JSONDecodeError as exc:
-        raise StorageError(f"GCS sent a reply that is not JSON: {response.content[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise StorageError(f"GCS sent an unexpected reply: {response.content[:200]!r}")
-    return value
-
-
-def _parse_generation(value: object, where: str) -> int:
-    try:
-        generation = int(str(value), 10)
-    except ValueError:
-        generation = 0
-    if generation <= 0:
-        raise StorageError(f"GCS sent no valid generation in {where} (got {value!r})")
-    return generation
-
-
-def _error_body(response: requests.Response) -> bytes:
-    """At most the first few KiB of an error reply (it may be a streamed download's)."""
-    try:
-        return next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
-    except Exception:  # a reply cut off while explaining an error still has a status to go by
-        return b""
-
-
-def _error_message(response: requests.Response) -> str:
-    """The server's explanation of an error: the JSON API's message, or the start of the body."""
-    cached = getattr(response, "_handofflock_message", None)
-    if cached is not None:
-        return cached
-    body = _error_body(response)
-    message = ""
-    try:
-        error = orjson.loads(body).get("error", {})
-        message = str(error.get("message") or "")
-    except (orjson.JSONDecodeError, AttributeError):
-        message = body.decode("utf-8", "replace").strip()
-    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
-    response._handofflock_message = message  # type: ignore[attr-defined]
-    return message
-
-
-def _says_bucket_missing(response: requests.Response) -> bool:
-    """Whether a 404 is about the bucket rather than the object.
-
-    GCS says "The specified bucket does not exist." for a missing bucket and
-    "No such object: BUCKET/KEY" for a missing object, with the same status and
-    reason ("notFound"); only the message tells them apart. fake-gcs-server says
-    "Not Found" for both. When unsure this answers False: reading a missing
-    bucket as "no object" is caught by the create that follows, which fails
-    with 404 on the bucket.
-    """
-    return "bucket does not exist" in _error_message(response).lower()
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when is None:
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
-
-
-def _never_connected(exc: requests.exceptions.ConnectionError) -> bool:
-    """Whether a connection error happened before any byte of the request was sent."""
-    reason = exc.args[0] if exc.args else None
-    if isinstance(reason, urllib3.exceptions.MaxRetryError):
-        reason = reason.reason
-    # NewConnectionError (refused, unreachable, DNS failure) is a ConnectTimeoutError.
-    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
-
-
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    """Whether ``kind`` is anywhere in ``exc``'s chain: causes, contexts, wrapped reasons and args."""
-    seen: set[int] = set()
-    todo: list[object] = [exc]
-    while todo:
-        item = todo.pop()
-        if not isinstance(item, BaseException) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, kind):
-            return True
-        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
-    return False
-
-
-def _reason(exc: BaseException) -> str:
-    reason = exc.args[0] if exc.args else exc
-    if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
-        reason = reason.reason
-    return str(reason) or type(reason).__name__
 
 
 def _fresh_connections_after_fork() -> None:

@@ -31,11 +31,14 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import requests.adapters
 import urllib3.poolmanager
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from ..core.threads import quiet
 
 __all__ = ["Deadline", "DeadlineAdapter", "armed", "install"]
 
@@ -137,7 +140,7 @@ class _Watchdog:
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._seq), deadline))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="handofflock-gcs-deadlines", daemon=True)
+                self._thread = threading.Thread(target=quiet(self._run), name="handofflock-gcs-deadlines", daemon=True)
                 self._thread.start()
             elif self._heap[0][2] is deadline:
                 self._cond.notify()

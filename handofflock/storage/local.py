@@ -10,18 +10,24 @@ serialized by ``flock`` on a sidecar lock file (:mod:`.local_lock`), which
 excludes other processes and, since every call opens its own descriptor, other
 threads too. Nothing below the root is ever followed through a symlink.
 See ``docs/local-backend.md``.
+
+Longer than 400 lines on purpose: every operation here walks the same
+descriptor-relative path (no symlinks, ``openat`` all the way down), and the
+walk, the atomic replace and the errno mapping only read right side by side.
+The on-disk format and the sidecar lock are already their own modules.
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import math
 import os
 import stat
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 try:
     import fcntl
@@ -39,8 +45,16 @@ from ..core.errors import (
 )
 from . import local_lock
 from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_max_bytes, validate_prefix
-from .local_format import MAX_GENERATION, MAX_HEADER, RESERVED_PREFIX, Header
-from .local_format import encode_header, foreign_generation, parse_header, sidecar_name
+from .local_format import (
+    MAX_GENERATION,
+    MAX_HEADER,
+    RESERVED_PREFIX,
+    Header,
+    encode_header,
+    foreign_generation,
+    parse_header,
+    sidecar_name,
+)
 
 _FILE_MODE, _DIR_MODE = 0o600, 0o700
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -95,7 +109,11 @@ class LocalStorage:
         text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text or "\x00" in text:
             raise ConfigurationError(f"LocalStorage root must be a non-empty text path without NUL, got {root!r}")
-        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not 0 < lock_timeout < math.inf:
+        if (
+            isinstance(lock_timeout, bool)
+            or not isinstance(lock_timeout, (int, float))
+            or not 0 < lock_timeout < math.inf
+        ):
             raise ConfigurationError(f"lock_timeout must be a finite number > 0, got {lock_timeout!r}")
         # abspath, not resolve(): no I/O here, and symlinks are refused later, not resolved away.
         self.root = os.path.abspath(text)
@@ -180,7 +198,7 @@ class LocalStorage:
                 return found
             pending = [(os.dup(start), f"{dir_part}/" if dir_part else "", name_prefix)]
             # Directories waiting their turn hold descriptors: close them however the walk ends.
-            stack.callback(lambda: [os.close(fd) for fd, _, _ in pending])
+            stack.callback(_close_all, pending)
             while pending:  # depth-first
                 fd, base, must_start = pending.pop()
                 try:
@@ -238,6 +256,7 @@ class LocalStorage:
                 sub = self._open_dir(fd, os.path.basename(path), path, create=True)
             finally:
                 os.close(fd)
+            assert sub is not None  # create=True opens or raises
             fd = sub
         return fd
 
@@ -313,7 +332,14 @@ class LocalStorage:
             self._refuse(dir_fd, name, key)
         return None
 
-    def _list_entry(self, fd: int, entry: os.DirEntry, key: str, found: dict, pending: list) -> None:
+    def _list_entry(
+        self,
+        fd: int,
+        entry: os.DirEntry[str],
+        key: str,
+        found: dict[str, int],
+        pending: builtins.list[tuple[int, str, str]],
+    ) -> None:
         try:
             validate_key(key)
         except InvalidKey:
@@ -356,7 +382,9 @@ class LocalStorage:
             obj = None
         like = obj if obj is not None and stat.S_ISREG(obj.st_mode) else None
         try:
-            fd = local_lock.open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777)
+            fd = local_lock.open_sidecar(
+                dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777
+            )
         except OSError as exc:
             if exc.errno in _REFUSED:
                 self._refuse(dir_fd, lock_name, lock_rel, exc)
@@ -373,7 +401,9 @@ class LocalStorage:
             raise TransientStorageError(
                 f"local store {self.url}: waited {self.lock_timeout:.1f}s for the lock of {key!r}; "
                 "another process holds it (stopped, or stuck on I/O?)",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             ) from None
 
     def _replace(self, dir_fd: int, name: str, key: str, content: bytes) -> None:
@@ -397,7 +427,7 @@ class LocalStorage:
                 _keep_owner(fd, old)
             view = memoryview(content)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             _fsync(fd)  # the data must be on disk before the name points at it
         finally:
             os.close(fd)
@@ -408,7 +438,9 @@ class LocalStorage:
             raise TransientStorageError(
                 f"local store {self.url}: {key!r} was replaced but its directory could not be synced ({exc}); "
                 "the write is visible and may not survive a crash",
-                url=self.url, key=key, ambiguous=True,
+                url=self.url,
+                key=key,
+                ambiguous=True,
             ) from exc
 
     @contextmanager
@@ -430,18 +462,22 @@ class LocalStorage:
                 f"(flock: {exc.strerror or 'No locks available'}), so writes to it cannot be serialized; "
                 "typically NFS without a lock manager (mounted nolock, or rpc.statd/lockd not running). "
                 "Put the lock on a local filesystem, or use gs:// to share it between hosts; nothing was changed",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         if exc.errno in (errno.EACCES, errno.EPERM):
             return StorageError(
                 f"local store {self.url}: permission denied on {where!r}; check that the user running this "
                 f"process (uid {os.geteuid()}) can read, write and search {self.root!r} and the files in it",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         what = f"local store {self.url}: {exc.strerror or exc} on {where!r}"
         if exc.errno in _TRANSIENT:
-            return TransientStorageError(f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False)
-        hint = _HINTS.get(exc.errno, "check the path and the filesystem")
+            return TransientStorageError(
+                f"{what}; nothing was changed, retrying may help", url=self.url, key=key, ambiguous=False
+            )
+        hint = _HINTS.get(exc.errno or 0, "check the path and the filesystem")
         return StorageError(f"{what} ({hint}); nothing was changed", url=self.url, key=key)
 
 
@@ -499,3 +535,8 @@ def _fsync(fd: int) -> None:
         except OSError:
             pass
     os.fsync(fd)
+
+
+def _close_all(pending: list[tuple[int, str, str]]) -> None:
+    for fd, _, _ in pending:
+        os.close(fd)

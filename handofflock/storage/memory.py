@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..core.errors import NotFound, PreconditionFailed, TransientStorageError
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
-_REGISTRY: dict[str, "MemoryStorage"] = {}
+_REGISTRY: dict[str, MemoryStorage] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
@@ -63,7 +63,9 @@ class FaultHooks:
         exc: Callable[[], BaseException] | None = None,
     ) -> None:
         """Make the next ``count`` matching mutations apply, then raise as if the reply was lost."""
-        factory = exc or (lambda: TransientStorageError("injected fault: reply lost after the write applied", ambiguous=True))
+        factory = exc or (
+            lambda: TransientStorageError("injected fault: reply lost after the write applied", ambiguous=True)
+        )
         with self._lock:
             self._faults.append(_Fault(op, "lose_reply", factory, count, key))
 
@@ -99,7 +101,7 @@ class MemoryStorage:
         self._lock = threading.Lock()
 
     @classmethod
-    def named(cls, name: str) -> "MemoryStorage":
+    def named(cls, name: str) -> MemoryStorage:
         """Return the process-wide store called ``name``, creating it on first use."""
         with _REGISTRY_LOCK:
             store = _REGISTRY.get(name)

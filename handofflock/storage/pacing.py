@@ -4,38 +4,27 @@ GCS sustains about one write per second to a single object; faster writes
 earn 429s. Every lock instance in this process that writes the same object
 (on the same clock) shares one :class:`WriteGate`, which keeps writes to one
 per ``min_interval`` on average, lets a release through at once, and widens
-the spacing after a 429 (shrinking it back after successes). Retries use capped exponential backoff with full jitter, bounded
-by the caller's deadline.
+the spacing after a 429 (shrinking it back after successes). How long a retry waits
+is :mod:`handofflock.core.backoff`'s business.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import threading
 import weakref
-from typing import Iterator
 
 # Gates live as long as their store: keyed by the store object itself (weakly),
 # not by id(), which a new store can reuse after the old one is collected and so
 # inherit its spacing and its booked slots.
-_GATES: "weakref.WeakKeyDictionary[object, dict[tuple[str, object], WriteGate]]" = weakref.WeakKeyDictionary()
-_UNWEAKABLE: dict[int, tuple[object, dict[tuple[str, object], "WriteGate"]]] = {}
+_GATES: weakref.WeakKeyDictionary[object, dict[tuple[str, object], WriteGate]] = weakref.WeakKeyDictionary()
+_UNWEAKABLE: dict[int, tuple[object, dict[tuple[str, object], WriteGate]]] = {}
 _GATES_LOCK = threading.Lock()
 
 #: Longest spacing a run of 429s can push writes to one object to.
 MAX_PENALTY_INTERVAL = 8.0
 #: Writes the bucket of a gate holds: an urgent write may follow an ordinary one at once.
 BURST = 2
-
-
-def backoff(base: float = 0.1, cap: float = 4.0, rng: random.Random | None = None) -> Iterator[float]:
-    """Delays for successive retries: full jitter over ``min(cap, base * 2**n)``."""
-    draw = (rng or random).random
-    attempt = 0
-    while True:
-        yield draw() * min(cap, base * (2**attempt))
-        attempt = min(attempt + 1, 30)
 
 
 class WriteGate:

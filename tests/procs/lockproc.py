@@ -29,8 +29,8 @@ def main() -> int:
         asked = threading.Event()
 
         @signals.on_release_requested.connect_via(lock)
-        def noticed(sender, waiter_id, deadline, reason, **kw):
-            emit("noticed", waiter=waiter_id, deadline=deadline, reason=reason)
+        def noticed(sender, request, **kw):
+            emit("noticed", waiter=request.requester, deadline=request.deadline, reason=request.reason.value)
             asked.set()
 
         lock.acquire()

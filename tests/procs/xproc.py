@@ -87,8 +87,8 @@ def main() -> int:
     if not slow:
         receiver_done.set()
 
-    def on_request(sender, waiter_id=None, reason=None, **kw):
-        emit("noticed", waiter=waiter_id, reason=reason, healthy=lock.healthy)
+    def on_request(sender, request, **kw):
+        emit("noticed", waiter=request.requester, reason=request.reason.value, healthy=lock.healthy)
         if slow:
             time.sleep(slow)  # a checkpoint that takes longer than renew_deadline
             emit("receiver_done", healthy=lock.healthy)

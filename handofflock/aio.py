@@ -1,0 +1,489 @@
+"""AsyncHandoffLock: the lock for asyncio and trio programs (built on anyio).
+
+>>> async with AsyncHandoffLock("gs://bucket/locks/gpu-pool.json", ttl=60) as lock:
+...     async for step in lock.steps(range(start, total)):
+...         await train(step)
+...     # leaving the block hands the lock to the waiter, if there is one
+
+It wraps a real :class:`~handofflock.HandoffLock` and never does the lock's
+work on the event loop:
+
+* every call that may touch storage (``acquire``, ``release``, ``status``)
+  runs in a worker thread of its own (``anyio.to_thread``, with a private
+  capacity limiter per call, so a hundred waiters blocked in ``acquire`` never
+  starve a ``release`` of a thread);
+* renewals and waiter checks run where they run for the sync lock, on the
+  process's scheduler thread, so a loop blocked for longer than the renew
+  interval does not cost the lease;
+* what needs the loop comes to it from those threads through the loop's token
+  (``anyio.from_thread`` with the token of the loop the lock was acquired on):
+  waking :meth:`wait_release_requested`, and awaiting ``async def`` receivers
+  of the signals.
+
+A thread cannot be killed, so cancellation goes through the sync lock's own
+exits: a cancelled :meth:`acquire` calls ``HandoffLock.cancel()``, waits
+(shielded) until the worker thread has given the waiter slot back, and then
+re-raises the cancellation. See docs/design.md, *The async lock*.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    TypeVar,
+)
+
+try:
+    import anyio
+    from anyio import from_thread, to_thread
+    from anyio.lowlevel import EventLoopToken, current_token
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
+
+from .core.errors import AcquireCancelled, ConfigurationError
+from .lock import events as signals
+from .lock.handoff import HandoffLock, LockStatus, ReleaseRequest, RequestReason
+
+if TYPE_CHECKING:
+    from .core.timing import Timing
+
+_log = logging.getLogger("handofflock.aio")
+
+T = TypeVar("T")
+
+#: The signals an AsyncHandoffLock sends again with itself as the sender.
+_SIGNALS = (
+    signals.on_release_requested,
+    signals.on_renewal_error,
+    signals.waiting,
+    signals.acquired,
+    signals.released,
+    signals.lost,
+)
+#: A sender nobody connects to: ``receivers_for(_NOBODY)`` yields the receivers connected for any sender.
+_NOBODY = object()
+#: How often a :meth:`AsyncHandoffLock.wait_release_requested` looks again without being woken (seconds),
+#: at most: a belt to the wake-ups' braces (a loop that was not reachable when the signal came).
+_RECHECK = 1.0
+#: Cleanup after a cancellation polls for the worker thread's end this often (seconds).
+_POLL = 0.005
+
+
+class _Loop:
+    """The event loop a lock was acquired on, reachable from other threads."""
+
+    __slots__ = ("__weakref__", "thread", "token")
+
+    def __init__(self) -> None:
+        self.token: EventLoopToken | None = None
+        self.thread: int | None = None
+
+    def bind(self) -> None:
+        """Called on the loop: later calls from threads come back to this loop."""
+        self.token = current_token()
+        self.thread = threading.get_ident()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop and wait for it; from any thread but the loop's own."""
+        token = self.token
+        if token is None:
+            return
+        if threading.get_ident() == self.thread:
+            fn(*args)  # already on the loop (nothing here sends signals from it, but never deadlock)
+            return
+        try:
+            from_thread.run_sync(fn, *args, token=token)
+        except RuntimeError as exc:  # the loop has finished (trio's RunFinishedError is one too)
+            _log.debug("event loop gone; %r not run: %s", fn, exc)
+
+    def await_receiver(self, receiver: Callable[..., Any], sender: Any, kwargs: dict[str, Any]) -> None:
+        """Await ``receiver(sender, **kwargs)`` on the loop, from a thread; return when it is done."""
+        token = self.token
+        if token is None or threading.get_ident() == self.thread:
+            _log.warning("async receiver %r not awaited: no event loop to await it on", receiver)
+            return
+        try:
+            from_thread.run(functools.partial(receiver, sender, **kwargs), token=token)
+        except RuntimeError as exc:
+            # asyncio: "Event loop is closed"; trio: RunFinishedError. A receiver's own error goes on.
+            if type(exc).__name__ == "RunFinishedError" or "closed" in str(exc).lower():
+                _log.debug("event loop gone; async receiver %r not awaited: %s", receiver, exc)
+                return
+            raise
+
+
+class _Forward:
+    """Sends one signal of the wrapped sync lock again with the AsyncHandoffLock as sender.
+
+    Connected (weakly) to the sync lock; it reaches receivers connected to the
+    async lock itself. Receivers connected for any sender already heard the
+    sync lock's own send (their sender is ``lock.sync``) and are not called twice.
+    """
+
+    def __init__(self, owner: AsyncHandoffLock, signal: Any) -> None:
+        self.owner = weakref.ref(owner)
+        self.signal = signal
+
+    def __call__(self, sender: Any, **kwargs: Any) -> None:
+        owner = self.owner()
+        if owner is None:
+            return
+        owner._wake_waiters()
+        signal = self.signal
+        anyone = list(signal.receivers_for(_NOBODY))
+        for receiver in list(signal.receivers_for(owner)):
+            if receiver in anyone or isinstance(receiver, _Forward):
+                continue
+            try:
+                if inspect.iscoroutinefunction(receiver):
+                    owner._loop.await_receiver(receiver, owner, kwargs)
+                else:
+                    receiver(owner, **kwargs)
+            except Exception:
+                _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
+
+
+class _Call(Generic[T]):
+    """One blocking call of the sync lock, in a worker thread of its own, awaited from the loop."""
+
+    __slots__ = ("_claim", "_dropped", "_started", "done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self._claim = threading.Lock()
+        self._started = self._dropped = False
+
+    def _main(self) -> None:
+        with self._claim:  # a call the task has given up before it started never starts
+            if self._dropped:
+                return
+            self._started = True
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # handed to the awaiting task
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _drop_unless_started(self) -> bool:
+        """After a cancellation: True if the call never started (and now never will)."""
+        with self._claim:
+            if not self._started:
+                self._dropped = True
+                self.done.set()
+            return self._dropped
+
+    async def run(self, on_cancel: Callable[[], None] | None = None) -> T:
+        """Run the call; if the awaiting task is cancelled, ``on_cancel()`` then wait for the thread, then re-raise.
+
+        The thread is given up by anyio at once (``abandon_on_cancel``) so
+        that the cancellation is seen while it still runs, and ``on_cancel``
+        can ask it to stop; the task then waits for it, shielded, so nothing
+        the call does outlives the task that made it.
+        """
+        try:
+            await to_thread.run_sync(self._main, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+        except BaseException:  # a cancellation (or KeyboardInterrupt): the thread may still run
+            # anyio may give the job up before a worker thread took it (cancelled while waiting for
+            # the limiter or the worker): then it never runs, and there is nothing to wait for.
+            if not self._drop_unless_started():
+                if on_cancel is not None and not self.done.is_set():
+                    on_cancel()
+                await self.finish()
+            raise
+        return self.outcome()
+
+    async def finish(self) -> None:
+        """Wait until the thread has ended, whatever cancellation arrives meanwhile."""
+        with anyio.CancelScope(shield=True):
+            while not self.done.is_set():
+                try:
+                    await anyio.sleep(_POLL)
+                except anyio.get_cancelled_exc_class():
+                    # asyncio's task.cancel() (asyncio.timeout(), say) reaches into a shielded scope;
+                    # the cancellation being handled is already on its way out: keep waiting.
+                    continue
+
+    def outcome(self) -> T:
+        if self.error is not None:
+            error, self.error = self.error, None  # no reference cycle through the traceback
+            raise error
+        return self.result  # type: ignore[return-value]
+
+
+class AsyncHandoffLock:
+    """The async twin of :class:`~handofflock.HandoffLock`: same protocol, storage and errors.
+
+    >>> async with AsyncHandoffLock("gs://bucket/locks/train.json", ttl=60) as lock:
+    ...     while not lock.release_requested:
+    ...         await work_a_little()
+    ...     await save_checkpoint(fence=lock.token)
+
+    The keyword arguments are those of :class:`HandoffLock`, and are checked
+    the same way in the constructor (no I/O there): a bad URL, a negative ttl
+    or an impossible timing raise the same typed errors. Or wrap a lock you
+    made: ``AsyncHandoffLock(lock=HandoffLock(...))``.
+
+    Works under asyncio and trio. Storage is only ever touched from worker
+    threads and the library's scheduler thread, never on the event loop;
+    renewals go on while the loop is blocked. Cancellation is an exit like any
+    other: a cancelled :meth:`acquire` gives the waiter slot back, and a
+    cancelled ``async with`` body still releases (or hands off).
+
+    Signals (:mod:`handofflock.signals`) connected with ``sender=`` this lock
+    receive it as sender; ``async def`` receivers are awaited on the event loop
+    the lock was acquired on, others called in the thread that sends, as for the
+    sync lock. Receivers connected for any sender receive :attr:`sync` as sender.
+    """
+
+    def __init__(self, url: Any = None, *, lock: HandoffLock | None = None, **options: Any) -> None:
+        if lock is not None:
+            if url is not None or options:
+                raise ConfigurationError("pass either lock= or a URL and options, not both")
+            if not isinstance(lock, HandoffLock):
+                raise ConfigurationError(f"lock= must be a HandoffLock, got {type(lock).__name__}")
+            self._sync = lock
+        else:
+            if url is None and "storage" not in options:
+                raise ConfigurationError("AsyncHandoffLock needs a lock URL (or storage= and key=)")
+            self._sync = HandoffLock(url, **options)
+        self._loop = _Loop()
+        self._waiters: set[anyio.Event] = set()
+        self._forwarders = [_Forward(self, signal) for signal in _SIGNALS]
+        for forward, signal in zip(self._forwarders, _SIGNALS, strict=True):
+            signal.connect(forward, sender=self._sync, weak=True)
+        signals.async_runners[self._sync] = self._loop.await_receiver
+
+    # ------------------------------------------------------------------ state (no I/O, no await)
+
+    @property
+    def sync(self) -> HandoffLock:
+        """The :class:`HandoffLock` this lock drives (for its other attributes, and sync-only helpers)."""
+        return self._sync
+
+    @property
+    def url(self) -> str:
+        return self._sync.url
+
+    @property
+    def owner_id(self) -> str:
+        return self._sync.owner_id
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current hold (None when not held)."""
+        return self._sync.token
+
+    @property
+    def timing(self) -> Timing:
+        return self._sync.timing
+
+    @property
+    def ttl(self) -> float:
+        return self._sync.ttl
+
+    @property
+    def renew_interval(self) -> float:
+        return self._sync.renew_interval
+
+    @property
+    def is_held(self) -> bool:
+        return self._sync.is_held
+
+    @property
+    def healthy(self) -> bool:
+        """True while held and renewed recently enough (see :attr:`HandoffLock.healthy`)."""
+        return self._sync.healthy
+
+    @property
+    def release_requested(self) -> bool:
+        """True once a waiter, a signal or a preemption notice asked for the lock. No I/O (~20 ns)."""
+        return self._sync.release_requested
+
+    @property
+    def release_request(self) -> ReleaseRequest | None:
+        return self._sync.release_request
+
+    def request_release(
+        self,
+        reason: RequestReason | str = RequestReason.OPERATOR,
+        *,
+        requester: str | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Ask the holder to release, as a waiter would (see :meth:`HandoffLock.request_release`)."""
+        self._sync.request_release(reason, requester=requester, deadline=deadline)
+
+    # ------------------------------------------------------------------ acquire / release
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the lock, as :meth:`HandoffLock.acquire` does, without blocking the loop.
+
+        Cancelling the awaiting task (a cancel scope, ``asyncio.timeout()``,
+        ``anyio.fail_after()``, ``task.cancel()``) gives the waiter slot back
+        before the cancellation goes on: the worker thread's acquire is
+        cancelled through :meth:`HandoffLock.cancel` and awaited, shielded. If
+        the lock was handed to us at that very moment, it is released (handed
+        on) instead of being kept by a task that will never know it has it.
+        """
+        self._loop.bind()
+        sync = self._sync
+        call: _Call[bool] = _Call(functools.partial(sync.acquire, blocking, timeout))
+        asked = False
+
+        def stop() -> None:
+            nonlocal asked
+            asked = True
+            sync.cancel()
+
+        try:
+            return await call.run(on_cancel=stop)
+        except BaseException:
+            if call.done.is_set() and call.error is None and call.result:
+                await self._release_after_cancel()
+            if asked and not isinstance(call.error, AcquireCancelled):
+                # The acquire ended before it saw our cancel(), which then stays set and would cancel the
+                # next acquire ("a cancel that comes while no acquire runs cancels the next one").
+                sync._cancel.clear()
+            call.error = None
+            raise
+
+    async def _release_after_cancel(self) -> None:
+        """The acquire got the lock as its task was cancelled: hand it on, shielded."""
+        release: _Call[str | None] = _Call(self._sync.release)
+        with anyio.CancelScope(shield=True):
+            try:
+                await release.run()
+            except Exception as exc:
+                _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
+
+    async def release(self) -> str | None:
+        """Hand the lock to a live waiter, or mark it free (see :meth:`HandoffLock.release`).
+
+        Once started, a release runs to its end even if the task is cancelled
+        meanwhile; the cancellation is raised after it.
+        """
+        return await _Call(self._sync.release).run()
+
+    async def status(self) -> LockStatus:
+        """Read the lock object now (one read, in a worker thread).
+
+        A read changes nothing, so a cancelled ``status()`` returns at once and
+        leaves the read to end in its thread.
+        """
+        return await to_thread.run_sync(self._sync.status, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+
+    async def check(self) -> None:
+        """Raise :class:`~handofflock.LockLost` unless the lock is held and healthy. No I/O."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._sync.check()
+
+    async def wait_release_requested(self) -> ReleaseRequest:
+        """Wait until someone asks for the lock; return the :class:`ReleaseRequest`.
+
+        Raises :class:`~handofflock.LockLost` if the lock is lost (or released)
+        meanwhile. Woken from the lock's notifier thread through the loop's
+        token; the loop is never polled for it.
+        """
+        while True:
+            request = self._sync.release_request
+            if self._sync.release_requested and request is not None:
+                return request
+            self._sync.check()
+            event = anyio.Event()
+            self._waiters.add(event)
+            try:
+                with anyio.move_on_after(min(_RECHECK, self._sync.renew_interval)):
+                    await event.wait()
+            finally:
+                self._waiters.discard(event)
+
+    def _wake_waiters(self) -> None:
+        """From any thread: have every :meth:`wait_release_requested` look again."""
+        if self._waiters:
+            self._loop.call(self._set_waiters)
+
+    def _set_waiters(self) -> None:
+        for event in list(self._waiters):
+            event.set()
+
+    def steps(self, iterable: Iterable[T] | AsyncIterable[T]) -> AsyncSteps[T]:
+        """``async for step in lock.steps(items)``: iterate until a release is requested.
+
+        Mirrors :meth:`HandoffLock.steps`; ``items`` may be an iterable or an
+        async iterable. No I/O per step.
+        """
+        return AsyncSteps(self, iterable)
+
+    async def __aenter__(self) -> AsyncHandoffLock:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Release (or hand off) however the block ends, a cancellation included: shielded."""
+        with anyio.CancelScope(shield=True):
+            await _Call(functools.partial(self._sync.__exit__, exc_type, exc, tb)).run()
+
+    def __repr__(self) -> str:
+        return f"<AsyncHandoffLock {self._sync!r}>"
+
+
+class AsyncSteps(Generic[T]):
+    """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: ``async for`` over ``lock.steps()``.
+
+    Before each item it calls ``check()`` (raises :class:`~handofflock.LockLost`
+    when the lock is no longer safely held) and stops, without taking the item,
+    once a release is requested. ``last``, ``count``, ``stopped`` and
+    ``request`` mean what they mean on :class:`~handofflock.Steps`.
+    """
+
+    __slots__ = ("_async", "_items", "count", "last", "lock", "request", "stopped")
+
+    def __init__(self, lock: AsyncHandoffLock, iterable: Iterable[T] | AsyncIterable[T]) -> None:
+        self.lock = lock
+        self.last: T | None = None
+        self.count = 0
+        self.stopped = False
+        self.request: ReleaseRequest | None = None
+        self._async = hasattr(iterable, "__aiter__")
+        self._items: Iterator[T] | AsyncIterator[T] = (
+            iterable.__aiter__() if self._async else iter(iterable)  # type: ignore[union-attr,arg-type]
+        )
+
+    def __aiter__(self) -> AsyncSteps[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        sync = self.lock.sync
+        sync.check()  # raises LockLost: never start a step without the lock
+        if sync.release_requested:
+            self.stopped = True
+            self.request = sync.release_request
+            raise StopAsyncIteration
+        if self._async:
+            item = await self._items.__anext__()  # type: ignore[union-attr]
+        else:
+            try:
+                item = next(self._items)  # type: ignore[arg-type]
+            except StopIteration:
+                raise StopAsyncIteration from None
+        self.last = item
+        self.count += 1
+        return item
+
+    def __repr__(self) -> str:
+        return f"<AsyncSteps last={self.last!r} count={self.count} stopped={self.stopped}>"
+
+
+__all__ = ["AsyncHandoffLock", "AsyncSteps"]

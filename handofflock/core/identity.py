@@ -1,0 +1,79 @@
+"""Who this process is, for people: the default label a holder or waiter writes beside its id.
+
+``status`` shows ``owner vm:13179:30e5021e`` otherwise, which says nothing about
+which job, pod or Slurm job holds the GPU. :func:`detect_label` reads what the
+environment tells (nothing is fetched over the network):
+
+========================  =====================================================
+``host=``                 ``socket.gethostname()`` (left out when it is the pod's name)
+``pid=``                  this process
+``pod=NAMESPACE/NAME``    ``POD_NAME`` and ``POD_NAMESPACE`` (the usual names for
+                          the downward API's ``metadata.name`` and
+                          ``metadata.namespace``); without ``POD_NAME``, inside
+                          Kubernetes (``KUBERNETES_SERVICE_HOST`` set), ``HOSTNAME``,
+                          which is the pod's name unless the spec sets
+                          ``hostname``; without ``POD_NAMESPACE``, the service
+                          account's namespace file where it is mounted
+``slurm=JOB[_TASK]``      ``SLURM_JOB_ID`` (``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID``
+                          for an array task)
+``rank=R``                torchrun's ``RANK`` (when ``LOCAL_RANK`` or
+                          ``TORCHELASTIC_RUN_ID`` says torchrun set it)
+========================  =====================================================
+
+For example ``pod=ml/train-0 pid=1 rank=0`` or ``host=gpu-3 pid=4242 slurm=812345``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from .record import MAX_LABEL_LENGTH
+
+#: Where Kubernetes mounts the pod's service account, including its namespace.
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def detect_label(
+    environ: Mapping[str, str] | None = None,
+    *,
+    pid: int | None = None,
+    host: str | None = None,
+    namespace_file: str = SERVICE_ACCOUNT_NAMESPACE,
+) -> str:
+    """The label this process would write: ``key=value`` words from the environment (see the module docstring)."""
+    env = os.environ if environ is None else environ
+    host = socket.gethostname() if host is None else host
+    words: list[str] = []
+
+    pod = env.get("POD_NAME") or (env.get("HOSTNAME") if env.get("KUBERNETES_SERVICE_HOST") else None)
+    if pod:
+        namespace = env.get("POD_NAMESPACE") or _read_first_line(namespace_file)
+        words.append(f"pod={namespace}/{pod}" if namespace else f"pod={pod}")
+    if host and host != pod:
+        words.insert(0, f"host={host}")
+    words.append(f"pid={os.getpid() if pid is None else pid}")
+
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if job:
+        words.append(f"slurm={job}")
+    if env.get("RANK") and (env.get("LOCAL_RANK") is not None or env.get("TORCHELASTIC_RUN_ID")):
+        words.append(f"rank={env['RANK']}")
+    return clean_label(" ".join(words))
+
+
+def clean_label(text: str) -> str:
+    """``text`` made fit for a record: control characters become spaces, cut to the longest label."""
+    text = "".join(" " if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 else ch for ch in text).strip()
+    return text[:MAX_LABEL_LENGTH] or "unknown"
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None

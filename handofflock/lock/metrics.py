@@ -1,0 +1,209 @@
+"""Metrics through the OpenTelemetry API: the optional extra ``handofflock[otel]``.
+
+Without ``opentelemetry-api`` installed every hook here is one global read
+and a return. With it installed, the instruments come from the global meter
+provider: a no-op until the application configures one
+(``opentelemetry.metrics.set_meter_provider``), which is the OpenTelemetry
+convention for libraries. :func:`use_meter_provider` binds them to a given
+provider instead (tests, or an application that keeps its provider local).
+
+| instrument | kind | unit | what |
+|---|---|---|---|
+| ``handofflock.locks.held`` | gauge | 1 | locks this process holds now, per lock |
+| ``handofflock.acquire.duration`` | histogram | s | how long ``acquire()`` took, by ``outcome`` |
+| ``handofflock.acquisitions`` | counter | 1 | locks taken, ``handoff`` True when handed over |
+| ``handofflock.renewals`` | counter | 1 | successful renewals |
+| ``handofflock.renewal.duration`` | histogram | s | a successful renewal's write, send to reply |
+| ``handofflock.renewal.errors`` | counter | 1 | failed renewal attempts, by ``error.type`` |
+| ``handofflock.handoffs`` | counter | 1 | locks handed to a waiter by their release |
+| ``handofflock.notice.latency`` | histogram | s | waiter's registration to the owner seeing it |
+| ``handofflock.losses`` | counter | 1 | locks lost while held |
+
+Every point carries ``lock.url``. ``outcome`` is ``acquired``, ``not_acquired``
+(a non-blocking try), ``timeout``, ``contended``, ``cancelled`` or ``error``.
+
+The notice latency is measured on the owner's clock, from the start of the
+waiter's slot (its ``waiterExpiresAt`` minus its ``waiterTtl``) to the check
+that saw it: the waiter's registration, or its latest refresh if the owner
+first saw the slot after a refresh. Clock skew between the two hosts is in it;
+a negative value (the waiter's clock ahead) counts as 0.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._version import __version__
+from ..core.errors import AcquireCancelled, LockContended, LockTimeout
+from . import events
+
+if TYPE_CHECKING:
+    from ..core.clock import Clock
+    from ..core.record import LockRecord
+    from .handoff import HandoffLock
+
+T = TypeVar("T")
+
+try:
+    from opentelemetry import metrics as _otel
+except ImportError:  # the extra is not installed: every hook is a no-op
+    _otel = None  # type: ignore[assignment]
+
+#: The instrumentation scope's name, as a meter provider's views and exporters see it.
+METER_NAME = "handofflock"
+
+# Durations are seconds; the default buckets (0..10000) suit none of these.
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+class _Instruments:
+    """The instruments, made from one meter."""
+
+    def __init__(self, meter: Any) -> None:
+        def histogram(name: str, description: str) -> Any:
+            try:
+                return meter.create_histogram(
+                    name, unit="s", description=description, explicit_bucket_boundaries_advisory=_SECONDS
+                )
+            except TypeError:  # opentelemetry-api before 1.23 has no advisory buckets
+                return meter.create_histogram(name, unit="s", description=description)
+
+        self.acquire_duration = histogram("handofflock.acquire.duration", "How long acquire() took, by outcome")
+        self.acquisitions = meter.create_counter("handofflock.acquisitions", unit="1", description="Locks taken")
+        self.renewals = meter.create_counter("handofflock.renewals", unit="1", description="Successful renewals")
+        self.renewal_duration = histogram("handofflock.renewal.duration", "A successful renewal's write")
+        self.renewal_errors = meter.create_counter(
+            "handofflock.renewal.errors", unit="1", description="Failed renewal attempts"
+        )
+        self.handoffs = meter.create_counter("handofflock.handoffs", unit="1", description="Locks handed to a waiter")
+        self.notice_latency = histogram(
+            "handofflock.notice.latency", "From a waiter's registration to the owner seeing it"
+        )
+        self.losses = meter.create_counter("handofflock.losses", unit="1", description="Locks lost while held")
+        self.held = meter.create_observable_gauge(
+            "handofflock.locks.held", callbacks=[_observe_held], unit="1", description="Locks this process holds"
+        )
+
+
+_instruments: _Instruments | None = None
+#: Locks that were held at some point, for the ``locks.held`` gauge (weak: a dropped lock is no series).
+_locks: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+
+
+def enabled() -> bool:
+    """Whether the OpenTelemetry API is installed (metrics may flow once a provider is configured)."""
+    return _instruments is not None
+
+
+def use_meter_provider(provider: Any = None) -> None:
+    """Make the instruments from ``provider``; ``None`` goes back to the global meter provider.
+
+    Needs the ``otel`` extra. Locks already created report to the new instruments too.
+    """
+    global _instruments
+    if _otel is None:
+        from ..core.errors import ConfigurationError
+
+        raise ConfigurationError("metrics need the OpenTelemetry API: pip install 'handofflock[otel]'")
+    meter = (_otel.get_meter if provider is None else provider.get_meter)(METER_NAME, __version__)
+    _instruments = _Instruments(meter)
+
+
+def _attrs(lock: HandoffLock) -> dict[str, Any]:
+    return {"lock.url": lock.url}
+
+
+def _observe_held(options: Any) -> Iterable[Any]:
+    held: dict[str, int] = {}
+    for lock in list(_locks):
+        held[lock.url] = held.get(lock.url, 0) + (1 if lock.is_held else 0)
+    return [_otel.Observation(count, {"lock.url": url}) for url, count in held.items()]
+
+
+# ---------------------------------------------------------------------- hooks (handoff.py calls these)
+
+
+def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) -> bool:
+    """Run ``acquire`` and record how long it took (on ``clock``) and how it ended."""
+    if _instruments is None:
+        return acquire()
+    started = clock.monotonic()
+    outcome = "error"
+    try:
+        got = acquire()
+        outcome = "acquired" if got else "not_acquired"
+        return got
+    except LockTimeout:
+        outcome = "timeout"
+        raise
+    except LockContended:
+        outcome = "contended"
+        raise
+    except (AcquireCancelled, KeyboardInterrupt):
+        outcome = "cancelled"
+        raise
+    finally:
+        instruments = _instruments
+        if instruments is not None:
+            instruments.acquire_duration.record(
+                max(0.0, clock.monotonic() - started), {**_attrs(lock), "outcome": outcome}
+            )
+
+
+def renewed(lock: HandoffLock, latency: float) -> None:
+    """A renewal landed, ``latency`` seconds after its write was sent."""
+    instruments = _instruments
+    if instruments is None:
+        return
+    attrs = _attrs(lock)
+    instruments.renewals.add(1, attrs)
+    instruments.renewal_duration.record(max(0.0, latency), attrs)
+
+
+def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
+    """A renewal attempt failed (transient: retried; otherwise the lock is lost)."""
+    instruments = _instruments
+    if instruments is None:
+        return
+    instruments.renewal_errors.add(1, {**_attrs(lock), "error.type": type(error).__name__})
+
+
+def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
+    """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began."""
+    instruments = _instruments
+    if instruments is None or record.waiter_expires_at is None:
+        return
+    slot = record.waiter_ttl or lock.waiter_ttl
+    registered = record.waiter_expires_at - slot
+    instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
+
+
+# ---------------------------------------------------------------------- from the lock's signals
+
+
+def _on_acquired(sender: Any, *, handoff: bool = False, **_: Any) -> None:
+    _locks.add(sender)
+    instruments = _instruments
+    if instruments is not None:
+        instruments.acquisitions.add(1, {**_attrs(sender), "handoff": bool(handoff)})
+
+
+def _on_released(sender: Any, *, handed_off_to: str | None = None, **_: Any) -> None:
+    instruments = _instruments
+    if instruments is not None and handed_off_to is not None:
+        instruments.handoffs.add(1, _attrs(sender))
+
+
+def _on_lost(sender: Any, **_: Any) -> None:
+    instruments = _instruments
+    if instruments is not None:
+        instruments.losses.add(1, _attrs(sender))
+
+
+if _otel is not None:
+    use_meter_provider(None)
+    events.acquired.connect(_on_acquired, weak=False)
+    events.released.connect(_on_released, weak=False)
+    events.lost.connect(_on_lost, weak=False)

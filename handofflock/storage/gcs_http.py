@@ -1,0 +1,263 @@
+"""The GCS JSON API on the wire: checked options, upload bodies, replies, errors.
+
+Pure functions over ``requests`` replies, apart from :class:`~handofflock.storage.gcs.GCSStorage`
+so that the store reads as its operations. Nothing here keeps state.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import math
+import re
+import time
+import uuid
+from typing import Any
+
+import orjson
+import requests
+import urllib3.exceptions
+
+from ..core.errors import ConfigurationError, StorageError, TransientStorageError
+
+try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
+    import google_crc32c
+except ImportError:  # pragma: no cover
+    google_crc32c = None  # type: ignore[assignment]
+
+#: At most this much of an error reply is read to explain it.
+ERROR_BODY_BYTES = 4096
+
+
+def positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
+def checked_timeout(timeout: object) -> tuple[float, float]:
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = (timeout, timeout)
+    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(positive_number(t) for t in timeout):
+        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
+    return (float(timeout[0]), float(timeout[1]))
+
+
+def checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    if value is None:
+        # A reply that keeps coming, however slowly, never trips the read timeout; the
+        # default allows what a request that uses both its timeouts in full could take.
+        return timeout[0] + timeout[1]
+    if not positive_number(value):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+# Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
+_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
+
+
+def checked_user_project(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PROJECT_RE.match(value):
+        raise ConfigurationError(
+            f"user_project must be a Google Cloud project ID or number (the project billed for requests "
+            f"to a requester-pays bucket), got {value!r}"
+        )
+    return value
+
+
+def multipart_upload(key: str, data: bytes) -> tuple[bytes, str]:
+    """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
+    metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
+    while True:
+        boundary = f"handofflock-{uuid.uuid4().hex}"
+        if boundary.encode() not in data:
+            break
+    delimiter = b"--" + boundary.encode()
+    body = b"".join(
+        [
+            delimiter,
+            b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n",
+            metadata,
+            b"\r\n",
+            delimiter,
+            b"\r\nContent-Type: application/json\r\n\r\n",
+            data,
+            b"\r\n",
+            delimiter,
+            b"--\r\n",
+        ]
+    )
+    return body, f'multipart/related; boundary="{boundary}"'
+
+
+def read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes of a streamed body; say whether it was read to its end."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_content(chunk_size=64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if limit is not None and size >= limit:
+            data = b"".join(chunks)[:limit]
+            # At the limit we cannot know whether more was coming, so we do
+            # not claim completeness; closing the response drops the rest.
+            return data, False
+    return b"".join(chunks), True
+
+
+def check_length(response: requests.Response, data: bytes, key: str, url: str) -> None:
+    """A body that ended before its Content-Length is a cut reply, not a short object.
+
+    urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which the SDK
+    still allows, hands the short body over as if complete, and the CRC32C
+    check does not cover a ranged read.
+    """
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) != len(data):
+        raise TransientStorageError(
+            f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
+            url=url,
+            key=key,
+            ambiguous=False,
+        )
+
+
+def verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
+    """Check a whole-object read against the server's CRC32C, when it sent one for these bytes.
+
+    Skipped for partial reads (the hash covers the whole object) and for objects
+    stored with a content encoding (the hash covers the stored bytes).
+    """
+    if google_crc32c is None:  # pragma: no cover
+        return
+    if response.headers.get("x-goog-stored-content-encoding", "identity") != "identity":
+        return
+    if response.status_code == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        if total != str(len(data)):
+            return
+    expected = None
+    for part in response.headers.get("x-goog-hash", "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "crc32c":
+            expected = value
+    if not expected:
+        return
+    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()  # type: ignore[no-untyped-call]
+    if actual != expected:
+        raise TransientStorageError(
+            f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
+            f"({actual} != {expected}); the transfer was corrupted",
+            url=url,
+            key=key,
+            ambiguous=False,
+        )
+
+
+def reply_json(response: requests.Response) -> dict[str, Any]:
+    try:
+        value = orjson.loads(response.content)
+    except orjson.JSONDecodeError as exc:
+        raise StorageError(f"GCS sent a reply that is not JSON: {response.content[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise StorageError(f"GCS sent an unexpected reply: {response.content[:200]!r}")
+    return value
+
+
+def parse_generation(value: object, where: str) -> int:
+    try:
+        generation = int(str(value), 10)
+    except ValueError:
+        generation = 0
+    if generation <= 0:
+        raise StorageError(f"GCS sent no valid generation in {where} (got {value!r})")
+    return generation
+
+
+def error_body(response: requests.Response) -> bytes:
+    """At most the first few KiB of an error reply (it may be a streamed download's)."""
+    try:
+        return next(response.iter_content(ERROR_BODY_BYTES), b"")[:ERROR_BODY_BYTES]
+    except Exception:  # a reply cut off while explaining an error still has a status to go by
+        return b""
+
+
+def error_message(response: requests.Response) -> str:
+    """The server's explanation of an error: the JSON API's message, or the start of the body."""
+    cached = getattr(response, "_handofflock_message", None)
+    if cached is not None:
+        return str(cached)
+    body = error_body(response)
+    message = ""
+    try:
+        error = orjson.loads(body).get("error", {})
+        message = str(error.get("message") or "")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = body.decode("utf-8", "replace").strip()
+    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
+    response._handofflock_message = message  # type: ignore[attr-defined]
+    return message
+
+
+def says_bucket_missing(response: requests.Response) -> bool:
+    """Whether a 404 is about the bucket rather than the object.
+
+    GCS says "The specified bucket does not exist." for a missing bucket and
+    "No such object: BUCKET/KEY" for a missing object, with the same status and
+    reason ("notFound"); only the message tells them apart. fake-gcs-server says
+    "Not Found" for both. When unsure this answers False: reading a missing
+    bucket as "no object" is caught by the create that follows, which fails
+    with 404 on the bucket.
+    """
+    return "bucket does not exist" in error_message(response).lower()
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def never_connected(exc: requests.exceptions.ConnectionError) -> bool:
+    """Whether a connection error happened before any byte of the request was sent."""
+    reason = exc.args[0] if exc.args else None
+    if isinstance(reason, urllib3.exceptions.MaxRetryError):
+        reason = reason.reason
+    # NewConnectionError (refused, unreachable, DNS failure) is a ConnectTimeoutError.
+    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
+
+
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is anywhere in ``exc``'s chain: causes, contexts, wrapped reasons and args."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, kind):
+            return True
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
+    return False
+
+
+def exc_reason(exc: BaseException) -> str:
+    reason = exc.args[0] if exc.args else exc
+    if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
+        reason = reason.reason
+    return str(reason) or type(reason).__name__

@@ -1,0 +1,235 @@
+"""OpenTelemetry metrics, read back with the SDK's in-memory reader after real lock sequences."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from handofflock import FakeClock, HandoffLock, Scheduler
+from handofflock.lock import metrics
+from handofflock.storage.memory import MemoryStorage
+
+from lockutil import eventually, make_lock, raw_read, raw_write
+
+
+@pytest.fixture
+def reader():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    metrics.use_meter_provider(provider)
+    yield reader
+    metrics.use_meter_provider(None)
+    provider.shutdown()
+
+
+def read(reader) -> dict[str, list]:
+    """Metric name -> its data points, as of now."""
+    found: dict[str, list] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def total(points, **attrs) -> float:
+    """Sum of counter values (or histogram counts) over the points whose attributes include ``attrs``."""
+    value = 0.0
+    for p in points:
+        if all(p.attributes.get(k) == v for k, v in attrs.items()):
+            value += p.count if hasattr(p, "bucket_counts") else p.value
+    return value
+
+
+def test_a_handoff_between_two_locks_is_counted_timed_and_noticed(reader):
+    url = f"memory://metrics-{uuid.uuid4().hex[:8]}/locks/train.json"
+    owner, waiter = make_lock(url), make_lock(url)
+    assert owner.acquire()
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=30)))
+    thread.start()
+    eventually(lambda: owner.release_requested, what="the owner noticing the waiter")
+    eventually(lambda: total(read(reader).get("handofflock.renewals", []), **{"lock.url": url}) >= 2,
+               what="two renewals counted")
+    held = read(reader)["handofflock.locks.held"]
+    assert total(held, **{"lock.url": url}) == 1
+    assert owner.release() == waiter.owner_id
+    thread.join(30)
+    assert got == [True]
+
+    seen = read(reader)
+    assert total(seen["handofflock.handoffs"], **{"lock.url": url}) == 1
+    assert total(seen["handofflock.acquisitions"], handoff=False) == 1
+    assert total(seen["handofflock.acquisitions"], handoff=True) == 1
+    waits = [p for p in seen["handofflock.acquire.duration"] if p.attributes["outcome"] == "acquired"]
+    assert sum(p.count for p in waits) == 2
+    # The waiter waited at least until the owner had renewed twice (0.2 s apart).
+    assert max(p.max for p in waits) >= 0.2
+    (notice,) = seen["handofflock.notice.latency"]
+    assert notice.count == 1 and 0.0 <= notice.max < 10.0
+    (renew,) = seen["handofflock.renewal.duration"]
+    assert renew.count >= 2 and 0.0 <= renew.min <= renew.max < 5.0
+    assert total(seen["handofflock.locks.held"], **{"lock.url": url}) == 1, "the waiter holds it now"
+    assert "handofflock.losses" not in seen
+    waiter.release()
+    assert total(read(reader)["handofflock.locks.held"], **{"lock.url": url}) == 0
+
+
+@pytest.fixture
+def fake():
+    name = f"metrics-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock()
+    sched = Scheduler(clock, autostart=False)
+    yield f"memory://{name}/train.json", clock, sched, MemoryStorage.named(name)
+    MemoryStorage.forget(name)
+
+
+def test_notice_latency_renewal_errors_and_a_loss_on_a_fake_clock(reader, fake):
+    url, clock, sched, store = fake
+    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=2.0, clock=clock, scheduler=sched)
+    assert lock.acquire()
+    # A waiter registers (its slot: 30 s from now); the owner's check runs 2 s later.
+    record, gen = raw_read(url)
+    raw_write(url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 30.0, waiter_ttl=30.0, nonce="w1"), gen)
+    clock.advance(2.0)
+    sched.run_pending()
+    assert lock.release_requested
+    (notice,) = read(reader)["handofflock.notice.latency"]
+    assert notice.count == 1 and notice.sum == pytest.approx(2.0)
+
+    store.faults.fail_next("write", count=10_000)
+    lost = []
+    for _ in range(200):  # 100 s of fake time; the renew deadline is 30 s
+        clock.advance(0.5)
+        sched.run_pending()
+        lost = read(reader).get("handofflock.losses", [])
+        if lost and not lock.is_held:
+            break
+    store.faults.clear()
+    seen = read(reader)
+    errors = seen["handofflock.renewal.errors"]
+    assert total(errors, **{"lock.url": url}) >= 3
+    assert all(p.attributes["error.type"] == "TransientStorageError" for p in errors)
+    assert total(seen["handofflock.losses"], **{"lock.url": url}) == 1
+    assert total(seen["handofflock.locks.held"], **{"lock.url": url}) == 0
+    assert "handofflock.renewals" not in seen, "no renewal succeeded"
+
+
+def test_a_timed_out_acquire_is_recorded_with_its_outcome(reader):
+    url = f"memory://metrics-{uuid.uuid4().hex[:8]}/locks/train.json"
+    owner, waiter = make_lock(url), make_lock(url)
+    assert owner.acquire()
+    with pytest.raises(TimeoutError):
+        waiter.acquire(timeout=0.3)
+    assert not make_lock(url).acquire(blocking=False)
+    points = read(reader)["handofflock.acquire.duration"]
+    (timeout,) = [p for p in points if p.attributes["outcome"] == "timeout"]
+    assert timeout.count == 1 and timeout.min >= 0.3
+    assert total(points, outcome="not_acquired") == 1
+    owner.release()
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+
+
+def test_metrics_flow_to_a_global_provider_the_application_sets_after_importing_handofflock():
+    done = run_python(
+        """
+        from handofflock import HandoffLock
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        lock = HandoffLock("memory://global/train.json", min_write_interval=0)
+        assert lock.acquire(); lock.release()          # before any provider: a no-op
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        assert lock.acquire(); lock.release()
+        names = {m.name: sum(p.value for p in m.data.data_points)
+                 for r in reader.get_metrics_data().resource_metrics
+                 for s in r.scope_metrics for m in s.metrics if m.name == "handofflock.acquisitions"}
+        print(names)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'handofflock.acquisitions': 1}", "only the acquire after set_meter_provider counts"
+
+
+def test_without_opentelemetry_installed_the_hooks_are_no_ops():
+    done = run_python(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None   # as if the otel extra were not installed
+        from handofflock import HandoffLock
+        from handofflock.lock import metrics
+        lock = HandoffLock("memory://bare/train.json", min_write_interval=0)
+        assert lock.acquire(); lock.release()
+        print(metrics.enabled())
+        try:
+            metrics.use_meter_provider(None)
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "False",
+        "ConfigurationError metrics need the OpenTelemetry API: pip install 'handofflock[otel]'",
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``name{labels}`` -> value of every handofflock sample on the endpoint."""
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("handofflock_"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def value(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+@pytest.mark.timeout(90)
+def test_the_prometheus_example_serves_the_lock_metrics_on_localhost():
+    port = free_port()
+    example = Path(__file__).resolve().parent.parent / "examples" / "prometheus_metrics.py"
+    proc = subprocess.Popen([sys.executable, str(example), "--port", str(port), "--duration", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith(f"serving http://127.0.0.1:{port}/metrics"), (first, proc.stderr.read() if proc.poll() is not None else "")
+        samples = eventually(lambda: (s := scrape(port)) and value(s, "handofflock_handoffs_total") >= 2 and s,
+                             timeout=45, what="two handoffs on /metrics")
+        assert value(samples, "handofflock_acquisitions_total") >= 2
+        assert "handofflock_locks_held" in {k.partition("{")[0] for k in samples}
+        assert value(samples, "handofflock_locks_held") <= 1, "never both workers at once"
+        assert value(samples, "handofflock_acquire_duration_seconds_count") >= 2
+        assert value(samples, "handofflock_notice_latency_seconds_count") >= 2
+        assert any('outcome="acquired"' in k for k in samples)
+        assert value(samples, "handofflock_losses_total") == 0
+    finally:
+        proc.terminate()
+        proc.wait(30)

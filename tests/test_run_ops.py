@@ -1,0 +1,282 @@
+"""``handofflock run`` for operators (issue 17): labels, requests that go away, a checked command and
+signal, and what a long wait shows, on a terminal (a real pty) and elsewhere. Real processes throughout."""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from jobsutil import CONSOLE_SCRIPT, child_env, popen
+from lockutil import eventually, raw_read
+
+from handofflock import HandoffLock
+from handofflock.cli import main
+from handofflock.core.record import Label
+from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
+from handofflock.lock import events as lock_signals
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
+
+PY = sys.executable
+JOB = Path(__file__).parent / "procs" / "job.py"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != b"Z"
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()  # the command dies with run (its parent-death signal and the watchdog)
+    proc.wait(20)
+
+
+def holder_run(url: str, tmp_path: Path, *extra: str, job: tuple[str, ...] = ()) -> subprocess.Popen:
+    proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--owner-id", "holder-job",
+                  "--label", "pod=ml/train-0", *extra, "--", PY, str(JOB), "A", str(tmp_path), *job])
+    line = proc.stdout.readline()
+    assert line.startswith("A start"), line + proc.stderr.read()
+    return proc
+
+
+# --------------------------------------------------------------------------- the command and --signal, checked first
+
+
+def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
+    url = (tmp_path / "lock.json").as_uri()
+    holder = holder_run(url, tmp_path, "--grace", "10")
+    try:
+        notexec = tmp_path / "train.sh"
+        notexec.write_text("#!/bin/sh\n")
+        for command, code, says in (("pyhton", EXIT_NOT_FOUND, "command not found: pyhton"),
+                                    (str(notexec), EXIT_CANNOT_EXECUTE, "is not executable"),
+                                    (str(tmp_path), EXIT_CANNOT_EXECUTE, "is a directory")):
+            proc = subprocess.run([str(CONSOLE_SCRIPT), "run", url, "--", command, "train.py"],
+                                  check=False, capture_output=True, text=True, env=child_env(), timeout=60)
+            assert proc.returncode == code, proc.stderr
+            assert says in proc.stderr and "the lock was not asked for" in proc.stderr
+        record, _ = raw_read(url)
+        assert record.owner_id == "holder-job" and record.waiting_owner_id is None
+        time.sleep(0.6)  # three of the holder's checks: nobody asked it for anything
+        assert holder.poll() is None
+    finally:
+        kill_run(holder)
+    assert "asks for" not in holder.stderr.read()
+
+
+@pytest.mark.parametrize("value", ["KILL", "9", "STOP", "CHLD", "SEGV", "WINCH", "0", "65", "TERMINATE"])
+def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, value):
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--signal", value, "--", "true"],
+                          check=False, capture_output=True, text=True, env=child_env(), timeout=60)
+    assert proc.returncode == EXIT_CONFIG, proc.stderr
+    assert "--signal" in proc.stderr or "signal" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "lock.json").exists(), "nothing was acquired"
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path):
+    url = (tmp_path / "lock.json").as_uri()
+    holder = holder_run(url, tmp_path, "--grace", "12")
+    try:
+        proc = subprocess.run([str(CONSOLE_SCRIPT), "status", url, "--json"], check=False, capture_output=True, text=True,
+                              env=child_env(), timeout=60)
+        doc = json.loads(proc.stdout)
+        assert (doc["ownerId"], doc["ownerLabel"], doc["ownerGrace"]) == ("holder-job", "pod=ml/train-0", 12.0)
+        assert doc["releaseRequested"] is False
+    finally:
+        kill_run(holder)
+
+
+# --------------------------------------------------------------------------- requests that go away
+
+
+def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path):
+    """The issue's story: the waiter's run is stopped with Ctrl-C during the holder's grace. The holder
+    checks again before SIGKILL, finds nobody waiting, and lets its command run on as the owner."""
+    url = (tmp_path / "lock.json").as_uri()
+    holder = holder_run(url, tmp_path, "--grace", "3", job=("--ignore-signals",))
+    try:
+        cmd = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_job(int(p)))
+        waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--label", "eval-job", "--", "true"])
+        eventually(lambda: (raw_read(url)[0]).waiting_owner_id is not None, timeout=20, what="the waiter registered")
+        wait_for_line(holder, "asks for")
+        grace_ends = time.monotonic() + 3.0
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(20) == 128 + signal.SIGINT, waiter.stderr.read()
+        err = wait_for_line(holder, "is no longer waiting")
+        assert "not killing" in err and "run keeps the lock" in err
+        time.sleep(max(0.0, grace_ends + 1.0 - time.monotonic()))  # past the end of the grace it was given
+        assert alive(cmd) and holder.poll() is None, "the command runs on"
+        record, _ = raw_read(url)
+        assert record.owner_id == "holder-job" and record.waiting_owner_id is None
+        assert HandoffLock(url).status().owner_live
+        # A new waiter is a new request: the command is asked again, and killed after a fresh grace.
+        second = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"])
+        wait_for_line(holder, "asks for")
+        assert holder.wait(30) == 128 + signal.SIGKILL
+        assert "did not exit within 3 s; killing it" in holder.stderr.read()
+        assert second.wait(30) == 0, second.stderr.read()
+    finally:
+        kill_run(holder)
+
+
+def _is_job(pid: int) -> bool:
+    try:
+        return str(JOB) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
+    """Read ``proc``'s stderr until a line holds ``text``; return what was read."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"no line with {text!r} within {timeout} s; saw:\n{''.join(seen)}")
+
+
+def test_run_checks_again_before_it_signals_and_leaves_a_command_alone_when_nobody_waits(tmp_path, capfd):
+    """A request that is gone by the time run would act on it (the holder's flag said yes, a fresh read
+    says nobody waits) is not passed on: the command runs to its end, untouched."""
+    url = (tmp_path / "lock.json").as_uri()
+
+    def ghost(sender, **kw):  # a waiter's request whose waiter is already gone
+        sender.request_release("waiter", requester="ghost-waiter", deadline=time.time() + 30)
+
+    lock_signals.acquired.connect(ghost)
+    try:
+        code = main(["run", url, "--grace", "0.5", "--", PY, "-c",
+                     "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(9)); time.sleep(1.5)"])
+    finally:
+        lock_signals.acquired.disconnect(ghost)
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert "ghost-waiter (waiter) asked for" in err and "is no longer waiting" in err and "sending" not in err
+
+
+# --------------------------------------------------------------------------- feedback on long waits
+
+
+def held_by_a_labelled_holder(url: str) -> HandoffLock:
+    holder = HandoffLock(url, ttl=6.0, renew_interval=0.4, renew_deadline=3.0, waiter_check_interval=0.2,
+                         owner_id="holder", label=Label("pod=ml/train-0", grace=7.0))
+    holder.acquire()
+    return holder
+
+
+def run_on_a_pty(url: str, *, without_rich: bool) -> tuple[int, str]:
+    """``run`` waiting behind a holder, its stderr a real terminal; the holder lets go once the line says
+    it was notified. Returns run's exit code and everything the terminal received."""
+    holder = held_by_a_labelled_holder(url)
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))  # 200 columns, as a wide terminal
+    args = ([PY, "-c", "import sys; sys.modules['rich'] = None; from handofflock.cli import main; sys.exit(main(sys.argv[1:]))"]
+            if without_rich else [str(CONSOLE_SCRIPT)])
+    proc = subprocess.Popen([*args, "run", url, "--poll-interval", "0.2", "--", "true"],
+                            stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL,
+                            env=child_env(TERM="xterm-256color", COLUMNS="200"))
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + 40
+    released = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the other end is closed, run is done
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not released and b"notified yes" in out:
+                holder.release()
+                released = True
+            if proc.poll() is not None and not ready:
+                break
+        if proc.poll() is None and not released:
+            proc.kill()  # never told: fail below with what the terminal showed
+        code = proc.wait(20)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+        if holder.is_held:
+            holder.release()
+    return code, out.decode(errors="replace")
+
+
+def test_on_a_terminal_run_shows_one_live_line_drawn_by_rich(tmp_path):
+    code, screen = run_on_a_pty((tmp_path / "lock.json").as_uri(), without_rich=False)
+    assert code == 0, screen
+    assert "\x1b[?25l" in screen, "rich's live display (it hides the cursor) drew the line"
+    assert "held by pod=ml/train-0" in screen and "notified no" in screen and "notified yes" in screen
+    assert "grace ends by 20" in screen and "waiting 1." in screen
+    live = screen[screen.index("\x1b[?25l"):screen.index("\x1b[?25h")].rstrip("\r\n")
+    assert live.count("waiting ") >= 3 and "\n" not in live, "one line, redrawn in place"
+    assert "acquired" in screen.split("\x1b[?25h", 1)[1], "then run says what it does, as usual"
+
+
+def test_on_a_terminal_without_rich_run_redraws_a_plain_line(tmp_path):
+    code, screen = run_on_a_pty((tmp_path / "lock.json").as_uri(), without_rich=True)
+    assert code == 0, screen
+    assert "\x1b[?25l" not in screen, "rich is not there"
+    assert "\r\x1b[Khandofflock: waiting" not in screen and "\r\x1b[Kwaiting" in screen
+    assert "held by pod=ml/train-0" in screen and "notified yes" in screen and "grace ends by 20" in screen
+    redraws = screen.count("\r\x1b[Kwaiting")
+    assert redraws >= 3, "redrawn in place, about every 0.1 s"
+    assert screen.count("\nhandofflock: waiting") == 0, "never a new line per update"
+
+
+def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path):
+    url = (tmp_path / "lock.json").as_uri()
+    holder = held_by_a_labelled_holder(url)
+    proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"])
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln)) for ln in proc.stderr], daemon=True)
+    reader.start()
+    try:
+        eventually(lambda: any("notified yes" in ln for _, ln in lines), timeout=40, what="a line saying the holder was told")
+        holder.release()
+        assert proc.wait(30) == 0
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if holder.is_held:
+            holder.release()
+    waiting = [(t, ln) for t, ln in lines if "handofflock: waiting " in ln and "notified" in ln]
+    assert waiting and "held by pod=ml/train-0; notified no" in waiting[0][1]
+    assert "grace ends by 20" in waiting[-1][1]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(waiting)]
+    assert all(gap >= 4.0 for gap in gaps), f"at most one line every 5 s: {gaps}"
+    assert not any("\r" in ln for _, ln in lines)
