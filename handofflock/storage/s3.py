@@ -29,7 +29,8 @@ import re
 import threading
 import time
 import weakref
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import boto3
 import botocore.config
@@ -53,13 +54,15 @@ BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 #: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
 _ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
 
+_MAY_HAVE_APPLIED = "; the request may have been applied"
+
 #: How many keys' last-seen versions a store remembers.
 _SEEN_LIMIT = 4096
 
-_SHARED: dict[tuple[Any, ...], "S3Storage"] = {}
+_SHARED: dict[tuple[Any, ...], S3Storage] = {}
 _SHARED_LOCK = threading.Lock()
 #: Every live store, so that a forked child can give each fresh connections.
-_STORES: "weakref.WeakSet[S3Storage]" = weakref.WeakSet()
+_STORES: weakref.WeakSet[S3Storage] = weakref.WeakSet()
 
 
 class _Version(NamedTuple):
@@ -136,7 +139,7 @@ class S3Storage:
         _STORES.add(self)
 
     @classmethod
-    def shared(cls, bucket: str) -> "S3Storage":
+    def shared(cls, bucket: str) -> S3Storage:
         """The process-wide instance for ``bucket`` (and the current endpoint and credential settings).
 
         Locks on the same bucket share one client and connection pool this way.
@@ -207,7 +210,7 @@ class S3Storage:
                 except _Refused:  # something is there: a tombstone may still be replaced
                     seen = None
             for attempt in range(2):
-                if seen is None or seen.generation != expected and not (expected == 0 and seen.deleted):
+                if seen is None or (seen.generation != expected and not (expected == 0 and seen.deleted)):
                     seen = self._current(key)
                 if seen is None and expected == 0:  # gone since: a create may go again
                     try:
@@ -300,7 +303,9 @@ class S3Storage:
         if limit is None and size != len(body):
             raise TransientStorageError(
                 f"read {key!r} in {self.url}: the reply ended after {len(body)} of its {size} bytes",
-                url=self.url, key=key, ambiguous=False,
+                url=self.url,
+                key=key,
+                ambiguous=False,
             )
         header = s3_format.parse_header(body[: s3_format.MAX_HEADER], size)
         if header is None:
@@ -416,8 +421,11 @@ class S3Storage:
         return TransientStorageError(
             f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
             + ("the request may have been applied" if mutation else "nothing was changed"),
-            url=self.url, key=key, ambiguous=mutation,
+            url=self.url,
+            key=key,
+            ambiguous=mutation,
         )
+
     # -- errors ---------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -439,8 +447,10 @@ class S3Storage:
             ) from exc
         except botocore.exceptions.ReadTimeoutError as exc:
             raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s" + ("; the request may have been applied" if mutation else ""),
-                url=self.url, key=key, ambiguous=mutation,
+                f"{where}: no reply within {self._timeout[1]}s" + (_MAY_HAVE_APPLIED if mutation else ""),
+                url=self.url,
+                key=key,
+                ambiguous=mutation,
             ) from exc
         except (
             botocore.exceptions.NoCredentialsError,
@@ -452,7 +462,8 @@ class S3Storage:
             raise StorageError(
                 f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                 "AWS_PROFILE, or run `aws sso login`",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             ) from exc
         except (botocore.exceptions.ParamValidationError, botocore.exceptions.NoRegionError) as exc:
             raise StorageError(f"{where}: {exc}", url=self.url, key=key) from exc
@@ -460,8 +471,10 @@ class S3Storage:
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
             raise TransientStorageError(
-                f"{where}: the connection failed ({exc!r})" + ("; the request may have been applied" if mutation else ""),
-                url=self.url, key=key, ambiguous=mutation,
+                f"{where}: the connection failed ({exc!r})" + (_MAY_HAVE_APPLIED if mutation else ""),
+                url=self.url,
+                key=key,
+                ambiguous=mutation,
             ) from exc
 
     def _client_error(
@@ -475,7 +488,8 @@ class S3Storage:
                 f"S3 bucket {self.bucket!r} does not exist (404 NoSuchBucket); create it "
                 f"(`aws s3 mb s3://{self.bucket}`) or check the bucket name in the lock URL "
                 "and the endpoint (AWS_ENDPOINT_URL_S3)",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         if status == 409:
             # ConditionalRequestConflict: "A conflicting operation occurred. If using PutObject you
@@ -483,31 +497,45 @@ class S3Storage:
             # retry carries the same If-Match, so it can never replace a change made meanwhile.
             return TransientStorageError(
                 f"{where}: S3 answered 409 {code} ({message})",
-                url=self.url, key=key, status=status, ambiguous=False, retry_after=retry_after,
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=False,
+                retry_after=retry_after,
             )
-        if status == 503 and code == "SlowDown" or status == 429:
+        if (status == 503 and code == "SlowDown") or status == 429:
             # Throttled: refused before anything was applied.
             return TransientStorageError(
                 f"{where}: S3 asked to slow down ({status} {code}: {message})",
-                url=self.url, key=key, status=status, ambiguous=False, retry_after=retry_after,
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=False,
+                retry_after=retry_after,
             )
         if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
             # RequestTimeout (400): the request body did not arrive in time; not applied.
             ambiguous = mutation and status >= 500
             return TransientStorageError(
                 f"{where}: S3 answered {status} {code} ({message})",
-                url=self.url, key=key, status=status, ambiguous=ambiguous, retry_after=retry_after,
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=ambiguous,
+                retry_after=retry_after,
             )
         if status == 403 or status == 401:
             hint = (
                 "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
-                if where.startswith("read") else ""
+                if where.startswith("read")
+                else ""
             )
             return StorageError(
                 f"{where}: permission denied on bucket {self.bucket!r} ({status} {code}: {message}); check which "
                 "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
                 f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
-                url=self.url, key=key,
+                url=self.url,
+                key=key,
             )
         return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
 
@@ -551,19 +579,19 @@ class _Remembering:
         self._handofflock_sock = self.sock  # type: ignore[attr-defined]
 
 
-class _RememberingAWSHTTPConnection(_Remembering, AWSHTTPConnection):
+class _RememberingAWSHTTPConnection(_Remembering, AWSHTTPConnection):  # type: ignore[misc]  # botocore is untyped
     pass
 
 
-class _RememberingAWSHTTPSConnection(_Remembering, AWSHTTPSConnection):
+class _RememberingAWSHTTPSConnection(_Remembering, AWSHTTPSConnection):  # type: ignore[misc]  # botocore is untyped
     pass
 
 
-class _WatchedAWSHTTPConnectionPool(gcs_deadline._Watched, AWSHTTPConnectionPool):
+class _WatchedAWSHTTPConnectionPool(gcs_deadline._Watched, AWSHTTPConnectionPool):  # type: ignore[misc]  # botocore is untyped
     ConnectionCls = _RememberingAWSHTTPConnection
 
 
-class _WatchedAWSHTTPSConnectionPool(gcs_deadline._Watched, AWSHTTPSConnectionPool):
+class _WatchedAWSHTTPSConnectionPool(gcs_deadline._Watched, AWSHTTPSConnectionPool):  # type: ignore[misc]  # botocore is untyped
     ConnectionCls = _RememberingAWSHTTPSConnection
 
 

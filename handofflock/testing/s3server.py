@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["MotoS3Server", "s3_env"]
 
@@ -89,7 +89,7 @@ class MotoS3Server:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self) -> "MotoS3Server":
+    def start(self) -> MotoS3Server:
         """Start the server and wait until it answers. Returns ``self``."""
         if self._process is not None:
             raise RuntimeError("this moto server is already started")
@@ -130,14 +130,14 @@ class MotoS3Server:
             self.log_path = None
         self.port = None
 
-    def __enter__(self) -> "MotoS3Server":
+    def __enter__(self) -> MotoS3Server:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     @contextlib.contextmanager
-    def env(self) -> Iterator["MotoS3Server"]:
+    def env(self) -> Iterator[MotoS3Server]:
         """Point boto3 at this server (``AWS_ENDPOINT_URL_S3``, test credentials) inside the block."""
         with s3_env(self.url):
             yield self
@@ -193,4 +193,4 @@ class MotoS3Server:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
