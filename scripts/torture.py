@@ -3,8 +3,10 @@
 
     python scripts/torture.py --seconds 40               # a short run (part of the test suite)
     python scripts/torture.py --minutes 10 --json out.json
+    python scripts/torture.py --seconds 40 --storage s3  # the S3 backend, on moto's server
 
-Starts fake-gcs-server (FakeGCSServer) and a FaultProxy in front of it, then
+Starts fake-gcs-server (FakeGCSServer), or with ``--storage s3`` moto's S3
+server (MotoS3Server), and a FaultProxy in front of it, then
 ``--workers`` processes (``scripts/torture_worker.py``) that acquire the lock,
 claim a fenced journal, append their critical section to it and release, over
 and over, each on a clock offset by up to ``--skew``/2. Meanwhile:
@@ -40,6 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -60,6 +63,8 @@ WORKING, WRITING = 3, 4  # torture_worker's phases
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--storage", choices=["gcs", "s3"], default="gcs",
+                   help="the backend: GCS on fake-gcs-server, or S3 on moto's server (needs the test extra)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--seconds", type=float)
     length.add_argument("--minutes", type=float)
@@ -117,10 +122,24 @@ class Run:
     def go(self) -> dict:
         a = self.a
         started = time.time()
-        with FakeGCSServer() as gcs, FaultProxy(gcs.url, seed=a.seed, lifetime=a.duration + 300, history=1000) as proxy:
-            gcs.create_bucket(BUCKET)
-            with gcs.env():
-                self.direct = GCSStorage(BUCKET)  # the harness's own view, not through the proxy
+        if a.storage == "s3":
+            from handofflock.storage.s3 import S3Storage
+            from handofflock.testing.s3server import MotoS3Server
+
+            server: Any = MotoS3Server()
+        else:
+            server = FakeGCSServer()
+        with server, FaultProxy(server.url, seed=a.seed, lifetime=a.duration + 300, history=1000, dialect=a.storage) as proxy:
+            server.create_bucket(BUCKET)
+            if a.storage == "s3":
+                with server.env():  # the harness's own view, not through the proxy
+                    self.direct = S3Storage(BUCKET, endpoint_url=server.url)
+                    self.direct.client  # made now, with the test credentials the block sets
+                    env = dict(os.environ, AWS_ENDPOINT_URL_S3=proxy.url, PYTHONUNBUFFERED="1")
+            else:
+                with server.env():
+                    self.direct = GCSStorage(BUCKET)  # the harness's own view, not through the proxy
+                env = dict(os.environ, STORAGE_EMULATOR_HOST=proxy.url, PYTHONUNBUFFERED="1")
             proxy.chaos(
                 {
                     "drop_reply": a.drop, "reset": a.reset, "delay": a.delay, "429": a.throttle,
@@ -130,12 +149,11 @@ class Run:
             )
             (self.dir / "phases").write_bytes(bytes(a.workers))
             deadline = started + a.duration + 120  # workers stop themselves after this, whatever happens
-            env = dict(os.environ, STORAGE_EMULATOR_HOST=proxy.url, PYTHONUNBUFFERED="1")
             for i in range(a.workers):
                 name = f"w{i}"
                 self.offsets[name] = round(self.rng.uniform(-a.skew / 2, a.skew / 2), 4)
                 cmd = [
-                    sys.executable, str(HERE / "torture_worker.py"), "--index", str(i), "--bucket", BUCKET,
+                    sys.executable, str(HERE / "torture_worker.py"), "--index", str(i), "--storage", a.storage, "--bucket", BUCKET,
                     "--key", LOCK_KEY, "--dir", str(self.dir), "--seed", str(a.seed), "--ttl", str(a.ttl),
                     "--skew", str(a.skew), "--offset", str(self.offsets[name]), "--poll", str(a.poll),
                     "--work-ms", str(a.work_ms), "--unchecked", str(a.unchecked),
@@ -312,7 +330,7 @@ class Run:
                 "workers": a.workers, "seconds": a.duration, "ttl": a.ttl, "renew_interval": a.ttl / 10,
                 "renew_deadline": a.ttl / 2, "max_clock_skew": a.skew, "waiter_poll_interval": a.poll,
                 "work_ms_mean": a.work_ms, "unchecked_fraction": a.unchecked,
-                "min_write_interval": a.min_write_interval, "sabotage": a.sabotage,
+                "min_write_interval": a.min_write_interval, "sabotage": a.sabotage, "storage": a.storage,
                 "fault_rates": {"drop_reply": a.drop, "reset": a.reset, "delay": a.delay, "max_delay": a.max_delay, "429": a.throttle,
                                 "503": a.unavailable, "refuse_windows_per_minute": a.refuse_per_minute},
                 "pause_every": a.pause_every, "long_pause_fraction": a.long_pauses, "aimed_pause_fraction": a.aimed_pauses,

@@ -2,7 +2,8 @@
 """One torture worker: contends for the lock until told to stop, logging everything it does.
 
 Started by ``scripts/torture.py`` (not meant to be run by hand). Talks to the
-GCS emulator through the fault proxy (``STORAGE_EMULATOR_HOST``). Each
+GCS emulator (``STORAGE_EMULATOR_HOST``), or with ``--storage s3`` the S3
+server (``AWS_ENDPOINT_URL_S3``), through the fault proxy. Each
 critical section:
 
 1. acquire (blocking with a random timeout, sometimes non-blocking);
@@ -33,6 +34,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -60,6 +62,7 @@ class Log:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--index", type=int, required=True)
+    p.add_argument("--storage", choices=["gcs", "s3"], default="gcs")
     p.add_argument("--bucket", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--dir", type=Path, required=True)
@@ -97,9 +100,14 @@ def main(argv: list[str]) -> int:
     def phase(value: int) -> None:
         phases[a.index] = value
 
-    store = GCSStorage(a.bucket, timeout=(2.0, 4.0))
+    if a.storage == "s3":
+        from handofflock.storage.s3 import S3Storage
+
+        store: Any = S3Storage(a.bucket, timeout=(2.0, 4.0))
+    else:
+        store = GCSStorage(a.bucket, timeout=(2.0, 4.0))
     lock = HandoffLock(
-        f"gs://{a.bucket}/{a.key}", storage=store, key=a.key, owner_id=me,
+        f"{store.url}/{a.key}", storage=store, key=a.key, owner_id=me,
         ttl=a.ttl, renew_interval=a.ttl / 10, renew_deadline=a.ttl / 2, waiter_ttl=a.ttl,
         waiter_check_interval=a.ttl / 4, waiter_poll_interval=a.poll, max_clock_skew=a.skew,
         min_write_interval=a.min_write_interval, clock=Clock(offset=a.offset),

@@ -18,7 +18,7 @@ from handofflock.testing import ExternalEmulator, FakeGCSServer
 EXTERNAL = os.environ.get("STORAGE_EMULATOR_HOST")
 
 #: Every backend the contract suite runs against.
-BACKENDS = ["memory", "local", "gcs"]
+BACKENDS = ["memory", "local", "gcs", "s3"]
 
 _names = itertools.count()
 
@@ -42,6 +42,13 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path):
         bucket = f"t{next(_names)}-{uuid.uuid4().hex[:12]}"
         emulator.create_bucket(bucket)
         return GCSStorage(bucket)
+    if kind == "s3":  # a fresh bucket per test on the session's moto server
+        from handofflock.storage.s3 import S3Storage
+
+        server = request.getfixturevalue("s3_server")
+        bucket = f"t{next(_names)}-{uuid.uuid4().hex[:12]}"
+        server.create_bucket(bucket)
+        return S3Storage(bucket)
     if kind == "local":
         from handofflock.storage.local import LocalStorage
 
@@ -69,6 +76,19 @@ def gcs_emulator():
     """
     server = ExternalEmulator(EXTERNAL) if EXTERNAL else FakeGCSServer()
     with server, server.env():
+        server.create_bucket("handofflock-test")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server process for the whole session, with boto3 pointed at it (AWS_ENDPOINT_URL_S3).
+
+    It never skips: if moto is missing or its server does not start, every test that needs it fails saying why.
+    """
+    from handofflock.testing.s3server import MotoS3Server
+
+    with MotoS3Server() as server, server.env():
         server.create_bucket("handofflock-test")
         yield server
 

@@ -47,6 +47,11 @@ def url_for(kind: str, request: Any, tmp_path: Any, name: str = "train.json") ->
         bucket = f"l{unique}"
         emulator.create_bucket(bucket)
         return f"gs://{bucket}/locks/{name}"
+    if kind == "s3":
+        server = request.getfixturevalue("s3_server")
+        bucket = f"l{unique}"
+        server.create_bucket(bucket)
+        return f"s3://{bucket}/locks/{name}"
     raise AssertionError(kind)
 
 

@@ -62,12 +62,14 @@ def test_the_quick_bench_exits_cleanly_and_writes_json(quick_run):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["gcs", "local"])
+@pytest.mark.parametrize("backend", ["gcs", "local", "s3"])
 def test_every_operation_costs_at_most_its_target_in_requests(quick_run, backend):
     proc, out = quick_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(out.read_text())["requests"][backend]
-    over = {op: counts[op]["total"] for op, limit in AT_MOST.items() if counts[op]["total"] > limit}
+    # An S3 listing has no generations: a grouped check that finds a changed lock reads its header first.
+    at_most = {**AT_MOST, **({"waiter check, 50 locks, one has a new waiter": 3} if backend == "s3" else {})}
+    over = {op: counts[op]["total"] for op, limit in at_most.items() if counts[op]["total"] > limit}
     assert over == {}
     assert counts["become the waiter"]["writes"] == 1
     assert counts["waiter check, 50 locks in one prefix"].get("list") == 1

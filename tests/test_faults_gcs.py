@@ -216,6 +216,8 @@ def scenario_become_waiter(actor, bucket) -> None:
     eventually(lambda: a.lock.release_requested, what="A noticed the waiter")
     registered = dropped(b)
     assert registered.waiting_owner_id == "B" and registered.owner_id == "A"
+    # A can read B's registration before B's read-back has told B it landed (a round trip or two).
+    eventually(lambda: b.named("waiting"), timeout=2, what="B said it is waiting")
     assert len(b.named("waiting")) == 1
     assert a.lock.release() == "B"
     t.join(10)

@@ -40,7 +40,18 @@ def test_parent_and_child_never_read_each_others_replies(gcs_emulator):
     assert out["child"] == {"wrong": 0, "errors": 0}
 
 
-@pytest.mark.parametrize("kind", ["local", "gcs"])
+@pytest.mark.s3
+def test_on_s3_parent_and_child_never_read_each_others_replies(s3_server):
+    """The same for the S3 backend: boto3's pooled keep-alive connections are not the child's to use."""
+    bucket = f"fork-{__import__('uuid').uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    out = scenario("s3-reads", bucket, "300")
+    assert out["child_status"] == 0
+    assert out["parent"] == {"wrong": 0, "errors": 0}
+    assert out["child"] == {"wrong": 0, "errors": 0}
+
+
+@pytest.mark.parametrize("kind", ["local", "gcs", "s3"])
 def test_a_forked_child_neither_hangs_nor_touches_its_parents_lock(kind, request, tmp_path):
     """A child forked while the parent holds the lock (with ``release_at_exit``): the inherited
     instance holds nothing there and refuses to act (InheritedAcrossFork); the child can take a

@@ -26,7 +26,7 @@ def events(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
     return [orjson.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("backend", ["gcs", "local"])
+@pytest.mark.parametrize("backend", ["gcs", "local", "s3"])
 def test_a_handoff_between_two_processes_notifies_the_owner_and_raises_the_token(backend, request, tmp_path):
     url = url_for(backend, request, tmp_path)
     owner = spawn("owner", url)

@@ -91,7 +91,7 @@ class Proc:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["local", "gcs"])
+@pytest.mark.parametrize("backend", ["local", "gcs", "s3"])
 def test_a_holder_frozen_past_its_ttl_wakes_unhealthy_stops_and_its_late_write_is_refused(backend, request, tmp_path):
     url = url_for(backend, request, tmp_path)
     holder = Proc("holder", url)

@@ -71,3 +71,18 @@ def test_a_run_with_a_lock_whose_check_never_fails_is_caught(tmp_path):
     assert not result["checks"]["healthy_holders_never_overlap"]["ok"]
     for name in ("sections_never_overlap", "tokens_strictly_increase", "no_stale_write_accepted", "journal_matches_the_workers"):
         assert result["checks"][name]["ok"], f"seed {seed}: {name}: {result['checks'][name]['violations']}"
+
+
+@pytest.mark.s3
+def test_the_torture_run_s_storage_switch_runs_the_workers_on_s3(tmp_path):
+    """``--storage s3``: the same harness on the S3 backend and moto's server, through the fault proxy
+    (S3 errors). A short run: every safety check passes (the coverage check that a late write was
+    refused needs a longer run; docs/benchmarks.md has one)."""
+    seed = random.SystemRandom().randrange(2**31)
+    code, result, stdout = run(tmp_path, "--seconds", "10", "--workers", "4", "--seed", str(seed), "--storage", "s3", *SHORT, timeout=150)
+    print(stdout)
+    assert result["config"]["storage"] == "s3"
+    failed = {name: check["violations"] for name, check in result["checks"].items() if not check["ok"]}
+    assert set(failed) <= {"stale_writes_were_refused"}, f"seed {seed}: {failed}"
+    assert result["critical_sections"] > 10
+    assert result["proxy"]["faults"]["drop_reply"] + result["proxy"]["faults"]["reset"] > 0

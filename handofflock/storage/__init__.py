@@ -4,6 +4,8 @@
 ``gs://bucket/path.json``  Google Cloud Storage (honours STORAGE_EMULATOR_HOST);
                            ``?userProject=PROJECT`` bills a requester-pays bucket's
                            requests to PROJECT
+``s3://bucket/path.json``  Amazon S3 or an S3-compatible store (``pip install handofflock[s3]``;
+                           honours AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS_PROFILE)
 ``file:///abs/path.json``  the local filesystem (also plain paths)
 ``memory://name[/key]``    in-process, thread-safe, with fault hooks
 ========================  ===============================================
@@ -69,6 +71,8 @@ def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
         raise InvalidLockURL(f"lock URL {text!r} must not have a query or fragment")
     if scheme == "gs":
         return _open_gcs(parts.netloc, parts.path, parts.query, original=text)
+    if scheme == "s3":
+        return _open_s3(parts.netloc, parts.path, original=text)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidLockURL(f"file URL {text!r} names host {parts.netloc!r}; use file:///absolute/path.json")
@@ -79,7 +83,7 @@ def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
         key = unquote(parts.path.lstrip("/")) or DEFAULT_MEMORY_KEY
         return MemoryStorage.named(parts.netloc), _checked_key(key, text)
     raise InvalidLockURL(
-        f"unsupported lock URL scheme {parts.scheme!r} in {text!r}; use gs://bucket/path.json, "
+        f"unsupported lock URL scheme {parts.scheme!r} in {text!r}; use gs://bucket/path.json, s3://bucket/path.json, "
         "file:///path.json, a plain path, or memory://name"
     )
 
@@ -131,6 +135,25 @@ def _open_gcs(bucket: str, path: str, query: str, *, original: str) -> tuple[Sto
         store = GCSStorage.shared(bucket, **options)
     except ConfigurationError as exc:
         raise InvalidLockURL(f"GCS URL {original!r}: {exc}") from exc
+    return store, _checked_key(key, original)
+
+
+def _open_s3(bucket: str, path: str, *, original: str) -> tuple[Storage, str]:
+    if not bucket:
+        raise InvalidLockURL(f"S3 URL {original!r} has no bucket: use s3://bucket/path/name.json")
+    key = unquote(path.lstrip("/"))
+    if not key or key.endswith("/"):
+        raise InvalidLockURL(f"S3 URL {original!r} names no object: use s3://{bucket}/path/name.json")
+    try:
+        from .s3 import S3Storage  # the only place boto3 is imported
+    except ImportError as exc:
+        raise InvalidLockURL(
+            f"S3 URL {original!r} needs boto3, which is not installed: pip install 'handofflock[s3]' ({exc})"
+        ) from exc
+    try:
+        store = S3Storage.shared(bucket)
+    except ConfigurationError as exc:
+        raise InvalidLockURL(f"S3 URL {original!r}: {exc}") from exc
     return store, _checked_key(key, original)
 
 

@@ -107,7 +107,10 @@ def _shut_down(conn: Any) -> bool:
 
     Returns whether there was a socket to shut down.
     """
-    sock = getattr(conn, "sock", None)
+    # A connection whose reply ends the connection (``Connection: close``) has been closed by
+    # http.client while its reply is still being read from the socket: a connection that
+    # remembers its socket (the S3 backend's do, ``_handofflock_sock``) is cut through that.
+    sock = getattr(conn, "sock", None) or getattr(conn, "_handofflock_sock", None)
     if sock is not None and not isinstance(sock, socket.socket):  # urllib3's SSLTransport (TLS in TLS)
         sock = getattr(sock, "socket", None)
     if not isinstance(sock, socket.socket):

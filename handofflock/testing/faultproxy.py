@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from ..storage import s3_format
 from ._http11 import Buffer, Closed, multipart_data, parse_reply_head, parse_request_head, with_connection_close
 
 __all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule", "multipart_data"]
@@ -121,6 +122,20 @@ _ANSWERS = {
     ),
 }
 
+# The same faults worded as S3 words them (docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html).
+_S3_ANSWERS = {
+    "429": (429, "Too Many Requests", "TooManyRequests", "Please reduce your request rate (injected by FaultProxy)."),
+    "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate. (injected by FaultProxy)"),
+    "403": (403, "Forbidden", "AccessDenied", "Access Denied (injected by FaultProxy)"),
+    "409": (
+        409,
+        "Conflict",
+        "ConditionalRequestConflict",
+        "A conflicting operation occurred. If using PutObject you can retry the request. (injected by FaultProxy)",
+    ),
+}
+_DIALECTS = ("gcs", "s3")
+
 
 @dataclass
 class Exchange:
@@ -136,7 +151,11 @@ class Exchange:
     status: int | None = None  # the status the client got; None if it got no reply
 
     def upload_data(self) -> bytes | None:
-        """For a multipart upload: the object's bytes (the second part). Else None."""
+        """The object's bytes: of a multipart upload (GCS, the second part), or of an S3
+        ``PutObject`` of a live object in the S3 backend's envelope. Else None."""
+        if self.method == "PUT":
+            header = s3_format.parse_header(self.body[: s3_format.MAX_HEADER], len(self.body))
+            return None if header is None or header.deleted else self.body[header.offset :]
         return multipart_data(self.body, self.content_type)
 
 
@@ -202,7 +221,13 @@ class FaultProxy:
     """
 
     def __init__(
-        self, upstream: str, *, seed: int | None = None, lifetime: float = 3600.0, history: int = 10_000
+        self,
+        upstream: str,
+        *,
+        seed: int | None = None,
+        lifetime: float = 3600.0,
+        history: int = 10_000,
+        dialect: str = "gcs",
     ) -> None:
         parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
@@ -211,7 +236,11 @@ class FaultProxy:
             raise ValueError(f"the proxy only forwards to loopback, not {parts.hostname!r}")
         if not lifetime > 0:
             raise ValueError(f"lifetime must be > 0, got {lifetime}")
+        if dialect not in _DIALECTS:
+            raise ValueError(f"dialect must be one of {sorted(_DIALECTS)}, got {dialect!r}")
         self.upstream = (_HOST, parts.port)
+        #: How the proxy words the errors it answers itself: "gcs" (JSON API) or "s3" (S3's XML).
+        self.dialect = dialect
         self.lifetime = float(lifetime)
         self.port: int | None = None
         self._seed = seed
@@ -510,7 +539,7 @@ class FaultProxy:
                     self._count(answered=True)
                     ex.status = int(kind)
                     close = self._replying(state, not keep_alive)
-                    client.sendall(_error_reply(kind, self._chaos_retry_after(kind, rule), close))
+                    client.sendall(_error_reply(kind, self._chaos_retry_after(kind, rule), close, self.dialect))
                     if close:
                         return
                     continue
@@ -645,20 +674,29 @@ def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) ->
     )
 
 
-def _error_reply(kind: str, retry_after: float | None, close: bool) -> bytes:
-    status, reason, why, message = _ANSWERS[kind]
-    body = json.dumps(
-        {
-            "error": {
-                "code": status,
-                "message": message,
-                "errors": [{"message": message, "domain": "global", "reason": why}],
+def _error_reply(kind: str, retry_after: float | None, close: bool, dialect: str = "gcs") -> bytes:
+    if dialect == "s3":
+        status, reason, code, message = _S3_ANSWERS[kind]
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+            "<RequestId>faultproxy</RequestId></Error>"
+        ).encode()
+        content_type = "application/xml"
+    else:
+        status, reason, why, message = _ANSWERS[kind]
+        body = json.dumps(
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "errors": [{"message": message, "domain": "global", "reason": why}],
+                }
             }
-        }
-    ).encode()
+        ).encode()
+        content_type = "application/json; charset=UTF-8"
     lines = [
         f"HTTP/1.1 {status} {reason}",
-        "Content-Type: application/json; charset=UTF-8",
+        f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
     ]
     if retry_after is not None and kind in ("429", "503"):

@@ -1,6 +1,7 @@
 """Scenarios that fork, run in a process of their own (pytest's threads make fork() there unsafe).
 
     python forked.py gcs-reads BUCKET N        parent and child read two objects through one store
+    python forked.py s3-reads BUCKET N         the same on S3 (AWS_ENDPOINT_URL_S3 names the server)
     python forked.py held URL                  a child forked while its parent holds the lock
 
 Each prints one JSON line with what it saw and exits 0; a child that hangs is
@@ -30,15 +31,20 @@ def wait_child(pid: int, timeout: float) -> int | None:
     return None
 
 
-def gcs_reads(bucket: str, n: int) -> dict:
+def gcs_reads(bucket: str, n: int, kind: str = "gcs") -> dict:
     """Parent reads ``a`` and child reads ``b``, ``n`` times each, at once, through one shared store.
 
     Before the fork the store has a live keep-alive connection. Every read must
     return its own object's bytes and generation.
     """
-    from handofflock.storage.gcs import GCSStorage
+    if kind == "s3":
+        from handofflock.storage.s3 import S3Storage
 
-    store = GCSStorage.shared(bucket)
+        store = S3Storage.shared(bucket)
+    else:
+        from handofflock.storage.gcs import GCSStorage
+
+        store = GCSStorage.shared(bucket)
     gens = {key: store.write(key, key.encode() * 100, if_generation_match=0) for key in ("a", "b")}
     store.read("a")  # a connection in the pool, inherited by the child
     r, w = os.pipe()
@@ -134,8 +140,8 @@ def fence_mutex(url: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv[1] == "gcs-reads":
-        out = gcs_reads(argv[2], int(argv[3]))
+    if argv[1] in ("gcs-reads", "s3-reads"):
+        out = gcs_reads(argv[2], int(argv[3]), argv[1].split("-")[0])
     elif argv[1] == "held":
         out = held(argv[2])
     elif argv[1] == "fence-mutex":

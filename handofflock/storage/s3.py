@@ -1,0 +1,687 @@
+"""``s3://bucket/key``: Amazon S3 and S3-compatible stores, through conditional PUTs.
+
+This is the only module of handofflock that imports ``boto3`` or ``botocore``
+(an optional extra: ``pip install handofflock[s3]``). Every error the SDK or
+the transport can raise is mapped here, at the boundary, into
+:mod:`handofflock.core.errors`.
+
+How the contract is met (see ``docs/storage.md``, "S3"):
+
+* Every object is stored in the envelope of :mod:`.s3_format`: one header line
+  with the generation, then the data. The ETag covers the header, so an ETag
+  names one generation and ``If-Match`` cannot match a later version that
+  happens to hold the same bytes (S3's ETags are content hashes).
+* Every transition is one conditional ``PutObject``: ``If-None-Match: *`` to
+  create, ``If-Match: <etag>`` to replace. The ETag for a generation comes from
+  the read that saw it (remembered per key), or from one read before the write.
+* A delete writes a tombstone with ``If-Match``: a real ``DeleteObject`` would
+  forget the generation, and the next create could reuse a number.
+* Nothing here retries (botocore's retries are off): the lock's loop in
+  :mod:`.cas` owns retries and the read-back of ambiguous writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import re
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool
+
+from ..core.errors import (
+    ConfigurationError,
+    HandoffLockError,
+    NotFound,
+    PreconditionFailed,
+    StorageError,
+    TransientStorageError,
+)
+from . import gcs_deadline, s3_format
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
+
+#: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+#: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
+_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
+
+_MAY_HAVE_APPLIED = "; the request may have been applied"
+
+#: How many keys' last-seen versions a store remembers.
+_SEEN_LIMIT = 4096
+
+_SHARED: dict[tuple[Any, ...], S3Storage] = {}
+_SHARED_LOCK = threading.Lock()
+#: Every live store, so that a forked child can give each fresh connections.
+_STORES: weakref.WeakSet[S3Storage] = weakref.WeakSet()
+
+
+class _Version(NamedTuple):
+    """What this process last saw of a key: its generation, ETag, and whether it is a tombstone."""
+
+    generation: int
+    etag: str
+    deleted: bool
+
+
+class _Refused(Exception):
+    """A conditional PUT was refused: 412, or 404 for an ``If-Match`` on a missing object."""
+
+
+class S3Storage:
+    """The objects of one S3 bucket, with generation-matched writes and deletes.
+
+    No I/O happens in the constructor: the boto3 client is created on first
+    use, with the standard credential chain (environment, shared config and
+    credentials files, ``AWS_PROFILE`` or ``profile``, SSO, instance roles)
+    and endpoint settings (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, or
+    ``endpoint_url`` for MinIO, R2 and other S3-compatible stores). Pass
+    ``client`` to use your own boto3 S3 client (it is then yours to close, and
+    its retry settings are yours too: ours are off).
+
+    ``timeout`` is ``(connect, read)`` in seconds: how long to wait for a
+    connection and for each read from the socket. ``request_timeout`` bounds
+    each request as a whole, from sending it to the last byte of its reply
+    (default: connect plus read timeout); past it the connection is shut down
+    (the GCS backend's watchdog, :mod:`.gcs_deadline`) and the request fails
+    with a :class:`~handofflock.core.errors.TransientStorageError`. It is
+    enforced on the client this store creates; a ``client`` you pass keeps its
+    connection pools, and only its own timeouts bound it. Each request is sent
+    once (botocore's retries are off).
+
+    >>> store = S3Storage("my-bucket")
+    >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
+    >>> store.read("locks/train.json")
+    (b'{}', generation)
+    """
+
+    #: S3 has no one-write-per-second limit per object (GCS has): writes are not spaced by default.
+    min_write_interval = 0.0
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        client: Any = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
+        timeout: tuple[float, float] = (5.0, 15.0),
+        request_timeout: float | None = None,
+    ) -> None:
+        if not isinstance(bucket, str) or not BUCKET_RE.match(bucket) or ".." in bucket:
+            raise ConfigurationError(
+                f"{bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, '.' or '-')"
+            )
+        self.bucket = bucket
+        self.url = f"s3://{bucket}"
+        self._timeout = _checked_timeout(timeout)
+        self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
+        self._endpoint_url = endpoint_url
+        self._profile = profile
+        self._region = region
+        self._client = client
+        self._owns_client = client is None
+        self._client_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._inherited: list[Any] = []
+        self._seen: dict[str, _Version] = {}
+        self._seen_lock = threading.Lock()
+        _STORES.add(self)
+
+    @classmethod
+    def shared(cls, bucket: str) -> S3Storage:
+        """The process-wide instance for ``bucket`` (and the current endpoint and credential settings).
+
+        Locks on the same bucket share one client and connection pool this way.
+        """
+        key = (bucket, *(os.environ.get(name) for name in _ENV))
+        with _SHARED_LOCK:
+            store = _SHARED.get(key)
+            if store is None:
+                store = _SHARED[key] = cls(bucket)
+            return store
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client in use, created on first access."""
+        client = self._client
+        if client is not None and self._pid != os.getpid():
+            raise ConfigurationError(
+                f"the client passed to S3Storage({self.bucket!r}) was made in process {self._pid}, which this "
+                "process was forked from: its keep-alive connections are shared with that process. "
+                "Pass a client made in this process."
+            )
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._make_client()
+                client = self._client
+        return client
+
+    def close(self) -> None:
+        """Close the connections of a client this store created; the next operation makes a new one."""
+        with self._client_lock:
+            client, owned = self._client, self._owns_client
+            if owned:
+                self._client = None
+        if client is not None and owned:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    # -- the contract ---------------------------------------------------------
+
+    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+        validate_key(key)
+        validate_max_bytes(max_bytes)
+        with self._mapped("read", key):
+            found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes)
+        if found is None:
+            return None
+        body, version, offset = found
+        if version.deleted:
+            return None
+        data = body[offset:]
+        if max_bytes is not None:
+            data = data[: max_bytes + 1]
+        return data, version.generation
+
+    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+        validate_key(key)
+        validate_generation(if_generation_match)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        expected = if_generation_match
+        with self._mapped("write", key):
+            seen = self._recall(key)
+            if expected == 0 and (seen is None or not seen.deleted):
+                try:
+                    return self._put(key, data, previous=0, etag=None)
+                except _Refused:  # something is there: a tombstone may still be replaced
+                    seen = None
+            for attempt in range(2):
+                if seen is None or (seen.generation != expected and not (expected == 0 and seen.deleted)):
+                    seen = self._current(key)
+                if seen is None and expected == 0:  # gone since: a create may go again
+                    try:
+                        return self._put(key, data, previous=0, etag=None)
+                    except _Refused:
+                        raise PreconditionFailed(key, expected, url=self.url) from None
+                if seen is None or seen.deleted != (expected == 0) or (expected and seen.generation != expected):
+                    raise PreconditionFailed(key, expected, url=self.url)
+                try:
+                    return self._put(key, data, previous=seen.generation, etag=seen.etag)
+                except _Refused:
+                    if expected != 0 or attempt:
+                        raise PreconditionFailed(key, expected, url=self.url) from None
+                    seen = None  # the tombstone we remembered was replaced: look once more
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def delete(self, key: str, *, if_generation_match: int) -> None:
+        validate_key(key)
+        validate_generation(if_generation_match)
+        expected = if_generation_match
+        with self._mapped("delete", key):
+            for attempt in range(2):
+                seen = self._recall(key) if attempt == 0 else None
+                if seen is None or seen.generation != expected or seen.deleted:
+                    seen = self._current(key)
+                if seen is None or seen.deleted:
+                    raise NotFound(key, url=self.url)
+                if seen.generation != expected:
+                    raise PreconditionFailed(key, expected, url=self.url)
+                try:
+                    self._put(key, b"", previous=seen.generation, etag=seen.etag, deleted=True)
+                    return
+                except _Refused:
+                    continue  # what we remembered was stale: look once more, to say which error
+            raise PreconditionFailed(key, expected, url=self.url)
+
+    def list(self, prefix: str) -> dict[str, int]:
+        """``{key: generation}`` under ``prefix``: one ListObjectsV2 per 1000 keys, plus one
+        ranged read of the header of each object whose ETag this store has not seen yet."""
+        validate_prefix(prefix)
+        found: dict[str, int] = {}
+        with self._mapped("list", None):
+            token: str | None = None
+            while True:
+                params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+                if token:
+                    params["ContinuationToken"] = token
+                with self._deadline("list", None):
+                    page = self.client.list_objects_v2(**params)
+                for item in page.get("Contents") or ():
+                    key = item["Key"]
+                    seen = self._recall(key)
+                    if seen is None or _bare(seen.etag) != _bare(item.get("ETag", "")):
+                        try:
+                            validate_key(key)
+                        except HandoffLockError:
+                            continue  # not a name any store of ours could have written
+                        seen = self._current(key)
+                    if seen is not None and not seen.deleted:
+                        found[key] = seen.generation
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                if not token:
+                    return found
+
+    # -- requests -------------------------------------------------------------
+
+    def _get(self, key: str, limit: int | None) -> tuple[bytes, _Version, int] | None:
+        """GET the object (its first ``limit + 1`` bytes at most); None if absent.
+
+        Returns the bytes, the version they are, and where the data starts in them.
+        """
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if limit is not None:
+            params["Range"] = f"bytes=0-{limit}"
+        try:
+            with self._deadline("read", key):
+                reply = self.client.get_object(**params)
+                with contextlib.closing(reply["Body"]):
+                    body = reply["Body"].read()
+        except botocore.exceptions.ClientError as exc:
+            status, code = _status(exc), _code(exc)
+            if status == 404 and code != "NoSuchBucket":
+                self._forget(key)
+                return None
+            if status == 416 and limit is not None:  # a Range on an empty (so foreign) object
+                return self._get(key, None)
+            raise
+        etag = reply.get("ETag") or ""
+        size = _object_size(reply, len(body))
+        if limit is None and size != len(body):
+            raise TransientStorageError(
+                f"read {key!r} in {self.url}: the reply ended after {len(body)} of its {size} bytes",
+                url=self.url,
+                key=key,
+                ambiguous=False,
+            )
+        header = s3_format.parse_header(body[: s3_format.MAX_HEADER], size)
+        if header is None:
+            modified = reply.get("LastModified")
+            stamp = int(modified.timestamp() * 1_000_000) if isinstance(modified, _dt.datetime) else 0
+            version = _Version(s3_format.foreign_generation(stamp, etag), etag, False)
+            offset = 0
+        else:
+            version = _Version(header.generation, etag, header.deleted)
+            offset = header.offset
+        self._remember(key, version)
+        return body, version, offset
+
+    def _current(self, key: str) -> _Version | None:
+        """The key's current version, from a read of its first bytes (None if absent)."""
+        found = self._get(key, s3_format.MAX_HEADER)
+        return None if found is None else found[1]
+
+    def _put(self, key: str, data: bytes, *, previous: int, etag: str | None, deleted: bool = False) -> int:
+        """One conditional PUT over the version with ``etag`` (``None``: the key must be absent)."""
+        generation = s3_format.next_generation(previous, time.time_ns() // 1000)
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": s3_format.encode(generation, data, deleted=deleted),
+            "ContentType": "application/octet-stream",
+            "CacheControl": "no-store",
+        }
+        if etag is None:
+            params["IfNoneMatch"] = "*"
+        else:
+            params["IfMatch"] = s3_format.normalize_etag(etag)
+        try:
+            with self._deadline("write", key):
+                reply = self.client.put_object(**params)
+        except botocore.exceptions.ClientError as exc:
+            status, code = _status(exc), _code(exc)
+            if status == 412 or (status == 404 and code == "NoSuchKey"):
+                self._forget(key)
+                raise _Refused() from exc
+            raise
+        new_etag = reply.get("ETag")
+        if new_etag:
+            self._remember(key, _Version(generation, new_etag, deleted))
+        else:
+            self._forget(key)
+        return generation
+
+    def _recall(self, key: str) -> _Version | None:
+        with self._seen_lock:
+            return self._seen.get(key)
+
+    def _remember(self, key: str, version: _Version) -> None:
+        with self._seen_lock:
+            if len(self._seen) >= _SEEN_LIMIT and key not in self._seen:
+                self._seen.clear()
+            self._seen[key] = version
+
+    def _forget(self, key: str) -> None:
+        with self._seen_lock:
+            self._seen.pop(key, None)
+
+    def _make_client(self) -> Any:
+        config = botocore.config.Config(
+            # The deadline cannot cut a connection that is still being made: never wait longer for one.
+            connect_timeout=min(self._timeout[0], self._request_timeout),
+            read_timeout=self._timeout[1],
+            # One attempt per operation: a silently retried conditional PUT can fail against its
+            # own first attempt; the lock's loop (storage/cas.py) retries and reads back instead.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=32,
+            user_agent_extra="handofflock",
+        )
+        try:
+            session = boto3.session.Session(profile_name=self._profile, region_name=self._region)
+            client = session.client("s3", endpoint_url=self._endpoint_url, config=config)
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise StorageError(f"{self.url}: {exc}; check AWS_PROFILE and ~/.aws/config", url=self.url) from exc
+        except Exception as exc:  # a malformed config file or endpoint
+            raise StorageError(f"could not create an S3 client for {self.url}: {exc}", url=self.url) from exc
+        client.meta.events.register("before-send.s3.PutObject", _no_expect_continue)
+        _watch_connections(client)
+        return client
+
+    @contextlib.contextmanager
+    def _deadline(self, op: str, key: str | None) -> Iterator[None]:
+        """One request, its reply read inside the block, within ``request_timeout``.
+
+        Past the deadline the connection is shut down; whatever that breaks is
+        reported as the deadline it is (ambiguous for a write: it may have been applied).
+        """
+        with gcs_deadline.armed(self._request_timeout) as deadline:
+            try:
+                yield
+            except botocore.exceptions.ClientError:
+                if not deadline.cut:
+                    raise
+                raise self._past_deadline(op, key) from None
+            except HandoffLockError:
+                raise
+            except Exception as exc:
+                if not deadline.expired:
+                    raise
+                raise self._past_deadline(op, key) from exc
+            if deadline.cut:
+                # Done, yet its connection was shut down on the way: a reply framed by the end of
+                # the connection alone would look complete though cut short. Not to be trusted.
+                raise self._past_deadline(op, key)
+
+    def _past_deadline(self, op: str, key: str | None) -> TransientStorageError:
+        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+        mutation = op in ("write", "delete")
+        return TransientStorageError(
+            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
+            + ("the request may have been applied" if mutation else "nothing was changed"),
+            url=self.url,
+            key=key,
+            ambiguous=mutation,
+        )
+
+    # -- errors ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mapped(self, op: str, key: str | None) -> Iterator[None]:
+        """Turn every SDK and transport error raised inside into a handofflock error."""
+        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+        mutation = op in ("write", "delete")
+        try:
+            yield
+        except HandoffLockError:
+            raise
+        except botocore.exceptions.ClientError as exc:
+            raise self._client_error(exc, where, key, mutation) from exc
+        except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError) as exc:
+            # EndpointConnectionError is raised when no connection could be made (refused,
+            # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
+            raise TransientStorageError(
+                f"{where}: could not connect ({exc}); nothing was sent", url=self.url, key=key, ambiguous=False
+            ) from exc
+        except botocore.exceptions.ReadTimeoutError as exc:
+            raise TransientStorageError(
+                f"{where}: no reply within {self._timeout[1]}s" + (_MAY_HAVE_APPLIED if mutation else ""),
+                url=self.url,
+                key=key,
+                ambiguous=mutation,
+            ) from exc
+        except (
+            botocore.exceptions.NoCredentialsError,
+            botocore.exceptions.PartialCredentialsError,
+            botocore.exceptions.CredentialRetrievalError,
+            botocore.exceptions.TokenRetrievalError,
+            botocore.exceptions.SSOError,
+        ) as exc:
+            raise StorageError(
+                f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, or run `aws sso login`",
+                url=self.url,
+                key=key,
+            ) from exc
+        except (botocore.exceptions.ParamValidationError, botocore.exceptions.NoRegionError) as exc:
+            raise StorageError(f"{where}: {exc}", url=self.url, key=key) from exc
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            # What is left is the connection failing after the request went out (closed, reset,
+            # a cut reply): conservative, since a write may have been applied.
+            raise TransientStorageError(
+                f"{where}: the connection failed ({exc!r})" + (_MAY_HAVE_APPLIED if mutation else ""),
+                url=self.url,
+                key=key,
+                ambiguous=mutation,
+            ) from exc
+
+    def _client_error(
+        self, exc: botocore.exceptions.ClientError, where: str, key: str | None, mutation: bool
+    ) -> StorageError:
+        status, code = _status(exc), _code(exc)
+        message = _message(exc)
+        retry_after = _retry_after(exc)
+        if status == 404 and code == "NoSuchBucket":
+            return StorageError(
+                f"S3 bucket {self.bucket!r} does not exist (404 NoSuchBucket); create it "
+                f"(`aws s3 mb s3://{self.bucket}`) or check the bucket name in the lock URL "
+                "and the endpoint (AWS_ENDPOINT_URL_S3)",
+                url=self.url,
+                key=key,
+            )
+        if status == 409:
+            # ConditionalRequestConflict: "A conflicting operation occurred. If using PutObject you
+            # can retry the request" (S3 API reference, error codes). It was not applied, and our
+            # retry carries the same If-Match, so it can never replace a change made meanwhile.
+            return TransientStorageError(
+                f"{where}: S3 answered 409 {code} ({message})",
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=False,
+                retry_after=retry_after,
+            )
+        if (status == 503 and code == "SlowDown") or status == 429:
+            # Throttled: refused before anything was applied.
+            return TransientStorageError(
+                f"{where}: S3 asked to slow down ({status} {code}: {message})",
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=False,
+                retry_after=retry_after,
+            )
+        if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
+            # RequestTimeout (400): the request body did not arrive in time; not applied.
+            ambiguous = mutation and status >= 500
+            return TransientStorageError(
+                f"{where}: S3 answered {status} {code} ({message})",
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=ambiguous,
+                retry_after=retry_after,
+            )
+        if status == 403 or status == 401:
+            hint = (
+                "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
+                if where.startswith("read")
+                else ""
+            )
+            return StorageError(
+                f"{where}: permission denied on bucket {self.bucket!r} ({status} {code}: {message}); check which "
+                "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
+                f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
+                url=self.url,
+                key=key,
+            )
+        return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
+
+    def __repr__(self) -> str:
+        return f"S3Storage({self.bucket!r})"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _checked_timeout(timeout: object) -> tuple[float, float]:
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = (timeout, timeout)
+    if (
+        not isinstance(timeout, tuple)
+        or len(timeout) != 2
+        or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf") for t in timeout)
+    ):
+        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
+    return (float(timeout[0]), float(timeout[1]))
+
+
+def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    if value is None:
+        return timeout[0] + timeout[1]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class _Remembering:
+    """Connection mix-in: keep the socket after http.client lets go of it.
+
+    A reply that ends its connection makes http.client close the connection as
+    soon as the head is read; the body is then read from a socket the
+    connection no longer names, and a deadline could not cut it.
+    """
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self._handofflock_sock = self.sock  # type: ignore[attr-defined]
+
+
+class _RememberingAWSHTTPConnection(_Remembering, AWSHTTPConnection):  # type: ignore[misc]  # botocore is untyped
+    pass
+
+
+class _RememberingAWSHTTPSConnection(_Remembering, AWSHTTPSConnection):  # type: ignore[misc]  # botocore is untyped
+    pass
+
+
+class _WatchedAWSHTTPConnectionPool(gcs_deadline._Watched, AWSHTTPConnectionPool):  # type: ignore[misc]  # botocore is untyped
+    ConnectionCls = _RememberingAWSHTTPConnection
+
+
+class _WatchedAWSHTTPSConnectionPool(gcs_deadline._Watched, AWSHTTPSConnectionPool):  # type: ignore[misc]  # botocore is untyped
+    ConnectionCls = _RememberingAWSHTTPSConnection
+
+
+_WATCHED_POOLS = {"http": _WatchedAWSHTTPConnectionPool, "https": _WatchedAWSHTTPSConnectionPool}
+
+
+def _watch_connections(client: Any) -> bool:
+    """Give the client's connection pools the deadline hooks of :mod:`.gcs_deadline`.
+
+    botocore keeps its pool classes on its HTTP session (``_pool_classes_by_scheme``,
+    copied to each pool manager it makes); these are private names, so if a botocore
+    release moves them this returns False and only ``timeout`` bounds the requests.
+    """
+    try:
+        session = client._endpoint.http_session
+        session._pool_classes_by_scheme = _WATCHED_POOLS
+        session._manager.pool_classes_by_scheme = _WATCHED_POOLS
+        for manager in session._proxy_managers.values():
+            manager.pool_classes_by_scheme = _WATCHED_POOLS
+    except AttributeError:  # pragma: no cover - a botocore that keeps its pools elsewhere
+        return False
+    return True
+
+
+def _status(exc: botocore.exceptions.ClientError) -> int:
+    try:
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code") or "")
+
+
+def _message(exc: botocore.exceptions.ClientError) -> str:
+    return " ".join(str(exc.response.get("Error", {}).get("Message") or "no explanation").split())[:300]
+
+
+def _retry_after(exc: botocore.exceptions.ClientError) -> float | None:
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
+    try:
+        value = float(headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _bare(etag: str) -> str:
+    return etag.strip().removeprefix("W/").strip('"')
+
+
+def _object_size(reply: dict[str, Any], received: int) -> int:
+    """The whole object's size: from Content-Range for a ranged read, else Content-Length."""
+    content_range = reply.get("ContentRange") or ""
+    total = content_range.rpartition("/")[2]
+    if total.isdigit():
+        return int(total)
+    length = reply.get("ContentLength")
+    return int(length) if isinstance(length, int) else received
+
+
+def _no_expect_continue(request: Any, **_: Any) -> None:
+    """Send a PUT's body with its head: botocore asks for ``Expect: 100-continue`` on every PutObject.
+
+    That costs a round trip per write (the body waits for the server's ``100
+    Continue``) to spare a large upload a refusal, and a record is under 64 KiB.
+    The header is not signed. Returns None: a value would replace the request's reply.
+    """
+    request.headers.pop("Expect", None)
+
+
+def _fresh_connections_after_fork() -> None:
+    """In a forked child: no store uses a connection it shares with the parent.
+
+    A client this store made is dropped (and kept referenced, so that collecting
+    it never closes a socket the parent still uses); the next request makes a
+    new one. A client passed in is the caller's to replace (see ``client``).
+    """
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for store in list(_STORES):
+        store._client_lock = threading.Lock()
+        store._seen_lock = threading.Lock()
+        if store._owns_client:
+            if store._client is not None:
+                store._inherited.append(store._client)
+            store._client = None
+            store._pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_connections_after_fork)

@@ -1,0 +1,200 @@
+"""The lock on a real moto S3 server, through the fault proxy: the GCS fault scenarios, run on S3.
+
+Each actor talks to moto through its own :class:`FaultProxy` (``dialect="s3"``:
+the errors the proxy answers itself are S3's XML errors, ``SlowDown``,
+``ConditionalRequestConflict``, ``AccessDenied``). The scenarios are the very
+functions of ``test_faults_gcs.py``; on S3 every write is a ``PUT`` (the proxy
+here maps the scenarios' ``POST`` to it) and the record is read out of the S3
+backend's envelope (``Exchange.upload_data``). The invariants are the same:
+a write whose reply was lost is recognised by the nonce read-back, never sent
+again, never reported as a loss.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+import test_faults_gcs as gcs_faults
+from handofflock import HandoffLock, LockLost, StorageError, TransientStorageError, signals
+from handofflock.storage import cas
+from handofflock.storage.s3 import S3Storage
+from handofflock.testing.faultproxy import FaultProxy
+from lockutil import FAST, eventually, raw_read
+from test_faults_gcs import KEY, SCENARIOS, Actor
+
+pytestmark = pytest.mark.s3
+
+
+class S3FaultProxy(FaultProxy):
+    """A FaultProxy in front of moto that takes the GCS scenarios' ``POST`` (an upload) to mean ``PUT``."""
+
+    def inject(self, kind: str, *, method: str | None = None, **kwargs: Any):  # type: ignore[override]
+        return super().inject(kind, method="PUT" if method == "POST" else method, **kwargs)
+
+    def exchanges(self, method: str | None = None, path: str | None = None):  # type: ignore[override]
+        return super().exchanges("PUT" if method == "POST" else method, path)
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    name = f"f-{uuid.uuid4().hex[:16]}"
+    s3_server.create_bucket(name)
+    # The scenarios read the record behind the lock's back through ``url(bucket)``: on S3 here.
+    monkeypatch.setattr(gcs_faults, "url", lambda b: f"s3://{b}/{KEY}")
+    return name
+
+
+@pytest.fixture
+def actor(s3_server, bucket):
+    made: list[Actor] = []
+
+    def make(name: str, *, key: str = KEY, bucket_name: str | None = None, **overrides: Any) -> Actor:
+        proxy = S3FaultProxy(s3_server.url, lifetime=120, dialect="s3").start()
+        store = S3Storage(bucket_name or bucket, endpoint_url=proxy.url, timeout=(1.0, 2.0))
+        lock = HandoffLock(f"s3://{bucket_name or bucket}/{key}", storage=store, key=key, owner_id=name, **{**FAST, **overrides})
+        a = Actor(name, lock, proxy)
+        for sig in (signals.waiting, signals.acquired, signals.released, signals.lost):
+            def receiver(sender, _name=sig.name, **kw):
+                a.events.append((_name, kw))
+            sig.connect(receiver, sender=lock, weak=False)
+            a.receivers.append((sig, receiver))
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        a.lock.cancel()
+        if a.lock.is_held:
+            try:
+                a.lock.release()
+            except Exception:
+                pass
+        a.lock._unschedule()
+        for sig, receiver in a.receivers:
+            sig.disconnect(receiver)
+        a.proxy.stop()
+
+
+def s3_url(bucket: str) -> str:
+    return f"s3://{bucket}/{KEY}"
+
+
+@pytest.mark.parametrize("transition", list(SCENARIOS))
+def test_a_put_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries_on(transition, actor, bucket):
+    SCENARIOS[transition](actor, bucket)
+
+
+@pytest.mark.parametrize("transition", ["create", "handoff", "free"])
+def test_on_s3_the_scenarios_catch_a_lock_without_the_read_back(transition, actor, bucket, monkeypatch):
+    """Not vacuous on S3 either: without the read-back the same scenarios fail."""
+    monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes: None)
+    with pytest.raises(AssertionError):
+        SCENARIOS[transition](actor, bucket)
+
+
+def test_slow_down_replies_are_retried_with_backoff_and_the_acquire_lands(actor, bucket):
+    """Three 503 SlowDown answers to the create, then moto answers: acquire() succeeds after
+    retries spaced by jittered backoff; the SlowDown was refused before it was applied, so no
+    read-back is needed and the create lands once."""
+    a = actor("A")
+    rule = a.proxy.inject("503", method="PUT", times=3)
+    assert a.lock.acquire(timeout=10)
+    assert rule.fired == 3
+    statuses = [ex.status for _, ex in a.writes()]
+    assert statuses[:4] == [503, 503, 503, 200]
+    assert statuses.count(412) == 0
+    assert raw_read(s3_url(bucket))[0].token == a.lock.token
+
+
+def test_a_put_refused_with_409_conditional_request_conflict_is_retried_and_lands(actor, bucket):
+    """S3 answers 409 ConditionalRequestConflict when a conditional PUT races another change and says
+    to retry it. Not applied, so no read-back: the same create goes again at once and lands, once."""
+    a = actor("A")
+    rule = a.proxy.inject("409", method="PUT")
+    started = time.monotonic()
+    assert a.lock.acquire(timeout=5)
+    assert time.monotonic() - started < 2.0
+    assert rule.fired == 1
+    assert [ex.status for _, ex in a.writes()][:2] == [409, 200]
+    assert [ex.method for ex in a.proxy.exchanges()][:3] == ["GET", "PUT", "PUT"], "retried without a read-back"
+    assert raw_read(s3_url(bucket))[0].token == a.lock.token
+
+
+def test_a_store_that_keeps_slowing_down_fails_the_acquire_within_its_deadline(actor, bucket):
+    a = actor("A")
+    a.proxy.inject("503", method="PUT", times=10_000)
+    started = time.monotonic()
+    with pytest.raises(TransientStorageError) as info:
+        a.lock.acquire(timeout=1.0)
+    assert info.value.status == 503 and "slow down" in str(info.value)
+    assert time.monotonic() - started < 1.0 + 1.0
+    assert not a.lock.is_held and raw_read(s3_url(bucket))[0] is None
+
+
+def test_a_put_reset_before_it_was_forwarded_is_retried_and_lands_once(actor, bucket):
+    a = actor("A")
+    a.proxy.inject("reset", method="PUT")
+    assert a.lock.acquire(timeout=5)
+    assert [ex.status for _, ex in a.writes()][:2] == [None, 200]
+    assert raw_read(s3_url(bucket))[0].token == a.lock.token
+    assert a.named("lost") == []
+
+
+def test_refused_connections_delay_but_do_not_break_an_acquire_on_s3(actor, bucket):
+    a = actor("A")
+    a.proxy.refuse_connections(0.5)
+    started = time.monotonic()
+    assert a.lock.acquire(timeout=5)
+    assert time.monotonic() - started >= 0.45
+    assert raw_read(s3_url(bucket))[0].token == a.lock.token
+
+
+def test_access_denied_is_not_retried_and_names_the_s3_permissions(actor, bucket):
+    a = actor("A")
+    a.proxy.inject("403", method="PUT", times=100)
+    started = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        a.lock.acquire(timeout=10)
+    assert not isinstance(info.value, TransientStorageError)
+    assert time.monotonic() - started < 2.0
+    assert len(a.writes()) == 1
+    assert bucket in str(info.value) and "s3:PutObject" in str(info.value)
+
+
+def test_a_renewal_refused_with_access_denied_loses_the_lock_at_once(actor, bucket):
+    a = actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0)
+    assert a.lock.acquire()
+    a.proxy.inject("403", method="PUT", times=100)
+    eventually(lambda: a.named("lost"), timeout=3, what="the lock to be reported lost")
+    with pytest.raises(LockLost):
+        a.lock.check()
+    (lost,) = a.named("lost")
+    assert isinstance(lost["error"].cause, StorageError)
+
+
+def test_a_missing_bucket_is_not_retried_and_says_to_create_it(actor):
+    a = actor("A", bucket_name="no-such-bucket-" + uuid.uuid4().hex[:8])
+    with pytest.raises(StorageError) as info:
+        a.lock.acquire(timeout=10)
+    assert not isinstance(info.value, TransientStorageError)
+    assert "does not exist" in str(info.value) and "aws s3 mb" in str(info.value)
+
+
+def test_a_fenced_append_whose_reply_and_read_backs_are_lost_lands_once_on_s3(actor, bucket):
+    """FencedObject on S3: an append whose PUT reply is dropped and whose next two reads are reset
+    is in the object exactly once."""
+    from handofflock.fencing import FencedObject
+
+    a = actor("A")
+    assert a.lock.acquire()
+    journal = FencedObject.beside(a.lock, "journal.json")
+    journal.append({"n": 1})
+    drop = a.proxy.inject("drop_reply", method="PUT", path="journal.json", body=b'"n":2')
+    a.proxy.inject("reset", method="GET", path="journal.json", times=2, when=lambda ex: drop.fired)
+    journal.append({"n": 2})
+    assert drop.fired == 1
+    assert FencedObject(S3Storage(bucket), "locks/journal.json").read().payload == [{"n": 1}, {"n": 2}]
