@@ -327,6 +327,13 @@ class S3Storage:
     def _put(self, key: str, data: bytes, *, previous: int, etag: str | None, deleted: bool = False) -> int:
         """One conditional PUT over the version with ``etag`` (``None``: the key must be absent)."""
         generation = s3_format.next_generation(previous, time.time_ns() // 1000)
+        if generation is None:
+            raise StorageError(
+                f"generation of {key!r} in {self.url} would pass 2**63-1: the object was written by something "
+                "else; inspect it, then delete it by hand (for example `aws s3 rm`)",
+                url=self.url,
+                key=key,
+            )
         params: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": key,

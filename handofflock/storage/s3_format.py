@@ -78,9 +78,14 @@ def foreign_generation(last_modified_us: int, etag: str) -> int:
     return max(1, min(last_modified_us + int(digits, 16) % 1_000_000, MAX_GENERATION))
 
 
-def next_generation(previous: int, now_us: int) -> int:
-    """The generation a write after ``previous`` gets: ``max(previous + 1, now in microseconds)``."""
-    return min(max(previous + 1, now_us), MAX_GENERATION)
+def next_generation(previous: int, now_us: int) -> int | None:
+    """The generation a write after ``previous`` gets: ``max(previous + 1, now in microseconds)``.
+
+    None past :data:`MAX_GENERATION`: the key has no higher generation to give, and a write at
+    the same one again would let an old ETag match again (the caller refuses the write).
+    """
+    generation = max(previous + 1, now_us)
+    return generation if generation <= MAX_GENERATION else None
 
 
 def normalize_etag(etag: str) -> str:
