@@ -287,7 +287,8 @@ def test_a_command_stopped_past_its_lease_is_killed_not_continued(tmp_path):
     (("--signal", "9"), "cannot ask a command to stop"),
     (("--signal", "STOP"), "cannot ask a command to stop"),
     (("--timeout", "nan"), "--timeout must be a finite number"),
-    (("--grace", "inf"), "--grace must be a finite number"),
+    (("--grace", "inf"), "--grace must be a number of seconds in [0, 604800]"),
+    (("--grace", "nan"), "--grace must be a number of seconds in [0, 604800]"),
 ])
 def test_nonsense_options_get_a_usage_error_not_a_traceback(tmp_path, args, message):
     proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), *args, "--", "true"],

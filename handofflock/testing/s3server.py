@@ -64,7 +64,7 @@ def s3_env(endpoint: str) -> Iterator[None]:
 
 
 class MotoS3Server:
-    """moto's S3 server (``python -m moto.server``) in a child process on 127.0.0.1.
+    """moto's S3 server in a child process on 127.0.0.1, one request at a time (:mod:`._moto_serial`).
 
     It keeps everything in memory and is stopped (terminate, wait, kill) on
     :meth:`stop`, on leaving the ``with`` block, or at interpreter exit.
@@ -107,7 +107,7 @@ class MotoS3Server:
                     log.write(f"--- attempt {attempt + 1}: port {self.port}\n".encode())
                     log.flush()
                     self._process = subprocess.Popen(
-                        [sys.executable, "-m", "moto.server", "-H", _HOST, "-p", str(self.port)],
+                        [sys.executable, "-m", "handofflock.testing._moto_serial", _HOST, str(self.port)],
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
