@@ -27,7 +27,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie is dead for our purposes
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between the kill(0) and the read (ESRCH)
         return False
 
 
