@@ -152,7 +152,7 @@ def test_metrics_flow_to_a_global_provider_the_application_sets_after_importing_
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-        lock = HandoffLock("memory://global/train.json", min_write_interval=0)
+        lock = HandoffLock("memory://global/train.json")
         assert lock.acquire(); lock.release()          # before any provider: a no-op
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
@@ -174,7 +174,7 @@ def test_without_opentelemetry_installed_the_hooks_are_no_ops():
         sys.modules["opentelemetry"] = None   # as if the otel extra were not installed
         from handofflock import HandoffLock
         from handofflock.lock import metrics
-        lock = HandoffLock("memory://bare/train.json", min_write_interval=0)
+        lock = HandoffLock("memory://bare/train.json")
         assert lock.acquire(); lock.release()
         print(metrics.enabled())
         try:

@@ -166,7 +166,7 @@ def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(
     raising("handofflock.renewal.errors")
     store = _FailingWrites(MemoryStorage.named(name))
     lock = HandoffLock(
-        "unused", storage=store, key="l.json", ttl=6.0, renew_interval=0.5, renew_deadline=3.0, min_write_interval=0.0
+        "unused", storage=store, key="l.json", ttl=6.0, renew_interval=0.5, renew_deadline=3.0
     )
     try:
         assert lock.acquire()
