@@ -8,9 +8,10 @@ must not exist".
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
-from ..core.errors import InvalidKey
+from ..core.errors import ConfigurationError, InvalidKey
 from ..core.record import MAX_RECORD_BYTES as MAX_RECORD_BYTES  # the record's limit, enforced by every store
 
 #: GCS's own limit on object names, in UTF-8 bytes.
@@ -122,3 +123,28 @@ def validate_max_bytes(max_bytes: object) -> int | None:
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
         raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
     return max_bytes
+
+
+# --------------------------------------------------------------------------- options the HTTP stores share
+
+
+def positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
+def checked_timeout(timeout: object) -> tuple[float, float]:
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = (timeout, timeout)
+    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(positive_number(t) for t in timeout):
+        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
+    return (float(timeout[0]), float(timeout[1]))
+
+
+def checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    if value is None:
+        # A reply that keeps coming, however slowly, never trips the read timeout; the
+        # default allows what a request that uses both its timeouts in full could take.
+        return timeout[0] + timeout[1]
+    if not positive_number(value):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]

@@ -54,12 +54,17 @@ from ..core.errors import (
     TransientStorageError,
 )
 from . import _BUCKET_RE, gcs_deadline
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
+from .base import (
+    checked_request_timeout,
+    checked_timeout,
+    validate_generation,
+    validate_key,
+    validate_max_bytes,
+    validate_prefix,
+)
 from .gcs_http import (
     caused_by,
     check_length,
-    checked_request_timeout,
-    checked_timeout,
     checked_user_project,
     error_message,
     exc_reason,

@@ -29,28 +29,6 @@ except ImportError:  # pragma: no cover
 ERROR_BODY_BYTES = 4096
 
 
-def positive_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
-
-
-def checked_timeout(timeout: object) -> tuple[float, float]:
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = (timeout, timeout)
-    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(positive_number(t) for t in timeout):
-        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
-    return (float(timeout[0]), float(timeout[1]))
-
-
-def checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
-    if value is None:
-        # A reply that keeps coming, however slowly, never trips the read timeout; the
-        # default allows what a request that uses both its timeouts in full could take.
-        return timeout[0] + timeout[1]
-    if not positive_number(value):
-        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
 # Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
 _PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
 

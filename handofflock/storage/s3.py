@@ -46,7 +46,14 @@ from ..core.errors import (
     TransientStorageError,
 )
 from . import gcs_deadline, s3_format
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
+from .base import (
+    checked_request_timeout,
+    checked_timeout,
+    validate_generation,
+    validate_key,
+    validate_max_bytes,
+    validate_prefix,
+)
 
 #: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -124,8 +131,8 @@ class S3Storage:
             )
         self.bucket = bucket
         self.url = f"s3://{bucket}"
-        self._timeout = _checked_timeout(timeout)
-        self._request_timeout = _checked_request_timeout(request_timeout, self._timeout)
+        self._timeout = checked_timeout(timeout)
+        self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
         self._endpoint_url = endpoint_url
         self._profile = profile
         self._region = region
@@ -551,26 +558,6 @@ class S3Storage:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _checked_timeout(timeout: object) -> tuple[float, float]:
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = (timeout, timeout)
-    if (
-        not isinstance(timeout, tuple)
-        or len(timeout) != 2
-        or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf") for t in timeout)
-    ):
-        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
-    return (float(timeout[0]), float(timeout[1]))
-
-
-def _checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
-    if value is None:
-        return timeout[0] + timeout[1]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
 
 
 class _Remembering:
