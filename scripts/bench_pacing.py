@@ -3,7 +3,7 @@
 
     python scripts/bench_pacing.py [--handoffs 200] [--compare 50] [--json PATH]
 
-Two processes (tests/procs/xproc.py, each one ``HandoffLock("gs://…", ttl=5)``)
+Two processes (tests/support/procs/xproc.py, each one ``HandoffLock("gs://…", ttl=5)``)
 pass one lock back and forth through a real fake-gcs-server on 127.0.0.1 (or
 the emulator named by STORAGE_EMULATOR_HOST): each acquires (becoming the
 waiter while the other holds), holds until it is asked, and releases, which
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PROC = ROOT / "tests" / "procs" / "xproc.py"
+PROC = ROOT / "tests" / "support" / "procs" / "xproc.py"
 TTL, POLL, CHECK = 5.0, 1.0, 2.0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the deterministic simulation of the lock over many seeds (see tests/simulation.py).
+"""Run the deterministic simulation of the lock over many seeds (see tests/support/simulation.py).
 
     python scripts/simulate.py --seeds 2000          # N seeds, K violations; exit 1 if K > 0
     python scripts/simulate.py --seed 1234           # replay one seed, with its trace
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 import simulation  # noqa: E402
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import signal
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,11 @@ from handofflock.storage.gcs import GCSStorage
 import os
 
 from handofflock.testing import ExternalEmulator, FakeGCSServer
+
+# The helpers every folder shares (lockutil, jobsutil, simworld, the processes in procs/, ...) live in
+# tests/support/; test folders have no __init__.py (pytest's prepend import mode), so put it on the path.
+SUPPORT = Path(__file__).resolve().parent / "support"
+sys.path.insert(0, str(SUPPORT))
 
 #: An emulator named when the session starts (Google's storage-testbench, say) replaces fake-gcs-server.
 EXTERNAL = os.environ.get("STORAGE_EMULATOR_HOST")
@@ -108,7 +115,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def world():
-    """A fresh simulated world: memory store, SimClock, schedulers (tests/simworld.py)."""
+    """A fresh simulated world: memory store, SimClock, schedulers (tests/support/simworld.py)."""
     from simworld import new_world
 
     return new_world()

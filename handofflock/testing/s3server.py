@@ -3,7 +3,7 @@
 moto (``pip install 'moto[server]'``, in the ``test`` extra) answers the S3 REST
 API, and from 5.1 on honours ``If-None-Match: *`` and ``If-Match`` on
 ``PutObject`` (the suite proves it with a 16-thread race before trusting it;
-see tests/test_s3_backend.py). :class:`MotoS3Server` starts it on a free port,
+see tests/storage/test_s3_backend.py). :class:`MotoS3Server` starts it on a free port,
 waits until it answers, and :meth:`MotoS3Server.env` points boto3 at it with
 throw-away credentials.
 

@@ -27,7 +27,7 @@ from handofflock.storage import MemoryStorage
 
 NOW = 1_700_000_000.0
 POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OWNER, WAITER = Label("pod=ml/train-0 pid=1", grace=30.0), Label("host=gpu-3 pid=42 slurm=812345")
 
 

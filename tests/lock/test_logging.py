@@ -15,7 +15,7 @@ from handofflock.lock import logfields
 
 from lockutil import eventually, make_lock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def loggers_in_source() -> set[str]:

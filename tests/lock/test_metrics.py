@@ -215,7 +215,7 @@ def value(samples: dict[str, float], name: str) -> float:
 @pytest.mark.timeout(90)
 def test_the_prometheus_example_serves_the_lock_metrics_on_localhost():
     port = free_port()
-    example = Path(__file__).resolve().parent.parent / "examples" / "prometheus_metrics.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "prometheus_metrics.py"
     proc = subprocess.Popen([sys.executable, str(example), "--port", str(port), "--duration", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -1,6 +1,6 @@
 """The lock used the way users use it: separate processes, the real fake-gcs-server, the store's default pacing.
 
-Every process here is ``tests/procs/xproc.py``: one ``HandoffLock("gs://…", ttl=…)``
+Every process here is ``tests/support/procs/xproc.py``: one ``HandoffLock("gs://…", ttl=…)``
 built without ``min_write_interval``, so GCS's default spacing (one write per
 second per object, from each process) applies, as it does for a new user.
 Each process stamps what it did with ``time.monotonic()``, which is one clock
@@ -35,7 +35,7 @@ from handofflock.testing.faultproxy import FaultProxy
 from handofflock.core.record import LockRecord
 from lockutil import raw_read, url_for
 
-PROC = Path(__file__).parent / "procs" / "xproc.py"
+PROC = Path(__file__).resolve().parents[1] / "support" / "procs" / "xproc.py"
 
 pytestmark = pytest.mark.gcs
 

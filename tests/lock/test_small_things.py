@@ -1,5 +1,5 @@
-"""Issue 17's small things, one test each (the runner's "passing SIGINT on to" is in tests/test_cli.py,
-the far-future expiry in tests/test_labels.py)."""
+"""Issue 17's small things, one test each (the runner's "passing SIGINT on to" is in tests/runner/test_cli.py,
+the far-future expiry in tests/lock/test_labels.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The deterministic simulation (tests/simulation.py, scripts/simulate.py) as part of the suite.
+"""The deterministic simulation (tests/support/simulation.py, scripts/simulate.py) as part of the suite.
 
 2,000 seeds must show no violation; each bug that can be planted must be found
 within those seeds (so the checker can fail); a seed replays exactly.

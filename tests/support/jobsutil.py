@@ -13,7 +13,7 @@ from lockutil import url_for
 
 SHARED_BACKENDS = ["local", "gcs"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The console script installed with the package (next to the venv's python).
 CONSOLE_SCRIPT = Path(sys.executable).parent / "handofflock"
 

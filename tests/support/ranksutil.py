@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 

@@ -45,7 +45,7 @@ from handofflock.testing.faultproxy import FaultProxy
 from handofflock.storage import gcs_deadline, open_url
 from handofflock.storage.gcs import GCSStorage
 
-PACKAGE = Path(__file__).resolve().parent.parent / "handofflock"
+PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 

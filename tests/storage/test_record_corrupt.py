@@ -528,7 +528,7 @@ def test_on_every_backend_a_corrupt_record_is_reported_kept_and_can_be_force_rel
     clock, _ = sim
     gen = any_store.write(KEY, GARBAGE, if_generation_match=0)
     # No pacing: the subject is what a corrupt record does on each backend, on a simulated clock;
-    # GCS's spacing would only add simulated seconds between the writes (tests/test_xproc_gcs.py paces).
+    # GCS's spacing would only add simulated seconds between the writes (tests/processes/test_xproc_gcs.py paces).
     lock = make_lock(any_store, sim, "A", min_write_interval=0.0)
     with pytest.raises(LockRecordCorrupt) as info:
         lock.acquire(blocking=False)

@@ -32,7 +32,7 @@ from handofflock.storage import MemoryStorage, open_url
 from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
 from lockutil import eventually, make_lock, raw_read, raw_write
 
-JOB = Path(__file__).parent / "procs" / "job.py"
+JOB = Path(__file__).resolve().parents[1] / "support" / "procs" / "job.py"
 PY = sys.executable
 
 

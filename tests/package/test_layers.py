@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "handofflock"
+PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
 LAYERS = ["core", "storage", "lock", "edges", "testing", "demo", "package"]
 
 

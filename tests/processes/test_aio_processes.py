@@ -1,7 +1,7 @@
 """Handoffs across OS processes between the sync lock and the async one, both ways.
 
-A sync owner (tests/procs/lockproc.py) hands off to an async waiter
-(tests/procs/asyncproc.py), and an async owner to a sync waiter, on the GCS
+A sync owner (tests/support/procs/lockproc.py) hands off to an async waiter
+(tests/support/procs/asyncproc.py), and an async owner to a sync waiter, on the GCS
 emulator and on the local backend, with the store's default pacing. Each
 direction runs once under asyncio and once under trio.
 """
@@ -18,7 +18,7 @@ import pytest
 
 from lockutil import url_for
 
-PROCS = Path(__file__).parent / "procs"
+PROCS = Path(__file__).resolve().parents[1] / "support" / "procs"
 
 
 def spawn(script: str, *args: str) -> subprocess.Popen:

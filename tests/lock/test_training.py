@@ -102,7 +102,7 @@ def test_a_waiter_stops_the_loop_within_the_check_interval_and_gets_a_higher_tok
 
 
 def test_the_measurement_script_runs_and_the_flag_costs_well_under_a_microsecond():
-    script = Path(__file__).resolve().parent.parent / "scripts" / "measure_yield_check.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "measure_yield_check.py"
     out = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=60, check=True).stdout
     flag = float(re.search(r"lock.release_requested\s+([0-9.]+) ns/call", out).group(1))
     per_step = float(re.search(r"lock.steps\(\) per item\s+(-?[0-9.]+) ns", out).group(1))

@@ -1,6 +1,6 @@
 """Fork safety: a forked child gets fresh connections and a fresh scheduler, and the parent's lock stays the parent's.
 
-Each scenario runs in tests/procs/forked.py, a process of its own: forking
+Each scenario runs in tests/support/procs/forked.py, a process of its own: forking
 pytest, which runs threads, could deadlock for reasons of its own.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from lockutil import url_for
 
-FORKED = Path(__file__).parent / "procs" / "forked.py"
+FORKED = Path(__file__).resolve().parents[1] / "support" / "procs" / "forked.py"
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,6 +1,6 @@
 """The lock used the way users use it, on S3: separate processes, the real moto server, the default pacing (none).
 
-The same harness and checks as ``test_xproc_gcs.py`` (``tests/procs/xproc.py``
+The same harness and checks as ``test_xproc_gcs.py`` (``tests/support/procs/xproc.py``
 processes; no overlapping holds, strictly increasing tokens, no loss, no
 error escaping acquire or release); on S3 no write spacing applies by default.
 """

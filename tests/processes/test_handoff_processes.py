@@ -12,7 +12,7 @@ import pytest
 
 from lockutil import url_for
 
-PROC = Path(__file__).parent / "procs" / "lockproc.py"
+PROC = Path(__file__).resolve().parents[1] / "support" / "procs" / "lockproc.py"
 
 
 def spawn(role: str, url: str) -> subprocess.Popen:

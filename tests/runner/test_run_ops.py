@@ -30,7 +30,7 @@ from handofflock.lock import events as lock_signals
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
 PY = sys.executable
-JOB = Path(__file__).parent / "procs" / "job.py"
+JOB = Path(__file__).resolve().parents[1] / "support" / "procs" / "job.py"
 
 
 def alive(pid: int) -> bool:

@@ -16,7 +16,7 @@ the owner the record names (by instance), tokens never go back, and the
 waiter slot names nobody (no acquire is running between rules) unless an
 injected fault kept the acquire from giving it back. When a rule sequence
 fails, Hypothesis shrinks it to a short story; the seeded random walk of
-tests/simulation.py explores longer ones, with threads interleaved inside
+tests/support/simulation.py explores longer ones, with threads interleaved inside
 operations, which rules cannot do. Four of the simulation's five planted bugs
 are checked to be found here too.
 """
