@@ -17,16 +17,13 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from handofflock import (
-    RequestReason,
     AcquireCancelled,
     Clock,
     ConfigurationError,
     HandoffLock,
-    LockLost,
     LockRecord,
     LockRecordCorrupt,
     LockTimeout,
-    ReleaseRequest,
     Scheduler,
     StorageError,
     TokensExhausted,
@@ -209,69 +206,7 @@ def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the
 # --------------------------------------------------------------------------- 4. a failed release can be retried
 
 
-def test_a_release_whose_write_failed_can_be_retried_and_hands_the_lock_to_the_waiter(world):
-    owner, waiter = world.lock("O"), world.lock("W")
-    assert owner.acquire()
-    outcome: dict[str, object] = {}
-
-    def asked(sender, **kw):
-        world.store.faults.fail_next("write", key=KEY, count=1000)  # the store refuses every write for now
-        try:
-            sender.release()
-        except TransientStorageError as exc:
-            outcome["first"] = exc
-        world.store.faults.clear()
-        outcome["second"] = sender.release()
-
-    with signals.on_release_requested.connected_to(asked, sender=owner):
-        assert waiter.acquire(timeout=60)
-    assert isinstance(outcome["first"], TransientStorageError)
-    assert outcome["second"] == "W"
-    assert world.record().owner_id == "W" and waiter.is_held
-
-
-def test_a_release_whose_write_failed_is_retried_in_the_background(world):
-    owner, waiter = world.lock("O"), world.lock("W")
-    assert owner.acquire()
-    outcome: dict[str, object] = {}
-
-    def asked(sender, **kw):
-        world.store.faults.fail_next("write", key=KEY, count=1000)
-        try:
-            sender.release()
-        except TransientStorageError as exc:
-            outcome["first"] = exc
-        world.store.faults.clear()  # the store recovers; nobody calls release() again
-
-    with signals.on_release_requested.connected_to(asked, sender=owner):
-        assert waiter.acquire(timeout=60)
-    assert isinstance(outcome["first"], TransientStorageError)
-    assert world.record().owner_id == "W", "the background retry handed the lock over"
-    assert not owner.is_held
-
-
 # --------------------------------------------------------------------------- 5. a request belongs to its hold
-
-
-def test_a_release_request_does_not_outlive_a_hold_that_was_lost(world):
-    a = world.lock("A")
-    assert a.acquire()
-    a.request_release("operator")
-    record = world.record()
-    world.store.write(KEY, record.replace(owner_id="thief", token=record.token + 1, nonce="t").encode(),
-                      if_generation_match=world.generation())
-    world.clock.advance(a.renew_interval)
-    world.sched.run_pending()  # the renewal finds the lock taken: lost
-    assert not a.is_held
-    with pytest.raises(LockLost):
-        a.release()
-    assert a.release_requested is False and a.release_request is None
-    # The next hold starts un-asked: steps() yields.
-    world.store.write(KEY, world.record().replace(owner_id=None, expires_at=None, nonce="f").encode(),
-                      if_generation_match=world.generation())
-    assert a.acquire(timeout=5)
-    assert list(a.steps(range(3))) == [0, 1, 2]
-    a.release()
 
 
 # --------------------------------------------------------------------------- 7. smaller defects
@@ -288,17 +223,6 @@ def test_a_cancel_that_comes_just_before_acquire_starts_is_not_dropped(world):
     with pytest.raises(AcquireCancelled):
         a.acquire(timeout=5)
     assert a.acquire(timeout=5), "a cancel applies to one acquire only"
-    a.release()
-
-
-def test_release_request_receivers_get_the_request(world):
-    a = world.lock("A")
-    assert a.acquire()
-    got: list[dict] = []
-    with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=a):
-        a.request_release(RequestReason.OPERATOR, requester="ops")
-        world.sched.run_pending()
-    assert isinstance(got[0]["request"], ReleaseRequest) and got[0]["request"].requester == "ops"
     a.release()
 
 

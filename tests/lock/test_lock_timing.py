@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 import uuid
@@ -118,51 +116,6 @@ def test_a_renewal_that_loses_a_race_with_the_waiter_retries_and_keeps_the_waite
     assert after.owner_id == lock.owner_id and after.waiting_owner_id == "w"
     assert after.expires_at == pytest.approx(clock.time() + 60)
     assert lock.release_requested and lock.release_request.requester == "w"
-
-
-def test_release_from_a_signal_handler_during_a_blocking_acquire_cancels_it_without_deadlock():
-    url = f"memory://sig-{uuid.uuid4().hex[:8]}/train.json"
-    owner = make_lock(url)
-    assert owner.acquire()
-    waiter = make_lock(url, waiter_ttl=5.0)
-    old = signal.signal(signal.SIGUSR1, lambda *a: waiter.release())
-    try:
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
-        timer.start()
-        with pytest.raises(AcquireCancelled):
-            waiter.acquire(timeout=10)
-        timer.join()
-    finally:
-        signal.signal(signal.SIGUSR1, old)
-        owner.release()
-    assert raw_read(url)[0].waiting_owner_id is None
-
-
-def test_release_from_a_signal_handler_while_the_main_thread_is_inside_the_library_is_deferred():
-    url = f"memory://sig-{uuid.uuid4().hex[:8]}/train.json"
-    lock = make_lock(url)
-    assert lock.acquire()
-    store = MemoryStorage.named(url.split("/")[2])
-    fired = []
-    # Deliver the signal while status() holds the lock's I/O mutex in this very thread.
-    real_read = store.read
-
-    def read_and_get_signalled(key, **kw):
-        os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.05)  # the handler runs here, between bytecodes of this thread
-        return real_read(key, **kw)
-
-    old = signal.signal(signal.SIGUSR1, lambda *a: fired.append(lock.release()))
-    store.read = read_and_get_signalled
-    try:
-        status = lock.status()
-    finally:
-        store.read = real_read
-        signal.signal(signal.SIGUSR1, old)
-    assert fired == [None], "the handler ran and returned at once"
-    assert status.owner_id == lock.owner_id
-    assert not lock.is_held, "the deferred release ran when status() returned"
-    assert raw_read(url)[0].owner_id is None
 
 
 def test_the_constructor_does_no_io_and_validates_intervals():

@@ -1,4 +1,8 @@
-"""Requests that can go away (issue 17, part 2): a waiter that leaves or expires withdraws its request."""
+"""Release requests: receivers get them, and they belong to the hold and the waiter that made them.
+
+A request that can go away (issue 17, part 2): a waiter that leaves or expires withdraws its
+request; a hold that was lost does not pass its requests on to the next.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +18,15 @@ from handofflock import (
     AcquireCancelled,
     HandoffLock,
     HandoffLockError,
+    LockLost,
     LockTimeout,
+    ReleaseRequest,
+    RequestReason,
     signals,
 )
+from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
+from simworld import KEY
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -210,3 +219,73 @@ def test_a_release_racing_a_withdrawal_hands_the_lock_to_exactly_one_or_frees_it
     outcomes = [_race_once(made, i) for i in range(12)]
     print("outcomes", {k: outcomes.count(k) for k in ("handed", "freed")})
     assert len(outcomes) == 12  # which side wins each time is up to the scheduler: both are correct
+
+
+def test_release_request_receivers_get_the_request(world):
+    a = world.lock("A")
+    assert a.acquire()
+    got: list[dict] = []
+    with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=a):
+        a.request_release(RequestReason.OPERATOR, requester="ops")
+        world.sched.run_pending()
+    assert isinstance(got[0]["request"], ReleaseRequest) and got[0]["request"].requester == "ops"
+    a.release()
+
+
+def test_a_release_request_does_not_outlive_a_hold_that_was_lost(world):
+    a = world.lock("A")
+    assert a.acquire()
+    a.request_release("operator")
+    record = world.record()
+    world.store.write(KEY, record.replace(owner_id="thief", token=record.token + 1, nonce="t").encode(),
+                      if_generation_match=world.generation())
+    world.clock.advance(a.renew_interval)
+    world.sched.run_pending()  # the renewal finds the lock taken: lost
+    assert not a.is_held
+    with pytest.raises(LockLost):
+        a.release()
+    assert a.release_requested is False and a.release_request is None
+    # The next hold starts un-asked: steps() yields.
+    world.store.write(KEY, world.record().replace(owner_id=None, expires_at=None, nonce="f").encode(),
+                      if_generation_match=world.generation())
+    assert a.acquire(timeout=5)
+    assert list(a.steps(range(3))) == [0, 1, 2]
+    a.release()
+
+
+def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold():
+    """A lock that was lost keeps its hold's requests (``_end_hold`` runs only from ``release()``),
+    and ``acquire()`` is allowed from LOST. The next hold starts with ``release_requested`` True,
+    naming a waiter of the previous hold who is long gone (here: it became the owner and left):
+    a ``steps()`` loop stops before its first step and hands the lock to nobody. (The new
+    withdrawal mechanism clears it at the first waiter check, an interval later; a signal's or
+    a preemption notice's request from the previous hold is never withdrawn.)"""
+    name = f"edge-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}/locks/l.json"
+    owner, waiter = make_lock(url), make_lock(url)
+    got: dict[str, object] = {}
+    try:
+        assert owner.acquire()
+        t = threading.Thread(target=lambda: got.setdefault("w", waiter.acquire(timeout=20)), daemon=True)
+        t.start()
+        eventually(lambda: owner.release_requested, what="the owner hears of the waiter")
+        force_release(url)  # an operator clears the lock: the waiter takes it, the owner finds out
+        t.join(20)
+        assert got.get("w") is True and waiter.is_held
+        eventually(lambda: owner._state == "lost", what="the owner notices its loss")
+        waiter.release()
+        assert owner.acquire(blocking=False)  # the same instance takes the lock again (no release() between)
+        stale = owner.release_request
+        assert not owner.release_requested, (
+            f"the new hold starts with the previous hold's request standing: {stale}"
+        )
+    finally:
+        for lk in (owner, waiter):
+            lk.cancel()
+            if lk.is_held:
+                try:
+                    lk.release()
+                except HandoffLockError:
+                    pass
+            lk._unschedule()
+        MemoryStorage.forget(name)
