@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time as _time
+from collections.abc import Callable
 
 _REAL_TIMEBASE = "time.monotonic"
 
@@ -52,13 +53,43 @@ class FakeClock(Clock):
 
     ``wait()`` returns when the event is set or when :meth:`advance` has moved
     the clock past the deadline, so background loops run on test time.
+
+    With ``step`` set, waiting *is* the passage of time, for tests that have no
+    other thread to advance the clock: a bounded ``wait()`` advances the clock
+    itself, ``step`` seconds at a time, and after each step runs the
+    :attr:`on_tick` callbacks (typically ``scheduler.run_pending``), so a lock
+    polling in the test's thread and the background duties of other locks
+    interleave deterministically. Callbacks are not re-entered: a wait inside a
+    callback (a backoff, say) just lets time pass. An unbounded wait raises.
+
+    Every bounded wait asked for is noted in :attr:`waits`, in order (backoffs,
+    polls, gates); :meth:`wait_for_waits` lets a test block until a thread has
+    begun its n-th one. :attr:`on_wait` callbacks run as each wait begins (a
+    test parks a background loop there). :meth:`skewed` gives a view of the
+    same clock with a wall time off by some seconds (another host)::
+
+        clock = FakeClock(step=0.25)
+        clock.on_tick.append(scheduler.run_pending)
+        lock.acquire(timeout=30)     # polls, and the owner's duties run, on simulated time
     """
 
-    def __init__(self, start: float = 1_700_000_000.0, monotonic_start: float = 1000.0) -> None:
+    def __init__(
+        self, start: float = 1_700_000_000.0, monotonic_start: float = 1000.0, *, step: float | None = None
+    ) -> None:
         super().__init__()
+        if step is not None and not step > 0:
+            raise ValueError("step must be a positive number of seconds")
         self._wall = start
         self._mono = monotonic_start
         self._cond = threading.Condition()
+        self.step = step
+        #: Run after each step of a self-advancing wait (``step`` set).
+        self.on_tick: list[Callable[[], object]] = []
+        #: Run with the timeout as each wait begins, before it waits.
+        self.on_wait: list[Callable[[float | None], object]] = []
+        #: Every bounded wait asked for, in order.
+        self.waits: list[float] = []
+        self._ticking = False
 
     def time(self) -> float:
         with self._cond:
@@ -84,7 +115,14 @@ class FakeClock(Clock):
             self._cond.notify_all()
 
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        for callback in list(self.on_wait):
+            callback(timeout)
+        if self.step is not None:
+            return self._wait_stepping(event, timeout, self.step)
         with self._cond:
+            if timeout is not None:
+                self.waits.append(timeout)
+                self._cond.notify_all()
             deadline = None if timeout is None else self._mono + timeout
             while not event.is_set():
                 if deadline is not None and self._mono >= deadline:
@@ -93,5 +131,86 @@ class FakeClock(Clock):
                 self._cond.wait(0.01)
             return True
 
+    def _wait_stepping(self, event: threading.Event, timeout: float | None, step: float) -> bool:
+        if event.is_set():
+            return True
+        if timeout is None:
+            raise AssertionError("an unbounded wait would never end on a self-advancing clock")
+        with self._cond:
+            self.waits.append(timeout)
+            self._cond.notify_all()
+        end = self.monotonic() + timeout
+        while not event.is_set():
+            left = end - self.monotonic()
+            if left <= 1e-9:
+                # A real wait always lets some time pass, however short. Without this, a caller
+                # whose deadline is a rounding error away would wait for nothing, again and again.
+                self.advance(1e-9)
+                return False
+            self.advance(min(step, left))
+            self.tick()
+        return True
+
     def sleep(self, seconds: float) -> None:
         self.wait(threading.Event(), seconds)
+
+    def tick(self) -> None:
+        """Run the :attr:`on_tick` callbacks once (unless already running them)."""
+        if self._ticking:
+            return
+        self._ticking = True
+        try:
+            for callback in list(self.on_tick):
+                callback()
+        finally:
+            self._ticking = False
+
+    def at(self, when: float, callback: Callable[[], object]) -> None:
+        """Run ``callback`` once, at the first tick at or after monotonic time ``when``."""
+        done = False
+
+        def once() -> None:
+            nonlocal done
+            if not done and self.monotonic() >= when:
+                done = True
+                callback()
+
+        self.on_tick.append(once)
+
+    def run_for(self, seconds: float) -> None:
+        """Let ``seconds`` of time pass: ticking as it goes with ``step`` set, else waiting for :meth:`advance`."""
+        self.wait(threading.Event(), seconds)
+
+    def wait_for_waits(self, n: int, timeout: float = 10.0) -> None:
+        """Block, in real time, until ``n`` bounded waits have begun on this clock (a thread is asleep again)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.waits) >= n, timeout):
+                raise TimeoutError(f"only {len(self.waits)} of {n} waits began within {timeout} s")
+
+    def skewed(self, seconds: float) -> Clock:
+        """A view of this clock whose wall time is ``seconds`` off: the same monotonic time and waits (another host)."""
+        return _SkewedView(self, seconds)
+
+
+class _SkewedView(Clock):
+    """One host's view of a shared :class:`FakeClock`, its wall clock off by ``skew``."""
+
+    def __init__(self, base: FakeClock, skew: float) -> None:
+        super().__init__()
+        self.base, self.skew = base, skew
+
+    def time(self) -> float:
+        return self.base.time() + self.skew
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+    @property
+    def timebase(self) -> object:
+        return self.base.timebase
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        return self.base.wait(event, timeout)
+
+    def sleep(self, seconds: float) -> None:
+        self.base.sleep(seconds)

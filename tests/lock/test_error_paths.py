@@ -18,7 +18,6 @@ import pytest
 
 from handofflock import (
     AcquireCancelled,
-    Clock,
     ConfigurationError,
     HandoffLock,
     LockRecord,
@@ -31,6 +30,7 @@ from handofflock import (
     signals,
 )
 from handofflock.core import errors
+from handofflock.core.clock import FakeClock
 from handofflock.fencing import FencedObject
 from handofflock.core.record import MAX_TOKEN
 from handofflock.storage import MemoryStorage
@@ -271,16 +271,17 @@ def test_unknown_fields_with_integers_past_64_bits_are_kept_exactly():
 def test_a_scheduler_whose_stop_timed_out_never_runs_two_loops():
     gate, parked = threading.Event(), threading.Event()
 
-    class ParkingClock(Clock):
+    def park_the_first_sleep(timeout):
         """The loop's first sleep lasts until the test says so: stop() cannot join it in time."""
+        if not parked.is_set():
+            parked.set()
+            gate.wait(10)
 
-        def wait(self, event, timeout):
-            if not parked.is_set():
-                parked.set()
-                gate.wait(10)
-            return super().wait(event, timeout)
-
-    sched = Scheduler(ParkingClock(), name="stop-test")
+    clock = FakeClock()
+    clock.on_wait.append(park_the_first_sleep)
+    sched = Scheduler(clock, name="stop-test")
+    # Private (Scheduler's): starting and restarting the loop with nothing scheduled is the race
+    # under test, and only _ensure_thread does that; _thread is the loop that must not be doubled.
     sched._ensure_thread()
     loop = sched._thread
     assert parked.wait(5)

@@ -10,6 +10,7 @@ import time
 import orjson
 import pytest
 
+from handofflock.core.clock import FakeClock
 from handofflock import (
     ConfigurationError,
     FencedObject,
@@ -28,7 +29,6 @@ from handofflock import fencing
 from handofflock.fencing import RECENT_NONCES
 from handofflock.storage import MemoryStorage
 from conftest import BACKENDS, make_store
-from simclock import SimClock
 
 KEY = "jobs/latest.json"
 
@@ -41,7 +41,7 @@ def store(request):
 
 
 def fence(store, writer="w", **kwargs):
-    kwargs.setdefault("clock", SimClock())
+    kwargs.setdefault("clock", FakeClock(step=0.25))
     return FencedObject(store, KEY, writer_id=writer, **kwargs)
 
 
@@ -352,7 +352,7 @@ def test_on_every_backend_a_stale_token_changes_nothing_and_a_corrupt_object_is_
             fence(any_store, writer).write("a", token=token)
     assert any_store.read(KEY) == before
     any_store.write("jobs/other.json", SOMEONES_DATA, if_generation_match=0)
-    other = FencedObject(any_store, "jobs/other.json", writer_id="A", clock=SimClock(), min_write_interval=0.0)
+    other = FencedObject(any_store, "jobs/other.json", writer_id="A", clock=FakeClock(step=0.25), min_write_interval=0.0)
     with pytest.raises(FencedObjectCorrupt, match="not a fence document"):
         other.write("x", token=99)
     assert any_store.read("jobs/other.json")[0] == SOMEONES_DATA
@@ -363,7 +363,7 @@ def test_on_every_backend_a_stale_token_changes_nothing_and_a_corrupt_object_is_
 
 def two_holders(store):
     """A holds the lock and writes through the fence, then freezes past its lease; B takes over."""
-    clock = SimClock()
+    clock = FakeClock(step=0.25)
     frozen = Scheduler(clock, autostart=False)  # A's renewals never run: the process is paused
     live = Scheduler(clock, autostart=False)
     a = HandoffLock("memory://unused", storage=store, key="jobs/train.lock", owner_id="A", clock=clock, scheduler=frozen)
@@ -403,8 +403,8 @@ def test_a_new_holder_that_claims_the_fence_shuts_out_the_old_one_before_writing
 
 
 def test_beside_places_the_object_next_to_the_lock_and_uses_its_identity(store):
-    lock = HandoffLock("memory://unused", storage=store, key="jobs/train.lock", owner_id="A", clock=SimClock(),
-                       scheduler=Scheduler(SimClock(), autostart=False))
+    lock = HandoffLock("memory://unused", storage=store, key="jobs/train.lock", owner_id="A", clock=FakeClock(step=0.25),
+                       scheduler=Scheduler(FakeClock(step=0.25), autostart=False))
     f = FencedObject.beside(lock, "latest.json")
     assert f.key == "jobs/latest.json" and f.writer_id == "A"
     assert FencedObject.beside(lock, "fence/journal.json").key == "jobs/fence/journal.json"
@@ -486,7 +486,7 @@ def test_transient_read_errors_are_retried_and_a_permanent_error_is_not(store):
 
 
 def test_transient_errors_give_up_at_the_timeout(store):
-    clock = SimClock()
+    clock = FakeClock(step=0.25)
     store.faults.fail_next("write", count=10_000)
     with pytest.raises(TransientStorageError):
         fence(store, "A", clock=clock, timeout=5.0).write("x", token=1)

@@ -1,7 +1,7 @@
 """A Hypothesis rule-based machine over real locks: the moves read as rules, Hypothesis finds the order.
 
 Three parties, each a real :class:`HandoffLock` with a scheduler of its own,
-share one memory store and one :class:`SimClock` (waiting is the passage of
+share one memory store and one :class:`FakeClock` with ``step`` (waiting is the passage of
 simulated time, and every party's duties run on each tick unless the party is
 paused); each party's wall clock is off by up to half the lock's
 ``max_clock_skew``. The rules are what a process can do: try to acquire, wait for the lock
@@ -30,13 +30,13 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from handofflock import Clock, HandoffLock, HandoffLockError, signals
+from handofflock import HandoffLock, HandoffLockError, signals
+from handofflock.core.clock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.record import LockRecord
 from handofflock.repair import force_release
 from handofflock.lock.scheduler import Scheduler
 from handofflock.storage import MemoryStorage
-from simclock import SimClock
 from simulation import BUGS
 
 KEY = "locks/stateful.json"
@@ -62,34 +62,10 @@ class Store(MemoryStorage):
         return super().write(key, data, if_generation_match=if_generation_match)
 
 
-class SkewedClock(Clock):
-    """A party's view of the shared SimClock: the same monotonic time and waits, a wall clock off by ``skew``."""
-
-    def __init__(self, base: SimClock, skew: float) -> None:
-        super().__init__()
-        self.base, self.skew = base, skew
-
-    def time(self) -> float:
-        return self.base.time() + self.skew
-
-    def monotonic(self) -> float:
-        return self.base.monotonic()
-
-    @property
-    def timebase(self) -> object:
-        return self.base.timebase
-
-    def wait(self, event, timeout):  # type: ignore[no-untyped-def]
-        return self.base.wait(event, timeout)
-
-    def sleep(self, seconds: float) -> None:
-        self.base.sleep(seconds)
-
-
 class Party:
     def __init__(self, machine: "LockMachine", index: int, yields: bool, skew: float) -> None:
         self.index = index
-        self.clock = SkewedClock(machine.clock, skew)
+        self.clock = machine.clock.skewed(skew)
         self.yields = yields
         self.paused = False
         self.machine = machine
@@ -120,7 +96,7 @@ class Party:
 class LockMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.clock = SimClock(step=0.1)
+        self.clock = FakeClock(step=0.1)
         self.store = Store(f"stateful-{next(_names)}")
         self.parties: list[Party] = []
         self.highest_token = 0

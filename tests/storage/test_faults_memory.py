@@ -15,7 +15,7 @@ recognition removed (a lost reply is simply retried) the ``lost-reply`` run
 fails, and with the opposite mistake (an ambiguous write is trusted to have
 landed) the ``failed-ambiguous`` run fails.
 
-Everything runs in the test's thread on a :class:`SimClock`: waiting advances
+Everything runs in the test's thread on a :class:`FakeClock` with ``step``: waiting advances
 simulated time and runs the scheduler, so the interleavings are deterministic.
 """
 
@@ -42,7 +42,6 @@ from handofflock import (
 from handofflock.storage import pacing
 from handofflock.core.record import new_nonce
 from handofflock.storage import MemoryStorage
-from simclock import SimClock
 
 from simworld import KEY, TimedStore, World  # noqa: F401  (the world fixture is in conftest.py)
 

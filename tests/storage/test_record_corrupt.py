@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from handofflock.core.clock import FakeClock
 from handofflock import HandoffLock, LockLost, LockRecord, LockRecordCorrupt, Scheduler, force_release, signals
 from handofflock.core.errors import PreconditionFailed
 from handofflock.core.protocol import next_token
 from handofflock.core.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL
 from handofflock.storage import MAX_RECORD_BYTES, MemoryStorage
 from conftest import BACKENDS, make_store
-from simclock import SimClock
 
 KEY = "locks/job.json"
 DROP = object()
@@ -272,7 +272,7 @@ class SpyStore(MemoryStorage):
 
 @pytest.fixture
 def sim():
-    clock = SimClock()
+    clock = FakeClock(step=0.25)
     sched = Scheduler(clock, autostart=False)
     clock.on_tick.append(sched.run_pending)
     return clock, sched
