@@ -12,12 +12,14 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..core.errors import NotFound, PreconditionFailed, TransientStorageError
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
 
 _REGISTRY: dict[str, MemoryStorage] = {}
 _REGISTRY_LOCK = threading.Lock()
+_H = TypeVar("_H")
 
 
 @dataclass
@@ -36,9 +38,18 @@ class FaultHooks:
     >>> store.faults.fail_next("write")                  # next write raises, nothing applied
     >>> store.faults.lose_reply_next("write")            # next write applies, then raises
     >>> store.faults.fail_next("read", exc=lambda: PermissionError())
+    >>> store.faults.before("read", lambda op, key: time.sleep(1))   # every read waits a second first
+    >>> store.faults.after("read", lambda op, key, result: other.release())  # another party acts between
+
+    ``before`` and ``after`` hooks stay until :meth:`clear`. A ``before`` hook runs ahead of each
+    matching request and may raise (the request then fails, nothing applied), wait, or act on the
+    store itself; an ``after`` hook runs once the request applied, before its caller hears back,
+    and is given what the caller will get. Hooks run on the caller's thread, outside the store's mutex.
     """
 
     _faults: list[_Fault] = field(default_factory=list)
+    _before: list[tuple[str, str | None, Callable[[str, str | None], object]]] = field(default_factory=list)
+    _after: list[tuple[str, str | None, Callable[[str, str | None, object], object]]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fail_next(
@@ -69,9 +80,26 @@ class FaultHooks:
         with self._lock:
             self._faults.append(_Fault(op, "lose_reply", factory, count, key))
 
+    def before(self, op: str, hook: Callable[[str, str | None], object], *, key: str | None = None) -> None:
+        """Call ``hook(op, key)`` before each matching request (``op`` as in :meth:`fail_next`)."""
+        with self._lock:
+            self._before.append((op, key, hook))
+
+    def after(self, op: str, hook: Callable[[str, str | None, object], object], *, key: str | None = None) -> None:
+        """Call ``hook(op, key, result)`` after each matching request applied, before its caller hears back."""
+        with self._lock:
+            self._after.append((op, key, hook))
+
     def clear(self) -> None:
+        """Remove every fault and hook."""
         with self._lock:
             self._faults.clear()
+            self._before.clear()
+            self._after.clear()
+
+    def _hooks(self, hooks: list[tuple[str, str | None, _H]], op: str, key: str | None) -> list[_H]:
+        with self._lock:
+            return [hook for o, k, hook in hooks if o in (op, "*") and (k is None or k == key)]
 
     def _take(self, op: str, key: str | None) -> _Fault | None:
         with self._lock:
@@ -123,13 +151,10 @@ class MemoryStorage:
         fault = self._before("read", key)
         with self._lock:
             found = self._objects.get(key)
-        self._after(fault)
-        if found is None:
-            return None
-        data, generation = found
-        if max_bytes is not None:
-            data = data[: max_bytes + 1]
-        return data, generation
+        if found is not None and max_bytes is not None:
+            found = found[0][: max_bytes + 1], found[1]
+        self._after(fault, "read", key, found)
+        return found
 
     def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
         validate_key(key)
@@ -145,7 +170,7 @@ class MemoryStorage:
             self._counter += 1
             self._objects[key] = (bytes(data), self._counter)
             generation = self._counter
-        self._after(fault)
+        self._after(fault, "write", key, generation)
         return generation
 
     def delete(self, key: str, *, if_generation_match: int) -> None:
@@ -159,14 +184,14 @@ class MemoryStorage:
             if current[1] != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
             del self._objects[key]
-        self._after(fault)
+        self._after(fault, "delete", key, None)
 
     def list(self, prefix: str) -> dict[str, int]:
         validate_prefix(prefix)
         fault = self._before("list", None)
         with self._lock:
             found = {k: g for k, (_, g) in self._objects.items() if k.startswith(prefix)}
-        self._after(fault)
+        self._after(fault, "list", None, found)
         return found
 
     def close(self) -> None:
@@ -177,13 +202,16 @@ class MemoryStorage:
     def _before(self, op: str, key: str | None) -> _Fault | None:
         with self._lock:  # ``+=`` on a Counter is a read and a write: concurrent calls would lose counts
             self.calls[op] += 1
+        for hook in self.faults._hooks(self.faults._before, op, key):
+            hook(op, key)
         fault = self.faults._take(op, key)
         if fault is not None and fault.kind == "fail":
             raise fault.exc_factory()
         return fault
 
-    @staticmethod
-    def _after(fault: _Fault | None) -> None:
+    def _after(self, fault: _Fault | None, op: str, key: str | None, result: object) -> None:
+        for hook in self.faults._hooks(self.faults._after, op, key):
+            hook(op, key, result)
         if fault is not None:  # "lose_reply": the operation applied, the caller hears a failure
             raise fault.exc_factory()
 

@@ -44,18 +44,19 @@ def _403() -> StorageError:
 # --------------------------------------------------------------------------- 1. every way out gives the slot back
 
 
-class Flaky(MemoryStorage):
-    """Refuses every read until a (simulated) time: a store down across an acquire's deadline."""
+def flaky(name, clock):
+    """A memory store that refuses every read until a (simulated) time: a store down across an acquire's deadline.
 
-    def __init__(self, name, clock):
-        super().__init__(name)
-        self.clock = clock
-        self.refuse_reads_until = -math.inf
+    Set ``store.refuse_reads_until`` to take it down."""
+    store = MemoryStorage(name)
+    store.refuse_reads_until = -math.inf
 
-    def read(self, key, *, max_bytes=None):
-        if self.clock.monotonic() < self.refuse_reads_until:
+    def refuse(op, key):
+        if clock.monotonic() < store.refuse_reads_until:
             raise TransientStorageError("injected: 503 while the store is down", status=503, ambiguous=False)
-        return super().read(key, max_bytes=max_bytes)
+
+    store.faults.before("read", refuse)
+    return store
 
 
 @pytest.mark.parametrize("how", ["permanent error on a poll", "KeyboardInterrupt in a receiver", "transient error at the deadline"])
@@ -71,7 +72,7 @@ def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world,
             raise KeyboardInterrupt
         expected = KeyboardInterrupt
     else:
-        store = Flaky(world.store.name + "-flaky", world.clock)
+        store = flaky(world.store.name + "-flaky", world.clock)
         world.store = store
         owner, waiter = world.lock("O"), world.lock("W")
         assert owner.acquire()
@@ -149,27 +150,27 @@ def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
 # --------------------------------------------------------------------------- 3. release() racing a blocking acquire()
 
 
-class ReleasesDuringARead(MemoryStorage):
-    """Calls ``during()`` in another thread while a read is in flight, once armed: a release() that
-    lands after the read that will show the handoff, and before the acquire acts on it."""
+def releases_during_a_read(name):
+    """A memory store that calls ``store.during()`` in another thread while a read is in flight, once
+    armed: a release() that lands after the read that will show the handoff, and before the acquire
+    acts on it."""
+    store = MemoryStorage(name)
+    store.during = None
 
-    def __init__(self, name):
-        super().__init__(name)
-        self.during = None
-
-    def read(self, key, *, max_bytes=None):
-        found = super().read(key, max_bytes=max_bytes)
-        during, self.during = self.during, None
+    def run_during(op, key, found):
+        during, store.during = store.during, None
         if during is not None:
             t = threading.Thread(target=during)
             t.start()
             t.join(0.5)  # the new code waits for the acquire to end: go on after a moment
-        return found
+
+    store.faults.after("read", run_during)
+    return store
 
 
 @pytest.mark.timeout(60)
 def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the_callers_back():
-    store = ReleasesDuringARead(f"race-{time.monotonic_ns()}")
+    store = releases_during_a_read(f"race-{time.monotonic_ns()}")
     kw = dict(storage=store, key=KEY, ttl=3.0, waiter_poll_interval=0.2, waiter_check_interval=0.05)
     owner = HandoffLock("memory://x", owner_id="O", **kw)
     waiter = HandoffLock("memory://x", owner_id="W", **kw)

@@ -104,19 +104,16 @@ def test_release_from_a_signal_handler_while_the_main_thread_is_inside_the_libra
     store = MemoryStorage.named(url.split("/")[2])
     fired = []
     # Deliver the signal while status() holds the lock's I/O mutex in this very thread.
-    real_read = store.read
-
-    def read_and_get_signalled(key, **kw):
+    def get_signalled(op, key):
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)  # the handler runs here, between bytecodes of this thread
-        return real_read(key, **kw)
 
     old = signal.signal(signal.SIGUSR1, lambda *a: fired.append(lock.release()))
-    store.read = read_and_get_signalled
+    store.faults.before("read", get_signalled)
     try:
         status = lock.status()
     finally:
-        store.read = real_read
+        store.faults.clear()
         signal.signal(signal.SIGUSR1, old)
     assert fired == [None], "the handler ran and returned at once"
     assert status.owner_id == lock.owner_id

@@ -254,17 +254,12 @@ def test_a_read_with_max_bytes_returns_at_most_one_byte_past_the_cap(store):
     assert small == b"x" * 11
 
 
-class SpyStore(MemoryStorage):
-    """Remembers the size of every read it returns."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.returned: list[int] = []
-
-    def read(self, key, *, max_bytes=None):
-        found = super().read(key, max_bytes=max_bytes)
-        self.returned.append(len(found[0]) if found else -1)
-        return found
+def spy_store(name: str) -> MemoryStorage:
+    """A memory store that remembers the size of every read it returns (``store.returned``)."""
+    store = MemoryStorage(name)
+    store.returned = []
+    store.faults.after("read", lambda op, key, found: store.returned.append(len(found[0]) if found else -1))
+    return store
 
 
 # --------------------------------------------------------------------------- the lock on a corrupt record
@@ -307,7 +302,7 @@ def test_status_on_a_corrupt_record_raises_lock_record_corrupt(sim):
 
 
 def test_an_oversized_lock_object_is_refused_after_reading_only_cap_plus_one_bytes(sim):
-    store = SpyStore("corrupt-big")
+    store = spy_store("corrupt-big")
     big = doc(padding="x" * (4 * MAX_RECORD_BYTES))
     gen = store.write(KEY, big, if_generation_match=0)
     with pytest.raises(LockRecordCorrupt, match="larger than the 64 KiB limit"):
@@ -469,14 +464,13 @@ def test_force_release_refuses_when_the_object_changed_since_it_was_read(sim):
 def test_force_release_loses_to_a_repair_that_lands_between_its_read_and_its_write(sim):
     clock, _ = sim
 
-    class RepairedMeanwhile(MemoryStorage):
-        def read(self, key, *, max_bytes=None):
-            found = super().read(key, max_bytes=max_bytes)
-            if found and found[0] == GARBAGE:  # someone repairs it right after we looked
-                MemoryStorage.write(self, key, doc(ownerId="fixer"), if_generation_match=found[1])
-            return found
+    store = MemoryStorage("force-race")
 
-    store = RepairedMeanwhile("force-race")
+    def repaired_meanwhile(op, key, found):
+        if found and found[0] == GARBAGE:  # someone repairs it right after we looked
+            store.write(key, doc(ownerId="fixer"), if_generation_match=found[1])
+
+    store.faults.after("read", repaired_meanwhile)
     store.write(KEY, GARBAGE, if_generation_match=0)
     with pytest.raises(PreconditionFailed):
         force_release(make_lock(store, sim, "A"), clock=clock)
