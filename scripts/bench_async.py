@@ -1,6 +1,6 @@
-"""The ``async`` section of scripts/bench.py: event-loop lag while async locks renew and hand off.
+"""The ``async`` section of scripts/bench: event-loop lag while async locks renew and hand off.
 
-    .venv/bin/python scripts/bench.py --only async
+    .venv/bin/python scripts/bench --only async
 
 One process, one event loop (asyncio or trio, through anyio). ``locks``
 AsyncHandoffLocks are taken and held under one prefix with the store's default

@@ -1,4 +1,4 @@
-"""scripts/bench.py --quick runs, writes its JSON, and its request counts meet the targets.
+"""scripts/bench --quick runs, writes its JSON, and its request counts meet the targets.
 
 Only what is deterministic is checked: the exit status, the JSON, and the
 number of requests each operation makes (counted at the HTTP layer on GCS,
@@ -41,7 +41,7 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}  # it starts its own
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--json", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "bench"), "--quick", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
     return proc, out
