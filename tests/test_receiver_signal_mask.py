@@ -62,6 +62,6 @@ def test_a_release_requested_receiver_starts_processes_that_sigterm_can_stop():
         if owner.is_held:
             owner.release()
         t.join(10)
-        owner._unschedule()
-        waiter._unschedule()
+        owner._unschedule()  # private: stop its renewals without releasing
+        waiter._unschedule()  # private: stop its renewals without releasing
         MemoryStorage.forget(name)

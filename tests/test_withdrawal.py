@@ -39,7 +39,7 @@ def made():
         if lock.is_held:
             with contextlib.suppress(HandoffLockError):
                 lock.release()
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
 
 
 class Heard:
