@@ -1,11 +1,12 @@
 """What the lock writes next, and why. Pure: no I/O, no threads, no clock reads.
 
 Every function takes what was just read (the record and its generation, or
-``None`` and 0 for an absent object), who we are (one :class:`Me`), the wall-clock ``now`` and the
-:class:`Policy`, and returns one :class:`Write` (exactly one conditional write,
-preconditioned on the generation just read, or 0 to create) or a non-writing
-outcome. The lock (:mod:`handofflock.lock.handoff`) performs the write; if its precondition fails it reads
-again and asks again. Nothing here trusts a read on its own: every change of
+``None`` and 0 for an absent object), who we are (one :class:`Me`), the
+wall-clock ``now`` and the :class:`Policy`, and returns one :class:`Write`
+(exactly one conditional write, preconditioned on the generation just read, or
+0 to create) or a non-writing outcome. The lock
+(:mod:`handofflock.lock.handoff`) performs the write; if its precondition
+fails it reads again and asks again. Nothing here trusts a read on its own: every change of
 state is a generation-matched write.
 
 Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
@@ -17,8 +18,9 @@ Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
   live by the owner's own clock, so it never hands the lock to a waiter that has
   probably given up.
 * The owner judges its own safety by its monotonic clock, not by ``expiresAt``
-  (see :mod:`handofflock.lock.lease`): it considers itself lost ``renew_deadline`` after its last
-  successful renewal, which is well before ``expiresAt``.
+  (see :mod:`handofflock.lock.lease`): it considers itself lost
+  ``renew_deadline`` after its last successful renewal, which is well before
+  ``expiresAt``.
 """
 
 from __future__ import annotations
