@@ -45,7 +45,9 @@ def url():
 
 def quiet_lock(url, owner="trainer-A", **kw):
     clock = kw.pop("clock", None) or FakeClock(start=time.time())
-    scheduler = kw.pop("scheduler", None) or Scheduler(clock, autostart=False)
+    scheduler = kw.pop("scheduler", None)
+    if scheduler is None:  # not `or`: a Scheduler with no locks yet is falsy (it has a length)
+        scheduler = Scheduler(clock, autostart=False)
     return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=scheduler, **kw)
 
 

@@ -34,7 +34,8 @@ def url(s3_server):
 
 def quiet_lock(url, owner="trainer-A", clock=None, scheduler=None):
     clock = clock or FakeClock(start=time.time())
-    scheduler = scheduler or Scheduler(clock, autostart=False)
+    if scheduler is None:  # not `or`: a Scheduler with no locks yet is falsy (it has a length)
+        scheduler = Scheduler(clock, autostart=False)
     return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=scheduler)
 
 
