@@ -58,7 +58,10 @@ from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest, RequestReason
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11; never needed at run time
+
     from .core.timing import Timing
+    from .lock.options import LockOptions
 
 _log = logging.getLogger("handofflock.aio")
 
@@ -271,7 +274,8 @@ class AsyncHandoffLock:
     ...         await work_a_little()
     ...     await save_checkpoint(fence=lock.token)
 
-    The keyword arguments are those of :class:`HandoffLock`, and are checked
+    The keyword arguments are those of :class:`HandoffLock` (typed as one
+    :class:`~handofflock.lock.options.LockOptions`), and are checked
     the same way in the constructor (no I/O there): a bad URL, a negative ttl
     or an impossible timing raise the same typed errors. Or wrap a lock you
     made: ``AsyncHandoffLock(lock=HandoffLock(...))``.
@@ -288,7 +292,7 @@ class AsyncHandoffLock:
     sync lock. Receivers connected for any sender receive :attr:`sync` as sender.
     """
 
-    def __init__(self, url: Any = None, *, lock: HandoffLock | None = None, **options: Any) -> None:
+    def __init__(self, url: Any = None, *, lock: HandoffLock | None = None, **options: Unpack[LockOptions]) -> None:
         if lock is not None:
             if url is not None or options:
                 raise ConfigurationError("pass either lock= or a URL and options, not both")
@@ -396,6 +400,8 @@ class AsyncHandoffLock:
             if asked and not isinstance(call.error, AcquireCancelled):
                 # The acquire ended before it saw our cancel(), which then stays set and would cancel the
                 # next acquire ("a cancel that comes while no acquire runs cancels the next one").
+                # Private on purpose: taking back a cancel() has no public name on the sync lock, and
+                # only its async twin, which cancels from another thread, ever needs it.
                 sync._cancel.clear()
             call.error = None
             raise

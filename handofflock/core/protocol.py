@@ -1,11 +1,12 @@
 """What the lock writes next, and why. Pure: no I/O, no threads, no clock reads.
 
 Every function takes what was just read (the record and its generation, or
-``None`` and 0 for an absent object), who we are, the wall-clock ``now`` and the
-:class:`Policy`, and returns one :class:`Write` (exactly one conditional write,
-preconditioned on the generation just read, or 0 to create) or a non-writing
-outcome. ``lock.py`` performs the write; if its precondition fails it reads
-again and asks again. Nothing here trusts a read on its own: every change of
+``None`` and 0 for an absent object), who we are (one :class:`Me`), the
+wall-clock ``now`` and the :class:`Policy`, and returns one :class:`Write`
+(exactly one conditional write, preconditioned on the generation just read, or
+0 to create) or a non-writing outcome. The lock
+(:mod:`handofflock.lock.handoff`) performs the write; if its precondition
+fails it reads again and asks again. Nothing here trusts a read on its own: every change of
 state is a generation-matched write.
 
 Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
@@ -17,8 +18,9 @@ Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
   live by the owner's own clock, so it never hands the lock to a waiter that has
   probably given up.
 * The owner judges its own safety by its monotonic clock, not by ``expiresAt``
-  (see ``lock.py``): it considers itself lost ``renew_deadline`` after its last
-  successful renewal, which is well before ``expiresAt``.
+  (see :mod:`handofflock.lock.lease`): it considers itself lost
+  ``renew_deadline`` after its last successful renewal, which is well before
+  ``expiresAt``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,20 @@ class Policy:
     ttl: float
     waiter_ttl: float
     max_clock_skew: float
+
+
+@dataclass(frozen=True)
+class Me:
+    """Who is deciding: the lock's ``owner_id``, its ``instance`` and its ``label``, as one value.
+
+    ``instance`` (random per lock object) tells apart two live instances that
+    share a stable owner id (a restart racing its predecessor); ``None``
+    matches by id alone. ``label`` is written beside our id as owner or waiter.
+    """
+
+    owner_id: str
+    instance: str | None = None
+    label: Label | None = None
 
 
 class Kind(str, enum.Enum):
@@ -146,7 +162,7 @@ def _owned_by(
 
 
 def _is(who: str | None, inst: str | None, me: str, instance: str | None) -> bool:
-    """Whether ``who``/``inst`` in a record name us: our id, and our instance where both are known.
+    """Whether ``who``/``inst`` in a record name ``me``/``instance``: the id, and the instance where both are known.
 
     Two live lock instances may share a stable owner id (a restart racing its
     predecessor). The instance id tells them apart; a record written without
@@ -178,27 +194,28 @@ def decide_acquire(
     record: LockRecord | None,
     generation: int,
     *,
-    me: str,
+    me: Me,
     now: float,
     policy: Policy,
     nonce: str,
     waiting: bool,
-    instance: str | None = None,
-    label: Label | None = None,
 ) -> Decision:
-    """The next step of ``acquire()``. ``label`` goes into the record beside our id (as owner or waiter).
+    """The next step of ``acquire()``. ``me.label`` goes into the record beside our id (as owner or waiter).
 
     ``waiting`` says whether we registered as the waiter during this acquire
-    (a record naming us, this very ``instance``, as owner then means the owner
+    (a record naming us, this very instance, as owner then means the owner
     handed the lock to us).
     """
+    instance, label = me.instance, me.label
     if record is None:
         fresh = LockRecord(ttl=policy.ttl)
         return Write(
-            Kind.CREATE, _owned_by(fresh, me, policy.ttl, now, next_token(None, now), nonce, instance, label), 0
+            Kind.CREATE,
+            _owned_by(fresh, me.owner_id, policy.ttl, now, next_token(None, now), nonce, instance, label),
+            0,
         )
 
-    if record.owner_id == me:
+    if record.owner_id == me.owner_id:
         if (
             waiting
             and record.expires_at is not None
@@ -211,9 +228,9 @@ def decide_acquire(
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label)
+        taken = _owned_by(record, me.owner_id, policy.ttl, now, next_token(record, now), nonce, instance, label)
         if record.waiter_live(now, policy.max_clock_skew) and not _is(
-            record.waiting_owner_id, record.waiter_instance, me, instance
+            record.waiting_owner_id, record.waiter_instance, me.owner_id, instance
         ):
             taken = taken.replace(
                 waiting_owner_id=record.waiting_owner_id,
@@ -225,7 +242,7 @@ def decide_acquire(
         return Write(Kind.RETAKE, taken, generation)
 
     skew = policy.max_clock_skew
-    mine = _is(record.waiting_owner_id, record.waiter_instance, me, instance)
+    mine = _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance)
     other_waiter_live = record.waiter_live(now, skew) and not mine
 
     if not record.owner_live(now, skew):
@@ -234,7 +251,7 @@ def decide_acquire(
             return Contended(record)  # the live waiter has priority; only it may take the lock
         return Write(
             Kind.TAKE,
-            _owned_by(record, me, policy.ttl, now, next_token(record, now), nonce, instance, label),
+            _owned_by(record, me.owner_id, policy.ttl, now, next_token(record, now), nonce, instance, label),
             generation,
         )
 
@@ -251,7 +268,7 @@ def decide_acquire(
     return Write(
         Kind.BECOME_WAITER,
         record.replace(
-            waiting_owner_id=me,
+            waiting_owner_id=me.owner_id,
             waiter_expires_at=now + policy.waiter_ttl,
             nonce=nonce,
             waiter_ttl=policy.ttl,
@@ -266,11 +283,10 @@ def decide_give_up_wait(
     record: LockRecord | None,
     generation: int,
     *,
-    me: str,
+    me: Me,
     now: float,
     policy: Policy,
     nonce: str,
-    instance: str | None = None,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
@@ -281,13 +297,11 @@ def decide_give_up_wait(
     """
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
-    if _is(record.owner_id, record.owner_instance, me, instance):
+    if _is(record.owner_id, record.owner_instance, me.owner_id, me.instance):
         if record.expires_at is not None and now < record.expires_at:
             return Owned(record, generation)
-        return decide_release(
-            record, generation, me=me, token=record.token, now=now, policy=policy, nonce=nonce, instance=instance
-        )
-    if not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
+        return decide_release(record, generation, me=me, token=record.token, now=now, policy=policy, nonce=nonce)
+    if not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
         return Wait("the waiter slot is not ours; nothing to give back")
     return Write(
         Kind.GIVE_UP_WAIT,
@@ -307,15 +321,14 @@ def decide_renew(
     record: LockRecord | None,
     generation: int,
     *,
-    me: str,
+    me: Me,
     token: int,
     now: float,
     policy: Policy,
     nonce: str,
-    instance: str | None = None,
 ) -> Decision:
     """Push our lease forward, keeping the waiter fields exactly as read."""
-    lost = _check_still_mine(record, me, token, instance)
+    lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
@@ -326,14 +339,13 @@ def decide_release(
     record: LockRecord | None,
     generation: int,
     *,
-    me: str,
+    me: Me,
     token: int,
     now: float,
     policy: Policy,
     nonce: str,
     attempted: Write | None = None,
     within_lease: bool = False,
-    instance: str | None = None,
 ) -> Decision:
     """Release: hand off to a live waiter in one write, or mark the lock free.
 
@@ -352,13 +364,13 @@ def decide_release(
             return Released(handed_off_to=heir)
         if attempted.kind is Kind.FREE and record.owner_id is None and record.token == landed.token:
             return Released(handed_off_to=heir)
-        if within_lease and record.owner_id != me and record.token >= landed.token:
+        if within_lease and record.owner_id != me.owner_id and record.token >= landed.token:
             return Released(handed_off_to=heir)
-    lost = _check_still_mine(record, me, token, instance)
+    lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
-    if record.waiter_live(now) and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
+    if record.waiter_live(now) and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
         assert record.waiting_owner_id is not None
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
@@ -389,17 +401,15 @@ class WaiterSeen:
     deadline: float
 
 
-def observe_as_owner(
-    record: LockRecord | None, *, me: str, token: int, now: float, instance: str | None = None
-) -> Lost | WaiterSeen | None:
+def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: float) -> Lost | WaiterSeen | None:
     """The owner's read-only check: still mine? Is someone waiting?"""
-    lost = _check_still_mine(record, me, token, instance)
+    lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
     if (
         record.waiting_owner_id is not None
-        and not _is(record.waiting_owner_id, record.waiter_instance, me, instance)
+        and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance)
         and record.waiter_live(now)
     ):
         assert record.waiter_expires_at is not None
@@ -407,14 +417,14 @@ def observe_as_owner(
     return None
 
 
-def _check_still_mine(record: LockRecord | None, me: str, token: int, instance: str | None = None) -> Lost | None:
+def _check_still_mine(record: LockRecord | None, me: Me, token: int) -> Lost | None:
     if record is None:
         return Lost("the lock object was deleted", None)
-    if record.owner_id != me:
+    if record.owner_id != me.owner_id:
         who = "nobody" if record.owner_id is None else repr(record.owner_id)
         return Lost(f"the lock is now owned by {who}", record)
     if record.token != token:
         return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
-    if not _is(record.owner_id, record.owner_instance, me, instance):
+    if not _is(record.owner_id, record.owner_instance, me.owner_id, me.instance):
         return Lost(f"the lock was taken by another instance with our id ({record.owner_instance})", record)
     return None

@@ -1,34 +1,30 @@
-"""HandoffLock: the public client. It performs I/O and keeps state; ``protocol.py`` decides.
+"""HandoffLock: the public client. Its state and transitions; :mod:`handofflock.core.protocol` decides.
 
 Threads: ``acquire()`` runs in the caller's thread (a waiter polls there).
 Renewal and the waiter check run on the process-wide scheduler
-(``scheduler.py``). ``release()`` may be called from any thread, and from a
+(:mod:`.scheduler`). ``release()`` may be called from any thread, and from a
 signal handler while the same thread is inside the library: such a re-entrant
 call only records the request and the outer call carries it out on its way
 out, so nothing deadlocks.
 
-Longer than 400 lines on purpose: it is one class, one state machine whose
-transitions (acquire, the background duties, release, the re-entrant release
-from a signal handler) are serialized by one I/O mutex and share about thirty
-private fields. Cut into mixins, each part would still need all of that state,
-and a reader could no longer see in one place which method holds the mutex
-while it touches what. What can live apart does: the decisions
-(:mod:`handofflock.core.protocol`), the values it reports (:mod:`.types`), the
-scheduler (:mod:`.scheduler`), the signals (:mod:`.events`), ``steps()``
-(:mod:`.steps`) and the metrics (:mod:`.metrics`).
+This module is the state machine: the acquire loop, giving up, becoming the
+owner, renewing, the waiter check and the release, serialized by one I/O
+mutex. Each part that does not decide a transition lives beside it, behind a
+seam it names: record I/O (:mod:`.record_io`), the lease (:mod:`.lease`), the
+request book (:mod:`.requests`), the notifier (:mod:`.notifier`), the
+re-entry guard (:mod:`.reentry`), fork handling (:mod:`.forking`), the
+scheduler's adapter (:mod:`.duties`), the primitives they are all made from
+(:mod:`.primitives`) and the constructor's checks (:mod:`.options`); the
+decisions are :mod:`handofflock.core.protocol`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import secrets
-import threading
-import warnings
-import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..core import protocol
 from ..core.backoff import RETRY
@@ -47,21 +43,24 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..core.identity import detect_label
-from ..core.protocol import Contended, Kind, Lost, Owned, Policy, Released, WaiterSeen, Write
-from ..core.record import Label, LockRecord, id_problem, label_problem, new_nonce
-from ..core.threads import take_signals_again
+from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, WaiterSeen, Write
+from ..core.record import Label, LockRecord, new_nonce
 from ..core.timefmt import when as _when
 from ..core.timing import Timing
-from ..storage import MAX_RECORD_BYTES, Storage, open_url
-from ..storage.cas import read_retrying, write_resolving
-from ..storage.pacing import WriteGate, default_write_interval, gate_for
+from ..storage import Storage, open_url
 from . import events as signals
-from . import metrics
-from .types import LockStatus, ReleaseRequest, RequestReason, _Withdrawn, default_owner_id
-
-if TYPE_CHECKING:
-    from .steps import Steps
+from . import forking, metrics
+from .duties import Duties
+from .lease import Lease
+from .notifier import Notifier
+from .options import TimingViews, label_of, owner_id_of, timing_of
+from .primitives import THREADING, Primitives
+from .record_io import RecordIO
+from .reentry import ReentryGuard
+from .requests import RequestBook, checked_request
+from .state import State
+from .steps import Steps
+from .types import LockStatus, ReleaseRequest, RequestReason
 
 _log_acquire = logging.getLogger("handofflock.acquire")
 _log_renew = logging.getLogger("handofflock.renew")
@@ -69,18 +68,17 @@ _log_release = logging.getLogger("handofflock.release")
 
 T = TypeVar("T")
 
-IDLE, WAITING, HELD, LOST = "idle", "waiting", "held", "lost"
-#: A release whose write failed transiently: retried in the background (and by ``release()``)
-#: until it lands or the lease runs out. Not renewed, not "held" for the user.
-RELEASING = "releasing"
-#: An instance inherited across fork(): in the child it holds nothing and does nothing.
-FORKED = "forked"
+IDLE, WAITING, HELD, RELEASING, LOST, FORKED = (
+    State.IDLE,
+    State.WAITING,
+    State.HELD,
+    State.RELEASING,
+    State.LOST,
+    State.FORKED,
+)
 
-#: Every live instance, so that a forked child can disarm those it inherited.
-_INSTANCES: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
 
-
-class HandoffLock:
+class HandoffLock(TimingViews):
     """A single-waiter cooperative handoff lock kept as one JSON object.
 
     >>> lock = HandoffLock("gs://bucket/locks/train.json", ttl=60.0)
@@ -100,6 +98,7 @@ class HandoffLock:
     as expired for others only ``max_clock_skew`` after its ``expiresAt``.
     ``min_write_interval`` spaces writes to the object from this process
     (default 1.0 on GCS, whose per-object write rate is about 1/s; 0 elsewhere).
+    Or pass them all as one ``timing=``, a :class:`~handofflock.Timing`.
     With ``wait_for_slot=True`` a blocking acquire that finds another live
     waiter keeps polling for the slot instead of raising :class:`LockContended`.
     ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
@@ -108,6 +107,14 @@ class HandoffLock:
     string, a :class:`~handofflock.core.record.Label`, or by default what
     :func:`~handofflock.core.identity.detect_label` finds (host, pid, pod,
     Slurm job, torchrun rank).
+
+    What the lock is built from can be passed in, for tests and simulations:
+    ``clock`` (wall and monotonic time, waits), ``scheduler`` (what runs the
+    renewals and waiter checks; by default one per process), ``storage`` and
+    ``key`` (instead of a URL), and ``primitives``, a
+    :class:`~handofflock.lock.primitives.Primitives` whose factories make
+    every mutex, event, thread-local and thread the lock and its parts use
+    (default: :mod:`threading`).
 
     No I/O happens in the constructor.
     """
@@ -132,131 +139,121 @@ class HandoffLock:
         storage: Storage | None = None,
         key: str | None = None,
         timing: Timing | None = None,
+        primitives: Primitives | None = None,
     ) -> None:
         if storage is not None:
             if key is None:
                 raise ConfigurationError("pass key= together with storage=")
-            self._storage, self._key = storage, key
             self.url = f"{getattr(storage, 'url', storage)}/{key}"
         else:
-            self._storage, self._key = open_url(url)
+            storage, key = open_url(url)
             self.url = os.fspath(url)
-        #: What the scheduler runs (its whole view of this lock).
-        self._duties = _Duties(self)
-        if timing is not None:
-            given = {
-                name: value
-                for name, value, default in (
-                    ("ttl", ttl, 60.0),
-                    ("renew_interval", renew_interval, None),
-                    ("renew_deadline", renew_deadline, None),
-                    ("waiter_ttl", waiter_ttl, None),
-                    ("waiter_check_interval", waiter_check_interval, 2.0),
-                    ("waiter_poll_interval", waiter_poll_interval, 1.0),
-                    ("max_clock_skew", max_clock_skew, 2.0),
-                    ("min_write_interval", min_write_interval, None),
-                )
-                if value != default
-            }
-            if not isinstance(timing, Timing):
-                raise ConfigurationError(f"timing must be a handofflock.Timing, got {type(timing).__name__}")
-            if given:
-                raise ConfigurationError(f"pass timing= or the timing keywords, not both (got {', '.join(given)})")
-            self.timing = timing
-        else:
-            if min_write_interval is None:
-                min_write_interval = default_write_interval(self._storage)
-            self.timing = Timing.build(
-                ttl=ttl,
-                renew_interval=renew_interval,
-                renew_deadline=renew_deadline,
-                waiter_ttl=waiter_ttl,
-                waiter_check_interval=waiter_check_interval,
-                waiter_poll_interval=waiter_poll_interval,
-                max_clock_skew=max_clock_skew,
-                min_write_interval=min_write_interval,
-            )
-        t = self.timing
-        self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl = (
-            t.ttl,
-            t.renew_interval,
-            t.renew_deadline,
-            t.waiter_ttl,
+        self.timing = timing_of(
+            storage,
+            timing,
+            {
+                "ttl": ttl,
+                "renew_interval": renew_interval,
+                "renew_deadline": renew_deadline,
+                "waiter_ttl": waiter_ttl,
+                "waiter_check_interval": waiter_check_interval,
+                "waiter_poll_interval": waiter_poll_interval,
+                "max_clock_skew": max_clock_skew,
+                "min_write_interval": min_write_interval,
+            },
         )
-        self.waiter_check_interval, self.waiter_poll_interval = t.waiter_check_interval, t.waiter_poll_interval
-        self.max_clock_skew, self.min_write_interval = t.max_clock_skew, t.min_write_interval
-        #: How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
-        #: and an urgent write, each allowed a retry. acquire() returns within its timeout plus this.
-        self.give_up_budget = max(2.0, 2 * t.min_write_interval + 1.0)
         self.wait_for_slot = bool(wait_for_slot)
-        if owner_id is not None and (problem := id_problem(owner_id, "owner_id")) is not None:
-            raise ConfigurationError(f"{problem}: it is written into the lock object")
-        self.owner_id: str = owner_id or default_owner_id()
-        if label is None:
-            label = Label(detect_label())
-        elif isinstance(label, str):
-            label = Label(label)
-        problem = label_problem(label.text, "label") if isinstance(label, Label) else "label must be a string"
-        if problem is not None:
-            raise ConfigurationError(f"{problem}: it is written into the lock object")
+        self.owner_id: str = owner_id_of(owner_id)
         #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
-        self.label: Label = label
+        self.label: Label = label_of(label)
+        # The instance id, random, written beside owner_id: two instances that share a stable
+        # owner_id (a restart racing its predecessor) are never taken for each other.
+        self._me = Me(self.owner_id, secrets.token_hex(8), self.label)
         self._clock = clock or Clock()
-        self._scheduler = scheduler
-        self._policy = Policy(ttl=self.ttl, waiter_ttl=self.waiter_ttl, max_clock_skew=self.max_clock_skew)
-        #: Random id of this instance, written beside owner_id: two instances that share a stable
-        #: owner_id (a restart racing its predecessor) are never taken for each other.
-        self._instance = secrets.token_hex(8)
-
-        # State. Plain attributes read without locks are written atomically.
-        self._state = IDLE
-        self._record: LockRecord | None = None
-        self._generation = 0
-        self.token: int | None = None
-        self._valid_until = float("-inf")  # monotonic
-        self._next_renew = float("inf")
-        self._next_check = float("inf")
-        self._renew_failures = 0
-        self._lost_reason: str | None = None
-        self._lost_error: BaseException | None = None
-        self.release_requested: bool = False
-        self.release_request: ReleaseRequest | None = None
-        self._notified_waiters: set[str] = set()  # waiters already announced while we hold the lock
-        self._requests: list[ReleaseRequest] = []  # the requests that stand (release_request: the most urgent)
-        self._waiter_request: tuple[tuple[str, str | None], ReleaseRequest] | None = None  # (waiter id, instance)
-        self._pending_notices: list[ReleaseRequest | _Withdrawn] = []
-        self._pending_events: list[tuple[Any, dict[str, Any]]] = []
-
-        self._new_primitives()
-        self._next_release_try = float("inf")
-        self._deferred_release = False
-        self._after_deferred_release: list[Callable[[], Any]] = []
-        self._gate: WriteGate | None = None
+        t = self.timing
+        self._policy = Policy(ttl=t.ttl, waiter_ttl=t.waiter_ttl, max_clock_skew=t.max_clock_skew)
+        self._prims = primitives or THREADING
         self._pid = os.getpid()
-        _INSTANCES.add(self)
+        self._duties = Duties(
+            scheduler,
+            store=storage,
+            key=key,
+            check_interval=t.waiter_check_interval,
+            next_due=self._due,
+            next_due_besides_check=self._due_besides_check,
+            next_check_at=lambda: self._lease.next_check,
+            run_due=self._run_due,
+            check_against=self._check_against,
+            describe=lambda: repr(self),
+        )
+        self._fresh_parts(IDLE)
+        forking.register(self)
 
-    def _new_primitives(self) -> None:
-        """The lock's mutexes, events and thread state, new: at construction, and in a forked child
-        (where one may have been held by a parent thread that does not exist there)."""
-        self._io = threading.Lock()  # serialises this lock's storage operations
-        self._cancel = threading.Event()
-        self._not_acquiring = threading.Event()  # set while no acquire() runs (release() waits on it)
+    def _fresh_parts(self, state: State) -> None:
+        """The lock's state and the parts that keep it, new: at construction, and in a forked child
+        (where a mutex may have been held by a parent thread that does not exist there)."""
+        prims, duties = self._prims, self._duties
+        self._state = state
+        self._lease = Lease()  # "Plain attributes read without locks are written atomically" (see lease.py)
+        self._io = RecordIO(
+            duties.store,
+            duties.key,
+            url=self.url,
+            clock=self._clock,
+            policy=self._policy,
+            min_write_interval=self.timing.min_write_interval,
+            mutex=prims.mutex(),
+            interrupted=self._interrupted,
+            who=self.owner_id,
+        )
+        self._cancel = prims.event()
+        self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
         self._not_acquiring.set()
-        self._notify_mutex = threading.Lock()
-        self._notifier_running = False
-        self._tls = threading.local()
+        inline = lambda: self._duties.notify_inline  # noqa: E731
+        self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
+        self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id)
+        self._guard = ReentryGuard(prims, self._release_deferred)
+
+    def _after_fork(self) -> None:
+        """In a forked child (called by :mod:`.forking`): hold nothing, do nothing, refuse every operation.
+
+        The token goes with the lease (the parent's: a fenced write in the child must not carry it).
+        """
+        self._duties.scheduler = None
+        self._fresh_parts(FORKED)
 
     # ------------------------------------------------------------------ public state
 
     @property
     def storage(self) -> Storage:
         """The store holding the lock object (fenced objects beside the lock live there too)."""
-        return self._storage
+        return self._io.storage
 
     @property
     def key(self) -> str:
         """The lock object's key inside :attr:`storage`."""
-        return self._key
+        return self._io.key
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current (or last) hold; None before the first."""
+        return self._lease.token
+
+    @property
+    def release_requested(self) -> bool:
+        """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
+        return self._book.release_requested
+
+    @property
+    def release_request(self) -> ReleaseRequest | None:
+        """The most urgent request that stands (earliest deadline), or None."""
+        return self._book.release_request
+
+    @property
+    def give_up_budget(self) -> float:
+        """How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
+        and an urgent write, each allowed a retry. acquire() returns within its timeout plus this."""
+        return max(2.0, 2 * self.timing.min_write_interval + 1.0)
 
     @property
     def is_held(self) -> bool:
@@ -271,7 +268,7 @@ class HandoffLock:
         successful renewal, even if the background thread has not run yet (say
         the whole process was stopped): the monotonic clock kept counting.
         """
-        return self._state == HELD and self._clock.monotonic() < self._valid_until
+        return self._state == HELD and self._clock.monotonic() < self._lease.valid_until
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy. No I/O.
@@ -288,9 +285,8 @@ class HandoffLock:
                 reason="renew deadline passed",
             )
         if self._state == LOST:
-            raise LockLost(
-                f"lock {self.url!r} was lost: {self._lost_reason}", url=self.url, reason=self._lost_reason or "lost"
-            )
+            why = self._lease.lost_reason
+            raise LockLost(f"lock {self.url!r} was lost: {why}", url=self.url, reason=why or "lost")
         if self._state == FORKED:
             raise LockLost(
                 f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it",
@@ -310,8 +306,6 @@ class HandoffLock:
         No I/O per step; raises :class:`LockLost` before a step if the lock is
         no longer safely held. See :class:`handofflock.lock.steps.Steps`.
         """
-        from .steps import Steps
-
         return Steps(self, iterable)
 
     def request_release(
@@ -329,52 +323,8 @@ class HandoffLock:
         :class:`RequestReason` or its value; ``"manual"`` (the old name of
         ``"operator"``) still works, with a :class:`DeprecationWarning`.
         """
-        if reason == "manual":
-            warnings.warn(
-                'request_release("manual") is deprecated: use RequestReason.OPERATOR ("operator")',
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            reason = RequestReason.OPERATOR
-        try:
-            why = RequestReason(reason)
-        except ValueError:
-            choices = ", ".join(repr(r.value) for r in RequestReason)
-            raise ConfigurationError(f"release request reason must be one of {choices}, got {reason!r}") from None
-        if deadline is not None and (
-            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
-        ):
-            raise ConfigurationError(f"release request deadline must be a finite Unix time or None, got {deadline!r}")
-        self._request(why, requester or why.value, deadline)
-
-    def _request(self, reason: RequestReason, requester: str, deadline: float | None) -> ReleaseRequest:
-        request = ReleaseRequest(reason, requester, deadline, self._clock.time())
-        self._requests.append(request)  # first: a withdrawal running meanwhile must see it
-        current = self.release_request
-        if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
-            self.release_request = request
-        self.release_requested = True
-        self._pending_notices.append(request)
-        return request
-
-    def _withdraw(self, request: ReleaseRequest) -> None:
-        """A waiter's request went away (it left, or its slot expired): it no longer stands.
-
-        Runs on the scheduler thread while a signal handler may add a request
-        in the main thread: the flags are set from what stands, then checked
-        again, so a request added meanwhile is never hidden.
-        """
-        try:
-            self._requests.remove(request)
-        except ValueError:
-            return
-        while True:
-            standing = list(self._requests)
-            self.release_request = _most_urgent(standing)
-            self.release_requested = bool(standing)
-            if len(self._requests) == len(standing):
-                break
-        self._pending_notices.append(_Withdrawn(request))
+        why = checked_request(reason, deadline)
+        self._book.request(why, requester or why.value, deadline)
 
     # ------------------------------------------------------------------ acquire
 
@@ -412,7 +362,7 @@ class HandoffLock:
             self._end_hold()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
-            deadline = self._clock.monotonic() + self.renew_deadline
+            deadline = self._clock.monotonic() + self.timing.renew_deadline
         waiting = False
         last: LockRecord | None = None
         self._state = WAITING
@@ -421,7 +371,7 @@ class HandoffLock:
             if self._cancel.is_set():  # a cancel() that came before we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
             polled = self._clock.monotonic()
-            record, generation = self._read_locked(deadline)
+            record, generation = self._io.read_locked(deadline)
             while True:
                 last = record or last
                 if (
@@ -430,7 +380,7 @@ class HandoffLock:
                     and record is not None
                     and record.owner_id != self.owner_id
                     and record.waiting_owner_id == self.owner_id
-                    and record.waiter_instance == self._instance
+                    and record.waiter_instance == self._me.instance
                 ):
                     # Our registration landed though we could not confirm it (its reply was lost and
                     # the record moved on before we read it back): we are the waiter all the same.
@@ -438,15 +388,7 @@ class HandoffLock:
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record,
-                    generation,
-                    me=self.owner_id,
-                    now=wall,
-                    policy=self._policy,
-                    nonce=new_nonce(),
-                    waiting=waiting,
-                    instance=self._instance,
-                    label=self.label,
+                    record, generation, me=self._me, now=wall, policy=self._policy, nonce=new_nonce(), waiting=waiting
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -456,10 +398,12 @@ class HandoffLock:
                     if decision.kind is Kind.BECOME_WAITER and not blocking:
                         return self._not_acquired()
                     try:
-                        with self._io:
-                            written, generation, mono, wall = self._write_lease(decision, deadline, interruptible=True)
+                        with self._io.mutex:
+                            written, generation, mono, wall = self._io.write_lease(
+                                decision, deadline, interruptible=True
+                            )
                     except PreconditionFailed:
-                        record, generation = self._read_to_write(deadline, interruptible=True)
+                        record, generation = self._io.read_to_write(deadline, interruptible=True)
                         continue
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
@@ -478,16 +422,16 @@ class HandoffLock:
                         return self._not_acquired()
                 # Read again one poll interval after the last read began (sooner at the deadline):
                 # polls keep a fixed rate, so a read's own duration does not stretch the period.
-                pause = max(0.0, polled + self.waiter_poll_interval - self._clock.monotonic())
+                pause = max(0.0, polled + self.timing.waiter_poll_interval - self._clock.monotonic())
                 if deadline is not None:
                     left = deadline - self._clock.monotonic()
                     if left <= 0:
                         return self._give_up(waiting, last, timed_out=True)
                     pause = min(pause, left)
-                if self._clock.wait(self._cancel, pause) or self._deferred_release:
+                if self._clock.wait(self._cancel, pause) or self._guard.deferred:
                     return self._give_up(waiting, last, timed_out=False)
                 polled = self._clock.monotonic()
-                record, generation = self._read_locked(deadline)
+                record, generation = self._io.read_locked(deadline)
         except BaseException as exc:
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
@@ -499,13 +443,17 @@ class HandoffLock:
                     )
                 if self._state == WAITING:
                     self._state = IDLE
-                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred_release):
+                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._guard.deferred):
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
             raise
         finally:
             self._cancel.clear()
             self._not_acquiring.set()
+
+    def _interrupted(self, delay: float) -> bool:
+        """Wait up to ``delay``; True if an interruptible retry must give up (cancel(), a deferred release)."""
+        return self._clock.wait(self._cancel, delay) or self._guard.deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
         _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
@@ -550,38 +498,32 @@ class HandoffLock:
             return False
         deadline = self._clock.monotonic() + self.give_up_budget
         while self._clock.monotonic() < deadline:
-            record, generation = self._read_to_write(deadline, urgent=True)
+            record, generation = self._io.read_to_write(deadline, urgent=True)
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
-                record,
-                generation,
-                me=self.owner_id,
-                now=wall,
-                policy=self._policy,
-                nonce=new_nonce(),
-                instance=self._instance,
+                record, generation, me=self._me, now=wall, policy=self._policy, nonce=new_nonce()
             )
             if isinstance(decision, Owned):
                 self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                 if keep:
                     self._settle_handed_lease(deadline)
                     return True
-                self._deferred_release = False
+                self._guard.deferred = False
                 self._release_held(deadline)
                 return False
             if not isinstance(decision, Write):
                 return False
             try:
-                with self._io:
-                    self._write(decision, deadline, urgent=True)
+                with self._io.mutex:
+                    self._io.write(decision, deadline, urgent=True)
                 return False
             except PreconditionFailed:
                 continue
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
-            f"it expires by itself within waiter_ttl ({self.waiter_ttl} s)",
+            f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
             url=self.url,
-            key=self._key,
+            key=self.key,
             ambiguous=False,
         )
 
@@ -602,46 +544,24 @@ class HandoffLock:
             waiter_expires_at=r.waiter_expires_at,
         )
 
-    def _lease_until(self, record: LockRecord, mono: float, wall: float) -> float:
-        """Monotonic time until which ``record``'s lease is safe for us, ``mono``/``wall`` read together.
-
-        The lease runs to ``expiresAt``; we stop calling it safe the usual
-        margin (``ttl - renew_deadline``, in proportion for a lease of another
-        length) before that. For a lease we wrote, stamped at its send, this is
-        exactly ``send + renew_deadline``: counted from the write that made it.
-        Others take the lock only ``max_clock_skew`` after ``expiresAt`` by
-        their clocks, which is where the skew allowance is.
-        """
-        assert record.expires_at is not None
-        length = record.ttl or self.ttl
-        return mono + (record.expires_at - wall) - length * (1 - self.renew_deadline / self.ttl)
-
-    def _set_lease(self, record: LockRecord, generation: int, mono: float, wall: float) -> None:
-        self._record, self._generation = record, generation
-        self._valid_until = self._lease_until(record, mono, wall)
-        # Renew when what is left of the validity falls to renew_deadline - renew_interval.
-        self._next_renew = self._valid_until - (self.renew_deadline - self.renew_interval)
-        self._renew_failures = 0
-
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
-        self.token = record.token
-        self._set_lease(record, generation, mono, wall)
-        self._next_check = self._clock.monotonic() + self.waiter_check_interval
-        self._lost_reason = self._lost_error = None
-        # A release request recorded while we were acquiring (a SIGTERM, say) stands.
-        self._notified_waiters.clear()
+        lease = Lease(token=record.token)  # a new hold: nothing of the last one (its loss included) carries over
+        lease.set(record, generation, mono, wall, self.timing)
+        lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
+        self._lease = lease
+        self._book.new_hold()  # a release request recorded while we were acquiring (a SIGTERM, say) stands
         self._state = HELD
         _log_acquire.info(
             "%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else ""
         )
-        if record.waiter_live(self._clock.time()) and record.waiter_instance != self._instance:
+        if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
             # A waiter already in the record we took (it registered while the lock was being
             # handed to us): our renewals write against this very generation and never meet it,
             # so the first waiter check runs now, not an interval later. It runs in the
             # background, after acquire() has returned: receivers never run inside acquire().
-            self._next_check = self._clock.monotonic()
-        self._schedule()
+            lease.next_check = self._clock.monotonic()
+        self._duties.schedule()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -652,37 +572,41 @@ class HandoffLock:
         before its first renewal. The renewal is a write conditional on the
         generation we read, so it is safe however late it is.
         """
-        if self._valid_until - self._clock.monotonic() >= self.renew_interval:
+        lease = self._lease
+        if lease.valid_until - self._clock.monotonic() >= self.timing.renew_interval:
             return
-        with self._io:
+        with self._io.mutex:
             if self._state != HELD:
                 return
-            decision = protocol.decide_renew(
-                self._record,
-                self._generation,
-                me=self.owner_id,
-                token=self.token or 0,
-                now=self._clock.time(),
-                policy=self._policy,
-                nonce=new_nonce(),
-                instance=self._instance,
-            )
+            decision = self._decide_renew()
             try:
                 if not isinstance(decision, Write):
-                    raise PreconditionFailed(self._key, self._generation, url=self.url)
-                end = self._clock.monotonic() + self.renew_deadline
-                written, generation, mono, wall = self._write_lease(
+                    raise PreconditionFailed(self.key, lease.generation, url=self.url)
+                end = self._clock.monotonic() + self.timing.renew_deadline
+                written, generation, mono, wall = self._io.write_lease(
                     decision,
-                    end if deadline is None else max(min(deadline, end), self._valid_until),
+                    end if deadline is None else max(min(deadline, end), lease.valid_until),
                     urgent=True,
                 )
             except (StorageError, LockRecordCorrupt) as exc:
-                if self._clock.monotonic() < self._valid_until:
-                    self._next_renew = self._clock.monotonic()  # keep it; the scheduler retries at once
+                if self._clock.monotonic() < lease.valid_until:
+                    lease.next_renew = self._clock.monotonic()  # keep it; the scheduler retries at once
                     return
                 self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)
-                raise self._lost_error from exc  # type: ignore[misc]
-            self._set_lease(written.record, generation, mono, wall)
+                raise lease.lost_error from exc  # type: ignore[misc]
+            lease.set(written.record, generation, mono, wall, self.timing)
+
+    def _decide_renew(self) -> protocol.Decision:
+        lease = self._lease
+        return protocol.decide_renew(
+            lease.record,
+            lease.generation,
+            me=self._me,
+            token=lease.token or 0,
+            now=self._clock.time(),
+            policy=self._policy,
+            nonce=new_nonce(),
+        )
 
     # ------------------------------------------------------------------ release
 
@@ -703,9 +627,10 @@ class HandoffLock:
         return self._guarded(self._release, deferrable=True)
 
     def _release(self) -> str | None:
+        t = self.timing
         if self._state == WAITING:
             self._cancel.set()
-            if not self._not_acquiring.wait(self.give_up_budget + self.renew_deadline + 30.0):
+            if not self._not_acquiring.wait(self.give_up_budget + t.renew_deadline + 30.0):
                 _log_release.warning("release() of %s: the acquire it cancelled has not ended yet", self.url)
                 return None
             if self._state != HELD:  # the acquire gave up (and gave the slot back)
@@ -714,33 +639,37 @@ class HandoffLock:
         if self._state == LOST:
             self._state = IDLE
             self._end_hold()
+            why = self._lease.lost_reason
             raise LockLost(
-                f"lock {self.url!r} had been lost ({self._lost_reason}); nothing was written",
-                url=self.url,
-                reason=self._lost_reason or "lost",
+                f"lock {self.url!r} had been lost ({why}); nothing was written", url=self.url, reason=why or "lost"
             )
         if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
-        return self._release_held(self._clock.monotonic() + max(self.renew_deadline, 5.0))
+        return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
+
+    def _release_deferred(self) -> None:
+        """The release a signal handler asked for from inside the library, carried out by the outer call."""
+        if self._state in (HELD, LOST):
+            self._guarded(self._release)
 
     def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
         """The release write of a held (or releasing) lock; see :meth:`release`."""
-        self._unschedule()
-        with self._io:
+        self._duties.unschedule()
+        with self._io.mutex:
             if self._state not in (HELD, RELEASING):  # lost while we waited for the scheduler's I/O
                 return None if background else self._release()  # no I/O: raises LockLost
             # From here the lock is no longer ours to use: the write may land (and the heir start)
             # before its reply reaches us, so healthy/check() say no from the moment it is sent.
             self._state = RELEASING
-            self._next_release_try = float("inf")  # this attempt runs now
+            self._lease.next_release_try = float("inf")  # this attempt runs now
             try:
                 heir, lost = self._write_release(deadline)
             except (TransientStorageError, PreconditionFailed) as exc:
                 # Not idle: the record still names us (perhaps with a waiter waiting). Keep
                 # trying in the background, no longer renewing; release() may retry at once.
                 if self._state == RELEASING:
-                    self._next_release_try = self._clock.monotonic() + min(1.0, self.renew_interval)
-                    self._schedule()
+                    self._lease.next_release_try = self._clock.monotonic() + min(1.0, self.timing.renew_interval)
+                    self._duties.schedule()
                 _log_release.warning(
                     "release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc
                 )
@@ -751,48 +680,45 @@ class HandoffLock:
                 self._state = IDLE
                 self._end_hold()
                 raise
-            # Still under _io: a scheduler duty queued behind this release must find the
+            # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
             self._state = IDLE
         self._end_hold()
         if lost is not None:
             if background:
                 return None
-            self._flush_events()  # outside _io: a receiver of ``lost`` may call back in
+            self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
             raise lost
         token = self.token
         _log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
-            self._pending_events.append((signals.released, {"handed_off_to": heir, "token": token}))
-            self._notify()
+            self._notifier.event(signals.released, handed_off_to=heir, token=token)
+            self._notifier.notify()
         else:
             signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
 
     def _end_hold(self) -> None:
-        """A hold is over, however it ended: a release request belonged to it and goes with it."""
-        self.release_request = None
-        self.release_requested = False
-        self._requests = []
-        self._waiter_request = None
-        self._next_release_try = float("inf")
+        """A hold is over, however it ended: its requests go with it, and no release is retried."""
+        self._book.end_hold()
+        self._lease.next_release_try = float("inf")
 
     def _write_release(self, deadline: float) -> tuple[str | None, LockLost | None]:
         """The release's write (retried, re-read on 412): (heir, None), or (None, why it was lost)."""
         attempted: Write | None = None
-        record, generation = self._record, self._generation
+        lease = self._lease
+        record, generation = lease.record, lease.generation
         while True:
             decision = protocol.decide_release(
                 record,
                 generation,
-                me=self.owner_id,
-                token=self.token or 0,
+                me=self._me,
+                token=lease.token or 0,
                 now=self._clock.time(),
                 policy=self._policy,
                 nonce=new_nonce(),
                 attempted=attempted,
-                within_lease=self._clock.monotonic() < self._valid_until,
-                instance=self._instance,
+                within_lease=self._clock.monotonic() < lease.valid_until,
             )
             if isinstance(decision, Released):
                 return decision.handed_off_to, None
@@ -802,11 +728,11 @@ class HandoffLock:
                 return None, LockLost(why, url=self.url, reason=decision.why)
             assert isinstance(decision, Write)
             try:
-                written, _, _, _ = self._write_lease(decision, deadline, urgent=True)
+                written, _, _, _ = self._io.write_lease(decision, deadline, urgent=True)
             except PreconditionFailed:
                 attempted = decision
                 try:
-                    record, generation = self._read(deadline)
+                    record, generation = self._io.read(deadline)
                 except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
                     self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
                     lost = LockLost(
@@ -841,27 +767,8 @@ class HandoffLock:
         def read() -> LockStatus:
             # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
             # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
-            record, generation = self._read(self._clock.monotonic() + 30.0, interruptible=True)
-            now = self._clock.time()
-            if record is None:
-                return LockStatus(self.url, False, 0, read_at=now)
-            return LockStatus(
-                self.url,
-                True,
-                generation,
-                record.owner_id,
-                record.expires_at,
-                record.waiting_owner_id,
-                record.waiter_expires_at,
-                record.token,
-                record.ttl,
-                now,
-                record.owner_live(now),
-                record.waiter_live(now),
-                record,
-                record.owner_label,
-                record.waiter_label,
-            )
+            record, generation = self._io.read(self._clock.monotonic() + 30.0, interruptible=True)
+            return LockStatus.of(self.url, record, generation, self._clock.time())
 
         return self._guarded(read)
 
@@ -870,39 +777,44 @@ class HandoffLock:
     def _due(self) -> float:
         """Monotonic time of this lock's next background duty (inf if none)."""
         if self._state == HELD:
-            return min(self._due_besides_check(), self._next_check)
+            return min(self._due_besides_check(), self._lease.next_check)
         return self._due_besides_check()
 
     def _due_besides_check(self) -> float:
         """Like :meth:`_due` without the waiter check, which a scheduler may batch across locks."""
-        if (self._pending_notices or self._pending_events) and not self._notifier_running:
+        if self._notifier.unsent:
             return float("-inf")
         if self._state == RELEASING:
-            return self._next_release_try
+            return self._lease.next_release_try
         if self._state != HELD:
             return float("inf")
-        return min(self._next_renew, self._valid_until)
+        return min(self._lease.next_renew, self._lease.valid_until)
 
     def _run_due(self) -> None:
         """Do whatever is due: renew, check for a waiter, retry a failed release; hand signals to the notifier."""
-        now = self._clock.monotonic()
+        now, lease = self._clock.monotonic(), self._lease
         if self._state == HELD:
-            if now >= self._valid_until:
-                with self._io:
+            if now >= lease.valid_until:
+                with self._io.mutex:
                     if self._state == HELD:
                         self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
-            elif now >= self._next_renew:
+            elif now >= lease.next_renew:
                 self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
-            elif now >= self._next_check:
+            elif now >= lease.next_check:
                 self._check_waiter()
-        elif self._state == RELEASING and now >= self._next_release_try:
+        elif self._state == RELEASING and now >= lease.next_release_try:
             self._retry_release()
-        self._notify()
+        self._notifier.notify()
+
+    def _check_against(self, generation: int) -> None:
+        """A waiter check against a scheduler's listing (see :meth:`_check_waiter`), then the signals."""
+        self._check_waiter(known_generation=generation)
+        self._notifier.notify()
 
     def _renew(self) -> None:
         """Renew; never waits for the write gate (it defers instead) and never sleeps between retries.
 
-        The lease stays valid until ``_valid_until``, well past the next
+        The lease stays valid until ``valid_until``, well past the next
         attempt: a renewal the store's write spacing would delay is deferred to
         when the gate opens, so the lock's I/O mutex is never held through a
         wait and a release or a waiter check never queues behind one.
@@ -913,60 +825,46 @@ class HandoffLock:
         not a full spacing later: a few waiter writes in a row must not run
         an owner at the shortest ttl past its renew deadline.
         """
-        with self._io:
+        with self._io.mutex:
+            lease = self._lease
             for _ in range(3):
                 if self._state != HELD:
                     return
                 now = self._clock.monotonic()
-                wait = self._write_gate().ready_in(now, urgent=True)
+                wait = self._io.gate().ready_in(now, urgent=True)
                 if wait > 0:
-                    self._next_renew = now + wait
+                    lease.next_renew = now + wait
                     return
                 try:
-                    decision = protocol.decide_renew(
-                        self._record,
-                        self._generation,
-                        me=self.owner_id,
-                        token=self.token or 0,
-                        now=self._clock.time(),
-                        policy=self._policy,
-                        nonce=new_nonce(),
-                        instance=self._instance,
-                    )
+                    decision = self._decide_renew()
                     if isinstance(decision, Lost):
                         self._mark_lost(decision.why, None)
                         return
                     assert isinstance(decision, Write)
                     try:
-                        written, generation, mono, wall = self._write_lease(
-                            decision, self._valid_until, retry=False, urgent=True
+                        written, generation, mono, wall = self._io.write_lease(
+                            decision, lease.valid_until, retry=False, urgent=True
                         )
                     except PreconditionFailed:
                         # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
-                        record, generation = self._read(self._valid_until, retry=False)
-                        seen = protocol.observe_as_owner(
-                            record,
-                            me=self.owner_id,
-                            token=self.token or 0,
-                            now=self._clock.time(),
-                            instance=self._instance,
-                        )
+                        record, generation = self._io.read(lease.valid_until, retry=False)
+                        seen = self._observe(record)
                         if isinstance(seen, Lost):
                             self._mark_lost(seen.why, None)
                             return
-                        self._record, self._generation = record, generation
-                        self._note_waiter(record)
-                        self._next_renew = self._clock.monotonic()
+                        lease.seen(record, generation)
+                        self._note_waiter(record, seen)
+                        lease.next_renew = self._clock.monotonic()
                         continue
-                    self._set_lease(written.record, generation, mono, wall)
+                    lease.set(written.record, generation, mono, wall, self.timing)
                     metrics.renewed(self, self._clock.monotonic() - mono)
                     _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
                 except TransientStorageError as exc:
                     metrics.renewal_failed(self, exc)
-                    self._renew_failures += 1
-                    delay = min(self.renew_interval, RETRY.delay(self._renew_failures))
-                    self._next_renew = min(self._clock.monotonic() + delay, self._valid_until)
+                    lease.renew_failures += 1
+                    delay = min(self.timing.renew_interval, RETRY.delay(lease.renew_failures))
+                    lease.next_renew = min(self._clock.monotonic() + delay, lease.valid_until)
                     _log_renew.warning(
                         "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
                         self.url,
@@ -981,20 +879,20 @@ class HandoffLock:
 
     def _retry_release(self) -> None:
         """Retry a release whose write failed, until it lands or the lease is over anyway."""
-        now = self._clock.monotonic()
-        if now >= self._valid_until + (self.ttl - self.renew_deadline):
-            with self._io:
+        now, t = self._clock.monotonic(), self.timing
+        if now >= self._lease.valid_until + (t.ttl - t.renew_deadline):
+            with self._io.mutex:
                 if self._state == RELEASING:
                     _log_release.warning(
                         "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
                     )
                     self._state = IDLE
                     self._end_hold()
-                    self._unschedule()
+                    self._duties.unschedule()
             return
-        self._next_release_try = now + min(1.0, self.renew_interval)
+        self._lease.next_release_try = now + min(1.0, t.renew_interval)
         try:
-            self._release_held(now + min(self.renew_deadline, 5.0), background=True)
+            self._release_held(now + min(t.renew_deadline, 5.0), background=True)
         except Exception as exc:  # already logged; a permanent error ends the hold
             _log_release.warning("release of %s failed for good: %s", self.url, exc)
 
@@ -1011,283 +909,68 @@ class HandoffLock:
         showed it: no read either. A higher one (someone else wrote), or 0
         (not listed), is settled by a read, never by the listing alone.
         """
-        with self._io:
+        with self._io.mutex:
             if self._state != HELD:
                 return
-            self._next_check = self._clock.monotonic() + self.waiter_check_interval
+            lease = self._lease
+            lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
             record: LockRecord | None
             try:
                 if (
                     known_generation is not None
-                    and 0 < known_generation <= self._generation
-                    and self._record is not None
+                    and 0 < known_generation <= lease.generation
+                    and lease.record is not None
                 ):
                     # Listed as we know it, or older: we wrote (renewed) or read it since the
                     # listing was made, and that is at least as fresh as the listing's view.
-                    record, generation = self._record, self._generation
+                    record, generation = lease.record, lease.generation
                 else:
-                    record, generation = self._read(None, retry=False)
+                    record, generation = self._io.read(None, retry=False)
             except TransientStorageError as exc:
                 _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
                 return
             except (StorageError, LockRecordCorrupt) as exc:
                 self._mark_lost(f"the lock object became unreadable: {exc}", exc)
                 return
-            seen = protocol.observe_as_owner(
-                record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
-            )
+            seen = self._observe(record)
             if isinstance(seen, Lost):
                 self._mark_lost(seen.why, None)
                 return
-            if generation != self._generation:
-                self._record, self._generation = record, generation
-            self._note_waiter(record)
+            if generation != lease.generation:
+                lease.seen(record, generation)
+            self._note_waiter(record, seen)
 
-    def _note_waiter(self, record: LockRecord | None) -> None:
+    def _observe(self, record: LockRecord | None) -> Lost | WaiterSeen | None:
+        return protocol.observe_as_owner(record, me=self._me, token=self.token or 0, now=self._clock.time())
+
+    def _note_waiter(self, record: LockRecord | None, seen: WaiterSeen | None) -> None:
         """Announce a new waiter; withdraw the request of one that has gone (left, expired or replaced)."""
         if record is None:
             return
-        seen = protocol.observe_as_owner(
-            record, me=self.owner_id, token=self.token or 0, now=self._clock.time(), instance=self._instance
+        self._book.note_waiter(
+            seen,
+            record.waiter_instance,
+            url=self.url,
+            noticed=lambda: metrics.waiter_noticed(self, record, self._clock.time()),
         )
-        if isinstance(seen, Lost):
-            return
-        waiter = (seen.waiter_id, record.waiter_instance) if isinstance(seen, WaiterSeen) else None
-        standing = self._waiter_request
-        if standing is not None and standing[0] != waiter:
-            # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
-            self._waiter_request = None
-            self._notified_waiters.discard(standing[0][0])  # should it come back, it is announced again
-            gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
-            _log_renew.info("%s: waiter %s %s; its release request is withdrawn", self.owner_id, standing[0][0], gone)
-            self._withdraw(standing[1])
-        if isinstance(seen, WaiterSeen) and seen.waiter_id not in self._notified_waiters:
-            self._notified_waiters.add(seen.waiter_id)
-            metrics.waiter_noticed(self, record, self._clock.time())
-            _log_renew.info("%s: %s is waiting for %s", self.owner_id, seen.waiter_id, self.url)
-            request = self._request(RequestReason.WAITER, seen.waiter_id, seen.deadline)
-            self._waiter_request = ((seen.waiter_id, record.waiter_instance), request)
 
     def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
         """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
         if self._state == LOST:
             return
         self._state = LOST
-        self._valid_until = float("-inf")
-        self._lost_reason = why
-        self._unschedule()
+        lease = self._lease
+        lease.valid_until = float("-inf")
+        lease.lost_reason = why
+        self._duties.unschedule()
         exc = LockLost(f"lock {self.url!r} lost: {why}", url=self.url, reason=why, cause=error)
         if error is not None:
             exc.__cause__ = error
-        self._lost_error = exc
+        lease.lost_error = exc
         _log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
-            self._pending_events.append((signals.on_renewal_error, {"error": exc}))
-        self._pending_events.append((signals.lost, {"reason": why, "error": exc}))
-
-    def _notify(self) -> None:
-        """Have queued signals sent by this lock's notifier thread, never by the thread that renews.
-
-        Receivers may block (a checkpoint in an ``on_release_requested``
-        receiver is the point of it): they delay only later signals of this
-        lock, never a renewal or a waiter check of any lock. The notifier is a
-        daemon thread that lives while there is something to send, so
-        interpreter exit never waits for a receiver.
-        """
-        if not (self._pending_notices or self._pending_events):
-            return
-        if getattr(self._scheduler, "notify_inline", False):
-            self._flush_events()  # a scheduler run by hand (tests, simulations): deterministic, in its caller
-            return
-        with self._notify_mutex:
-            if self._notifier_running:
-                return
-            self._notifier_running = True
-        try:
-            threading.Thread(
-                target=self._notifier_main, name=f"handofflock-notify-{self.owner_id}", daemon=True
-            ).start()
-        except BaseException:
-            self._notifier_running = False
-            raise
-
-    def _notifier_main(self) -> None:
-        take_signals_again()  # receivers are user code: what they start must be stoppable (core/threads.py)
-        while True:
-            try:
-                self._flush_events()
-            except Exception:  # signals.send already isolates receivers; this is a last resort
-                _log_renew.exception("sending the signals of %s failed", self.url)
-            with self._notify_mutex:
-                if not (self._pending_notices or self._pending_events):
-                    self._notifier_running = False
-                    return
-
-    def _flush_events(self) -> None:
-        """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
-        # Two threads may flush at once (a release and the notifier): pop, never test then pop.
-        while (req := _pop_first(self._pending_notices)) is not None:
-            if isinstance(req, _Withdrawn):
-                signals.send(
-                    signals.on_release_withdrawn,
-                    self,
-                    request=req.request,
-                    requester=req.request.requester,
-                    reason=req.request.reason,
-                )
-                continue
-            signals.send(
-                signals.on_release_requested,
-                self,
-                request=req,
-                requester=req.requester,
-                reason=req.reason,
-                deadline=req.deadline,
-                waiter_id=req.requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
-            )
-        while (event := _pop_first(self._pending_events)) is not None:
-            signal, kwargs = event
-            signals.send(signal, self, **kwargs)
-
-    def _schedule(self) -> None:
-        if self._scheduler is None:
-            from .scheduler import default_scheduler
-
-            self._scheduler = default_scheduler()
-        self._scheduler.add(self._duties)
-
-    def _unschedule(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.discard(self._duties)
-
-    # ------------------------------------------------------------------ storage I/O
-
-    def _read(
-        self, deadline: float | None, *, retry: bool = True, interruptible: bool = False
-    ) -> tuple[LockRecord | None, int]:
-        """One read (retried on transient errors until ``deadline``), decoded strictly."""
-        found = read_retrying(
-            self._storage,
-            self._key,
-            clock=self._clock,
-            deadline=deadline,
-            max_bytes=MAX_RECORD_BYTES,
-            retry=retry,
-            sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
-        )
-        if found is None:
-            return None, 0
-        data, generation = found
-        return LockRecord.decode(data, key=self._key, generation=generation, url=self.url), generation
-
-    def _read_locked(self, deadline: float | None) -> tuple[LockRecord | None, int]:
-        """An acquire's poll: one interruptible read under the I/O mutex."""
-        with self._io:
-            return self._read(deadline, interruptible=True)
-
-    def _write_gate(self) -> WriteGate:
-        if self._gate is None:
-            self._gate = gate_for(self._storage, self._key, self.min_write_interval, self._clock)
-        return self._gate
-
-    def _read_to_write(
-        self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False
-    ) -> tuple[LockRecord | None, int]:
-        """Read for a decision that will likely be written: wait for our write slot first (mutex not held).
-
-        Reading and then waiting out the per-object write spacing would send the
-        write on a generation that has had a second to go stale; against a busy
-        object that can lose every time.
-        """
-        wait = self._write_gate().ready_in(self._clock.monotonic(), urgent=urgent)
-        if deadline is not None:
-            wait = min(wait, max(0.0, deadline - self._clock.monotonic()))
-        if wait > 0:
-            if interruptible:
-                self._sleep_before_retry(wait, True)
-            else:
-                self._clock.sleep(wait)
-        with self._io:
-            return self._read(deadline, interruptible=interruptible)
-
-    def _write_lease(
-        self,
-        write: Write,
-        deadline: float | None,
-        *,
-        retry: bool = True,
-        urgent: bool = False,
-        interruptible: bool = False,
-    ) -> tuple[Write, int, float, float]:
-        """Make ``write``, its lease or slot stamped at the send of each attempt. Call with ``_io`` held.
-
-        Returns ``(the attempt that landed, new generation, monotonic and wall
-        time of its send)``: a lease is counted from the send of the write that
-        made it, never from when the operation began (a wait for the write
-        gate, or retries after a 503 or a 429, come before the stamp).
-        """
-        attempts: dict[str, tuple[Write, float, float]] = {}
-        sent: list[str] = []
-
-        def stamp() -> bytes:
-            mono, wall = self._clock.monotonic(), self._clock.time()
-            attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), policy=self._policy)
-            assert attempt.record.nonce is not None
-            attempts[attempt.record.nonce] = (attempt, mono, wall)
-            sent.append(attempt.record.nonce)
-            return attempt.record.encode()
-
-        def is_ours(data: bytes) -> bool:
-            return LockRecord.decode(data, key=self._key, url=self.url).nonce in attempts
-
-        generation, read_back = write_resolving(
-            self._storage,
-            self._key,
-            stamp,
-            if_generation_match=write.if_generation_match,
-            is_ours=is_ours,
-            clock=self._clock,
-            deadline=deadline,
-            max_bytes=MAX_RECORD_BYTES,
-            gate=self._write_gate(),
-            urgent=urgent,
-            retry=retry,
-            sleep=lambda delay: self._sleep_before_retry(delay, interruptible),
-        )
-        landed = attempts[sent[-1]]
-        if read_back is not None:
-            landed = attempts.get(LockRecord.decode(read_back, key=self._key, url=self.url).nonce or "", landed)
-            _log_acquire.info("%s: a write whose reply was lost had landed (%s)", self.owner_id, write.kind.value)
-        attempt, mono, wall = landed
-        return attempt, generation, mono, wall
-
-    def _write(
-        self,
-        write: Write,
-        deadline: float | None,
-        *,
-        retry: bool = True,
-        urgent: bool = False,
-        interruptible: bool = False,
-    ) -> int:
-        """Make one conditional write (stamped at its send); return the new generation.
-
-        Raises PreconditionFailed when the record moved on (the caller reads and decides again).
-        """
-        return self._write_lease(write, deadline, retry=retry, urgent=urgent, interruptible=interruptible)[1]
-
-    def _sleep_before_retry(self, delay: float, interruptible: bool) -> bool:
-        """Sleep ``delay`` before a retry (the caller has checked its deadline); False to give up.
-
-        ``interruptible`` retries (an acquire's polling, ``status()``) give up
-        on ``cancel()`` or a deferred release. The others (a release, giving
-        the waiter slot back) carry on to their deadline whatever arrives: they
-        are what a cancel or a signal wants done.
-        """
-        if not interruptible:
-            self._clock.sleep(delay)
-            return True
-        return not self._clock.wait(self._cancel, delay) and not self._deferred_release
+            self._notifier.event(signals.on_renewal_error, error=exc)
+        self._notifier.event(signals.lost, reason=why, error=exc)
 
     # ------------------------------------------------------------------ re-entrancy
 
@@ -1298,129 +981,15 @@ class HandoffLock:
                 f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
                 "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
             )
-        depth = getattr(self._tls, "depth", 0)
-        if depth and deferrable:
-            # Only a plain assignment: this may run in a signal handler that interrupted
-            # this very thread inside the library, even inside an Event's own lock, so
-            # taking any lock here could deadlock. The outer call acts on the flag (a
-            # blocking acquire sees it after its current poll).
-            self._deferred_release = True
-            return None  # type: ignore[return-value]
-        self._tls.depth = depth + 1
-        try:
-            return fn()
-        finally:
-            self._tls.depth = depth
-            if depth == 0 and self._deferred_release:
-                self._deferred_release = False
-                try:
-                    if self._state in (HELD, LOST):
-                        self._guarded(self._release)
-                finally:
-                    then, self._after_deferred_release = self._after_deferred_release, []
-                    for fn in then:
-                        fn()
+        return self._guard.run(fn, deferrable=deferrable)
 
     def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
+        """See :meth:`.reentry.ReentryGuard.then_after_deferred_release` (for :mod:`handofflock.os_signals`)."""
+        return self._guard.then_after_deferred_release(fn)
 
-        For a handler that must act after the release (a second signal that
-        kills the process): called from the handler, in the thread it interrupted.
-        """
-        if not self._deferred_release:
-            return False
-        self._after_deferred_release.append(fn)
-        return True
+    def _unschedule(self) -> None:
+        """Stop the background duties (tests use it to make a process that dies holding the lock)."""
+        self._duties.unschedule()
 
     def __repr__(self) -> str:
-        return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state} token={self.token}>"
-
-
-def _most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
-    """The request with the earliest deadline (one without a deadline last; the first of equals)."""
-    best: ReleaseRequest | None = None
-    for request in requests:
-        if best is None or (
-            request.deadline is not None and (best.deadline is None or request.deadline < best.deadline)
-        ):
-            best = request
-    return best
-
-
-def _pop_first(items: list[T]) -> T | None:
-    """Remove and return the first item, or None if there is none (atomic: one list.pop)."""
-    try:
-        return items.pop(0)
-    except IndexError:
-        return None
-
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def _disarm_inherited() -> None:
-    """In a forked child: every inherited instance holds nothing and can do nothing.
-
-    The parent's lease, renewals and release are the parent's business; a child
-    that released or renewed them (an inherited ``release_at_exit`` hook, say)
-    would take the lock from under the parent, or hand it on while the parent
-    still works.
-    """
-    for lock in list(_INSTANCES):
-        lock._state = FORKED
-        lock._new_primitives()
-        lock._pending_notices = []
-        lock._pending_events = []
-        lock._scheduler = None
-        lock.token = None  # the parent's: a fenced write in the child must not carry it
-        lock.release_requested = False
-        lock.release_request = None
-        lock._requests = []
-        lock._waiter_request = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_disarm_inherited)
-
-
-class _Duties:
-    """A lock as its scheduler sees it (:class:`~handofflock.lock.scheduler.Scheduled`): its duties, nothing else."""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self, lock: HandoffLock) -> None:
-        self._lock = lock
-
-    def __repr__(self) -> str:
-        return f"<duties of {self._lock!r}>"
-
-    @property
-    def check_interval(self) -> float:
-        return self._lock.waiter_check_interval
-
-    @property
-    def store(self) -> Storage:
-        return self._lock._storage
-
-    @property
-    def key(self) -> str:
-        return self._lock._key
-
-    def next_due(self) -> float:
-        return self._lock._due()
-
-    def next_due_besides_check(self) -> float:
-        return self._lock._due_besides_check()
-
-    def next_check_at(self) -> float:
-        return self._lock._next_check
-
-    def run_due(self) -> None:
-        self._lock._run_due()
-
-    def check_against(self, generation: int) -> None:
-        self._lock._check_waiter(known_generation=generation)
-        self._lock._notify()
+        return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"

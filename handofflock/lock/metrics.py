@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._version import __version__
 from ..core.errors import AcquireCancelled, LockContended, LockTimeout
@@ -50,7 +50,20 @@ from . import events
 if TYPE_CHECKING:
     from ..core.clock import Clock
     from ..core.record import LockRecord
-    from .handoff import HandoffLock
+
+
+class Measured(Protocol):
+    """What the hooks read of a lock (a :class:`~handofflock.lock.handoff.HandoffLock`, which imports this module)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def is_held(self) -> bool: ...
+
+    @property
+    def waiter_ttl(self) -> float: ...
+
 
 T = TypeVar("T")
 
@@ -99,7 +112,7 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 #: Locks that were held at some point, for the ``locks.held`` gauge (weak: a dropped lock is no series).
-_locks: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+_locks: weakref.WeakSet[Measured] = weakref.WeakSet()
 #: The hooks whose instruments raised since the instruments were made (each logged in full once).
 _failed: set[str] = set()
 
@@ -141,7 +154,7 @@ def _instrument_failed(hook: str) -> None:
     )
 
 
-def _attrs(lock: HandoffLock) -> dict[str, Any]:
+def _attrs(lock: Measured) -> dict[str, Any]:
     return {"lock.url": lock.url}
 
 
@@ -152,10 +165,10 @@ def _observe_held(options: Any) -> Iterable[Any]:
     return [_otel.Observation(count, {"lock.url": url}) for url, count in held.items()]
 
 
-# ---------------------------------------------------------------------- hooks (handoff.py calls these)
+# ---------------------------------------------------------------------- hooks (the lock calls these)
 
 
-def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) -> bool:
+def timed_acquire(lock: Measured, clock: Clock, acquire: Callable[[], bool]) -> bool:
     """Run ``acquire`` and record how long it took (on ``clock``) and how it ended.
 
     Returns or raises exactly what ``acquire`` did: a lock taken is never
@@ -183,7 +196,7 @@ def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) 
         _record_acquire(lock, clock, started, outcome)
 
 
-def _record_acquire(lock: HandoffLock, clock: Clock, started: float, outcome: str) -> None:
+def _record_acquire(lock: Measured, clock: Clock, started: float, outcome: str) -> None:
     # Runs in timed_acquire's ``finally``: whatever it raised would replace the acquire's own result.
     instruments = _instruments
     if instruments is None:
@@ -194,7 +207,7 @@ def _record_acquire(lock: HandoffLock, clock: Clock, started: float, outcome: st
         _instrument_failed("timed_acquire")
 
 
-def renewed(lock: HandoffLock, latency: float) -> None:
+def renewed(lock: Measured, latency: float) -> None:
     """A renewal landed, ``latency`` seconds after its write was sent."""
     instruments = _instruments
     if instruments is None:
@@ -207,7 +220,7 @@ def renewed(lock: HandoffLock, latency: float) -> None:
         _instrument_failed("renewed")
 
 
-def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
+def renewal_failed(lock: Measured, error: BaseException) -> None:
     """A renewal attempt failed (transient: retried; otherwise the lock is lost)."""
     instruments = _instruments
     if instruments is None:
@@ -218,7 +231,7 @@ def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
         _instrument_failed("renewal_failed")
 
 
-def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
+def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
     """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began."""
     instruments = _instruments
     if instruments is None or record.waiter_expires_at is None:

@@ -147,7 +147,7 @@ class Scheduler:
         self._autostart = autostart
         #: Run by hand (``autostart=False``: tests and simulations), the scheduler's caller also sends
         #: the locks' signals, so a run is deterministic. A live scheduler never does: receivers run on
-        #: each lock's notifier thread, off the path that renews (see ``HandoffLock._notify``).
+        #: each lock's notifier thread, off the path that renews (see :mod:`.notifier`).
         self.notify_inline = not autostart
         self._name = name
         _SCHEDULERS.add(self)

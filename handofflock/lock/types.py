@@ -54,8 +54,11 @@ class ReleaseRequest:
 
 
 @dataclass(frozen=True)
-class _Withdrawn:
-    """A queued ``on_release_withdrawn`` (it travels with the notices, so it is sent after its request)."""
+class Withdrawn:
+    """A queued ``on_release_withdrawn`` (it travels with the notices, so it is sent after its request).
+
+    Internal to the lock (its request book queues it, its notifier sends it); not exported.
+    """
 
     request: ReleaseRequest
 
@@ -79,6 +82,29 @@ class LockStatus:
     record: LockRecord | None = None
     owner_label: Label | None = None
     waiter_label: Label | None = None
+
+    @classmethod
+    def of(cls, url: str, record: LockRecord | None, generation: int, now: float) -> LockStatus:
+        """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``."""
+        if record is None:
+            return cls(url, False, 0, read_at=now)
+        return cls(
+            url,
+            True,
+            generation,
+            record.owner_id,
+            record.expires_at,
+            record.waiting_owner_id,
+            record.waiter_expires_at,
+            record.token,
+            record.ttl,
+            now,
+            record.owner_live(now),
+            record.waiter_live(now),
+            record,
+            record.owner_label,
+            record.waiter_label,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,7 @@
 """One conditional write that survives lost replies and transient errors.
 
 Every conditional write of the library goes through here: the lock's own
-(``lock.py``) and those of the modules beside it (``fencing.py``,
+(:mod:`handofflock.lock.record_io`) and those of the modules beside it (``fencing.py``,
 ``repair.py``). A write whose reply is lost (a timeout or
 reset after the request went out) may or may not have been applied, and a retry
 would fail its precondition against its own result. So every write carries a

@@ -498,3 +498,14 @@ async def test_bad_input_raises_the_sync_locks_typed_errors(anyio_backend, reque
     holder.release()
     await anyio.to_thread.run_sync(third_thread.join, 10)
     third.release()
+
+
+def test_the_async_lock_takes_exactly_the_keywords_of_the_sync_lock():
+    """``AsyncHandoffLock(url, **options)`` is typed by LockOptions, which must name HandoffLock's keywords."""
+    import inspect
+
+    from handofflock.lock.handoff import HandoffLock as SyncLock
+    from handofflock.lock.options import LockOptions
+
+    keywords = [p.name for p in inspect.signature(SyncLock).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert list(LockOptions.__annotations__) == keywords

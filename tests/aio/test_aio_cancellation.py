@@ -45,7 +45,7 @@ def cleanup(*locks) -> None:
         sync = getattr(lock, "sync", lock)
         if sync.is_held:
             sync.release()
-        sync._unschedule()
+        sync._unschedule()  # private: stop its renewals without releasing
 
 
 async def test_release_in_the_finally_of_a_task_cancelled_by_its_scope_releases_then_the_cancel_goes_on(url):

@@ -130,7 +130,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
         assert not twin.is_held
     finally:
         for lock in (first, twin, owner):
-            lock._unschedule()
+            lock._unschedule()  # private: stop its renewals without releasing
 
 
 def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
@@ -200,8 +200,8 @@ def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the
         record = LockRecord.decode(store.read(KEY)[0])
         assert record.owner_id != "W", f"the record still names W as owner: {record}"
     finally:
-        waiter._unschedule()
-        owner._unschedule()
+        waiter._unschedule()  # private: stop its renewals without releasing
+        owner._unschedule()  # private: stop its renewals without releasing
 
 
 # --------------------------------------------------------------------------- 4. a failed release can be retried

@@ -13,7 +13,7 @@ def _requests_heard(world, lock, ask):
         ask()
         world.clock.advance(0.01)
         world.sched.run_pending()
-        lock._flush_events()
+        lock._notifier.flush()  # private: send what is queued now, in this thread
     return got
 
 
@@ -40,7 +40,7 @@ def test_a_waiter_request_names_the_waiter(world):
     with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=owner):
         with pytest.raises(LockTimeout):
             waiter.acquire(timeout=2.0)  # registers as the waiter; the owner's check notices; gives up
-        owner._flush_events()
+        owner._notifier.flush()  # private: as above
     assert got and got[0]["request"].reason is RequestReason.WAITER and got[0]["request"].requester == "W"
     owner.release()
 

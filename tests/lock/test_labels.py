@@ -20,7 +20,7 @@ from handofflock.cli import main
 from handofflock.core import protocol
 from handofflock.core.errors import ConfigurationError
 from handofflock.core.identity import detect_label
-from handofflock.core.protocol import Kind, Policy
+from handofflock.core.protocol import Kind, Me, Policy
 from handofflock.core.record import Label, LockRecord
 from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
@@ -122,39 +122,39 @@ def test_a_bad_label_is_a_corrupt_record_never_dropped(field, value, why):
 
 
 def test_every_write_path_carries_or_clears_the_labels():
-    me = Label("me-label")
+    mine_label = Label("me-label")
     # create / take: my label as owner
-    d = protocol.decide_acquire(None, 0, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False, instance="im", label=me)
-    assert d.kind is Kind.CREATE and d.record.owner_label == me
-    d = protocol.decide_acquire(held(expires_at=NOW - 100), 3, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False, instance="im", label=me)
-    assert d.kind is Kind.TAKE and d.record.owner_label == me and d.record.waiter_label is None
+    d = protocol.decide_acquire(None, 0, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert d.kind is Kind.CREATE and d.record.owner_label == mine_label
+    d = protocol.decide_acquire(held(expires_at=NOW - 100), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert d.kind is Kind.TAKE and d.record.owner_label == mine_label and d.record.waiter_label is None
     # become the waiter: my label in the waiter's place, the owner's kept
-    d = protocol.decide_acquire(held(), 3, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False, instance="im", label=me)
-    assert d.kind is Kind.BECOME_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, me)
+    d = protocol.decide_acquire(held(), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert d.kind is Kind.BECOME_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, mine_label)
     # refresh the slot: both kept
-    mine = waited(waiting_owner_id="me", waiter_instance="im", waiter_label=me, waiter_expires_at=NOW + 1)
-    d = protocol.decide_acquire(mine, 3, me="me", now=NOW, policy=POLICY, nonce="n", waiting=True, instance="im", label=me)
-    assert d.kind is Kind.REFRESH_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, me)
+    mine = waited(waiting_owner_id="me", waiter_instance="im", waiter_label=mine_label, waiter_expires_at=NOW + 1)
+    d = protocol.decide_acquire(mine, 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=True)
+    assert d.kind is Kind.REFRESH_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, mine_label)
     # give up the slot: the waiter's label goes with it
-    d = protocol.decide_give_up_wait(mine, 3, me="me", now=NOW, policy=POLICY, nonce="n", instance="im")
+    d = protocol.decide_give_up_wait(mine, 3, me=Me("me", "im"), now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiter_label is None and d.record.owner_label == OWNER
     # renew: both kept as read
-    d = protocol.decide_renew(waited(), 3, me="a", token=7, now=NOW, policy=POLICY, nonce="n", instance="ia")
+    d = protocol.decide_renew(waited(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.RENEW and (d.record.owner_label, d.record.waiter_label) == (OWNER, WAITER)
     # hand off: the waiter's label becomes the owner's, the waiter's place is empty
-    d = protocol.decide_release(waited(), 3, me="a", token=7, now=NOW, policy=POLICY, nonce="n", instance="ia")
+    d = protocol.decide_release(waited(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.HANDOFF and (d.record.owner_label, d.record.waiter_label) == (WAITER, None)
     assert LockRecord.decode(d.record.encode()).owner_label == WAITER, "and it counts: bound to the heir's instance"
     # free: the owner's label goes; a waiter within the skew keeps its own
-    d = protocol.decide_release(held(), 3, me="a", token=7, now=NOW, policy=POLICY, nonce="n", instance="ia")
+    d = protocol.decide_release(held(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE and d.record.owner_label is None
-    d = protocol.decide_release(waited(waiter_expires_at=NOW - 1), 3, me="a", token=7, now=NOW, policy=POLICY, nonce="n", instance="ia")
+    d = protocol.decide_release(waited(waiter_expires_at=NOW - 1), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE and d.record.owner_label is None and d.record.waiter_label == WAITER
-    d = protocol.decide_release(waited(waiter_expires_at=NOW - 10), 3, me="a", token=7, now=NOW, policy=POLICY, nonce="n", instance="ia")
+    d = protocol.decide_release(waited(waiter_expires_at=NOW - 10), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE and d.record.waiter_label is None
     # retake under my stable id: my label, a live waiter keeps its own
-    d = protocol.decide_acquire(waited(owner_id="me"), 3, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False, instance="im", label=me)
-    assert d.kind is Kind.RETAKE and (d.record.owner_label, d.record.waiter_label) == (me, WAITER)
+    d = protocol.decide_acquire(waited(owner_id="me"), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    assert d.kind is Kind.RETAKE and (d.record.owner_label, d.record.waiter_label) == (mine_label, WAITER)
 
 
 def test_a_forced_release_clears_both_labels(url):
@@ -167,7 +167,7 @@ def test_a_forced_release_clears_both_labels(url):
         assert record.owner_label is None and record.waiter_label is None
         assert "ownerLabel" not in orjson.loads(record.encode())
     finally:
-        holder._unschedule()
+        holder._unschedule()  # private: stop its renewals without releasing
 
 
 def test_a_handoff_between_two_locks_moves_the_waiters_label_to_the_owners_place(url):
@@ -191,7 +191,7 @@ def test_a_handoff_between_two_locks_moves_the_waiters_label_to_the_owners_place
     finally:
         for lock in (a, b):
             lock.cancel()
-            lock._unschedule()
+            lock._unschedule()  # private: stop its renewals without releasing
 
 
 def test_a_bad_label_is_refused_when_the_lock_is_made(url):

@@ -94,7 +94,7 @@ def test_a_lease_counts_from_the_send_of_the_write_that_landed_after_a_503_and_a
     assert a.healthy, "the lease was counted from before the retries"
     # The record's lease runs ttl from the send, and the owner counts renew_deadline from it.
     assert abs(world.record().expires_at - (world.clock.time() - (world.clock.monotonic() - sent) + 4.0)) < 1e-6
-    assert abs(a._valid_until - (sent + 2.0)) < 1e-6
+    assert abs(a._lease.valid_until - (sent + 2.0)) < 1e-6  # private: how long the owner counts itself safe
 
 
 def test_a_lease_that_waited_for_the_write_gate_counts_from_its_send(world):
@@ -107,7 +107,7 @@ def test_a_lease_that_waited_for_the_write_gate_counts_from_its_send(world):
     assert b.acquire(timeout=10)
     sent = store.write_times[-1]
     assert sent > store.write_times[-2], "B's write waited for the gate"
-    assert abs(b._valid_until - (sent + b.renew_deadline)) < 1e-6
+    assert abs(b._lease.valid_until - (sent + b.renew_deadline)) < 1e-6  # private: as above
 
 
 # --------------------------------------------------------------------------- the gate
@@ -139,16 +139,16 @@ def test_a_writer_that_gives_up_books_nothing(world):
 def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(world):
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
-    gate = a._write_gate()
+    gate = a._io.gate()  # private: the store's write gate, to close it as a 429 would
     throttled_at = world.clock.monotonic()
     gate.throttled(retry_after=3.0)  # a 429 elsewhere: nothing may be written for 3 s
     world.clock.advance(a.renew_interval)
     writes, started = world.writes, world.clock.monotonic()
-    a._run_due()
+    a._run_due()  # private: the scheduler's duty, run here (as the scheduler would)
     assert world.clock.monotonic() == started and world.writes == writes, "the renewal waited"
-    assert a._next_renew >= throttled_at + 3.0 - 1e-6, "deferred to when the gate opens"
-    assert a._io.acquire(blocking=False), "the renewal holds the I/O mutex"
-    a._io.release()
+    assert a._lease.next_renew >= throttled_at + 3.0 - 1e-6, "deferred to when the gate opens"
+    assert a._io.mutex.acquire(blocking=False), "the renewal holds the I/O mutex"  # private: it must be free
+    a._io.mutex.release()
     assert a.status().owner_id == "A" and a.is_held
 
 
@@ -231,8 +231,8 @@ def test_a_slow_receiver_never_delays_a_renewal():
         assert waiter.is_held
     finally:
         signals.on_release_requested.disconnect(checkpoint, sender=owner)
-        waiter._unschedule()
-        owner._unschedule()
+        waiter._unschedule()  # private: stop its renewals without releasing
+        owner._unschedule()  # private: stop its renewals without releasing
 
 
 def LockRecord_expires(store: MemoryStorage) -> float:

@@ -44,7 +44,7 @@ def locks():
                 lock.release()
             except Exception:
                 pass
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
 
 
 def paused(url, locks, **kw):

@@ -18,6 +18,7 @@ from handofflock import (
     Scheduler,
     signals,
 )
+from handofflock.lock.primitives import Primitives
 from handofflock.storage import MemoryStorage
 from lockutil import eventually, make_lock, raw_read, raw_write
 
@@ -189,9 +190,8 @@ def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env)
     renewal waits for the lock's I/O mutex. When it gets it, the lock must already read as released:
     renewing from the replaced record would fail and report a clean release as a lost lock."""
     name, clock, sched, store = env
-    lock = new_lock(name, clock, sched)
+    lock = new_lock(name, clock, sched, primitives=Primitives(mutex=_YieldingMutex))
     assert lock.acquire()
-    lock._io = _YieldingMutex()
     events = []
     signals.on_renewal_error.connect(lambda s, **kw: events.append("renewal error"), sender=lock, weak=False)
     signals.lost.connect(lambda s, **kw: events.append("lost"), sender=lock, weak=False)
@@ -208,7 +208,7 @@ def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env)
     releasing.start()
     assert in_write.wait(5)
     store.write = real_write
-    renewing = threading.Thread(target=lock._run_due)  # the duty the scheduler had already started
+    renewing = threading.Thread(target=lock._run_due)  # private: the duty the scheduler had already started
     renewing.start()
     time.sleep(0.1)  # it is now waiting for the mutex the release holds
     writes = store.calls["write"]
@@ -266,6 +266,7 @@ def test_a_cancelled_waiter_still_retries_giving_its_slot_back(op):
     failed = []
 
     def flaky(*args, **kw):
+        # private: the cancel event is the only sign that the give-up has begun
         if waiter._cancel.is_set() and not failed:  # the first call of the give-up
             failed.append(op)
             raise TransientStorageError(f"injected: {op} failed", status=503, ambiguous=False)

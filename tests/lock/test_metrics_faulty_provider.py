@@ -121,6 +121,7 @@ def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raisi
         assert owner.acquire()
         t = _acquire_in_thread(waiter, timeout=15)
         eventually(
+            # private: "waiting" (an acquire runs) has no public flag
             lambda: waiter._state == "waiting" and owner.status().waiter_id == waiter.owner_id,
             what="the waiter registered",
         )
@@ -137,8 +138,8 @@ def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raisi
             t.join(20)
         if owner.is_held:
             owner.release()
-        owner._unschedule()
-        waiter._unschedule()
+        owner._unschedule()  # private: stop its renewals without releasing
+        waiter._unschedule()  # private: stop its renewals without releasing
 
 
 class _FailingWrites:
@@ -183,7 +184,7 @@ def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(
         assert not spun, f"the hook raised into the scheduler: {[r.getMessage() for r in spun][:3]}"
     finally:
         store.failing = False
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
 
 
 def test_a_raising_acquire_histogram_never_turns_a_taken_lock_into_an_error(raising, name, caplog):
@@ -203,7 +204,7 @@ def test_a_raising_acquire_histogram_never_turns_a_taken_lock_into_an_error(rais
     finally:
         if lock.is_held:
             lock.release()
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
 
 
 def test_timed_acquire_returns_or_raises_exactly_what_the_acquire_did_when_the_histogram_raises(raising, name):
@@ -219,7 +220,7 @@ def test_timed_acquire_returns_or_raises_exactly_what_the_acquire_did_when_the_h
         for lock in (owner, other):
             if lock.is_held:
                 lock.release()
-            lock._unschedule()
+            lock._unschedule()  # private: stop its renewals without releasing
 
 
 def test_a_provider_whose_every_instrument_raises_still_hands_the_lock_over(raising, name, caplog):
@@ -252,4 +253,4 @@ def test_a_provider_whose_every_instrument_raises_still_hands_the_lock_over(rais
         for lock in (owner, waiter):
             if lock.is_held:
                 lock.release()
-            lock._unschedule()
+            lock._unschedule()  # private: stop its renewals without releasing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from handofflock.core import protocol
-from handofflock.core.protocol import Contended, Kind, Lost, Owned, Policy, Released, Wait, WaiterSeen, Write
+from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, Wait, WaiterSeen, Write
 from handofflock.core.record import LockRecord
 
 NOW = 1_700_000_000.0
@@ -48,7 +48,7 @@ ACQUIRE_TABLE = [
 
 @pytest.mark.parametrize("name,record,waiting,outcome,kind", ACQUIRE_TABLE, ids=[r[0] for r in ACQUIRE_TABLE])
 def test_acquire_decision_table(name, record, waiting, outcome, kind):
-    d = protocol.decide_acquire(record, GEN if record else 0, me="me", now=NOW, policy=POLICY, nonce="n1", waiting=waiting, instance="i1")
+    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n1", waiting=waiting)
     assert isinstance(d, outcome), d
     if kind is not None:
         assert d.kind is kind
@@ -59,7 +59,7 @@ def test_acquire_decision_table(name, record, waiting, outcome, kind):
 @pytest.mark.parametrize("kind_row", [r for r in ACQUIRE_TABLE if r[4] in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)], ids=lambda r: r[0])
 def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
     _, record, waiting, _, _ = kind_row
-    d = protocol.decide_acquire(record, GEN if record else 0, me="me", now=NOW, policy=POLICY, nonce="n", waiting=waiting)
+    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=waiting)
     assert d.record.owner_id == "me"
     assert d.record.expires_at == NOW + POLICY.ttl
     assert d.record.token > (record.token if record else 0)
@@ -67,25 +67,25 @@ def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
 
 
 def test_taking_the_lock_clears_the_waiter_slot_it_consumed():
-    d = protocol.decide_acquire(rec("a", NOW - 100, "me", NOW + 5), GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=True)
+    d = protocol.decide_acquire(rec("a", NOW - 100, "me", NOW + 5), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=True)
     assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
 
 
 def test_a_retake_keeps_another_live_waiter_in_its_slot():
-    d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.RETAKE and d.record.waiting_owner_id == "w" and d.record.token > 7
 
 
 def test_becoming_the_waiter_keeps_the_owner_and_its_lease():
     r = rec("a", NOW + 30)
-    d = protocol.decide_acquire(r, GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 7)
     assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == ("me", NOW + POLICY.waiter_ttl)
 
 
 def test_unknown_fields_survive_every_write():
     r = rec("a", NOW + 30, extra={"team": "vision"})
-    d = protocol.decide_acquire(r, GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.record.extra == {"team": "vision"}
     assert b'"team":"vision"' in d.record.encode()
 
@@ -110,7 +110,7 @@ RENEW_TABLE = [
 
 @pytest.mark.parametrize("name,record,outcome", RENEW_TABLE, ids=[r[0] for r in RENEW_TABLE])
 def test_renew_decision_table(name, record, outcome):
-    d = protocol.decide_renew(record, GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_renew(record, GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert isinstance(d, outcome)
     if isinstance(d, Write):
         assert d.kind is Kind.RENEW and d.if_generation_match == GEN
@@ -121,7 +121,7 @@ def test_renew_decision_table(name, record, outcome):
 # -- release -------------------------------------------------------------------
 
 def test_release_with_a_live_waiter_hands_off_in_one_write():
-    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.HANDOFF and d.if_generation_match == GEN
     assert (d.record.owner_id, d.record.expires_at) == ("w", NOW + POLICY.ttl)
     assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
@@ -129,86 +129,86 @@ def test_release_with_a_live_waiter_hands_off_in_one_write():
 
 
 def test_release_without_a_waiter_marks_it_free_and_keeps_the_object_and_token():
-    d = protocol.decide_release(rec("me", NOW + 5), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE
     assert d.record.owner_id is None and d.record.expires_at is None and d.record.token == 7
 
 
 def test_release_does_not_hand_to_a_waiter_whose_slot_expired_by_the_owners_clock():
-    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 1), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 1), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE
     # ...but the slot is kept while others would still defer to it (within skew), so the waiter can still take it.
     assert d.record.waiting_owner_id == "w"
 
 
 def test_release_clears_a_waiter_slot_long_expired():
-    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 10), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 10), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE and d.record.waiting_owner_id is None
 
 
 @pytest.mark.parametrize("record", [None, rec("x", NOW + 60), rec(None, None), rec("me", NOW + 60, token=9)])
 def test_a_stale_release_never_touches_a_record_that_is_not_ours(record):
-    d = protocol.decide_release(record, GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(record, GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert isinstance(d, Lost)
 
 
 def test_a_handoff_whose_reply_was_lost_is_recognised_even_after_the_heir_renewed():
-    attempted = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    attempted = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     heir_renewed = attempted.record.replace(expires_at=NOW + 70, nonce="heir")
-    d = protocol.decide_release(heir_renewed, GEN + 2, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
+    d = protocol.decide_release(heir_renewed, GEN + 2, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
     assert d == Released(handed_off_to="w")
 
 
 def test_a_free_whose_reply_was_lost_is_recognised():
-    attempted = protocol.decide_release(rec("me", NOW + 5), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    attempted = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     someone_waits = attempted.record.replace(waiting_owner_id="w", waiter_expires_at=NOW + 30, nonce="w")
-    d = protocol.decide_release(someone_waits, GEN + 2, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
+    d = protocol.decide_release(someone_waits, GEN + 2, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
     assert d == Released(handed_off_to=None)
 
 
 # -- give up, observe -----------------------------------------------------------
 
 def test_giving_up_the_wait_clears_only_our_slot():
-    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me="me", now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiting_owner_id is None and d.record.owner_id == "a"
-    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me="me", now=NOW, policy=POLICY, nonce="n"), Wait)
-    assert isinstance(protocol.decide_give_up_wait(None, 0, me="me", now=NOW, policy=POLICY, nonce="n"), Wait)
+    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n"), Wait)
+    assert isinstance(protocol.decide_give_up_wait(None, 0, me=Me("me"), now=NOW, policy=POLICY, nonce="n"), Wait)
 
 
 def test_giving_up_after_a_handoff_reports_that_we_own_it():
-    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me="me", now=NOW, policy=POLICY, nonce="n"), Owned)
+    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n"), Owned)
 
 
 def test_giving_up_after_a_handoff_whose_lease_ran_out_releases_it_instead_of_keeping_it():
     """A waiter paused past the lease it was handed must not return a lock it cannot safely hold."""
     handed = rec("me", NOW - 1)
-    d = protocol.decide_give_up_wait(handed, GEN, me="me", now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_give_up_wait(handed, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
     assert isinstance(d, Write) and d.kind is Kind.FREE and d.record.owner_id is None and d.if_generation_match == GEN
     with_waiter = handed.replace(waiting_owner_id="w", waiter_expires_at=NOW + 20)
-    d = protocol.decide_give_up_wait(with_waiter, GEN, me="me", now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_give_up_wait(with_waiter, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
     assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner_id == "w"
 
 
 def test_the_owner_sees_a_live_waiter_with_its_deadline():
-    seen = protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW + 9), me="me", token=7, now=NOW)
+    seen = protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW + 9), me=Me("me"), token=7, now=NOW)
     assert seen == WaiterSeen("w", NOW + 9)
 
 
 def test_the_owner_ignores_an_expired_waiter_and_notices_loss():
-    assert protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW - 1), me="me", token=7, now=NOW) is None
-    assert isinstance(protocol.observe_as_owner(rec("x", NOW + 5), me="me", token=7, now=NOW), Lost)
+    assert protocol.observe_as_owner(rec("me", NOW + 5, "w", NOW - 1), me=Me("me"), token=7, now=NOW) is None
+    assert isinstance(protocol.observe_as_owner(rec("x", NOW + 5), me=Me("me"), token=7, now=NOW), Lost)
 
 
 @pytest.mark.parametrize("kind_of_release", ["handoff", "free"])
 def test_a_release_whose_reply_was_lost_and_then_moved_on_is_not_reported_as_lost_within_the_lease(kind_of_release):
     waiter = ("w", NOW + 9) if kind_of_release == "handoff" else (None, None)
-    attempted = protocol.decide_release(rec("me", NOW + 5, *waiter), GEN, me="me", token=7, now=NOW, policy=POLICY, nonce="n")
+    attempted = protocol.decide_release(rec("me", NOW + 5, *waiter), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     # After our release landed, a third party took the lock (or the heir freed it and someone else took it).
     moved_on = rec("third", NOW + 60, token=attempted.record.token + 1)
-    inside = protocol.decide_release(moved_on, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=True)
+    inside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=True)
     assert inside == Released(handed_off_to=attempted.record.owner_id)
     # Past our safety window the same record could mean our lease expired and was taken: that is a loss.
-    outside = protocol.decide_release(moved_on, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=False)
+    outside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=False)
     assert isinstance(outside, Lost)
     # Without a write of ours in doubt, a record that moved on is always a loss.
-    assert isinstance(protocol.decide_release(moved_on, GEN + 3, me="me", token=7, now=NOW, policy=POLICY, nonce="n2", within_lease=True), Lost)
+    assert isinstance(protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", within_lease=True), Lost)

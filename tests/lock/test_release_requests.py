@@ -48,7 +48,7 @@ def made():
         if lock.is_held:
             with contextlib.suppress(HandoffLockError):
                 lock.release()
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
 
 
 class Heard:
@@ -272,6 +272,7 @@ def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold():
         force_release(url)  # an operator clears the lock: the waiter takes it, the owner finds out
         t.join(20)
         assert got.get("w") is True and waiter.is_held
+        # private: "lost" has no public flag of its own (is_held is False after a release too)
         eventually(lambda: owner._state == "lost", what="the owner notices its loss")
         waiter.release()
         assert owner.acquire(blocking=False)  # the same instance takes the lock again (no release() between)
@@ -287,5 +288,5 @@ def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold():
                     lk.release()
                 except HandoffLockError:
                     pass
-            lk._unschedule()
+            lk._unschedule()  # private: stop its renewals without releasing
         MemoryStorage.forget(name)

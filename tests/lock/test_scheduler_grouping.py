@@ -96,7 +96,7 @@ def held(base):
     requests = Requests(store)
     yield locks, clock, sched, requests
     for lock in locks:
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
 
 
 def one_interval(clock, sched) -> None:
@@ -318,7 +318,7 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
             jobs, _ = sched._plan(clock.monotonic(), track=True)
             second_beat = [job for job, covered in jobs if not covered]
         renewing = {id(lock) for _, covered in jobs for lock in covered}
-        assert renewing == {id(lock._duties) for lock in locks}, "renewals waited for the listing"
+        assert renewing == {id(lock._duties) for lock in locks}, "renewals waited for the listing"  # private: what the scheduler holds of each lock
         assert not second_beat, "a second beat started while the first still lists"
         for job, _ in jobs:
             job()
@@ -344,7 +344,7 @@ def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     def list_then_renew(prefix):
         listing = real_list(prefix)
         for lock in locks:  # every lock renews after the listing was taken
-            lock._renew()
+            lock._renew()  # private: one renewal, run here as a scheduler worker would
         return listing
 
     store.list = list_then_renew

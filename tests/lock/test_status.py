@@ -65,5 +65,5 @@ def test_a_status_read_riding_out_a_read_outage_never_holds_up_renewal():
         )
     finally:
         store.until = 0.0
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals without releasing
         MemoryStorage.forget(name)

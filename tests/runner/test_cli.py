@@ -45,7 +45,10 @@ def url():
 
 def quiet_lock(url, owner="trainer-A", **kw):
     clock = kw.pop("clock", None) or FakeClock(start=time.time())
-    return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=Scheduler(clock, autostart=False), **kw)
+    scheduler = kw.pop("scheduler", None)
+    if scheduler is None:  # not `or`: a Scheduler with no locks yet is falsy (it has a length)
+        scheduler = Scheduler(clock, autostart=False)
+    return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=scheduler, **kw)
 
 
 def put(url, data: bytes):
@@ -137,7 +140,8 @@ def test_release_needs_force(url, capsys):
 
 def test_release_force_frees_a_held_lock_moves_the_token_on_and_the_holder_finds_out(url, capsys):
     clock = FakeClock(start=time.time())
-    holder = quiet_lock(url, clock=clock)
+    sched = Scheduler(clock, autostart=False)
+    holder = quiet_lock(url, clock=clock, scheduler=sched)
     holder.acquire()
     assert main(["release", url, "--force", "--yes"]) == 0
     err = capsys.readouterr().err
@@ -145,7 +149,7 @@ def test_release_force_frees_a_held_lock_moves_the_token_on_and_the_holder_finds
     record, _ = raw_read(url)
     assert record.owner_id is None and record.token > holder.token
     clock.advance(holder.renew_interval + 0.01)
-    holder._scheduler.run_pending()  # its next renewal sees the lock gone
+    sched.run_pending()  # its next renewal sees the lock gone
     assert not holder.is_held
     newcomer = make_lock(url, owner_id="trainer-B")
     assert newcomer.acquire(blocking=False)

@@ -32,9 +32,11 @@ def url(s3_server):
     return f"s3://{bucket}/locks/train.json"
 
 
-def quiet_lock(url, owner="trainer-A", clock=None):
+def quiet_lock(url, owner="trainer-A", clock=None, scheduler=None):
     clock = clock or FakeClock(start=time.time())
-    return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=Scheduler(clock, autostart=False))
+    if scheduler is None:  # not `or`: a Scheduler with no locks yet is falsy (it has a length)
+        scheduler = Scheduler(clock, autostart=False)
+    return HandoffLock(url, ttl=60.0, owner_id=owner, clock=clock, scheduler=scheduler)
 
 
 def test_status_on_s3_names_the_owner_token_and_generation(url, capsys):
@@ -59,14 +61,15 @@ def test_status_of_a_corrupt_record_on_s3_says_how_to_clear_it_and_release_force
 
 def test_release_force_on_s3_frees_a_held_lock_and_the_holder_finds_out(url, capsys):
     clock = FakeClock(start=time.time())
-    holder = quiet_lock(url, clock=clock)
+    sched = Scheduler(clock, autostart=False)
+    holder = quiet_lock(url, clock=clock, scheduler=sched)
     holder.acquire()
     assert main(["release", url, "--force", "--yes"]) == 0
     assert "held by trainer-A" in capsys.readouterr().err
     record, _ = raw_read(url)
     assert record.owner_id is None and record.token > holder.token
     clock.advance(holder.renew_interval + 0.01)
-    holder._scheduler.run_pending()
+    sched.run_pending()
     assert not holder.is_held
     newcomer = make_lock(url, owner_id="trainer-B")
     assert newcomer.acquire(blocking=False) and newcomer.token > holder.token

@@ -70,8 +70,8 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
     args.command = ["sleep", "15"]
     runner = CommandRunner(args)
     lock = runner.lock
-    proxy = GapAtRecheck(lock._storage, lock._key)
-    lock._storage = proxy
+    proxy = GapAtRecheck(lock.storage, lock.key)
+    lock._io.storage = proxy  # private: run makes its own lock; the proxy must sit between it and its store
 
     def waiter_arrives():
         eventually(lambda: lock.is_held, timeout=20, what="run holds the lock")
@@ -85,7 +85,7 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
         code = runner.run()
         took = time.monotonic() - started
     finally:
-        lock._unschedule()
+        lock._unschedule()  # private: stop its renewals (the store is forgotten next)
         MemoryStorage.forget(name)
     assert proxy.gaps == 1, "run never re-checked the request"
     # W is the waiter all along (the holder's own checks never saw it gone): run must ask the

@@ -103,11 +103,12 @@ class LockMachine(RuleBasedStateMachine):
         #: Instances whose waiter slot may outlive their acquire: a fault kept it from being given back.
         self.excused: set[str] = set()
         #: Owners whose record an operator freed; left out of the lease checks until they notice.
+        #: (Instances are read as ``lock._me.instance``, private: the record names a party by it.)
         self.evicted: set[str] = set()
 
     def _holders(self) -> list[Party]:
         """Parties with a valid lease, less those evicted by a forced release that have not noticed yet."""
-        return [p for p in self.parties if p.lock.healthy and p.lock._instance not in self.evicted]
+        return [p for p in self.parties if p.lock.healthy and p.lock._me.instance not in self.evicted]
 
     def _acting(self, p: Party, action) -> object:
         """Run one party's action; if it consumed an injected fault, its slot is excused."""
@@ -116,7 +117,7 @@ class LockMachine(RuleBasedStateMachine):
             return action()
         finally:
             if [(f.kind, f.count) for f in self.store.faults._faults] != pending:
-                self.excused.add(p.lock._instance)
+                self.excused.add(p.lock._me.instance)
 
     @initialize(yields=st.lists(st.booleans(), min_size=PARTIES, max_size=PARTIES),
                 skews=st.lists(st.floats(-SKEW / 2, SKEW / 2), min_size=PARTIES, max_size=PARTIES))
@@ -134,7 +135,7 @@ class LockMachine(RuleBasedStateMachine):
         token = p.lock.token
         assert token is not None and token > self.highest_token, f"p{p.index} acquired token {token}, not above {self.highest_token}"
         self.highest_token = token
-        self.evicted.discard(p.lock._instance)
+        self.evicted.discard(p.lock._me.instance)
 
     # -- what a process does --------------------------------------------------
 
@@ -165,6 +166,7 @@ class LockMachine(RuleBasedStateMachine):
     @rule(i=party)
     def release(self, i: int) -> None:
         p = self.parties[i]
+        # private: "lost" has no public flag (is_held is False, check() raises as for "idle")
         if p.paused or not (p.lock.is_held or p.lock._state == "lost"):
             return
         try:
@@ -233,7 +235,7 @@ class LockMachine(RuleBasedStateMachine):
             assert found is not None
             record = LockRecord.decode(found[0], key=KEY)
             h = holders[0]
-            assert record.owner_instance == h.lock._instance, f"p{h.index} holds a valid lease the record does not give it"
+            assert record.owner_instance == h.lock._me.instance, f"p{h.index} holds a valid lease the record does not give it"
             assert record.token == h.lock.token
 
     @invariant()

@@ -73,7 +73,7 @@ def actor(s3_server, bucket):
                 a.lock.release()
             except Exception:
                 pass
-        a.lock._unschedule()
+        a.lock._unschedule()  # private: stop its renewals without releasing
         for sig, receiver in a.receivers:
             sig.disconnect(receiver)
         a.proxy.stop()

@@ -24,8 +24,13 @@ What it cannot explore: real network timing, real threads' preemption inside
 a mutex-free region, the real GCS client. The cross-process and emulator
 suites cover those.
 
-Reach into the lock's private parts is confined to :func:`_adapt`, so a
-change of the lock's internals is one place to mend here.
+The lock is built from the world's own parts, passed in where the real ones
+plug in: its clock (:class:`SimClock`), its store (:class:`SimStore`), its
+scheduler (run by hand) and its primitives (:func:`_primitives`: a mutex and
+an event that give way to the hub, a thread start that spawns a greenlet).
+Nothing is patched into a lock after it is made; what the checker reads of
+a lock's internals goes through the few read-only helpers after
+:func:`_primitives`.
 """
 
 from __future__ import annotations
@@ -56,7 +61,10 @@ from handofflock import (
 from handofflock.core import protocol
 from handofflock.core.clock import Clock
 from handofflock.fencing import FencedObject, decode_fence
+from handofflock.lock import lease as lease_module
 from handofflock.lock.handoff import HandoffLock as _Lock
+from handofflock.lock.lease import Lease
+from handofflock.lock.primitives import Primitives
 from handofflock.storage import MemoryStorage
 
 KEY = "locks/sim.json"
@@ -319,31 +327,37 @@ class Party:
     ops: int = 0
 
 
-def _adapt(lock: HandoffLock, hub: Hub) -> None:
-    """Make a real lock cooperative: its mutexes and events give way to the hub, its notifier is a greenlet.
+def _primitives(hub: Hub, party: "Party") -> Primitives:
+    """The lock's primitives, cooperative: its mutexes and events give way to the hub, its threads are greenlets.
 
-    The only place that touches the lock's private attributes.
+    Passed to ``HandoffLock(primitives=...)`` where the real (``threading``) ones plug in.
+    Thread-locals stay ``threading.local``: every greenlet of the world shares one OS
+    thread, as before this seam existed (see the report of issue 22).
     """
-    lock._io = CoLock(hub)  # type: ignore[assignment]
-    lock._not_acquiring = SimEvent(hub)  # type: ignore[assignment]
-    lock._not_acquiring.set()
-    lock._cancel = SimEvent(hub)  # type: ignore[assignment]
+    def start_thread(target: Callable[[], None], name: str) -> None:
+        hub.spawn(name, target, party)
 
-    def notify() -> None:
-        if not (lock._pending_notices or lock._pending_events) or lock._notifier_running:
-            return
-        lock._notifier_running = True
-        hub.spawn(f"{lock.owner_id}-notify", lock._notifier_main, getattr(lock, "_sim_party", None))
+    return Primitives(mutex=lambda: CoLock(hub), event=lambda: SimEvent(hub), start_thread=start_thread)
 
-    lock._notify = notify  # type: ignore[method-assign]
+
+# Read-only views of lock internals for the checker and the trace (no public API exposes them).
+# The simulation never writes a private member of the lock; planted bugs patch methods (BUGS).
 
 
 def _state(lock: HandoffLock) -> str:
-    return lock._state
+    return lock._state.value
 
 
 def _instance(lock: HandoffLock) -> str:
-    return lock._instance
+    return lock._me.instance or ""
+
+
+def _lease(lock: HandoffLock) -> Lease:
+    return lock._lease
+
+
+def _wall(lock: HandoffLock) -> float:
+    return lock._clock.time()
 
 
 # --------------------------------------------------------------------------- the world
@@ -409,9 +423,8 @@ class World:
         lock = HandoffLock(
             "memory://sim", storage=store, key=KEY, owner_id=owner_id, clock=clock, scheduler=sched,
             ttl=ttl, waiter_check_interval=ttl / 5, waiter_poll_interval=ttl / 10, max_clock_skew=c.skew,
+            primitives=_primitives(self.hub, placeholder),
         )
-        lock._sim_party = placeholder  # type: ignore[attr-defined]
-        _adapt(lock, self.hub)
         placeholder.lock = lock
         placeholder.fence = FencedObject(store, FENCE_KEY, writer_id=owner_id, clock=clock, timeout=ttl)
         placeholder.fence._mutex = CoLock(self.hub)  # type: ignore[assignment]
@@ -431,7 +444,7 @@ class World:
         lock = party.lock
         while not party.crashed:
             sched.run_pending()
-            due = lock._due()
+            due = lock._due()  # private: the real scheduler's loop asks the same (Scheduled.next_due)
             self.hub.park(min(max(due, self.hub.now + 0.001), self.hub.now + 0.2))
 
     def _actor(self, party: Party) -> None:
@@ -581,9 +594,10 @@ class Checker:
 
     def on_acquired(self, sender: HandoffLock, token: int, handoff: bool) -> None:
         w = self.world
-        r = sender._record
+        lease = _lease(sender)
+        r = lease.record
         w.hub.note(f"{sender.owner_id} acquired token {token} handoff={handoff} expiresAt={r.expires_at - WALL0:.3f} "
-                   f"(its wall clock {sender._clock.time() - WALL0:.3f}) valid until {sender._valid_until - MONO0:.3f}")
+                   f"(its wall clock {_wall(sender) - WALL0:.3f}) valid until {lease.valid_until - MONO0:.3f}")
         if token <= self.highest_token:
             raise Violation(f"{sender.owner_id} acquired with token {token}, not above {self.highest_token}")
         self.highest_token = token
@@ -618,7 +632,7 @@ class Checker:
         holders = [p for p in w.parties if not p.crashed and p.lock.healthy]
         if len(holders) > 1:
             raise Violation("two parties hold valid leases at once: " + ", ".join(
-                f"{p.name} (token {p.lock.token}, valid until {p.lock._valid_until - MONO0:.3f})" for p in holders))
+                f"{p.name} (token {p.lock.token}, valid until {_lease(p.lock).valid_until - MONO0:.3f})" for p in holders))
         found = w.backend.read(KEY)
         if found is None:
             return
@@ -682,9 +696,9 @@ def _bug_unconditional_renewal() -> contextlib.AbstractContextManager[None]:
 
 def _bug_lease_from_the_record_alone() -> contextlib.AbstractContextManager[None]:
     """The owner counts itself safe until expiresAt itself, leaving no margin for a pause."""
-    def lease_until(self: HandoffLock, record: LockRecord, mono: float, wall: float) -> float:
-        return mono + (record.expires_at - wall) + self.max_clock_skew
-    return _patched(_Lock, "_lease_until", lease_until)
+    def lease_until(record: LockRecord, mono: float, wall: float, timing: Any) -> float:
+        return mono + (record.expires_at - wall) + timing.max_clock_skew
+    return _patched(lease_module, "lease_until", lease_until)
 
 
 BUGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

@@ -1,0 +1,124 @@
+"""The notifier: a lock's signals, queued by the thread that noticed the event and sent by another.
+
+The renewal path never runs user code. A transition (a waiter seen, a loss,
+a release retried in the background) queues what happened here, and
+:meth:`Notifier.notify` has it sent by this lock's notifier thread, started
+only while there is something to send (a daemon: interpreter exit never
+waits for a receiver). A receiver that blocks (a checkpoint in an
+``on_release_requested`` receiver is the point of it) delays only the later
+signals of the same lock, never a renewal or a waiter check of any lock.
+
+A seam because it is where the lock's threads end and user code begins;
+its mutex and its thread come from the lock's
+:class:`~handofflock.lock.primitives.Primitives`, so a simulation runs the
+notifier as one of its own tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..core.threads import take_signals_again
+from . import events as signals
+from .primitives import Primitives
+from .types import ReleaseRequest, Withdrawn
+
+_log_renew = logging.getLogger("handofflock.renew")
+
+T = TypeVar("T")
+
+
+def _pop_first(items: list[T]) -> T | None:
+    """Remove and return the first item, or None if there is none (atomic: one list.pop)."""
+    try:
+        return items.pop(0)
+    except IndexError:
+        return None
+
+
+class Notifier:
+    """Queues a lock's signals and sends them off the thread that queued them.
+
+    ``lock`` is the signals' sender (and what log records of this thread are
+    about). ``inline()`` says whether to send in the caller's thread instead:
+    a scheduler run by hand (tests, simulations) wants runs to be deterministic.
+    """
+
+    def __init__(self, lock: Any, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
+        self.lock = lock
+        self._notices: list[ReleaseRequest | Withdrawn] = []
+        self._events: list[tuple[Any, dict[str, Any]]] = []
+        self._mutex = primitives.mutex()
+        self._start_thread = primitives.start_thread
+        self._running = False
+        self._inline, self._name = inline, name
+
+    def notice(self, item: ReleaseRequest | Withdrawn) -> None:
+        """Queue ``on_release_requested`` (or, for a :class:`Withdrawn`, ``on_release_withdrawn``)."""
+        self._notices.append(item)
+
+    def event(self, signal: Any, **kwargs: Any) -> None:
+        """Queue ``signal`` with ``kwargs``: sent after the notices queued before it."""
+        self._events.append((signal, kwargs))
+
+    @property
+    def unsent(self) -> bool:
+        """Something is queued and no notifier thread is on its way to send it."""
+        return bool(self._notices or self._events) and not self._running
+
+    def notify(self) -> None:
+        """Have the queued signals sent by this lock's notifier thread, never by the thread that renews."""
+        if not (self._notices or self._events):
+            return
+        if self._inline():
+            self.flush()  # a scheduler run by hand (tests, simulations): deterministic, in its caller
+            return
+        with self._mutex:
+            if self._running:
+                return
+            self._running = True
+        try:
+            self._start_thread(self._main, self._name)
+        except BaseException:
+            self._running = False
+            raise
+
+    def _main(self) -> None:
+        take_signals_again()  # receivers are user code: what they start must be stoppable (core/threads.py)
+        while True:
+            try:
+                self.flush()
+            except Exception:  # signals.send already isolates receivers; this is a last resort
+                _log_renew.exception("sending the signals of %s failed", getattr(self.lock, "url", self.lock))
+            with self._mutex:
+                if not (self._notices or self._events):
+                    self._running = False
+                    return
+
+    def flush(self) -> None:
+        """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
+        # Two threads may flush at once (a release and the notifier): pop, never test then pop.
+        while (req := _pop_first(self._notices)) is not None:
+            if isinstance(req, Withdrawn):
+                signals.send(
+                    signals.on_release_withdrawn,
+                    self.lock,
+                    request=req.request,
+                    requester=req.request.requester,
+                    reason=req.request.reason,
+                )
+                continue
+            signals.send(
+                signals.on_release_requested,
+                self.lock,
+                request=req,
+                requester=req.requester,
+                reason=req.reason,
+                deadline=req.deadline,
+                waiter_id=req.requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
+            )
+        while (event := _pop_first(self._events)) is not None:
+            signal, kwargs = event
+            signals.send(signal, self.lock, **kwargs)

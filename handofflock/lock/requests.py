@@ -1,0 +1,136 @@
+"""The request book: who wants the lock now, the most urgent request, and the waiter's own request.
+
+A release request comes from a waiter (the owner's check saw it), a signal
+handler, a preemption notice or an operator; several may stand at once, and
+``release_request`` is the most urgent. A waiter's request goes away with the
+waiter (it left, its slot expired, another took it); a signal's stays for the
+hold. Each new request and each withdrawal is handed, in order, to the
+notifier (``notice``), which sends the signals off the renewal path.
+
+A seam because requests arrive from places the state machine does not
+control (a signal handler may add one while the scheduler thread withdraws
+another): the book is written so that such a race never hides a request, and
+it never takes a lock (a signal handler calls :meth:`RequestBook.request`).
+A hold that ends, however it ends, takes its requests with it
+(:meth:`RequestBook.end_hold`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable
+
+from ..core.clock import Clock
+from ..core.errors import ConfigurationError
+from ..core.protocol import WaiterSeen
+from .types import ReleaseRequest, RequestReason, Withdrawn
+
+_log_renew = logging.getLogger("handofflock.renew")
+
+
+def checked_request(reason: RequestReason | str, deadline: float | None) -> RequestReason:
+    """``reason`` as a :class:`RequestReason` (``"manual"`` with a DeprecationWarning); refuse a bad deadline."""
+    if reason == "manual":
+        warnings.warn(
+            'request_release("manual") is deprecated: use RequestReason.OPERATOR ("operator")',
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        reason = RequestReason.OPERATOR
+    try:
+        why = RequestReason(reason)
+    except ValueError:
+        choices = ", ".join(repr(r.value) for r in RequestReason)
+        raise ConfigurationError(f"release request reason must be one of {choices}, got {reason!r}") from None
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)
+    ):
+        raise ConfigurationError(f"release request deadline must be a finite Unix time or None, got {deadline!r}")
+    return why
+
+
+def most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
+    """The request with the earliest deadline (one without a deadline last; the first of equals)."""
+    best: ReleaseRequest | None = None
+    for request in requests:
+        if best is None or (
+            request.deadline is not None and (best.deadline is None or request.deadline < best.deadline)
+        ):
+            best = request
+    return best
+
+
+class RequestBook:
+    """The requests that stand for one lock. Plain attributes, each written atomically: no lock taken."""
+
+    def __init__(self, clock: Clock, notice: Callable[[ReleaseRequest | Withdrawn], None], *, who: str) -> None:
+        self._clock, self._notice, self._who = clock, notice, who
+        self.end_hold()
+        self._notified: set[str] = set()  # waiters already announced while we hold the lock
+
+    def end_hold(self) -> None:
+        """A hold is over, however it ended: a release request belonged to it and goes with it."""
+        self.release_request: ReleaseRequest | None = None
+        self.release_requested = False
+        self._requests: list[ReleaseRequest] = []  # the requests that stand (release_request: the most urgent)
+        self._waiter: tuple[tuple[str, str | None], ReleaseRequest] | None = None  # ((waiter id, instance), request)
+
+    def new_hold(self) -> None:
+        """We became the owner: every waiter is news again. A request recorded meanwhile (a SIGTERM) stands."""
+        self._notified.clear()
+
+    def request(self, reason: RequestReason, requester: str, deadline: float | None) -> ReleaseRequest:
+        """Note a request; the most urgent one (earliest deadline) is :attr:`release_request`."""
+        request = ReleaseRequest(reason, requester, deadline, self._clock.time())
+        self._requests.append(request)  # first: a withdrawal running meanwhile must see it
+        current = self.release_request
+        if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
+            self.release_request = request
+        self.release_requested = True
+        self._notice(request)
+        return request
+
+    def withdraw(self, request: ReleaseRequest) -> None:
+        """A waiter's request went away (it left, or its slot expired): it no longer stands.
+
+        Runs on the scheduler thread while a signal handler may add a request
+        in the main thread: the flags are set from what stands, then checked
+        again, so a request added meanwhile is never hidden.
+        """
+        try:
+            self._requests.remove(request)
+        except ValueError:
+            return
+        while True:
+            standing = list(self._requests)
+            self.release_request = most_urgent(standing)
+            self.release_requested = bool(standing)
+            if len(self._requests) == len(standing):
+                break
+        self._notice(Withdrawn(request))
+
+    def note_waiter(
+        self, seen: WaiterSeen | None, instance: str | None, *, url: str, noticed: Callable[[], None]
+    ) -> None:
+        """The owner's check saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
+
+        ``instance`` is the waiter's instance as the record names it (a waiter
+        replaced by another instance under the same id has gone). ``noticed``
+        runs when a waiter is announced, before its request is noted.
+        """
+        waiter = (seen.waiter_id, instance) if seen is not None else None
+        standing = self._waiter
+        if standing is not None and standing[0] != waiter:
+            # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
+            self._waiter = None
+            self._notified.discard(standing[0][0])  # should it come back, it is announced again
+            gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
+            _log_renew.info("%s: waiter %s %s; its release request is withdrawn", self._who, standing[0][0], gone)
+            self.withdraw(standing[1])
+        if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
+            self._notified.add(seen.waiter_id)
+            noticed()
+            _log_renew.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
+            self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))
