@@ -138,10 +138,10 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Wait for the lock (as its single waiter), run CMD holding it, release it when CMD exits.\n"
             "When someone asks for the lock (a waiter, or a signal to this process), CMD gets --signal\n"
-            "and --grace seconds to exit; then it is killed (SIGKILL). CMD runs in a process group of\n"
-            "its own, and signals go to the whole group. The lock is released only after the group has\n"
-            "exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2 sent to this\n"
-            "process are passed on to CMD's group. CMD's environment has HANDOFFLOCK_URL,\n"
+            "and --grace seconds to exit; then it and every process it started are killed (SIGKILL).\n"
+            "CMD runs in a session of its own. The lock is released only after every process CMD\n"
+            "started has exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2\n"
+            "sent to this process are passed on to CMD (--signal-to). CMD's environment has HANDOFFLOCK_URL,\n"
             "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID.\n"
             "CMD is looked up before the lock is asked for (exit 127/126 if it cannot run). If the\n"
             "waiter goes away before the grace ends, CMD is left alone and run keeps the lock."
@@ -151,6 +151,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
+    p.add_argument(
+        "--signal-to",
+        choices=("main", "group"),
+        default="main",
+        help="where that signal (and a signal passed on) goes: CMD's own process, which lets a trainer "
+        "checkpoint while its helper processes (DataLoader workers) stay up, or CMD's whole process group "
+        "(default main; what the command leaves when it exits gets it then)",
+    )
     p.add_argument(
         "--grace",
         type=float,

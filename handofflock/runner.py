@@ -8,11 +8,14 @@ seconds, then SIGKILL; the lock is released only once the child has exited,
 handed to the waiter if there is one. A lost lock stops the child the same way
 and makes the exit code 70.
 
-The child runs in a process group of its own (a new session), and every signal
-goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
-trainer too, not only the shell. The lock moves on only once the group is
-empty (or killed after the grace), so no process of the command is left
-working on the resource while the next holder starts.
+The child runs in a session of its own. The polite signal goes to the
+command's own process (``--signal-to main``, the default: a trainer's helper
+processes stay up while it checkpoints) or to its process group (``group``);
+SIGKILL goes to every process of the command: its session, its cgroup where
+``run`` could make one, and every descendant of ``run``, which is the child
+subreaper, so processes that left the session come back to it. The lock moves
+on only once none is left, so no process of the command is left working on
+the resource while the next holder starts.
 
 Longer than 400 lines on purpose: it is one supervisor loop (signals passed
 on, job control, the lock's health, the grace and the kill) whose branches
@@ -95,6 +98,9 @@ class CommandRunner:
         self.procs: _CommandProcesses | None = None  # where the command's processes are, once it runs
         self._subreaper_was: bool | None = None  # run's subreaper setting before the command (None: unchanged)
         self.stop_signal = stop_signal(args.signal)
+        self.signal_to = signal_target(getattr(args, "signal_to", DEFAULT_SIGNAL_TO))
+        self._rest_owed: int | None = None  # a polite signal sent to the command's process alone, owed to the rest
+        self._told: set[int] = set()  # ... and the processes the command left that have had it since
         if args.grace is None or not 0 <= args.grace <= MAX_TTL:  # NaN fails both comparisons
             raise ConfigurationError(
                 f"--grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {args.grace}"
@@ -313,6 +319,17 @@ class CommandRunner:
                     )
                     procs.signal(self.stop_signal, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
+                elif self._rest_owed is not None and killed_at is None:
+                    # Stopping, and the signal went to the command's own process alone, which has
+                    # exited (a shell around the trainer, say): the processes it left, now run's
+                    # children (the subreaper), get it in the rest of the grace, each once, and
+                    # again not their own helpers. (Without a subreaper, SIGKILL at the grace's end.)
+                    fresh = [pid for pid in procs.orphans() if pid not in self._told]
+                    if fresh:
+                        name = signal.Signals(self._rest_owed).name
+                        self.say(f"{command[0]} exited; passing {name} on to the processes it left ({len(fresh)})")
+                        _watchdog.signal_each(fresh, self._rest_owed)
+                        self._told.update(fresh)
             while self.pending:
                 sig = self.pending.pop(0)
                 if sig == signal.SIGCONT:
@@ -411,10 +428,14 @@ class CommandRunner:
         return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
 
     def _send(self, procs: _CommandProcesses, sig: int, verb: str) -> None:
-        procs.signal(sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
+        main_only = self.signal_to == "main"
+        procs.signal(sig, main_only=main_only)  # first: saying so can fail (a hung-up terminal), passing it on must not
+        if main_only:
+            self._rest_owed = sig
         name = signal.Signals(sig).name
         what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
-        self.say(f"{what} {self.args.command[0]} (session {procs.pid}), {self.args.grace:g} s to exit")
+        where = f"pid {procs.pid}" if main_only else f"process group {procs.pid}"
+        self.say(f"{what} {self.args.command[0]} ({where}), {self.args.grace:g} s to exit")
 
 
 #: How long ``run`` waits for the read that checks a waiter is still there before it signals or
@@ -439,6 +460,21 @@ def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
     reader.start()
     reader.join(timeout)
     return found.get("status")
+
+
+#: Where ``--signal-to`` may send the polite signal: the command's own process, or its process group.
+SIGNAL_TARGETS = ("main", "group")
+
+#: The command's own process: a PyTorch trainer's helpers (DataLoader workers) stay up while it
+#: checkpoints (docs/jobs.md, "Where the polite signal goes").
+DEFAULT_SIGNAL_TO = "main"
+
+
+def signal_target(value: Any) -> str:
+    """``--signal-to``'s value, checked: :class:`ConfigurationError` (exit 64) unless ``main`` or ``group``."""
+    if value not in SIGNAL_TARGETS:
+        raise ConfigurationError(f"--signal-to must be one of {', '.join(SIGNAL_TARGETS)}, got {value!r}")
+    return str(value)
 
 
 def stop_signal(value: Any) -> signal.Signals:
@@ -678,6 +714,16 @@ class _CommandProcesses:
             pass
         if everyone:
             _watchdog.signal_each(self.outside_group(), sig)
+
+    def orphans(self) -> list[int]:
+        """The command's live processes that are ``run``'s children but the command itself: orphaned
+        by its tree, and come back to ``run`` (the subreaper)."""
+        me = os.getpid()
+        return [
+            pid
+            for pid, state, ppid, _, _ in _watchdog.processes()
+            if ppid == me and state != b"Z" and pid != self.pid and pid not in self.others
+        ]
 
     def live(self) -> bool:
         """Whether a live (not zombie) process of the command is left."""
