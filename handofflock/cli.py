@@ -160,6 +160,14 @@ def _parser() -> argparse.ArgumentParser:
         "(default main; what the command leaves when it exits gets it then)",
     )
     p.add_argument(
+        "--yield-exit-code",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit N when CMD stopped within the grace because the lock was asked for (a clean handoff); "
+        "default: CMD's own status, as flock(1) (143 after a SIGTERM). 0 for cron, 75 to be requeued",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=30.0,

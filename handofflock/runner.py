@@ -99,6 +99,7 @@ class CommandRunner:
         self._subreaper_was: bool | None = None  # run's subreaper setting before the command (None: unchanged)
         self.stop_signal = stop_signal(args.signal)
         self.signal_to = signal_target(getattr(args, "signal_to", DEFAULT_SIGNAL_TO))
+        self.yield_exit_code = yield_exit_code(getattr(args, "yield_exit_code", None))
         self._rest_owed: int | None = None  # a polite signal sent to the command's process alone, owed to the rest
         self._told: set[int] = set()  # ... and the processes the command left that have had it since
         if args.grace is None or not 0 <= args.grace <= MAX_TTL:  # NaN fails both comparisons
@@ -404,11 +405,15 @@ class CommandRunner:
                 pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
+        # A yield: the command stopped, within the grace, because someone asked for the lock.
+        yielded = asked is not None and killed_at is None
+        code = self.yield_exit_code if yielded and self.yield_exit_code is not None else status
         self.say(
             f"{command[0]} exited with {status}; "
             + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+            + (f"; it yielded: exit {code} (--yield-exit-code)" if code != status else "")
         )
-        return status
+        return code
 
     def _still_wanted(self, request: ReleaseRequest) -> bool:
         """Whether ``request`` (or another waiter's) still stands, read afresh for a waiter's request.
@@ -475,6 +480,15 @@ def signal_target(value: Any) -> str:
     if value not in SIGNAL_TARGETS:
         raise ConfigurationError(f"--signal-to must be one of {', '.join(SIGNAL_TARGETS)}, got {value!r}")
     return str(value)
+
+
+def yield_exit_code(value: Any) -> int | None:
+    """``--yield-exit-code``'s value, checked: None (the command's own status) or an exit status 0-255."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        raise ConfigurationError(f"--yield-exit-code must be an exit status from 0 to 255, got {value!r}")
+    return value
 
 
 def stop_signal(value: Any) -> signal.Signals:
