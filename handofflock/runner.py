@@ -100,6 +100,7 @@ class CommandRunner:
         self.stop_signal = stop_signal(args.signal)
         self.signal_to = signal_target(getattr(args, "signal_to", DEFAULT_SIGNAL_TO))
         self.yield_exit_code = yield_exit_code(getattr(args, "yield_exit_code", None))
+        self.signals_passed = 0  # signals to run passed on to the command: a second one kills it now
         self._rest_owed: int | None = None  # a polite signal sent to the command's process alone, owed to the rest
         self._told: set[int] = set()  # ... and the processes the command left that have had it since
         if args.grace is None or not 0 <= args.grace <= MAX_TTL:  # NaN fails both comparisons
@@ -335,10 +336,17 @@ class CommandRunner:
                 sig = self.pending.pop(0)
                 if sig == signal.SIGCONT:
                     continue
-                self._send(procs, sig, "passing on")
                 asked = None  # a signal to run: stopping is no longer only the waiter's wish
+                self.signals_passed += 1
+                if self.signals_passed > 1:  # a second Ctrl-C (or any second signal): stop it now
+                    if killed_at is None:
+                        self.say(f"second {signal.Signals(sig).name}: killing {command[0]} now")
+                        procs.signal(signal.SIGKILL)
+                        killed_at = last_kill = now
+                    continue
                 if kill_at is None:
                     kill_at = now + self.args.grace
+                self._send(procs, sig, "passing on", left=kill_at - now)
             if not lost and not lock.healthy:
                 lost = True
                 asked = None
@@ -432,7 +440,7 @@ class CommandRunner:
             return True
         return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
 
-    def _send(self, procs: _CommandProcesses, sig: int, verb: str) -> None:
+    def _send(self, procs: _CommandProcesses, sig: int, verb: str, *, left: float | None = None) -> None:
         main_only = self.signal_to == "main"
         procs.signal(sig, main_only=main_only)  # first: saying so can fail (a hung-up terminal), passing it on must not
         if main_only:
@@ -440,7 +448,15 @@ class CommandRunner:
         name = signal.Signals(sig).name
         what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
         where = f"pid {procs.pid}" if main_only else f"process group {procs.pid}"
-        self.say(f"{what} {self.args.command[0]} ({where}), {self.args.grace:g} s to exit")
+        if verb != "passing on":
+            self.say(f"{what} {self.args.command[0]} ({where}), {self.args.grace:g} s to exit")
+            return
+        # The grace does not restart: say what is left of it, and how to cut it short.
+        left = self.args.grace if left is None else max(0.0, left)
+        self.say(
+            f"{what} {self.args.command[0]} ({where}), {left:.3g} s to exit; "
+            f"{'Ctrl-C' if sig == signal.SIGINT else 'a signal'} again kills it now"
+        )
 
 
 #: How long ``run`` waits for the read that checks a waiter is still there before it signals or
