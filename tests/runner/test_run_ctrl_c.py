@@ -105,3 +105,20 @@ def test_a_second_ctrl_c_kills_the_command_now_and_releases_the_lock(tmp_path):
         assert raw_read(url)[0].owner_id is None, "the lock was released"
     finally:
         term.close()
+
+
+def test_the_command_has_no_controlling_terminal_but_reads_answers_from_the_terminal_on_stdin(tmp_path):
+    """What docs/jobs.md promises a deploy script that prompts: CMD runs in a session of its own, so
+    /dev/tty cannot be opened (``sudo``, ``ssh`` and ``git`` prompts that insist on it fail), but its
+    stdin is still the terminal, and a prompt that reads stdin (``sudo -S``, ``read``) gets the answer."""
+    script = ("if (exec </dev/tty) 2>/dev/null; then echo has-dev-tty; else echo no-dev-tty; fi; "
+              "test -t 0 && echo stdin-is-a-terminal; printf 'password: '; read answer; echo \"got $answer\"")
+    term = Terminal([str(CONSOLE_SCRIPT), "run", (tmp_path / "lock.json").as_uri(), "--", "sh", "-c", script])
+    try:
+        term.read_until("password: ", 20)
+        term.type(b"hunter2\n")
+        assert term.wait(20) == 0, term.output
+        out = term.output.decode(errors="replace")
+        assert "no-dev-tty" in out and "stdin-is-a-terminal" in out and "got hunter2" in out, out
+    finally:
+        term.close()
