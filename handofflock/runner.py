@@ -788,7 +788,7 @@ class _CommandProcesses:
         while there is none; /proc is read only when the one it names is not
         ours to collect.
         """
-        while True:
+        while hasattr(os, "waitid"):
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:

@@ -155,3 +155,16 @@ def test_torchrun_workers_are_gone_before_the_lock_moves_on_without_a_cgroup(tmp
     result = _hand_over(tmp_path, cmd, workers, grace="2", timeout=120)
     assert len(set(result["pids"])) == 2
     assert not any(result["seen"].values()), f"alive when the lock moved on: {result['seen']}\n{result['holder']}"
+
+
+@NOCGROUP
+@pytest.mark.timeout(90)
+def test_a_nested_run_leaves_nothing_of_its_command_without_a_cgroup(tmp_path):
+    """run A -- run B -- CMD, where CMD ignores SIGTERM and starts a daemon in a session of its own:
+    the inner run is a subreaper too, but it is a descendant of the outer one, so the outer run's
+    SIGKILL after its grace reaches everything before lock A moves on."""
+    daemon = tmp_path / "daemon.pid"
+    inner = [str(CONSOLE_SCRIPT), "run", str(tmp_path / "b.json"), "--grace", "30", "--",
+             "sh", "-c", f"trap '' TERM; (setsid sh -c 'echo $$ > {daemon}; exec sleep 300' &); sleep 300 & wait"]
+    result = _hand_over(tmp_path, inner, [daemon], grace="1", timeout=40)
+    assert not any(result["seen"].values()), f"alive when the lock moved on: {result['seen']}\n{result['holder']}"
