@@ -76,14 +76,19 @@ class RankSignals:
         self._pid = os.getpid()
 
     def install(self) -> RankSignals:
-        """Install on this process's main thread (Python runs handlers only there). Idempotent."""
+        """Install on this process's main thread (Python runs handlers only there).
+
+        Idempotent; called again, it takes back any signal whose handler was replaced
+        since (a framework installed its own), chaining to or restoring that one.
+        """
         if threading.current_thread() is not threading.main_thread():
             raise ConfigurationError("RankSignals.install() must be called from the main thread")
-        if self.signals:
-            return self
         installed = []
         for sig in self.wanted:
             previous = signal.getsignal(sig)
+            if previous == self._handle:
+                installed.append(sig)
+                continue
             if previous is signal.SIG_IGN:
                 continue
             self._previous[sig] = previous
