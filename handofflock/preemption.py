@@ -26,15 +26,12 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from .core.backoff import Backoff
 from .core.errors import ConfigurationError
 from .core.threads import quiet
-
-if TYPE_CHECKING:
-    from .lock.handoff import HandoffLock
 
 _log = logging.getLogger("handofflock.preemption")
 
@@ -42,6 +39,13 @@ DEFAULT_METADATA_HOST = "metadata.google.internal"
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 #: GCE gives about 30 s between the notice and the stop.
 DEFAULT_NOTICE_GRACE = 30.0
+
+
+class ReleaseTarget(Protocol):
+    """What a notice is delivered to: a :class:`~handofflock.HandoffLock`, a ``RankLock``, or your own."""
+
+    def request_release(self, reason: str, *, requester: str | None = None, deadline: float | None = None) -> None:
+        """Ask for the lock to be released by ``deadline`` (Unix time). Called from the watcher's thread."""
 
 
 class _NotMetadata(Exception):
@@ -71,7 +75,7 @@ class PreemptionWatcher:
 
     def __init__(
         self,
-        lock: HandoffLock,
+        lock: ReleaseTarget,
         *,
         notice_grace: float = DEFAULT_NOTICE_GRACE,
         host: str | None = None,
@@ -97,6 +101,10 @@ class PreemptionWatcher:
             raise ConfigurationError(f"poll_timeout must be a whole number of seconds >= 1, got {poll_timeout!r}")
         if backoff_max < backoff_initial:
             raise ConfigurationError("backoff_max must be >= backoff_initial")
+        if not callable(getattr(lock, "request_release", None)):
+            raise ConfigurationError(
+                f"PreemptionWatcher needs a target with request_release(reason, requester=, deadline=), got {lock!r}"
+            )
         self.lock = lock
         self.host = host or os.environ.get("GCE_METADATA_HOST") or DEFAULT_METADATA_HOST
         if not self.host or "/" in self.host:
@@ -192,10 +200,14 @@ class PreemptionWatcher:
     def _noticed(self) -> None:
         now = time.time()
         self.preempted, self.noticed_at = True, now
+        target = getattr(self.lock, "url", None) or repr(self.lock)  # a RankLock has no url
         _log.warning(
-            "preemption notice from %s: asking %s to release within %.0f s", self.host, self.lock.url, self.notice_grace
+            "preemption notice from %s: asking %s to release within %.0f s", self.host, target, self.notice_grace
         )
-        self.lock.request_release("preemption", requester="preemption", deadline=now + self.notice_grace)
+        try:
+            self.lock.request_release("preemption", requester="preemption", deadline=now + self.notice_grace)
+        except Exception:  # the notice stands (preempted, wait()); the target's trouble is said, never lost
+            _log.exception("could not deliver the preemption notice to %s", target)
         self._notice.set()
 
     def _get(self, etag: str | None, *, wait: bool) -> tuple[str, str | None]:
