@@ -315,6 +315,20 @@ class RankLock:
         """The cause of an exit asked on this rank (a signal's name, ``"preemption"``...), or None."""
         return self._exit_cause
 
+    def request_release(
+        self, reason: str = "operator", *, requester: str | None = None, deadline: float | None = None
+    ) -> None:
+        """Ask, from any rank, as :meth:`HandoffLock.request_release` does: all ranks yield at the next agreement.
+
+        What a :class:`~handofflock.PreemptionWatcher` calls on the node it runs
+        on, holder or not. The holder rank hands the request (reason, deadline)
+        to its lock as well, so ``request`` carries it after the yield.
+        Safe in a signal handler.
+        """
+        if self.lock is not None:
+            self.lock.request_release(reason, requester=requester, deadline=deadline)
+        self.request_stop()
+
     def should_stop(self) -> bool:
         """Count one step; every ``every`` steps, agree with all ranks. True when all must stop now.
 
