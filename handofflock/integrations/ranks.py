@@ -318,16 +318,21 @@ class RankLock:
     def request_release(
         self, reason: str = "operator", *, requester: str | None = None, deadline: float | None = None
     ) -> None:
-        """Ask, from any rank, as :meth:`HandoffLock.request_release` does: all ranks yield at the next agreement.
+        """Ask, from any rank, as :meth:`HandoffLock.request_release` does: all ranks stop at the next agreement.
 
         What a :class:`~handofflock.PreemptionWatcher` calls on the node it runs
-        on, holder or not. The holder rank hands the request (reason, deadline)
-        to its lock as well, so ``request`` carries it after the yield.
+        on, holder or not. A preemption notice is an exit (the node is going
+        away: checkpoint, release, end, and be requeued elsewhere); any other
+        reason is a yield. The holder rank hands the request (reason, deadline)
+        to its lock as well, so ``request`` carries it after the stop.
         Safe in a signal handler.
         """
         if self.lock is not None:
             self.lock.request_release(reason, requester=requester, deadline=deadline)
-        self.request_stop()
+        if str(getattr(reason, "value", reason)) == "preemption":
+            self.request_stop("exit", cause="preemption")
+        else:
+            self.request_stop()
 
     def should_stop(self) -> bool:
         """Count one step; every ``every`` steps, agree with all ranks. True when all must stop now.

@@ -47,7 +47,7 @@ def train(ranks: RankLock, out: dict, started: threading.Event) -> None:
                 if step == 3:
                     started.set()
                 time.sleep(0.005)
-            out.update(last=steps.last, stopped=steps.stopped, request=steps.request)
+            out.update(last=steps.last, stopped=steps.stopped, request=steps.request, decision=steps.decision)
     except BaseException as exc:  # the test reports it
         out["error"] = exc
 
@@ -81,6 +81,8 @@ def test_a_notice_on_any_node_reaches_the_rank_lock_and_every_rank_stops_at_the_
     assert delivered == [(("preemption",), {"requester": "preemption", "deadline": deadline})]
     assert outs[0]["stopped"] and outs[1]["stopped"]
     assert outs[0]["last"] == outs[1]["last"], f"ranks stopped at different steps: {outs}"
+    # The node is going away: every rank agrees on an exit caused by the notice, never a yield-and-wait.
+    assert [(o["decision"].action, o["decision"].cause) for o in outs] == [("exit", "preemption")] * 2
     if node == "holder":  # the holder's lock carries the request, deadline and all
         request = outs[0]["request"]
         assert (request.reason, request.deadline) == ("preemption", deadline)
