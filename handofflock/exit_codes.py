@@ -16,6 +16,7 @@ EXIT_CONTENDED = 75  # EX_TEMPFAIL: another waiter, --nonblock on a held lock, a
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_CANNOT_EXECUTE = 126  # as the shells
 EXIT_NOT_FOUND = 127  # as the shells
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (status | head), as the shells report cat
 
 EXIT_CODES_HELP = """exit codes: CMD's own status (128+N if it died of signal N), or
   2 usage error          64 bad URL or configuration   65 corrupt lock record
