@@ -169,7 +169,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="handofflock",
         description=(
-            "Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path)."
+            "Look at, hold, clear and watch a handofflock lock. URL: gs://bucket/key.json, s3://bucket/key.json,"
+            " file:///abs/path.json, or a path."
         ),
         epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
     )

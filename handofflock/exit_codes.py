@@ -22,4 +22,4 @@ EXIT_CODES_HELP = """exit codes: CMD's own status (128+N if it died of signal N)
   2 usage error          64 bad URL or configuration   65 corrupt lock record
   69 storage unavailable  70 lock lost while CMD ran    75 contended (another waiter; --nonblock)
   124 --timeout passed    126 CMD not executable        127 CMD not found
-  128+N stopped by signal N while waiting"""
+  128+N stopped by signal N while waiting  (status, watch: 141 when stdout's reader leaves)"""
