@@ -111,7 +111,8 @@ class WaitLine:
     def text(self) -> str:
         """The status line as it stands."""
         waited = age(self._clock() - self.started)
-        for why in outages.down().values():  # "held by ?" would read as contention
+        # Any store of this process: `run`'s is its only one. "held by ?" would read as contention.
+        for why in outages.down().values():
             return f"waiting {waited} for {self.lock.url}: cannot reach the store: {why} (retrying)"
         holder = self._holder or "?"
         line = (

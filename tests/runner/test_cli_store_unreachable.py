@@ -95,9 +95,12 @@ class _Lock:
         raise TransientStorageError("no answer")
 
 
-def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_someone():
+def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_someone(monkeypatch):
+    import weakref
+
     from handofflock.storage import outages
 
+    monkeypatch.setattr(outages, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
     store = MemoryStorage()
     refused = TransientStorageError("could not connect")
     refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
