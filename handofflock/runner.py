@@ -168,6 +168,7 @@ class CommandRunner:
         lock, outcome = self.lock, dict[str, Any]()
 
         def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
+            outcome["was_waiter"] = True
             self.say(f"waiting for {lock.url}: held by {owner_id}")
 
         def acquire() -> None:
@@ -198,7 +199,9 @@ class CommandRunner:
                 self._line = None
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
-            self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting; {self._slot_left()}")
+            # A run that never became the waiter (the store never answered) has no slot to speak of.
+            slot = f"; {self._slot_left()}" if outcome.get("was_waiter") else ""
+            self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting{slot}")
             return 128 + self.first_signal
         if error is not None:
             raise error

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from ..core.backoff import RETRY, Backoff
 from ..core.clock import Clock
 from ..core.errors import PreconditionFailed, TransientStorageError
+from . import outages
 from .base import Storage
 from .pacing import WriteGate
 
@@ -64,15 +65,19 @@ def read_retrying(
     retries = Retries(clock, deadline)
     while True:
         try:
-            return storage.read(key, max_bytes=max_bytes)
-        except TransientStorageError:
+            found = storage.read(key, max_bytes=max_bytes)
+        except TransientStorageError as exc:
             delay = retries.next_delay()
             if not retry or delay is None:
                 raise
+            outages.failed(storage, exc)  # said once per outage: a long wait is never silent
             if sleep is None:
                 clock.sleep(delay)
             elif not sleep(delay):
                 raise
+        else:
+            outages.answered(storage)
+            return found
 
 
 def write_resolving(
@@ -167,9 +172,11 @@ def write_resolving(
                     return landed
             if not pause():
                 raise
+            outages.failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
         else:
             if gate is not None:
                 gate.succeeded()
+            outages.answered(storage)
             return generation, None
 
 
