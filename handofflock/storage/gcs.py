@@ -75,6 +75,7 @@ from .gcs_http import (
     reply_json,
     retry_after_seconds,
     says_bucket_missing,
+    says_retained,
     verify_crc32c,
 )
 
@@ -577,6 +578,16 @@ class GCSStorage:
             raise StorageError(
                 f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
                 "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
+                url=self.url,
+                key=key,
+            )
+        if status == 403 and says_retained(response):
+            raise StorageError(
+                f"{where}: GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
+                f"its object on every renewal, which a retention policy, object retention or a hold forbids until "
+                f"the retention period has passed; no IAM role changes that. Put lock objects in a bucket "
+                f"without a retention policy (`gcloud storage buckets describe gs://{self.bucket} "
+                f"--format='default(retention_policy)'` shows it), or remove the hold",
                 url=self.url,
                 key=key,
             )
