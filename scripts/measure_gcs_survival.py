@@ -119,9 +119,15 @@ def main() -> None:
     ttls = [float(t) for t in args.ttls.split(",")]
     renew_passes_by = "send_by" in inspect.signature(HandoffLock._write_lease).parameters
     print(f"# python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs")
-    print(f"# memory store at GCS's spacing (min_write_interval={SPACING:g}), simulated time (step {STEP} s), default timing")
+    print(
+        f"# memory store at GCS's spacing (min_write_interval={SPACING:g}), "
+        f"simulated time (step {STEP} s), default timing"
+    )
     print(f"# HandoffLock._renew passes Timing.backoff_until to the write gate: {renew_passes_by}")
-    print(f"# cells: seeds in which the owner kept a healthy lock, of {args.seeds}; stall: longest survived in every phase")
+    print(
+        f"# cells: seeds in which the owner kept a healthy lock, of {args.seeds}; "
+        "stall: longest survived in every phase"
+    )
     scenarios = {"one 429": ["429"], "two 429s": ["429", "429"], "429, 503": ["429", "503"]}
     header = ["ttl", "renew_interval", "renew_deadline", *scenarios, "stalled read"]
     print("| " + " | ".join(header) + " |")
