@@ -183,6 +183,7 @@ class Exchange:
     started: float
     fault: str | None = None
     status: int | None = None  # the status the client got; None if it got no reply
+    headers: dict[str, str] = field(default_factory=dict)  # the request's, names in lowercase
 
     def upload_data(self) -> bytes | None:
         """The object's bytes: of a multipart upload (GCS, the second part), or of an S3
@@ -205,10 +206,13 @@ class Rule:
     times: int = 1
     delay: float = 0.0
     retry_after: float | None = None
+    probes: bool = False
     fired: int = 0
 
     def matches(self, ex: Exchange) -> bool:
         if self.fired >= self.times:
+            return False
+        if not self.probes and s3_format.PROBE_MARK in ex.path:
             return False
         if self.method is not None and ex.method != self.method.upper():
             return False
@@ -357,13 +361,17 @@ class FaultProxy:
         times: int = 1,
         delay: float = 0.0,
         retry_after: float | None = None,
+        probes: bool = False,
     ) -> Rule:
         """Inject ``kind`` into the next ``times`` requests matching every criterion given.
 
         ``method`` is compared exactly, ``path`` and ``body`` as substrings,
         ``when`` is called with the :class:`Exchange`. ``delay`` is the pause of
         a ``delay`` fault, and the pause before each byte of a trickled reply;
-        ``retry_after`` the header of a ``429`` or ``503``.
+        ``retry_after`` the header of a ``429`` or ``503``. The S3 backend's
+        probe of a store's conditions (a scratch key beside the lock's, once per
+        store) is left alone unless ``probes`` is true, and by :meth:`chaos`
+        always: a fault meant for the lock's first write must reach it.
         Rules are tried in the order they were added; the first that matches fires.
         Returns the rule: ``rule.fired`` counts its firings.
         """
@@ -374,7 +382,15 @@ class FaultProxy:
         if kind in ("delay", *_TRICKLES) and not delay > 0:
             raise ValueError(f"a {kind} fault needs delay > 0")
         rule = Rule(
-            kind, method, path, body.encode() if isinstance(body, str) else body, when, times, delay, retry_after
+            kind,
+            method,
+            path,
+            body.encode() if isinstance(body, str) else body,
+            when,
+            times,
+            delay,
+            retry_after,
+            probes,
         )
         with self._mutex:
             self._rules.append(rule)
@@ -464,13 +480,19 @@ class FaultProxy:
                 "refused_seconds": round(s.refused_seconds, 3),
             }
 
-    def exchanges(self, method: str | None = None, path: str | None = None) -> list[Exchange]:
-        """The kept exchanges, optionally only those with ``method`` and ``path`` in their path."""
+    def exchanges(self, method: str | None = None, path: str | None = None, *, probes: bool = False) -> list[Exchange]:
+        """The kept exchanges, optionally only those with ``method`` and ``path`` in their path.
+
+        The S3 backend's probe of the store's conditions (once per store, see
+        :meth:`inject`) is left out unless ``probes``; :attr:`history` has everything.
+        """
         with self._mutex:
             return [
                 e
                 for e in self.history
-                if (method is None or e.method == method.upper()) and (path is None or path in e.path)
+                if (method is None or e.method == method.upper())
+                and (path is None or path in e.path)
+                and (probes or s3_format.PROBE_MARK not in e.path)
             ]
 
     def __repr__(self) -> str:
@@ -647,7 +669,7 @@ class FaultProxy:
             else:
                 rule = None
             self._rules = [r for r in self._rules if not r.spent]
-            if ex.fault is None and self._chaos is not None:
+            if ex.fault is None and self._chaos is not None and s3_format.PROBE_MARK not in ex.path:
                 chaos = self._chaos
                 if (chaos.method is None or ex.method == chaos.method) and (
                     chaos.path is None or chaos.path in ex.path
@@ -707,6 +729,7 @@ def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) ->
         body=body,
         content_type=headers.get("content-type", ""),
         started=time.time(),
+        headers=dict(headers),
     )
 
 
