@@ -182,6 +182,12 @@ class GCSStorage:
                     # ours, or two threads' first requests could each make one and leak the other.
                     # Our own session: give it the connection pools that enforce request_timeout.
                     gcs_deadline.install(made._http)
+                    # google-auth refreshes credentials through a session of its own, inside our
+                    # request: watched too, a slow token endpoint (metadata server, STS) cannot hold a
+                    # request past request_timeout. (A private attribute; without it, unbounded as before.)
+                    refresh_session = getattr(made._http, "_auth_request_session", None)
+                    if refresh_session is not None:
+                        gcs_deadline.install(refresh_session)
                     self._client = made
                 client = self._client
         return client
