@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from pathlib import Path
 
 from handofflock import HandoffLock
@@ -53,7 +52,6 @@ def train(args: argparse.Namespace) -> int:
 
     from handofflock.integrations.transformers import HandoffLockTrainerCallback
 
-    warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:  # initialised here with a short timeout; the Trainer (accelerate) uses this group
@@ -114,7 +112,7 @@ def train(args: argparse.Namespace) -> int:
     while True:
         trainer = transformers.Trainer(model=Tiny(), args=training_args, train_dataset=Synthetic(),
                                        callbacks=[callback, Report()])
-        callback.acquire()
+        callback.acquire()  # here only to print the timeline; callback.train() takes the lock itself
         if rank == 0:
             say("A", "acquired the lock" + (" (handed back by B)" if handed_back else ""), token())
             if args.b_after >= 0 and not handed_back:  # job B asks a while after A started
@@ -124,14 +122,20 @@ def train(args: argparse.Namespace) -> int:
                                       "--b-work", str(args.b_work), "--t0", repr(say.start)])
                 threading.Thread(target=launch_b, daemon=True).start()
         held = token()
-        trainer.train(resume_from_checkpoint=callback.resume_path(output_dir))
-        if not callback.yielded:
+        decision = callback.train(trainer)  # resumes from the newest checkpoint; an exception lets the lock go
+        if decision is None:
             break
-        if rank == 0 and callback.ranks.request is not None:
+        if rank == 0 and callback.ranks.request is not None and not decision.exit:
             say("A", f"told: {callback.ranks.request.requester} wants the lock ({callback.ranks.request.reason.value})", held)
-        say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks)", held)
+        say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks: {decision.action}, "
+                 f"{decision.cause})", held)
         if rank == 0:
             say("A", f"checkpointed step {callback.yield_step} as checkpoint-{callback.yield_step}; handed off", held)
+        if decision.exit:  # a signal or a notice: end; a restart resumes from the checkpoint
+            say(who, f"exits ({decision.cause}), status {decision.exit_status}", None)
+            if world > 1:
+                dist.destroy_process_group()
+            return decision.exit_status
         handed_back = True
     say(who, f"finished all {trainer.state.global_step} steps", None)
     if world > 1:

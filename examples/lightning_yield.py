@@ -52,7 +52,8 @@ def train(args: argparse.Namespace) -> int:
 
     from handofflock.integrations.lightning import HandoffLockCallback
 
-    warnings.filterwarnings("ignore")  # Lightning's advice about workers and logging, not this example's story
+    # Lightning's own warnings stay visible; only its advice to add DataLoader workers is about this toy's data.
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:  # initialised here, so the lock can be taken before fit; Lightning uses this group
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.group_timeout))
@@ -108,17 +109,25 @@ def train(args: argparse.Namespace) -> int:
                 threading.Thread(target=launch_b, daemon=True).start()
         trainer = pl.Trainer(
             accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", max_steps=args.steps,
+            min_steps=args.min_steps, accumulate_grad_batches=args.accumulate,
             callbacks=[callback, Report()], enable_checkpointing=False, logger=False, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0,
         )
         trainer.fit(Tiny(), loader, ckpt_path=callback.resume_path)
         if not callback.yielded:
             break
-        if rank == 0 and callback.ranks.request is not None:
+        decision = callback.decision
+        if rank == 0 and callback.ranks.request is not None and not decision.exit:
             say("A", f"told: {callback.ranks.request.requester} wants the lock ({callback.ranks.request.reason.value})", token)
-        say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks)", token)
+        say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks: {decision.action}, "
+                 f"{decision.cause})", token)
         if rank == 0:
             say("A", f"checkpointed step {callback.yield_step} as {callback.checkpoint.name}; handed off", token)
+        if decision.exit:  # a signal or a notice: end; a restart resumes from the checkpoint
+            say(who, f"exits ({decision.cause}), status {decision.exit_status}", None)
+            if world > 1:
+                dist.destroy_process_group()
+            return decision.exit_status
         handed_back = True
     say(who, f"finished all {trainer.global_step} steps", None)
     if world > 1:
@@ -134,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-time", type=float, default=0.03)
     parser.add_argument("--every", type=int, default=5, help="batches between agreements")
+    parser.add_argument("--min-steps", type=int, default=None, help="Lightning's min_steps")
+    parser.add_argument("--accumulate", type=int, default=1, help="Lightning's accumulate_grad_batches")
     parser.add_argument("--b-after", type=float, default=2.0, help="seconds after A first holds the lock until job B asks (-1: never)")
     parser.add_argument("--b-work", type=float, default=1.0)
     parser.add_argument("--group-timeout", type=float, default=60.0, help="gloo timeout, seconds")

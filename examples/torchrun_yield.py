@@ -28,6 +28,7 @@ from pathlib import Path
 
 from handofflock import HandoffLock, LockLost
 from handofflock.demo import Timeline
+from handofflock.integrations.ranks import RankExit
 
 TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
 
@@ -75,10 +76,19 @@ def train(args: argparse.Namespace) -> int:
         print(f"handofflock torchrun example: job A with {world} ranks, one lock at {args.url}", flush=True)
         print(f"{'elapsed':>7}  {'who':<3}  {'token':<13}  what", flush=True)
 
-    ranks = rank_lock(args.url, holder_rank=0, every=args.every, poll=0.5, owner_id="job-A", **TIMING)
+    # owner_id: torchrun:<--rdzv-id> when given (a restarted job takes its place back), else job-A.
+    ranks = rank_lock(args.url, holder_rank=0, every=args.every, poll=0.5,
+                      owner_id=None if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none" else "job-A", **TIMING)
+    if rank == 0 and ranks.lock is not None:
+        say("A", f"owner id {ranks.lock.owner_id}")
     handed_back = False
     while True:
-        ranks.acquire()
+        try:
+            ranks.acquire()
+        except RankExit as stop:  # a signal while waiting for the lock: the slot is given back, nothing to save
+            say(who, f"exits while waiting ({stop.decision.cause}), status {stop.code}", None)
+            dist.destroy_process_group()
+            raise
         token = ranks.lock.token if ranks.lock else None
         if rank == 0:
             say("A", "acquired the lock" + (" (handed back by B)" if handed_back else ""), token)
@@ -93,6 +103,7 @@ def train(args: argparse.Namespace) -> int:
             state = torch.load(workdir / json.loads(ckpt_json.read_text())["file"])
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
+            data.set_state(state["data"][rank])  # the same batches as an uninterrupted run
             start = state["step"] + 1
             say(who, f"resumes from the checkpoint of step {state['step']} at step {start}", token)
         elif rank == 0:
@@ -114,13 +125,19 @@ def train(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
             return 3
         last = steps.last if steps.last is not None else start - 1
-        if steps.stopped:
-            if rank == 0 and steps.request is not None:
+        decision = steps.decision
+        if decision is not None:
+            if rank == 0 and steps.request is not None and not decision.exit:
                 say("A", f"told: {steps.request.requester} wants the lock ({steps.request.reason.value})", token)
-            say(who, f"stopped after step {last} (agreed with all {world} ranks)", token)
+            say(who, f"stopped after step {last} (agreed with all {world} ranks: {decision.action}, "
+                     f"{decision.cause})", token)
+        # Every rank's data order goes into the checkpoint: a resume draws the batches it would have drawn.
+        data_states = [None] * world
+        dist.all_gather_object(data_states, data.get_state())
         if rank == 0:  # one writer; the release below waits for every rank
-            path = workdir / f"checkpoint-{last:06d}.pt"
-            torch.save({"step": last, "model": model.state_dict(), "opt": opt.state_dict()}, path)
+            path = workdir / f"checkpoint-{last:06d}-token-{token}.pt"  # the token fences a stale writer's file
+            torch.save({"step": last, "model": model.state_dict(), "opt": opt.state_dict(), "data": data_states,
+                        "token": token}, path)
             tmp = ckpt_json.with_suffix(".tmp")
             tmp.write_text(json.dumps({"step": last, "file": path.name, "token": token}))
             os.replace(tmp, ckpt_json)  # the pointer moves only once the checkpoint is whole
@@ -128,8 +145,12 @@ def train(args: argparse.Namespace) -> int:
         heir = ranks.release()
         if rank == 0:
             say("A", f"handed off to {heir}" if heir else "released the lock (nobody waiting)", token)
-        if not steps.stopped:
+        if decision is None:
             break
+        if decision.exit:  # a signal or a notice: end now; a restart resumes from the checkpoint
+            say(who, f"exits ({decision.cause}), status {decision.exit_status}", None)
+            dist.destroy_process_group()
+            return decision.exit_status
         handed_back = True
     say(who, f"finished all {args.steps} steps", None)
     dist.barrier()  # every rank is past its last collective before any tears the group down

@@ -33,6 +33,7 @@ from typing import IO, Any
 from .core.errors import HandoffLockError
 from .core.threads import quiet
 from .core.timefmt import age, iso
+from .storage import outages
 
 
 class WaitLine:
@@ -110,6 +111,9 @@ class WaitLine:
     def text(self) -> str:
         """The status line as it stands."""
         waited = age(self._clock() - self.started)
+        # Any store of this process: `run`'s is its only one. "held by ?" would read as contention.
+        for why in outages.down().values():
+            return f"waiting {waited} for {self.lock.url}: cannot reach the store: {why} (retrying)"
         holder = self._holder or "?"
         line = (
             f"waiting {waited} for {self.lock.url}: held by {holder}; notified {'yes' if self._notified_at else 'no'}"

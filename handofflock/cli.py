@@ -1,7 +1,7 @@
 """The ``handofflock`` command: look at a lock, hold it around a command, clear it, watch it.
 
     handofflock status URL [--json]
-    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [--timeout S] [--label TEXT] [--owner-id ID]
+    handofflock run URL [--ttl S] [--signal USR1] [--grace S] [-w|--timeout S] [--label TEXT] [--owner-id ID]
                     -- CMD [ARGS...]
     handofflock release URL --force [--yes]
     handofflock watch URL [--interval S] [--json]
@@ -23,6 +23,7 @@ command's status, ``128+N`` if the command died of signal N:
 124  ``--timeout`` passed before the lock was acquired
 126  the command could not be executed; 127: it was not found
 128+N  ``run`` was stopped by signal N while it waited for the lock
+141  ``status`` or ``watch``: the reader of stdout went away (``| head``), as 128+SIGPIPE
 ===  =====================================================================
 """
 
@@ -31,6 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
+import shlex
 import signal
 import sys
 import time
@@ -38,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._version import __version__
+from .core.clock import Clock
 from .core.errors import (
     ConfigurationError,
     HandoffLockError,
@@ -52,6 +57,7 @@ from .core.errors import (
 from .core.record import LockRecord
 from .core.timefmt import iso, when
 from .exit_codes import (
+    EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
     EXIT_CONFIG,
     EXIT_CONTENDED,
@@ -63,12 +69,12 @@ from .exit_codes import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from .lock.handoff import HandoffLock
 from .lock.types import LockStatus
 from .repair import force_release
 from .runner import CommandRunner
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
+from .storage.cas import read_retrying
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,7 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, command = argv[:cut], argv[cut + 1 :]
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # with the usage of the subcommand they were given to, not the top-level one
+            hint = ""
+            if args.cmd == "run" and command is None:
+                hint = f"; the command goes after '--': handofflock run URL [options] -- {shlex.join(extra)}"
+            args.parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
     if args.cmd != "run" and command is not None:
@@ -91,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be answered, not at interpreter exit
         return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except LockTimeout as exc:
         return _fail(str(exc), EXIT_TIMEOUT)
     except LockContended as exc:
@@ -112,11 +126,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
 
 
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (``handofflock status URL | head -1``): exit as ``cat`` would.
+
+    As Python's documentation of SIGPIPE recommends, stdout is pointed at
+    /dev/null so that the interpreter's final flush cannot fail again and print
+    a traceback. The status is 141 (128 + SIGPIPE), what the shell reports for
+    any tool that SIGPIPE ends: a pipeline under ``set -o pipefail`` treats us
+    like ``cat`` or ``git log``.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout to replace (a test's capture)
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+#: The library's parameter names, as they appear in its ConfigurationError messages, said as the
+#: `run` flags that set them: a shell user never typed ``waiter_check_interval``. Applied in order.
+_CLI_NAMES = (
+    (re.compile(r" \(waiter_ttl defaults to it\)"), ""),
+    (
+        re.compile(r"use a longer ttl, or pass waiter_ttl and waiter_poll_interval yourself"),
+        "use a longer --ttl or a shorter --poll-interval",
+    ),
+    (re.compile(r" \(or pass renew_interval and renew_deadline yourself\)"), ""),
+    (re.compile(r"\bwaiter_(?:check|poll)_interval\b"), "--poll-interval"),
+    (re.compile(r"(?<![\w-])ttl\b"), "--ttl"),
+)
+
+
+def cli_names(message: str) -> str:
+    """``message`` with the library's parameter names replaced by ``handofflock run``'s flags."""
+    for pattern, flag in _CLI_NAMES:
+        message = pattern.sub(flag, message)
+    return message
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="handofflock",
         description=(
-            "Look at, hold, clear and watch a handofflock lock (gs://bucket/key.json, file:///path, or a path)."
+            "Look at, hold, clear and watch a handofflock lock. URL: gs://bucket/key.json, s3://bucket/key.json,"
+            " file:///abs/path.json, or a path."
         ),
         epilog="Exit codes: see `handofflock run --help` and docs/jobs.md.",
     )
@@ -138,10 +192,10 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Wait for the lock (as its single waiter), run CMD holding it, release it when CMD exits.\n"
             "When someone asks for the lock (a waiter, or a signal to this process), CMD gets --signal\n"
-            "and --grace seconds to exit; then it is killed (SIGKILL). CMD runs in a process group of\n"
-            "its own, and signals go to the whole group. The lock is released only after the group has\n"
-            "exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2 sent to this\n"
-            "process are passed on to CMD's group. CMD's environment has HANDOFFLOCK_URL,\n"
+            "and --grace seconds to exit; then it and every process it started are killed (SIGKILL).\n"
+            "CMD runs in a session of its own. The lock is released only after every process CMD\n"
+            "started has exited, handed to the waiter if there is one. TERM, INT, HUP, USR1 and USR2\n"
+            "sent to this process are passed on to CMD (--signal-to). CMD's environment has HANDOFFLOCK_URL,\n"
             "HANDOFFLOCK_TOKEN (the fencing token) and HANDOFFLOCK_OWNER_ID.\n"
             "CMD is looked up before the lock is asked for (exit 127/126 if it cannot run). If the\n"
             "waiter goes away before the grace ends, CMD is left alone and run keeps the lock."
@@ -152,13 +206,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
     p.add_argument(
+        "--signal-to",
+        choices=("main", "group"),
+        default="main",
+        help="where that signal (and a signal passed on) goes: CMD's own process, which lets a trainer "
+        "checkpoint while its helper processes (DataLoader workers) stay up, or CMD's whole process group "
+        "(default main; what the command leaves when it exits gets it then)",
+    )
+    p.add_argument(
+        "--yield-exit-code",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit N when CMD stopped within the grace because the lock was asked for (a clean handoff); "
+        "default: CMD's own status, as flock(1) (143 after a SIGTERM). 0 for cron, 75 to be requeued",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=30.0,
         help="seconds CMD has to exit after that signal before SIGKILL (default 30)",
     )
     p.add_argument(
-        "--timeout", type=float, default=None, help="give up waiting for the lock after this many seconds (exit 124)"
+        "--timeout",
+        "-w",
+        "--wait",  # flock(1)'s names for it
+        type=float,
+        default=None,
+        help="give up waiting for the lock after this many seconds (exit 124); -w and --wait as in flock(1)",
     )
     p.add_argument("-n", "--nonblock", action="store_true", help="do not wait: exit 75 if the lock is held")
     p.add_argument(
@@ -210,6 +285,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     p.set_defaults(func=cmd_watch)
+    for subparser in sub.choices.values():
+        subparser.set_defaults(parser=subparser)  # its own usage for its own errors
     return parser
 
 
@@ -307,13 +384,56 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+#: How long ``status`` (and each read of ``watch``) retries a store that does not answer before it says
+#: so: a person is waiting at the terminal. ``HandoffLock.status()`` rides out a 30 s outage instead.
+STATUS_READ_SECONDS = 5.0
+
+
+def read_status(url: str, *, within: float = STATUS_READ_SECONDS) -> LockStatus:
+    """Read the lock at ``url`` once, as ``HandoffLock.status()`` does, retrying for at most ``within`` s.
+
+    A store that does not answer by then raises its last
+    :class:`TransientStorageError` (exit 69). A lock object that is not there
+    is looked for once more by listing its key: a listing fails on a missing
+    bucket, where a read of the emulator (or of S3 without ``s3:ListBucket``)
+    cannot tell a missing bucket from a missing object, and ``run`` would then
+    fail on it with exit 69 while ``status`` said "absent".
+    """
+    store, key = open_url(url)
+    clock = Clock()
+    found = read_retrying(store, key, clock=clock, deadline=clock.monotonic() + within, max_bytes=MAX_RECORD_BYTES)
+    now = clock.time()
+    text = os.fspath(url)
+    if found is None:
+        store.list(key)  # raises on a missing bucket, with what to do
+        return LockStatus(text, False, 0, read_at=now)
+    data, generation = found
+    record = LockRecord.decode(data, key=key, generation=generation, url=text)
+    return LockStatus(
+        text,
+        True,
+        generation,
+        record.owner_id,
+        record.expires_at,
+        record.waiting_owner_id,
+        record.waiter_expires_at,
+        record.token,
+        record.ttl,
+        now,
+        record.owner_live(now),
+        record.waiter_live(now),
+        record,
+        record.owner_label,
+        record.waiter_label,
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    lock = HandoffLock(args.url)
     try:
-        st = lock.status()
+        st = read_status(args.url)
     except LockRecordCorrupt as exc:
         if args.json:
-            print(json.dumps({"url": lock.url, "state": "corrupt", "error": str(exc)}))
+            print(json.dumps({"url": args.url, "state": "corrupt", "error": str(exc)}))
         raise
     print(json.dumps(status_json(st)) if args.json else status_text(st))
     return EXIT_OK
@@ -325,7 +445,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if not args.command:
         return _fail("nothing to run: usage: handofflock run URL [options] -- CMD [ARGS...]", EXIT_USAGE)
-    return CommandRunner(args).run()
+    try:
+        runner = CommandRunner(args)
+    except ConfigurationError as exc:
+        raise ConfigurationError(cli_names(str(exc))) from exc
+    return runner.run()
 
 
 # --------------------------------------------------------------------------- release --force
@@ -409,17 +533,18 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise ConfigurationError(f"--interval must be > 0, got {args.interval}")
-    lock = HandoffLock(args.url)
+    url = args.url
+    open_url(url)  # a bad URL is refused before the first line
     stop_at = None if args.duration is None else time.monotonic() + args.duration
     last: Any = None
     if not args.json:
-        print(f"watching {lock.url} every {args.interval:g} s (Ctrl-C to stop)", flush=True)
+        print(f"watching {url} every {args.interval:g} s (Ctrl-C to stop)", flush=True)
     try:
         while True:
             now = time.time()
             stamp = iso(now)
             try:
-                st = lock.status()
+                st = read_status(url)
                 doc = status_json(st, now)
                 seen: tuple[object, ...] = (
                     doc["state"],
@@ -431,10 +556,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 )
                 line = _watch_line(st, doc, now)
             except LockRecordCorrupt as exc:
-                doc = {"url": lock.url, "state": "corrupt", "error": str(exc)}
+                doc = {"url": url, "state": "corrupt", "error": str(exc)}
                 seen, line = ("corrupt", str(exc)), f"CORRUPT: {exc}"
             except TransientStorageError as exc:
-                doc = {"url": lock.url, "state": "unreadable", "error": str(exc)}
+                doc = {"url": url, "state": "unreadable", "error": str(exc)}
                 seen, line = ("unreadable",), f"read failed ({exc}); retrying"
             if seen != last:
                 last = seen

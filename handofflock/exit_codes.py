@@ -2,7 +2,9 @@
 
 Chosen from sysexits(3) and the conventions of timeout(1) and the shells, so
 scripts can tell "try again later" (75) from "fix the configuration" (64, 69).
-``run`` otherwise passes its command's status through (128+N for signal N).
+``run`` otherwise passes its command's status through (128+N for signal N), or
+``--yield-exit-code N`` after a yield (the command stopped within the grace
+because the lock was asked for).
 """
 
 EXIT_OK = 0
@@ -16,9 +18,11 @@ EXIT_CONTENDED = 75  # EX_TEMPFAIL: another waiter, --nonblock on a held lock, a
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_CANNOT_EXECUTE = 126  # as the shells
 EXIT_NOT_FOUND = 127  # as the shells
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (status | head), as the shells report cat
 
-EXIT_CODES_HELP = """exit codes: CMD's own status (128+N if it died of signal N), or
+EXIT_CODES_HELP = """exit codes: CMD's own status (128+N if it died of signal N; N after a yield
+  with --yield-exit-code N), or
   2 usage error          64 bad URL or configuration   65 corrupt lock record
   69 storage unavailable  70 lock lost while CMD ran    75 contended (another waiter; --nonblock)
   124 --timeout passed    126 CMD not executable        127 CMD not found
-  128+N stopped by signal N while waiting"""
+  128+N stopped by signal N while waiting  (status, watch: 141 when stdout's reader leaves)"""

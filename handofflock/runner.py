@@ -8,11 +8,14 @@ seconds, then SIGKILL; the lock is released only once the child has exited,
 handed to the waiter if there is one. A lost lock stops the child the same way
 and makes the exit code 70.
 
-The child runs in a process group of its own (a new session), and every signal
-goes to the whole group: ``run -- sh -c 'python train.py; ...'`` stops the
-trainer too, not only the shell. The lock moves on only once the group is
-empty (or killed after the grace), so no process of the command is left
-working on the resource while the next holder starts.
+The child runs in a session of its own. The polite signal goes to the
+command's own process (``--signal-to main``, the default: a trainer's helper
+processes stay up while it checkpoints) or to its process group (``group``);
+SIGKILL goes to every process of the command: its session, its cgroup where
+``run`` could make one, and every descendant of ``run``, which is the child
+subreaper, so processes that left the session come back to it. The lock moves
+on only once none is left, so no process of the command is left working on
+the resource while the next holder starts.
 
 Longer than 400 lines on purpose: it is one supervisor loop (signals passed
 on, job control, the lock's health, the grace and the kill) whose branches
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from . import _watchdog
@@ -72,6 +76,8 @@ STOP_SIGNALS = (
 )
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 #: After the command's own process exits, how long the rest of its group gets before SIGKILL
 #: when no grace is running yet (the command left helpers behind).
@@ -89,8 +95,14 @@ class CommandRunner:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.cgroup: str | None = None  # the command's cgroup, where run could make one
+        self.procs: _CommandProcesses | None = None  # where the command's processes are, once it runs
+        self._subreaper_was: bool | None = None  # run's subreaper setting before the command (None: unchanged)
         self.stop_signal = stop_signal(args.signal)
+        self.signal_to = signal_target(getattr(args, "signal_to", DEFAULT_SIGNAL_TO))
+        self.yield_exit_code = yield_exit_code(getattr(args, "yield_exit_code", None))
+        self.signals_passed = 0  # signals to run passed on to the command: a second one kills it now
+        self._rest_owed: int | None = None  # a polite signal sent to the command's process alone, owed to the rest
+        self._told: set[int] = set()  # ... and the processes the command left that have had it since
         if args.grace is None or not 0 <= args.grace <= MAX_TTL:  # NaN fails both comparisons
             raise ConfigurationError(
                 f"--grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {args.grace}"
@@ -146,6 +158,8 @@ class CommandRunner:
                 return code
             return self._run_child()
         finally:
+            if self._subreaper_was is not None:
+                _set_subreaper(self._subreaper_was)
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
 
@@ -154,6 +168,7 @@ class CommandRunner:
         lock, outcome = self.lock, dict[str, Any]()
 
         def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
+            outcome["was_waiter"] = True
             self.say(f"waiting for {lock.url}: held by {owner_id}")
 
         def acquire() -> None:
@@ -184,7 +199,9 @@ class CommandRunner:
                 self._line = None
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
-            self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting; {self._slot_left()}")
+            # A run that never became the waiter (the store never answered) has no slot to speak of.
+            slot = f"; {self._slot_left()}" if outcome.get("was_waiter") else ""
+            self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting{slot}")
             return 128 + self.first_signal
         if error is not None:
             raise error
@@ -237,6 +254,10 @@ class CommandRunner:
             return fail(
                 f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST
             )
+        # Orphans of the command's tree come back to run (the subreaper), which follows them.
+        # Every child run has now (the watchdog) is not the command's: left out of that tree.
+        others = [pid for pid, _, ppid, _, _ in _watchdog.processes() if ppid == os.getpid()]
+        self._subreaper_was = _set_subreaper(True)
         try:
             child = subprocess.Popen(
                 command,
@@ -255,7 +276,7 @@ class CommandRunner:
         if cgroup is not None and child.pid not in _watchdog.cgroup_members(cgroup):
             _remove_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
             cgroup = None
-        self.cgroup = cgroup
+        self.procs = procs = _CommandProcesses(child.pid, cgroup, others)
         if watchdog is not None:
             _tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
@@ -275,49 +296,65 @@ class CommandRunner:
             else:
                 time.sleep(0.05)
             now = time.monotonic()
-            if os.getpid() == 1:
-                _reap_orphans(but=child.pid)
+            procs.reap()  # orphans that came back to run and died
             while self.job_control:
                 if self.job_control.pop(0) != signal.SIGCONT:  # Ctrl-Z, or a background read or write of the terminal
                     for _ in range(10):  # again, for any child forked while the stop went round
-                        self._signal(child, signal.SIGSTOP)
-                        if _all_stopped(child.pid, self.cgroup):
+                        procs.signal(signal.SIGSTOP)
+                        if procs.all_stopped():
                             break
                         time.sleep(0.01)
                     os.kill(os.getpid(), signal.SIGSTOP)  # continues here on SIGCONT (fg, bg, kill -CONT)
                 elif lock.healthy:
-                    self._signal(child, signal.SIGCONT)
+                    procs.signal(signal.SIGCONT)
                     self.say(f"continued; {command[0]} continues")
                 else:  # stopped past the lease: the lock may be someone else's by now
-                    self._signal(child, signal.SIGKILL)
-                    self._signal(child, signal.SIGCONT)
+                    procs.signal(signal.SIGKILL)
+                    procs.signal(signal.SIGCONT)
                     killed_at = killed_at or now
                     self.say(f"continued after the lease ran out; killed {command[0]} instead of continuing it")
             if returncode is not None:
-                if not _group_alive(child.pid, self.cgroup):
+                if not procs.alive():
                     break
-                if killed_at is not None and now >= killed_at + 2.0 and not _live_members(child.pid, self.cgroup):
+                if killed_at is not None and now >= killed_at + 2.0 and not procs.live():
                     break  # SIGKILLed and still listed: zombies whose parent does not reap them
                 if kill_at is None:  # the command is done but left processes of its group running
                     self.say(
-                        f"{command[0]} exited; giving the rest of its process group "
-                        f"{min(self.args.grace, LEFTOVER_GRACE):g} s"
+                        f"{command[0]} exited; giving the processes it left {min(self.args.grace, LEFTOVER_GRACE):g} s"
                     )
-                    _signal_group(child, self.stop_signal, self.cgroup, everyone=True)
+                    procs.signal(self.stop_signal, everyone=True)
                     kill_at = now + min(self.args.grace, LEFTOVER_GRACE)
+                elif self._rest_owed is not None and killed_at is None:
+                    # Stopping, and the signal went to the command's own process alone, which has
+                    # exited (a shell around the trainer, say): the processes it left, now run's
+                    # children (the subreaper), get it in the rest of the grace, each once, and
+                    # again not their own helpers. (Without a subreaper, SIGKILL at the grace's end.)
+                    fresh = [pid for pid in procs.orphans() if pid not in self._told]
+                    if fresh:
+                        name = signal.Signals(self._rest_owed).name
+                        self.say(f"{command[0]} exited; passing {name} on to the processes it left ({len(fresh)})")
+                        _watchdog.signal_each(fresh, self._rest_owed)
+                        self._told.update(fresh)
             while self.pending:
                 sig = self.pending.pop(0)
                 if sig == signal.SIGCONT:
                     continue
-                self._send(child, sig, "passing on")
                 asked = None  # a signal to run: stopping is no longer only the waiter's wish
+                self.signals_passed += 1
+                if self.signals_passed > 1:  # a second Ctrl-C (or any second signal): stop it now
+                    if killed_at is None:
+                        self.say(f"second {signal.Signals(sig).name}: killing {command[0]} now")
+                        procs.signal(signal.SIGKILL)
+                        killed_at = last_kill = now
+                    continue
                 if kill_at is None:
                     kill_at = now + self.args.grace
+                self._send(procs, sig, "passing on", left=kill_at - now)
             if not lost and not lock.healthy:
                 lost = True
                 asked = None
                 self.say(f"LOST {lock.url}; stopping the command: its work is no longer protected")
-                self._send(child, self.stop_signal, "sending")
+                self._send(procs, self.stop_signal, "sending")
                 kill_at = min(kill_at or float("inf"), now + self.args.grace)
             elif (
                 kill_at is None
@@ -343,7 +380,7 @@ class CommandRunner:
                     declined, declined_at = request, now
                 else:
                     self.say(f"{who} asks for {lock.url}")
-                    self._send(child, self.stop_signal, "sending")
+                    self._send(procs, self.stop_signal, "sending")
                     kill_at, asked = now + self.args.grace, request
             if (
                 kill_at is not None
@@ -360,15 +397,15 @@ class CommandRunner:
                     declined, declined_at, asked, kill_at = asked, now, None, None
                 elif now >= kill_at:
                     self.say(f"{command[0]} did not exit within {self.args.grace:g} s; killing it")
-                    self._signal(child, signal.SIGKILL)
+                    procs.signal(signal.SIGKILL)
                     killed_at = last_kill = now
             elif killed_at is not None and now >= last_kill + 1.0:
                 # Still some left: a child forked while the last kill went round, or one we may not
                 # signal (a setuid program). The lock is not released while any of them lives.
-                self._signal(child, signal.SIGKILL)
+                procs.signal(signal.SIGKILL)
                 last_kill = now
         assert returncode is not None
-        _remove_cgroup(self.cgroup)
+        _remove_cgroup(procs.cgroup)
         if watchdog is not None:
             os.close(watchdog)  # nothing of the command is left: the watchdog finds nothing, and ends
         status = returncode if returncode >= 0 else 128 - returncode
@@ -379,11 +416,15 @@ class CommandRunner:
                 pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
+        # A yield: the command stopped, within the grace, because someone asked for the lock.
+        yielded = asked is not None and killed_at is None
+        code = self.yield_exit_code if yielded and self.yield_exit_code is not None else status
         self.say(
             f"{command[0]} exited with {status}; "
             + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+            + (f"; it yielded: exit {code} (--yield-exit-code)" if code != status else "")
         )
-        return status
+        return code
 
     def _still_wanted(self, request: ReleaseRequest) -> bool:
         """Whether ``request`` (or another waiter's) still stands, read afresh for a waiter's request.
@@ -402,14 +443,23 @@ class CommandRunner:
             return True
         return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
 
-    def _signal(self, child: subprocess.Popen[bytes], sig: int) -> None:
-        _signal_group(child, sig, self.cgroup)
-
-    def _send(self, child: subprocess.Popen[bytes], sig: int, verb: str) -> None:
-        self._signal(child, sig)  # first: saying so can fail (a hung-up terminal), passing it on must not
+    def _send(self, procs: _CommandProcesses, sig: int, verb: str, *, left: float | None = None) -> None:
+        main_only = self.signal_to == "main"
+        procs.signal(sig, main_only=main_only)  # first: saying so can fail (a hung-up terminal), passing it on must not
+        if main_only:
+            self._rest_owed = sig
         name = signal.Signals(sig).name
         what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
-        self.say(f"{what} {self.args.command[0]} (session {child.pid}), {self.args.grace:g} s to exit")
+        where = f"pid {procs.pid}" if main_only else f"process group {procs.pid}"
+        if verb != "passing on":
+            self.say(f"{what} {self.args.command[0]} ({where}), {self.args.grace:g} s to exit")
+            return
+        # The grace does not restart: say what is left of it, and how to cut it short.
+        left = self.args.grace if left is None else max(0.0, left)
+        self.say(
+            f"{what} {self.args.command[0]} ({where}), {left:.3g} s to exit; "
+            f"{'Ctrl-C' if sig == signal.SIGINT else 'a signal'} again kills it now"
+        )
 
 
 #: How long ``run`` waits for the read that checks a waiter is still there before it signals or
@@ -434,6 +484,30 @@ def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
     reader.start()
     reader.join(timeout)
     return found.get("status")
+
+
+#: Where ``--signal-to`` may send the polite signal: the command's own process, or its process group.
+SIGNAL_TARGETS = ("main", "group")
+
+#: The command's own process: a PyTorch trainer's helpers (DataLoader workers) stay up while it
+#: checkpoints (docs/jobs.md, "Where the polite signal goes").
+DEFAULT_SIGNAL_TO = "main"
+
+
+def signal_target(value: Any) -> str:
+    """``--signal-to``'s value, checked: :class:`ConfigurationError` (exit 64) unless ``main`` or ``group``."""
+    if value not in SIGNAL_TARGETS:
+        raise ConfigurationError(f"--signal-to must be one of {', '.join(SIGNAL_TARGETS)}, got {value!r}")
+    return str(value)
+
+
+def yield_exit_code(value: Any) -> int | None:
+    """``--yield-exit-code``'s value, checked: None (the command's own status) or an exit status 0-255."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        raise ConfigurationError(f"--yield-exit-code must be an exit status from 0 to 255, got {value!r}")
+    return value
 
 
 def stop_signal(value: Any) -> signal.Signals:
@@ -569,96 +643,178 @@ def _die_with_parent(parent: int) -> None:
         pass
 
 
-def _reap_orphans(*, but: int) -> None:
-    """As PID 1 (a container's entrypoint) every orphan is ours to reap: collect the dead ones, never ``but``."""
-    for pid in _session_members(0, children_of=os.getpid(), zombies=True):
-        if pid != but:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+def _set_subreaper(on: bool) -> bool | None:
+    """Make ``run`` its descendants' subreaper (``on``) or not; the previous setting, or None where unavailable.
 
-
-def _session_members(sid: int, *, children_of: int | None = None, zombies: bool = False) -> list[int]:
-    """Every live process of session ``sid``, including those in process groups of their own.
-
-    With ``children_of``, instead the children of that process; with ``zombies``, only dead ones.
+    As the child subreaper (Linux 3.4+), a process that the command's tree
+    orphans (a double-forked daemon, torchrun's workers once torchrun is
+    killed) is reparented to ``run`` instead of to PID 1, so it stays in the
+    tree ``run`` follows, and ``run`` reaps it.
     """
-    if children_of is None:
-        return _watchdog.session_members(sid)
-    return [
-        pid for pid, state, ppid, _, _ in _watchdog.processes() if ppid == children_of and (state == b"Z") == zombies
-    ]
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        previous = ctypes.c_int(0)
+        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0:
+            return None
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+            return None
+        return bool(previous.value)
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+def _descendants(
+    root: int, *, but: Collection[int] = (), processes: list[tuple[int, bytes, int, int, int]] | None = None
+) -> dict[int, tuple[bytes, int]]:
+    """``{pid: (state, process group)}`` of every descendant of ``root`` (zombies included), by parent pid.
+
+    The processes in ``but``, and theirs, are left out. One pass over /proc (or over ``processes``).
+    """
+    children: dict[int, list[tuple[int, bytes, int]]] = {}
+    for pid, state, ppid, group, _ in _watchdog.processes() if processes is None else processes:
+        children.setdefault(ppid, []).append((pid, state, group))
+    found: dict[int, tuple[bytes, int]] = {}
+    todo = [root]
+    while todo:
+        for pid, state, group in children.get(todo.pop(), ()):
+            if pid not in but and pid not in found:
+                found[pid] = (state, group)
+                todo.append(pid)
+    return found
+
+
+class _CommandProcesses:
+    """Where the command's processes are: its session, its cgroup where run made one, and run's tree.
+
+    The session (and process group) is the command's pid. The cgroup, where
+    there is one, holds everything the command starts. The tree is every
+    descendant of ``run`` but ``others`` (the watchdog, and any child ``run``
+    had before the command): with ``run`` as the subreaper, a process that
+    leaves the session and is orphaned (``setsid``, a daemon, torchrun's
+    workers) comes back to ``run`` and stays in the tree, which is what
+    accounts for it where no cgroup could be made.
+    """
+
+    def __init__(self, pid: int, cgroup: str | None, others: Collection[int]) -> None:
+        self.pid = pid
+        self.cgroup = cgroup
+        self.root = os.getpid()
+        self.others = frozenset(others)
+
+    def states(self) -> dict[int, tuple[bytes, int]]:
+        """``{pid: (state, process group)}`` of every process of the command: its session, cgroup and
+        tree, zombies included, from one pass over /proc."""
+        processes = _watchdog.processes()
+        found = _descendants(self.root, but=self.others, processes=processes)
+        for pid, state, _, group, session in processes:
+            if session == self.pid and pid not in found:  # a session member that is not ours (rare)
+                found[pid] = (state, group)
+        if self.cgroup is not None:
+            where = {pid: (state, group) for pid, state, _, group, _ in processes}
+            for pid in _watchdog.cgroup_members(self.cgroup):
+                found.setdefault(pid, where.get(pid, (b"?", 0)))  # born since the pass: alive
+        return found
+
+    def outside_group(self) -> list[int]:
+        """Every live process of the command not in its process group (one signalled with ``killpg``
+        gets the signal that way): session, cgroup and tree."""
+        return [pid for pid, (state, group) in self.states().items() if group != self.pid and state != b"Z"]
+
+    def signal(self, sig: int, *, everyone: bool | None = None, main_only: bool = False) -> None:
+        """Send ``sig`` to the command's process group (or, ``main_only``, to the command's own process),
+        and with ``everyone`` to every other process of it too.
+
+        A polite signal (the stop signal, a signal passed on) goes to the
+        command's process group, as a terminal would send it: a supervisor
+        inside (GNU ``timeout``, a job-control shell) relays it to the groups
+        it made, and a second copy sent to them directly would be one too many
+        (to many programs a second SIGINT means "abort now"). KILL, STOP and
+        CONT (``everyone``, the default for them) go to every process: the rest
+        of the session, the cgroup where there is one, and every descendant of
+        ``run`` (a daemon that left the session and was orphaned came back to
+        ``run``, the subreaper). Each process gets one copy. Nothing of the
+        command outlives the hold either way: what the polite signal did not
+        end is killed after the grace, and the lock moves on only once none is left.
+        """
+        if everyone is None:
+            everyone = sig in TO_EVERYONE
+        try:
+            if main_only and not everyone:
+                os.kill(self.pid, sig)
+            else:
+                os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if everyone:
+            _watchdog.signal_each(self.outside_group(), sig)
+
+    def orphans(self) -> list[int]:
+        """The command's live processes that are ``run``'s children but the command itself: orphaned
+        by its tree, and come back to ``run`` (the subreaper)."""
+        me = os.getpid()
+        return [
+            pid
+            for pid, state, ppid, _, _ in _watchdog.processes()
+            if ppid == me and state != b"Z" and pid != self.pid and pid not in self.others
+        ]
+
+    def live(self) -> bool:
+        """Whether a live (not zombie) process of the command is left."""
+        return any(state != b"Z" for state, _ in self.states().values())
+
+    def all_stopped(self) -> bool:
+        """Whether every live process of the command is stopped (a stopped one cannot fork)."""
+        return all(state in (b"T", b"t", b"Z") for state, _ in self.states().values())
+
+    def alive(self) -> bool:
+        """Whether any process of the command is left, zombies included, after reaping our own children.
+
+        Answered "none" only by two passes in a row: one pass over /proc can miss
+        a process whose parent exits and is reaped while the pass reads the
+        rest (the orphan comes back to ``run``, so the second pass finds it).
+        """
+        self.reap(everything=True)
+        try:
+            os.killpg(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # a member changed its credentials: it exists
+            return True
+        return bool(self.states() or self.states())
+
+    def reap(self, *, everything: bool = False) -> None:
+        """Collect the orphans that came back to ``run`` and died: never the command itself (``Popen``
+        collects it) unless ``everything``, nor the ``others``.
+
+        ``waitid(WNOWAIT)`` names a dead child without collecting it, at no cost
+        while there is none; /proc is read only when the one it names is not
+        ours to collect.
+        """
+        while hasattr(os, "waitid"):
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            if info.si_pid in self.others or (info.si_pid == self.pid and not everything):
+                break
+            try:
+                os.waitpid(info.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+        me = os.getpid()
+        for pid, state, ppid, _, _ in _watchdog.processes():
+            if ppid == me and state == b"Z" and pid not in self.others and (everything or pid != self.pid):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
 
 #: Signals that go to every process of the command, not only to its process group.
 TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
-
-
-def _signal_group(
-    child: subprocess.Popen[bytes], sig: int, cgroup: str | None = None, *, everyone: bool | None = None
-) -> None:
-    """Send ``sig`` to the command's process group, and with ``everyone`` to the rest of it too.
-
-    A polite signal (the stop signal, a signal passed on) goes to the command's
-    process group, as a terminal would send it: a supervisor inside (GNU
-    ``timeout``, a job-control shell) relays it to the groups it made, and a
-    second copy sent to them directly would be one too many (to many programs
-    a second SIGINT means "abort now"). KILL, STOP and CONT (``everyone``, the
-    default for them) go to every process: the rest of the session, and the
-    command's cgroup where there is one (a daemon that left the session is
-    still in it). Each process gets one copy. Nothing of the command outlives
-    the hold either way: what the polite signal did not end is killed after
-    the grace, and the lock moves on only once none is left.
-    """
-    if everyone is None:
-        everyone = sig in TO_EVERYONE
-    try:
-        os.killpg(child.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if not everyone:
-        return
-    members = _watchdog.session_members(child.pid, outside_group=child.pid)
-    if cgroup is not None:  # the cgroup's processes outside the command's group (found in one pass)
-        groups = {pid: group for pid, _, _, group, _ in _watchdog.processes()}
-        # One born since the group was signalled is signalled too: it did not get that copy.
-        members += [
-            pid for pid in _watchdog.cgroup_members(cgroup) if groups.get(pid) != child.pid and pid not in members
-        ]
-    _watchdog.signal_each(members, sig)
-
-
-def _live_members(pgid: int, cgroup: str | None) -> bool:
-    """Whether a live (not zombie) process of the command's session or cgroup is left."""
-    if _session_members(pgid):
-        return True
-    zombies = {pid for pid, state, _, _, _ in _watchdog.processes() if state == b"Z"}
-    return any(pid not in zombies for pid in _watchdog.cgroup_members(cgroup))
-
-
-def _all_stopped(pgid: int, cgroup: str | None) -> bool:
-    """Whether every live process of the command's session and cgroup is stopped (a stopped one cannot fork)."""
-    states = {pid: state for pid, state, _, _, _ in _watchdog.processes()}
-    members = set(_session_members(pgid)) | set(_watchdog.cgroup_members(cgroup))
-    return all(states.get(pid, b"Z") in (b"T", b"t", b"Z") for pid in members)
-
-
-def _group_alive(pgid: int, cgroup: str | None = None) -> bool:
-    """Whether any process of the command's session or cgroup is left, after reaping those that are our children."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the command and processes reparented to us (we may be PID 1)
-            pass
-    except ChildProcessError:
-        pass
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        pass
-    except PermissionError:  # a member changed its credentials: it exists
-        return True
-    return bool(_session_members(pgid) or _watchdog.cgroup_members(cgroup))
 
 
 def _short(command: list[str], limit: int = 100) -> str:

@@ -7,10 +7,16 @@ before anything is installed:
     python3 scripts/dev.py demo    # the two-trainer handoff demo, on the local backend
     python3 scripts/dev.py test    # static checks, then the whole test suite (starts its own GCS emulator)
     python3 scripts/dev.py lint    # the static checks alone: ruff (lint, format) and mypy --strict
+    python3 scripts/dev.py setup   # the test environment alone (for mkdocs serve, scripts/bench.py, ...)
 
-The venv lives in ``.venv`` beside this repository's ``pyproject.toml``. It is
-reused while ``pyproject.toml`` is unchanged, and refreshed when it changes.
-Extra arguments are passed through to the demo or to pytest.
+The venv lives in ``.venv`` beside this repository's ``pyproject.toml``. What
+goes into it depends on the command: ``demo`` installs the package alone (it is
+pure Python: seconds), the others the ``test`` extra with ``constraints.txt``
+(torch, Lightning and transformers for the integration tests: minutes, about
+1.3 GB). Each kind of install keeps its own stamp, so ``test`` after ``demo``
+installs the test extra; an install is redone when ``pyproject.toml`` or
+``constraints.txt`` changes. Extra arguments are passed through to the demo or
+to pytest.
 """
 
 from __future__ import annotations
@@ -24,20 +30,33 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
-STAMP = VENV / ".handofflock-installed"
+#: Pins for the test environment only (the CPU torch wheel); users' extras take ranges.
+CONSTRAINTS = ROOT / "constraints.txt"
 
 
 def _venv_python() -> Path:
     return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _wanted_stamp() -> str:
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    return f"{digest} {sys.version_info[:2]}"
+def _stamp(kind: str) -> Path:
+    return VENV / f".handofflock-installed-{kind}"
 
 
-def ensure_venv() -> Path:
-    """Create or reuse .venv and install the package with its test extra."""
+def _wanted_stamp(kind: str) -> str:
+    digest = hashlib.sha256()
+    for path in (ROOT / "pyproject.toml", CONSTRAINTS):
+        digest.update(path.read_bytes() if path.exists() else b"")
+    return f"{kind} {digest.hexdigest()} {sys.version_info[:2]}"
+
+
+def _installed(kind: str) -> bool:
+    """Whether the venv has what ``kind`` needs: its own install, or one that includes it."""
+    kinds = ("demo", "test") if kind == "demo" else (kind,)
+    return any(_stamp(k).exists() and _stamp(k).read_text() == _wanted_stamp(k) for k in kinds)
+
+
+def ensure_venv(kind: str = "test") -> Path:
+    """Create or reuse .venv and install what ``kind`` ("demo" or "test") needs."""
     if sys.version_info < (3, 10):
         sys.exit(f"handofflock needs Python 3.10 or newer; this is {sys.version.split()[0]}")
     python = _venv_python()
@@ -47,13 +66,21 @@ def ensure_venv() -> Path:
             venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
         except Exception as exc:  # e.g. Debian without python3-venv
             sys.exit(f"[dev] could not create a virtual environment ({exc}); install your Python's venv module")
-    if STAMP.exists() and STAMP.read_text() == _wanted_stamp():
+    if _installed(kind):
         return python
-    print("[dev] installing handofflock and its test dependencies into .venv", flush=True)
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
-    subprocess.run(pip + ["--upgrade", "pip"], check=True)
-    subprocess.run(pip + ["-e", f"{ROOT}[test]"], check=True)
-    STAMP.write_text(_wanted_stamp())
+    if kind == "demo":
+        print("[dev] installing handofflock into .venv (the package alone: the demo is pure Python)", flush=True)
+        subprocess.run(pip + ["-e", str(ROOT)], check=True)
+    else:
+        print(
+            "[dev] installing handofflock and its test dependencies into .venv "
+            "(torch CPU, Lightning, transformers: the first time takes minutes and about 1.3 GB)",
+            flush=True,
+        )
+        subprocess.run(pip + ["--upgrade", "pip"], check=True)
+        subprocess.run(pip + ["-c", str(CONSTRAINTS), "-e", f"{ROOT}[test]"], check=True)
+    _stamp(kind).write_text(_wanted_stamp(kind))
     return python
 
 
@@ -78,7 +105,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
-    python = ensure_venv()
+    python = ensure_venv("demo" if command == "demo" else "test")
     if command == "setup":
         return 0
     if command == "lint":

@@ -21,6 +21,33 @@ environment tells (nothing is fetched over the network):
 ========================  =====================================================
 
 For example ``pod=ml/train-0 pid=1 rank=0`` or ``host=gpu-3 pid=4242 slurm=812345``.
+
+:func:`stable_job_id` is different: an *owner id* for a job that stays the same
+when the job is restarted, so the restarted job takes back its own place (the
+lock if it held it, the waiter slot if it waited). The first of these that is
+set wins:
+
+==================================  ===========================================
+``HANDOFFLOCK_JOB_ID``              yours, verbatim (``job:`` prefixed)
+``SLURM_JOB_ID``                    ``slurm:JOB``; ``slurm:ARRAYJOB_TASK`` for an
+                                    array task (``SLURM_ARRAY_JOB_ID``,
+                                    ``SLURM_ARRAY_TASK_ID``). Kept by
+                                    ``scontrol requeue`` and ``--requeue``.
+``KUBERNETES_JOB_NAME``             ``k8s:NAMESPACE/NAME[/INDEX]``: set it with the
+                                    downward API from the pod's label
+                                    ``batch.kubernetes.io/job-name`` (or
+                                    ``job-name``); ``POD_NAMESPACE`` (or the
+                                    service account's namespace) and, for an
+                                    Indexed Job, ``JOB_COMPLETION_INDEX`` (set
+                                    by Kubernetes) are added. Kept across the
+                                    Job's pod restarts and Kueue's requeues.
+``TORCHELASTIC_RUN_ID``             ``torchrun:ID``: torchrun's ``--rdzv-id``; kept
+                                    across ``--max-restarts``. Not torchrun's
+                                    default ``none``, and new on every launch with
+                                    ``--standalone`` (pass ``--rdzv-id``).
+==================================  ===========================================
+
+Two jobs must never share one: the id is the job's claim on its place.
 """
 
 from __future__ import annotations
@@ -29,7 +56,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from .record import MAX_LABEL_LENGTH
+from .record import MAX_ID_LENGTH, MAX_LABEL_LENGTH
 
 #: Where Kubernetes mounts the pod's service account, including its namespace.
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -63,6 +90,32 @@ def detect_label(
     if env.get("RANK") and (env.get("LOCAL_RANK") is not None or env.get("TORCHELASTIC_RUN_ID")):
         words.append(f"rank={env['RANK']}")
     return clean_label(" ".join(words))
+
+
+def stable_job_id(
+    environ: Mapping[str, str] | None = None, *, namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
+) -> str | None:
+    """An owner id that survives this job's restarts, from the environment (see the module docstring); or None."""
+    env = os.environ if environ is None else environ
+    if own := env.get("HANDOFFLOCK_JOB_ID", "").strip():
+        return _fit(f"job:{own}")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return _fit(f"slurm:{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}")
+    if job := env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"):
+        return _fit(f"slurm:{job}")
+    if name := env.get("KUBERNETES_JOB_NAME", "").strip():
+        namespace = env.get("POD_NAMESPACE") or _read_first_line(namespace_file) or "default"
+        index = env.get("JOB_COMPLETION_INDEX")
+        return _fit(f"k8s:{namespace}/{name}" + (f"/{index}" if index else ""))
+    run = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run and run != "none":
+        return _fit(f"torchrun:{run}")
+    return None
+
+
+def _fit(text: str) -> str:
+    # An owner id has no control characters and at most MAX_ID_LENGTH characters (record.id_problem).
+    return "".join(ch for ch in text if 0x20 <= ord(ch) != 0x7F)[:MAX_ID_LENGTH]
 
 
 def clean_label(text: str) -> str:

@@ -243,6 +243,13 @@ def decide_acquire(
 
     skew = policy.max_clock_skew
     mine = _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance)
+    if not mine and not waiting and record.waiting_owner_id == me.owner_id:
+        # The slot names our stable owner id but another instance: an earlier incarnation of this
+        # job that was killed while it waited (a restart). Reclaim it, as the owner slot is retaken
+        # on id alone. Only before we registered in this acquire: an instance that was waiting and
+        # finds its slot taken by a same-id instance has been superseded by a newer one and defers
+        # (below, Contended), so two live twins never take the slot back and forth.
+        mine = True
     other_waiter_live = record.waiter_live(now, skew) and not mine
 
     if not record.owner_live(now, skew):
@@ -256,6 +263,19 @@ def decide_acquire(
         )
 
     # A live owner holds it.
+    if mine and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
+        # Reclaiming an earlier incarnation's slot: write our instance (and a fresh slot) into it.
+        return Write(
+            Kind.BECOME_WAITER,
+            record.replace(
+                waiter_expires_at=now + policy.waiter_ttl,
+                nonce=nonce,
+                waiter_ttl=policy.ttl,
+                waiter_instance=instance,
+                waiter_label=label,
+            ),
+            generation,
+        )
     if mine:
         assert record.waiter_expires_at is not None
         if now >= record.waiter_expires_at - policy.waiter_ttl / 2:

@@ -20,6 +20,23 @@
 * at the end of fit, all ranks meet and the holder hands the lock off;
 * if the holder loses the lock, every rank raises
   :class:`~handofflock.LockLost` at the same batch.
+* SIGTERM, SIGINT and SIGUSR1 on any rank become one agreed exit
+  (``callback.decision.exit``; exit with ``decision.exit_status``). During fit
+  the callback's handlers sit on top of Lightning's: Lightning's SIGTERM
+  handler would raise ``SIGTERMException`` on some ranks before any callback
+  can checkpoint, so SIGTERM is ours until the checkpoint is written; a SIGTERM
+  Lightning saw first (``trainer.received_sigterm``) counts as a vote too.
+  SIGUSR1 is chained to the handler found (Lightning's ``SLURMEnvironment``
+  auto-requeue keeps working), and our handlers are only installed once
+  Lightning has installed its own, so theirs is never silently skipped.
+* agreements fall only on optimizer-step boundaries
+  (``accumulate_grad_batches``): a stop never drops accumulated gradients.
+* a stop ends the fit even under ``min_steps`` / ``min_epochs`` (Lightning
+  ignores ``should_stop`` until they are met; the callback lifts them for
+  this fit and puts them back at its end).
+* :attr:`resume_path` is the newest of the yield checkpoint and what a
+  ``ModelCheckpoint`` saved last; the checkpoint carries
+  ``checkpoint["handofflock"]`` (the fencing token, the decision).
 
 The collective is :func:`handofflock.integrations.torch.torch_agree` on the
 default process group (Lightning's own, or one you initialised first).
@@ -34,7 +51,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from .ranks import RankLock
+from .ranks import RankLock, StopDecision
 from .torch import rank_lock
 
 __all__ = ["HandoffLockCallback"]
@@ -71,11 +88,24 @@ class HandoffLockCallback(Callback):
         self.ranks: RankLock | None = None
         self.yielded = False
         self.yield_step: int | None = None
+        #: What the ranks agreed when the fit last stopped early (exit or yield); None after a full fit.
+        self.decision: StopDecision | None = None
+        self._trainer: Any = None
+        self._lifted: tuple[Any, Any] | None = None
 
     @property
     def resume_path(self) -> str | None:
-        """The yield checkpoint, if one was written: pass it as ``trainer.fit(..., ckpt_path=)``."""
-        return str(self.checkpoint) if self.checkpoint.exists() else None
+        """The newest checkpoint to resume from: the yield checkpoint, or a ``ModelCheckpoint``'s newer one."""
+        candidates = [self.checkpoint] if self.checkpoint.exists() else []
+        trainer = self._trainer
+        for cb in getattr(trainer, "checkpoint_callbacks", []) if trainer is not None else []:
+            for name in ("last_model_path", "best_model_path"):
+                path = getattr(cb, name, "")
+                if path and os.path.exists(path):
+                    candidates.append(Path(path))
+        if not candidates:
+            return None
+        return str(max(candidates, key=lambda p: p.stat().st_mtime))
 
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held."""
@@ -83,30 +113,75 @@ class HandoffLockCallback(Callback):
             self.ranks = rank_lock(
                 self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs
             )
+        if self.ranks.signals is not None:
+            self.ranks.signals.install()  # type: ignore[attr-defined]  # a signal while waiting ends the wait
         if not self.ranks.held:
             self.ranks.acquire()
-        self.yielded, self.yield_step = False, None
+        self.yielded, self.yield_step, self.decision = False, None, None
 
     # ------------------------------------------------------------------ hooks
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._trainer = trainer
         if stage == "fit" and (self.ranks is None or not self.ranks.held):
             self.acquire()
+        if self.ranks is not None and self.ranks.signals is not None:
+            # Off until on_train_start: Lightning installs its own handlers (Slurm's SIGUSR1 requeue
+            # among them) only where it finds none; ours then go on top of theirs.
+            self.ranks.signals.uninstall()  # type: ignore[attr-defined]
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning has installed its handlers by now (register_signal_handlers runs before the stage):
+        # ours go on top, chaining SIGUSR1 to theirs.
+        if self.ranks is not None and self.ranks.signals is not None:
+            self.ranks.signals.install()  # type: ignore[attr-defined]
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # After the optimizer step: a yield saves exactly the steps done, and the next batch never starts.
         assert self.ranks is not None
-        if self.yielded or not self.ranks.should_stop():  # raises LockLost on every rank at once
+        if self.yielded or not self._at_optimizer_step(trainer, batch_idx):
             return
-        self.yielded, self.yield_step = True, trainer.global_step
+        if getattr(trainer, "received_sigterm", False):  # Lightning heard it first: a vote like ours
+            self.ranks.request_stop("exit", cause="SIGTERM")
+        if not self.ranks.should_stop():  # raises LockLost on every rank at once
+            return
+        self._stop(trainer)
+
+    def _at_optimizer_step(self, trainer: Any, batch_idx: int) -> bool:
+        """Whether this batch ended with an optimizer step (not in the middle of gradient accumulation)."""
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        last = trainer.num_training_batches
+        return (batch_idx + 1) % accumulate == 0 or (isinstance(last, int) and batch_idx + 1 == last)
+
+    def _stop(self, trainer: Any) -> None:
+        assert self.ranks is not None
+        self.yielded, self.yield_step, self.decision = True, trainer.global_step, self.ranks.decision
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(self.checkpoint)  # every rank calls it; Lightning writes once and barriers
+        # Lightning ignores should_stop until min_steps/min_epochs are met: lift them for this fit.
+        fit_loop = trainer.fit_loop
+        self._lifted = (fit_loop.epoch_loop.min_steps, fit_loop.min_epochs)
+        fit_loop.epoch_loop.min_steps, fit_loop.min_epochs = None, None
         trainer.should_stop = True  # the epoch loop ends before the next batch
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        ranks, decision = self.ranks, self.decision
+        lock = ranks.lock if ranks is not None else None
+        checkpoint["handofflock"] = {
+            "token": lock.token if lock is not None else None,  # known on the holder (rank 0 writes the file)
+            "decision": None if decision is None else {"action": decision.action, "cause": decision.cause},
+        }
+
+    def _restore_limits(self, trainer: Any) -> None:
+        if self._lifted is not None:
+            trainer.fit_loop.epoch_loop.min_steps, trainer.fit_loop.min_epochs = self._lifted
+            self._lifted = None
+
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._restore_limits(trainer)
         if self.ranks is not None and self.ranks.held:
             self.ranks.release()  # all ranks meet (checkpoint written), then the holder hands off
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._restore_limits(trainer)
         if self.ranks is not None:
             self.ranks.abandon()  # no meeting: the other ranks may be gone

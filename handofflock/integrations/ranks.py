@@ -7,9 +7,15 @@ which each rank votes two flags, *yield* and *lost*, and learns whether any
 rank voted each. So every rank stops after the same step, checkpoints the same
 state, and nobody waits in a collective that another rank has left:
 
-* the holder votes *yield* when ``lock.release_requested`` (a waiter, a
-  signal, a preemption notice); any rank may vote it with
-  :meth:`RankLock.request_stop` (its own SIGTERM, say);
+* the holder votes *yield* when ``lock.release_requested`` by a waiter or an
+  operator; any rank may vote it with :meth:`RankLock.request_stop`;
+* any rank votes *exit*, with its cause, when it got SIGTERM, SIGINT or SIGUSR1
+  (:mod:`handofflock.integrations.rank_signals`, which ``rank_lock`` installs on
+  every rank), a preemption notice, or ``request_stop("exit")``; the holder also
+  when its lock's release request came from a signal or a preemption notice.
+  Exit wins over yield, and every rank learns the same :class:`StopDecision`
+  (``"exit"`` or ``"yield"``, and the exit's cause), so the loop can tell
+  "checkpoint and exit" from "checkpoint, hand off and wait";
 * the holder votes *lost* when ``lock.check()`` raises
   :class:`~handofflock.LockLost`; then every rank raises ``LockLost`` at that
   same step.
@@ -22,21 +28,29 @@ itself fails (a rank died), the adapter raises
 :class:`~handofflock.AgreementFailed`.
 
 >>> ranks = RankLock(lock if rank == 0 else None, agree, every=10)
->>> with ranks:                                   # all ranks: the holder acquires
-...     steps = ranks.steps(range(start, total))
+>>> while True:
+...     ranks.acquire()                           # all ranks; raises RankExit if they agree to exit meanwhile
+...     steps = ranks.steps(range(load_checkpoint(), total))
 ...     for step in steps:
 ...         train(step)
 ...     save_checkpoint(steps.last)               # every rank stopped after this step
-...     # leaving: all ranks meet, then the holder hands the lock off
+...     ranks.release()                           # all ranks meet, then the holder hands the lock off
+...     if steps.decision is None:
+...         break                                 # finished
+...     if steps.decision.exit:
+...         sys.exit(steps.decision.exit_status)  # a signal or a notice: be requeued, resume from the checkpoint
+...     # "yield": wait for the lock again, in this process
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
 
@@ -51,7 +65,58 @@ Agree = Callable[[Sequence[bool]], Sequence[bool]]
 
 _log = logging.getLogger("handofflock.ranks")
 
-_YIELD, _LOST = 0, 1
+#: What a rank can vote "exit" for, in the order of the vote; the first one any rank voted names the exit.
+EXIT_CAUSES = ("SIGTERM", "SIGINT", "SIGUSR1", "preemption", "requested")
+#: The status of an exit that no signal caused (a preemption notice, ``request_stop("exit")``):
+#: EX_TEMPFAIL, "try again later", as ``handofflock``'s own exit codes use it.
+EXIT_TEMPFAIL = 75
+
+# A vote: [first, yield, *EXIT_CAUSES, last]; first/last are (ok, failed) in acquire, unused/lost in steps.
+_FIRST, _YIELD, _LAST = 0, 1, 2 + len(EXIT_CAUSES)
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """What all ranks agreed when they stopped: the same ``action`` and ``cause`` on every rank.
+
+    ``action`` is ``"exit"`` (a signal or a preemption notice reached some rank:
+    checkpoint, release, and end the process; the job is requeued and resumes from
+    the checkpoint) or ``"yield"`` (another job asked for the lock: checkpoint,
+    hand off, and wait for it again, here or after a requeue). ``cause`` is, for
+    an exit, one of :data:`EXIT_CAUSES` (the first that any rank voted); for a
+    yield, ``"waiter"``, ``"operator"`` or ``"requested"`` where this rank knows it
+    (the holder), else ``"yield"``. ``request`` is the lock's
+    :class:`~handofflock.ReleaseRequest` on the holder rank, None elsewhere.
+    """
+
+    action: Literal["exit", "yield"]
+    cause: str
+    request: ReleaseRequest | None = None
+
+    @property
+    def exit(self) -> bool:
+        """True when the ranks must end their processes (not wait for the lock again)."""
+        return self.action == "exit"
+
+    @property
+    def exit_status(self) -> int:
+        """The documented status to exit with: 128+N for signal N (as a shell reports it), else 75 (EX_TEMPFAIL)."""
+        if self.cause.startswith("SIG"):
+            return 128 + int(signal.Signals[self.cause])
+        return EXIT_TEMPFAIL
+
+
+class RankExit(SystemExit):
+    """The ranks agreed to exit while they waited for the lock: raised by :meth:`RankLock.acquire` on every rank.
+
+    A :class:`SystemExit` whose code is the decision's :attr:`~StopDecision.exit_status`,
+    so an uncaught one ends the process with the documented status and no traceback
+    (as Lightning's ``SIGTERMException`` does). The waiter slot was given back.
+    """
+
+    def __init__(self, decision: StopDecision) -> None:
+        super().__init__(decision.exit_status)
+        self.decision = decision
 
 
 def local_agree(flags: Sequence[bool]) -> Sequence[bool]:
@@ -63,7 +128,8 @@ def any_of_two(agree_one: Callable[[bool], bool]) -> Agree:
     """An :data:`Agree` from a collective that agrees on one bool (any-rank-true): one call per flag.
 
     Every rank makes the same calls in the same order, so this never leaves a
-    rank waiting; it costs one collective per flag instead of one in all.
+    rank waiting; it costs one collective per flag (a vote has
+    ``3 + len(EXIT_CAUSES)`` flags) instead of one in all.
     """
 
     def agree(flags: Sequence[bool]) -> Sequence[bool]:
@@ -102,10 +168,17 @@ class RankLock:
         self.agreements = 0
         #: Steps counted by :meth:`should_stop` since the last agreement.
         self._since = 0
-        self._stop_asked = False
+        #: A stop asked on this rank: a yield is consumed when the ranks agree on it; an exit stands
+        #: for the life of this object (a process told to end must not take the lock again).
+        self._yield_asked = False
+        self._exit_cause: str | None = None
         self._held = False
+        #: After a stop: what all ranks agreed (the same on every rank); None until then.
+        self.decision: StopDecision | None = None
         #: After a yield: the release request that caused it (holder rank only; None elsewhere).
         self.request: ReleaseRequest | None = None
+        #: The signal handlers ``rank_lock`` installed for this rank, if any.
+        self.signals: object | None = None
 
     @property
     def is_holder(self) -> bool:
@@ -117,12 +190,40 @@ class RankLock:
         """True on every rank between a successful :meth:`acquire` and :meth:`release` (or a loss)."""
         return self._held
 
-    def _meet(self, flags: Sequence[bool]) -> Sequence[bool]:
+    def _meet(self, first: bool, want_yield: bool, exit_cause: str | None, last: bool) -> Sequence[bool]:
+        """One agreement: this rank's vote ``[first, yield, *exit causes, last]``, every rank's OR back."""
+        flags = [first, want_yield, *(cause == exit_cause for cause in EXIT_CAUSES), last]
         self.agreements += 1
         agreed = self.agree(flags)
         if len(agreed) != len(flags):
             raise ConfigurationError(f"agree() returned {len(agreed)} flags for {len(flags)}")
         return agreed
+
+    def _holder_votes(self) -> tuple[bool, str | None]:
+        """(yield, exit cause) as this rank sees them: its own requests, and on the holder its lock's request."""
+        want_yield, cause = self._yield_asked, self._exit_cause
+        lock = self.lock
+        if lock is not None and lock.release_requested and cause is None:
+            request = lock.release_request
+            reason = getattr(request, "reason", None)
+            if reason == "preemption":
+                cause = "preemption"
+            elif reason == "signal":
+                requester = getattr(request, "requester", "")
+                cause = requester if requester in EXIT_CAUSES else "SIGTERM"
+            else:
+                want_yield = True
+        return want_yield, cause
+
+    def _decided(self, agreed: Sequence[bool]) -> StopDecision | None:
+        causes = [c for c, voted in zip(EXIT_CAUSES, agreed[_YIELD + 1 : _LAST], strict=True) if voted]
+        request = self.lock.release_request if self.lock is not None else None
+        if causes:
+            return StopDecision("exit", causes[0], request)
+        if agreed[_YIELD]:
+            cause = str(request.reason) if request is not None else ("requested" if self._yield_asked else "yield")
+            return StopDecision("yield", cause, request)
+        return None
 
     # ------------------------------------------------------------------ acquire
 
@@ -156,29 +257,88 @@ class RankLock:
                 finished = False
             ok = finished and outcome.get("ok") is True
             failed = finished and not ok
-            agreed_ok, agreed_failed = self._meet((ok, failed))
-            if agreed_failed:
+            _, cause = self._holder_votes()  # a yield asked while waiting stands for the hold
+            agreed = self._meet(ok, False, cause, failed)
+            decision = self._decided(agreed)
+            if decision is not None and decision.exit:
+                self._exit_while_waiting(decision, done, outcome)
+            if agreed[_LAST]:
                 if self.lock is not None:
                     if "error" in outcome:
                         raise outcome["error"]  # type: ignore[misc]
                     raise LockNotHeld(f"could not take {self.lock.url!r}")
                 raise LockNotHeld(f"the holder rank could not take the lock; rank {self.rank} stops too")
-            if agreed_ok:
+            if agreed[_FIRST]:
                 break
-        self._held, self._since, self._stop_asked, self.request = True, 0, False, None
+        # A stop asked while waiting stands (the first agreement of the hold stops at once).
+        self._held, self._since, self.request, self.decision = True, 0, None, None
         if self.lock is not None:
             _log.info("rank %s holds %s for the job (token %s)", self.rank, self.lock.url, self.lock.token)
 
+    def _exit_while_waiting(
+        self, decision: StopDecision, done: threading.Event, outcome: dict[str, BaseException | bool]
+    ) -> None:
+        """All ranks agreed to exit before the lock was theirs: the holder stops waiting (giving the slot back)."""
+        self.decision = decision
+        lock = self.lock
+        if lock is not None:
+            if not done.is_set():
+                lock.cancel()  # the acquire gives the waiter slot back and returns
+            done.wait()
+            if outcome.get("ok") is True and lock.is_held:  # the lock came just now: pass it on
+                try:
+                    lock.release()
+                except HandoffLockError as exc:
+                    _log.warning("rank %s could not release %s on exit: %s", self.rank, lock.url, exc)
+        _log.info("rank %s stops waiting for the lock: %s (%s)", self.rank, decision.action, decision.cause)
+        raise RankExit(decision)
+
     # ------------------------------------------------------------------ steps
 
-    def request_stop(self) -> None:
-        """Ask, from any rank, that all ranks yield at the next agreement. Safe in a signal handler."""
-        self._stop_asked = True
+    def request_stop(self, action: Literal["exit", "yield"] = "yield", cause: str = "requested") -> None:
+        """Ask, from any rank, that all ranks stop at the next agreement. Safe in a signal handler.
+
+        ``action="yield"``: checkpoint and hand the lock off (consumed once agreed).
+        ``action="exit"``: checkpoint, release and end (it stands: a later
+        :meth:`acquire` raises :class:`RankExit` instead of taking the lock);
+        ``cause`` is one of :data:`EXIT_CAUSES` (``"preemption"`` for a notice).
+        A request made while :meth:`acquire` waits is kept.
+        """
+        if action == "exit":
+            if self._exit_cause is None:  # the first cause names the exit
+                self._exit_cause = cause if cause in EXIT_CAUSES else "requested"
+        else:
+            self._yield_asked = True
+
+    @property
+    def exit_requested(self) -> str | None:
+        """The cause of an exit asked on this rank (a signal's name, ``"preemption"``...), or None."""
+        return self._exit_cause
+
+    def request_release(
+        self, reason: str = "operator", *, requester: str | None = None, deadline: float | None = None
+    ) -> None:
+        """Ask, from any rank, as :meth:`HandoffLock.request_release` does: all ranks stop at the next agreement.
+
+        What a :class:`~handofflock.PreemptionWatcher` calls on the node it runs
+        on, holder or not. A preemption notice is an exit (the node is going
+        away: checkpoint, release, end, and be requeued elsewhere); any other
+        reason is a yield. The holder rank hands the request (reason, deadline)
+        to its lock as well, so ``request`` carries it after the stop.
+        Safe in a signal handler.
+        """
+        if self.lock is not None:
+            self.lock.request_release(reason, requester=requester, deadline=deadline)
+        if str(getattr(reason, "value", reason)) == "preemption":
+            self.request_stop("exit", cause="preemption")
+        else:
+            self.request_stop()
 
     def should_stop(self) -> bool:
-        """Count one step; every ``every`` steps, agree with all ranks. True when all must yield now.
+        """Count one step; every ``every`` steps, agree with all ranks. True when all must stop now.
 
         Call it on every rank before each step (the first call agrees at once).
+        When it returns True, :attr:`decision` says why (the same on every rank).
         Raises :class:`~handofflock.LockLost` on every rank, at the same call,
         if the holder's ``lock.check()`` failed: the work must stop unprotected
         by the lock. The holder raises its own ``LockLost``; the others a new
@@ -191,15 +351,14 @@ class RankLock:
         if not due:
             return False
         lost_error: LockLost | None = None
-        want = self._stop_asked
         if self.lock is not None:
             try:
                 self.lock.check()
             except LockLost as exc:
                 lost_error = exc
-            want = want or self.lock.release_requested
-        agreed = self._meet((want, lost_error is not None))
-        if agreed[_LOST]:
+        want_yield, cause = self._holder_votes()
+        agreed = self._meet(False, want_yield, cause, lost_error is not None)
+        if agreed[_LAST]:
             self._held = False
             if lost_error is not None:
                 raise lost_error
@@ -207,11 +366,13 @@ class RankLock:
                 f"the holder rank lost the lock; rank {self.rank} stops at the same step as every other rank",
                 reason="the holder rank lost the lock",
             )
-        if agreed[_YIELD]:
-            if self.lock is not None:
-                self.request = self.lock.release_request
-            return True
-        return False
+        decision = self._decided(agreed)
+        if decision is None:
+            return False
+        self.decision, self.request = decision, decision.request
+        if not decision.exit:
+            self._yield_asked = False
+        return True
 
     def steps(self, iterable: Iterable[T]) -> RankSteps[T]:
         """Iterate ``iterable`` on every rank until the ranks agree to yield; see :class:`RankSteps`."""
@@ -226,7 +387,7 @@ class RankLock:
         """
         if not self._held:
             raise LockNotHeld("release() without acquire(): every rank calls acquire() first")
-        self._meet((False, False))  # nobody leaves its checkpoint before everybody finished theirs
+        self._meet(False, False, None, False)  # nobody leaves its checkpoint before everybody finished theirs
         self._held = False
         if self.lock is not None:
             return self.lock.release()
@@ -271,17 +432,20 @@ class RankSteps(Generic[T]):
     loop ``last`` is the same step on every rank.
 
     After the loop: ``last`` (the last item handed out, or None), ``count``,
-    ``stopped`` (True if the ranks agreed to yield), and ``request`` (the
+    ``stopped`` (True if the ranks agreed to stop), ``decision`` (the
+    :class:`StopDecision`, the same on every rank: ``decision.exit`` tells
+    "exit" from "yield and wait") and ``request`` (the
     :class:`~handofflock.ReleaseRequest`, on the holder rank only).
     """
 
-    __slots__ = ("_items", "count", "last", "ranks", "request", "stopped")
+    __slots__ = ("_items", "count", "decision", "last", "ranks", "request", "stopped")
 
     def __init__(self, ranks: RankLock, iterable: Iterable[T]) -> None:
         self.ranks = ranks
         self.last: T | None = None
         self.count = 0
         self.stopped = False
+        self.decision: StopDecision | None = None
         self.request: ReleaseRequest | None = None
         self._items = iter(iterable)
 
@@ -291,7 +455,7 @@ class RankSteps(Generic[T]):
     def __next__(self) -> T:
         if self.ranks.should_stop():  # raises LockLost on every rank at once
             self.stopped = True
-            self.request = self.ranks.request
+            self.decision, self.request = self.ranks.decision, self.ranks.request
             raise StopIteration
         item = next(self._items)
         self.last = item
@@ -299,4 +463,5 @@ class RankSteps(Generic[T]):
         return item
 
     def __repr__(self) -> str:
-        return f"<RankSteps last={self.last!r} count={self.count} stopped={self.stopped}>"
+        why = f" {self.decision.action}:{self.decision.cause}" if self.decision else ""
+        return f"<RankSteps last={self.last!r} count={self.count} stopped={self.stopped}{why}>"

@@ -8,10 +8,14 @@
 ...         train(step)
 ...     save_checkpoint(steps.last)
 
-The vote is a 2-element int32 tensor (yield, lost) all-reduced with MAX: one
-collective carries both flags, so a loss is never missed by a rank waiting
-for the yield flag. On nccl the tensor lives on the current CUDA device. A
-failed all-reduce (a rank died, or the group's timeout passed) raises
+The vote is a small int32 tensor (yield, the exit causes, lost) all-reduced
+with MAX: one collective carries every flag, so a loss is never missed by a
+rank waiting for the yield flag. Its device is the one the process group is
+bound to (``init_process_group(device_id=...)``); else the CPU for gloo (and
+for a ``cpu:gloo,cuda:nccl`` group); for nccl ``cuda:LOCAL_RANK`` where torchrun
+set ``LOCAL_RANK``, else ``torch.cuda.current_device()`` (so call
+``torch.cuda.set_device`` first when you launch ranks yourself). A failed
+all-reduce (a rank died, or the group's timeout passed) raises
 :class:`~handofflock.AgreementFailed` with torch's error chained; set the
 group's ``timeout`` to bound how long a rank can wait for a dead peer.
 
@@ -21,34 +25,40 @@ Importing this module imports torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from ..core.errors import AgreementFailed, ConfigurationError
+from ..core.identity import stable_job_id
+from ..os_signals import SignalLike
+from .rank_signals import DEFAULT_RANK_SIGNALS, RankSignals
 from .ranks import Agree, RankLock, local_agree
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
 
-__all__ = ["rank_lock", "torch_agree"]
+__all__ = ["agree_device", "rank_lock", "torch_agree"]
 
 
 def torch_agree(group: Any = None, device: torch.device | str | None = None) -> Agree:
     """An :data:`~handofflock.integrations.ranks.Agree` doing one all-reduce (MAX) per call on ``group``.
 
-    ``device`` defaults to the current CUDA device for nccl and the CPU otherwise.
+    ``device`` defaults to :func:`agree_device` (the group's bound device, the CPU for gloo, this rank's GPU for nccl).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise ConfigurationError(
             "torch_agree() needs an initialised process group (torch.distributed.init_process_group)"
         )
-    backend = dist.get_backend(group)
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    where = torch.device(device)
+    backend = str(dist.get_backend(group))
+    where = (
+        torch.device(device)
+        if device is not None
+        else agree_device(group if group is not None else dist.group.WORLD, backend)
+    )
 
     def agree(flags: Sequence[bool]) -> Sequence[bool]:
         votes = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=where)
@@ -66,6 +76,20 @@ def torch_agree(group: Any = None, device: torch.device | str | None = None) -> 
     return agree
 
 
+def agree_device(group: Any, backend: str, environ: Any = None) -> torch.device:
+    """Where the vote tensor lives for ``group`` of ``backend`` (see the module docstring)."""
+    bound = getattr(group, "bound_device_id", None)
+    if bound is not None:
+        return torch.device(bound)
+    if "gloo" in backend or "nccl" not in backend:
+        return torch.device("cpu")
+    env = os.environ if environ is None else environ
+    local = env.get("LOCAL_RANK")
+    if local is not None and local.isdigit():
+        return torch.device("cuda", int(local))
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def rank_lock(
     url: str | os.PathLike[str] | None = None,
     *,
@@ -74,6 +98,7 @@ def rank_lock(
     group: Any = None,
     every: int = 1,
     poll: float = 1.0,
+    signals: Iterable[SignalLike] = DEFAULT_RANK_SIGNALS,
     **lock_kwargs: Any,
 ) -> RankLock:
     """A :class:`~handofflock.integrations.ranks.RankLock` for this process's rank.
@@ -81,6 +106,16 @@ def rank_lock(
     On ``holder_rank`` (a global rank) it opens ``HandoffLock(url, **lock_kwargs)``
     (or uses ``lock``); elsewhere it opens nothing. Without an initialised
     process group the job is one rank, which holds the lock itself.
+
+    * ``signals`` (default SIGTERM, SIGINT, SIGUSR1) become an agreed exit on
+      every rank (:class:`~handofflock.integrations.rank_signals.RankSignals`,
+      installed when called from the main thread; ``signals=()`` for none).
+    * ``owner_id`` defaults to :func:`~handofflock.core.identity.stable_job_id`
+      where the environment gives one (Slurm, a Kubernetes Job, torchrun's
+      ``--rdzv-id``, ``HANDOFFLOCK_JOB_ID``): a restarted job takes back its own
+      place, the lock or the waiter slot (with a new, higher fencing token).
+    * ``wait_for_slot`` defaults to True: a job that finds another waiter
+      waits for the slot instead of failing with ``LockContended``.
     """
     if (url is None) == (lock is None):
         raise ConfigurationError("pass either url or lock")
@@ -98,7 +133,14 @@ def rank_lock(
             from ..lock.handoff import HandoffLock
 
             assert url is not None
+            if lock_kwargs.get("owner_id") is None:
+                lock_kwargs["owner_id"] = stable_job_id()
+            lock_kwargs.setdefault("wait_for_slot", True)
             lock = HandoffLock(url, **lock_kwargs)
     else:
         lock = None
-    return RankLock(lock, agree, every=every, poll=poll, rank=rank)
+    ranks = RankLock(lock, agree, every=every, poll=poll, rank=rank)
+    wanted = tuple(signals)
+    if wanted and threading.current_thread() is threading.main_thread():
+        ranks.signals = RankSignals(ranks, wanted).install()
+    return ranks

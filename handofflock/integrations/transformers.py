@@ -3,10 +3,23 @@
 >>> callback = HandoffLockTrainerCallback(url, every=10, ttl=60.0)
 >>> trainer = transformers.Trainer(..., callbacks=[callback])
 >>> while True:
-...     callback.acquire()                         # every rank; after the Trainer set up the process group
-...     trainer.train(resume_from_checkpoint=callback.resume_path(trainer.args.output_dir))
-...     if not callback.yielded:
-...         break                                  # done; else wait for the lock again and resume
+...     decision = callback.train(trainer)         # every rank: take the lock, resume from the newest checkpoint, train
+...     if decision is None:
+...         break                                  # done
+...     if decision.exit:                          # SIGTERM, SIGINT, SIGUSR1, a preemption notice
+...         sys.exit(decision.exit_status)         # checkpointed and released: be requeued, resume then
+...     # "yield": checkpointed and handed off; wait for the lock again here
+
+:meth:`train` is the exception path the Trainer lacks (``on_train_end`` is not
+called when training raises): an exception releases the lock on the holder at
+once, without meeting the other ranks, and propagates. Signals (SIGTERM, SIGINT,
+SIGUSR1) on any rank become one agreed exit at the next agreement: every rank
+sets ``should_save`` and ``should_training_stop`` at the same step. With
+``enable_jit_checkpoint`` the callback takes SIGTERM over from the Trainer's
+just-in-time handler during training (its checkpoint is per rank, 3 s after the
+signal, at whatever step each rank is; ours is agreed) and puts it back after.
+The holder writes ``handofflock.json`` (the fencing token and the decision)
+into each checkpoint it saves.
 
 * before training: the job takes the lock (the holder rank acquires; all
   ranks return together); ``on_train_begin`` does it if :meth:`acquire` was
@@ -25,13 +38,14 @@ Importing this module imports transformers (and torch).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
-from .ranks import RankLock
+from .ranks import RankLock, StopDecision
 from .torch import rank_lock
 
 __all__ = ["HandoffLockTrainerCallback"]
@@ -61,6 +75,27 @@ class HandoffLockTrainerCallback(TrainerCallback):
         self.ranks: RankLock | None = None
         self.yielded = False
         self.yield_step: int | None = None
+        #: What the ranks agreed when training last stopped early (exit or yield); None after a full run.
+        self.decision: StopDecision | None = None
+
+    def __enter__(self) -> HandoffLockTrainerCallback:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and self.ranks is not None:
+            self.ranks.abandon()  # on_train_end never comes: let the lock go now (the others may be gone)
+
+    def train(self, trainer: Any, **train_kwargs: Any) -> StopDecision | None:
+        """Take the lock, train from the newest checkpoint in ``output_dir``, release; on an exception, let go.
+
+        Returns the :class:`~handofflock.integrations.ranks.StopDecision` if the
+        ranks stopped early, None if training ran to its end.
+        """
+        with self:
+            self.acquire()  # raises RankExit (a SystemExit) if a signal comes while the job waits
+            train_kwargs.setdefault("resume_from_checkpoint", self.resume_path(trainer.args.output_dir))
+            trainer.train(**train_kwargs)
+        return self.decision
 
     @staticmethod
     def resume_path(output_dir: str | os.PathLike[str]) -> str | None:
@@ -78,21 +113,42 @@ class HandoffLockTrainerCallback(TrainerCallback):
             )
         if not self.ranks.held:
             self.ranks.acquire()
-        self.yielded, self.yield_step = False, None
+        self.yielded, self.yield_step, self.decision = False, None, None
 
     # ------------------------------------------------------------------ events
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.ranks is None or not self.ranks.held:
             self.acquire()
+        assert self.ranks is not None
+        handlers = self.ranks.signals
+        if handlers is not None:
+            handlers.install()  # type: ignore[attr-defined]  # over a JIT-checkpoint handler set up since
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # After the optimizer step (gradient accumulation is inside the step): the Trainer's own boundary.
         assert self.ranks is not None
         if not self.yielded and self.ranks.should_stop():  # raises LockLost on every rank at once
-            self.yielded, self.yield_step = True, state.global_step
+            self.yielded, self.yield_step, self.decision = True, state.global_step, self.ranks.decision
             control.should_save = True  # the Trainer saves checkpoint-<global_step> (all ranks take part)
             control.should_training_stop = True
         return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        ranks = self.ranks
+        if ranks is None or ranks.lock is None:
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(folder):  # the fencing token beside the checkpoint, as docs/fencing.md recommends
+            decision = self.decision
+            meta = {
+                "token": ranks.lock.token,
+                "owner_id": ranks.lock.owner_id,
+                "step": state.global_step,
+                "decision": None if decision is None else {"action": decision.action, "cause": decision.cause},
+            }
+            with open(os.path.join(folder, "handofflock.json"), "w", encoding="utf-8") as f:
+                json.dump(meta, f)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.ranks is not None and self.ranks.held:

@@ -6,7 +6,7 @@
                            requests to PROJECT
 ``s3://bucket/path.json``  Amazon S3 or an S3-compatible store (``pip install handofflock[s3]``;
                            honours AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS_PROFILE)
-``file:///abs/path.json``  the local filesystem (also plain paths)
+``file:///abs/path.json``  the local filesystem (also ``file:/abs/path.json`` and plain paths)
 ``memory://name[/key]``    in-process, thread-safe, with fault hooks
 ========================  ===============================================
 
@@ -63,10 +63,15 @@ def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
     if not text.strip():
         raise InvalidLockURL("lock URL is empty")
     if "://" not in text:
-        return _open_local(Path(text), original=text)
+        return _open_local(_local_path(text), original=text)
 
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
+    if scheme in _SCHEME_TYPOS:
+        raise InvalidLockURL(
+            f"lock URL {text!r}: {parts.scheme + '://'!r} is not a scheme handofflock knows; "
+            f"did you mean {_SCHEME_TYPOS[scheme] + '://' + text.split('://', 1)[1]!r}?"
+        )
     if parts.fragment or (parts.query and scheme != "gs"):
         raise InvalidLockURL(f"lock URL {text!r} must not have a query or fragment")
     if scheme == "gs":
@@ -86,6 +91,47 @@ def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
         f"unsupported lock URL scheme {parts.scheme!r} in {text!r}; use gs://bucket/path.json, s3://bucket/path.json, "
         "file:///path.json, a plain path, or memory://name"
     )
+
+
+#: The schemes a lock URL may have, and the ones people type meaning one of them.
+_SCHEMES = ("gs", "s3", "file", "memory")
+_SCHEME_TYPOS = {"gcs": "gs", "gc": "gs", "google": "gs", "s3a": "s3", "s3n": "s3", "mem": "memory"}
+
+#: ``name:`` at the start of a string: what a URL's scheme looks like (RFC 3986).
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", re.DOTALL)
+
+
+def _local_path(text: str) -> Path:
+    """The path named by ``text``, which has no ``://``; refuse a URL typed with a slip.
+
+    ``gs:/bucket/x.json`` or ``s3:bucket/x.json`` would otherwise lock a local
+    file named ``./gs:/bucket/x.json``, private to this host: two hosts would each
+    "hold" it and both run. So a string that starts like a URL (a scheme we
+    know, or any ``name:/``) must be a URL form we accept. ``file:/abs/path``
+    (RFC 8089's form without an authority) is one; ``./gs:x`` is a local path.
+    """
+    match = _SCHEME_RE.match(text)
+    if match is None:
+        return Path(text)
+    scheme, rest = match.group(1).lower(), match.group(2)
+    if scheme == "file":
+        if rest.startswith("/") and not rest.startswith("//"):
+            return Path(unquote(rest))
+        raise InvalidLockURL(
+            f"file URL {text!r} is not absolute: use file:///absolute/path.json (or file:/absolute/path.json), "
+            "or a plain path for one relative to the current directory"
+        )
+    if scheme not in _SCHEMES and scheme not in _SCHEME_TYPOS and not rest.startswith("/"):
+        return Path(text)  # "notes:v2.json": a file name with a colon in it
+    meant = _SCHEME_TYPOS.get(scheme, scheme)
+    local = f"(for a local file of that name, write ./{text})"
+    if meant not in _SCHEMES:
+        raise InvalidLockURL(
+            f"lock URL {text!r} starts like a URL, but {match.group(1)!r} is not a scheme handofflock knows: use "
+            f"gs://bucket/path.json, s3://bucket/path.json, file:///path.json or memory://name {local}"
+        )
+    example = f"{meant}://{rest.lstrip('/')}" if rest.strip("/") else f"{meant}://bucket/path.json"
+    raise InvalidLockURL(f"lock URL {text!r} looks like a URL with a typo: did you mean {example!r}? {local}")
 
 
 def _checked_key(key: str, url: str) -> str:

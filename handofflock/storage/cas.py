@@ -21,6 +21,7 @@ from collections.abc import Callable
 from ..core.backoff import RETRY, Backoff
 from ..core.clock import Clock
 from ..core.errors import PreconditionFailed, TransientStorageError
+from . import outages
 from .base import Storage
 from .pacing import WriteGate
 
@@ -64,15 +65,19 @@ def read_retrying(
     retries = Retries(clock, deadline)
     while True:
         try:
-            return storage.read(key, max_bytes=max_bytes)
-        except TransientStorageError:
+            found = storage.read(key, max_bytes=max_bytes)
+        except TransientStorageError as exc:
             delay = retries.next_delay()
             if not retry or delay is None:
                 raise
+            outages.failed(storage, exc)  # said once per outage: a long wait is never silent
             if sleep is None:
                 clock.sleep(delay)
             elif not sleep(delay):
                 raise
+        else:
+            outages.answered(storage)
+            return found
 
 
 def write_resolving(
@@ -87,6 +92,7 @@ def write_resolving(
     max_bytes: int,
     gate: WriteGate | None = None,
     urgent: bool = False,
+    send_by: float | None = None,
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
 ) -> tuple[int, bytes | None]:
@@ -95,7 +101,10 @@ def write_resolving(
     ``data`` may be a function called just before each attempt is sent (after
     any wait for the write gate), so what it stamps (a lease's ``expiresAt``)
     dates from the send; ``is_ours`` must then recognise every attempt's bytes.
-    ``gate`` spaces the writes; ``urgent`` as for :meth:`WriteGate.take`.
+    ``gate`` spaces the writes; ``urgent`` as for :meth:`WriteGate.take`, and
+    ``send_by`` is its ``by``: the latest time (monotonic) a 429's widened
+    spacing may hold this urgent write back (a renewal passes
+    :meth:`Timing.backoff_until <handofflock.core.timing.Timing.backoff_until>`).
 
     ``read_back`` is None when the store answered the write, else the bytes read
     back that proved it landed (they may be a later write that kept our nonce in
@@ -123,8 +132,8 @@ def write_resolving(
         return sleep(delay)
 
     while True:
-        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent):
-            wait = gate.ready_in(clock.monotonic(), urgent=urgent)
+        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
+            wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
             if deadline is not None and clock.monotonic() + wait >= deadline:
                 # The spacing (widened by 429s) would carry the write past the deadline:
                 # give up now rather than sleep there. Nothing was booked, so giving up
@@ -167,9 +176,11 @@ def write_resolving(
                     return landed
             if not pause():
                 raise
+            outages.failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
         else:
             if gate is not None:
                 gate.succeeded()
+            outages.answered(storage)
             return generation, None
 
 

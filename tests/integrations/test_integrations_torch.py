@@ -31,7 +31,10 @@ def test_torchrun_ranks_yield_at_the_same_step_hand_off_and_resume_there(tmp_pat
                     "--b-after", "1.0", "--b-work", "0.5", "--step-time", "0.02", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[:6000]
     yielded = check_handoff_timeline(proc.stdout, world, 160, resume_offset=1)
-    assert torch.load(tmp_path / f"checkpoint-{yielded:06d}.pt")["step"] == yielded  # the checkpoint holds that step
+    [saved] = tmp_path.glob(f"checkpoint-{yielded:06d}-token-*.pt")  # the holder's fencing token is in the name
+    state = torch.load(saved)
+    assert state["step"] == yielded and saved.name == f"checkpoint-{yielded:06d}-token-{state['token']}.pt"
+    assert [s.shape for s in state["data"]] == [state["data"][0].shape] * world  # every rank's data order
     assert f"sees A's checkpoint of step {yielded};" in proc.stdout  # and B, a separate process, read it
     assert HandoffLock(url).status().owner_id is None  # A released at the end
 

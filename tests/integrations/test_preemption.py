@@ -12,7 +12,7 @@ import pytest
 
 from fake_metadata import FakeMetadataServer
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler, signals
-from handofflock.preemption import DEFAULT_METADATA_HOST, PreemptionWatcher
+from handofflock.preemption import DEFAULT_METADATA_HOST, METADATA_IP, PreemptionWatcher
 from handofflock.storage import MemoryStorage
 
 FAST = dict(backoff_initial=0.05, backoff_max=0.2, request_timeout=0.5, poll_timeout=5)
@@ -129,9 +129,12 @@ def test_stop_interrupts_a_long_poll_in_flight(lock):
 
 def test_gce_metadata_host_names_the_server(monkeypatch, lock):
     monkeypatch.setenv("GCE_METADATA_HOST", "10.1.2.3:8080")
-    assert PreemptionWatcher(lock).host == "10.1.2.3:8080"
+    watcher = PreemptionWatcher(lock)
+    assert (watcher.host, watcher.provider) == ("10.1.2.3:8080", "gce"), "google-auth's variable says GCE, and where"
     monkeypatch.delenv("GCE_METADATA_HOST")
-    assert PreemptionWatcher(lock).host == DEFAULT_METADATA_HOST
+    assert PreemptionWatcher(lock, provider="gce").host == DEFAULT_METADATA_HOST
+    watcher = PreemptionWatcher(lock)
+    assert (watcher.host, watcher.provider) == (METADATA_IP, None), "auto: every cloud's address, found by probing"
     with pytest.raises(ConfigurationError):
         PreemptionWatcher(lock, poll_timeout=0)
     with pytest.raises(ConfigurationError):

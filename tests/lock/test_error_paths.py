@@ -21,6 +21,7 @@ from handofflock import (
     ConfigurationError,
     HandoffLock,
     LockRecord,
+    LockContended,
     LockRecordCorrupt,
     LockTimeout,
     Scheduler,
@@ -96,8 +97,9 @@ def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world,
 
 @pytest.mark.timeout(60)
 def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
-    """X waits; a second instance with the same stable owner id starts a blocking acquire. It must not
-    take X's waiter slot as its own: after the handoff exactly one instance holds the lock."""
+    """X waits; a second instance with the same stable owner id starts a blocking acquire (a restart whose
+    predecessor still lives). The newer one reclaims the slot, the superseded one defers (LockContended):
+    after the handoff exactly one instance holds the lock, the newer one."""
     store = MemoryStorage(f"twins-{time.monotonic_ns()}")
     kw = dict(storage=store, key=KEY, ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05)
     owner = HandoffLock("memory://x", owner_id="O", **kw)
@@ -126,8 +128,8 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
     try:
         both = first.healthy and twin.healthy
         assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-        assert first.is_held and boxes["first"].get("value") is True, boxes
-        assert not twin.is_held
+        assert twin.is_held and boxes["twin"].get("value") is True, boxes
+        assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
     finally:
         for lock in (first, twin, owner):
             lock._unschedule()  # private: stop its renewals without releasing

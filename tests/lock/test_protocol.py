@@ -39,6 +39,11 @@ ACQUIRE_TABLE = [
     ("handed to my id but another instance (a twin): retake with a new token", rec("me", NOW + 60, owner_instance="i2"), True, Write, Kind.RETAKE),
     ("handed to my id, no instance recorded: retake, never assume", rec("me", NOW + 60), True, Write, Kind.RETAKE),
     ("owner live, slot names my id but a twin instance: contended", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
+    ("owner live, slot names my id, an earlier incarnation's instance, I just started: reclaim the slot", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i0"), False, Write, Kind.BECOME_WAITER),
+    ("owner live, slot names my id with no instance recorded, I just started: mine, wait", rec("a", NOW + 30, "me", NOW + 25), False, Wait, None),
+    ("free, live slot names my id, an earlier incarnation's instance, I just started: take it", rec(None, None, "me", NOW + 25, waiter_instance="i0"), False, Write, Kind.TAKE),
+    ("owner expired, live slot names my id, an earlier incarnation's, I just started: take it", rec("a", NOW - 100, "me", NOW + 25, waiter_instance="i0"), False, Write, Kind.TAKE),
+    ("free, live slot names my id, a newer incarnation took it while I waited: defer to it", rec(None, None, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
     ("names me but I was not waiting: retake with a new token", rec("me", NOW + 60), False, Write, Kind.RETAKE),
     ("names me, lease long expired, was waiting: retake", rec("me", NOW - 100), True, Write, Kind.RETAKE),
     ("handed to me but the lease ran out by my clock: retake, never assume", rec("me", NOW - 0.5), True, Write, Kind.RETAKE),
@@ -74,6 +79,24 @@ def test_taking_the_lock_clears_the_waiter_slot_it_consumed():
 def test_a_retake_keeps_another_live_waiter_in_its_slot():
     d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.RETAKE and d.record.waiting_owner_id == "w" and d.record.token > 7
+
+
+def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_own_instance():
+    r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9)
+    d = protocol.decide_acquire(r, GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False, instance="i1")
+    assert d.kind is Kind.BECOME_WAITER and d.if_generation_match == GEN
+    assert (d.record.waiting_owner_id, d.record.waiter_instance) == ("me", "i1")
+    assert d.record.waiter_expires_at == NOW + POLICY.waiter_ttl  # a fresh slot, not the dead one's remainder
+    assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
+    # once registered, the same record (now naming i1) is simply ours: no write while it is fresh
+    again = protocol.decide_acquire(d.record, GEN + 1, me="me", now=NOW, policy=POLICY, nonce="n2", waiting=True, instance="i1")
+    assert isinstance(again, Wait)
+    # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
+    old = protocol.decide_acquire(d.record, GEN + 1, me="me", now=NOW, policy=POLICY, nonce="n3", waiting=True, instance="i0")
+    assert isinstance(old, Contended)
+    # and the owner hands the lock to the new instance, with a higher token
+    h = protocol.decide_release(d.record, GEN + 1, me="a", token=9, now=NOW, policy=POLICY, nonce="n4")
+    assert h.kind is Kind.HANDOFF and h.record.owner_instance == "i1" and h.record.token > 9
 
 
 def test_becoming_the_waiter_keeps_the_owner_and_its_lease():

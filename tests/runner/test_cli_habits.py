@@ -1,0 +1,68 @@
+"""The shell user's habits: flock(1)'s -w, run's own usage, flag names in errors, a closed pipe.
+
+Each through the real ``handofflock`` command.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from handofflock.exit_codes import EXIT_CONFIG, EXIT_USAGE
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as the shells report cat
+from jobsutil import CONSOLE_SCRIPT, child_env
+
+
+def handofflock(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CONSOLE_SCRIPT), *args], capture_output=True, text=True, env=child_env(), timeout=60,
+                          **kw)
+
+
+@pytest.mark.parametrize("flag", ["-w", "--wait", "--timeout"])
+def test_run_takes_flocks_w_and_wait_for_its_timeout(flag, tmp_path):
+    done = handofflock("run", flag, "5", "-q", str(tmp_path / "lock.json"), "--", "touch", str(tmp_path / "ran"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").exists()
+
+
+def test_a_command_without_the_double_dash_gets_runs_usage_and_says_where_the_command_goes(tmp_path):
+    done = handofflock("run", "-w", "5", str(tmp_path / "lock.json"), "touch", "x", cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE
+    assert "usage: handofflock run URL [options] -- CMD [ARGS...]" in done.stderr
+    assert "COMMAND ..." not in done.stderr  # not the top-level usage
+    assert "-- touch x" in done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--poll-interval", "0"], "--poll-interval must be"),
+        (["--ttl", "1"], "--ttl"),
+        (["--ttl", "30", "--poll-interval", "60"], "shorter --poll-interval"),
+    ],
+)
+def test_configuration_errors_name_the_flags_of_the_command(flags, says, tmp_path):
+    done = handofflock("run", *flags, str(tmp_path / "lock.json"), "--", "true")
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert says in done.stderr
+    for python_name in ("waiter_check_interval", "waiter_poll_interval", "waiter_ttl", " ttl="):
+        assert python_name not in done.stderr, done.stderr
+
+
+def test_status_into_a_pipe_closed_early_exits_141_without_a_traceback(tmp_path):
+    proc = subprocess.Popen([str(CONSOLE_SCRIPT), "status", str(tmp_path / "lock.json")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
+    proc.stdout.close()  # as `| true` does, long before the interpreter has started
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_BROKEN_PIPE, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_help_lists_every_url_form():
+    done = handofflock("--help")
+    assert done.returncode == 0
+    for form in ("gs://", "s3://", "file://"):
+        assert form in done.stdout, done.stdout

@@ -1,0 +1,114 @@
+"""A store that cannot be reached is said so at once, and `status` gives up within seconds (exit 69).
+
+Through the real ``handofflock`` command, pointed at a GCS "emulator" on a
+port nobody listens on.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+
+from handofflock._waitline import WaitLine
+from handofflock.core.errors import TransientStorageError
+from handofflock.exit_codes import EXIT_STORAGE
+from handofflock.storage import MemoryStorage
+from jobsutil import CONSOLE_SCRIPT, child_env
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nowhere() -> dict[str, str]:
+    return child_env(STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{closed_port()}")
+
+
+def first_line_within(proc: subprocess.Popen, seconds: float) -> str:
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        assert sel.select(seconds), f"nothing on stderr within {seconds} s"
+    return proc.stderr.readline()
+
+
+def test_run_says_at_once_that_it_cannot_reach_the_store_and_names_no_slot_it_never_had():
+    proc = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), "run", "gs://bkt/x.json", "--", "true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=nowhere(),
+    )
+    try:
+        started = time.monotonic()
+        line = first_line_within(proc, 10.0)
+        assert "cannot reach the store" in line and "connection refused" in line and "retrying" in line, line
+        assert time.monotonic() - started < 10.0
+        assert proc.poll() is None  # it keeps trying: no --timeout was given
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM while waiting" in rest
+    assert "slot" not in rest, rest  # it never was the waiter
+
+
+def test_status_of_a_store_that_cannot_be_reached_fails_within_seconds_with_the_cause():
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(CONSOLE_SCRIPT), "status", "gs://bkt/x.json"], capture_output=True, text=True, env=nowhere(), timeout=60
+    )
+    took = time.monotonic() - started
+    assert done.returncode == EXIT_STORAGE, done.stderr
+    assert "Connection refused" in done.stderr
+    assert took < 15.0, f"status took {took:.1f} s to fail"
+
+
+def test_status_of_a_missing_bucket_is_an_error_as_run_finds_it(gcs_emulator, tmp_path):
+    url = f"gs://no-such-bucket-{os.getpid()}/locks/x.json"
+    status = subprocess.run([str(CONSOLE_SCRIPT), "status", url], capture_output=True, text=True, env=child_env(),
+                            timeout=60)
+    assert status.returncode == EXIT_STORAGE, status.stdout + status.stderr
+    assert "does not exist" in status.stderr
+    assert "absent" not in status.stdout
+    run = subprocess.run([str(CONSOLE_SCRIPT), "run", "-q", url, "--", "true"], capture_output=True, text=True,
+                         env=child_env(), timeout=60)
+    assert run.returncode == EXIT_STORAGE, run.stderr
+
+
+def test_status_of_an_absent_lock_in_an_existing_bucket_is_still_absent(gcs_emulator):
+    done = subprocess.run([str(CONSOLE_SCRIPT), "status", "gs://handofflock-test/never/made.json"],
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "absent" in done.stdout
+
+
+class _Lock:
+    url = "memory://down/x.json"
+    owner_id = "me"
+
+    def status(self):
+        raise TransientStorageError("no answer")
+
+
+def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_someone(monkeypatch):
+    import weakref
+
+    from handofflock.storage import outages
+
+    monkeypatch.setattr(outages, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
+    store = MemoryStorage()
+    refused = TransientStorageError("could not connect")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    outages.failed(store, refused)
+    try:
+        text = WaitLine(_Lock(), stream=open(os.devnull, "w")).text()
+    finally:
+        outages.answered(store)
+    assert "cannot reach the store: connection refused (retrying)" in text
+    assert "held by" not in text
+    assert "held by ?" in WaitLine(_Lock(), stream=open(os.devnull, "w")).text()  # once it answers, as before

@@ -1,0 +1,72 @@
+"""``handofflock run --yield-exit-code N`` (issue 24 item 8), through the real command.
+
+A job that yields (stops within the grace because a waiter asked for the lock)
+exited with its signal's status, 143, like a crash: cron mails it, systemd
+counts a failure. ``--yield-exit-code N`` maps a yield to N; without it the
+command's own status passes through, as flock(1) does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobsutil import CONSOLE_SCRIPT, child_env
+from lockutil import raw_read
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
+
+
+def _yield_to_a_waiter(tmp_path: Path, *options: str, cmd: tuple[str, ...] = ("sleep", "60")) -> tuple[int, str]:
+    """Hold the lock around ``cmd``, let a waiter ask for it; return the holder's exit status and stderr."""
+    url = (tmp_path / "lock.json").as_uri()
+    holder = subprocess.Popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", *options, "--", *cmd],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert "acquired" in holder.stderr.readline()
+        waiter = subprocess.run([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"],
+                                capture_output=True, text=True, env=child_env(), timeout=60)
+        _, err = holder.communicate(timeout=30)
+        assert waiter.returncode == 0, waiter.stderr + err
+        assert raw_read(url)[0].owner_id is None
+        return holder.returncode, err
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(20)
+
+
+@pytest.mark.parametrize("options, expected", [
+    ((), 143),  # the command's own status: sleep died of SIGTERM
+    (("--yield-exit-code", "0"), 0),  # cron, a deploy: a clean handoff is a success
+    (("--yield-exit-code", "75"), 75),  # a Job to be requeued: EX_TEMPFAIL, "try again later"
+])
+def test_a_clean_yield_exits_with_the_yield_exit_code(tmp_path, options, expected):
+    code, err = _yield_to_a_waiter(tmp_path, *options)
+    assert code == expected, err
+    if options:
+        assert f"it yielded: exit {expected}" in err
+
+
+def test_a_command_killed_after_the_grace_keeps_its_own_status(tmp_path):
+    """A command that did not stop within the grace did not yield: SIGKILLed, it exits 137 whatever N is."""
+    code, err = _yield_to_a_waiter(tmp_path, "--yield-exit-code", "0", "--grace", "0.5",
+                                   cmd=("sh", "-c", "trap '' TERM; sleep 60 & wait"))
+    assert code == 137, err
+
+
+def test_a_command_that_exits_by_itself_keeps_its_status(tmp_path):
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--yield-exit-code", "0",
+                           "--", "sh", "-c", "exit 3"], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == 3, done.stderr
+
+
+@pytest.mark.parametrize("value", ["256", "-1"])
+def test_a_yield_exit_code_out_of_range_is_refused(tmp_path, value):
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--yield-exit-code", value,
+                           "--", "true"], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == 64 and "--yield-exit-code must be" in done.stderr, done.stderr
+    assert not (tmp_path / "lock.json").exists()
