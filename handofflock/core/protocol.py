@@ -263,7 +263,7 @@ def decide_acquire(
         )
 
     # A live owner holds it.
-    if mine and not _is(record.waiting_owner_id, record.waiter_instance, me, instance):
+    if mine and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance):
         # Reclaiming an earlier incarnation's slot: write our instance (and a fresh slot) into it.
         return Write(
             Kind.BECOME_WAITER,

@@ -83,19 +83,19 @@ def test_a_retake_keeps_another_live_waiter_in_its_slot():
 
 def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_own_instance():
     r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9)
-    d = protocol.decide_acquire(r, GEN, me="me", now=NOW, policy=POLICY, nonce="n", waiting=False, instance="i1")
+    d = protocol.decide_acquire(r, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.BECOME_WAITER and d.if_generation_match == GEN
     assert (d.record.waiting_owner_id, d.record.waiter_instance) == ("me", "i1")
     assert d.record.waiter_expires_at == NOW + POLICY.waiter_ttl  # a fresh slot, not the dead one's remainder
     assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
     # once registered, the same record (now naming i1) is simply ours: no write while it is fresh
-    again = protocol.decide_acquire(d.record, GEN + 1, me="me", now=NOW, policy=POLICY, nonce="n2", waiting=True, instance="i1")
+    again = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n2", waiting=True)
     assert isinstance(again, Wait)
     # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
-    old = protocol.decide_acquire(d.record, GEN + 1, me="me", now=NOW, policy=POLICY, nonce="n3", waiting=True, instance="i0")
+    old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True)
     assert isinstance(old, Contended)
     # and the owner hands the lock to the new instance, with a higher token
-    h = protocol.decide_release(d.record, GEN + 1, me="a", token=9, now=NOW, policy=POLICY, nonce="n4")
+    h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, policy=POLICY, nonce="n4")
     assert h.kind is Kind.HANDOFF and h.record.owner_instance == "i1" and h.record.token > 9
 
 
