@@ -29,7 +29,7 @@ def test_a_followers_stop_request_made_while_the_job_waits_stands_once_the_lock_
                             "p = ranksutil.torchrun(Path(sys.argv[1]), 2, sys.argv[2], timeout=90); "
                             "print(p.stdout); print(p.stderr[-3000:], file=sys.stderr); sys.exit(p.returncode)",
                             str(HERE / "rank_stop_job.py"), url],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT / "tests")
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT / "tests" / "support")
     try:
         deadline = time.monotonic() + 60
         while HandoffLock(url).status().waiter_id != "job-A":
