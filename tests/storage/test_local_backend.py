@@ -391,6 +391,7 @@ def _fork_while_writing(root, then, results):
     """Fork while another thread is mid-write (holding the key's lock), like a DataLoader would."""
     import handofflock.storage.local as local
 
+    # private: local's fsync, swapped for one that parks, so the fork lands mid-write (no public hook for that)
     entered, release, real_fsync = threading.Event(), threading.Event(), local._fsync
 
     def slow_fsync(fd):
