@@ -409,7 +409,7 @@ class GCSStorage:
         if self.user_project is not None:
             params = {**params, "userProject": self.user_project}
         connect, read = self._timeout
-        response: requests.Response = client._http.request(
+        response: requests.Response = client._http.request(  # private: as above
             method,
             url,
             params=params,

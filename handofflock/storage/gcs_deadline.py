@@ -209,7 +209,7 @@ class _Watched:
         deadline = getattr(conn, "_handofflock_deadline", None)
         if deadline is not None:
             deadline.detach(conn)  # before anyone else can take it from the pool
-            conn._handofflock_deadline = None
+            conn._handofflock_deadline = None  # our own name, as in Deadline.attach
         super()._put_conn(conn)  # type: ignore[misc]
 
 

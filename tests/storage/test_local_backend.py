@@ -397,10 +397,10 @@ def _fork_while_writing(root, then, results):
     def slow_fsync(fd):
         entered.set()
         release.wait(30)
-        local._fsync = real_fsync
+        local._fsync = real_fsync  # private: as above
         real_fsync(fd)
 
-    local._fsync = slow_fsync
+    local._fsync = slow_fsync  # private: as above
     store = LocalStorage(root)
     gen = store.read("f.json")[1]
     writer = threading.Thread(target=store.write, args=("f.json", b"parent"), kwargs={"if_generation_match": gen})
