@@ -18,7 +18,7 @@ from typing import Any
 from bench.support import ACQUIRE_THREADS, CLASS_A, CLASS_B, Backend, diff, ms, pct, run_in_thread  # noqa: E402
 from handofflock import HandoffLock, Scheduler, signals  # noqa: E402
 from handofflock.lock.scheduler import IO_WORKERS  # noqa: E402
-from handofflock.testing import FaultProxy  # noqa: E402
+from handofflock.testing import FaultProxy
 
 # --------------------------------------------------------------------------- 5. scale
 
