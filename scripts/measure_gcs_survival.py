@@ -34,13 +34,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import logging  # noqa: E402
 
 from simclock import SimClock  # noqa: E402
 
 from handofflock import HandoffLock, Scheduler, TransientStorageError  # noqa: E402
+from handofflock.lock.record_io import RecordIO  # noqa: E402
 from handofflock.storage import MemoryStorage  # noqa: E402
 
 KEY = "locks/job.json"
@@ -117,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # the lost owners log errors; the table is the output
     ttls = [float(t) for t in args.ttls.split(",")]
-    renew_passes_by = "send_by" in inspect.signature(HandoffLock._write_lease).parameters
+    renew_passes_by = "send_by" in inspect.signature(RecordIO.write_lease).parameters
     print(f"# python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs")
     print(
         f"# memory store at GCS's spacing (min_write_interval={SPACING:g}), "

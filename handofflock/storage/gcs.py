@@ -181,6 +181,7 @@ class GCSStorage:
                     # The SDK makes its HTTP session lazily and without a lock: make it here, under
                     # ours, or two threads' first requests could each make one and leak the other.
                     # Our own session: give it the connection pools that enforce request_timeout.
+                    # private (google-cloud-storage's): _http is the client's one HTTP session; it has no public name
                     gcs_deadline.install(made._http)
                     # google-auth refreshes credentials through a session of its own, inside our
                     # request: watched too, a slow token endpoint (metadata server, STS) cannot hold a
@@ -396,6 +397,8 @@ class GCSStorage:
         stream: bool = False,
     ) -> requests.Response:
         client = self.client
+        # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session on _http;
+        # we send our own requests (one per operation, no SDK retries), so we need both
         connection = client._connection
         all_headers = {
             **getattr(connection, "extra_headers", {}),
@@ -406,7 +409,7 @@ class GCSStorage:
         if self.user_project is not None:
             params = {**params, "userProject": self.user_project}
         connect, read = self._timeout
-        response: requests.Response = client._http.request(
+        response: requests.Response = client._http.request(  # private: as above
             method,
             url,
             params=params,
@@ -420,6 +423,7 @@ class GCSStorage:
         return response
 
     def _base(self) -> str:
+        # private (google-cloud-storage's): as in _request
         connection = self.client._connection
         getter = getattr(connection, "get_api_base_url_for_mtls", None)
         base = str(getter() if getter else connection.API_BASE_URL).rstrip("/")

@@ -76,6 +76,7 @@ class Deadline:
             if self._done:
                 return
             self._conn = conn
+            # our own name on urllib3's connection: _put_conn finds the deadline by it when the pool takes it back
             conn._handofflock_deadline = self
             if self.expired:
                 self.cut |= _shut_down(conn)
@@ -196,6 +197,7 @@ def armed(seconds: float) -> Iterator[Deadline]:
 class _Watched:
     """Connection-pool mix-in: hand the current thread's deadline the connection it will use."""
 
+    # urllib3's private pool hooks, overridden: the one place a connection is handed out and taken back.
     def _get_conn(self, timeout: float | None = None) -> Any:
         conn = super()._get_conn(timeout)  # type: ignore[misc]
         deadline = getattr(_current, "deadline", None)
@@ -207,7 +209,7 @@ class _Watched:
         deadline = getattr(conn, "_handofflock_deadline", None)
         if deadline is not None:
             deadline.detach(conn)  # before anyone else can take it from the pool
-            conn._handofflock_deadline = None
+            conn._handofflock_deadline = None  # our own name, as in Deadline.attach
         super()._put_conn(conn)  # type: ignore[misc]
 
 
@@ -275,6 +277,7 @@ def install(session: Any) -> bool:
             session.mount(
                 prefix,
                 DeadlineAdapter(
+                    # private (requests'): pool settings have no public getter; the new adapter keeps them
                     pool_connections=adapter._pool_connections,
                     pool_maxsize=adapter._pool_maxsize,
                     max_retries=adapter.max_retries,

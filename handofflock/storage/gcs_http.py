@@ -162,6 +162,7 @@ def error_body(response: requests.Response) -> bytes:
         body = next(response.iter_content(ERROR_BODY_BYTES), b"")[:ERROR_BODY_BYTES]
     except Exception:  # a reply cut off while explaining an error still has a status to go by
         body = b""
+    # our own name on requests' Response: read once, the body is gone, and both callers need it
     response._handofflock_body = body  # type: ignore[attr-defined]
     return body
 
@@ -179,6 +180,7 @@ def error_message(response: requests.Response) -> str:
     except (orjson.JSONDecodeError, AttributeError):
         message = body.decode("utf-8", "replace").strip()
     message = " ".join(message.split())[:300] or (response.reason or "no explanation")
+    # our own name on requests' Response, as above
     response._handofflock_message = message  # type: ignore[attr-defined]
     return message
 

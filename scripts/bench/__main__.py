@@ -64,15 +64,15 @@ class Plan:
         self.quick = quick
         self.rtt_n = 50 if quick else 300
         self.polls = (0.1, 0.5) if quick else (0.1, 0.5, 1.0)
-        self.handoffs = 6 if quick else 50
+        self.handoffs = 4 if quick else 50
         self.local_polls = (0.1,) if quick else (0.1, 0.5, 1.0)
-        self.local_handoffs = 6 if quick else 30
+        self.local_handoffs = 4 if quick else 30
         self.checks = (0.5,) if quick else (0.5, 1.0, 2.0)
         self.notices = 4 if quick else 30
         self.scale_locks = (1, 10, 100) if quick else (1, 10, 100, 1000)
-        # Quick: ttl 8 s (renew every 1 s) so renewals happen within a short window.
+        # Quick: ttl 8 s (renew every 1 s) so renewals happen within a short window (two per lock).
         self.scale_ttl = 8.0 if quick else 60.0
-        self.scale_window = 3.0 if quick else 25.0
+        self.scale_window = 2.0 if quick else 25.0
         # Full run only: 1000 locks with every request held 50 ms, with half the default pool and the default.
         self.slow_scale = () if quick else ((1000, 0.05, 4), (1000, 0.05, IO_WORKERS))
         # The async section: (backend, event loop, held locks, handoffs, ttl, GIL switch interval or None

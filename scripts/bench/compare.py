@@ -94,6 +94,7 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     store.close()
 
     g = gcslock.GcsLock()
+    # private (gcslock's, google-cloud-storage's): each lock's HTTP session, to count the requests it sends
     gcount = HttpCount(g._accessor._authed_session)
     held: list[Any] = []
     g0 = gcount.snapshot()
@@ -105,6 +106,7 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     out["gcslock"]["requests_per_cycle"] = round(sum(diff(g0, gcount.snapshot()).values()) / n, 2)
 
     naive = NaiveLock(BUCKET, p + "naive.lock")
+    # private: as above
     ncount = HttpCount(naive.client._http)
     naive.lock()
     naive.unlock()  # the first use also fetches the bucket; count steady cycles only
@@ -121,6 +123,7 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     ops["gcslock"]["renew (acquire again while holding)"] = as_counts(c)
     ops["gcslock"]["release"] = as_counts(spent(gcount, lambda: g.release(state))[0])
     other = gcslock.GcsLock()
+    # private: as above
     ocount = HttpCount(other._accessor._authed_session)
     held_state = g.acquire(BUCKET, key, expires_seconds=60)
     c, _ = spent(ocount, lambda: _swallow(lambda: other.acquire(BUCKET, key, expires_seconds=60, max_wait_seconds=0)))
@@ -128,11 +131,13 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     g.release(held_state)
     key = p + "naive-ops.lock"
     first = NaiveLock(BUCKET, key)
+    # private: as above
     fcount = HttpCount(first.client._http)
     ops["naive"]["acquire, object absent (first use of a client)"] = as_counts(spent(fcount, first.lock)[0])
     first.unlock()
     ops["naive"]["acquire, object absent"] = as_counts(spent(fcount, first.lock)[0])
     second = NaiveLock(BUCKET, key)
+    # private: as above
     scount = HttpCount(second.client._http)
     second.lock()  # fails: held; also the client's first use
     ops["naive"]["acquire attempt while held (one poll)"] = as_counts(spent(scount, second.lock)[0])
@@ -155,6 +160,7 @@ def _swallow(fn: Callable[[], Any]) -> Any:
 def naive_handoff(p: str, n: int) -> dict[str, Any]:
     """Seed 003's lock: the owner releases at a stratified point of the waiter's 5 s poll cycle."""
     owner, waiter = NaiveLock(BUCKET, p + "naive-handoff.lock"), NaiveLock(BUCKET, p + "naive-handoff.lock")
+    # private (google-cloud-storage's): the session, to count the waiter's requests
     wcount = HttpCount(waiter.client._http)
     samples = []
     for phase in phases(n):
@@ -186,6 +192,7 @@ def gcslock_handoff(p: str, n: int, expires: int) -> dict[str, Any]:
 
     owner, waiter = gcslock.GcsLock(), gcslock.GcsLock()
     key = p + "gcslock-handoff.lock"
+    # private (gcslock's): its HTTP session, to count the waiter's requests
     wcount = HttpCount(waiter._accessor._authed_session)
     samples = []
     for phase in phases(n):

@@ -1,7 +1,14 @@
-"""Section 5: one process holding 1 to 1,000 locks."""
+"""Section 5: one process holding 1 to 1,000 locks.
+
+The full run's slow rows hold each request in :class:`handofflock.testing.FaultProxy` (its
+``delay`` fault) between the store and the emulator, as the fault tests do. What stays here is
+bench-specific: :class:`WriteTimes` notes each write's send time, to measure how late renewals are.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import threading
 import time
@@ -11,6 +18,7 @@ from typing import Any
 from bench.support import ACQUIRE_THREADS, CLASS_A, CLASS_B, Backend, diff, ms, pct, run_in_thread  # noqa: E402
 from handofflock import HandoffLock, Scheduler, signals  # noqa: E402
 from handofflock.lock.scheduler import IO_WORKERS  # noqa: E402
+from handofflock.testing import FaultProxy
 
 # --------------------------------------------------------------------------- 5. scale
 
@@ -45,16 +53,26 @@ class WriteTimes:
 def bench_scale(backend: Backend, n: int, window: float, ttl: float, *, delay: float = 0.0, io_workers: int = IO_WORKERS) -> dict[str, Any]:
     """One process holds ``n`` locks under one prefix with default intervals; watch it for ``window`` s.
 
-    ``delay`` holds every request that long before it is sent, standing in for
-    real GCS's round trip (the emulator answers in about a millisecond): the
-    scheduler's fixed I/O pool then has to cover the same renewals with slow
+    ``delay`` holds every request that long before it is forwarded to the emulator (GCS only), in a
+    :class:`FaultProxy`, standing in for real GCS's round trip (the emulator answers in about a
+    millisecond): the scheduler's fixed I/O pool then has to cover the same renewals with slow
     requests. ``io_workers`` is the scheduler's pool size (its default unless given).
     """
+    with contextlib.ExitStack() as stack:
+        if delay:
+            proxy = stack.enter_context(FaultProxy(os.environ["STORAGE_EMULATOR_HOST"]))
+            proxy.inject("delay", delay=delay, times=10**9)  # every request, for as long as the row runs
+            with proxy.env():  # the holder's store only: the notice probe's waiter talks to the emulator
+                store, counter = backend.store()
+        else:
+            store, counter = backend.store()
+        return _scale(backend, store, counter, n, window, ttl, delay, io_workers)
+
+
+def _scale(backend: Backend, store: Any, counter: Any, n: int, window: float, ttl: float, delay: float,
+           io_workers: int) -> dict[str, Any]:
     p = backend.prefix(f"scale-{n}")
     sched = Scheduler(name=f"bench-scale-{n}", io_workers=io_workers)
-    store, counter = backend.store()
-    if delay:
-        slow(store.client._http, delay)
     timed = WriteTimes(store)
     locks = [backend.lock(timed, f"{p}l{i:04d}.json", ttl=ttl, scheduler=sched) for i in range(n)]
     t = time.monotonic()
@@ -114,17 +132,6 @@ def bench_scale(backend: Backend, n: int, window: float, ttl: float, *, delay: f
         "lost": lost,
         "notice_ms": notice,
     }
-
-
-def slow(session: Any, delay: float) -> None:
-    """Hold each request of ``session`` ``delay`` seconds before sending it (a stand-in for distance)."""
-    original = session.request
-
-    def request(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(delay)
-        return original(*args, **kwargs)
-
-    session.request = request
 
 
 def scale_notice(backend: Backend, owner: HandoffLock) -> float | None:

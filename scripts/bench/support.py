@@ -1,4 +1,18 @@
-"""Shared by every section: constants, statistics, request counting, the backends (emulator, moto, local files)."""
+"""Shared by every section: constants, statistics, request counting, and where each backend's stores come from.
+
+What the project's test support already has is used from there: the servers are
+:class:`handofflock.testing.FakeGCSServer` and :class:`~handofflock.testing.MotoS3Server` (started in
+``__main__``), the clock is :class:`handofflock.FakeClock`, and a delayed round trip is
+:class:`~handofflock.testing.FaultProxy`'s ``delay`` fault (scale.py). What stays here is the bench's own:
+
+- counting requests, synchronously, per store instance: :class:`HttpCount` on a GCS client's HTTP
+  session (also gcslock's and the naive lock's, which a proxy could not tell apart from ours without
+  adding a hop to every latency measured), :class:`BotoCount` on a boto3 client's events, and
+  :class:`CountingStorage` around a local store (its "request" is a storage call);
+- :class:`Backend`: a fresh store instance (own connections) with its counter, for each party of an
+  operation, so that each side's requests are counted alone;
+- the statistics (nearest-rank percentiles, stratified phases) and the report's units.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from handofflock import FakeClock, HandoffLock, LockRecord  # noqa: E402
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
+from handofflock.storage.s3_format import PROBE_MARK  # noqa: E402
 
 try:
     from handofflock.storage.local import LocalStorage
@@ -193,6 +208,7 @@ class GcsBackend(Backend):
 
     def store(self) -> tuple[Any, Any]:
         s = GCSStorage(BUCKET)
+        # private (google-cloud-storage's): the client's HTTP session sees every request it sends
         return s, HttpCount(s.client._http)
 
 
@@ -209,7 +225,13 @@ class S3Backend(Backend):
 
 
 class BotoCount:
-    """Counts, by kind, the HTTP requests one boto3 S3 client sends (a ``before-send`` hook)."""
+    """Counts, by kind, the HTTP requests one boto3 S3 client sends (a ``before-send`` hook).
+
+    The S3 store's probe of the server's conditional writes (a scratch key beside the lock's, once
+    per store instance, before its first request) is left out, as :meth:`FaultProxy.exchanges
+    <handofflock.testing.FaultProxy.exchanges>` leaves it out: it is no request of the operation
+    that happens to come first, and every party here has a fresh store.
+    """
 
     KINDS = {"GetObject": "read", "PutObject": "write", "ListObjectsV2": "list", "DeleteObject": "delete"}
 
@@ -220,6 +242,8 @@ class BotoCount:
 
     def _count(self, request: Any = None, event_name: str = "", **_: Any) -> None:
         op = event_name.rsplit(".", 1)[-1]
+        if request is not None and PROBE_MARK in getattr(request, "url", ""):
+            return None
         with self._lock:
             self._counts[self.KINDS.get(op, op)] += 1
         # None: a value returned here would stand in for the reply

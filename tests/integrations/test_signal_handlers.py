@@ -87,6 +87,7 @@ def test_uninstall_puts_the_previous_handlers_back(store_name, restore_signals):
     signal.signal(signal.SIGUSR1, mine)
     before_int = signal.getsignal(signal.SIGINT)
     with install_signal_handlers(lock, ["USR1", "INT"]) as handlers:
+        # private: the handler installed is this bound method; no public name to compare with
         assert signal.getsignal(signal.SIGUSR1) == handlers._handle
         assert signal.getsignal(signal.SIGINT) == handlers._handle
     assert signal.getsignal(signal.SIGUSR1) is mine

@@ -32,6 +32,7 @@ class Requests:
         self.gcs = not isinstance(store, MemoryStorage)
         self.log: list[str] = []
         if self.gcs:
+            # private (google-cloud-storage's): the client's HTTP session is the one place that sees every request it sends
             session = store.client._http
             original = session.request
 
@@ -247,10 +248,12 @@ def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(h
     one_interval(clock, sched)
     assert requests.since(before) == Counter(read=N), "after a refusal, each lock reads its own object"
     assert all(lock.is_held for lock in locks)
+    # private: the scheduler's beats by prefix; no public name says whether a prefix still keeps one
     assert not sched._groups, "an ungrouped prefix keeps no beat (its locks wake the loop for their own checks)"
     for lock in locks:
         lock.release()
     sched.run_pending()
+    # private: the prefixes the scheduler remembers as refused a listing
     assert not sched._ungrouped, "the verdict is dropped with the last lock under the prefix"
 
 
@@ -307,6 +310,7 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
     store.list = slow_list
     try:
         clock.advance(CHECK)
+        # private: plan one round by hand, as the loop does under its mutex, and run its jobs on threads we hold
         with sched._mutex:
             jobs, _ = sched._plan(clock.monotonic(), track=True)
         assert len(jobs) == 1, "one beat for the group"
@@ -314,7 +318,7 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
         beat.start()
         assert listing.wait(5)
         clock.advance(7.5 - CHECK)  # the renewals fall due while the listing hangs
-        with sched._mutex:
+        with sched._mutex:  # private: as above
             jobs, _ = sched._plan(clock.monotonic(), track=True)
             second_beat = [job for job, covered in jobs if not covered]
         renewing = {id(lock) for _, covered in jobs for lock in covered}

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 
-from handofflock._waitline import WaitLine
+from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
 from handofflock.core.errors import TransientStorageError
 from handofflock.exit_codes import EXIT_STORAGE
 from handofflock.storage import MemoryStorage

@@ -108,16 +108,19 @@ class LockMachine(RuleBasedStateMachine):
 
     def _holders(self) -> list[Party]:
         """Parties with a valid lease, less those evicted by a forced release that have not noticed yet."""
+        # private: instances, as for evicted above
         return [p for p in self.parties if p.lock.healthy and p.lock._me.instance not in self.evicted]
 
     def _acting(self, p: Party, action) -> object:
         """Run one party's action; if it consumed an injected fault, its slot is excused."""
+        # private: the faults not yet spent; FaultHooks has no public view of them, and one spent here
+        # (by this action) is what excuses the party
         pending = [(f.kind, f.count) for f in self.store.faults._faults]
         try:
             return action()
         finally:
-            if [(f.kind, f.count) for f in self.store.faults._faults] != pending:
-                self.excused.add(p.lock._me.instance)
+            if [(f.kind, f.count) for f in self.store.faults._faults] != pending:  # private: as above
+                self.excused.add(p.lock._me.instance)  # private: instances, as for evicted above
 
     @initialize(yields=st.lists(st.booleans(), min_size=PARTIES, max_size=PARTIES),
                 skews=st.lists(st.floats(-SKEW / 2, SKEW / 2), min_size=PARTIES, max_size=PARTIES))
@@ -135,7 +138,7 @@ class LockMachine(RuleBasedStateMachine):
         token = p.lock.token
         assert token is not None and token > self.highest_token, f"p{p.index} acquired token {token}, not above {self.highest_token}"
         self.highest_token = token
-        self.evicted.discard(p.lock._me.instance)
+        self.evicted.discard(p.lock._me.instance)  # private: instances, as for evicted above
 
     # -- what a process does --------------------------------------------------
 
@@ -235,6 +238,7 @@ class LockMachine(RuleBasedStateMachine):
             assert found is not None
             record = LockRecord.decode(found[0], key=KEY)
             h = holders[0]
+            # private: instances, as for evicted above (the record names its owner by instance)
             assert record.owner_instance == h.lock._me.instance, f"p{h.index} holds a valid lease the record does not give it"
             assert record.token == h.lock.token
 

@@ -95,6 +95,7 @@ def start_script_with_a_server() -> tuple[subprocess.Popen, int, int]:
         servers = []
         t = threading.Thread(target=lambda: servers.append(FakeGCSServer().start())); t.start(); t.join()
         time.sleep(0.5)
+        # private: _process is the guard that FakeGCSServer starts (pid is the binary's), and it has no public name
         print(servers[0]._process.pid, servers[0].pid, servers[0].running, flush=True)
         time.sleep(300)
         """

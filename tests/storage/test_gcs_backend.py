@@ -71,6 +71,7 @@ class RequestLog(list):
 
     def __init__(self, store: GCSStorage) -> None:
         super().__init__()
+        # private (google-cloud-storage's): the client's HTTP session is the one place that sees every request it sends
         session = store.client._http
         original = session.request
 
@@ -360,6 +361,7 @@ def test_the_constructor_does_no_io(monkeypatch):
         sock.bind(("127.0.0.1", 0))  # bound, not listening: any connection would be refused
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{sock.getsockname()[1]}")
         store = GCSStorage("some-bucket")
+        # private: no client made yet (no I/O in constructors); the public client property would make one
         assert store.url == "gs://some-bucket" and store._client is None
 
 
@@ -522,6 +524,7 @@ def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
 
 def test_the_store_s_own_session_gets_the_deadline_pools_and_a_client_you_pass_is_left_alone(bucket):
     own = GCSStorage(bucket)
+    # private (google-cloud-storage's): the client's HTTP session, where the deadline pools are mounted
     assert all(isinstance(own.client._http.adapters[p], gcs_deadline.DeadlineAdapter) for p in ("http://", "https://"))
     own.close()
     client = google_storage.Client(
@@ -529,6 +532,7 @@ def test_the_store_s_own_session_gets_the_deadline_pools_and_a_client_you_pass_i
     )
     passed = GCSStorage(bucket, client=client)
     passed.write("a.json", b"{}", if_generation_match=0)
+    # private (google-cloud-storage's): as above
     assert type(client._http.adapters["http://"]) is requests.adapters.HTTPAdapter
     client.close()
 
@@ -545,6 +549,7 @@ def test_installing_the_deadline_pools_keeps_the_pool_settings_and_leaves_specia
     assert session.adapters["https://"] is special
     plain = session.adapters["http://"]
     assert isinstance(plain, gcs_deadline.DeadlineAdapter)
+    # private (requests'): an adapter's pool settings have no public getter
     assert (plain._pool_maxsize, plain._pool_connections) == (32, 3)
     assert gcs_deadline.install(requests.Session()) is True
 

@@ -24,6 +24,7 @@ KEY = "locks/job.json"
 def reply(status: int, body: dict) -> requests.Response:
     response = requests.Response()
     response.status_code = status
+    # private (requests'): a Response with a body, as one read off the wire; requests has no public way to build one
     response._content, response._content_consumed = json.dumps(body).encode(), True
     return response
 

@@ -391,15 +391,16 @@ def _fork_while_writing(root, then, results):
     """Fork while another thread is mid-write (holding the key's lock), like a DataLoader would."""
     import handofflock.storage.local as local
 
+    # private: local's fsync, swapped for one that parks, so the fork lands mid-write (no public hook for that)
     entered, release, real_fsync = threading.Event(), threading.Event(), local._fsync
 
     def slow_fsync(fd):
         entered.set()
         release.wait(30)
-        local._fsync = real_fsync
+        local._fsync = real_fsync  # private: as above
         real_fsync(fd)
 
-    local._fsync = slow_fsync
+    local._fsync = slow_fsync  # private: as above
     store = LocalStorage(root)
     gen = store.read("f.json")[1]
     writer = threading.Thread(target=store.write, args=("f.json", b"parent"), kwargs={"if_generation_match": gen})

@@ -40,6 +40,7 @@ def test_a_store_that_honours_the_conditions_passes_the_probe_once_and_keeps_no_
     lock = HandoffLock(f"s3://{bucket}/{KEY}", storage=store, key=KEY, ttl=5.0)
     assert lock.acquire(timeout=10)
     lock.release()
+    # private: whether the conditional-write probe has run; it leaves nothing public behind when it passes
     assert store._probed and keys(bucket) == [KEY]
 
 

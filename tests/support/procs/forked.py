@@ -135,7 +135,7 @@ def fence_mutex(url: str) -> dict:
         signal.alarm(10)  # a hang ends the child with SIGALRM
         value = fence.read()
         os._exit(0 if value.payload == {"step": 1} else 2)
-    fence._mutex.release()
+    fence._mutex.release()  # private: as above
     return {"child_status": wait_child(pid, 30)}
 
 
