@@ -17,6 +17,13 @@
   release request every rank saves ``checkpoint`` through
   ``trainer.save_checkpoint`` (Lightning writes it once and waits for all
   ranks) and fit stops cleanly after that batch;
+* during fit's validation the ranks agree every ``every`` validation batches
+  too, so a long validation does not hold a stop back: a stop there ends the
+  validation loop after that batch (the rest of that validation is not run,
+  its metrics are partial), and the checkpoint is written at
+  ``on_validation_end``, where ``ModelCheckpoint`` writes its own (a resume
+  goes on training after that validation). The sanity check, ``validate()``
+  and ``test()`` never agree;
 * at the end of fit, all ranks meet and the holder hands the lock off;
 * if the holder loses the lock, every rank raises
   :class:`~handofflock.LockLost` at the same batch.
@@ -38,23 +45,83 @@
   ``ModelCheckpoint`` saved last; the checkpoint carries
   ``checkpoint["handofflock"]`` (the fencing token, the decision).
 
-The collective is :func:`handofflock.integrations.torch.torch_agree` on the
-default process group (Lightning's own, or one you initialised first).
+The collective during fit is the strategy's: :func:`strategy_agree`, one
+``strategy.reduce(votes, reduce_op="max")`` of the vote's flags (on the
+strategy's process group and ``root_device``). Not
+``strategy.reduce_boolean_decision``: it reduces one boolean, and a vote
+carries ``3 + len(EXIT_CAUSES)`` flags, which would be as many collectives.
+Outside fit (:meth:`HandoffLockCallback.acquire` before it) the collective is
+:func:`handofflock.integrations.torch.torch_agree` on the default process
+group, the one Lightning's DDP strategy uses.
+
+``python train.py`` with ``devices=N`` (Lightning's own launcher): the script
+runs once, as global rank 0, until ``fit`` starts ranks 1..N-1 by running it
+again. Rank 0's :meth:`~HandoffLockCallback.acquire` takes the lock alone (there
+is no process group yet); in a relaunched rank (Lightning set ``LOCAL_RANK`` or
+``NODE_RANK``, not ``RANK``, and there is no process group) it takes nothing and
+returns at once: the job already holds the lock, since those ranks only start
+inside rank 0's fit, so their ``resume_path`` is the one rank 0 chose. In
+``setup`` every rank joins the hold (:meth:`RankLock.join`). Only
+``holder_rank=0`` is possible then. Under torchrun (``RANK`` set), initialise the
+process group before :meth:`~HandoffLockCallback.acquire`, as the example does.
+
 Importing this module imports lightning.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback
 
-from .ranks import RankLock, StopDecision
+from ..core.errors import AgreementFailed
+from .ranks import Agree, RankLock, StopDecision, local_agree
 from .torch import rank_lock
 
-__all__ = ["HandoffLockCallback"]
+__all__ = ["HandoffLockCallback", "strategy_agree"]
+
+
+def strategy_agree(strategy: Any) -> Agree:
+    """An :data:`~handofflock.integrations.ranks.Agree` on a Lightning strategy's collective.
+
+    One ``strategy.reduce`` (MAX) of the vote's flags as an int32 tensor on
+    ``strategy.root_device``: the strategy's process group and device, whatever
+    the strategy (DDP, FSDP, DeepSpeed...). A failed reduce raises
+    :class:`~handofflock.AgreementFailed`.
+    """
+
+    def agree(flags: Sequence[bool]) -> Sequence[bool]:
+        votes = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=strategy.root_device)
+        try:
+            values = strategy.reduce(votes, reduce_op="max").tolist()
+        except Exception as exc:  # a peer died or the group's timeout passed
+            raise AgreementFailed(
+                f"rank {strategy.global_rank} could not agree with the other ranks (the strategy's reduce failed: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); another rank probably died "
+                "or hung past the process group's timeout, so this rank stops"
+            ) from exc
+        return tuple(bool(v) for v in values)
+
+    return agree
+
+
+def _relaunched_by_lightning() -> bool:
+    """A rank Lightning's launcher started (``python train.py``, ``devices=N``) other than global rank 0.
+
+    Lightning runs the script again for local ranks 1..N-1 with ``LOCAL_RANK``
+    (and ``NODE_RANK``) set but not ``RANK`` (torchrun's), before any process group exists.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return False
+    env = os.environ
+    if "RANK" in env:  # torchrun, or another launcher: its ranks initialise the group themselves
+        return False
+    return env.get("LOCAL_RANK", "0") != "0" or env.get("NODE_RANK", "0") != "0"
 
 
 class HandoffLockCallback(Callback):
@@ -92,6 +159,10 @@ class HandoffLockCallback(Callback):
         self.decision: StopDecision | None = None
         self._trainer: Any = None
         self._lifted: tuple[Any, Any] | None = None
+        #: A rank Lightning relaunched: it joins the hold in setup instead of acquiring before fit.
+        self._joins = False
+        #: The ranks agreed to stop during validation: the checkpoint waits for on_validation_end.
+        self._stop_after_validation = False
 
     @property
     def resume_path(self) -> str | None:
@@ -108,23 +179,43 @@ class HandoffLockCallback(Callback):
         return str(max(candidates, key=lambda p: p.stat().st_mtime))
 
     def acquire(self) -> None:
-        """Take the lock for the job (call on every rank). A no-op while it is held."""
+        """Take the lock for the job (call on every rank). A no-op while it is held.
+
+        In a rank that Lightning's launcher started (``python train.py`` with
+        ``devices=N``; see the module docstring) it returns at once: the job
+        holds the lock already, and the rank joins the hold in ``setup``.
+        """
+        if self.ranks is None and _relaunched_by_lightning():
+            self._joins = True
+            self.yielded, self.yield_step, self.decision = False, None, None
+            return
         if self.ranks is None:
-            self.ranks = rank_lock(
-                self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs
-            )
+            self.ranks = self._open()
         if self.ranks.signals is not None:
             self.ranks.signals.install()  # type: ignore[attr-defined]  # a signal while waiting ends the wait
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step, self.decision = False, None, None
 
+    def _open(self) -> RankLock:
+        return rank_lock(self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs)
+
     # ------------------------------------------------------------------ hooks
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._trainer = trainer
-        if stage == "fit" and (self.ranks is None or not self.ranks.held):
-            self.acquire()
+        if stage == "fit":
+            if self.ranks is None:  # acquire() was not called, or this rank joins (the process group exists now)
+                self.ranks = self._open()
+            if trainer.world_size > 1:
+                # Rank 0 of `python train.py` took the lock alone, before its fit started the other ranks.
+                joins = self._joins or self.ranks.agree is local_agree
+                self.ranks.agree, self.ranks.rank = strategy_agree(trainer.strategy), trainer.global_rank
+                if joins:
+                    self._joins = False
+                    self.ranks.join()
+            if not self.ranks.held:
+                self.acquire()
         if self.ranks is not None and self.ranks.signals is not None:
             # Off until on_train_start: Lightning installs its own handlers (Slurm's SIGUSR1 requeue
             # among them) only where it finds none; ours then go on top of theirs.
@@ -145,6 +236,26 @@ class HandoffLockCallback(Callback):
         if not self.ranks.should_stop():  # raises LockLost on every rank at once
             return
         self._stop(trainer)
+
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        ranks = self.ranks
+        if ranks is None or not ranks.held or self.yielded or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        if getattr(trainer, "received_sigterm", False):
+            ranks.request_stop("exit", cause="SIGTERM")
+        if not ranks.should_stop():  # raises LockLost on every rank at once
+            return
+        self._stop_after_validation = True
+        # Lightning's evaluation loop ends on a StopIteration from its step (its hooks included), then
+        # runs on_validation_end: the checkpoint is written there, where ModelCheckpoint writes its own.
+        raise StopIteration
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._stop_after_validation:
+            self._stop_after_validation = False
+            self._stop(trainer)
 
     def _at_optimizer_step(self, trainer: Any, batch_idx: int) -> bool:
         """Whether this batch ended with an optimizer step (not in the middle of gradient accumulation)."""

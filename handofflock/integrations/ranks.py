@@ -293,6 +293,22 @@ class RankLock:
         _log.info("rank %s stops waiting for the lock: %s (%s)", self.rank, decision.action, decision.cause)
         raise RankExit(decision)
 
+    def join(self) -> None:
+        """Become held on every rank, without acquiring, when the holder rank already holds its lock.
+
+        For ranks that start after the holder took the lock: Lightning's launcher
+        (``python train.py`` with ``devices=N``) starts ranks 1..N-1 from inside
+        the holder's ``fit``, after the holder took the lock alone. One agreement:
+        every rank returns held if the holder holds its lock, else every rank
+        raises :class:`~handofflock.LockNotHeld`.
+        """
+        holds = self.lock is not None and self.lock.is_held
+        agreed = self._meet(holds, False, None, self.lock is not None and not holds)
+        if agreed[_LAST] or not agreed[_FIRST]:
+            self._held = False
+            raise LockNotHeld(f"the holder rank does not hold the lock; rank {self.rank} cannot join the hold")
+        self._held, self._since = True, 0
+
     # ------------------------------------------------------------------ steps
 
     def request_stop(self, action: Literal["exit", "yield"] = "yield", cause: str = "requested") -> None:

@@ -12,7 +12,15 @@
 
 :meth:`train` is the exception path the Trainer lacks (``on_train_end`` is not
 called when training raises): an exception releases the lock on the holder at
-once, without meeting the other ranks, and propagates. Signals (SIGTERM, SIGINT,
+once, without meeting the other ranks, and propagates. A plain
+``trainer.train()`` gets the same path: when the Trainer is built with the
+callback (``callbacks=[callback]``), ``on_init_end`` wraps that Trainer's
+``train`` (an attribute of the instance; the class is untouched) so an exception
+lets the lock go and propagates. The Trainer does not pass itself to its
+callbacks: the callback finds it as the ``Trainer`` whose ``state`` is the one
+``on_init_end`` got, in the frames of the ``Trainer.__init__`` that calls it. A
+callback added later (``trainer.add_callback``) gets no ``on_init_end``: there,
+call :meth:`train` (a warning at ``on_train_begin`` says so). Signals (SIGTERM, SIGINT,
 SIGUSR1) on any rank become one agreed exit at the next agreement: every rank
 sets ``should_save`` and ``should_training_stop`` at the same step. With
 ``enable_jit_checkpoint`` the callback takes SIGTERM over from the Trainer's
@@ -38,7 +46,10 @@ Importing this module imports transformers (and torch).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import logging
 import os
 from typing import Any
 
@@ -49,6 +60,8 @@ from .ranks import RankLock, StopDecision
 from .torch import rank_lock
 
 __all__ = ["HandoffLockTrainerCallback"]
+
+_log = logging.getLogger("handofflock.ranks")
 
 
 class HandoffLockTrainerCallback(TrainerCallback):
@@ -77,6 +90,9 @@ class HandoffLockTrainerCallback(TrainerCallback):
         self.yield_step: int | None = None
         #: What the ranks agreed when training last stopped early (exit or yield); None after a full run.
         self.decision: StopDecision | None = None
+        #: Whether a Trainer's ``train`` was guarded (:meth:`guard`); else on_train_begin warns, once.
+        self._guarding = False
+        self._warned = False
 
     def __enter__(self) -> HandoffLockTrainerCallback:
         return self
@@ -91,6 +107,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
         Returns the :class:`~handofflock.integrations.ranks.StopDecision` if the
         ranks stopped early, None if training ran to its end.
         """
+        self.guard(trainer)
         with self:
             self.acquire()  # raises RankExit (a SystemExit) if a signal comes while the job waits
             train_kwargs.setdefault("resume_from_checkpoint", self.resume_path(trainer.args.output_dir))
@@ -115,9 +132,44 @@ class HandoffLockTrainerCallback(TrainerCallback):
             self.ranks.acquire()
         self.yielded, self.yield_step, self.decision = False, None, None
 
+    def guard(self, trainer: Any) -> None:
+        """Make ``trainer.train()`` let the lock go when it raises (``on_init_end`` does it for you).
+
+        Wraps the instance's ``train``: on an exception the holder rank releases
+        the lock at once (no meeting: the other ranks may be gone) and the
+        exception propagates. Idempotent.
+        """
+        self._guarding = True
+        if getattr(trainer.train, "_handofflock_guard", None) is self:
+            return
+        train = trainer.train
+
+        @functools.wraps(train)
+        def guarded_train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return train(*args, **kwargs)
+            except BaseException:
+                if self.ranks is not None:
+                    self.ranks.abandon()  # on_train_end never comes
+                raise
+
+        guarded_train._handofflock_guard = self  # type: ignore[attr-defined]
+        trainer.train = guarded_train
+
     # ------------------------------------------------------------------ events
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = _calling_trainer(state)
+        if trainer is not None:
+            self.guard(trainer)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._guarding and not self._warned:
+            self._warned = True
+            _log.warning(
+                "HandoffLockTrainerCallback was added after the Trainer was built: a trainer.train() that raises "
+                "keeps the lock until this process ends; call callback.train(trainer) or callback.guard(trainer)"
+            )
         if self.ranks is None or not self.ranks.held:
             self.acquire()
         assert self.ranks is not None
@@ -153,3 +205,19 @@ class HandoffLockTrainerCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.ranks is not None and self.ranks.held:
             self.ranks.release()  # all ranks meet (the checkpoint is written), then the holder hands off
+
+
+def _calling_trainer(state: Any) -> Any:
+    """The ``Trainer`` whose ``__init__`` is calling ``on_init_end`` with ``state``, or None."""
+    from transformers import Trainer
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Trainer) and getattr(candidate, "state", None) is state:
+                return candidate
+            frame = frame.f_back
+        return None
+    finally:
+        del frame

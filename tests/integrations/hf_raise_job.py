@@ -1,4 +1,7 @@
-"""A Hugging Face Trainer whose model raises at step 3, in a process that lives on (a notebook, an HPO driver)."""
+"""A Hugging Face Trainer whose model raises at step 3, in a process that lives on (a notebook, an HPO driver).
+
+    python hf_raise_job.py URL OUTPUT_DIR [callback|plain]   # callback.train(trainer), or a plain trainer.train()
+"""
 
 import sys
 import time
@@ -10,6 +13,7 @@ from handofflock import HandoffLock
 from handofflock.integrations.transformers import HandoffLockTrainerCallback
 
 url, out = sys.argv[1], sys.argv[2]
+how = sys.argv[3] if len(sys.argv) > 3 else "callback"
 transformers.logging.set_verbosity_error()
 
 
@@ -39,9 +43,13 @@ args = transformers.TrainingArguments(output_dir=out, max_steps=20, per_device_t
 callback = HandoffLockTrainerCallback(url, owner_id="job-A", ttl=6.0)
 trainer = transformers.Trainer(model=Boom(), args=args, train_dataset=Data(), callbacks=[callback])
 try:
-    callback.train(trainer)
+    if how == "plain":
+        trainer.train()  # as most scripts (and HPO drivers) call it
+    else:
+        callback.train(trainer)
 except RuntimeError as exc:
     print("training raised:", exc, flush=True)
+    print(f"at once: owner {HandoffLock(url).status().owner_id}", flush=True)
 time.sleep(3.0)  # the process lives on
 status = HandoffLock(url).status()
 print(f"after the exception: owner {status.owner_id}", flush=True)

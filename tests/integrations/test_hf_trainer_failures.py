@@ -14,10 +14,12 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.timeout(120)
-def test_training_that_raises_while_the_process_lives_on_releases_the_lock(tmp_path):
+@pytest.mark.parametrize("how", ["callback", "plain"])
+def test_training_that_raises_while_the_process_lives_on_releases_the_lock(tmp_path, how):
     url = (tmp_path / "l.json").as_uri()
-    proc = subprocess.run([sys.executable, str(HERE / "hf_raise_job.py"), url, str(tmp_path / "hf")],
+    proc = subprocess.run([sys.executable, str(HERE / "hf_raise_job.py"), url, str(tmp_path / "hf"), how],
                           capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "training raised: the model failed at step 3" in proc.stdout, proc.stdout
+    assert "at once: owner None" in proc.stdout, proc.stdout  # `how`: callback.train(trainer) or trainer.train()
     assert "after the exception: owner None" in proc.stdout, proc.stdout  # not held (and renewed) by a live process
