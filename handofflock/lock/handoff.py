@@ -32,8 +32,6 @@ from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
     ConfigurationError,
-    HandoffLockError,
-    InheritedAcrossFork,
     LockContended,
     LockLost,
     LockNotHeld,
@@ -43,13 +41,12 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, WaiterSeen, Write
+from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, WaiterSeen, Write
 from ..core.record import Label, LockRecord, new_nonce
-from ..core.timefmt import when as _when
 from ..core.timing import Timing
 from ..storage import Storage, open_url
 from . import events as signals
-from . import forking, metrics
+from . import forking, messages, metrics
 from .duties import Duties
 from .lease import Lease
 from .notifier import Notifier
@@ -57,6 +54,7 @@ from .options import TimingViews, label_of, owner_id_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
+from .release import write_release
 from .requests import RequestBook, checked_request
 from .state import State
 from .steps import Steps
@@ -275,25 +273,11 @@ class HandoffLock(TimingViews):
 
         Call it before each unit of protected work.
         """
-        if self.healthy:
-            return
-        if self._state == HELD:
-            raise LockLost(
-                f"lock {self.url!r} was not renewed within renew_deadline ({self.renew_deadline:.1f} s); "
-                "treat it as lost (was the process paused?)",
-                url=self.url,
-                reason="renew deadline passed",
-            )
-        if self._state == LOST:
+        if not self.healthy:
             why = self._lease.lost_reason
-            raise LockLost(f"lock {self.url!r} was lost: {why}", url=self.url, reason=why or "lost")
-        if self._state == FORKED:
-            raise LockLost(
-                f"lock {self.url!r} belongs to process {self._pid}; this is a child forked from it",
-                url=self.url,
-                reason="inherited across fork",
+            raise messages.not_healthy(
+                self.url, self._state, lost_reason=why, renew_deadline=self.renew_deadline, pid=self._pid
             )
-        raise LockLost(f"lock {self.url!r} is not held by this instance", url=self.url, reason="not held")
 
     def steps(self, iterable: Iterable[T]) -> Steps[T]:
         """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
@@ -356,8 +340,7 @@ class HandoffLock(TimingViews):
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
-            doing = {HELD: "holds", WAITING: "is acquiring", RELEASING: "is still releasing"}[self._state]
-            raise HandoffLockError(f"this HandoffLock instance already {doing} {self.url!r}")
+            raise messages.busy(self.url, self._state)
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
@@ -416,7 +399,7 @@ class HandoffLock(TimingViews):
                     if not blocking:
                         return self._not_acquired()
                     if not self.wait_for_slot:
-                        raise self._contended(LockContended, decision.record)
+                        raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
                 else:  # Wait
                     if not blocking:
                         return self._not_acquired()
@@ -482,7 +465,7 @@ class HandoffLock(TimingViews):
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
                 self._state = IDLE
         if timed_out:
-            raise self._contended(LockTimeout, last, timed_out=True)
+            raise messages.contended(LockTimeout, self.url, last, self._clock.time(), timed_out=True)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:
@@ -519,30 +502,7 @@ class HandoffLock(TimingViews):
                 return False
             except PreconditionFailed:
                 continue
-        raise TransientStorageError(
-            f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
-            f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
-            url=self.url,
-            key=self.key,
-            ambiguous=False,
-        )
-
-    def _contended(self, cls: type[LockContended], record: LockRecord | None, timed_out: bool = False) -> LockContended:
-        r = record or LockRecord()
-        message = None
-        if timed_out:
-            message = (
-                f"timed out acquiring {self.url!r}: held by {r.owner_id!r}, "
-                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {r.waiting_owner_id!r}"
-            )
-        return cls(
-            message,
-            url=self.url,
-            owner_id=r.owner_id,
-            owner_expires_at=r.expires_at,
-            waiter_id=r.waiting_owner_id,
-            waiter_expires_at=r.waiter_expires_at,
-        )
+        raise messages.slot_not_given_back(self.url, self.key, self.give_up_budget, self.timing.waiter_ttl)
 
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
@@ -639,10 +599,7 @@ class HandoffLock(TimingViews):
         if self._state == LOST:
             self._state = IDLE
             self._end_hold()
-            why = self._lease.lost_reason
-            raise LockLost(
-                f"lock {self.url!r} had been lost ({why}); nothing was written", url=self.url, reason=why or "lost"
-            )
+            raise messages.had_been_lost(self.url, self._lease.lost_reason)
         if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
@@ -663,7 +620,11 @@ class HandoffLock(TimingViews):
             self._state = RELEASING
             self._lease.next_release_try = float("inf")  # this attempt runs now
             try:
-                heir, lost = self._write_release(deadline)
+                heir, loss = write_release(
+                    self._io, self._lease, me=self._me, clock=self._clock, policy=self._policy, deadline=deadline
+                )
+                if loss is not None:
+                    self._mark_lost(loss.why, loss.cause, from_release=True)
             except (TransientStorageError, PreconditionFailed) as exc:
                 # Not idle: the record still names us (perhaps with a waiter waiting). Keep
                 # trying in the background, no longer renewing; release() may retry at once.
@@ -684,11 +645,11 @@ class HandoffLock(TimingViews):
             # lock no longer held, not renew or check it from the record just replaced.
             self._state = IDLE
         self._end_hold()
-        if lost is not None:
+        if loss is not None:
             if background:
                 return None
             self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
-            raise lost
+            raise loss.error
         token = self.token
         _log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
@@ -702,46 +663,6 @@ class HandoffLock(TimingViews):
         """A hold is over, however it ended: its requests go with it, and no release is retried."""
         self._book.end_hold()
         self._lease.next_release_try = float("inf")
-
-    def _write_release(self, deadline: float) -> tuple[str | None, LockLost | None]:
-        """The release's write (retried, re-read on 412): (heir, None), or (None, why it was lost)."""
-        attempted: Write | None = None
-        lease = self._lease
-        record, generation = lease.record, lease.generation
-        while True:
-            decision = protocol.decide_release(
-                record,
-                generation,
-                me=self._me,
-                token=lease.token or 0,
-                now=self._clock.time(),
-                policy=self._policy,
-                nonce=new_nonce(),
-                attempted=attempted,
-                within_lease=self._clock.monotonic() < lease.valid_until,
-            )
-            if isinstance(decision, Released):
-                return decision.handed_off_to, None
-            if isinstance(decision, Lost):
-                self._mark_lost(decision.why, None, from_release=True)
-                why = f"lock {self.url!r} was lost before release: {decision.why}; nothing was written"
-                return None, LockLost(why, url=self.url, reason=decision.why)
-            assert isinstance(decision, Write)
-            try:
-                written, _, _, _ = self._io.write_lease(decision, deadline, urgent=True)
-            except PreconditionFailed:
-                attempted = decision
-                try:
-                    record, generation = self._io.read(deadline)
-                except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
-                    self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
-                    lost = LockLost(
-                        f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc
-                    )
-                    lost.__cause__ = exc
-                    return None, lost
-                continue
-            return (written.record.owner_id if written.kind is Kind.HANDOFF else None), None
 
     # ------------------------------------------------------------------ context manager
 
@@ -963,10 +884,7 @@ class HandoffLock(TimingViews):
         lease.valid_until = float("-inf")
         lease.lost_reason = why
         self._duties.unschedule()
-        exc = LockLost(f"lock {self.url!r} lost: {why}", url=self.url, reason=why, cause=error)
-        if error is not None:
-            exc.__cause__ = error
-        lease.lost_error = exc
+        lease.lost_error = exc = messages.lost(self.url, why, error)
         _log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
@@ -977,10 +895,7 @@ class HandoffLock(TimingViews):
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
         if self._state == FORKED:
-            raise InheritedAcrossFork(
-                f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
-                "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
-            )
+            raise messages.inherited(self.url, self._pid)
         return self._guard.run(fn, deferrable=deferrable)
 
     def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
