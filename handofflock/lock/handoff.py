@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..core import protocol
-from ..core.backoff import RETRY
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
@@ -41,7 +40,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, WaiterSeen, Write
+from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Write
 from ..core.record import Label, LockRecord, new_nonce
 from ..core.timing import Timing
 from ..storage import Storage, open_url
@@ -178,7 +177,7 @@ class HandoffLock(TimingViews):
             key=key,
             check_interval=t.waiter_check_interval,
             next_due=self._due,
-            next_due_besides_check=self._due_besides_check,
+            next_due_besides_check=lambda: self._due(check=False),
             next_check_at=lambda: self._lease.next_check,
             run_due=self._run_due,
             check_against=self._check_against,
@@ -695,21 +694,18 @@ class HandoffLock(TimingViews):
 
     # ------------------------------------------------------------------ background duties (scheduler thread)
 
-    def _due(self) -> float:
-        """Monotonic time of this lock's next background duty (inf if none)."""
-        if self._state == HELD:
-            return min(self._due_besides_check(), self._lease.next_check)
-        return self._due_besides_check()
-
-    def _due_besides_check(self) -> float:
-        """Like :meth:`_due` without the waiter check, which a scheduler may batch across locks."""
+    def _due(self, *, check: bool = True) -> float:
+        """Monotonic time of this lock's next background duty (inf if none); without the waiter check
+        (``check=False``) for a scheduler that batches the checks across locks."""
+        lease = self._lease
         if self._notifier.unsent:
             return float("-inf")
         if self._state == RELEASING:
-            return self._lease.next_release_try
+            return lease.next_release_try
         if self._state != HELD:
             return float("inf")
-        return min(self._lease.next_renew, self._lease.valid_until)
+        due = min(lease.next_renew, lease.valid_until)
+        return min(due, lease.next_check) if check else due
 
     def _run_due(self) -> None:
         """Do whatever is due: renew, check for a waiter, retry a failed release; hand signals to the notifier."""
@@ -768,13 +764,8 @@ class HandoffLock(TimingViews):
                         )
                     except PreconditionFailed:
                         # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
-                        record, generation = self._io.read(lease.valid_until, retry=False)
-                        seen = self._observe(record)
-                        if isinstance(seen, Lost):
-                            self._mark_lost(seen.why, None)
+                        if not self._saw(*self._io.read(lease.valid_until, retry=False)):
                             return
-                        lease.seen(record, generation)
-                        self._note_waiter(record, seen)
                         lease.next_renew = self._clock.monotonic()
                         continue
                     lease.set(written.record, generation, mono, wall, self.timing)
@@ -783,9 +774,7 @@ class HandoffLock(TimingViews):
                     return
                 except TransientStorageError as exc:
                     metrics.renewal_failed(self, exc)
-                    lease.renew_failures += 1
-                    delay = min(self.timing.renew_interval, RETRY.delay(lease.renew_failures))
-                    lease.next_renew = min(self._clock.monotonic() + delay, lease.valid_until)
+                    delay = lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
                     _log_renew.warning(
                         "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
                         self.url,
@@ -818,32 +807,19 @@ class HandoffLock(TimingViews):
             _log_release.warning("release of %s failed for good: %s", self.url, exc)
 
     def _check_waiter(self, known_generation: int | None = None) -> None:
-        """Still ours? Someone waiting? One read, or none when ``known_generation`` says nothing changed.
+        """Still ours? Someone waiting? One read, or none when a scheduler's listing says nothing changed.
 
         The scheduler passes ``known_generation`` from a listing it just made
         (0: not listed) when it checks many locks at once; the check then runs
-        whether or not it was due. Generations only grow, so a listed generation equal to the one we know
-        means the object holds exactly our cached record: deciding on that is
-        deciding on what a read would return. A listed generation below ours
-        means the listing is older than our own last write or read of the
-        object (a renewal while the group was being listed), which already
-        showed it: no read either. A higher one (someone else wrote), or 0
-        (not listed), is settled by a read, never by the listing alone.
+        whether or not it was due. When no read is needed: :meth:`.Lease.knows`.
         """
         with self._io.mutex:
             if self._state != HELD:
                 return
             lease = self._lease
             lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
-            record: LockRecord | None
             try:
-                if (
-                    known_generation is not None
-                    and 0 < known_generation <= lease.generation
-                    and lease.record is not None
-                ):
-                    # Listed as we know it, or older: we wrote (renewed) or read it since the
-                    # listing was made, and that is at least as fresh as the listing's view.
+                if lease.knows(known_generation):
                     record, generation = lease.record, lease.generation
                 else:
                     record, generation = self._io.read(None, retry=False)
@@ -853,27 +829,19 @@ class HandoffLock(TimingViews):
             except (StorageError, LockRecordCorrupt) as exc:
                 self._mark_lost(f"the lock object became unreadable: {exc}", exc)
                 return
-            seen = self._observe(record)
-            if isinstance(seen, Lost):
-                self._mark_lost(seen.why, None)
-                return
-            if generation != lease.generation:
-                lease.seen(record, generation)
-            self._note_waiter(record, seen)
+            self._saw(record, generation)
 
-    def _observe(self, record: LockRecord | None) -> Lost | WaiterSeen | None:
-        return protocol.observe_as_owner(record, me=self._me, token=self.token or 0, now=self._clock.time())
-
-    def _note_waiter(self, record: LockRecord | None, seen: WaiterSeen | None) -> None:
-        """Announce a new waiter; withdraw the request of one that has gone (left, expired or replaced)."""
-        if record is None:
-            return
-        self._book.note_waiter(
-            seen,
-            record.waiter_instance,
-            url=self.url,
-            noticed=lambda: metrics.waiter_noticed(self, record, self._clock.time()),
-        )
+    def _saw(self, record: LockRecord | None, generation: int) -> bool:
+        """What an owner's read showed: False if the lock is lost (marked so); else the lease and book note it."""
+        seen = protocol.observe_as_owner(record, me=self._me, token=self.token or 0, now=self._clock.time())
+        if isinstance(seen, Lost):
+            self._mark_lost(seen.why, None)
+            return False
+        if generation != self._lease.generation:  # an equal one is the record we know
+            self._lease.seen(record, generation)
+        noticed = lambda r: metrics.waiter_noticed(self, r, self._clock.time())  # noqa: E731
+        self._book.note_waiter(seen, record, url=self.url, noticed=noticed)
+        return True
 
     def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
         """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
