@@ -43,17 +43,17 @@ from ..core.errors import (
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Write
 from ..core.record import Label, LockRecord, new_nonce
 from ..core.timing import Timing
-from ..storage import Storage, open_url
+from ..storage import Storage
 from . import events as signals
 from . import forking, messages, metrics
 from .duties import Duties
 from .lease import Lease
 from .notifier import Notifier
-from .options import TimingViews, label_of, owner_id_of, timing_of
+from .options import TimingViews, label_of, owner_id_of, store_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
-from .release import write_release
+from .release import give_back_slot, write_release
 from .requests import RequestBook, checked_request
 from .state import State
 from .steps import Steps
@@ -86,32 +86,11 @@ class HandoffLock(TimingViews):
     ...             save_checkpoint(fence=lock.token)
     ...             break                    # leaving the block hands the lock over
 
-    Parameters (seconds): ``ttl`` is the lease; the owner renews every
-    ``renew_interval`` (default ttl/8) and gives the lock up as unhealthy if no
-    renewal succeeded for ``renew_deadline`` (default ttl/2). The owner reads
-    the record every ``waiter_check_interval`` to notice a waiter; a waiter
-    reads it every ``waiter_poll_interval`` and holds its slot for
-    ``waiter_ttl`` (default ttl), refreshing it at half-life. A lease counts
-    as expired for others only ``max_clock_skew`` after its ``expiresAt``.
-    ``min_write_interval`` spaces writes to the object from this process
-    (default 1.0 on GCS, whose per-object write rate is about 1/s; 0 elsewhere).
-    Or pass them all as one ``timing=``, a :class:`~handofflock.Timing`.
-    With ``wait_for_slot=True`` a blocking acquire that finds another live
-    waiter keeps polling for the slot instead of raising :class:`LockContended`.
-    ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
-    let a restarted process retake its own lock at once. ``label`` says who
-    this is for people (``status`` shows it beside the owner or waiter id): a
-    string, a :class:`~handofflock.core.record.Label`, or by default what
-    :func:`~handofflock.core.identity.detect_label` finds (host, pid, pod,
-    Slurm job, torchrun rank).
-
-    What the lock is built from can be passed in, for tests and simulations:
-    ``clock`` (wall and monotonic time, waits), ``scheduler`` (what runs the
-    renewals and waiter checks; by default one per process), ``storage`` and
-    ``key`` (instead of a URL), and ``primitives``, a
-    :class:`~handofflock.lock.primitives.Primitives` whose factories make
-    every mutex, event, thread-local and thread the lock and its parts use
-    (default: :mod:`threading`).
+    The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot``;
+    ``owner_id`` and ``label``; and what the lock is built from, for tests and
+    simulations: ``clock``, ``scheduler``, ``storage`` and ``key``,
+    ``primitives``) are described once, for this lock and the async one, at
+    :class:`~handofflock.lock.options.LockOptions`.
 
     No I/O happens in the constructor.
     """
@@ -138,13 +117,7 @@ class HandoffLock(TimingViews):
         timing: Timing | None = None,
         primitives: Primitives | None = None,
     ) -> None:
-        if storage is not None:
-            if key is None:
-                raise ConfigurationError("pass key= together with storage=")
-            self.url = f"{getattr(storage, 'url', storage)}/{key}"
-        else:
-            storage, key = open_url(url)
-            self.url = os.fspath(url)
+        storage, key, self.url = store_of(url, storage, key)
         self.timing = timing_of(
             storage,
             timing,
@@ -356,17 +329,8 @@ class HandoffLock(TimingViews):
             record, generation = self._io.read_locked(deadline)
             while True:
                 last = record or last
-                if (
-                    blocking
-                    and not waiting
-                    and record is not None
-                    and record.owner_id != self.owner_id
-                    and record.waiting_owner_id == self.owner_id
-                    and record.waiter_instance == self._me.instance
-                ):
-                    # Our registration landed though we could not confirm it (its reply was lost and
-                    # the record moved on before we read it back): we are the waiter all the same.
-                    waiting = True
+                if blocking and not waiting and protocol.registered(record, self._me):
+                    waiting = True  # our registration landed though we could not confirm it
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
@@ -479,29 +443,19 @@ class HandoffLock(TimingViews):
         if not (waiting or (last is not None and last.waiting_owner_id == self.owner_id)):
             return False
         deadline = self._clock.monotonic() + self.give_up_budget
-        while self._clock.monotonic() < deadline:
-            record, generation = self._io.read_to_write(deadline, urgent=True)
-            mono, wall = self._clock.monotonic(), self._clock.time()
-            decision = protocol.decide_give_up_wait(
-                record, generation, me=self._me, now=wall, policy=self._policy, nonce=new_nonce()
-            )
-            if isinstance(decision, Owned):
-                self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
-                if keep:
-                    self._settle_handed_lease(deadline)
-                    return True
-                self._guard.deferred = False
-                self._release_held(deadline)
-                return False
-            if not isinstance(decision, Write):
-                return False
-            try:
-                with self._io.mutex:
-                    self._io.write(decision, deadline, urgent=True)
-                return False
-            except PreconditionFailed:
-                continue
-        raise messages.slot_not_given_back(self.url, self.key, self.give_up_budget, self.timing.waiter_ttl)
+        handed = give_back_slot(self._io, me=self._me, clock=self._clock, policy=self._policy, deadline=deadline)
+        if handed is None:
+            raise messages.slot_not_given_back(self.url, self.key, self.give_up_budget, self.timing.waiter_ttl)
+        if not handed:
+            return False
+        owned, mono, wall = handed
+        self._became_owner(owned.record, owned.generation, handoff=True, mono=mono, wall=wall)
+        if keep:
+            self._settle_handed_lease(deadline)
+            return True
+        self._guard.deferred = False
+        self._release_held(deadline)
+        return False
 
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""

@@ -1,28 +1,29 @@
-"""The release's write: ask the protocol, write, and on a 412 read and ask again, until it lands or the hold is lost.
+"""The write loops of letting go: the owner's release, and the waiter's slot given back.
 
-What the write is (a handoff to a live waiter, or a free record) is
-:func:`handofflock.core.protocol.decide_release`'s; how it reaches the store
-is :mod:`.record_io`'s. This loop joins them and returns what happened,
-``(heir, None)`` or ``(None, loss)``: every state change around it (releasing,
-lost, idle, the signals) stays with the lock (:meth:`.HandoffLock._release_held`),
-under the I/O mutex it holds while this runs.
+Each asks :mod:`handofflock.core.protocol` what to write, writes it through
+:mod:`.record_io`, and on a 412 reads and asks again, until the write lands,
+the hold turns out lost, or there is nothing left to write. Each returns what
+happened; every state change around it (releasing, lost, idle, becoming the
+owner of a lock handed over meanwhile, the signals) stays with the lock
+(:mod:`.handoff`), which decides what the outcome means.
 
 A 412 is not the end of a release: a waiter registered, refreshed or left
 since our last read, and the protocol decides again from the record read
 back, knowing which write it ``attempted``: if the record shows that write's
-effect, it landed (see ``decide_release``). A record that has
-become unreadable was overwritten by someone: the hold is lost, and the
-record is never rewritten by us.
+effect, it landed (see ``decide_release``). A record that has become
+unreadable was overwritten by someone: the hold is lost, and the record is
+never rewritten by us.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ..core import protocol
 from ..core.clock import Clock
 from ..core.errors import LockLost, LockRecordCorrupt, PreconditionFailed
-from ..core.protocol import Kind, Lost, Me, Policy, Released, Write
+from ..core.protocol import Kind, Lost, Me, Owned, Policy, Released, Write
 from ..core.record import new_nonce
 from .lease import Lease
 from .record_io import RecordIO
@@ -79,3 +80,31 @@ def write_release(
                 return None, Loss(f"the lock object became unreadable: {exc.reason}", exc, lost)
             continue
         return (written.record.owner_id if written.kind is Kind.HANDOFF else None), None
+
+
+def give_back_slot(
+    io: RecordIO, *, me: Me, clock: Clock, policy: Policy, deadline: float
+) -> tuple[Owned, float, float] | Literal[False] | None:
+    """Clear our waiter slot with a conditional write (re-read on 412), by ``deadline``.
+
+    Returns False when the slot is clear (given back, or no longer ours);
+    ``(owned, mono, wall)`` when the owner handed us the lock meanwhile (the
+    clocks read when the record showed it: the lease counts from there), and
+    the lock decides whether to keep it; None when ``deadline`` passed first.
+    Each read waits for our write slot first, as an urgent write.
+    """
+    while clock.monotonic() < deadline:
+        record, generation = io.read_to_write(deadline, urgent=True)
+        mono, wall = clock.monotonic(), clock.time()
+        decision = protocol.decide_give_up_wait(record, generation, me=me, now=wall, policy=policy, nonce=new_nonce())
+        if isinstance(decision, Owned):
+            return decision, mono, wall
+        if not isinstance(decision, Write):
+            return False
+        try:
+            with io.mutex:
+                io.write(decision, deadline, urgent=True)
+            return False
+        except PreconditionFailed:
+            continue
+    return None
