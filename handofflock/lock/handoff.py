@@ -45,7 +45,7 @@ from ..core.record import Label, LockRecord, new_nonce
 from ..core.timing import Timing
 from ..storage import Storage
 from . import events as signals
-from . import forking, messages, metrics
+from . import forking, messages, metrics, renewal
 from .duties import Duties
 from .lease import Lease
 from .notifier import Notifier
@@ -254,13 +254,8 @@ class HandoffLock(TimingViews):
     def steps(self, iterable: Iterable[T]) -> Steps[T]:
         """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
 
-        >>> steps = lock.steps(range(start, total))
-        >>> for step in steps:
-        ...     train(step)
-        >>> save_checkpoint(steps.last, fence=lock.token)   # then leave: hands off
-
         No I/O per step; raises :class:`LockLost` before a step if the lock is
-        no longer safely held. See :class:`handofflock.lock.steps.Steps`.
+        no longer safely held. See :mod:`handofflock.lock.steps` for an example.
         """
         return Steps(self, iterable)
 
@@ -358,14 +353,10 @@ class HandoffLock(TimingViews):
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
                         self._now_waiting(record)
-                elif isinstance(decision, Contended):
-                    if not blocking:
-                        return self._not_acquired()
-                    if not self.wait_for_slot:
-                        raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
-                else:  # Wait
-                    if not blocking:
-                        return self._not_acquired()
+                elif not blocking:  # contended, or it would wait: never waits, never registers
+                    return self._not_acquired()
+                elif isinstance(decision, Contended) and not self.wait_for_slot:
+                    raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
                 # Read again one poll interval after the last read began (sooner at the deadline):
                 # polls keep a fixed rate, so a read's own duration does not stretch the period.
                 pause = max(0.0, polled + self.timing.waiter_poll_interval - self._clock.monotonic())
@@ -478,12 +469,11 @@ class HandoffLock(TimingViews):
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
-        """A handed-over lease with less than ``renew_interval`` of validity left is renewed before we return.
+        """A handed-over lease with less than ``renew_interval`` left is renewed before acquire() returns.
 
-        The previous owner wrote it; we may have seen it late (a slow poll, a
-        pause). acquire() returns only with a lease no check can call lost
-        before its first renewal. The renewal is a write conditional on the
-        generation we read, so it is safe however late it is.
+        We may have seen the previous owner's write late (a slow poll, a pause);
+        acquire() returns only with a lease no check can call lost before its
+        first renewal. The write is conditional on the generation read: safe however late.
         """
         lease = self._lease
         if lease.valid_until - self._clock.monotonic() >= self.timing.renew_interval:
@@ -491,35 +481,18 @@ class HandoffLock(TimingViews):
         with self._io.mutex:
             if self._state != HELD:
                 return
-            decision = self._decide_renew()
             try:
-                if not isinstance(decision, Write):
-                    raise PreconditionFailed(self.key, lease.generation, url=self.url)
-                end = self._clock.monotonic() + self.timing.renew_deadline
-                written, generation, mono, wall = self._io.write_lease(
-                    decision,
-                    end if deadline is None else max(min(deadline, end), lease.valid_until),
-                    urgent=True,
-                )
+                renewal.renew_handed(self._io, lease, deadline=deadline, **self._renewing())
             except (StorageError, LockRecordCorrupt) as exc:
                 if self._clock.monotonic() < lease.valid_until:
                     lease.next_renew = self._clock.monotonic()  # keep it; the scheduler retries at once
                     return
                 self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)
                 raise lease.lost_error from exc  # type: ignore[misc]
-            lease.set(written.record, generation, mono, wall, self.timing)
 
-    def _decide_renew(self) -> protocol.Decision:
-        lease = self._lease
-        return protocol.decide_renew(
-            lease.record,
-            lease.generation,
-            me=self._me,
-            token=lease.token or 0,
-            now=self._clock.time(),
-            policy=self._policy,
-            nonce=new_nonce(),
-        )
+    def _renewing(self) -> renewal.Renewer:
+        """What :mod:`.renewal` needs of this lock, besides its I/O and its lease."""
+        return renewal.Renewer(me=self._me, clock=self._clock, policy=self._policy, timing=self.timing)
 
     # ------------------------------------------------------------------ release
 
@@ -641,8 +614,8 @@ class HandoffLock(TimingViews):
         def read() -> LockStatus:
             # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
             # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
-            record, generation = self._io.read(self._clock.monotonic() + 30.0, interruptible=True)
-            return LockStatus.of(self.url, record, generation, self._clock.time())
+            found = self._io.read(self._clock.monotonic() + 30.0, interruptible=True)
+            return LockStatus.of(self.url, *found, self._clock.time())
 
         return self._guarded(read)
 
@@ -683,63 +656,30 @@ class HandoffLock(TimingViews):
         self._notifier.notify()
 
     def _renew(self) -> None:
-        """Renew; never waits for the write gate (it defers instead) and never sleeps between retries.
-
-        The lease stays valid until ``valid_until``, well past the next
-        attempt: a renewal the store's write spacing would delay is deferred to
-        when the gate opens, so the lock's I/O mutex is never held through a
-        wait and a release or a waiter check never queues behind one.
-
-        Renewals are urgent writes for the gate (they keep the lock), so a
-        renewal whose write failed its precondition (a waiter registered,
-        refreshed or left) is sent again at once from the record just read,
-        not a full spacing later: a few waiter writes in a row must not run
-        an owner at the shortest ttl past its renew deadline.
-        """
+        """Renew (see :mod:`.renewal`: never waits for the write gate, never sleeps between retries)."""
         with self._io.mutex:
-            lease = self._lease
-            for _ in range(3):
-                if self._state != HELD:
-                    return
-                now = self._clock.monotonic()
-                wait = self._io.gate().ready_in(now, urgent=True)
-                if wait > 0:
-                    lease.next_renew = now + wait
-                    return
-                try:
-                    decision = self._decide_renew()
-                    if isinstance(decision, Lost):
-                        self._mark_lost(decision.why, None)
-                        return
-                    assert isinstance(decision, Write)
-                    try:
-                        written, generation, mono, wall = self._io.write_lease(
-                            decision, lease.valid_until, retry=False, urgent=True
-                        )
-                    except PreconditionFailed:
-                        # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
-                        if not self._saw(*self._io.read(lease.valid_until, retry=False)):
-                            return
-                        lease.next_renew = self._clock.monotonic()
-                        continue
-                    lease.set(written.record, generation, mono, wall, self.timing)
-                    metrics.renewed(self, self._clock.monotonic() - mono)
-                    _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
-                    return
-                except TransientStorageError as exc:
-                    metrics.renewal_failed(self, exc)
-                    delay = lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
-                    _log_renew.warning(
-                        "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
-                        self.url,
-                        exc,
-                        delay,
-                    )
-                    return
-                except (StorageError, LockRecordCorrupt) as exc:
-                    metrics.renewal_failed(self, exc)
-                    self._mark_lost(f"renewal failed: {exc}", exc)
-                    return
+            lease, held = self._lease, lambda: self._state == HELD
+            try:
+                renewed = renewal.renew(self._io, lease, held=held, saw=self._saw, **self._renewing())
+            except TransientStorageError as exc:
+                metrics.renewal_failed(self, exc)
+                delay = lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
+                _log_renew.warning(
+                    "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
+                    self.url,
+                    exc,
+                    delay,
+                )
+                return
+            except (StorageError, LockRecordCorrupt) as exc:
+                metrics.renewal_failed(self, exc)
+                self._mark_lost(f"renewal failed: {exc}", exc)
+                return
+            if isinstance(renewed, Lost):
+                self._mark_lost(renewed.why, None)
+            elif renewed is not None:
+                metrics.renewed(self, renewed.took)
+                _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, renewed.expires_at)
 
     def _retry_release(self) -> None:
         """Retry a release whose write failed, until it lands or the lease is over anyway."""
