@@ -149,11 +149,15 @@ class HandoffLock(TimingViews):
             store=storage,
             key=key,
             check_interval=t.waiter_check_interval,
-            next_due=self._due,
-            next_due_besides_check=lambda: self._due(check=False),
-            next_check_at=lambda: self._lease.next_check,
-            run_due=self._run_due,
-            check_against=self._check_against,
+            clock=self._clock,
+            state=lambda: self._state,
+            lease=lambda: self._lease,
+            unsent=lambda: self._notifier.unsent,
+            renew=self._renew,
+            check_waiter=self._check_waiter,
+            retry_release=self._retry_release,
+            deadline_passed=self._deadline_passed,
+            notify=lambda: self._notifier.notify(),
             describe=lambda: repr(self),
         )
         self._fresh_parts(IDLE)
@@ -621,39 +625,11 @@ class HandoffLock(TimingViews):
 
     # ------------------------------------------------------------------ background duties (scheduler thread)
 
-    def _due(self, *, check: bool = True) -> float:
-        """Monotonic time of this lock's next background duty (inf if none); without the waiter check
-        (``check=False``) for a scheduler that batches the checks across locks."""
-        lease = self._lease
-        if self._notifier.unsent:
-            return float("-inf")
-        if self._state == RELEASING:
-            return lease.next_release_try
-        if self._state != HELD:
-            return float("inf")
-        due = min(lease.next_renew, lease.valid_until)
-        return min(due, lease.next_check) if check else due
-
-    def _run_due(self) -> None:
-        """Do whatever is due: renew, check for a waiter, retry a failed release; hand signals to the notifier."""
-        now, lease = self._clock.monotonic(), self._lease
-        if self._state == HELD:
-            if now >= lease.valid_until:
-                with self._io.mutex:
-                    if self._state == HELD:
-                        self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
-            elif now >= lease.next_renew:
-                self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
-            elif now >= lease.next_check:
-                self._check_waiter()
-        elif self._state == RELEASING and now >= lease.next_release_try:
-            self._retry_release()
-        self._notifier.notify()
-
-    def _check_against(self, generation: int) -> None:
-        """A waiter check against a scheduler's listing (see :meth:`_check_waiter`), then the signals."""
-        self._check_waiter(known_generation=generation)
-        self._notifier.notify()
+    def _deadline_passed(self) -> None:
+        """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
+        with self._io.mutex:
+            if self._state == HELD:
+                self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
 
     def _renew(self) -> None:
         """Renew (see :mod:`.renewal`: never waits for the write gate, never sleeps between retries)."""
