@@ -118,20 +118,10 @@ class HandoffLock(TimingViews):
         primitives: Primitives | None = None,
     ) -> None:
         storage, key, self.url = store_of(url, storage, key)
-        self.timing = timing_of(
-            storage,
-            timing,
-            {
-                "ttl": ttl,
-                "renew_interval": renew_interval,
-                "renew_deadline": renew_deadline,
-                "waiter_ttl": waiter_ttl,
-                "waiter_check_interval": waiter_check_interval,
-                "waiter_poll_interval": waiter_poll_interval,
-                "max_clock_skew": max_clock_skew,
-                "min_write_interval": min_write_interval,
-            },
-        )
+        lease = {"ttl": ttl, "renew_interval": renew_interval, "renew_deadline": renew_deadline}
+        polls = {"waiter_check_interval": waiter_check_interval, "waiter_poll_interval": waiter_poll_interval}
+        more = {"waiter_ttl": waiter_ttl, "max_clock_skew": max_clock_skew, "min_write_interval": min_write_interval}
+        self.timing = timing_of(storage, timing, lease | polls | more)
         self.wait_for_slot = bool(wait_for_slot)
         self.owner_id: str = owner_id_of(owner_id)
         #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
@@ -238,28 +228,20 @@ class HandoffLock(TimingViews):
     def healthy(self) -> bool:
         """True while the lock is held and renewed recently enough to be safe. No I/O.
 
-        Turns False as soon as ``renew_deadline`` has passed since the last
-        successful renewal, even if the background thread has not run yet (say
-        the whole process was stopped): the monotonic clock kept counting.
+        False once ``renew_deadline`` has passed since the last successful renewal, even if the
+        background thread has not run yet (the process was stopped): the monotonic clock kept counting.
         """
         return self._state == HELD and self._clock.monotonic() < self._lease.valid_until
 
     def check(self) -> None:
-        """Raise :class:`LockLost` unless the lock is held and healthy. No I/O.
-
-        Call it before each unit of protected work.
-        """
+        """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
         if not self.healthy:
-            why = self._lease.lost_reason
-            raise messages.not_healthy(
-                self.url, self._state, lost_reason=why, renew_deadline=self.renew_deadline, pid=self._pid
-            )
+            raise messages.not_healthy(self.url, self._state, self._lease.lost_reason, self.renew_deadline, self._pid)
 
     def steps(self, iterable: Iterable[T]) -> Steps[T]:
-        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom.
+        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:mod:`.steps`).
 
-        No I/O per step; raises :class:`LockLost` before a step if the lock is
-        no longer safely held. See :mod:`handofflock.lock.steps` for an example.
+        No I/O per step; raises :class:`LockLost` before a step if the lock is no longer safely held.
         """
         return Steps(self, iterable)
 
@@ -272,11 +254,9 @@ class HandoffLock(TimingViews):
     ) -> None:
         """Ask the holder of this instance to release, as a waiter would.
 
-        Safe in a signal handler: it only assigns attributes; the
-        ``on_release_requested`` signal is sent from the scheduler thread.
-        The most urgent request (earliest deadline) is kept. ``reason`` is a
-        :class:`RequestReason` or its value; ``"manual"`` (the old name of
-        ``"operator"``) still works, with a :class:`DeprecationWarning`.
+        Safe in a signal handler: it only assigns attributes; ``on_release_requested`` is sent from
+        the scheduler thread. The most urgent request (earliest deadline) is kept. ``reason`` is a
+        :class:`RequestReason` or its value (``"manual"``, the old ``"operator"``, is deprecated).
         """
         why = checked_request(reason, deadline)
         self._book.request(why, requester or why.value, deadline)
@@ -287,23 +267,20 @@ class HandoffLock(TimingViews):
         """Take the lock. Returns True when held.
 
         * lock absent, free, or expired with no other live waiter: take it.
-        * held by a live owner: become the single waiter and poll until the
-          owner hands the lock over or its lease expires.
-        * another live waiter already: raise :class:`LockContended` (or, with
-          ``wait_for_slot``, keep polling for the slot).
+        * held by a live owner: become the single waiter and poll until the owner hands the lock
+          over or its lease expires.
+        * another live waiter already: raise :class:`LockContended` (or, with ``wait_for_slot``,
+          keep polling for the slot).
 
-        ``blocking=False`` never waits and never registers as waiter: it returns
-        False if the lock cannot be taken now (transient storage errors are
-        retried for at most ``timeout``, default ``renew_deadline``).
-        ``timeout`` bounds the wait; on expiry the waiter slot is given back
-        and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
+        ``blocking=False`` never waits and never registers as waiter: it returns False if the lock
+        cannot be taken now (transient storage errors are retried for at most ``timeout``, default
+        ``renew_deadline``). ``timeout`` bounds the wait; on expiry the waiter slot is given back and
+        :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
 
-        Every way out that does not return True gives the waiter slot back: a
-        timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. A
-        :meth:`cancel` that comes while no acquire runs cancels the next one.
-        When True is returned the lease is valid and counted from the write
-        that made it (for a handoff, from the previous owner's write, renewed
-        at once if little of it is left).
+        Every way out that does not return True gives the waiter slot back: a timeout, :meth:`cancel`,
+        a storage error, KeyboardInterrupt. A :meth:`cancel` that comes while no acquire runs cancels
+        the next one. When True is returned the lease is valid and counted from the write that made
+        it (for a handoff, from the previous owner's write, renewed at once if little of it is left).
         """
         if timeout is not None and not timeout >= 0:  # also refuses NaN
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
@@ -403,9 +380,8 @@ class HandoffLock(TimingViews):
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
 
-        If no acquire is running, the next one to start is cancelled instead
-        (a cancel racing the start of an acquire is never dropped). No effect
-        while the lock is held.
+        If no acquire is running, the next one to start is cancelled instead (a cancel racing the
+        start of an acquire is never dropped). No effect while the lock is held.
         """
         if self._state in (IDLE, WAITING):
             self._cancel.set()
@@ -427,11 +403,10 @@ class HandoffLock(TimingViews):
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:
-        """Clear our waiter slot with a conditional write, within ``give_up_budget``.
+        """Clear our waiter slot (:func:`.release.give_back_slot`) within ``give_up_budget``.
 
-        If the owner handed us the lock meanwhile we own it: with ``keep`` we
-        keep it (returns True), else we release it at once, handing it on.
-        Returns False when we do not hold the lock afterwards.
+        If the owner handed us the lock meanwhile we own it: with ``keep`` we keep it (returns True),
+        else we release it at once, handing it on. Returns False when we do not hold the lock afterwards.
         """
         # ``waiting`` is False if our registration's reply was lost and the record moved
         # on before we could see our nonce; the record naming us still says the slot is ours.
@@ -464,10 +439,9 @@ class HandoffLock(TimingViews):
             "%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else ""
         )
         if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
-            # A waiter already in the record we took (it registered while the lock was being
-            # handed to us): our renewals write against this very generation and never meet it,
-            # so the first waiter check runs now, not an interval later. It runs in the
-            # background, after acquire() has returned: receivers never run inside acquire().
+            # A waiter already in the record we took (it registered while the lock was being handed to
+            # us): our renewals write against this very generation and never meet it, so the first waiter
+            # check runs now, in the background, after acquire() has returned (receivers never run inside it).
             lease.next_check = self._clock.monotonic()
         self._duties.schedule()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
@@ -503,16 +477,14 @@ class HandoffLock(TimingViews):
     def release(self) -> str | None:
         """Give the lock up: hand it to a live waiter in one write, or mark it free.
 
-        Returns the waiter's owner id when handed off, else None. Raises
-        :class:`LockLost` (writing nothing) if the lock had been lost, and
-        :class:`LockNotHeld` if this instance never held it. During a blocking
-        ``acquire()`` in another thread, it cancels that acquire and waits for
-        it to end; if the acquire got the lock first, that hold is released.
+        Returns the waiter's owner id when handed off, else None. Raises :class:`LockLost` (writing
+        nothing) if the lock had been lost, and :class:`LockNotHeld` if this instance never held it.
+        During a blocking ``acquire()`` in another thread, it cancels that acquire and waits for it to
+        end; if the acquire got the lock first, that hold is released.
 
-        If the release write fails (the store is down), the error is raised
-        and the lock is no longer renewed; the release is retried in the
-        background until it lands or the lease runs out, and ``release()`` may
-        be called again to retry it at once.
+        If the release write fails (the store is down), the error is raised and the lock is no longer
+        renewed; the release is retried in the background until it lands or the lease runs out, and
+        ``release()`` may be called again to retry it at once.
         """
         return self._guarded(self._release, deferrable=True)
 
@@ -718,11 +690,8 @@ class HandoffLock(TimingViews):
         if self._state == LOST:
             return
         self._state = LOST
-        lease = self._lease
-        lease.valid_until = float("-inf")
-        lease.lost_reason = why
+        self._lease.lose(why, exc := messages.lost(self.url, why, error))
         self._duties.unschedule()
-        lease.lost_error = exc = messages.lost(self.url, why, error)
         _log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)

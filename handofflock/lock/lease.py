@@ -83,6 +83,11 @@ class Lease:
         self.next_renew = min(now + delay, self.valid_until)
         return delay
 
+    def lose(self, why: str, error: BaseException) -> None:
+        """The hold is lost, for ``why``: nothing about it is valid any more; ``error`` is what to raise."""
+        self.valid_until = -_INF
+        self.lost_reason, self.lost_error = why, error
+
     def seen(self, record: LockRecord | None, generation: int) -> None:
         """A read showed ``record`` at ``generation``: the lease is unchanged, the record we write on is this."""
         self.record, self.generation = record, generation

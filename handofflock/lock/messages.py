@@ -36,7 +36,7 @@ def contended(
     )
 
 
-def not_healthy(url: str, state: State, *, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:
+def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:
     """Why :meth:`HandoffLock.check` refuses a lock in ``state`` that is not held and healthy."""
     if state is State.HELD:
         return LockLost(
