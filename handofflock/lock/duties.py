@@ -2,9 +2,9 @@
 
 The scheduler sees a lock through this object only: its store and key (to
 group waiter checks), its check interval, when its next duties fall due, and
-two ways to run them. The lock hands it exactly what that takes (its state,
-its lease and whether signals wait to be sent, each read through a callable,
-and its transitions, bound) and nothing else, as python-redis-lock gives its
+two ways to run them. The lock hands it exactly what that takes (its state
+and lease, and its notifier, each read through a callable, since a forked
+child replaces them; and its transitions, bound) and nothing else, as python-redis-lock gives its
 renewer a weak reference and an event rather than the whole lock. Which duty
 is due, and so which transition runs, is decided here from the lease's due
 times; what each transition does stays with the lock (:mod:`.handoff`). It
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from ..core.clock import Clock
 from ..storage.base import Storage
 from .lease import Lease
+from .notifier import Notifier
 from .scheduler import Scheduler, default_scheduler
 from .state import State
 
@@ -34,12 +35,10 @@ class Duties:
         "_clock",
         "_deadline_passed",
         "_describe",
-        "_lease",
-        "_notify",
+        "_hold",
+        "_notifier",
         "_renew",
         "_retry_release",
-        "_state",
-        "_unsent",
         "check_interval",
         "key",
         "scheduler",
@@ -54,28 +53,26 @@ class Duties:
         key: str,
         check_interval: float,
         clock: Clock,
-        state: Callable[[], State],
-        lease: Callable[[], Lease],
-        unsent: Callable[[], bool],
+        hold: Callable[[], tuple[State, Lease]],
+        notifier: Callable[[], Notifier],
         renew: Callable[[], None],
         check_waiter: Callable[[int | None], None],
         retry_release: Callable[[], None],
         deadline_passed: Callable[[], None],
-        notify: Callable[[], None],
         describe: Callable[[], str],
     ) -> None:
         #: Which scheduler runs these duties (None: the process-wide one, made when first needed).
         self.scheduler = scheduler
         self.store, self.key, self.check_interval = store, key, check_interval
-        self._clock, self._state, self._lease, self._unsent = clock, state, lease, unsent
+        self._clock, self._hold, self._notifier = clock, hold, notifier
         self._renew, self._check_waiter, self._retry_release = renew, check_waiter, retry_release
-        self._deadline_passed, self._notify, self._describe = deadline_passed, notify, describe
+        self._deadline_passed, self._describe = deadline_passed, describe
 
     def next_due(self, *, check: bool = True) -> float:
         """Monotonic time of the lock's next duty (inf if none): a renewal, the end of the lease's
         validity (it is lost then), a waiter check, a release retry, or signals to send (at once)."""
-        state, lease = self._state(), self._lease()
-        if self._unsent():
+        state, lease = self._hold()
+        if self._notifier().unsent:
             return float("-inf")
         if state is State.RELEASING:
             return lease.next_release_try
@@ -90,27 +87,27 @@ class Duties:
 
     def next_check_at(self) -> float:
         """When the next waiter check falls due."""
-        return self._lease().next_check
+        return self._hold()[1].next_check
 
     def run_due(self) -> None:
         """Do whatever is due: the loss at the renew deadline, a renewal, a waiter check or a release
         retry (one of them); then hand the signals to the notifier."""
-        now, lease = self._clock.monotonic(), self._lease()
-        if self._state() is State.HELD:
+        now, (state, lease) = self._clock.monotonic(), self._hold()
+        if state is State.HELD:
             if now >= lease.valid_until:
                 self._deadline_passed()
             elif now >= lease.next_renew:
                 self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
             elif now >= lease.next_check:
                 self._check_waiter(None)
-        elif self._state() is State.RELEASING and now >= lease.next_release_try:
+        elif self._hold()[0] is State.RELEASING and now >= lease.next_release_try:
             self._retry_release()
-        self._notify()
+        self._notifier().notify()
 
     def check_against(self, generation: int) -> None:
         """A waiter check against a scheduler's listing that shows the object at ``generation`` (0: not listed)."""
         self._check_waiter(generation)
-        self._notify()
+        self._notifier().notify()
 
     def __repr__(self) -> str:
         return f"<duties of {self._describe()}>"

@@ -20,6 +20,7 @@ decisions are :mod:`handofflock.core.protocol`'s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -40,7 +41,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Write
+from ..core.protocol import Contended, Kind, Lost, Me, Owned, Write
 from ..core.record import Label, LockRecord, new_nonce
 from ..core.timing import Timing
 from ..storage import Storage
@@ -49,7 +50,7 @@ from . import forking, messages, metrics, renewal
 from .duties import Duties
 from .lease import Lease
 from .notifier import Notifier
-from .options import TimingViews, label_of, owner_id_of, store_of, timing_of
+from .options import TimingViews, label_of, owner_id_of, policy_of, store_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
@@ -86,13 +87,10 @@ class HandoffLock(TimingViews):
     ...             save_checkpoint(fence=lock.token)
     ...             break                    # leaving the block hands the lock over
 
-    The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot``;
-    ``owner_id`` and ``label``; and what the lock is built from, for tests and
-    simulations: ``clock``, ``scheduler``, ``storage`` and ``key``,
-    ``primitives``) are described once, for this lock and the async one, at
-    :class:`~handofflock.lock.options.LockOptions`.
-
-    No I/O happens in the constructor.
+    The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot``; ``owner_id`` and
+    ``label``; and what the lock is built from, for tests and simulations: ``clock``, ``scheduler``,
+    ``storage`` and ``key``, ``primitives``) are described once, for this lock and the async one, at
+    :class:`~handofflock.lock.options.LockOptions`. No I/O happens in the constructor.
     """
 
     def __init__(
@@ -126,28 +124,24 @@ class HandoffLock(TimingViews):
         self.owner_id: str = owner_id_of(owner_id)
         #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
         self.label: Label = label_of(label)
-        # The instance id, random, written beside owner_id: two instances that share a stable
-        # owner_id (a restart racing its predecessor) are never taken for each other.
+        # The instance id, random (see Me): two instances sharing a stable owner_id are never taken for each other.
         self._me = Me(self.owner_id, secrets.token_hex(8), self.label)
         self._clock = clock or Clock()
-        t = self.timing
-        self._policy = Policy(ttl=t.ttl, waiter_ttl=t.waiter_ttl, max_clock_skew=t.max_clock_skew)
+        self._policy = policy_of(self.timing)
         self._prims = primitives or THREADING
         self._pid = os.getpid()
         self._duties = Duties(
             scheduler,
             store=storage,
             key=key,
-            check_interval=t.waiter_check_interval,
+            check_interval=self.timing.waiter_check_interval,
             clock=self._clock,
-            state=lambda: self._state,
-            lease=lambda: self._lease,
-            unsent=lambda: self._notifier.unsent,
+            hold=lambda: (self._state, self._lease),
+            notifier=lambda: self._notifier,
             renew=self._renew,
             check_waiter=self._check_waiter,
             retry_release=self._retry_release,
             deadline_passed=self._deadline_passed,
-            notify=lambda: self._notifier.notify(),
             describe=lambda: repr(self),
         )
         self._fresh_parts(IDLE)
@@ -180,13 +174,9 @@ class HandoffLock(TimingViews):
 
     def _after_fork(self) -> None:
         """In a forked child (called by :mod:`.forking`): hold nothing, do nothing, refuse every operation.
-
-        The token goes with the lease (the parent's: a fenced write in the child must not carry it).
-        """
+        The token goes with the lease (the parent's: a fenced write in the child must not carry it)."""
         self._duties.scheduler = None
         self._fresh_parts(FORKED)
-
-    # ------------------------------------------------------------------ public state
 
     @property
     def storage(self) -> Storage:
@@ -256,21 +246,17 @@ class HandoffLock(TimingViews):
 
         Safe in a signal handler: it only assigns attributes; ``on_release_requested`` is sent from
         the scheduler thread. The most urgent request (earliest deadline) is kept. ``reason`` is a
-        :class:`RequestReason` or its value (``"manual"``, the old ``"operator"``, is deprecated).
+        :class:`RequestReason` or its value (``"manual"``, the old name of ``"operator"``, is deprecated).
         """
         why = checked_request(reason, deadline)
         self._book.request(why, requester or why.value, deadline)
-
-    # ------------------------------------------------------------------ acquire
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock. Returns True when held.
 
         * lock absent, free, or expired with no other live waiter: take it.
-        * held by a live owner: become the single waiter and poll until the owner hands the lock
-          over or its lease expires.
-        * another live waiter already: raise :class:`LockContended` (or, with ``wait_for_slot``,
-          keep polling for the slot).
+        * held by a live owner: become the single waiter; poll until the owner hands it over or its lease expires.
+        * another live waiter already: raise :class:`LockContended` (with ``wait_for_slot``: poll for the slot).
 
         ``blocking=False`` never waits and never registers as waiter: it returns False if the lock
         cannot be taken now (transient storage errors are retried for at most ``timeout``, default
@@ -318,12 +304,10 @@ class HandoffLock(TimingViews):
                     return True
                 if isinstance(decision, Write):
                     if decision.kind is Kind.BECOME_WAITER and not blocking:
-                        return self._not_acquired()
+                        self._state = IDLE
+                        return False
                     try:
-                        with self._io.mutex:
-                            written, generation, mono, wall = self._io.write_lease(
-                                decision, deadline, interruptible=True
-                            )
+                        written, generation, mono, wall = self._io.write_locked(decision, deadline)
                     except PreconditionFailed:
                         record, generation = self._io.read_to_write(deadline, interruptible=True)
                         continue
@@ -335,7 +319,8 @@ class HandoffLock(TimingViews):
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
                         self._now_waiting(record)
                 elif not blocking:  # contended, or it would wait: never waits, never registers
-                    return self._not_acquired()
+                    self._state = IDLE
+                    return False
                 elif isinstance(decision, Contended) and not self.wait_for_slot:
                     raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
                 # Read again one poll interval after the last read began (sooner at the deadline):
@@ -346,7 +331,7 @@ class HandoffLock(TimingViews):
                     if left <= 0:
                         return self._give_up(waiting, last, timed_out=True)
                     pause = min(pause, left)
-                if self._clock.wait(self._cancel, pause) or self._guard.deferred:
+                if self._interrupted(pause):
                     return self._give_up(waiting, last, timed_out=False)
                 polled = self._clock.monotonic()
                 record, generation = self._io.read_locked(deadline)
@@ -380,15 +365,10 @@ class HandoffLock(TimingViews):
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
 
-        If no acquire is running, the next one to start is cancelled instead (a cancel racing the
-        start of an acquire is never dropped). No effect while the lock is held.
-        """
+        If none runs, the next one to start is cancelled (a cancel racing its start is never dropped).
+        No effect while the lock is held."""
         if self._state in (IDLE, WAITING):
             self._cancel.set()
-
-    def _not_acquired(self) -> bool:
-        self._state = IDLE
-        return False
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
         """A timeout or a cancel: leave the waiter slot (maybe we were handed the lock meanwhile)."""
@@ -435,9 +415,8 @@ class HandoffLock(TimingViews):
         self._lease = lease
         self._book.new_hold()  # a release request recorded while we were acquiring (a SIGTERM, say) stands
         self._state = HELD
-        _log_acquire.info(
-            "%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, ", handed off" if handoff else ""
-        )
+        how = ", handed off" if handoff else ""
+        _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, how)
         if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
             # A waiter already in the record we took (it registered while the lock was being handed to
             # us): our renewals write against this very generation and never meet it, so the first waiter
@@ -449,9 +428,8 @@ class HandoffLock(TimingViews):
     def _settle_handed_lease(self, deadline: float | None) -> None:
         """A handed-over lease with less than ``renew_interval`` left is renewed before acquire() returns.
 
-        We may have seen the previous owner's write late (a slow poll, a pause);
-        acquire() returns only with a lease no check can call lost before its
-        first renewal. The write is conditional on the generation read: safe however late.
+        We may have seen the previous owner's write late (a slow poll, a pause); acquire() returns only with
+        a lease no check can call lost before its first renewal. Conditional on the generation: safe however late.
         """
         lease = self._lease
         if lease.valid_until - self._clock.monotonic() >= self.timing.renew_interval:
@@ -471,8 +449,6 @@ class HandoffLock(TimingViews):
     def _renewing(self) -> renewal.Renewer:
         """What :mod:`.renewal` needs of this lock, besides its I/O and its lease."""
         return renewal.Renewer(me=self._me, clock=self._clock, policy=self._policy, timing=self.timing)
-
-    # ------------------------------------------------------------------ release
 
     def release(self) -> str | None:
         """Give the lock up: hand it to a live waiter in one write, or mark it free.
@@ -566,8 +542,6 @@ class HandoffLock(TimingViews):
         self._book.end_hold()
         self._lease.next_release_try = float("inf")
 
-    # ------------------------------------------------------------------ context manager
-
     def __enter__(self) -> HandoffLock:
         self.acquire()
         return self
@@ -582,20 +556,12 @@ class HandoffLock(TimingViews):
                 raise
             _log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
 
-    # ------------------------------------------------------------------ status
-
     def status(self) -> LockStatus:
         """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
-
-        def read() -> LockStatus:
-            # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
-            # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
-            found = self._io.read(self._clock.monotonic() + 30.0, interruptible=True)
-            return LockStatus.of(self.url, *found, self._clock.time())
-
-        return self._guarded(read)
-
-    # ------------------------------------------------------------------ background duties (scheduler thread)
+        # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
+        # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
+        clock, read = self._clock, functools.partial(self._io.read, interruptible=True)
+        return self._guarded(lambda: LockStatus.of(self.url, *read(clock.monotonic() + 30.0), clock.time()))
 
     def _deadline_passed(self) -> None:
         """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
@@ -651,9 +617,8 @@ class HandoffLock(TimingViews):
     def _check_waiter(self, known_generation: int | None = None) -> None:
         """Still ours? Someone waiting? One read, or none when a scheduler's listing says nothing changed.
 
-        The scheduler passes ``known_generation`` from a listing it just made
-        (0: not listed) when it checks many locks at once; the check then runs
-        whether or not it was due. When no read is needed: :meth:`.Lease.knows`.
+        The scheduler passes ``known_generation`` from a listing it just made (0: not listed) when it
+        checks many locks at once; the check then runs whether or not it was due (:meth:`.Lease.known`).
         """
         with self._io.mutex:
             if self._state != HELD:
@@ -661,10 +626,7 @@ class HandoffLock(TimingViews):
             lease = self._lease
             lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
             try:
-                if lease.knows(known_generation):
-                    record, generation = lease.record, lease.generation
-                else:
-                    record, generation = self._io.read(None, retry=False)
+                record, generation = lease.known(known_generation) or self._io.read(None, retry=False)
             except TransientStorageError as exc:
                 _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
                 return
@@ -681,8 +643,7 @@ class HandoffLock(TimingViews):
             return False
         if generation != self._lease.generation:  # an equal one is the record we know
             self._lease.seen(record, generation)
-        noticed = lambda r: metrics.waiter_noticed(self, r, self._clock.time())  # noqa: E731
-        self._book.note_waiter(seen, record, url=self.url, noticed=noticed)
+        self._book.note_waiter(seen, record, url=self.url, noticed=functools.partial(metrics.waiter_noticed, self))
         return True
 
     def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
@@ -696,8 +657,6 @@ class HandoffLock(TimingViews):
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
         self._notifier.event(signals.lost, reason=why, error=exc)
-
-    # ------------------------------------------------------------------ re-entrancy
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""

@@ -62,8 +62,9 @@ class Lease:
         self.next_renew = self.valid_until - (timing.renew_deadline - timing.renew_interval)
         self.renew_failures = 0
 
-    def knows(self, listed: int | None) -> bool:
-        """Whether a listing that showed the object at generation ``listed`` (0: not listed) needs no read.
+    def known(self, listed: int | None) -> tuple[LockRecord | None, int] | None:
+        """The record and generation we know, if a listing that showed the object at generation ``listed``
+        (0: not listed) needs no read to settle what the object holds; else None.
 
         Generations only grow, so a listed generation equal to the one we know
         means the object holds exactly our record: deciding on that is
@@ -73,7 +74,9 @@ class Lease:
         showed it: no read either. A higher one (someone else wrote), or 0
         (not listed), is settled by a read, never by the listing alone.
         """
-        return listed is not None and 0 < listed <= self.generation and self.record is not None
+        if listed is not None and 0 < listed <= self.generation and self.record is not None:
+            return self.record, self.generation
+        return None
 
     def renewal_failed(self, now: float, renew_interval: float) -> float:
         """A renewal failed transiently at monotonic ``now``: the next one is due after a backoff (returned),

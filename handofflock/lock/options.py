@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.identity import detect_label
+from ..core.protocol import Policy
 from ..core.record import Label, id_problem, label_problem
 from ..core.timing import Timing
 from ..storage import Storage, open_url
@@ -154,6 +155,11 @@ def timing_of(storage: Storage, timing: Timing | None, keywords: dict[str, float
     if kw["min_write_interval"] is None:
         kw["min_write_interval"] = default_write_interval(storage)
     return Timing.build(**kw)  # type: ignore[arg-type]
+
+
+def policy_of(timing: Timing) -> Policy:
+    """The timing the protocol's decisions need, taken from the lock's one :class:`Timing`."""
+    return Policy(ttl=timing.ttl, waiter_ttl=timing.waiter_ttl, max_clock_skew=timing.max_clock_skew)
 
 
 def store_of(url: str | os.PathLike[str], storage: Storage | None, key: str | None) -> tuple[Storage, str, str]:

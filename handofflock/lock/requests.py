@@ -113,14 +113,19 @@ class RequestBook:
         self._notice(Withdrawn(request))
 
     def note_waiter(
-        self, seen: WaiterSeen | None, record: LockRecord | None, *, url: str, noticed: Callable[[LockRecord], None]
+        self,
+        seen: WaiterSeen | None,
+        record: LockRecord | None,
+        *,
+        url: str,
+        noticed: Callable[[LockRecord, float], None],
     ) -> None:
         """The owner's read of ``record`` saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
 
         A waiter is its id and its instance as the record names it (a waiter
         replaced by another instance under the same id has gone). ``noticed``
-        runs with the record when a waiter is announced, before its request is
-        noted. No record (nothing was read) changes nothing.
+        runs with the record and the wall time when a waiter is announced,
+        before its request is noted. No record (nothing was read) changes nothing.
         """
         if record is None:
             return
@@ -135,6 +140,6 @@ class RequestBook:
             self.withdraw(standing[1])
         if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
             self._notified.add(seen.waiter_id)
-            noticed(record)
+            noticed(record, self._clock.time())
             _log_renew.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
             self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))
