@@ -11,11 +11,14 @@ This module is the state machine: the acquire loop, giving up, becoming the
 owner, renewing, the waiter check and the release, serialized by one I/O
 mutex. Each part that does not decide a transition lives beside it, behind a
 seam it names: record I/O (:mod:`.record_io`), the lease (:mod:`.lease`), the
+write loops of renewing (:mod:`.renewal`) and letting go (:mod:`.release`),
+which return what happened and leave every state change to this module, the
 request book (:mod:`.requests`), the notifier (:mod:`.notifier`), the
 re-entry guard (:mod:`.reentry`), fork handling (:mod:`.forking`), the
-scheduler's adapter (:mod:`.duties`), the primitives they are all made from
-(:mod:`.primitives`) and the constructor's checks (:mod:`.options`); the
-decisions are :mod:`handofflock.core.protocol`'s.
+scheduler's adapter (:mod:`.duties`), the errors (:mod:`.messages`), the
+primitives they are all made from (:mod:`.primitives`) and the constructor's
+checks and keywords (:mod:`.options`); the decisions are
+:mod:`handofflock.core.protocol`'s.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The constructor's options: the timing (keywords or one :class:`Timing`), the owner id and the label.
+"""The constructor's options: the timing (keywords or one :class:`Timing`), the owner id, the label, the store.
+
+What each keyword means is written once, at :class:`LockOptions`, for both
+the lock and the async lock.
 
 No I/O happens in a lock's constructor, but everything it was given is
 validated there, once, with a message that says what to change. Kept apart
