@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from .errors import TokensExhausted
 from .record import MAX_TOKEN, Label, LockRecord
@@ -296,6 +297,21 @@ def decide_acquire(
             waiter_label=label,
         ),
         generation,
+    )
+
+
+def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
+    """Whether ``record``, owned by someone else, names this very instance (``me``) as its waiter.
+
+    An acquire that has not yet seen its registration asks this of each read:
+    a registration whose reply was lost, after which the record moved on
+    before we read it back, landed all the same, and we are the waiter.
+    """
+    return (
+        record is not None
+        and record.owner_id != me.owner_id
+        and record.waiting_owner_id == me.owner_id
+        and record.waiter_instance == me.instance
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.backoff import RETRY
 from ..core.record import LockRecord
 from ..core.timing import Timing
 
@@ -60,6 +61,35 @@ class Lease:
         # Renew when what is left of the validity falls to renew_deadline - renew_interval.
         self.next_renew = self.valid_until - (timing.renew_deadline - timing.renew_interval)
         self.renew_failures = 0
+
+    def known(self, listed: int | None) -> tuple[LockRecord | None, int] | None:
+        """The record and generation we know, if a listing that showed the object at generation ``listed``
+        (0: not listed) needs no read to settle what the object holds; else None.
+
+        Generations only grow, so a listed generation equal to the one we know
+        means the object holds exactly our record: deciding on that is
+        deciding on what a read would return. A listed generation below ours
+        means the listing is older than our own last write or read of the
+        object (a renewal while the group was being listed), which already
+        showed it: no read either. A higher one (someone else wrote), or 0
+        (not listed), is settled by a read, never by the listing alone.
+        """
+        if listed is not None and 0 < listed <= self.generation and self.record is not None:
+            return self.record, self.generation
+        return None
+
+    def renewal_failed(self, now: float, renew_interval: float) -> float:
+        """A renewal failed transiently at monotonic ``now``: the next one is due after a backoff (returned),
+        at most ``renew_interval`` and never past the end of validity (the renew deadline decides then)."""
+        self.renew_failures += 1
+        delay = min(renew_interval, RETRY.delay(self.renew_failures))
+        self.next_renew = min(now + delay, self.valid_until)
+        return delay
+
+    def lose(self, why: str, error: BaseException) -> None:
+        """The hold is lost, for ``why``: nothing about it is valid any more; ``error`` is what to raise."""
+        self.valid_until = -_INF
+        self.lost_reason, self.lost_error = why, error
 
     def seen(self, record: LockRecord | None, generation: int) -> None:
         """A read showed ``record`` at ``generation``: the lease is unchanged, the record we write on is this."""

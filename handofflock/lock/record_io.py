@@ -86,6 +86,11 @@ class RecordIO:
         with self.mutex:
             return self.read(deadline, interruptible=True)
 
+    def write_locked(self, write: Write, deadline: float | None) -> tuple[Write, int, float, float]:
+        """An acquire's write: :meth:`write_lease` under the I/O mutex, its retries interruptible."""
+        with self.mutex:
+            return self.write_lease(write, deadline, interruptible=True)
+
     def read_to_write(
         self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False
     ) -> tuple[LockRecord | None, int]:

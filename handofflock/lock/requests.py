@@ -25,6 +25,7 @@ from collections.abc import Callable
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
+from ..core.record import LockRecord
 from .types import ReleaseRequest, RequestReason, Withdrawn
 
 _log_renew = logging.getLogger("handofflock.renew")
@@ -112,15 +113,23 @@ class RequestBook:
         self._notice(Withdrawn(request))
 
     def note_waiter(
-        self, seen: WaiterSeen | None, instance: str | None, *, url: str, noticed: Callable[[], None]
+        self,
+        seen: WaiterSeen | None,
+        record: LockRecord | None,
+        *,
+        url: str,
+        noticed: Callable[[LockRecord, float], None],
     ) -> None:
-        """The owner's check saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
+        """The owner's read of ``record`` saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
 
-        ``instance`` is the waiter's instance as the record names it (a waiter
+        A waiter is its id and its instance as the record names it (a waiter
         replaced by another instance under the same id has gone). ``noticed``
-        runs when a waiter is announced, before its request is noted.
+        runs with the record and the wall time when a waiter is announced,
+        before its request is noted. No record (nothing was read) changes nothing.
         """
-        waiter = (seen.waiter_id, instance) if seen is not None else None
+        if record is None:
+            return
+        waiter = (seen.waiter_id, record.waiter_instance) if seen is not None else None
         standing = self._waiter
         if standing is not None and standing[0] != waiter:
             # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
@@ -131,6 +140,6 @@ class RequestBook:
             self.withdraw(standing[1])
         if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
             self._notified.add(seen.waiter_id)
-            noticed()
+            noticed(record, self._clock.time())
             _log_renew.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
             self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))

@@ -144,7 +144,7 @@ def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(wo
     gate.throttled(retry_after=3.0)  # a 429 elsewhere: nothing may be written for 3 s
     world.clock.advance(a.renew_interval)
     writes, started = world.writes, world.clock.monotonic()
-    a._run_due()  # private: the scheduler's duty, run here (as the scheduler would)
+    a._duties.run_due()  # private: the scheduler's duty, run here (as the scheduler would)
     assert world.clock.monotonic() == started and world.writes == writes, "the renewal waited"
     # private: when the renewal is next due; no public name says it
     assert a._lease.next_renew >= throttled_at + 3.0 - 1e-6, "deferred to when the gate opens"

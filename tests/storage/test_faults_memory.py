@@ -382,7 +382,7 @@ def test_a_renewal_that_the_write_spacing_would_carry_past_its_deadline_fails_at
     gate.throttled(retry_after=8.0)  # the next write may go 8 s from now
     world.clock.advance(0.75)  # the renewal is due
     started, writes, expires_at = world.clock.monotonic(), world.writes, world.record().expires_at
-    a._run_due()  # private: the scheduler's duty, run here
+    a._duties.run_due()  # private: the scheduler's duty, run here
     assert world.clock.monotonic() == started, "the renewal slept out the spacing"
     assert world.writes == writes and world.record().expires_at == expires_at
     assert a.is_held, "one failed renewal is retried, not a loss"

@@ -444,7 +444,7 @@ class World:
         lock = party.lock
         while not party.crashed:
             sched.run_pending()
-            due = lock._due()  # private: the real scheduler's loop asks the same (Scheduled.next_due)
+            due = lock._duties.next_due()  # private: the real scheduler's loop asks the same (Scheduled.next_due)
             self.hub.park(min(max(due, self.hub.now + 0.001), self.hub.now + 0.2))
 
     def _actor(self, party: Party) -> None:

@@ -1,0 +1,94 @@
+"""What the lock says when it refuses or fails: its errors, built from a record or from its state.
+
+Errors tell the user what to do: who holds the lock and until when, why a
+hold was lost, what to create instead. Kept apart from the lock so that its
+transitions read as control flow, and so that every message the lock raises
+can be read (and kept consistent) in one place. Nothing here decides anything:
+:mod:`.handoff` says which error, these functions say it.
+"""
+
+from __future__ import annotations
+
+from ..core.errors import HandoffLockError, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
+from ..core.record import LockRecord
+from ..core.timefmt import when
+from .state import State
+
+
+def contended(
+    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: bool = False
+) -> LockContended:
+    """:class:`LockContended` (or :class:`LockTimeout`) naming who holds ``record`` and who waits, and until when."""
+    r = record or LockRecord()
+    message = None
+    if timed_out:
+        message = (
+            f"timed out acquiring {url!r}: held by {r.owner_id!r}, "
+            f"lease ends {when(r.expires_at, now)}; waiter {r.waiting_owner_id!r}"
+        )
+    return cls(
+        message,
+        url=url,
+        owner_id=r.owner_id,
+        owner_expires_at=r.expires_at,
+        waiter_id=r.waiting_owner_id,
+        waiter_expires_at=r.waiter_expires_at,
+    )
+
+
+def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:
+    """Why :meth:`HandoffLock.check` refuses a lock in ``state`` that is not held and healthy."""
+    if state is State.HELD:
+        return LockLost(
+            f"lock {url!r} was not renewed within renew_deadline ({renew_deadline:.1f} s); "
+            "treat it as lost (was the process paused?)",
+            url=url,
+            reason="renew deadline passed",
+        )
+    if state is State.LOST:
+        return LockLost(f"lock {url!r} was lost: {lost_reason}", url=url, reason=lost_reason or "lost")
+    if state is State.FORKED:
+        return LockLost(
+            f"lock {url!r} belongs to process {pid}; this is a child forked from it",
+            url=url,
+            reason="inherited across fork",
+        )
+    return LockLost(f"lock {url!r} is not held by this instance", url=url, reason="not held")
+
+
+def lost(url: str, why: str, error: BaseException | None) -> LockLost:
+    """The :class:`LockLost` a loss is recorded with (sent with the ``lost`` signal), chained to ``error``."""
+    exc = LockLost(f"lock {url!r} lost: {why}", url=url, reason=why, cause=error)
+    if error is not None:
+        exc.__cause__ = error
+    return exc
+
+
+def had_been_lost(url: str, why: str | None) -> LockLost:
+    """What ``release()`` raises for a hold lost before it was called: nothing was written."""
+    return LockLost(f"lock {url!r} had been lost ({why}); nothing was written", url=url, reason=why or "lost")
+
+
+def busy(url: str, state: State) -> HandoffLockError:
+    """``acquire()`` on an instance that holds, acquires or releases already."""
+    doing = {State.HELD: "holds", State.WAITING: "is acquiring", State.RELEASING: "is still releasing"}[state]
+    return HandoffLockError(f"this HandoffLock instance already {doing} {url!r}")
+
+
+def inherited(url: str, pid: int) -> InheritedAcrossFork:
+    """An operation on an instance inherited across ``fork()``."""
+    return InheritedAcrossFork(
+        f"this HandoffLock for {url!r} was created in process {pid}, which this process was "
+        "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
+    )
+
+
+def slot_not_given_back(url: str, key: str, budget: float, waiter_ttl: float) -> TransientStorageError:
+    """A waiter could not clear its slot within ``give_up_budget``: say that the slot expires by itself."""
+    return TransientStorageError(
+        f"could not give back the waiter slot of {url!r} within {budget:.1f} s; "
+        f"it expires by itself within waiter_ttl ({waiter_ttl} s)",
+        url=url,
+        key=key,
+        ambiguous=False,
+    )
