@@ -44,8 +44,7 @@ from ..core.errors import (
     TransientStorageError,
 )
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, WaiterSeen, Write
-from ..core.record import Label, LockRecord, new_nonce
-from ..core.timefmt import when as _when
+from ..core.record import Label, LockRecord, WaiterRequest, new_nonce
 from ..core.timing import Timing
 from ..storage import Storage, open_url
 from . import events as signals
@@ -57,7 +56,7 @@ from .options import TimingViews, label_of, owner_id_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
-from .requests import RequestBook, checked_request
+from .requests import RequestBook, acquire_request, checked_request, timeout_message
 from .state import State
 from .steps import Steps
 from .types import LockStatus, ReleaseRequest, RequestReason
@@ -100,7 +99,13 @@ class HandoffLock(TimingViews):
     (default 1.0 on GCS, whose per-object write rate is about 1/s; 0 elsewhere).
     Or pass them all as one ``timing=``, a :class:`~handofflock.Timing`.
     With ``wait_for_slot=True`` a blocking acquire that finds another live
-    waiter keeps polling for the slot instead of raising :class:`LockContended`.
+    waiter keeps polling for the slot instead of raising :class:`LockContended`
+    (an acquire with a ``timeout``, or a patient one, always does).
+    With ``yield_to_requests=False`` the holder must not be cut short: a
+    waiter's request is declined (written to the record, shown by ``status``
+    as "declined"), ``release_requested`` stays False for it and no
+    ``on_release_requested`` is sent; requests of this process's own (a
+    signal, a preemption notice, :meth:`request_release`) still stand.
     ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
     let a restarted process retake its own lock at once. ``label`` says who
     this is for people (``status`` shows it beside the owner or waiter id): a
@@ -132,6 +137,7 @@ class HandoffLock(TimingViews):
         max_clock_skew: float = 2.0,
         min_write_interval: float | None = None,
         wait_for_slot: bool = False,
+        yield_to_requests: bool = True,
         owner_id: str | None = None,
         label: str | Label | None = None,
         clock: Clock | None = None,
@@ -168,7 +174,7 @@ class HandoffLock(TimingViews):
         self.label: Label = label_of(label)
         # The instance id, random, written beside owner_id: two instances that share a stable
         # owner_id (a restart racing its predecessor) are never taken for each other.
-        self._me = Me(self.owner_id, secrets.token_hex(8), self.label)
+        self._me = Me(self.owner_id, secrets.token_hex(8), self.label, yields=bool(yield_to_requests))
         self._clock = clock or Clock()
         t = self.timing
         self._policy = Policy(ttl=t.ttl, waiter_ttl=t.waiter_ttl, max_clock_skew=t.max_clock_skew)
@@ -211,7 +217,7 @@ class HandoffLock(TimingViews):
         self._not_acquiring.set()
         inline = lambda: self._duties.notify_inline  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
-        self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id)
+        self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields)
         self._guard = ReentryGuard(prims, self._release_deferred)
 
     def _after_fork(self) -> None:
@@ -328,33 +334,43 @@ class HandoffLock(TimingViews):
 
     # ------------------------------------------------------------------ acquire
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
+    ) -> bool:
         """Take the lock. Returns True when held.
 
         * lock absent, free, or expired with no other live waiter: take it.
         * held by a live owner: become the single waiter and poll until the
           owner hands the lock over or its lease expires.
-        * another live waiter already: raise :class:`LockContended` (or, with
-          ``wait_for_slot``, keep polling for the slot).
+        * another live waiter already: with a ``timeout`` (or
+          ``wait_for_slot``, or a patient wait) keep polling for the slot until
+          the timeout; without, raise :class:`LockContended` at once.
+
+        ``request_release=False`` waits patiently: the holder is never asked
+        (no ``on_release_requested``; it finishes on its own, then hands the
+        lock to us). ``priority`` ranks requests for the single slot: a
+        higher one takes the slot from a lower one, and at equal priority an
+        asking request takes it from a patient one, never the reverse.
 
         ``blocking=False`` never waits and never registers as waiter: it returns
         False if the lock cannot be taken now (transient storage errors are
-        retried for at most ``timeout``, default ``renew_deadline``).
+        retried for at most ``renew_deadline``); a ``timeout`` with it is
+        refused, as :meth:`threading.Lock.acquire` refuses it.
         ``timeout`` bounds the wait; on expiry the waiter slot is given back
         and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
 
         Every way out that does not return True gives the waiter slot back: a
-        timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. A
-        :meth:`cancel` that comes while no acquire runs cancels the next one.
+        timeout, :meth:`cancel`, a storage error, KeyboardInterrupt.
         When True is returned the lease is valid and counted from the write
         that made it (for a handoff, from the previous owner's write, renewed
         at once if little of it is left).
         """
-        if timeout is not None and not timeout >= 0:  # also refuses NaN
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
+        request = acquire_request(blocking, timeout, request_release, priority)
+        return metrics.timed_acquire(
+            self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
+        )
 
-    def _acquire(self, blocking: bool, timeout: float | None) -> bool:
+    def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
             doing = {HELD: "holds", WAITING: "is acquiring", RELEASING: "is still releasing"}[self._state]
             raise HandoffLockError(f"this HandoffLock instance already {doing} {self.url!r}")
@@ -365,10 +381,12 @@ class HandoffLock(TimingViews):
             deadline = self._clock.monotonic() + self.timing.renew_deadline
         waiting = False
         last: LockRecord | None = None
+        # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
+        self._cancel.clear()
         self._state = WAITING
         self._not_acquiring.clear()
         try:
-            if self._cancel.is_set():  # a cancel() that came before we started
+            if self._cancel.is_set():  # a cancel() that came as we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
             polled = self._clock.monotonic()
             record, generation = self._io.read_locked(deadline)
@@ -388,7 +406,14 @@ class HandoffLock(TimingViews):
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self._me, now=wall, policy=self._policy, nonce=new_nonce(), waiting=waiting
+                    record,
+                    generation,
+                    me=self._me,
+                    now=wall,
+                    policy=self._policy,
+                    nonce=new_nonce(),
+                    waiting=waiting,
+                    request=request,
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -415,7 +440,7 @@ class HandoffLock(TimingViews):
                 elif isinstance(decision, Contended):
                     if not blocking:
                         return self._not_acquired()
-                    if not self.wait_for_slot:
+                    if not (self.wait_for_slot or timeout is not None or not request.asks):
                         raise self._contended(LockContended, decision.record)
                 else:  # Wait
                     if not blocking:
@@ -462,11 +487,13 @@ class HandoffLock(TimingViews):
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
 
-        If no acquire is running, the next one to start is cancelled instead
-        (a cancel racing the start of an acquire is never dropped). No effect
-        while the lock is held.
+        Only an acquire that is running is cancelled: a cancel while none runs
+        (or while the lock is held) does nothing, so a stray one never spoils
+        the next acquire. To stop an acquire you have just started in another
+        thread, call it again until that thread ends (as ``handofflock run``
+        and the async lock do).
         """
-        if self._state in (IDLE, WAITING):
+        if self._state == WAITING:
             self._cancel.set()
 
     def _not_acquired(self) -> bool:
@@ -531,10 +558,7 @@ class HandoffLock(TimingViews):
         r = record or LockRecord()
         message = None
         if timed_out:
-            message = (
-                f"timed out acquiring {self.url!r}: held by {r.owner_id!r}, "
-                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {r.waiting_owner_id!r}"
-            )
+            message = timeout_message(self.url, r, self._me, self._clock.time())
         return cls(
             message,
             url=self.url,

@@ -40,6 +40,7 @@ class LockOptions(TypedDict, total=False):
     max_clock_skew: float
     min_write_interval: float | None
     wait_for_slot: bool
+    yield_to_requests: bool
     owner_id: str | None
     label: str | Label | None
     clock: Clock | None
