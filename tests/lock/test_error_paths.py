@@ -126,8 +126,14 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
     try:
         both = first.healthy and twin.healthy
         assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-        assert first.is_held and boxes["first"].get("value") is True, boxes
-        assert not twin.is_held
+        assert boxes["first"].get("value") is True, boxes
+        # Since issue 24 (item 7) the twin's timeout makes it wait for the slot instead of being
+        # refused at once; once the lock is handed to X it may retake it under the shared id, as a
+        # restart does (test_a_twin_that_retakes_the_lock_fences_the_first_instance_out), with a
+        # higher token that fences the first out. Either way exactly one instance holds it.
+        assert first.is_held != twin.is_held, (first, twin)
+        if twin.is_held:
+            assert twin.token > first.token
     finally:
         for lock in (first, twin, owner):
             lock._unschedule()  # private: stop its renewals without releasing
