@@ -52,7 +52,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
 
-from .core.errors import AcquireCancelled, ConfigurationError
+from .core.errors import ConfigurationError
 from .lock import events as signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest, RequestReason
@@ -212,7 +212,9 @@ class _Call(Generic[T]):
             if not self._drop_unless_started():
                 if on_cancel is not None and not self.done.is_set():
                     on_cancel()
-                await self.finish()
+                # Asked again while we wait: a cancel() that came before the thread's acquire had begun
+                # is dropped (a stray cancel never spoils a later acquire), so it is repeated until it lands.
+                await self.finish(on_cancel)
             raise
         return self.outcome()
 
@@ -248,10 +250,12 @@ class _Call(Generic[T]):
             raise interrupted
         return result
 
-    async def finish(self) -> None:
-        """Wait until the thread has ended, whatever cancellation arrives meanwhile."""
+    async def finish(self, again: Callable[[], None] | None = None) -> None:
+        """Wait until the thread has ended, whatever cancellation arrives meanwhile (calling ``again`` each poll)."""
         with anyio.CancelScope(shield=True):
             while not self.done.is_set():
+                if again is not None:
+                    again()
                 try:
                     await anyio.sleep(_POLL)
                 except anyio.get_cancelled_exc_class():
@@ -372,8 +376,13 @@ class AsyncHandoffLock:
 
     # ------------------------------------------------------------------ acquire / release
 
-    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    async def acquire(
+        self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
+    ) -> bool:
         """Take the lock, as :meth:`HandoffLock.acquire` does, without blocking the loop.
+
+        ``request_release=False`` waits patiently (the holder is never asked);
+        ``priority`` ranks requests for the single waiter slot.
 
         Cancelling the awaiting task (a cancel scope, ``asyncio.timeout()``,
         ``anyio.fail_after()``, ``task.cancel()``) gives the waiter slot back
@@ -384,25 +393,14 @@ class AsyncHandoffLock:
         """
         self._loop.bind()
         sync = self._sync
-        call: _Call[bool] = _Call(functools.partial(sync.acquire, blocking, timeout))
-        asked = False
-
-        def stop() -> None:
-            nonlocal asked
-            asked = True
-            sync.cancel()
-
+        call: _Call[bool] = _Call(
+            functools.partial(sync.acquire, blocking, timeout, request_release=request_release, priority=priority)
+        )
         try:
-            return await call.run(on_cancel=stop)
+            return await call.run(on_cancel=sync.cancel)
         except BaseException:
             if call.done.is_set() and call.error is None and call.result:
                 await self._release_after_cancel()
-            if asked and not isinstance(call.error, AcquireCancelled):
-                # The acquire ended before it saw our cancel(), which then stays set and would cancel the
-                # next acquire ("a cancel that comes while no acquire runs cancels the next one").
-                # Private on purpose: taking back a cancel() has no public name on the sync lock, and
-                # only its async twin, which cancels from another thread, ever needs it.
-                sync._cancel.clear()
             call.error = None
             raise
 

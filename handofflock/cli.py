@@ -242,6 +242,23 @@ def _parser() -> argparse.ArgumentParser:
         help="if another process already waits, wait for its slot instead of exiting 75",
     )
     p.add_argument(
+        "--no-request",
+        action="store_true",
+        help="wait patiently: never ask the holder to leave; it finishes on its own, then hands the lock over",
+    )
+    p.add_argument(
+        "--no-yield",
+        action="store_true",
+        help="while holding, decline requests for the lock: CMD is not signalled for a waiter "
+        "(`status` shows 'asked by ..., declined'); signals sent to run are still passed on",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="rank for the single waiter slot: a higher one takes it from a lower one (default 0)",
+    )
+    p.add_argument(
         "--poll-interval",
         type=float,
         default=None,
@@ -296,9 +313,11 @@ def _parser() -> argparse.ArgumentParser:
 def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
     """``LockStatus.to_json()`` plus ``state``, seconds left and ISO times: the stable shape of ``status --json``.
 
-    ``releaseRequested`` is True while a live waiter is registered (the holder
-    is told within its waiter check interval); ``releaseRequestedBy`` names it
-    (its label, else its id).
+    ``releaseRequested`` is True while a live waiter that asks is registered
+    (the holder is told within its waiter check interval; a patient waiter,
+    ``waiterAsks`` false, does not ask); ``releaseRequestedBy`` names it (its
+    label, else its id); ``releaseDeclined`` is True once the holder has
+    declined it (``run --no-yield``).
     """
     now = st.read_at if now is None else now
     doc = st.to_json()
@@ -320,6 +339,7 @@ def _release_requested(st: LockStatus, now: float) -> bool:
         and st.waiter_id is not None
         and st.waiter_expires_at is not None
         and now <= st.waiter_expires_at
+        and st.waiter_asks
     )
 
 
@@ -365,15 +385,24 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         lines.append("  waiter      none")
     else:
         live = "live" if st.waiter_live else "gone"
-        lines.append(
-            f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({live}, {_left(st.waiter_expires_at, now)})"
+        kind = ("" if st.waiter_asks else "patient, ") + (
+            f"priority {st.waiter_priority}, " if st.waiter_priority else ""
         )
-    if _release_requested(st, now):
+        lines.append(
+            f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({kind}{live}, {_left(st.waiter_expires_at, now)})"
+        )
+    if _release_requested(st, now) and st.declined:
+        lines.append(
+            f"  release     asked by {_who(st.waiter_id, st.waiter_label)}, declined (the holder does not yield)"
+        )
+    elif _release_requested(st, now):
         grace = st.owner_label.grace if st.owner_label is not None else None
         lines.append(
             f"  release     requested by {_who(st.waiter_id, st.waiter_label)}"
             + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
         )
+    elif state == "held" and st.waiter_live and not st.waiter_asks:
+        lines.append("  release     not requested: the waiter waits for the holder to finish")
     elif state == "held":
         lines.append("  release     not requested")
     lines.append(f"  token       {st.token}")
@@ -409,23 +438,7 @@ def read_status(url: str, *, within: float = STATUS_READ_SECONDS) -> LockStatus:
         return LockStatus(text, False, 0, read_at=now)
     data, generation = found
     record = LockRecord.decode(data, key=key, generation=generation, url=text)
-    return LockStatus(
-        text,
-        True,
-        generation,
-        record.owner_id,
-        record.expires_at,
-        record.waiting_owner_id,
-        record.waiter_expires_at,
-        record.token,
-        record.ttl,
-        now,
-        record.owner_live(now),
-        record.waiter_live(now),
-        record,
-        record.owner_label,
-        record.waiter_label,
-    )
+    return LockStatus.of(text, record, generation, now)  # the lock's own snapshot, every field included
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -578,8 +591,11 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
     if state == "free":
         return f"free (token {st.token})"
     line = f"{state}: {_who(st.owner_id, st.owner_label)} (token {st.token}, lease {_left(st.expires_at, now)})"
-    if st.waiter_id is not None and st.waiter_live:
-        line += f"; release requested by waiter {_who(st.waiter_id, st.waiter_label)}"
+    if _release_requested(st, now):
+        verb = "asked for by waiter {}, declined" if st.declined else "release requested by waiter {}"
+        line += "; " + verb.format(_who(st.waiter_id, st.waiter_label))
+    elif st.waiter_id is not None and st.waiter_live:
+        line += f"; waiter {_who(st.waiter_id, st.waiter_label)} waits without asking"
     return line
 
 

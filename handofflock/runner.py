@@ -109,7 +109,11 @@ class CommandRunner:
             )
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
             raise ConfigurationError(f"--timeout must be a finite number >= 0, got {args.timeout}")
-        timing: dict[str, Any] = {"ttl": args.ttl, "wait_for_slot": args.wait_for_slot}
+        timing: dict[str, Any] = {
+            "ttl": args.ttl,
+            "wait_for_slot": args.wait_for_slot,
+            "yield_to_requests": not getattr(args, "no_yield", False),
+        }
         if args.poll_interval is not None:
             timing.update(waiter_check_interval=args.poll_interval, waiter_poll_interval=args.poll_interval)
         label = Label(args.label if args.label is not None else detect_label(), grace=args.grace)
@@ -173,7 +177,12 @@ class CommandRunner:
 
         def acquire() -> None:
             try:
-                outcome["held"] = lock.acquire(blocking=not self.args.nonblock, timeout=self.args.timeout)
+                outcome["held"] = lock.acquire(
+                    blocking=not self.args.nonblock,
+                    timeout=None if self.args.nonblock else self.args.timeout,  # -n never waits, as flock's
+                    request_release=not getattr(self.args, "no_request", False),
+                    priority=getattr(self.args, "priority", 0),
+                )
             except BaseException as exc:  # handed to the main thread
                 outcome["error"] = exc
 

@@ -151,14 +151,6 @@ class LockRecordCorrupt(HandoffLockError, ValueError):
 # --------------------------------------------------------------------------- the lock
 
 
-def _fmt_ts(ts: float | None) -> str:
-    if ts is None:
-        return "never"
-    left = ts - time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-    return f"{stamp} ({left:+.1f}s)"
-
-
 class TokensExhausted(HandoffLockError):
     """The lock's fencing token is at its maximum (2**63 - 1): no higher one can be issued.
 
@@ -187,10 +179,14 @@ class LockContended(HandoffLockError):
         waiter_expires_at: float | None = None,
     ) -> None:
         if message is None:
+            # No "until T": the holder renews its lease while it lives, so its expiry says nothing of when
+            # the lock comes free; the waiter's slot is refreshed the same way.
+            live = owner_expires_at is not None and owner_expires_at >= time.time()
+            held = f"held by {owner_id!r}" + (" (a live lease, renewed by its holder)" if live else "")
             message = (
-                f"lock {url!r} is held by {owner_id!r} until {_fmt_ts(owner_expires_at)}"
-                f" and {waiter_id!r} is already waiting until {_fmt_ts(waiter_expires_at)}"
-                "; handofflock allows one waiter at a time, so try again later"
+                f"lock {url!r} is {held} and {waiter_id!r} is already waiting; handofflock allows one waiter "
+                "at a time: to wait for the slot, pass a timeout (acquire(timeout=...), run --timeout) "
+                "or wait_for_slot=True (run --wait-for-slot), or try again later"
             )
         super().__init__(message)
         self.url = url

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from .errors import TokensExhausted
-from .record import MAX_TOKEN, Label, LockRecord
+from .record import ASKING, MAX_TOKEN, Label, LockRecord, WaiterRequest
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,15 @@ class Me:
     ``instance`` (random per lock object) tells apart two live instances that
     share a stable owner id (a restart racing its predecessor); ``None``
     matches by id alone. ``label`` is written beside our id as owner or waiter.
+    ``yields`` is False for a holder that must not be cut short: it declines
+    waiters' requests, and says so in the record at each renewal
+    (``declinedWaiter``).
     """
 
     owner_id: str
     instance: str | None = None
     label: Label | None = None
+    yields: bool = True
 
 
 class Kind(str, enum.Enum):
@@ -96,9 +100,16 @@ class Wait:
 
 @dataclass(frozen=True)
 class Contended:
-    """Held by someone else and the single waiter slot is someone else's."""
+    """Held by someone else and the single waiter slot is someone else's.
+
+    ``superseded``: the slot is another instance's under our own owner id, a
+    newer incarnation of this job that took it while we waited. We defer to it
+    at once, even when we would wait for the slot (with a timeout, patiently):
+    waiting would only let us retake the lock from it once it is handed over.
+    """
 
     record: LockRecord
+    superseded: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,8 @@ def _owned_by(
         owner_instance=instance,
         waiter_ttl=None,
         waiter_instance=None,
+        waiter_request=None,
+        declined=False,
     )
 
 
@@ -200,12 +213,17 @@ def decide_acquire(
     policy: Policy,
     nonce: str,
     waiting: bool,
+    request: WaiterRequest = ASKING,
 ) -> Decision:
     """The next step of ``acquire()``. ``me.label`` goes into the record beside our id (as owner or waiter).
 
     ``waiting`` says whether we registered as the waiter during this acquire
     (a record naming us, this very instance, as owner then means the owner
-    handed the lock to us).
+    handed the lock to us). ``request`` is what we want as waiter: whether
+    the holder is asked, and our rank for the slot. A request that outranks
+    the live waiter's (higher priority; at equal priority, asking over
+    patient) takes the slot from it while the owner is live; an equal or lower
+    one never does (see docs/design.md, *Sharing the slot*).
     """
     instance, label = me.instance, me.label
     if record is None:
@@ -239,6 +257,7 @@ def decide_acquire(
                 waiter_ttl=record.waiter_ttl,
                 waiter_instance=record.waiter_instance,
                 waiter_label=record.waiter_label,
+                waiter_request=record.waiter_request,
             )
         return Write(Kind.RETAKE, taken, generation)
 
@@ -252,11 +271,12 @@ def decide_acquire(
         # (below, Contended), so two live twins never take the slot back and forth.
         mine = True
     other_waiter_live = record.waiter_live(now, skew) and not mine
+    superseded = other_waiter_live and waiting and record.waiting_owner_id == me.owner_id
 
     if not record.owner_live(now, skew):
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
-            return Contended(record)  # the live waiter has priority; only it may take the lock
+            return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
         return Write(
             Kind.TAKE,
             _owned_by(record, me.owner_id, policy.ttl, now, next_token(record, now), nonce, instance, label),
@@ -265,7 +285,7 @@ def decide_acquire(
 
     # A live owner holds it.
     if mine and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance):
-        # Reclaiming an earlier incarnation's slot: write our instance (and a fresh slot) into it.
+        # Reclaiming an earlier incarnation's slot: write our instance, our request (and a fresh slot) into it.
         return Write(
             Kind.BECOME_WAITER,
             record.replace(
@@ -274,6 +294,8 @@ def decide_acquire(
                 waiter_ttl=policy.ttl,
                 waiter_instance=instance,
                 waiter_label=label,
+                waiter_request=None if request == ASKING else request,
+                declined=False,
             ),
             generation,
         )
@@ -284,8 +306,10 @@ def decide_acquire(
                 Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation
             )
         return Wait(f"waiting for {record.owner_id} to release or hand off")
-    if other_waiter_live:
-        return Contended(record)
+    if superseded or (other_waiter_live and request.rank <= record.request.rank):
+        return Contended(record, superseded)
+    # The slot is empty or expired, or ours outranks the live waiter's request: take the slot.
+    # The displaced waiter finds the slot taken at its next poll and waits for it again.
     return Write(
         Kind.BECOME_WAITER,
         record.replace(
@@ -295,6 +319,8 @@ def decide_acquire(
             waiter_ttl=policy.ttl,
             waiter_instance=instance,
             waiter_label=label,
+            waiter_request=None if request == ASKING else request,
+            declined=False,
         ),
         generation,
     )
@@ -347,6 +373,8 @@ def decide_give_up_wait(
             waiter_ttl=None,
             waiter_instance=None,
             waiter_label=None,
+            waiter_request=None,
+            declined=False,
             nonce=nonce,
         ),
         generation,
@@ -363,12 +391,22 @@ def decide_renew(
     policy: Policy,
     nonce: str,
 ) -> Decision:
-    """Push our lease forward, keeping the waiter fields exactly as read."""
+    """Push our lease forward, keeping the waiter fields exactly as read.
+
+    A holder that does not yield (``me.yields`` False) writes that it declines
+    the live asking waiter's request (``declinedWaiter``), so ``status`` can
+    say so; one that yields never claims a decline.
+    """
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
-    return Write(Kind.RENEW, record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce), generation)
+    declined = not me.yields and _asking_waiter(record, me, now) is not None
+    return Write(
+        Kind.RENEW,
+        record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce, declined=declined),
+        generation,
+    )
 
 
 def decide_release(
@@ -421,10 +459,17 @@ def decide_release(
             record.waiter_label,
         )
         return Write(Kind.HANDOFF, heir_record, generation)
-    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, owner_label=None, nonce=nonce)
+    freed = record.replace(
+        owner_id=None, expires_at=None, owner_instance=None, owner_label=None, declined=False, nonce=nonce
+    )
     if not record.waiter_live(now, policy.max_clock_skew):
         freed = freed.replace(
-            waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, waiter_label=None
+            waiting_owner_id=None,
+            waiter_expires_at=None,
+            waiter_ttl=None,
+            waiter_instance=None,
+            waiter_label=None,
+            waiter_request=None,
         )
     return Write(Kind.FREE, freed, generation)
 
@@ -438,15 +483,26 @@ class WaiterSeen:
 
 
 def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: float) -> Lost | WaiterSeen | None:
-    """The owner's read-only check: still mine? Is someone waiting?"""
+    """The owner's read-only check: still mine? Is someone waiting and asking?
+
+    A patient waiter (``waiterRequest.asks`` false) is not a request: it is
+    seen as no waiter here, so the holder is never told of it (the release
+    still hands the lock to it, being the waiter).
+    """
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
+    return _asking_waiter(record, me, now)
+
+
+def _asking_waiter(record: LockRecord, me: Me, now: float) -> WaiterSeen | None:
+    """The live waiter other than us, by the owner's clock, if it asks for the lock."""
     if (
         record.waiting_owner_id is not None
         and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance)
         and record.waiter_live(now)
+        and record.request.asks
     ):
         assert record.waiter_expires_at is not None
         return WaiterSeen(record.waiting_owner_id, record.waiter_expires_at)

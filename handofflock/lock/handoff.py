@@ -34,7 +34,6 @@ from ..core import protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
-    ConfigurationError,
     LockContended,
     LockLost,
     LockNotHeld,
@@ -45,7 +44,7 @@ from ..core.errors import (
     TransientStorageError,
 )
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Write
-from ..core.record import Label, LockRecord, new_nonce
+from ..core.record import Label, LockRecord, WaiterRequest, new_nonce
 from ..core.timing import Timing
 from ..storage import Storage
 from . import events as signals
@@ -58,7 +57,7 @@ from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
 from .release import give_back_slot, write_release
-from .requests import RequestBook, checked_request
+from .requests import RequestBook, acquire_request, checked_request
 from .state import State
 from .steps import Steps
 from .types import LockStatus, ReleaseRequest, RequestReason
@@ -90,10 +89,10 @@ class HandoffLock(TimingViews):
     ...             save_checkpoint(fence=lock.token)
     ...             break                    # leaving the block hands the lock over
 
-    The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot``; ``owner_id`` and
-    ``label``; and what the lock is built from, for tests and simulations: ``clock``, ``scheduler``,
-    ``storage`` and ``key``, ``primitives``) are described once, for this lock and the async one, at
-    :class:`~handofflock.lock.options.LockOptions`. No I/O happens in the constructor.
+    The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot`` and ``yield_to_requests``;
+    ``owner_id`` and ``label``; and what the lock is built from, for tests and simulations: ``clock``,
+    ``scheduler``, ``storage`` and ``key``, ``primitives``) are described once, for this lock and the
+    async one, at :class:`~handofflock.lock.options.LockOptions`. No I/O happens in the constructor.
     """
 
     def __init__(
@@ -109,6 +108,7 @@ class HandoffLock(TimingViews):
         max_clock_skew: float = 2.0,
         min_write_interval: float | None = None,
         wait_for_slot: bool = False,
+        yield_to_requests: bool = True,
         owner_id: str | None = None,
         label: str | Label | None = None,
         clock: Clock | None = None,
@@ -128,7 +128,8 @@ class HandoffLock(TimingViews):
         #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
         self.label: Label = label_of(label)
         # The instance id, random (see Me): two instances sharing a stable owner_id are never taken for each other.
-        self._me = Me(self.owner_id, secrets.token_hex(8), self.label)
+        # ``yields``: whether a waiter's request stands for us or is declined (at renewal, in the record).
+        self._me = Me(self.owner_id, secrets.token_hex(8), self.label, yields=bool(yield_to_requests))
         self._clock = clock or Clock()
         self._policy = policy_of(self.timing)
         self._prims = primitives or THREADING
@@ -172,7 +173,7 @@ class HandoffLock(TimingViews):
         self._not_acquiring.set()
         inline = lambda: self._duties.notify_inline  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
-        self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id)
+        self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields)
         self._guard = ReentryGuard(prims, self._release_deferred)
 
     def _after_fork(self) -> None:
@@ -254,28 +255,36 @@ class HandoffLock(TimingViews):
         why = checked_request(reason, deadline)
         self._book.request(why, requester or why.value, deadline)
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
+    ) -> bool:
         """Take the lock. Returns True when held.
 
         * lock absent, free, or expired with no other live waiter: take it.
         * held by a live owner: become the single waiter; poll until the owner hands it over or its lease expires.
-        * another live waiter already: raise :class:`LockContended` (with ``wait_for_slot``: poll for the slot).
+        * another live waiter already: with a ``timeout`` (or ``wait_for_slot``, or a patient wait) poll for
+          the slot until the timeout; without, raise :class:`LockContended` at once.
 
-        ``blocking=False`` never waits and never registers as waiter: it returns False if the lock
-        cannot be taken now (transient storage errors are retried for at most ``timeout``, default
-        ``renew_deadline``). ``timeout`` bounds the wait; on expiry the waiter slot is given back and
-        :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
+        ``request_release=False`` waits patiently: the holder is never asked (no ``on_release_requested``;
+        it finishes on its own, then hands the lock to us). ``priority`` ranks requests for the single
+        slot: a higher one takes the slot from a lower one; at equal priority an asking request takes it
+        from a patient one, never the reverse.
+
+        ``blocking=False`` never waits and never registers as waiter: it returns False if the lock cannot
+        be taken now (transient storage errors are retried for at most ``renew_deadline``); a ``timeout``
+        with it is refused, as :meth:`threading.Lock.acquire` refuses it. ``timeout`` bounds the wait; on
+        expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
 
         Every way out that does not return True gives the waiter slot back: a timeout, :meth:`cancel`,
-        a storage error, KeyboardInterrupt. A :meth:`cancel` that comes while no acquire runs cancels
-        the next one. When True is returned the lease is valid and counted from the write that made
-        it (for a handoff, from the previous owner's write, renewed at once if little of it is left).
+        a storage error, KeyboardInterrupt. When True is returned the lease is valid and counted from the
+        write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
         """
-        if timeout is not None and not timeout >= 0:  # also refuses NaN
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
+        request = acquire_request(blocking, timeout, request_release, priority)
+        return metrics.timed_acquire(
+            self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
+        )
 
-    def _acquire(self, blocking: bool, timeout: float | None) -> bool:
+    def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
             raise messages.busy(self.url, self._state)
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
@@ -283,12 +292,15 @@ class HandoffLock(TimingViews):
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
             deadline = self._clock.monotonic() + self.timing.renew_deadline
+        slot_wait = self.wait_for_slot or timeout is not None or not request.asks  # else Contended raises
         waiting = False
         last: LockRecord | None = None
+        # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
+        self._cancel.clear()
         self._state = WAITING
         self._not_acquiring.clear()
         try:
-            if self._cancel.is_set():  # a cancel() that came before we started
+            if self._cancel.is_set():  # a cancel() that came as we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
             polled = self._clock.monotonic()
             record, generation = self._io.read_locked(deadline)
@@ -299,7 +311,14 @@ class HandoffLock(TimingViews):
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self._me, now=wall, policy=self._policy, nonce=new_nonce(), waiting=waiting
+                    record,
+                    generation,
+                    me=self._me,
+                    now=wall,
+                    policy=self._policy,
+                    nonce=new_nonce(),
+                    waiting=waiting,
+                    request=request,
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -324,7 +343,7 @@ class HandoffLock(TimingViews):
                 elif not blocking:  # contended, or it would wait: never waits, never registers
                     self._state = IDLE
                     return False
-                elif isinstance(decision, Contended) and not self.wait_for_slot:
+                elif isinstance(decision, Contended) and (decision.superseded or not slot_wait):
                     raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
                 # Read again one poll interval after the last read began (sooner at the deadline):
                 # polls keep a fixed rate, so a read's own duration does not stretch the period.
@@ -368,9 +387,11 @@ class HandoffLock(TimingViews):
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
 
-        If none runs, the next one to start is cancelled (a cancel racing its start is never dropped).
-        No effect while the lock is held."""
-        if self._state in (IDLE, WAITING):
+        Only an acquire that is running is cancelled: a cancel while none runs (or while the lock is
+        held) does nothing, so a stray one never spoils the next acquire. To stop an acquire just
+        started in another thread, call it again until that thread ends (as ``run`` and the async lock do).
+        """
+        if self._state == WAITING:
             self._cancel.set()
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
@@ -382,7 +403,7 @@ class HandoffLock(TimingViews):
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
                 self._state = IDLE
         if timed_out:
-            raise messages.contended(LockTimeout, self.url, last, self._clock.time(), timed_out=True)
+            raise messages.contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:

@@ -10,22 +10,19 @@ can be read (and kept consistent) in one place. Nothing here decides anything:
 from __future__ import annotations
 
 from ..core.errors import HandoffLockError, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
+from ..core.protocol import Me
 from ..core.record import LockRecord
 from ..core.timefmt import when
 from .state import State
 
 
 def contended(
-    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: bool = False
+    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: Me | None = None
 ) -> LockContended:
-    """:class:`LockContended` (or :class:`LockTimeout`) naming who holds ``record`` and who waits, and until when."""
+    """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
+    :class:`LockTimeout` saying also whether the slot we gave back was ours."""
     r = record or LockRecord()
-    message = None
-    if timed_out:
-        message = (
-            f"timed out acquiring {url!r}: held by {r.owner_id!r}, "
-            f"lease ends {when(r.expires_at, now)}; waiter {r.waiting_owner_id!r}"
-        )
+    message = None if timed_out is None else timeout_message(url, r, timed_out, now)
     return cls(
         message,
         url=url,
@@ -34,6 +31,28 @@ def contended(
         waiter_id=r.waiting_owner_id,
         waiter_expires_at=r.waiter_expires_at,
     )
+
+
+def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
+    """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
+
+    Never "until T" for a live lease: its holder renews it, so its expiry says
+    nothing of when the lock comes free.
+    """
+    ours = record.waiting_owner_id == me.owner_id and record.waiter_instance in (None, me.instance)
+    if record.owner_id is None:
+        held = "it was free, but the waiter slot was taken"
+    elif record.owner_live(now):
+        held = f"held by {record.owner_id!r}, a live lease its holder keeps renewing"
+    else:
+        held = f"held by {record.owner_id!r}, whose lease ran out {when(record.expires_at, now)}"
+    if record.waiting_owner_id is None or not record.waiter_live(now):
+        slot = "; nobody else waits"
+    elif ours:
+        slot = "; we held the waiter slot, and gave it back"
+    else:
+        slot = f"; the waiter slot is {record.waiting_owner_id!r}'s"
+    return f"timed out acquiring {url!r}: {held}{slot}"
 
 
 def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:

@@ -46,7 +46,13 @@ class LockOptions(TypedDict, total=False):
     (default 1.0 on GCS, whose per-object write rate is about 1/s; 0 elsewhere).
     Or pass them all as one ``timing=``, a :class:`~handofflock.Timing`.
     With ``wait_for_slot=True`` a blocking acquire that finds another live
-    waiter keeps polling for the slot instead of raising :class:`LockContended`.
+    waiter keeps polling for the slot instead of raising :class:`LockContended`
+    (an acquire with a ``timeout``, or a patient one, always does).
+    With ``yield_to_requests=False`` the holder must not be cut short: a
+    waiter's request is declined (written to the record, shown by ``status``
+    as "declined"), ``release_requested`` stays False for it and no
+    ``on_release_requested`` is sent; requests of this process's own (a
+    signal, a preemption notice, :meth:`request_release`) still stand.
     ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
     let a restarted process retake its own lock at once. ``label`` says who
     this is for people (``status`` shows it beside the owner or waiter id): a
@@ -72,6 +78,7 @@ class LockOptions(TypedDict, total=False):
     max_clock_skew: float
     min_write_interval: float | None
     wait_for_slot: bool
+    yield_to_requests: bool
     owner_id: str | None
     label: str | Label | None
     clock: Clock | None

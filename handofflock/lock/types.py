@@ -82,6 +82,12 @@ class LockStatus:
     record: LockRecord | None = None
     owner_label: Label | None = None
     waiter_label: Label | None = None
+    #: False for a patient waiter: it waits without asking the holder to leave.
+    waiter_asks: bool = True
+    #: The waiter's priority for the single slot (0 unless it said).
+    waiter_priority: int = 0
+    #: The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``).
+    declined: bool = False
 
     @classmethod
     def of(cls, url: str, record: LockRecord | None, generation: int, now: float) -> LockStatus:
@@ -104,6 +110,9 @@ class LockStatus:
             record,
             record.owner_label,
             record.waiter_label,
+            record.request.asks,
+            record.request.priority,
+            record.declined,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -123,4 +132,7 @@ class LockStatus:
             "ownerLabel": None if self.owner_label is None else self.owner_label.text,
             "waiterLabel": None if self.waiter_label is None else self.waiter_label.text,
             "ownerGrace": None if self.owner_label is None else self.owner_label.grace,
+            "waiterAsks": self.waiter_asks,
+            "waiterPriority": self.waiter_priority,
+            "releaseDeclined": self.declined,
         }

@@ -6,7 +6,7 @@ import pytest
 
 from handofflock.core import protocol
 from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, Wait, WaiterSeen, Write
-from handofflock.core.record import LockRecord
+from handofflock.core.record import LockRecord, WaiterRequest
 
 NOW = 1_700_000_000.0
 POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
@@ -93,10 +93,25 @@ def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_ow
     assert isinstance(again, Wait)
     # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
     old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True)
-    assert isinstance(old, Contended)
+    assert isinstance(old, Contended) and old.superseded
+    # ... even with a higher priority, which would take another job's slot (issue 24, item 1)
+    old = protocol.decide_acquire(
+        d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
+    )
+    assert isinstance(old, Contended) and old.superseded
     # and the owner hands the lock to the new instance, with a higher token
     h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, policy=POLICY, nonce="n4")
     assert h.kind is Kind.HANDOFF and h.record.owner_instance == "i1" and h.record.token > 9
+
+
+def test_a_restarted_job_that_reclaims_its_slot_writes_its_own_request_into_it():
+    patient = WaiterRequest(False, 3)
+    r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9, declined=True)
+    d = protocol.decide_acquire(
+        r, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n", waiting=False, request=patient
+    )
+    assert d.kind is Kind.BECOME_WAITER and d.record.waiter_instance == "i1"
+    assert d.record.request == patient and not d.record.declined  # the holder declines anew, if it does
 
 
 def test_becoming_the_waiter_keeps_the_owner_and_its_lease():
