@@ -37,7 +37,7 @@ HANDOFF_TO_EXPIRED_SLOT = "handoff-to-expired-slot"
 #: Every planted bug: name -> what goes wrong, and where the switch is read.
 BUGS: dict[str, str] = {
     TRUST_A_READ: "an owner never notices it lost the lock: any record is still ours (protocol._check_still_mine)",
-    STILL_MINE_BY_ID: "'still mine' by owner id alone, the token and instance checks dropped (protocol._check_still_mine)",
+    STILL_MINE_BY_ID: "'still mine' by owner id alone, token and instance unchecked (protocol._check_still_mine)",
     KEEP_SLOT_ON_TIMEOUT: "a waiter that gives up leaves its slot in the record (HandoffLock._leave_slot)",
     UNCONDITIONAL_HANDOFF: "the handoff and release write skips the generation match (protocol.decide_release)",
     UNCONDITIONAL_RENEWAL: "a renewal overwrites whatever is there (protocol.decide_renew)",

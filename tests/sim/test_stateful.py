@@ -16,7 +16,7 @@ the owner the record names (by instance), tokens never go back, and the
 waiter slot names nobody (no acquire is running between rules) unless an
 injected fault kept the acquire from giving it back. When a rule sequence
 fails, Hypothesis shrinks it to a short story; the seeded random walk of
-tests/support/simulation.py explores longer ones, with threads interleaved inside
+handofflock/testing/sim explores longer ones, with threads interleaved inside
 operations, which rules cannot do. Four of the simulation's five planted bugs
 are checked to be found here too.
 """
@@ -28,16 +28,23 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from handofflock import HandoffLock, HandoffLockError, signals
+from handofflock.core.buggify import planted
 from handofflock.core.clock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.record import LockRecord
-from handofflock.repair import force_release
 from handofflock.lock.scheduler import Scheduler
+from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
-from simulation import BUGS
 
 KEY = "locks/stateful.json"
 #: Fast timing without pacing (a ttl of 3 s, which GCS's one write per second cannot serve): the
@@ -63,7 +70,7 @@ class Store(MemoryStorage):
 
 
 class Party:
-    def __init__(self, machine: "LockMachine", index: int, yields: bool, skew: float) -> None:
+    def __init__(self, machine: LockMachine, index: int, yields: bool, skew: float) -> None:
         self.index = index
         self.clock = machine.clock.skewed(skew)
         self.yields = yields
@@ -279,5 +286,5 @@ def test_the_machine_finds_each_planted_bug(bug):
     # shifts with any change to what is loaded before it. At 300, trust-a-read was found in one
     # memory layout (example ~100) and missed in another (issue 17's record.py), while the
     # counterexample found in the first still fails the invariants in the second.
-    with BUGS[bug](), pytest.raises(AssertionError):
+    with planted(bug), pytest.raises(AssertionError):
         run_state_machine_as_test(LockMachine, settings=settings(SETTINGS, max_examples=1000, phases=[Phase.generate], print_blob=False))

@@ -106,9 +106,9 @@ class Checker:
         if lock.is_held:
             raise Violation(f"{party.name}'s acquire ended without the lock ({result!r}) and it holds the lock")
         r = self.record
-        if party.faults_seen == 0 and r is not None and r.owner_instance == lock.instance:
-            if r.owner_live(self.true_wall(), self.rules.skew):
-                raise Violation(f"{party.name}'s acquire ended ({result!r}) and the object names it as a live owner")
+        mine = r is not None and r.owner_instance == lock.instance
+        if party.faults_seen == 0 and mine and r is not None and r.owner_live(self.true_wall(), self.rules.skew):
+            raise Violation(f"{party.name}'s acquire ended ({result!r}) and the object names it as a live owner")
 
     def lost_while_gentle(self, party: Party, why: str) -> None:
         if self.rules.gentle and party.proc.frozen_until() < MONO0 and party.twin_of is None:
@@ -127,7 +127,7 @@ class Checker:
     # ------------------------------------------------------------------ between steps
 
     def check(self) -> None:
-        now, r = self.hub.now, self.record
+        now, _r = self.hub.now, self.record
         healthy = [p for p in self.parties if p.alive and now >= p.proc.suspended_until and p.lock.healthy]
         for p in healthy:
             why = self._unsound(p)

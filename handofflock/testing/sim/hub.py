@@ -123,9 +123,7 @@ class Hub:
                     raise Violation(f"thread {name} died: {exc!r}") from exc
                 self.on_step()
                 continue
-            wakes = [
-                max(t.deadline, t.proc.frozen_until()) if t.proc is not None else t.deadline for t in self.tasks
-            ]
+            wakes = [max(t.deadline, t.proc.frozen_until()) if t.proc is not None else t.deadline for t in self.tasks]
             nxt = min(wakes, default=math.inf)
             if nxt > until:
                 self.now = max(self.now, until)

@@ -36,7 +36,9 @@ def run_seed(seed: int, *, bug: str | None = None, strict_suspend: bool = False,
             world.run()
             return Outcome(seed, None, list(world.hub.trace[-trace:]), world.hub.steps, world.config, world.coverage)
         except Violation as exc:
-            return Outcome(seed, str(exc), list(world.hub.trace[-trace:]), world.hub.steps, world.config, world.coverage)
+            return Outcome(
+                seed, str(exc), list(world.hub.trace[-trace:]), world.hub.steps, world.config, world.coverage
+            )
         finally:
             world.close()
 

@@ -16,7 +16,6 @@ checks are grouped into listings.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -202,7 +201,7 @@ class World:
                 if lock.release_requested or choice > 0.85:
                     self.timed(party, "release", lambda: lock.release())
                 hub.park(hub.now + r.uniform(0.0, ttl / 4))
-                if not lock.is_held and not party.notes[-1:] == ["released"]:
+                if not lock.is_held and party.notes[-1:] != ["released"]:
                     self.checker.lost_while_gentle(party, "the lock was lost while held")
                 party.notes[:] = []
                 continue
