@@ -29,6 +29,7 @@ import enum
 from dataclasses import dataclass
 from typing import TypeGuard
 
+from . import buggify
 from .errors import TokensExhausted
 from .record import ASKING, MAX_TOKEN, Label, LockRecord, WaiterRequest
 
@@ -377,7 +378,7 @@ def decide_give_up_wait(
             declined=False,
             nonce=nonce,
         ),
-        generation,
+        buggify.match(buggify.GIVE_UP_WITHOUT_MATCH, generation),
     )
 
 
@@ -402,11 +403,8 @@ def decide_renew(
         return lost
     assert record is not None
     declined = not me.yields and _asking_waiter(record, me, now) is not None
-    return Write(
-        Kind.RENEW,
-        record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce, declined=declined),
-        generation,
-    )
+    renewed = record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce, declined=declined)
+    return Write(Kind.RENEW, renewed, buggify.match(buggify.UNCONDITIONAL_RENEWAL, generation))
 
 
 def decide_release(
@@ -444,7 +442,8 @@ def decide_release(
     if lost is not None:
         return lost
     assert record is not None
-    if record.waiter_live(now) and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
+    live = record.waiter_live(now) or (buggify.on(buggify.HANDOFF_TO_EXPIRED_SLOT) and bool(record.waiting_owner_id))
+    if live and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
         assert record.waiting_owner_id is not None
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
@@ -453,12 +452,12 @@ def decide_release(
             record.waiting_owner_id,
             record.waiter_ttl or policy.ttl,
             now,
-            next_token(record, now),
+            record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now),
             nonce,
             record.waiter_instance,
             record.waiter_label,
         )
-        return Write(Kind.HANDOFF, heir_record, generation)
+        return Write(Kind.HANDOFF, heir_record, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
     freed = record.replace(
         owner_id=None, expires_at=None, owner_instance=None, owner_label=None, declined=False, nonce=nonce
     )
@@ -471,7 +470,7 @@ def decide_release(
             waiter_label=None,
             waiter_request=None,
         )
-    return Write(Kind.FREE, freed, generation)
+    return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
 
 
 @dataclass(frozen=True)
@@ -510,11 +509,15 @@ def _asking_waiter(record: LockRecord, me: Me, now: float) -> WaiterSeen | None:
 
 
 def _check_still_mine(record: LockRecord | None, me: Me, token: int) -> Lost | None:
+    if buggify.on(buggify.TRUST_A_READ) and record is not None:
+        return None
     if record is None:
         return Lost("the lock object was deleted", None)
     if record.owner_id != me.owner_id:
         who = "nobody" if record.owner_id is None else repr(record.owner_id)
         return Lost(f"the lock is now owned by {who}", record)
+    if buggify.on(buggify.STILL_MINE_BY_ID):
+        return None
     if record.token != token:
         return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
     if not _is(record.owner_id, record.owner_instance, me.owner_id, me.instance):

@@ -30,7 +30,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..core import protocol
+from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
@@ -212,6 +212,11 @@ class HandoffLock(TimingViews):
         """How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
         and an urgent write, each allowed a retry. acquire() returns within its timeout plus this."""
         return max(2.0, 2 * self.timing.min_write_interval + 1.0)
+
+    @property
+    def instance(self) -> str:
+        """This lock object's random id, written beside ``owner_id``: it tells twins sharing an ``owner_id`` apart."""
+        return self._me.instance or ""
 
     @property
     def is_held(self) -> bool:
@@ -416,6 +421,8 @@ class HandoffLock(TimingViews):
         # on before we could see our nonce; the record naming us still says the slot is ours.
         if not (waiting or (last is not None and last.waiting_owner_id == self.owner_id)):
             return False
+        if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
+            return False
         deadline = self._clock.monotonic() + self.give_up_budget
         handed = give_back_slot(self._io, me=self._me, clock=self._clock, policy=self._policy, deadline=deadline)
         if handed is None:
@@ -428,11 +435,14 @@ class HandoffLock(TimingViews):
             self._settle_handed_lease(deadline)
             return True
         self._guard.deferred = False
-        self._release_held(deadline)
+        if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
+            self._release_held(deadline)
         return False
 
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
+        if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
+            wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
         lease = Lease(token=record.token)  # a new hold: nothing of the last one (its loss included) carries over
         lease.set(record, generation, mono, wall, self.timing)
         lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval

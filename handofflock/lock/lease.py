@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core import buggify
 from ..core.backoff import RETRY
 from ..core.record import LockRecord
 from ..core.timing import Timing
@@ -35,6 +36,8 @@ def lease_until(record: LockRecord, mono: float, wall: float, timing: Timing) ->
     their clocks, which is where the skew allowance is.
     """
     assert record.expires_at is not None
+    if buggify.on(buggify.LEASE_PAST_ITS_MARGIN):
+        return mono + (record.expires_at - wall) + timing.max_clock_skew
     length = record.ttl or timing.ttl
     return mono + (record.expires_at - wall) - length * (1 - timing.renew_deadline / timing.ttl)
 
