@@ -1,24 +1,11 @@
-"""HandoffLock: the public client. Its state and transitions; :mod:`handofflock.core.protocol` decides.
+"""HandoffLock: the state machine (acquire loop, give-up, becoming owner, renew, waiter check, release).
 
-Threads: ``acquire()`` runs in the caller's thread (a waiter polls there).
-Renewal and the waiter check run on the process-wide scheduler
-(:mod:`.scheduler`). ``release()`` may be called from any thread, and from a
-signal handler while the same thread is inside the library: such a re-entrant
-call only records the request and the outer call carries it out on its way
-out, so nothing deadlocks.
-
-This module is the state machine: the acquire loop, giving up, becoming the
-owner, renewing, the waiter check and the release, serialized by one I/O
-mutex. Each part that does not decide a transition lives beside it, behind a
-seam it names: record I/O (:mod:`.record_io`), the lease (:mod:`.lease`), the
-write loops of renewing (:mod:`.renewal`) and letting go (:mod:`.release`),
-which return what happened and leave every state change to this module, the
-request book (:mod:`.requests`), the notifier (:mod:`.notifier`), the
-re-entry guard (:mod:`.reentry`), fork handling (:mod:`.forking`), the
-scheduler's adapter (:mod:`.duties`), the errors (:mod:`.messages`), the
-primitives they are all made from (:mod:`.primitives`) and the constructor's
-checks and keywords (:mod:`.options`); the decisions are
-:mod:`handofflock.core.protocol`'s.
+Its transitions run under one I/O mutex; :mod:`handofflock.core.protocol` decides what each writes.
+``acquire()`` runs in the caller's thread, renewal and the waiter check on the scheduler
+(:mod:`.scheduler`, through :mod:`.duties`), ``release()`` in any thread, even a signal handler's
+(:mod:`.reentry` defers it to the outer call). Every other part (record I/O, lease, renewal and
+release writes, request book, notifier, errors, the no-I/O views) is a module beside this one,
+one job each: docs/design.md's table of layers names them.
 """
 
 from __future__ import annotations
@@ -27,7 +14,7 @@ import functools
 import logging
 import os
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..core import buggify, protocol
@@ -48,7 +35,7 @@ from ..core.record import Label, LockRecord, WaiterRequest, new_nonce
 from ..core.timing import Timing
 from ..storage import Storage
 from . import events as signals
-from . import forking, messages, metrics, renewal
+from . import forking, messages, metrics, polling, renewal
 from .duties import Duties
 from .lease import Lease
 from .notifier import Notifier
@@ -57,10 +44,10 @@ from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
 from .release import give_back_slot, write_release
-from .requests import RequestBook, acquire_request, checked_request
+from .requests import RequestBook, acquire_request
 from .state import State
-from .steps import Steps
-from .types import LockStatus, ReleaseRequest, RequestReason
+from .types import LockStatus
+from .views import LockViews
 
 _log_acquire = logging.getLogger("handofflock.acquire")
 _log_renew = logging.getLogger("handofflock.renew")
@@ -68,17 +55,11 @@ _log_release = logging.getLogger("handofflock.release")
 
 T = TypeVar("T")
 
-IDLE, WAITING, HELD, RELEASING, LOST, FORKED = (
-    State.IDLE,
-    State.WAITING,
-    State.HELD,
-    State.RELEASING,
-    State.LOST,
-    State.FORKED,
-)
+IDLE, WAITING, HELD = State.IDLE, State.WAITING, State.HELD
+RELEASING, LOST, FORKED = State.RELEASING, State.LOST, State.FORKED
 
 
-class HandoffLock(TimingViews):
+class HandoffLock(LockViews, TimingViews):
     """A single-waiter cooperative handoff lock kept as one JSON object.
 
     >>> lock = HandoffLock("gs://bucket/locks/train.json", ttl=60.0)
@@ -182,84 +163,6 @@ class HandoffLock(TimingViews):
         self._duties.scheduler = None
         self._fresh_parts(FORKED)
 
-    @property
-    def storage(self) -> Storage:
-        """The store holding the lock object (fenced objects beside the lock live there too)."""
-        return self._io.storage
-
-    @property
-    def key(self) -> str:
-        """The lock object's key inside :attr:`storage`."""
-        return self._io.key
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of the current (or last) hold; None before the first."""
-        return self._lease.token
-
-    @property
-    def release_requested(self) -> bool:
-        """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
-        return self._book.release_requested
-
-    @property
-    def release_request(self) -> ReleaseRequest | None:
-        """The most urgent request that stands (earliest deadline), or None."""
-        return self._book.release_request
-
-    @property
-    def give_up_budget(self) -> float:
-        """How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
-        and an urgent write, each allowed a retry. acquire() returns within its timeout plus this."""
-        return max(2.0, 2 * self.timing.min_write_interval + 1.0)
-
-    @property
-    def instance(self) -> str:
-        """This lock object's random id, written beside ``owner_id``: it tells twins sharing an ``owner_id`` apart."""
-        return self._me.instance or ""
-
-    @property
-    def is_held(self) -> bool:
-        """True from a successful acquire until release or loss. No I/O."""
-        return self._state == HELD
-
-    @property
-    def healthy(self) -> bool:
-        """True while the lock is held and renewed recently enough to be safe. No I/O.
-
-        False once ``renew_deadline`` has passed since the last successful renewal, even if the
-        background thread has not run yet (the process was stopped): the monotonic clock kept counting.
-        """
-        return self._state == HELD and self._clock.monotonic() < self._lease.valid_until
-
-    def check(self) -> None:
-        """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
-        if not self.healthy:
-            raise messages.not_healthy(self.url, self._state, self._lease.lost_reason, self.renew_deadline, self._pid)
-
-    def steps(self, iterable: Iterable[T]) -> Steps[T]:
-        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:mod:`.steps`).
-
-        No I/O per step; raises :class:`LockLost` before a step if the lock is no longer safely held.
-        """
-        return Steps(self, iterable)
-
-    def request_release(
-        self,
-        reason: RequestReason | str = RequestReason.OPERATOR,
-        *,
-        requester: str | None = None,
-        deadline: float | None = None,
-    ) -> None:
-        """Ask the holder of this instance to release, as a waiter would.
-
-        Safe in a signal handler: it only assigns attributes; ``on_release_requested`` is sent from
-        the scheduler thread. The most urgent request (earliest deadline) is kept. ``reason`` is a
-        :class:`RequestReason` or its value (``"manual"``, the old name of ``"operator"``, is deprecated).
-        """
-        why = checked_request(reason, deadline)
-        self._book.request(why, requester or why.value, deadline)
-
     def acquire(
         self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
     ) -> bool:
@@ -294,10 +197,9 @@ class HandoffLock(TimingViews):
             raise messages.busy(self.url, self._state)
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
-        deadline = None if timeout is None else self._clock.monotonic() + timeout
-        if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
-            deadline = self._clock.monotonic() + self.timing.renew_deadline
+        deadline = polling.deadline_of(self._clock, self.timing, blocking=blocking, timeout=timeout)
         slot_wait = self.wait_for_slot or timeout is not None or not request.asks  # else Contended raises
+        decide = functools.partial(protocol.decide_acquire, me=self._me, policy=self._policy, request=request)
         waiting = False
         last: LockRecord | None = None
         # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
@@ -315,16 +217,7 @@ class HandoffLock(TimingViews):
                     waiting = True  # our registration landed though we could not confirm it
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
-                decision = protocol.decide_acquire(
-                    record,
-                    generation,
-                    me=self._me,
-                    now=wall,
-                    policy=self._policy,
-                    nonce=new_nonce(),
-                    waiting=waiting,
-                    request=request,
-                )
+                decision = decide(record, generation, now=wall, nonce=new_nonce(), waiting=waiting)
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     self._settle_handed_lease(deadline)
@@ -350,14 +243,9 @@ class HandoffLock(TimingViews):
                     return False
                 elif isinstance(decision, Contended) and (decision.superseded or not slot_wait):
                     raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
-                # Read again one poll interval after the last read began (sooner at the deadline):
-                # polls keep a fixed rate, so a read's own duration does not stretch the period.
-                pause = max(0.0, polled + self.timing.waiter_poll_interval - self._clock.monotonic())
-                if deadline is not None:
-                    left = deadline - self._clock.monotonic()
-                    if left <= 0:
-                        return self._give_up(waiting, last, timed_out=True)
-                    pause = min(pause, left)
+                pause = polling.pause(self._clock, polled, self.timing.waiter_poll_interval, deadline)  # fixed rate
+                if pause is None:
+                    return self._give_up(waiting, last, timed_out=True)
                 if self._interrupted(pause):
                     return self._give_up(waiting, last, timed_out=False)
                 polled = self._clock.monotonic()
