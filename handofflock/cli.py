@@ -381,6 +381,7 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     lines.append(f"  owner       {_who(st.owner_id, st.owner_label) if st.owner_id else '-'}")
     if st.expires_at is not None:
         lines.append(f"  expires     {when(st.expires_at, now)}")
+    waiter = _who(st.waiter_id, st.waiter_label)
     if st.waiter_id is None:
         lines.append("  waiter      none")
     else:
@@ -388,17 +389,13 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         kind = ("" if st.waiter_asks else "patient, ") + (
             f"priority {st.waiter_priority}, " if st.waiter_priority else ""
         )
-        lines.append(
-            f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({kind}{live}, {_left(st.waiter_expires_at, now)})"
-        )
+        lines.append(f"  waiter      {waiter} ({kind}{live}, {_left(st.waiter_expires_at, now)})")
     if _release_requested(st, now) and st.declined:
-        lines.append(
-            f"  release     asked by {_who(st.waiter_id, st.waiter_label)}, declined (the holder does not yield)"
-        )
+        lines.append(f"  release     asked by {waiter}, declined (the holder does not yield)")
     elif _release_requested(st, now):
         grace = st.owner_label.grace if st.owner_label is not None else None
         lines.append(
-            f"  release     requested by {_who(st.waiter_id, st.waiter_label)}"
+            f"  release     requested by {waiter}"
             + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
         )
     elif state == "held" and st.waiter_live and not st.waiter_asks:
