@@ -241,7 +241,8 @@ class HandoffLock(LockViews, TimingViews):
                 elif not blocking:  # contended, or it would wait: never waits, never registers
                     self._state = IDLE
                     return False
-                elif isinstance(decision, Contended) and (decision.superseded or not slot_wait):
+                elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
+                    # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
                     raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
                 pause = polling.pause(self._clock, polled, self.timing.waiter_poll_interval, deadline)  # fixed rate
                 if pause is None:

@@ -12,7 +12,7 @@ in :mod:`.handoff`. Kept apart so that the state machine reads as transitions.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from ..core.clock import Clock
 from ..core.protocol import Me
@@ -41,6 +41,20 @@ class LockViews:
     _me: Me
     _clock: Clock
     _pid: int
+
+    def __copy__(self) -> NoReturn:
+        # A copy would share this party's lease and requests but have a life of its own: collected,
+        # it would release (lifetime.py) the lock the original still holds and renews.
+        raise TypeError(
+            f"a {type(self).__name__} is one party of the lock (its id, lease and renewals): it cannot be "
+            "copied or pickled; share the instance, or make a new one for another party"
+        )
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        self.__copy__()
 
     @property
     def storage(self) -> Storage:

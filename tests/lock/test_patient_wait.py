@@ -199,3 +199,26 @@ def test_a_cancel_still_stops_a_running_acquire(made):
     assert isinstance(box.get("error"), AcquireCancelled)
     assert raw_read(url)[0].waiting_owner_id is None
     MemoryStorage.forget("cancel-running")
+
+
+def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_without_a_timeout(url, made):
+    # design.md: "The displaced waiter sees the slot taken at its next poll and waits for it again".
+    # A plain acquire() (asking, no timeout) that had registered must not turn the displacement into
+    # LockContended halfway through its wait.
+    o, w1, w2 = lock_for(url, made, "o"), lock_for(url, made, "w1"), lock_for(url, made, "w2")
+    assert o.acquire()
+    t1, b1 = in_thread(lambda: w1.acquire())
+    eventually(waiter_is(url, "w1"), what="w1 registered")
+    t2, b2 = in_thread(lambda: w2.acquire(priority=5, timeout=60))
+    eventually(lambda: waiter_is(url, "w2")() or b2, what="w2 took the slot")
+    assert not b2, b2
+    time.sleep(1.0)  # several of w1's polls with the slot taken
+    assert not b1, f"the displaced waiter gave up: {b1}"
+    assert o.release() == "w2"
+    t2.join(10)
+    assert b2.get("result") is True
+    eventually(lambda: waiter_is(url, "w1")() or b1, what="w1 waits again, now for w2")
+    assert not b1, b1
+    w2.release()
+    t1.join(10)
+    assert b1.get("result") is True and w1.is_held, b1
