@@ -63,11 +63,17 @@ class PreconditionFailed(StorageError):
 
 
 class LockingUnsupported(StorageError):
-    """The filesystem under a local store refuses file locks (``ENOLCK``): it cannot serialize writes.
+    """The store cannot serialize writes: it refuses, or would ignore, what makes them exclusive.
 
-    Typically NFS without a lock manager (mounted ``nolock``, or ``rpc.statd`` /
-    ``lockd`` not running). Retrying does not help, so it is raised at once.
-    Put the lock on a local filesystem, or use ``gs://`` for more than one host.
+    A local store whose filesystem refuses file locks (``ENOLCK``: typically
+    NFS whose lock manager cannot be reached, ``rpc.statd`` / ``lockd`` not
+    running); or an S3-compatible store that ignores ``If-Match`` or
+    ``If-None-Match`` on ``PutObject`` (found by a probe before its first write).
+    Retrying does not help, so it is raised at once. Put the lock on a local
+    filesystem, or use ``gs://`` (or a store that honours the conditions) for
+    more than one host. (An NFS mount with ``nolock`` or ``local_lock=flock|all``
+    does not fail at all: its locks exclude only this host's processes, which
+    the local store warns about; see docs/local-backend.md.)
     """
 
 

@@ -14,7 +14,13 @@ GCS, 0 elsewhere):
   takes writes;
 * ``renew_deadline - renew_interval >= 1.5 * s``: after a renewal that fails,
   one retry (one spacing later, with half a spacing for the request itself)
-  still lands before the owner must call itself lost;
+  still lands before the owner must call itself lost. That holds for the
+  failure GCS sends most, a 429, only because a renewal is not held back by
+  the spacing a 429 widens (to 2 s, then 4, 8) once waiting it out would break
+  this promise: :meth:`Timing.backoff_until` says until when it may be
+  (see :mod:`handofflock.storage.pacing`). Two failures in a row need
+  ``renew_deadline - renew_interval >= 2.5 * s`` (ttl 7 on GCS with the
+  defaults); docs/design.md has the table of what each ttl survives;
 * ``waiter_ttl >= 2 * waiter_poll_interval`` and ``waiter_ttl / 2 >= s``: a
   waiter refreshes its slot at half-life, by a poll and a write.
 
@@ -64,6 +70,18 @@ class Timing:
     def margin(self) -> float:
         """How long before its lease runs out (for others) an owner stops calling itself healthy."""
         return self.ttl - self.renew_deadline
+
+    def backoff_until(self, valid_until: float) -> float:
+        """The latest time a renewal of a lease valid until ``valid_until`` may wait out a 429's backoff.
+
+        A 429 widens the store's write spacing (storage/pacing.py). A renewal
+        honours the widened spacing only while, after that wait, a failure
+        would still leave room for one more write at the store's own spacing
+        (:data:`RETRY_SPACINGS` spacings) before the lease must be called lost;
+        later than this it goes at the store's own spacing. Same clock as
+        ``valid_until`` (monotonic). Pass it as the gate's ``by``.
+        """
+        return valid_until - RETRY_SPACINGS * self.min_write_interval
 
     @classmethod
     def build(

@@ -87,6 +87,7 @@ def write_resolving(
     max_bytes: int,
     gate: WriteGate | None = None,
     urgent: bool = False,
+    send_by: float | None = None,
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
 ) -> tuple[int, bytes | None]:
@@ -95,7 +96,10 @@ def write_resolving(
     ``data`` may be a function called just before each attempt is sent (after
     any wait for the write gate), so what it stamps (a lease's ``expiresAt``)
     dates from the send; ``is_ours`` must then recognise every attempt's bytes.
-    ``gate`` spaces the writes; ``urgent`` as for :meth:`WriteGate.take`.
+    ``gate`` spaces the writes; ``urgent`` as for :meth:`WriteGate.take`, and
+    ``send_by`` is its ``by``: the latest time (monotonic) a 429's widened
+    spacing may hold this urgent write back (a renewal passes
+    :meth:`Timing.backoff_until <handofflock.core.timing.Timing.backoff_until>`).
 
     ``read_back`` is None when the store answered the write, else the bytes read
     back that proved it landed (they may be a later write that kept our nonce in
@@ -123,8 +127,8 @@ def write_resolving(
         return sleep(delay)
 
     while True:
-        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent):
-            wait = gate.ready_in(clock.monotonic(), urgent=urgent)
+        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
+            wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
             if deadline is not None and clock.monotonic() + wait >= deadline:
                 # The spacing (widened by 429s) would carry the write past the deadline:
                 # give up now rather than sleep there. Nothing was booked, so giving up

@@ -75,6 +75,7 @@ from .gcs_http import (
     reply_json,
     retry_after_seconds,
     says_bucket_missing,
+    says_retained,
     verify_crc32c,
 )
 
@@ -181,6 +182,12 @@ class GCSStorage:
                     # ours, or two threads' first requests could each make one and leak the other.
                     # Our own session: give it the connection pools that enforce request_timeout.
                     gcs_deadline.install(made._http)
+                    # google-auth refreshes credentials through a session of its own, inside our
+                    # request: watched too, a slow token endpoint (metadata server, STS) cannot hold a
+                    # request past request_timeout. (A private attribute; without it, unbounded as before.)
+                    refresh_session = getattr(made._http, "_auth_request_session", None)
+                    if refresh_session is not None:
+                        gcs_deadline.install(refresh_session)
                     self._client = made
                 client = self._client
         return client
@@ -577,6 +584,16 @@ class GCSStorage:
             raise StorageError(
                 f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
                 "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
+                url=self.url,
+                key=key,
+            )
+        if status == 403 and says_retained(response):
+            raise StorageError(
+                f"{where}: GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
+                f"its object on every renewal, which a retention policy, object retention or a hold forbids until "
+                f"the retention period has passed; no IAM role changes that. Put lock objects in a bucket "
+                f"without a retention policy (`gcloud storage buckets describe gs://{self.bucket} "
+                f"--format='default(retention_policy)'` shows it), or remove the hold",
                 url=self.url,
                 key=key,
             )

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import requests.adapters
+import urllib3.connection
 import urllib3.poolmanager
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -210,12 +211,29 @@ class _Watched:
         super()._put_conn(conn)  # type: ignore[misc]
 
 
-class _WatchedHTTPConnectionPool(_Watched, HTTPConnectionPool):
+class _Remembering:
+    """Connection mix-in: keep the socket, which http.client forgets while a ``Connection: close``
+    reply (HTTP/1.0 servers, many token endpoints) is still being read, so a deadline can cut it."""
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self._handofflock_sock = self.sock  # type: ignore[attr-defined]
+
+
+class _RememberingHTTPConnection(_Remembering, urllib3.connection.HTTPConnection):
     pass
+
+
+class _RememberingHTTPSConnection(_Remembering, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPConnectionPool(_Watched, HTTPConnectionPool):
+    ConnectionCls = _RememberingHTTPConnection
 
 
 class _WatchedHTTPSConnectionPool(_Watched, HTTPSConnectionPool):
-    pass
+    ConnectionCls = _RememberingHTTPSConnection
 
 
 _POOLS = {"http": _WatchedHTTPConnectionPool, "https": _WatchedHTTPSConnectionPool}

@@ -154,11 +154,16 @@ def parse_generation(value: object, where: str) -> int:
 
 
 def error_body(response: requests.Response) -> bytes:
-    """At most the first few KiB of an error reply (it may be a streamed download's)."""
+    """At most the first few KiB of an error reply (it may be a streamed download's); read once, then kept."""
+    cached = getattr(response, "_handofflock_body", None)
+    if cached is not None:
+        return bytes(cached)
     try:
-        return next(response.iter_content(ERROR_BODY_BYTES), b"")[:ERROR_BODY_BYTES]
+        body = next(response.iter_content(ERROR_BODY_BYTES), b"")[:ERROR_BODY_BYTES]
     except Exception:  # a reply cut off while explaining an error still has a status to go by
-        return b""
+        body = b""
+    response._handofflock_body = body  # type: ignore[attr-defined]
+    return body
 
 
 def error_message(response: requests.Response) -> str:
@@ -176,6 +181,29 @@ def error_message(response: requests.Response) -> str:
     message = " ".join(message.split())[:300] or (response.reason or "no explanation")
     response._handofflock_message = message  # type: ignore[attr-defined]
     return message
+
+
+def error_reasons(response: requests.Response) -> tuple[str, ...]:
+    """The JSON API's ``errors[].reason`` values of an error reply ("retentionPolicyNotMet", ...), if any."""
+    try:
+        errors = orjson.loads(error_body(response)).get("error", {}).get("errors", [])
+        return tuple(str(e.get("reason")) for e in errors if isinstance(e, dict) and e.get("reason"))
+    except (orjson.JSONDecodeError, AttributeError):
+        return ()
+
+
+#: Reasons GCS gives for refusing to change an object it must keep (a retention policy, object
+#: retention, a hold), and the words its message uses for them (older replies say only "forbidden").
+RETENTION_REASONS = ("retentionPolicyNotMet", "objectUnderActiveHold")
+RETENTION_WORDS = ("retention policy", "object retention", "hold")
+
+
+def says_retained(response: requests.Response) -> bool:
+    """Whether a 403 is GCS refusing to overwrite an object it must retain, not a missing permission."""
+    if any(reason in RETENTION_REASONS for reason in error_reasons(response)):
+        return True
+    message = error_message(response).lower()
+    return any(word in message for word in RETENTION_WORDS) and "cannot be" in message
 
 
 def says_bucket_missing(response: requests.Response) -> bool:

@@ -43,7 +43,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import local_lock
+from . import local_lock, local_mounts
 from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_max_bytes, validate_prefix
 from .local_format import (
     MAX_GENERATION,
@@ -68,8 +68,9 @@ _POSIX_OK = fcntl is not None and os.name == "posix" and bool(_NOFOLLOW) and os.
 # errno values after which a retry can succeed: they are about this moment's
 # resources, not the store. ENOSPC, EDQUOT, EROFS and EIO are *not* here: they
 # last until someone acts, and retrying against a failing disk only hides it.
-# Nor is ENOLCK: flock fails with it where the filesystem has no working locks
-# (NFS without a lock manager), which no retry fixes (LockingUnsupported).
+# Nor is ENOLCK: flock fails with it where the filesystem cannot reach a lock
+# manager (NFS with rpc.statd/lockd not running), which no retry fixes
+# (LockingUnsupported). A `nolock` mount does not fail: see local_mounts.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM, errno.ETIMEDOUT}
 _REFUSED = {errno.ELOOP, errno.EMLINK, errno.ENOTDIR}  # what O_NOFOLLOW / O_DIRECTORY report, by platform
 _HINTS = {
@@ -119,6 +120,7 @@ class LocalStorage:
         self.root = os.path.abspath(text)
         self.url = Path(self.root).as_uri()
         self.lock_timeout = float(lock_timeout)
+        self._mount_checked = False  # warned (or not) about an NFS mount whose locks are local (local_mounts)
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.root!r})"
@@ -395,6 +397,9 @@ class LocalStorage:
             self._refuse(dir_fd, lock_name, lock_rel)
         if like is not None and st.st_uid == os.geteuid() and (st.st_uid, st.st_gid) != (like.st_uid, like.st_gid):
             _keep_owner(fd, like)  # ours (made just now, most likely): give it to the object's owner
+        if not self._mount_checked:
+            self._mount_checked = True
+            local_mounts.warn_if_local_only(self.root, self.url)
         try:
             local_lock.lock(fd, self.lock_timeout)
         except TimeoutError:
@@ -460,7 +465,7 @@ class LocalStorage:
             return LockingUnsupported(
                 f"local store {self.url}: the filesystem under {self.root!r} does not support file locks "
                 f"(flock: {exc.strerror or 'No locks available'}), so writes to it cannot be serialized; "
-                "typically NFS without a lock manager (mounted nolock, or rpc.statd/lockd not running). "
+                "typically NFS whose lock manager cannot be reached (rpc.statd/lockd not running). "
                 "Put the lock on a local filesystem, or use gs:// to share it between hosts; nothing was changed",
                 url=self.url,
                 key=key,

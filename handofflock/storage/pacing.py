@@ -6,6 +6,16 @@ earn 429s. Every lock instance in this process that writes the same object
 per ``min_interval`` on average, lets a release through at once, and widens
 the spacing after a 429 (shrinking it back after successes). How long a retry waits
 is :mod:`handofflock.core.backoff`'s business.
+
+A 429 asks for backoff, but the lease comes first. The widened spacing holds
+back the writes that can wait (a waiter's registration or refresh), and an
+urgent write (a renewal) for as long as it has room to wait: a writer passes
+``by``, the latest time it can be held to and still keep its promise. Past
+that, an urgent write waits only the store's own spacing (``min_interval``
+since the last write sent to the object), never the widening: a 429 answered
+to a write applies nothing, so sending one more write at GCS's documented rate
+costs at most another 429, while waiting out a doubled spacing past the
+renew deadline costs the lock (issue 25).
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ class WriteGate:
         self.interval = min_interval
         self._tokens = float(BURST)
         self._stamp = float("-inf")  # when _tokens was last brought up to date
+        self._sent = float("-inf")  # when the last write was let through
         self._lock = threading.Lock()
 
     def _capacity(self) -> float:
@@ -68,27 +79,39 @@ class WriteGate:
         self._stamp = max(self._stamp, now)
         return cap
 
-    def ready_in(self, now: float, *, urgent: bool = False) -> float:
+    def _wait(self, now: float, urgent: bool, by: float | None) -> float:
+        """Seconds until a write of this class may go (call with ``_lock`` held)."""
+        need = 1.0 if urgent else self._refill(now)
+        if urgent:
+            self._refill(now)
+        wait = 0.0 if self.interval <= 0 else max(0.0, (need - self._tokens) * self.interval)
+        if urgent and wait > 0 and self.interval > self.min_interval and by is not None and now + wait > by:
+            # A 429's widening would hold this write past the last moment it can wait: it goes
+            # at the store's own spacing instead (the lease comes first; see the module docstring).
+            wait = min(wait, max(0.0, self._sent + self.min_interval - now))
+        return wait
+
+    def ready_in(self, now: float, *, urgent: bool = False, by: float | None = None) -> float:
         """Seconds until a write of this class could be sent; nothing is booked.
+
+        ``by`` (urgent writes only): the latest time this write may be held
+        back by the spacing a 429 widened. If the widened spacing would pass
+        it, the write waits only ``min_interval`` after the previous write sent
+        to the object. Without ``by`` the widened spacing holds urgent writes too.
 
         A read whose result decides a write should come after this wait, not
         before, or the write may go out on a stale generation.
         """
         with self._lock:
-            need = 1.0 if urgent else self._refill(now)
-            if urgent:
-                self._refill(now)
-            return max(0.0, (need - self._tokens) * self.interval)
+            return self._wait(now, urgent, by)
 
-    def take(self, now: float, *, urgent: bool = False) -> bool:
-        """Spend one write now if its class may go; False (and nothing spent) if not yet."""
+    def take(self, now: float, *, urgent: bool = False, by: float | None = None) -> bool:
+        """Spend one write now if its class may go (``by`` as for :meth:`ready_in`); False (nothing spent) if not."""
         with self._lock:
-            need = 1.0 if urgent else self._refill(now)
-            if urgent:
-                self._refill(now)
-            if self.interval > 0 and self._tokens < need - 1e-9:
+            if self._wait(now, urgent, by) > 1e-9:
                 return False
             self._tokens = max(0.0, self._tokens - 1.0)
+            self._sent = max(self._sent, now)
             return True
 
     def refund(self, now: float) -> None:

@@ -45,7 +45,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import gcs_deadline, s3_format
+from . import gcs_deadline, s3_format, s3_probe
 from .base import (
     checked_request_timeout,
     checked_timeout,
@@ -143,6 +143,8 @@ class S3Storage:
         self._inherited: list[Any] = []
         self._seen: dict[str, _Version] = {}
         self._seen_lock = threading.Lock()
+        self._probed = False  # the store honours If-Match and If-None-Match (s3_probe), once known
+        self._probe_lock = threading.Lock()
         _STORES.add(self)
 
     @classmethod
@@ -191,6 +193,7 @@ class S3Storage:
         validate_key(key)
         validate_max_bytes(max_bytes)
         with self._mapped("read", key):
+            self._check_conditions(key)
             found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes)
         if found is None:
             return None
@@ -210,6 +213,7 @@ class S3Storage:
         data = bytes(data)
         expected = if_generation_match
         with self._mapped("write", key):
+            self._check_conditions(key)
             seen = self._recall(key)
             if expected == 0 and (seen is None or not seen.deleted):
                 try:
@@ -239,6 +243,7 @@ class S3Storage:
         validate_generation(if_generation_match)
         expected = if_generation_match
         with self._mapped("delete", key):
+            self._check_conditions(key)
             for attempt in range(2):
                 seen = self._recall(key) if attempt == 0 else None
                 if seen is None or seen.generation != expected or seen.deleted:
@@ -367,6 +372,37 @@ class S3Storage:
         else:
             self._forget(key)
         return generation
+
+    def _check_conditions(self, key: str) -> None:
+        """Before this store's first request: refuse a store that ignores If-Match (see :mod:`.s3_probe`).
+
+        Before the first read, not the first write: a write's lease is stamped
+        before it is sent, and the probe's requests must not come in between.
+        """
+        if self._probed:
+            return
+        with self._probe_lock:
+            if self._probed:
+                return
+
+            def put(**params: Any) -> None:
+                with self._deadline("write", key):
+                    self.client.put_object(
+                        Bucket=self.bucket, Body=b"handofflock probe", CacheControl="no-store", **params
+                    )
+
+            def delete(scratch: str) -> None:
+                with self._deadline("write", key):
+                    self.client.delete_object(Bucket=self.bucket, Key=scratch)
+
+            def refused(exc: BaseException) -> bool:
+                if not isinstance(exc, botocore.exceptions.ClientError):
+                    return False
+                status, code = _status(exc), _code(exc)
+                return status == 412 or (status == 404 and code == "NoSuchKey") or code == "ConditionalRequestConflict"
+
+            s3_probe.check_conditions_honoured(put, delete, refused, key=key, url=self.url)
+            self._probed = True
 
     def _recall(self, key: str) -> _Version | None:
         with self._seen_lock:

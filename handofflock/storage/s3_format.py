@@ -39,6 +39,10 @@ class Header(NamedTuple):
     offset: int  # where the data starts
 
 
+#: In the name of the scratch key the S3 backend probes a store's conditions on (storage/s3_probe.py).
+PROBE_MARK = ".handofflock-probe-"
+
+
 def encode(generation: int, data: bytes, *, deleted: bool = False) -> bytes:
     """The bytes stored for ``data`` at ``generation`` (a tombstone when ``deleted``)."""
     state = b"deleted" if deleted else b"live"

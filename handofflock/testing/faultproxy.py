@@ -18,12 +18,17 @@ request injects one of these faults:
 ``429``         answered by the proxy: too many requests, with ``Retry-After``
 ``503``         answered by the proxy: service unavailable (not forwarded)
 ``403``         answered by the proxy: permission denied (a permanent error)
+``retention``   answered by the proxy: 403, worded as GCS refuses to overwrite an
+                object under a bucket retention policy (S3: object lock)
 ``409``         answered by the proxy: conflict, as GCS answers a change that
                 lost to a concurrent one (not forwarded, so not applied)
 ``trickle``     the request is forwarded and applied; the reply's head is sent
                 at once, then its body one byte every ``delay`` seconds
 ``trickle_head`` as ``trickle``, but the reply is trickled from its first byte
                 (a server slow to send even its status line and headers)
+``strip_conditions`` the request is forwarded with its ``If-Match`` and
+                ``If-None-Match`` headers removed, as by an S3-compatible
+                store that ignores them (and applied unconditionally)
 ==============  ==============================================================
 
 Faults are scheduled programmatically: :meth:`FaultProxy.inject` for the next
@@ -90,11 +95,26 @@ def emulator_env(url: str) -> Iterator[None]:
 _IO_TIMEOUT = 60.0  # no read from a peer blocks longer than this
 
 #: Every fault the proxy can inject.
-FAULT_KINDS = ("refuse", "delay", "reset", "drop_reply", "429", "503", "403", "409", "trickle", "trickle_head")
+FAULT_KINDS = (
+    "refuse",
+    "delay",
+    "reset",
+    "drop_reply",
+    "429",
+    "503",
+    "403",
+    "409",
+    "retention",
+    "trickle",
+    "trickle_head",
+    "strip_conditions",
+)
 #: The faults that act on one request (``refuse`` acts on connections).
-REQUEST_FAULTS = ("delay", "reset", "drop_reply", "429", "503", "403", "409", "trickle", "trickle_head")
+REQUEST_FAULTS = FAULT_KINDS[1:]
 #: The faults the proxy answers itself, without forwarding the request.
-_ANSWERED = ("429", "503", "403", "409")
+_ANSWERED = ("429", "503", "403", "409", "retention")
+#: The request headers ``strip_conditions`` removes.
+_CONDITIONS = (b"if-match", b"if-none-match")
 #: The faults that send the reply slowly, one byte at a time.
 _TRICKLES = ("trickle", "trickle_head")
 
@@ -120,6 +140,14 @@ _ANSWERS = {
         "The change failed to commit due to a conflicting concurrent change to the same resource "
         "(injected by FaultProxy).",
     ),
+    # As GCS words it (seen in the wild: reason "retentionPolicyNotMet", or "forbidden" in older replies).
+    "retention": (
+        403,
+        "Forbidden",
+        "retentionPolicyNotMet",
+        "Object 'bucket/locks/job.json' is subject to bucket's retention policy or object retention and cannot be "
+        "deleted or overwritten until 2031-09-20T12:18:15.93713-07:00 (injected by FaultProxy)",
+    ),
 }
 
 # The same faults worded as S3 words them (docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html).
@@ -127,6 +155,12 @@ _S3_ANSWERS = {
     "429": (429, "Too Many Requests", "TooManyRequests", "Please reduce your request rate (injected by FaultProxy)."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate. (injected by FaultProxy)"),
     "403": (403, "Forbidden", "AccessDenied", "Access Denied (injected by FaultProxy)"),
+    "retention": (
+        403,
+        "Forbidden",
+        "AccessDenied",
+        "Access Denied because object protected by object lock. (injected by FaultProxy)",
+    ),
     "409": (
         409,
         "Conflict",
@@ -149,6 +183,7 @@ class Exchange:
     started: float
     fault: str | None = None
     status: int | None = None  # the status the client got; None if it got no reply
+    headers: dict[str, str] = field(default_factory=dict)  # the request's, names in lowercase
 
     def upload_data(self) -> bytes | None:
         """The object's bytes: of a multipart upload (GCS, the second part), or of an S3
@@ -171,10 +206,13 @@ class Rule:
     times: int = 1
     delay: float = 0.0
     retry_after: float | None = None
+    probes: bool = False
     fired: int = 0
 
     def matches(self, ex: Exchange) -> bool:
         if self.fired >= self.times:
+            return False
+        if not self.probes and s3_format.PROBE_MARK in ex.path:
             return False
         if self.method is not None and ex.method != self.method.upper():
             return False
@@ -323,13 +361,17 @@ class FaultProxy:
         times: int = 1,
         delay: float = 0.0,
         retry_after: float | None = None,
+        probes: bool = False,
     ) -> Rule:
         """Inject ``kind`` into the next ``times`` requests matching every criterion given.
 
         ``method`` is compared exactly, ``path`` and ``body`` as substrings,
         ``when`` is called with the :class:`Exchange`. ``delay`` is the pause of
         a ``delay`` fault, and the pause before each byte of a trickled reply;
-        ``retry_after`` the header of a ``429`` or ``503``.
+        ``retry_after`` the header of a ``429`` or ``503``. The S3 backend's
+        probe of a store's conditions (a scratch key beside the lock's, once per
+        store) is left alone unless ``probes`` is true, and by :meth:`chaos`
+        always: a fault meant for the lock's first write must reach it.
         Rules are tried in the order they were added; the first that matches fires.
         Returns the rule: ``rule.fired`` counts its firings.
         """
@@ -340,7 +382,15 @@ class FaultProxy:
         if kind in ("delay", *_TRICKLES) and not delay > 0:
             raise ValueError(f"a {kind} fault needs delay > 0")
         rule = Rule(
-            kind, method, path, body.encode() if isinstance(body, str) else body, when, times, delay, retry_after
+            kind,
+            method,
+            path,
+            body.encode() if isinstance(body, str) else body,
+            when,
+            times,
+            delay,
+            retry_after,
+            probes,
         )
         with self._mutex:
             self._rules.append(rule)
@@ -430,13 +480,19 @@ class FaultProxy:
                 "refused_seconds": round(s.refused_seconds, 3),
             }
 
-    def exchanges(self, method: str | None = None, path: str | None = None) -> list[Exchange]:
-        """The kept exchanges, optionally only those with ``method`` and ``path`` in their path."""
+    def exchanges(self, method: str | None = None, path: str | None = None, *, probes: bool = False) -> list[Exchange]:
+        """The kept exchanges, optionally only those with ``method`` and ``path`` in their path.
+
+        The S3 backend's probe of the store's conditions (once per store, see
+        :meth:`inject`) is left out unless ``probes``; :attr:`history` has everything.
+        """
         with self._mutex:
             return [
                 e
                 for e in self.history
-                if (method is None or e.method == method.upper()) and (path is None or path in e.path)
+                if (method is None or e.method == method.upper())
+                and (path is None or path in e.path)
+                and (probes or s3_format.PROBE_MARK not in e.path)
             ]
 
     def __repr__(self) -> str:
@@ -537,7 +593,7 @@ class FaultProxy:
 
                 if kind in _ANSWERED:
                     self._count(answered=True)
-                    ex.status = int(kind)
+                    ex.status = (_S3_ANSWERS if self.dialect == "s3" else _ANSWERS)[kind][0]
                     close = self._replying(state, not keep_alive)
                     client.sendall(_error_reply(kind, self._chaos_retry_after(kind, rule), close, self.dialect))
                     if close:
@@ -555,6 +611,8 @@ class FaultProxy:
                     upstream = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     ubuf = Buffer(upstream)
+                if kind == "strip_conditions":
+                    request_head = _without_headers(request_head, _CONDITIONS)
                 upstream.sendall(request_head + body)
                 reply_head = ubuf.read_head()
                 status, reply_headers = parse_reply_head(reply_head)
@@ -611,7 +669,7 @@ class FaultProxy:
             else:
                 rule = None
             self._rules = [r for r in self._rules if not r.spent]
-            if ex.fault is None and self._chaos is not None:
+            if ex.fault is None and self._chaos is not None and s3_format.PROBE_MARK not in ex.path:
                 chaos = self._chaos
                 if (chaos.method is None or ex.method == chaos.method) and (
                     chaos.path is None or chaos.path in ex.path
@@ -671,6 +729,7 @@ def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) ->
         body=body,
         content_type=headers.get("content-type", ""),
         started=time.time(),
+        headers=dict(headers),
     )
 
 
@@ -704,6 +763,13 @@ def _error_reply(kind: str, retry_after: float | None, close: bool, dialect: str
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _without_headers(head: bytes, names: tuple[bytes, ...]) -> bytes:
+    """A request head without the header lines called ``names`` (lowercase)."""
+    lines = head.split(b"\r\n")
+    kept = [line for line in lines if line.split(b":", 1)[0].strip().lower() not in names]
+    return b"\r\n".join(kept)
 
 
 def _reset(sock: socket.socket) -> None:

@@ -1,0 +1,74 @@
+"""An S3-compatible store that ignores If-Match / If-None-Match is refused, never raced on (issue 25).
+
+With the conditions stripped (the fault proxy's ``strip_conditions``, in front
+of the real moto server the tests start) every racing writer used to win.
+Now the store is probed once, before its first write, and refused with
+``LockingUnsupported``; moto itself, which honours both, passes the probe.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from handofflock import HandoffLock, LockingUnsupported
+from handofflock.storage.s3 import S3Storage
+from handofflock.testing.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.s3
+KEY = "locks/job.json"
+
+
+@pytest.fixture
+def bucket(s3_server):
+    name = f"p-{uuid.uuid4().hex[:16]}"
+    s3_server.create_bucket(name)
+    return name
+
+
+def keys(bucket: str) -> list[str]:
+    import boto3
+
+    listed = boto3.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])
+    return [o["Key"] for o in listed]
+
+
+def test_a_store_that_honours_the_conditions_passes_the_probe_once_and_keeps_no_scratch_key(s3_server, bucket):
+    store = S3Storage(bucket, endpoint_url=s3_server.url)
+    lock = HandoffLock(f"s3://{bucket}/{KEY}", storage=store, key=KEY, ttl=5.0)
+    assert lock.acquire(timeout=10)
+    lock.release()
+    assert store._probed and keys(bucket) == [KEY]
+
+
+@pytest.mark.parametrize("stripped", [None, "if-none-match"], ids=["both", "if-none-match-only"])
+def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s3_server, bucket, stripped):
+    """16 locks race for one object through a proxy that strips the conditions: before, all 16
+    acquired it; now each is refused with LockingUnsupported and none writes the lock object."""
+    with FaultProxy(s3_server.url, lifetime=60, dialect="s3") as proxy:
+        if stripped is None:
+            proxy.inject("strip_conditions", method="PUT", times=10_000, probes=True)
+        else:  # a MinIO older than 2024-05: If-Match honoured, If-None-Match ignored
+            proxy.inject("strip_conditions", method="PUT", times=10_000, probes=True,
+                         when=lambda ex: "if-none-match" in ex.headers)
+        results: list[object] = []
+
+        def race() -> None:
+            store = S3Storage(bucket, endpoint_url=proxy.url, timeout=(2.0, 5.0))
+            lock = HandoffLock(f"s3://{bucket}/{KEY}", storage=store, key=KEY, ttl=5.0)
+            try:
+                results.append(lock.acquire(timeout=10))
+            except Exception as exc:  # collected for the assertions below
+                results.append(exc)
+
+        threads = [threading.Thread(target=race) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert len(results) == 16 and all(isinstance(r, LockingUnsupported) for r in results), results
+    message = str(results[0])
+    assert ("If-Match" if stripped is None else "If-None-Match") in message and "docs/storage.md" in message
+    assert KEY not in keys(bucket)
