@@ -831,7 +831,9 @@ class HandoffLock(TimingViews):
                 if self._state != HELD:
                     return
                 now = self._clock.monotonic()
-                wait = self._io.gate().ready_in(now, urgent=True)
+                # A 429's widened spacing holds the renewal back only while it has room to (issue 25).
+                by = self.timing.backoff_until(lease.valid_until)
+                wait = self._io.gate().ready_in(now, urgent=True, by=by)
                 if wait > 0:
                     lease.next_renew = now + wait
                     return
@@ -843,7 +845,7 @@ class HandoffLock(TimingViews):
                     assert isinstance(decision, Write)
                     try:
                         written, generation, mono, wall = self._io.write_lease(
-                            decision, lease.valid_until, retry=False, urgent=True
+                            decision, lease.valid_until, retry=False, urgent=True, send_by=by
                         )
                     except PreconditionFailed:
                         # A waiter registered, refreshed or left (or we lost it): read, note, renew again.

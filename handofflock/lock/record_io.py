@@ -113,6 +113,7 @@ class RecordIO:
         *,
         retry: bool = True,
         urgent: bool = False,
+        send_by: float | None = None,
         interruptible: bool = False,
     ) -> tuple[Write, int, float, float]:
         """Make ``write``, its lease or slot stamped at the send of each attempt. Call with the mutex held.
@@ -121,6 +122,8 @@ class RecordIO:
         time of its send)``: a lease is counted from the send of the write that
         made it, never from when the operation began (a wait for the write
         gate, or retries after a 503 or a 429, come before the stamp).
+        ``send_by`` (monotonic): past it, a 429's widened spacing no longer holds
+        an urgent write back (see :meth:`~handofflock.core.timing.Timing.backoff_until`).
         Raises PreconditionFailed when the record moved on (the caller reads and decides again).
         """
         attempts: dict[str, tuple[Write, float, float]] = {}
@@ -148,6 +151,7 @@ class RecordIO:
             max_bytes=MAX_RECORD_BYTES,
             gate=self.gate(),
             urgent=urgent,
+            send_by=send_by,
             retry=retry,
             sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
         )
