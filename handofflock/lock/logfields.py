@@ -37,6 +37,7 @@ LOGGERS = (
     "handofflock.repair",
     "handofflock.aio",
     "handofflock.ranks",
+    "handofflock.storage",
 )
 
 #: The attributes added to each record.
