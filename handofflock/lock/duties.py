@@ -1,7 +1,7 @@
 """The scheduler's adapter: one lock's background duties, as :class:`~.scheduler.Scheduled` wants them.
 
 The scheduler sees a lock through this object only: its store and key (to
-group waiter checks), its check interval, when its next duties fall due, and
+group waiter checks), its check interval, how long one of its requests may take, when its next duties fall due, and
 two ways to run them. The lock hands it exactly those (bound to its own
 transitions) and nothing else, as python-redis-lock gives its renewer a
 weak reference and an event rather than the whole lock. It also knows which
@@ -31,6 +31,7 @@ class Duties:
         "next_check_at",
         "next_due",
         "next_due_besides_check",
+        "request_timeout",
         "run_due",
         "scheduler",
         "store",
@@ -43,6 +44,7 @@ class Duties:
         store: Storage,
         key: str,
         check_interval: float,
+        request_timeout: float,
         next_due: Callable[[], float],
         next_due_besides_check: Callable[[], float],
         next_check_at: Callable[[], float],
@@ -53,6 +55,8 @@ class Duties:
         #: Which scheduler runs these duties (None: the process-wide one, made when first needed).
         self.scheduler = scheduler
         self.store, self.key, self.check_interval = store, key, check_interval
+        #: How long one request for the lock may take (its Timing.request_timeout): a listing's bound.
+        self.request_timeout = request_timeout
         self.next_due, self.next_due_besides_check, self.next_check_at = next_due, next_due_besides_check, next_check_at
         self.run_due, self.check_against, self.describe = run_due, check_against, describe
 

@@ -179,6 +179,7 @@ class HandoffLock(TimingViews):
             store=storage,
             key=key,
             check_interval=t.waiter_check_interval,
+            request_timeout=t.request_timeout,
             next_due=self._due,
             next_due_besides_check=self._due_besides_check,
             next_check_at=lambda: self._lease.next_check,
@@ -205,6 +206,7 @@ class HandoffLock(TimingViews):
             mutex=prims.mutex(),
             interrupted=self._interrupted,
             who=self.owner_id,
+            request_timeout=self.timing.request_timeout,
         )
         self._cancel = prims.event()
         self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
@@ -910,29 +912,33 @@ class HandoffLock(TimingViews):
         object (a renewal while the group was being listed), which already
         showed it: no read either. A higher one (someone else wrote), or 0
         (not listed), is settled by a read, never by the listing alone.
+
+        The read is made without the I/O mutex, so one that stalls never holds
+        up a renewal (issue 25); what it found is applied only if the lease is
+        as it was when the read began. A renewal (or release) since then wrote
+        on the generation it knew, and would have met whatever the read saw.
         """
         with self._io.mutex:
             if self._state != HELD:
                 return
             lease = self._lease
             lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
-            record: LockRecord | None
+            record, generation = lease.record, lease.generation
+        before = generation
+        error: BaseException | None = None
+        if not (known_generation is not None and 0 < known_generation <= generation and record is not None):
             try:
-                if (
-                    known_generation is not None
-                    and 0 < known_generation <= lease.generation
-                    and lease.record is not None
-                ):
-                    # Listed as we know it, or older: we wrote (renewed) or read it since the
-                    # listing was made, and that is at least as fresh as the listing's view.
-                    record, generation = lease.record, lease.generation
-                else:
-                    record, generation = self._io.read(None, retry=False)
+                record, generation = self._io.read(None, retry=False)
             except TransientStorageError as exc:
                 _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
                 return
             except (StorageError, LockRecordCorrupt) as exc:
-                self._mark_lost(f"the lock object became unreadable: {exc}", exc)
+                error = exc
+        with self._io.mutex:
+            if self._state != HELD or self._lease is not lease or lease.generation != before:
+                return  # the hold moved on while we read: a renewal saw (or will see) the record itself
+            if error is not None:
+                self._mark_lost(f"the lock object became unreadable: {error}", error)
                 return
             seen = self._observe(record)
             if isinstance(seen, Lost):
