@@ -365,7 +365,7 @@ class HandoffLock(TimingViews):
         deadline = None if timeout is None else self._clock.monotonic() + timeout
         if deadline is None and not blocking:  # never waits for the lock, nor forever for the store
             deadline = self._clock.monotonic() + self.timing.renew_deadline
-        waiting = False
+        waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         last: LockRecord | None = None
         self._state = WAITING
         self._not_acquiring.clear()
@@ -397,8 +397,9 @@ class HandoffLock(TimingViews):
                     self._settle_handed_lease(deadline)
                     return True
                 if isinstance(decision, Write):
-                    if decision.kind is Kind.BECOME_WAITER and not blocking:
-                        return self._not_acquired()
+                    if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
+                        return self._not_acquired(record)
+                    sent = sent or decision.kind is Kind.BECOME_WAITER
                     try:
                         with self._io.mutex:
                             written, generation, mono, wall = self._io.write_lease(
@@ -416,29 +417,29 @@ class HandoffLock(TimingViews):
                         self._now_waiting(record)
                 elif isinstance(decision, Contended):
                     if not blocking:
-                        return self._not_acquired()
+                        return self._not_acquired(record)
                     if not self.wait_for_slot:
                         raise self._contended(LockContended, decision.record)
                 else:  # Wait
                     if not blocking:
-                        return self._not_acquired()
+                        return self._not_acquired(record)
                 # Read again one poll interval after the last read began (sooner at the deadline):
                 # polls keep a fixed rate, so a read's own duration does not stretch the period.
                 pause = max(0.0, polled + self.timing.waiter_poll_interval - self._clock.monotonic())
                 if deadline is not None:
                     left = deadline - self._clock.monotonic()
                     if left <= 0:
-                        return self._give_up(waiting, last, timed_out=True)
+                        return self._give_up(waiting or sent, last, timed_out=True)
                     pause = min(pause, left)
                 if self._clock.wait(self._cancel, pause) or self._guard.deferred:
-                    return self._give_up(waiting, last, timed_out=False)
+                    return self._give_up(waiting or sent, last, timed_out=False)
                 polled = self._clock.monotonic()
                 record, generation = self._io.read_locked(deadline)
         except BaseException as exc:
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
-                    self._leave_slot(waiting, last, keep=False)
+                    self._leave_slot(waiting or sent, last, keep=False)
                 except BaseException as cleanup:  # the original error is what the caller must see
                     _log_acquire.warning(
                         "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
@@ -471,8 +472,14 @@ class HandoffLock(TimingViews):
         if self._state in (IDLE, WAITING):
             self._cancel.set()
 
-    def _not_acquired(self) -> bool:
-        self._state = IDLE
+    def _not_acquired(self, record: LockRecord | None) -> bool:
+        """A non-blocking acquire that did not get the lock; a slot of this instance's (leaked by an
+        earlier acquire whose give-back failed) is left, never kept or refreshed."""
+        try:
+            if record is not None and record.waiter_instance == self._me.instance:
+                self._leave_slot(True, record, keep=False)
+        finally:
+            self._state = IDLE
         return False
 
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
@@ -489,6 +496,10 @@ class HandoffLock(TimingViews):
 
     def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:
         """Clear our waiter slot with a conditional write, within ``give_up_budget``.
+
+        ``waiting``: we registered, or a registration may have reached the store
+        (its reply unseen: a Ctrl-C, a lost reply): then the record is read,
+        and the slot cleared if it names this instance.
 
         If the owner handed us the lock meanwhile we own it: with ``keep`` we
         keep it (returns True), else we release it at once, handing it on.
