@@ -268,9 +268,11 @@ class HandoffLock(TimingViews):
 
         Turns False as soon as ``renew_deadline`` has passed since the last
         successful renewal, even if the background thread has not run yet (say
-        the whole process was stopped): the monotonic clock kept counting.
+        the whole process was stopped, or the host suspended): counted on the
+        monotonic clock and on one that counts a suspend, with the wall clock
+        as a second opinion (see :meth:`.lease.Lease.healthy`).
         """
-        return self._state == HELD and self._clock.monotonic() < self._lease.valid_until
+        return self._state == HELD and self._lease.healthy(self._clock)
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy. No I/O.
@@ -282,7 +284,7 @@ class HandoffLock(TimingViews):
         if self._state == HELD:
             raise LockLost(
                 f"lock {self.url!r} was not renewed within renew_deadline ({self.renew_deadline:.1f} s); "
-                "treat it as lost (was the process paused?)",
+                "treat it as lost (was the process paused, or the host suspended?)",
                 url=self.url,
                 reason="renew deadline passed",
             )
@@ -560,7 +562,7 @@ class HandoffLock(TimingViews):
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
         lease = Lease(token=record.token)  # a new hold: nothing of the last one (its loss included) carries over
-        lease.set(record, generation, mono, wall, self.timing)
+        lease.set(record, generation, mono, wall, self.timing, self._clock)
         lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
         self._lease = lease
         self._book.new_hold()  # a release request recorded while we were acquiring (a SIGTERM, say) stands
@@ -607,7 +609,7 @@ class HandoffLock(TimingViews):
                     return
                 self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)
                 raise lease.lost_error from exc  # type: ignore[misc]
-            lease.set(written.record, generation, mono, wall, self.timing)
+            lease.set(written.record, generation, mono, wall, self.timing, self._clock)
 
     def _decide_renew(self) -> protocol.Decision:
         lease = self._lease
@@ -731,7 +733,7 @@ class HandoffLock(TimingViews):
                 policy=self._policy,
                 nonce=new_nonce(),
                 attempted=attempted,
-                within_lease=self._clock.monotonic() < lease.valid_until,
+                within_lease=lease.within(self._clock),
             )
             if isinstance(decision, Released):
                 return decision.handed_off_to, None
@@ -801,13 +803,15 @@ class HandoffLock(TimingViews):
             return self._lease.next_release_try
         if self._state != HELD:
             return float("inf")
+        if not self._lease.within(self._clock):  # a suspend ran it out: monotonic time does not know
+            return float("-inf")
         return min(self._lease.next_renew, self._lease.valid_until)
 
     def _run_due(self) -> None:
         """Do whatever is due: renew, check for a waiter, retry a failed release; hand signals to the notifier."""
         now, lease = self._clock.monotonic(), self._lease
         if self._state == HELD:
-            if now >= lease.valid_until:
+            if not lease.within(self._clock):
                 with self._io.mutex:
                     if self._state == HELD:
                         self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
@@ -871,7 +875,7 @@ class HandoffLock(TimingViews):
                         self._note_waiter(record, seen)
                         lease.next_renew = self._clock.monotonic()
                         continue
-                    lease.set(written.record, generation, mono, wall, self.timing)
+                    lease.set(written.record, generation, mono, wall, self.timing, self._clock)
                     metrics.renewed(self, self._clock.monotonic() - mono)
                     _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at)
                     return
