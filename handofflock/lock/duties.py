@@ -1,7 +1,8 @@
 """The scheduler's adapter: one lock's background duties, as :class:`~.scheduler.Scheduled` wants them.
 
 The scheduler sees a lock through this object only: its store and key (to
-group waiter checks), its check interval, when its next duties fall due, and
+group waiter checks), its check interval, how long one of its requests may take,
+when its next duties fall due, and
 two ways to run them. The lock hands it exactly what that takes (its state
 and lease, and its notifier, each read through a callable, since a forked
 child replaces them; and its transitions, bound) and nothing else, as python-redis-lock gives its
@@ -41,6 +42,7 @@ class Duties:
         "_retry_release",
         "check_interval",
         "key",
+        "request_timeout",
         "scheduler",
         "store",
     )
@@ -52,6 +54,7 @@ class Duties:
         store: Storage,
         key: str,
         check_interval: float,
+        request_timeout: float,
         clock: Clock,
         hold: Callable[[], tuple[State, Lease]],
         notifier: Callable[[], Notifier],
@@ -64,6 +67,8 @@ class Duties:
         #: Which scheduler runs these duties (None: the process-wide one, made when first needed).
         self.scheduler = scheduler
         self.store, self.key, self.check_interval = store, key, check_interval
+        #: How long one request for the lock may take (its Timing.request_timeout): a listing's bound.
+        self.request_timeout = request_timeout
         self._clock, self._hold, self._notifier = clock, hold, notifier
         self._renew, self._check_waiter, self._retry_release = renew, check_waiter, retry_release
         self._deadline_passed, self._describe = deadline_passed, describe
@@ -78,6 +83,8 @@ class Duties:
             return lease.next_release_try
         if state is not State.HELD:
             return float("inf")
+        if not lease.within(self._clock):  # a suspend ran it out: monotonic time does not know
+            return float("-inf")
         due = min(lease.next_renew, lease.valid_until)
         return min(due, lease.next_check) if check else due
 
@@ -94,7 +101,7 @@ class Duties:
         retry (one of them); then hand the signals to the notifier."""
         now, (state, lease) = self._clock.monotonic(), self._hold()
         if state is State.HELD:
-            if now >= lease.valid_until:
+            if not lease.within(self._clock):  # monotonic time, or boot time (a host suspend counts)
                 self._deadline_passed()
             elif now >= lease.next_renew:
                 self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next

@@ -120,6 +120,7 @@ class HandoffLock(LockViews, TimingViews):
             store=storage,
             key=key,
             check_interval=self.timing.waiter_check_interval,
+            request_timeout=self.timing.request_timeout,
             clock=self._clock,
             hold=lambda: (self._state, self._lease),
             notifier=lambda: self._notifier,
@@ -148,6 +149,7 @@ class HandoffLock(LockViews, TimingViews):
             mutex=prims.mutex(),
             interrupted=self._interrupted,
             who=self.owner_id,
+            request_timeout=self.timing.request_timeout,
         )
         self._cancel = prims.event()
         self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
@@ -200,7 +202,7 @@ class HandoffLock(LockViews, TimingViews):
         deadline = polling.deadline_of(self._clock, self.timing, blocking=blocking, timeout=timeout)
         slot_wait = self.wait_for_slot or timeout is not None or not request.asks  # else Contended raises
         decide = functools.partial(protocol.decide_acquire, me=self._me, policy=self._policy, request=request)
-        waiting = False
+        waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         last: LockRecord | None = None
         # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
         self._cancel.clear()
@@ -223,9 +225,9 @@ class HandoffLock(LockViews, TimingViews):
                     self._settle_handed_lease(deadline)
                     return True
                 if isinstance(decision, Write):
-                    if decision.kind is Kind.BECOME_WAITER and not blocking:
-                        self._state = IDLE
-                        return False
+                    if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
+                        return self._not_acquired(record)
+                    sent = sent or decision.kind is Kind.BECOME_WAITER
                     try:
                         written, generation, mono, wall = self._io.write_locked(decision, deadline)
                     except PreconditionFailed:
@@ -239,23 +241,22 @@ class HandoffLock(LockViews, TimingViews):
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
                         self._now_waiting(record)
                 elif not blocking:  # contended, or it would wait: never waits, never registers
-                    self._state = IDLE
-                    return False
+                    return self._not_acquired(record)
                 elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
                     raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
                 pause = polling.pause(self._clock, polled, self.timing.waiter_poll_interval, deadline)  # fixed rate
                 if pause is None:
-                    return self._give_up(waiting, last, timed_out=True)
+                    return self._give_up(waiting or sent, last, timed_out=True)
                 if self._interrupted(pause):
-                    return self._give_up(waiting, last, timed_out=False)
+                    return self._give_up(waiting or sent, last, timed_out=False)
                 polled = self._clock.monotonic()
                 record, generation = self._io.read_locked(deadline)
         except BaseException as exc:
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
-                    self._leave_slot(waiting, last, keep=False)
+                    self._leave_slot(waiting or sent, last, keep=False)
                 except BaseException as cleanup:  # the original error is what the caller must see
                     _log_acquire.warning(
                         "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
@@ -288,6 +289,16 @@ class HandoffLock(LockViews, TimingViews):
         if self._state == WAITING:
             self._cancel.set()
 
+    def _not_acquired(self, record: LockRecord | None) -> bool:
+        """A non-blocking acquire that did not get the lock; a slot of this instance's (leaked by an
+        earlier acquire whose give-back failed) is left, never kept or refreshed."""
+        try:
+            if record is not None and record.waiter_instance == self._me.instance:
+                self._leave_slot(True, record, keep=False)
+        finally:
+            self._state = IDLE
+        return False
+
     def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
         """A timeout or a cancel: leave the waiter slot (maybe we were handed the lock meanwhile)."""
         try:
@@ -302,6 +313,9 @@ class HandoffLock(LockViews, TimingViews):
 
     def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:
         """Clear our waiter slot (:func:`.release.give_back_slot`) within ``give_up_budget``.
+
+        ``waiting``: we registered, or a registration may have reached the store (its reply unseen: a
+        Ctrl-C, a lost reply): then the record is read, and the slot cleared if it names this instance.
 
         If the owner handed us the lock meanwhile we own it: with ``keep`` we keep it (returns True),
         else we release it at once, handing it on. Returns False when we do not hold the lock afterwards.
@@ -333,7 +347,7 @@ class HandoffLock(LockViews, TimingViews):
         if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
             wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
         lease = Lease(token=record.token)  # a new hold: nothing of the last one (its loss included) carries over
-        lease.set(record, generation, mono, wall, self.timing)
+        lease.set(record, generation, mono, wall, self.timing, self._clock)
         lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
         self._lease = lease
         self._book.new_hold()  # a release request recorded while we were acquiring (a SIGTERM, say) stands
@@ -363,7 +377,7 @@ class HandoffLock(LockViews, TimingViews):
             try:
                 renewal.renew_handed(self._io, lease, deadline=deadline, **self._renewing())
             except (StorageError, LockRecordCorrupt) as exc:
-                if self._clock.monotonic() < lease.valid_until:
+                if lease.within(self._clock):
                     lease.next_renew = self._clock.monotonic()  # keep it; the scheduler retries at once
                     return
                 self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)
@@ -542,19 +556,30 @@ class HandoffLock(LockViews, TimingViews):
 
         The scheduler passes ``known_generation`` from a listing it just made (0: not listed) when it
         checks many locks at once; the check then runs whether or not it was due (:meth:`.Lease.known`).
+
+        The read is made without the I/O mutex, so one that stalls never holds up a renewal (issue 25);
+        what it found is applied only if the lease is as it was when the read began. A renewal (or
+        release) since then wrote on the generation it knew, and would have met whatever the read saw.
         """
         with self._io.mutex:
             if self._state != HELD:
                 return
             lease = self._lease
             lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
-            try:
-                record, generation = lease.known(known_generation) or self._io.read(None, retry=False)
-            except TransientStorageError as exc:
-                _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
-                return
-            except (StorageError, LockRecordCorrupt) as exc:
-                self._mark_lost(f"the lock object became unreadable: {exc}", exc)
+            known, before = lease.known(known_generation), lease.generation
+        error: BaseException | None = None
+        try:
+            record, generation = known or self._io.read(None, retry=False)
+        except TransientStorageError as exc:
+            _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
+            return
+        except (StorageError, LockRecordCorrupt) as exc:
+            error, (record, generation) = exc, (None, 0)
+        with self._io.mutex:
+            if self._state != HELD or self._lease is not lease or lease.generation != before:
+                return  # the hold moved on while we read: a renewal saw (or will see) the record itself
+            if error is not None:
+                self._mark_lost(f"the lock object became unreadable: {error}", error)
                 return
             self._saw(record, generation)
 

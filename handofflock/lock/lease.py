@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..core import buggify
 from ..core.backoff import RETRY
+from ..core.clock import Clock
 from ..core.record import LockRecord
 from ..core.timing import Timing
 
@@ -50,6 +51,8 @@ class Lease:
     generation: int = 0
     token: int | None = None
     valid_until: float = -_INF  # monotonic
+    boot_until: float = -_INF  # the same instant by Clock.boottime(), which counts a host suspend
+    wall_until: float = -_INF  # wall clock: the cached expiresAt less the margin
     next_renew: float = _INF
     next_check: float = _INF
     next_release_try: float = _INF
@@ -57,10 +60,14 @@ class Lease:
     lost_reason: str | None = None
     lost_error: BaseException | None = None
 
-    def set(self, record: LockRecord, generation: int, mono: float, wall: float, timing: Timing) -> None:
+    def set(self, record: LockRecord, generation: int, mono: float, wall: float, timing: Timing, clock: Clock) -> None:
         """A write of ours made ``record`` (or we were handed it): the lease runs from its stamp."""
         self.record, self.generation = record, generation
         self.valid_until = lease_until(record, mono, wall, timing)
+        # The same instant on the suspend-counting clock: one offset between the two, read now
+        # (each comparison later is boot time with boot time, never boot with monotonic).
+        self.boot_until = self.valid_until + (clock.boottime() - clock.monotonic())
+        self.wall_until = wall + (self.valid_until - mono)
         # Renew when what is left of the validity falls to renew_deadline - renew_interval.
         self.next_renew = self.valid_until - (timing.renew_deadline - timing.renew_interval)
         self.renew_failures = 0
@@ -93,6 +100,22 @@ class Lease:
         """The hold is lost, for ``why``: nothing about it is valid any more; ``error`` is what to raise."""
         self.valid_until = -_INF
         self.lost_reason, self.lost_error = why, error
+
+    def within(self, clock: Clock) -> bool:
+        """Still safe by the clocks that count time passing: monotonic, and boot time (a suspend counts)."""
+        return clock.monotonic() < self.valid_until and clock.boottime() < self.boot_until
+
+    def healthy(self, clock: Clock) -> bool:
+        """:meth:`within`, and the wall clock agrees: it has not passed the cached ``expiresAt`` less the margin.
+
+        The wall clock is a second opinion, for a host whose boot time misses a
+        suspend (not Linux) or a wall clock set forward: either way ``check()``
+        fails until the next renewal, written from the wall clock as it now is,
+        moves ``expiresAt`` on. A wall clock set back never makes a lease look
+        unhealthy (it only moves further from ``expiresAt``); the monotonic and
+        boot clocks still end it on time.
+        """
+        return self.within(clock) and clock.time() < self.wall_until
 
     def seen(self, record: LockRecord | None, generation: int) -> None:
         """A read showed ``record`` at ``generation``: the lease is unchanged, the record we write on is this."""

@@ -60,7 +60,7 @@ def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline:
     if state is State.HELD:
         return LockLost(
             f"lock {url!r} was not renewed within renew_deadline ({renew_deadline:.1f} s); "
-            "treat it as lost (was the process paused?)",
+            "treat it as lost (was the process paused, or the host suspended?)",
             url=url,
             reason="renew deadline passed",
         )

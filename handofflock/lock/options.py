@@ -160,11 +160,14 @@ def timing_of(storage: Storage, timing: Timing | None, keywords: dict[str, float
             raise ConfigurationError(f"timing must be a handofflock.Timing, got {type(timing).__name__}")
         if given:
             raise ConfigurationError(f"pass timing= or the timing keywords, not both (got {', '.join(given)})")
-        return timing
-    kw = dict(keywords)
-    if kw["min_write_interval"] is None:
-        kw["min_write_interval"] = default_write_interval(storage)
-    return Timing.build(**kw)  # type: ignore[arg-type]
+    else:
+        kw = dict(keywords)
+        if kw["min_write_interval"] is None:
+            kw["min_write_interval"] = default_write_interval(storage)
+        timing = Timing.build(**kw)  # type: ignore[arg-type]
+    explicit = getattr(storage, "explicit_request_timeout", None)
+    timing.check_request_timeout(explicit, getattr(storage, "url", "the store"))
+    return timing
 
 
 def policy_of(timing: Timing) -> Policy:

@@ -58,7 +58,7 @@ def write_release(
             policy=policy,
             nonce=new_nonce(),
             attempted=attempted,
-            within_lease=clock.monotonic() < lease.valid_until,
+            within_lease=lease.within(clock),
         )
         if isinstance(decision, Released):
             return decision.handed_off_to, None

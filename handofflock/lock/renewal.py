@@ -80,7 +80,9 @@ def renew(
         if not held():
             return None
         now = clock.monotonic()
-        wait = io.gate().ready_in(now, urgent=True)
+        # A 429's widened spacing holds the renewal back only while it has room to (issue 25).
+        by = timing.backoff_until(lease.valid_until)
+        wait = io.gate().ready_in(now, urgent=True, by=by)
         if wait > 0:
             lease.next_renew = now + wait
             return None
@@ -89,14 +91,16 @@ def renew(
             return decision
         assert isinstance(decision, Write)
         try:
-            written, generation, mono, wall = io.write_lease(decision, lease.valid_until, retry=False, urgent=True)
+            written, generation, mono, wall = io.write_lease(
+                decision, lease.valid_until, retry=False, urgent=True, send_by=by
+            )
         except PreconditionFailed:
             # A waiter registered, refreshed or left (or we lost it): read, note, renew again.
             if not saw(*io.read(lease.valid_until, retry=False)):
                 return None
             lease.next_renew = clock.monotonic()
             continue
-        lease.set(written.record, generation, mono, wall, timing)
+        lease.set(written.record, generation, mono, wall, timing, clock)
         return Renewed(written.record.expires_at, clock.monotonic() - mono)
     return None
 
@@ -117,4 +121,4 @@ def renew_handed(
     written, generation, mono, wall = io.write_lease(
         decision, end if deadline is None else max(min(deadline, end), lease.valid_until), urgent=True
     )
-    lease.set(written.record, generation, mono, wall, timing)
+    lease.set(written.record, generation, mono, wall, timing, clock)

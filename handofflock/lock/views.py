@@ -101,10 +101,11 @@ class LockViews:
     def healthy(self) -> bool:
         """True while the lock is held and renewed recently enough to be safe. No I/O.
 
-        False once ``renew_deadline`` has passed since the last successful renewal, even if the
-        background thread has not run yet (the process was stopped): the monotonic clock kept counting.
+        False once ``renew_deadline`` has passed since the last successful renewal, even if the background
+        thread has not run yet (the process was stopped, or the host suspended): counted on the monotonic
+        clock and on one that counts a suspend, with the wall clock as a second opinion (:meth:`.Lease.healthy`).
         """
-        return self._state is State.HELD and self._clock.monotonic() < self._lease.valid_until
+        return self._state is State.HELD and self._lease.healthy(self._clock)
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""

@@ -57,6 +57,7 @@ from . import _BUCKET_RE, gcs_deadline
 from .base import (
     checked_request_timeout,
     checked_timeout,
+    request_limit,
     validate_generation,
     validate_key,
     validate_max_bytes,
@@ -140,6 +141,8 @@ class GCSStorage:
         self.url = f"gs://{bucket}"
         self._timeout = checked_timeout(timeout)
         self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
+        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
         self.user_project = checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
@@ -359,7 +362,7 @@ class GCSStorage:
         Past the deadline the connection is shut down (see :mod:`.gcs_deadline`),
         and whatever that breaks is reported as the deadline it is.
         """
-        with gcs_deadline.armed(self._request_timeout) as deadline:
+        with gcs_deadline.armed(request_limit(self._request_timeout)) as deadline:
             try:
                 response = self._send(method, url, params=params, headers=headers, data=data, stream=stream)
                 with contextlib.closing(response):
@@ -379,7 +382,7 @@ class GCSStorage:
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = method in ("POST", "PUT", "PATCH", "DELETE")
         return TransientStorageError(
-            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
+            f"{where}: no complete reply within request_timeout ({request_limit(self._request_timeout):g}s); "
             + ("the request may have been applied" if mutation else "nothing was changed"),
             url=self.url,
             key=key,
@@ -416,7 +419,7 @@ class GCSStorage:
             headers=all_headers,
             data=data,
             # The deadline cannot cut a connection that is still being made: never wait longer for one.
-            timeout=(min(connect, self._request_timeout), read),
+            timeout=(min(connect, request_limit(self._request_timeout)), read),
             stream=stream,
             allow_redirects=False,  # one request per operation, always
         )

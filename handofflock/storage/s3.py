@@ -49,6 +49,7 @@ from . import gcs_deadline, s3_format, s3_probe
 from .base import (
     checked_request_timeout,
     checked_timeout,
+    request_limit,
     validate_generation,
     validate_key,
     validate_max_bytes,
@@ -133,6 +134,8 @@ class S3Storage:
         self.url = f"s3://{bucket}"
         self._timeout = checked_timeout(timeout)
         self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
+        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
         self._endpoint_url = endpoint_url
         self._profile = profile
         self._region = region
@@ -447,7 +450,7 @@ class S3Storage:
         Past the deadline the connection is shut down; whatever that breaks is
         reported as the deadline it is (ambiguous for a write: it may have been applied).
         """
-        with gcs_deadline.armed(self._request_timeout) as deadline:
+        with gcs_deadline.armed(request_limit(self._request_timeout)) as deadline:
             try:
                 yield
             except botocore.exceptions.ClientError:
@@ -469,7 +472,7 @@ class S3Storage:
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = op in ("write", "delete")
         return TransientStorageError(
-            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
+            f"{where}: no complete reply within request_timeout ({request_limit(self._request_timeout):g}s); "
             + ("the request may have been applied" if mutation else "nothing was changed"),
             url=self.url,
             key=key,
