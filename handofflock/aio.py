@@ -42,6 +42,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Generic,
+    Literal,
     TypeVar,
 )
 
@@ -54,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .core.errors import AcquireCancelled, ConfigurationError
 from .lock import events as signals
+from .lock.acquired import Acquired
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest, RequestReason
 
@@ -372,8 +374,12 @@ class AsyncHandoffLock:
 
     # ------------------------------------------------------------------ acquire / release
 
-    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> AsyncAcquired | Literal[False]:
         """Take the lock, as :meth:`HandoffLock.acquire` does, without blocking the loop.
+
+        Returns a true :class:`AsyncAcquired` when held (else False): an async
+        context manager that releases, so ``async with await lock.acquire(timeout=5):``
+        works as filelock's idiom does (``async with lock:`` is the short form).
 
         Cancelling the awaiting task (a cancel scope, ``asyncio.timeout()``,
         ``anyio.fail_after()``, ``task.cancel()``) gives the waiter slot back
@@ -384,7 +390,7 @@ class AsyncHandoffLock:
         """
         self._loop.bind()
         sync = self._sync
-        call: _Call[bool] = _Call(functools.partial(sync.acquire, blocking, timeout))
+        call: _Call[Acquired | Literal[False]] = _Call(functools.partial(sync.acquire, blocking, timeout))
         asked = False
 
         def stop() -> None:
@@ -393,7 +399,7 @@ class AsyncHandoffLock:
             sync.cancel()
 
         try:
-            return await call.run(on_cancel=stop)
+            got = await call.run(on_cancel=stop)
         except BaseException:
             if call.done.is_set() and call.error is None and call.result:
                 await self._release_after_cancel()
@@ -405,6 +411,7 @@ class AsyncHandoffLock:
                 sync._cancel.clear()
             call.error = None
             raise
+        return AsyncAcquired(self) if got else False
 
     async def _release_after_cancel(self) -> None:
         """The acquire got the lock as its task was cancelled: hand it on, shielded."""
@@ -486,6 +493,36 @@ class AsyncHandoffLock:
 
     def __repr__(self) -> str:
         return f"<AsyncHandoffLock {self._sync!r}>"
+
+
+class AsyncAcquired:
+    """A successful :meth:`AsyncHandoffLock.acquire`: true, ``== True``, and an async context manager
+    that releases (``async with await lock.acquire(timeout=5):``), as :class:`~.lock.acquired.Acquired`
+    is for the sync lock."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: AsyncHandoffLock) -> None:
+        #: The lock that was acquired.
+        self.lock = lock
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return True if isinstance(other, AsyncAcquired) else bool(other == True)  # noqa: E712
+
+    def __hash__(self) -> int:
+        return hash(True)
+
+    async def __aenter__(self) -> AsyncHandoffLock:
+        return self.lock
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.lock.__aexit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<AsyncAcquired {self.lock!r}>"
 
 
 class AsyncSteps(Generic[T]):

@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..core import protocol
 from ..core.backoff import RETRY
@@ -50,6 +50,7 @@ from ..core.timing import Timing
 from ..storage import Storage, open_url
 from . import events as signals
 from . import forking, metrics
+from .acquired import Acquired
 from .duties import Duties
 from .lease import Lease
 from .notifier import Notifier
@@ -328,8 +329,12 @@ class HandoffLock(TimingViews):
 
     # ------------------------------------------------------------------ acquire
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take the lock. Returns True when held.
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Acquired | Literal[False]:
+        """Take the lock. Returns a true :class:`~.acquired.Acquired` when held, else False.
+
+        The value is also a context manager that releases, as with filelock:
+        ``with lock.acquire(timeout=5): ...``. It equals True, but is not
+        ``True`` itself: test it for truth.
 
         * lock absent, free, or expired with no other live waiter: take it.
         * held by a live owner: become the single waiter and poll until the
@@ -343,16 +348,17 @@ class HandoffLock(TimingViews):
         ``timeout`` bounds the wait; on expiry the waiter slot is given back
         and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
 
-        Every way out that does not return True gives the waiter slot back: a
+        Every way out that does not return the lock gives the waiter slot back: a
         timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. A
         :meth:`cancel` that comes while no acquire runs cancels the next one.
-        When True is returned the lease is valid and counted from the write
+        When it returns the lock the lease is valid and counted from the write
         that made it (for a handoff, from the previous owner's write, renewed
         at once if little of it is left).
         """
         if timeout is not None and not timeout >= 0:  # also refuses NaN
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        return metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
+        got = metrics.timed_acquire(self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout)))
+        return Acquired(self) if got else False
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
