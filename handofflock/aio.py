@@ -390,7 +390,7 @@ class AsyncHandoffLock:
         """
         self._loop.bind()
         sync = self._sync
-        call: _Call[Acquired | Literal[False]] = _Call(functools.partial(sync.acquire, blocking, timeout))
+        call: _Call[Acquired[HandoffLock] | Literal[False]] = _Call(functools.partial(sync.acquire, blocking, timeout))
         asked = False
 
         def stop() -> None:

@@ -13,13 +13,17 @@ A seam of its own because both locks return one (the async lock's twin is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .handoff import HandoffLock
+from typing import Any, Generic, Protocol, TypeVar
 
 
-class Acquired:
+class _Exits(Protocol):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+
+L = TypeVar("L", bound=_Exits)
+
+
+class Acquired(Generic[L]):
     """A successful :meth:`HandoffLock.acquire`: true, ``== True``, and a context manager that releases.
 
     >>> with lock.acquire(timeout=5):      # as with filelock
@@ -34,7 +38,7 @@ class Acquired:
 
     __slots__ = ("lock",)
 
-    def __init__(self, lock: HandoffLock) -> None:
+    def __init__(self, lock: L) -> None:
         #: The lock that was acquired.
         self.lock = lock
 
@@ -47,7 +51,7 @@ class Acquired:
     def __hash__(self) -> int:
         return hash(True)
 
-    def __enter__(self) -> HandoffLock:
+    def __enter__(self) -> L:
         return self.lock
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

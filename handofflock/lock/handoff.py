@@ -49,10 +49,11 @@ from ..core.timefmt import when as _when
 from ..core.timing import Timing
 from ..storage import Storage, open_url
 from . import events as signals
-from . import forking, metrics
+from . import forking, lifetime, metrics
 from .acquired import Acquired
 from .duties import Duties
 from .lease import Lease
+from .lifetime import Lifetime, weakly
 from .notifier import Notifier
 from .options import TimingViews, label_of, owner_id_of, timing_of
 from .primitives import THREADING, Primitives
@@ -68,6 +69,7 @@ _log_renew = logging.getLogger("handofflock.renew")
 _log_release = logging.getLogger("handofflock.release")
 
 T = TypeVar("T")
+INF = float("inf")
 
 IDLE, WAITING, HELD, RELEASING, LOST, FORKED = (
     State.IDLE,
@@ -109,6 +111,11 @@ class HandoffLock(TimingViews):
     :func:`~handofflock.core.identity.detect_label` finds (host, pid, pod,
     Slurm job, torchrun rank).
 
+    ``release_at_exit`` (default True; False on an injected fake clock or
+    primitives) releases a lock still held at interpreter exit, handing it to
+    a waiter, and one whose last reference goes while held (see
+    :mod:`~handofflock.lock.lifetime`; ``os._exit`` and SIGKILL release nothing).
+
     What the lock is built from can be passed in, for tests and simulations:
     ``clock`` (wall and monotonic time, waits), ``scheduler`` (what runs the
     renewals and waiter checks; by default one per process), ``storage`` and
@@ -141,6 +148,7 @@ class HandoffLock(TimingViews):
         key: str | None = None,
         timing: Timing | None = None,
         primitives: Primitives | None = None,
+        release_at_exit: bool | None = None,
     ) -> None:
         if storage is not None:
             if key is None:
@@ -175,17 +183,19 @@ class HandoffLock(TimingViews):
         self._policy = Policy(ttl=t.ttl, waiter_ttl=t.waiter_ttl, max_clock_skew=t.max_clock_skew)
         self._prims = primitives or THREADING
         self._pid = os.getpid()
+        self._lifetime = Lifetime(self, release_at_exit, clock=self._clock, primitives=self._prims)
         self._duties = Duties(
             scheduler,
             store=storage,
             key=key,
             check_interval=t.waiter_check_interval,
-            next_due=self._due,
-            next_due_besides_check=self._due_besides_check,
-            next_check_at=lambda: self._lease.next_check,
-            run_due=self._run_due,
-            check_against=self._check_against,
-            describe=lambda: repr(self),
+            # Weakly: the scheduler must not keep a lock alive (see lifetime.py).
+            next_due=weakly(self, HandoffLock._due, INF),
+            next_due_besides_check=weakly(self, HandoffLock._due_besides_check, INF),
+            next_check_at=weakly(self, _next_check_at, INF),
+            run_due=weakly(self, HandoffLock._run_due, None),
+            check_against=weakly(self, HandoffLock._check_against, None),
+            describe=weakly(self, repr, "a collected HandoffLock"),
         )
         self._fresh_parts(IDLE)
         forking.register(self)
@@ -329,7 +339,7 @@ class HandoffLock(TimingViews):
 
     # ------------------------------------------------------------------ acquire
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Acquired | Literal[False]:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Acquired[HandoffLock] | Literal[False]:
         """Take the lock. Returns a true :class:`~.acquired.Acquired` when held, else False.
 
         The value is also a context manager that releases, as with filelock:
@@ -568,6 +578,7 @@ class HandoffLock(TimingViews):
             # background, after acquire() has returned: receivers never run inside acquire().
             lease.next_check = self._clock.monotonic()
         self._duties.schedule()
+        self._lifetime.held()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -995,7 +1006,27 @@ class HandoffLock(TimingViews):
 
     def _unschedule(self) -> None:
         """Stop the background duties (tests use it to make a process that dies holding the lock)."""
+        self._lifetime.releases = False  # a dead process releases nothing, at exit or when collected
         self._duties.unschedule()
+
+    @property
+    def release_at_exit(self) -> bool:
+        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+
+        True by default (False on an injected fake clock); settable. See :mod:`.lifetime`.
+        """
+        return self._lifetime.releases
+
+    @release_at_exit.setter
+    def release_at_exit(self, value: bool) -> None:
+        self._lifetime.releases = bool(value)
+
+    def __del__(self) -> None:
+        lifetime.collected(self)  # only queues a held lock for the reaper thread: safe in any collection
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"
+
+
+def _next_check_at(lock: HandoffLock) -> float:
+    return lock._lease.next_check
