@@ -126,7 +126,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
     try:
         both = first.healthy and twin.healthy
         assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-        assert first.is_held and boxes["first"].get("value") is True, boxes
+        assert first.is_held and boxes["first"].get("value") == True, boxes
         assert not twin.is_held
     finally:
         for lock in (first, twin, owner):
