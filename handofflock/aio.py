@@ -495,25 +495,18 @@ class AsyncHandoffLock:
         return f"<AsyncHandoffLock {self._sync!r}>"
 
 
-class AsyncAcquired:
-    """A successful :meth:`AsyncHandoffLock.acquire`: true, ``== True``, and an async context manager
-    that releases (``async with await lock.acquire(timeout=5):``), as :class:`~.lock.acquired.Acquired`
-    is for the sync lock."""
+class AsyncAcquired(int):
+    """A successful :meth:`AsyncHandoffLock.acquire`: the int 1, like ``True`` (see
+    :class:`~.lock.acquired.Acquired`), and an async context manager that releases:
+    ``async with await lock.acquire(timeout=5):``."""
 
-    __slots__ = ("lock",)
+    lock: AsyncHandoffLock
 
-    def __init__(self, lock: AsyncHandoffLock) -> None:
+    def __new__(cls, lock: AsyncHandoffLock) -> AsyncAcquired:
+        self = super().__new__(cls, 1)
         #: The lock that was acquired.
         self.lock = lock
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __eq__(self, other: object) -> bool:
-        return True if isinstance(other, AsyncAcquired) else bool(other == True)  # noqa: E712
-
-    def __hash__(self) -> int:
-        return hash(True)
+        return self
 
     async def __aenter__(self) -> AsyncHandoffLock:
         return self.lock

@@ -3,8 +3,9 @@
 ``with lock.acquire(timeout=5):`` must release at the end of the block, as it
 does with filelock; a plain ``True`` there raised TypeError *after* taking the
 lock and left it held. So a successful acquire returns an :class:`Acquired`:
-true, equal to ``True``, and a context manager whose exit is the lock's own
-(release, handing off to a waiter). A failed non-blocking acquire still
+an ``int`` equal to 1 like ``True`` (true, ``== True``, sortable and summable
+with booleans), and a context manager whose exit is the lock's own (release,
+handing off to a waiter). A failed non-blocking acquire still
 returns the plain ``False``.
 
 A seam of its own because both locks return one (the async lock's twin is
@@ -23,33 +24,28 @@ class _Exits(Protocol):
 L = TypeVar("L", bound=_Exits)
 
 
-class Acquired(Generic[L]):
-    """A successful :meth:`HandoffLock.acquire`: true, ``== True``, and a context manager that releases.
+class Acquired(int, Generic[L]):
+    """A successful :meth:`HandoffLock.acquire`: the int 1, like ``True``, and a context manager that releases.
 
     >>> with lock.acquire(timeout=5):      # as with filelock
     ...     work()                         # released (or handed off) here
     >>> if lock.acquire(blocking=False):   # truthiness as before
     ...     ...
 
-    ``lock.acquire() is True`` no longer holds (no object but ``True`` is
-    ``True``); test it for truth, or compare it with ``==``. ``__enter__``
-    gives the lock back, as filelock's proxy does.
+    An ``int`` equal to 1, as ``True`` is, so it is true, ``== True``, sorts,
+    sums and hashes as ``True`` does; but ``lock.acquire() is True`` no longer
+    holds (no other object is ``True``), and JSON writes it as ``1``. Test it
+    for truth, or compare it with ``==``. ``__enter__`` gives the lock back,
+    as filelock's proxy does.
     """
 
-    __slots__ = ("lock",)
+    lock: L
 
-    def __init__(self, lock: L) -> None:
+    def __new__(cls, lock: L) -> Acquired[L]:
+        self = super().__new__(cls, 1)
         #: The lock that was acquired.
         self.lock = lock
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __eq__(self, other: object) -> bool:
-        return True if isinstance(other, Acquired) else bool(other == True)  # noqa: E712
-
-    def __hash__(self) -> int:
-        return hash(True)
+        return self
 
     def __enter__(self) -> L:
         return self.lock

@@ -31,8 +31,8 @@ def test_an_exception_in_the_block_releases_and_is_not_masked(store):
 def test_a_successful_acquire_is_true_and_equals_true_and_a_failed_one_is_plain_false(world):
     owner, other = world.lock("O"), world.lock("W")
     got = owner.acquire()
-    assert got and got == True and bool(got) is True  # noqa: E712
-    assert got != False  # noqa: E712
+    assert got and got == True and bool(got) is True and hash(got) == hash(True)  # noqa: E712
+    assert got != False and sorted([got, False]) == [False, True] and sum([got, True]) == 2  # noqa: E712
     assert other.acquire(blocking=False) is False
     owner.release()
 
