@@ -55,6 +55,7 @@ from .duties import Duties
 from .lease import Lease
 from .lifetime import Lifetime, weakly
 from .notifier import Notifier
+from .observation import Observation
 from .options import TimingViews, label_of, owner_id_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
@@ -381,6 +382,7 @@ class HandoffLock(TimingViews):
             deadline = self._clock.monotonic() + self.timing.renew_deadline
         waiting = False
         last: LockRecord | None = None
+        observed = Observation(self.url, self._policy)  # bounds a suspect lease (observation.py)
         self._state = WAITING
         self._not_acquiring.clear()
         try:
@@ -404,7 +406,14 @@ class HandoffLock(TimingViews):
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
                 decision = protocol.decide_acquire(
-                    record, generation, me=self._me, now=wall, policy=self._policy, nonce=new_nonce(), waiting=waiting
+                    record,
+                    generation,
+                    me=self._me,
+                    now=wall,
+                    policy=self._policy,
+                    nonce=new_nonce(),
+                    waiting=waiting,
+                    observed_at=observed.at(record, wall),
                 )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
@@ -778,14 +787,19 @@ class HandoffLock(TimingViews):
 
     # ------------------------------------------------------------------ status
 
-    def status(self) -> LockStatus:
-        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
+    def status(self, timeout: float = 30.0) -> LockStatus:
+        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad.
+
+        ``timeout`` bounds the read's retries of transient errors (then the last one is raised).
+        """
+        if not timeout >= 0:  # also refuses NaN
+            raise ConfigurationError(f"timeout must be >= 0, got {timeout!r}")
 
         def read() -> LockStatus:
             # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
-            # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
-            record, generation = self._io.read(self._clock.monotonic() + 30.0, interruptible=True)
-            return LockStatus.of(self.url, record, generation, self._clock.time())
+            # that rides out a read outage never holds up a renewal or a waiter check.
+            record, generation = self._io.read(self._clock.monotonic() + timeout, interruptible=True)
+            return LockStatus.of(self.url, record, generation, self._clock.time(), self._policy)
 
         return self._guarded(read)
 

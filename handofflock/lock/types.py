@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.protocol import Policy, suspect_lease
 from ..core.record import Label, LockRecord
 
 
@@ -82,12 +83,21 @@ class LockStatus:
     record: LockRecord | None = None
     owner_label: Label | None = None
     waiter_label: Label | None = None
+    #: ``expiresAt`` lies further ahead than the record's ttl plus the skew allowance: not trusted.
+    #: Contenders count the lease as ending ttl after they first read this version of the record.
+    lease_suspect: bool = False
 
     @classmethod
-    def of(cls, url: str, record: LockRecord | None, generation: int, now: float) -> LockStatus:
-        """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``."""
+    def of(
+        cls, url: str, record: LockRecord | None, generation: int, now: float, policy: Policy | None = None
+    ) -> LockStatus:
+        """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``.
+
+        ``policy`` (the reader's ttl and skew allowance; default 60 s and 2 s) judges a suspect lease.
+        """
         if record is None:
             return cls(url, False, 0, read_at=now)
+        policy = policy or Policy(ttl=60.0, waiter_ttl=60.0, max_clock_skew=2.0)
         return cls(
             url,
             True,
@@ -104,6 +114,7 @@ class LockStatus:
             record,
             record.owner_label,
             record.waiter_label,
+            suspect_lease(record, now, policy),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -123,4 +134,5 @@ class LockStatus:
             "ownerLabel": None if self.owner_label is None else self.owner_label.text,
             "waiterLabel": None if self.waiter_label is None else self.waiter_label.text,
             "ownerGrace": None if self.owner_label is None else self.owner_label.grace,
+            "leaseSuspect": self.lease_suspect,
         }
