@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .timefmt import who
+
 
 class HandoffLockError(Exception):
     """Root of every error raised by handofflock.
@@ -179,11 +181,13 @@ class LockContended(HandoffLockError):
         owner_expires_at: float | None = None,
         waiter_id: str | None = None,
         waiter_expires_at: float | None = None,
+        owner_label: str | None = None,
+        waiter_label: str | None = None,
     ) -> None:
         if message is None:
             message = (
-                f"lock {url!r} is held by {owner_id!r} until {_fmt_ts(owner_expires_at)}"
-                f" and {waiter_id!r} is already waiting until {_fmt_ts(waiter_expires_at)}"
+                f"lock {url!r} is held by {who(owner_id, owner_label)} until {_fmt_ts(owner_expires_at)}"
+                f" and {who(waiter_id, waiter_label)} is already waiting until {_fmt_ts(waiter_expires_at)}"
                 "; handofflock allows one waiter at a time, so try again later"
             )
         super().__init__(message)
@@ -192,6 +196,9 @@ class LockContended(HandoffLockError):
         self.owner_expires_at = owner_expires_at
         self.waiter_id = waiter_id
         self.waiter_expires_at = waiter_expires_at
+        #: Who the owner and the waiter are, for people (their labels' text), as ``status`` shows them.
+        self.owner_label = owner_label
+        self.waiter_label = waiter_label
 
 
 class LockTimeout(LockContended, TimeoutError):

@@ -46,6 +46,7 @@ from ..core.errors import (
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, WaiterSeen, Write
 from ..core.record import Label, LockRecord, new_nonce
 from ..core.timefmt import when as _when
+from ..core.timefmt import who
 from ..core.timing import Timing
 from ..storage import Storage, open_url
 from . import events as signals
@@ -481,8 +482,15 @@ class HandoffLock(TimingViews):
         return self._clock.wait(self._cancel, delay) or self._guard.deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
-        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
-        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
+        holder = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
+        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
+        signals.send(
+            signals.waiting,
+            self,
+            owner_id=record.owner_id,
+            owner_label=record.owner_label,
+            waiter_expires_at=record.waiter_expires_at,
+        )
 
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
@@ -555,10 +563,11 @@ class HandoffLock(TimingViews):
     def _contended(self, cls: type[LockContended], record: LockRecord | None, timed_out: bool = False) -> LockContended:
         r = record or LockRecord()
         message = None
+        owner, waiter = (None if lb is None else lb.text for lb in (r.owner_label, r.waiter_label))
         if timed_out:
             message = (
-                f"timed out acquiring {self.url!r}: held by {r.owner_id!r}, "
-                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {r.waiting_owner_id!r}"
+                f"timed out acquiring {self.url!r}: held by {who(r.owner_id, owner)}, "
+                f"lease ends {_when(r.expires_at, self._clock.time())}; waiter {who(r.waiting_owner_id, waiter)}"
             )
         return cls(
             message,
@@ -567,6 +576,8 @@ class HandoffLock(TimingViews):
             owner_expires_at=r.expires_at,
             waiter_id=r.waiting_owner_id,
             waiter_expires_at=r.waiter_expires_at,
+            owner_label=owner,
+            waiter_label=waiter,
         )
 
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
