@@ -223,6 +223,18 @@ class LockLost(HandoffLockError):
         self.cause = cause
 
 
+class AlreadyAcquired(HandoffLockError, RuntimeError):
+    """``acquire()`` on an instance that already holds the lock, or is acquiring it in another thread.
+
+    A :class:`~handofflock.HandoffLock` is one party of the protocol (one
+    owner id, at most one waiter slot): it is not reentrant (as
+    python-redis-lock's ``AlreadyAcquired``: a nested ``with lock:`` would
+    hand the lock over at its end, in the middle of the outer block), and
+    threads do not queue on it. Give each thread its own instance: the second
+    then waits as the waiter and the holder is asked to hand over.
+    """
+
+
 class LockNotHeld(HandoffLockError, RuntimeError):
     """An operation that needs the lock held (release, renew) was called without it."""
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -32,7 +33,6 @@ from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
     ConfigurationError,
-    HandoffLockError,
     InheritedAcrossFork,
     LockContended,
     LockLost,
@@ -60,7 +60,7 @@ from .observation import Observation
 from .options import TimingViews, label_of, owner_id_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
-from .reentry import ReentryGuard
+from .reentry import ReentryGuard, already_acquired
 from .requests import RequestBook, checked_request
 from .state import State
 from .steps import Steps
@@ -374,8 +374,7 @@ class HandoffLock(TimingViews):
 
     def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
-            doing = {HELD: "holds", WAITING: "is acquiring", RELEASING: "is still releasing"}[self._state]
-            raise HandoffLockError(f"this HandoffLock instance already {doing} {self.url!r}")
+            raise already_acquired(self._state, self.url, self._lease.thread, nested=self._guard.nested())
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
         deadline = None if timeout is None else self._clock.monotonic() + timeout
@@ -582,7 +581,8 @@ class HandoffLock(TimingViews):
 
     def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
-        lease = Lease(token=record.token)  # a new hold: nothing of the last one (its loss included) carries over
+        # A new hold: nothing of the last one (its loss included) carries over.
+        lease = Lease(token=record.token, thread=threading.get_ident())
         lease.set(record, generation, mono, wall, self.timing)
         lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
         self._lease = lease

@@ -14,10 +14,13 @@ from the lock's :class:`~handofflock.lock.primitives.Primitives`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..core.errors import AlreadyAcquired
 from .primitives import Primitives
+from .state import State
 
 T = TypeVar("T")
 
@@ -60,6 +63,10 @@ class ReentryGuard:
                     for callback in then:
                         callback()
 
+    def nested(self) -> bool:
+        """Whether this thread is inside the lock's operations more than once (a re-entrant call)."""
+        return getattr(self._tls, "depth", 0) > 1
+
     def then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
 
@@ -70,3 +77,33 @@ class ReentryGuard:
             return False
         self._after.append(fn)
         return True
+
+
+def already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
+    """The error of an ``acquire()`` on an instance that holds, acquires or releases already.
+
+    One instance is one party (one owner id, one waiter slot): it is not
+    reentrant, and threads do not queue on it (see :class:`AlreadyAcquired`).
+    """
+    per_thread = (
+        "threads do not queue on one instance (it is one party: one owner id, one waiter slot); give each "
+        "thread its own HandoffLock, and the second then waits as the waiter and asks the holder to hand over"
+    )
+    if state is State.HELD and (holder == threading.get_ident() or nested):
+        return AlreadyAcquired(
+            f"this HandoffLock instance already holds {url!r}, acquired in this very thread: it is not "
+            "reentrant (the end of a nested block would hand the lock over in the middle of the outer one); "
+            "use the hold you have"
+        )
+    if state is State.HELD:
+        return AlreadyAcquired(f"this HandoffLock instance already holds {url!r} (in another thread); {per_thread}")
+    if state is State.WAITING and nested:
+        return AlreadyAcquired(
+            f"acquire() of {url!r} called from inside this instance's own acquire() (a signal handler or a "
+            "receiver): it is not reentrant"
+        )
+    if state is State.WAITING:
+        return AlreadyAcquired(
+            f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
+        )
+    return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
