@@ -508,6 +508,9 @@ class AsyncAcquired(int):
         self.lock = lock
         return self
 
+    def __reduce__(self) -> tuple[type[bool], tuple[bool]]:
+        return bool, (True,)  # sent to another process, it is the plain True (see Acquired)
+
     async def __aenter__(self) -> AsyncHandoffLock:
         return self.lock
 

@@ -47,6 +47,10 @@ class Acquired(int, Generic[L]):
         self.lock = lock
         return self
 
+    def __reduce__(self) -> tuple[type[bool], tuple[bool]]:
+        # Sent to another process (a pipe, a queue), it is the plain True: the lock stays here.
+        return bool, (True,)
+
     def __enter__(self) -> L:
         return self.lock
 

@@ -1,5 +1,7 @@
 """``with lock.acquire(timeout=5):`` (filelock's idiom) takes the lock and releases it at the end of the block."""
 
+import pickle
+
 import pytest
 
 from handofflock import HandoffLock
@@ -34,6 +36,7 @@ def test_a_successful_acquire_is_true_and_equals_true_and_a_failed_one_is_plain_
     assert got and got == True and bool(got) is True and hash(got) == hash(True)  # noqa: E712
     assert got != False and sorted([got, False]) == [False, True] and sum([got, True]) == 2  # noqa: E712
     assert other.acquire(blocking=False) is False
+    assert pickle.loads(pickle.dumps(got)) is True  # to another process it is the plain True
     owner.release()
 
 
