@@ -381,6 +381,11 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     lines.append(f"  owner       {_who(st.owner_id, st.owner_label) if st.owner_id else '-'}")
     if st.expires_at is not None:
         lines.append(f"  expires     {when(st.expires_at, now)}")
+    if st.lease_suspect:
+        lines.append(
+            "  suspect     the lease claims more than its ttl plus the skew allowance: not trusted; "
+            "an acquirer counts it as ending ttl after it first reads this record, unless the owner renews"
+        )
     waiter = _who(st.waiter_id, st.waiter_label)
     if st.waiter_id is None:
         lines.append("  waiter      none")

@@ -46,6 +46,7 @@ from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
 from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
 from .core.threads import quiet
+from .core.timefmt import who
 from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
@@ -171,9 +172,9 @@ class CommandRunner:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
         lock, outcome = self.lock, dict[str, Any]()
 
-        def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
+        def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Any = None, **kw: Any) -> None:
             outcome["was_waiter"] = True
-            self.say(f"waiting for {lock.url}: held by {owner_id}")
+            self.say(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
 
         def acquire() -> None:
             try:
@@ -216,7 +217,8 @@ class CommandRunner:
             raise error
         if not outcome.get("held"):
             st = lock.status()
-            return fail(f"{lock.url} is held by {st.owner_id} (--nonblock given); try again later", EXIT_CONTENDED)
+            holder = who(st.owner_id, None if st.owner_label is None else st.owner_label.text)
+            return fail(f"{lock.url} is held by {holder} (--nonblock given); try again later", EXIT_CONTENDED)
         if self.first_signal is not None:  # the signal came just as we got the lock
             lock.release()
             return 128 + self.first_signal

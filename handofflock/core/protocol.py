@@ -205,6 +205,33 @@ def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
     return Write(write.kind, r, write.if_generation_match)
 
 
+def suspect_lease(record: LockRecord | None, observed_at: float, policy: Policy) -> bool:
+    """Whether the owner's ``expiresAt`` lies further ahead of ``observed_at`` than its ttl and the skew allow.
+
+    No owner writes that (a lease is ``now + ttl`` when sent); a hand-made
+    record, a host whose clock was years ahead, or a bug did. Such a lease is
+    not trusted for its length: see :func:`lease_end`.
+    """
+    if record is None or record.owner_id is None or record.expires_at is None:
+        return False
+    return record.expires_at > observed_at + (record.ttl or policy.ttl) + policy.max_clock_skew
+
+
+def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float | None:
+    """When the owner's lease ends, for a contender that first saw it (owner, token, expiresAt) at ``observed_at``.
+
+    ``expiresAt``, unless it is suspect (:func:`suspect_lease`): then the
+    reader's own observation bounds it, as client-go's ``observedTime`` does,
+    at ``observed_at + ttl`` (and contenders add the skew, as for any lease).
+    A live owner renews, which moves ``expiresAt`` and starts a new
+    observation, so only a lease nobody renews runs out this way. Nothing is rewritten: the
+    lease is taken only by the usual conditional write once it has ended.
+    """
+    if suspect_lease(record, observed_at, policy):
+        return observed_at + (record.ttl or policy.ttl)
+    return record.expires_at
+
+
 def decide_acquire(
     record: LockRecord | None,
     generation: int,
@@ -215,6 +242,7 @@ def decide_acquire(
     nonce: str,
     waiting: bool,
     request: WaiterRequest = ASKING,
+    observed_at: float | None = None,
 ) -> Decision:
     """The next step of ``acquire()``. ``me.label`` goes into the record beside our id (as owner or waiter).
 
@@ -224,7 +252,10 @@ def decide_acquire(
     the holder is asked, and our rank for the slot. A request that outranks
     the live waiter's (higher priority; at equal priority, asking over
     patient) takes the slot from it while the owner is live; an equal or lower
-    one never does (see docs/design.md, *Sharing the slot*).
+    one never does (see docs/design.md, *Sharing the slot*). ``observed_at`` is when this acquire first read
+    the owner's lease as it stands (owner, token, ``expiresAt``; a waiter's
+    writes do not change it), ``now`` if not given: it bounds a suspect
+    lease (:func:`lease_end`).
     """
     instance, label = me.instance, me.label
     if record is None:
@@ -274,7 +305,8 @@ def decide_acquire(
     other_waiter_live = record.waiter_live(now, skew) and not mine
     superseded = other_waiter_live and waiting and record.waiting_owner_id == me.owner_id
 
-    if not record.owner_live(now, skew):
+    end = lease_end(record, now if observed_at is None else observed_at, policy)
+    if record.owner_id is None or end is None or now > end + skew:
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record, superseded)  # the live waiter has priority; only it may take the lock

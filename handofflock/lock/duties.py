@@ -1,16 +1,18 @@
 """The scheduler's adapter: one lock's background duties, as :class:`~.scheduler.Scheduled` wants them.
 
 The scheduler sees a lock through this object only: its store and key (to
-group waiter checks), its check interval, how long one of its requests may take,
-when its next duties fall due, and
-two ways to run them. The lock hands it exactly what that takes (its state
-and lease, and its notifier, each read through a callable, since a forked
-child replaces them; and its transitions, bound) and nothing else, as python-redis-lock gives its
-renewer a weak reference and an event rather than the whole lock. Which duty
-is due, and so which transition runs, is decided here from the lease's due
-times; what each transition does stays with the lock (:mod:`.handoff`). It
-also knows which scheduler runs the lock (the process-wide one unless the lock
-was given its own), so adding the lock to it and taking it off are one call each.
+group waiter checks), its check interval, how long one of its requests may
+take, when its next duties fall due, and two ways to run them. The lock hands
+it exactly what that takes (its state and lease, and its notifier, each read
+through a callable, since a forked child replaces them; and its transitions)
+and nothing else, each bound through a weak reference so that the scheduler
+never keeps a lock alive (see :mod:`.lifetime`), as python-redis-lock gives
+its renewer a weak reference and an event rather than the whole lock. Which
+duty is due, and so which transition runs, is decided here from the lease's
+due times; what each transition does stays with the lock (:mod:`.handoff`).
+It also knows which scheduler runs the lock (the process-wide one unless the
+lock was given its own), so adding the lock to it and taking it off are one
+call each.
 
 A seam because the scheduler runs many locks on a few threads and must
 touch none of their state: everything crosses here, typed.
@@ -57,7 +59,7 @@ class Duties:
         request_timeout: float,
         clock: Clock,
         hold: Callable[[], tuple[State, Lease]],
-        notifier: Callable[[], Notifier],
+        notifier: Callable[[], Notifier | None],
         renew: Callable[[], None],
         check_waiter: Callable[[int | None], None],
         retry_release: Callable[[], None],
@@ -76,8 +78,8 @@ class Duties:
     def next_due(self, *, check: bool = True) -> float:
         """Monotonic time of the lock's next duty (inf if none): a renewal, the end of the lease's
         validity (it is lost then), a waiter check, a release retry, or signals to send (at once)."""
-        state, lease = self._hold()
-        if self._notifier().unsent:
+        state, lease, notifier = *self._hold(), self._notifier()
+        if notifier is not None and notifier.unsent:
             return float("-inf")
         if state is State.RELEASING:
             return lease.next_release_try
@@ -109,12 +111,17 @@ class Duties:
                 self._check_waiter(None)
         elif self._hold()[0] is State.RELEASING and now >= lease.next_release_try:
             self._retry_release()
-        self._notifier().notify()
+        self._notify()
 
     def check_against(self, generation: int) -> None:
         """A waiter check against a scheduler's listing that shows the object at ``generation`` (0: not listed)."""
         self._check_waiter(generation)
-        self._notifier().notify()
+        self._notify()
+
+    def _notify(self) -> None:
+        notifier = self._notifier()
+        if notifier is not None:  # None: the lock was collected
+            notifier.notify()
 
     def __repr__(self) -> str:
         return f"<duties of {self._describe()}>"

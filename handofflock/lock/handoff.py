@@ -14,13 +14,15 @@ import functools
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
+    ConfigurationError,
     LockContended,
     LockLost,
     LockNotHeld,
@@ -32,13 +34,17 @@ from ..core.errors import (
 )
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Write
 from ..core.record import Label, LockRecord, WaiterRequest, new_nonce
+from ..core.timefmt import who
 from ..core.timing import Timing
 from ..storage import Storage
 from . import events as signals
-from . import forking, messages, metrics, polling, renewal
+from . import forking, lifetime, messages, metrics, polling, renewal
+from .acquired import Acquired
 from .duties import Duties
 from .lease import Lease
+from .lifetime import Lifetime, weakly
 from .notifier import Notifier
+from .observation import Observation
 from .options import TimingViews, label_of, owner_id_of, policy_of, store_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
@@ -72,8 +78,9 @@ class HandoffLock(LockViews, TimingViews):
 
     The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot`` and ``yield_to_requests``;
     ``owner_id`` and ``label``; and what the lock is built from, for tests and simulations: ``clock``,
-    ``scheduler``, ``storage`` and ``key``, ``primitives``) are described once, for this lock and the
-    async one, at :class:`~handofflock.lock.options.LockOptions`. No I/O happens in the constructor.
+    ``scheduler``, ``storage`` and ``key``, ``primitives``; ``release_at_exit``, see :mod:`.lifetime`) are
+    described once, for this lock and the async one, at :class:`~handofflock.lock.options.LockOptions`.
+    No I/O happens in the constructor.
     """
 
     def __init__(
@@ -98,6 +105,7 @@ class HandoffLock(LockViews, TimingViews):
         key: str | None = None,
         timing: Timing | None = None,
         primitives: Primitives | None = None,
+        release_at_exit: bool | None = None,
     ) -> None:
         storage, key, self.url = store_of(url, storage, key)
         lease = {"ttl": ttl, "renew_interval": renew_interval, "renew_deadline": renew_deadline}
@@ -115,6 +123,7 @@ class HandoffLock(LockViews, TimingViews):
         self._policy = policy_of(self.timing)
         self._prims = primitives or THREADING
         self._pid = os.getpid()
+        self._lifetime = Lifetime(self, release_at_exit, clock=self._clock, primitives=self._prims)
         self._duties = Duties(
             scheduler,
             store=storage,
@@ -122,13 +131,14 @@ class HandoffLock(LockViews, TimingViews):
             check_interval=self.timing.waiter_check_interval,
             request_timeout=self.timing.request_timeout,
             clock=self._clock,
-            hold=lambda: (self._state, self._lease),
-            notifier=lambda: self._notifier,
-            renew=self._renew,
-            check_waiter=self._check_waiter,
-            retry_release=self._retry_release,
-            deadline_passed=self._deadline_passed,
-            describe=lambda: repr(self),
+            # Weakly: the scheduler must not keep a lock alive (see lifetime.py); once it is gone, nothing is due.
+            hold=weakly(self, HandoffLock._hold, (IDLE, Lease())),
+            notifier=weakly(self, HandoffLock._notifier_now, None),
+            renew=weakly(self, HandoffLock._renew, None),
+            check_waiter=weakly(self, HandoffLock._check_waiter, None),
+            retry_release=weakly(self, HandoffLock._retry_release, None),
+            deadline_passed=weakly(self, HandoffLock._deadline_passed, None),
+            describe=weakly(self, repr, "a collected HandoffLock"),
         )
         self._fresh_parts(IDLE)
         forking.register(self)
@@ -159,6 +169,12 @@ class HandoffLock(LockViews, TimingViews):
         self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields)
         self._guard = ReentryGuard(prims, self._release_deferred)
 
+    def _hold(self) -> tuple[State, Lease]:
+        return self._state, self._lease
+
+    def _notifier_now(self) -> Notifier:
+        return self._notifier
+
     def _after_fork(self) -> None:
         """In a forked child (called by :mod:`.forking`): hold nothing, do nothing, refuse every operation.
         The token goes with the lease (the parent's: a fenced write in the child must not carry it)."""
@@ -167,8 +183,11 @@ class HandoffLock(LockViews, TimingViews):
 
     def acquire(
         self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
-    ) -> bool:
-        """Take the lock. Returns True when held.
+    ) -> Acquired[HandoffLock] | Literal[False]:
+        """Take the lock. Returns a true :class:`~.acquired.Acquired` when held, else False.
+
+        The value is also a context manager that releases, as with filelock: ``with lock.acquire(timeout=5):``.
+        It equals True, but is not ``True`` itself: test it for truth.
 
         * lock absent, free, or expired with no other live waiter: take it.
         * held by a live owner: become the single waiter; poll until the owner hands it over or its lease expires.
@@ -185,18 +204,19 @@ class HandoffLock(LockViews, TimingViews):
         with it is refused, as :meth:`threading.Lock.acquire` refuses it. ``timeout`` bounds the wait; on
         expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
 
-        Every way out that does not return True gives the waiter slot back: a timeout, :meth:`cancel`,
-        a storage error, KeyboardInterrupt. When True is returned the lease is valid and counted from the
+        Every way out that does not return the lock gives the waiter slot back: a timeout, :meth:`cancel`,
+        a storage error, KeyboardInterrupt. When the lock is returned the lease is valid and counted from the
         write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
-        return metrics.timed_acquire(
+        got = metrics.timed_acquire(
             self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
         )
+        return Acquired(self) if got else False
 
     def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
-            raise messages.busy(self.url, self._state)
+            raise messages.already_acquired(self._state, self.url, self._lease.thread, nested=self._guard.nested())
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
         deadline = polling.deadline_of(self._clock, self.timing, blocking=blocking, timeout=timeout)
@@ -204,6 +224,7 @@ class HandoffLock(LockViews, TimingViews):
         decide = functools.partial(protocol.decide_acquire, me=self._me, policy=self._policy, request=request)
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         last: LockRecord | None = None
+        observed = Observation(self.url, self._policy)  # bounds a suspect lease (observation.py)
         # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
         self._cancel.clear()
         self._state = WAITING
@@ -219,7 +240,14 @@ class HandoffLock(LockViews, TimingViews):
                     waiting = True  # our registration landed though we could not confirm it
                     self._now_waiting(record)
                 mono, wall = self._clock.monotonic(), self._clock.time()
-                decision = decide(record, generation, now=wall, nonce=new_nonce(), waiting=waiting)
+                decision = decide(
+                    record,
+                    generation,
+                    now=wall,
+                    nonce=new_nonce(),
+                    waiting=waiting,
+                    observed_at=observed.at(record, wall),
+                )
                 if isinstance(decision, Owned):
                     self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
                     self._settle_handed_lease(deadline)
@@ -276,8 +304,15 @@ class HandoffLock(LockViews, TimingViews):
         return self._clock.wait(self._cancel, delay) or self._guard.deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
-        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, record.owner_id)
-        signals.send(signals.waiting, self, owner_id=record.owner_id, waiter_expires_at=record.waiter_expires_at)
+        holder = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
+        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
+        signals.send(
+            signals.waiting,
+            self,
+            owner_id=record.owner_id,
+            owner_label=record.owner_label,
+            waiter_expires_at=record.waiter_expires_at,
+        )
 
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
@@ -346,7 +381,8 @@ class HandoffLock(LockViews, TimingViews):
         """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
         if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
             wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
-        lease = Lease(token=record.token)  # a new hold: nothing of the last one (its loss included) carries over
+        # A new hold: nothing of the last one (its loss included) carries over.
+        lease = Lease(token=record.token, thread=threading.get_ident())
         lease.set(record, generation, mono, wall, self.timing, self._clock)
         lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
         self._lease = lease
@@ -360,6 +396,7 @@ class HandoffLock(LockViews, TimingViews):
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
             lease.next_check = self._clock.monotonic()
         self._duties.schedule()
+        self._lifetime.held()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -493,12 +530,17 @@ class HandoffLock(LockViews, TimingViews):
                 raise
             _log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
 
-    def status(self) -> LockStatus:
-        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad."""
+    def status(self, timeout: float = 30.0) -> LockStatus:
+        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad.
+
+        ``timeout`` bounds the read's retries of transient errors (then the last one is raised).
+        """
+        if not timeout >= 0:  # also refuses NaN
+            raise ConfigurationError(f"timeout must be >= 0, got {timeout!r}")
         # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
-        # that rides out a read outage (30 s) never holds up a renewal or a waiter check.
-        clock, read = self._clock, functools.partial(self._io.read, interruptible=True)
-        return self._guarded(lambda: LockStatus.of(self.url, *read(clock.monotonic() + 30.0), clock.time()))
+        # that rides out a read outage never holds up a renewal or a waiter check.
+        clock, policy, read = self._clock, self._policy, functools.partial(self._io.read, interruptible=True)
+        return self._guarded(lambda: LockStatus.of(self.url, *read(clock.monotonic() + timeout), clock.time(), policy))
 
     def _deadline_passed(self) -> None:
         """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
@@ -618,7 +660,23 @@ class HandoffLock(LockViews, TimingViews):
 
     def _unschedule(self) -> None:
         """Stop the background duties (tests use it to make a process that dies holding the lock)."""
+        self._lifetime.releases = False  # a dead process releases nothing, at exit or when collected
         self._duties.unschedule()
+
+    @property
+    def release_at_exit(self) -> bool:
+        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+
+        True by default (False on an injected fake clock); settable. See :mod:`.lifetime`.
+        """
+        return self._lifetime.releases
+
+    @release_at_exit.setter
+    def release_at_exit(self, value: bool) -> None:
+        self._lifetime.releases = bool(value)
+
+    def __del__(self) -> None:
+        lifetime.collected(self)  # only queues a held lock for the reaper thread: safe in any collection
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"

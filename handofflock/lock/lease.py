@@ -59,6 +59,7 @@ class Lease:
     renew_failures: int = 0
     lost_reason: str | None = None
     lost_error: BaseException | None = None
+    thread: int | None = None  # the thread that acquired this hold (named by a second acquire's error)
 
     def set(self, record: LockRecord, generation: int, mono: float, wall: float, timing: Timing, clock: Clock) -> None:
         """A write of ours made ``record`` (or we were handed it): the lease runs from its stamp."""

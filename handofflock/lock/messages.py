@@ -9,10 +9,12 @@ can be read (and kept consistent) in one place. Nothing here decides anything:
 
 from __future__ import annotations
 
-from ..core.errors import HandoffLockError, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
+import threading
+
+from ..core.errors import AlreadyAcquired, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
 from ..core.protocol import Me
 from ..core.record import LockRecord
-from ..core.timefmt import when
+from ..core.timefmt import when, who
 from .state import State
 
 
@@ -23,6 +25,7 @@ def contended(
     :class:`LockTimeout` saying also whether the slot we gave back was ours."""
     r = record or LockRecord()
     message = None if timed_out is None else timeout_message(url, r, timed_out, now)
+    owner, waiter = (None if label is None else label.text for label in (r.owner_label, r.waiter_label))
     return cls(
         message,
         url=url,
@@ -30,6 +33,8 @@ def contended(
         owner_expires_at=r.expires_at,
         waiter_id=r.waiting_owner_id,
         waiter_expires_at=r.waiter_expires_at,
+        owner_label=owner,
+        waiter_label=waiter,
     )
 
 
@@ -40,18 +45,20 @@ def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
     nothing of when the lock comes free.
     """
     ours = record.waiting_owner_id == me.owner_id and record.waiter_instance in (None, me.instance)
+    owner = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
+    waiter = who(record.waiting_owner_id, None if record.waiter_label is None else record.waiter_label.text)
     if record.owner_id is None:
         held = "it was free, but the waiter slot was taken"
     elif record.owner_live(now):
-        held = f"held by {record.owner_id!r}, a live lease its holder keeps renewing"
+        held = f"held by {owner}, a live lease its holder keeps renewing"
     else:
-        held = f"held by {record.owner_id!r}, whose lease ran out {when(record.expires_at, now)}"
+        held = f"held by {owner}, whose lease ran out {when(record.expires_at, now)}"
     if record.waiting_owner_id is None or not record.waiter_live(now):
         slot = "; nobody else waits"
     elif ours:
         slot = "; we held the waiter slot, and gave it back"
     else:
-        slot = f"; the waiter slot is {record.waiting_owner_id!r}'s"
+        slot = f"; the waiter slot is {waiter}'s"
     return f"timed out acquiring {url!r}: {held}{slot}"
 
 
@@ -88,10 +95,34 @@ def had_been_lost(url: str, why: str | None) -> LockLost:
     return LockLost(f"lock {url!r} had been lost ({why}); nothing was written", url=url, reason=why or "lost")
 
 
-def busy(url: str, state: State) -> HandoffLockError:
-    """``acquire()`` on an instance that holds, acquires or releases already."""
-    doing = {State.HELD: "holds", State.WAITING: "is acquiring", State.RELEASING: "is still releasing"}[state]
-    return HandoffLockError(f"this HandoffLock instance already {doing} {url!r}")
+def already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
+    """The error of an ``acquire()`` on an instance that holds, acquires or releases already.
+
+    One instance is one party (one owner id, one waiter slot): it is not
+    reentrant, and threads do not queue on it (see :class:`AlreadyAcquired`).
+    """
+    per_thread = (
+        "threads do not queue on one instance (it is one party: one owner id, one waiter slot); give each "
+        "thread its own HandoffLock, and the second then waits as the waiter and asks the holder to hand over"
+    )
+    if state is State.HELD and (holder == threading.get_ident() or nested):
+        return AlreadyAcquired(
+            f"this HandoffLock instance already holds {url!r}, acquired in this very thread: it is not "
+            "reentrant (the end of a nested block would hand the lock over in the middle of the outer one); "
+            "use the hold you have"
+        )
+    if state is State.HELD:
+        return AlreadyAcquired(f"this HandoffLock instance already holds {url!r} (in another thread); {per_thread}")
+    if state is State.WAITING and nested:
+        return AlreadyAcquired(
+            f"acquire() of {url!r} called from inside this instance's own acquire() (a signal handler or a "
+            "receiver): it is not reentrant"
+        )
+    if state is State.WAITING:
+        return AlreadyAcquired(
+            f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
+        )
+    return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
 
 
 def inherited(url: str, pid: int) -> InheritedAcrossFork:

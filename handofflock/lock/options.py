@@ -87,6 +87,7 @@ class LockOptions(TypedDict, total=False):
     key: str | None
     timing: Timing | None
     primitives: Primitives | None
+    release_at_exit: bool | None
 
 
 #: The timing keywords of HandoffLock and their defaults (None: derived from ttl, or from the store).

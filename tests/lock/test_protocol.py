@@ -61,6 +61,41 @@ def test_acquire_decision_table(name, record, waiting, outcome, kind):
         assert d.record.nonce == "n1"
 
 
+YEARS = 31 * 365 * 86400.0
+
+# A lease further ahead than ttl + skew is suspect: it ends ttl after the reader first saw that version.
+# (name, record, observed_at, expected outcome, expected kind or None)
+SUSPECT_TABLE = [
+    ("31 years ahead, first seen now: still live (ends now + ttl), become the waiter", rec("a", NOW + YEARS), NOW, Write, Kind.BECOME_WAITER),
+    ("31 years ahead, first seen ttl ago: within the skew, still live", rec("a", NOW + YEARS), NOW - 61, Write, Kind.BECOME_WAITER),
+    ("31 years ahead, first seen ttl + skew ago: over, take it", rec("a", NOW + YEARS), NOW - 62.5, Write, Kind.TAKE),
+    ("31 years ahead, a live other waiter: over, but the waiter has priority", rec("a", NOW + YEARS, "w", NOW + 10), NOW - 100, Contended, None),
+    ("exactly ttl + skew ahead of first sight: trusted, live", rec("a", NOW + 62), NOW, Write, Kind.BECOME_WAITER),
+    ("a lease renewed a moment ago, first seen now: trusted, live", rec("a", NOW + 59), NOW, Write, Kind.BECOME_WAITER),
+    ("unchanged for 1000 s yet still 30 s ahead: no live owner writes that; over, take it", rec("a", NOW + 30), NOW - 1000, Write, Kind.TAKE),
+    ("suspect by the record's own ttl (5 s), first seen 8 s ago: over", LockRecord("a", NOW + 3600, None, None, ttl=5.0, token=7, nonce="old"), NOW - 8, Write, Kind.TAKE),
+]
+
+
+@pytest.mark.parametrize("name,record,observed_at,outcome,kind", SUSPECT_TABLE, ids=[r[0] for r in SUSPECT_TABLE])
+def test_a_lease_further_ahead_than_its_ttl_ends_ttl_after_it_was_first_seen(name, record, observed_at, outcome, kind):
+    d = protocol.decide_acquire(
+        record, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n1", waiting=False, observed_at=observed_at
+    )
+    assert isinstance(d, outcome), d
+    if kind is not None:
+        assert d.kind is kind and d.if_generation_match == GEN
+    if kind is Kind.BECOME_WAITER:
+        assert d.record.expires_at == record.expires_at  # the owner's lease is never rewritten by a reader
+
+
+def test_suspect_lease_and_lease_end():
+    far = rec("a", NOW + YEARS)
+    assert protocol.suspect_lease(far, NOW, POLICY) and protocol.lease_end(far, NOW, POLICY) == NOW + 60
+    assert not protocol.suspect_lease(rec("a", NOW + 60), NOW, POLICY)
+    assert not protocol.suspect_lease(rec(), NOW, POLICY)  # free: no lease at all
+
+
 @pytest.mark.parametrize("kind_row", [r for r in ACQUIRE_TABLE if r[4] in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)], ids=lambda r: r[0])
 def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
     _, record, waiting, _, _ = kind_row
