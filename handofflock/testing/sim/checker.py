@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ...core.record import LockRecord
 from ...fencing import decode_fence
+from ...lock.acquired import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
 from .parties import Party
 
@@ -98,7 +99,7 @@ class Checker:
 
     def acquire_ended(self, party: Party, result: object) -> None:
         lock = party.lock
-        if result is True:
+        if isinstance(result, Acquired) or result is True:  # acquire() returns an Acquired (== True)
             token = lock.token or 0
             if (lock.instance, token) not in self.issued:
                 raise Violation(f"{party.name} acquired with token {token}, which no write gave this instance")
