@@ -31,7 +31,7 @@ from typing import TypeGuard
 
 from . import buggify
 from .errors import TokensExhausted
-from .record import ASKING, MAX_TOKEN, Label, LockRecord, WaiterRequest
+from .record import ASKING, MAX_TOKEN, MAX_TTL, Label, LockRecord, WaiterRequest
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,14 @@ def suspect_lease(record: LockRecord | None, observed_at: float, policy: Policy)
     """
     if record is None or record.owner_id is None or record.expires_at is None:
         return False
-    return record.expires_at > observed_at + (record.ttl or policy.ttl) + policy.max_clock_skew
+    return record.expires_at > observed_at + _writers_ttl(record) + policy.max_clock_skew
+
+
+def _writers_ttl(record: LockRecord) -> float:
+    """The ttl the owner's lease was written with: the record's, or for a record of the original design
+    (no ``ttl`` field) the longest any writer may use (``MAX_TTL``, a week), never the reader's own: a
+    writer with a longer ttl than ours renews less often, and its lease is live all the same."""
+    return record.ttl if record.ttl is not None else MAX_TTL
 
 
 def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float | None:
@@ -228,7 +235,7 @@ def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float |
     lease is taken only by the usual conditional write once it has ended.
     """
     if suspect_lease(record, observed_at, policy):
-        return observed_at + (record.ttl or policy.ttl)
+        return observed_at + _writers_ttl(record)
     return record.expires_at
 
 

@@ -62,6 +62,7 @@ def test_acquire_decision_table(name, record, waiting, outcome, kind):
 
 
 YEARS = 31 * 365 * 86400.0
+MAX_TTL = 7 * 24 * 3600.0  # core.record.MAX_TTL: the longest ttl a record may carry
 
 # A lease further ahead than ttl + skew is suspect: it ends ttl after the reader first saw that version.
 # (name, record, observed_at, expected outcome, expected kind or None)
@@ -74,6 +75,10 @@ SUSPECT_TABLE = [
     ("a lease renewed a moment ago, first seen now: trusted, live", rec("a", NOW + 59), NOW, Write, Kind.BECOME_WAITER),
     ("unchanged for 1000 s yet still 30 s ahead: no live owner writes that; over, take it", rec("a", NOW + 30), NOW - 1000, Write, Kind.TAKE),
     ("suspect by the record's own ttl (5 s), first seen 8 s ago: over", LockRecord("a", NOW + 3600, None, None, ttl=5.0, token=7, nonce="old"), NOW - 8, Write, Kind.TAKE),
+    # A record of the original design has no ttl: its writer's ttl is unknown (perhaps longer than ours, renewed
+    # less often), so only the longest ttl any writer may use (MAX_TTL) bounds it, never the reader's own.
+    ("original design (no ttl), a 300 s lease first seen 63 s ago: live (the writer's ttl is not ours)", LockRecord("a", NOW + 237, None, None, token=7, nonce="old"), NOW - 63, Write, Kind.BECOME_WAITER),
+    ("original design, 31 years ahead, first seen MAX_TTL + skew ago: over", LockRecord("a", NOW + YEARS, None, None, token=7, nonce="old"), NOW - MAX_TTL - 3, Write, Kind.TAKE),
 ]
 
 
