@@ -104,6 +104,7 @@ class CommandRunner:
         self.stop_signal = stop_signal(args.signal)
         self.signal_to = signal_target(getattr(args, "signal_to", DEFAULT_SIGNAL_TO))
         self.yield_exit_code = yield_exit_code(getattr(args, "yield_exit_code", None))
+        self._labels: dict[str, str] = {}  # waiter id -> its label, as read by _still_wanted
         self.signals_passed = 0  # signals to run passed on to the command: a second one kills it now
         self._rest_owed: int | None = None  # a polite signal sent to the command's process alone, owed to the rest
         self._told: set[int] = set()  # ... and the processes the command left that have had it since
@@ -382,8 +383,9 @@ class CommandRunner:
             ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
-                who = f"{request.requester} ({request.reason})" if request else "someone"
-                if request is not None and not self._still_wanted(request):  # read again: it may have gone
+                wanted = request is None or self._still_wanted(request)  # read again: it may have gone
+                who = f"{self._named(request.requester)} ({request.reason})" if request else "someone"
+                if not wanted:
                     if declined is not request:
                         self.say(
                             f"{who} asked for {lock.url} but is no longer waiting; "
@@ -435,7 +437,7 @@ class CommandRunner:
         code = self.yield_exit_code if yielded and self.yield_exit_code is not None else status
         self.say(
             f"{command[0]} exited with {status}; "
-            + (f"handed {lock.url} to {heir}" if heir else f"released {lock.url}")
+            + (f"handed {lock.url} to {self._named(heir)}" if heir else f"released {lock.url}")
             + (f"; it yielded: exit {code} (--yield-exit-code)" if code != status else "")
         )
         return code
@@ -455,7 +457,14 @@ class CommandRunner:
         st = _status_within(lock, RECHECK_TIMEOUT)
         if st is None:
             return True
+        if st.waiter_id is not None and st.waiter_label is not None:
+            self._labels[st.waiter_id] = st.waiter_label.text  # named as status names it
         return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
+
+    def _named(self, ident: str) -> str:
+        """``label (id)`` for a waiter whose label a read showed, as ``status`` names it; else the id."""
+        label = self._labels.get(ident)
+        return f"{label} ({ident})" if label else ident
 
     def _send(self, procs: _CommandProcesses, sig: int, verb: str, *, left: float | None = None) -> None:
         main_only = self.signal_to == "main"
