@@ -218,9 +218,9 @@ def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_withou
     assert not b1, f"the displaced waiter gave up: {b1}"
     assert o.release() == "w2"
     t2.join(10)
-    assert b2.get("result") is True
+    assert b2.get("result") == True  # noqa: E712 (an Acquired, equal to True)
     eventually(lambda: waiter_is(url, "w1")() or b1, what="w1 waits again, now for w2")
     assert not b1, b1
     w2.release()
     t1.join(10)
-    assert b1.get("result") is True and w1.is_held, b1
+    assert b1.get("result") == True and w1.is_held, b1  # noqa: E712 (an Acquired, equal to True)
