@@ -15,6 +15,7 @@ from .core.clock import Clock, FakeClock
 from .core.errors import (
     AcquireCancelled,
     AgreementFailed,
+    AlreadyAcquired,
     ConfigurationError,
     FencedObjectCorrupt,
     FencedObjectFull,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AcquireCancelled",
     "AgreementFailed",
+    "AlreadyAcquired",
     "Clock",
     "ConfigurationError",
     "FakeClock",

@@ -42,6 +42,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Generic,
+    Literal,
     TypeVar,
 )
 
@@ -52,8 +53,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
 
-from .core.errors import AcquireCancelled, ConfigurationError
+from .core.errors import ConfigurationError
 from .lock import events as signals
+from .lock.acquired import Acquired
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest, RequestReason
 
@@ -212,7 +214,9 @@ class _Call(Generic[T]):
             if not self._drop_unless_started():
                 if on_cancel is not None and not self.done.is_set():
                     on_cancel()
-                await self.finish()
+                # Asked again while we wait: a cancel() that came before the thread's acquire had begun
+                # is dropped (a stray cancel never spoils a later acquire), so it is repeated until it lands.
+                await self.finish(on_cancel)
             raise
         return self.outcome()
 
@@ -248,10 +252,12 @@ class _Call(Generic[T]):
             raise interrupted
         return result
 
-    async def finish(self) -> None:
-        """Wait until the thread has ended, whatever cancellation arrives meanwhile."""
+    async def finish(self, again: Callable[[], None] | None = None) -> None:
+        """Wait until the thread has ended, whatever cancellation arrives meanwhile (calling ``again`` each poll)."""
         with anyio.CancelScope(shield=True):
             while not self.done.is_set():
+                if again is not None:
+                    again()
                 try:
                     await anyio.sleep(_POLL)
                 except anyio.get_cancelled_exc_class():
@@ -372,8 +378,17 @@ class AsyncHandoffLock:
 
     # ------------------------------------------------------------------ acquire / release
 
-    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    async def acquire(
+        self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
+    ) -> AsyncAcquired | Literal[False]:
         """Take the lock, as :meth:`HandoffLock.acquire` does, without blocking the loop.
+
+        ``request_release=False`` waits patiently (the holder is never asked);
+        ``priority`` ranks requests for the single waiter slot.
+
+        Returns a true :class:`AsyncAcquired` when held (else False): an async
+        context manager that releases, so ``async with await lock.acquire(timeout=5):``
+        works as filelock's idiom does (``async with lock:`` is the short form).
 
         Cancelling the awaiting task (a cancel scope, ``asyncio.timeout()``,
         ``anyio.fail_after()``, ``task.cancel()``) gives the waiter slot back
@@ -384,27 +399,17 @@ class AsyncHandoffLock:
         """
         self._loop.bind()
         sync = self._sync
-        call: _Call[bool] = _Call(functools.partial(sync.acquire, blocking, timeout))
-        asked = False
-
-        def stop() -> None:
-            nonlocal asked
-            asked = True
-            sync.cancel()
-
+        call: _Call[Acquired[HandoffLock] | Literal[False]] = _Call(
+            functools.partial(sync.acquire, blocking, timeout, request_release=request_release, priority=priority)
+        )
         try:
-            return await call.run(on_cancel=stop)
+            got = await call.run(on_cancel=sync.cancel)
         except BaseException:
             if call.done.is_set() and call.error is None and call.result:
                 await self._release_after_cancel()
-            if asked and not isinstance(call.error, AcquireCancelled):
-                # The acquire ended before it saw our cancel(), which then stays set and would cancel the
-                # next acquire ("a cancel that comes while no acquire runs cancels the next one").
-                # Private on purpose: taking back a cancel() has no public name on the sync lock, and
-                # only its async twin, which cancels from another thread, ever needs it.
-                sync._cancel.clear()
             call.error = None
             raise
+        return AsyncAcquired(self) if got else False
 
     async def _release_after_cancel(self) -> None:
         """The acquire got the lock as its task was cancelled: hand it on, shielded."""
@@ -486,6 +491,32 @@ class AsyncHandoffLock:
 
     def __repr__(self) -> str:
         return f"<AsyncHandoffLock {self._sync!r}>"
+
+
+class AsyncAcquired(int):
+    """A successful :meth:`AsyncHandoffLock.acquire`: the int 1, like ``True`` (see
+    :class:`~.lock.acquired.Acquired`), and an async context manager that releases:
+    ``async with await lock.acquire(timeout=5):``."""
+
+    lock: AsyncHandoffLock
+
+    def __new__(cls, lock: AsyncHandoffLock) -> AsyncAcquired:
+        self = super().__new__(cls, 1)
+        #: The lock that was acquired.
+        self.lock = lock
+        return self
+
+    def __reduce__(self) -> tuple[type[bool], tuple[bool]]:
+        return bool, (True,)  # sent to another process, it is the plain True (see Acquired)
+
+    async def __aenter__(self) -> AsyncHandoffLock:
+        return self.lock
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.lock.__aexit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<AsyncAcquired {self.lock!r}>"
 
 
 class AsyncSteps(Generic[T]):

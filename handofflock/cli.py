@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._version import __version__
+from .cli_status import release_requested, status_json, status_text, time_left, who_of
 from .core.clock import Clock
 from .core.errors import (
     ConfigurationError,
@@ -55,7 +56,7 @@ from .core.errors import (
     TransientStorageError,
 )
 from .core.record import LockRecord
-from .core.timefmt import iso, when
+from .core.timefmt import iso
 from .exit_codes import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
@@ -242,6 +243,23 @@ def _parser() -> argparse.ArgumentParser:
         help="if another process already waits, wait for its slot instead of exiting 75",
     )
     p.add_argument(
+        "--no-request",
+        action="store_true",
+        help="wait patiently: never ask the holder to leave; it finishes on its own, then hands the lock over",
+    )
+    p.add_argument(
+        "--no-yield",
+        action="store_true",
+        help="while holding, decline requests for the lock: CMD is not signalled for a waiter "
+        "(`status` shows 'asked by ..., declined'); signals sent to run are still passed on",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="rank for the single waiter slot: a higher one takes it from a lower one (default 0)",
+    )
+    p.add_argument(
         "--poll-interval",
         type=float,
         default=None,
@@ -293,97 +311,6 @@ def _parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- status
 
 
-def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
-    """``LockStatus.to_json()`` plus ``state``, seconds left and ISO times: the stable shape of ``status --json``.
-
-    ``releaseRequested`` is True while a live waiter is registered (the holder
-    is told within its waiter check interval); ``releaseRequestedBy`` names it
-    (its label, else its id).
-    """
-    now = st.read_at if now is None else now
-    doc = st.to_json()
-    doc["state"] = _state(st, now)
-    doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
-    doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
-    doc["expiresAtIso"] = iso(st.expires_at)
-    doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
-    doc["readAtIso"] = iso(st.read_at)
-    requested = _release_requested(st, now)
-    doc["releaseRequested"] = requested
-    doc["releaseRequestedBy"] = _who(st.waiter_id, st.waiter_label) if requested else None
-    return doc
-
-
-def _release_requested(st: LockStatus, now: float) -> bool:
-    return (
-        _state(st, now) == "held"
-        and st.waiter_id is not None
-        and st.waiter_expires_at is not None
-        and now <= st.waiter_expires_at
-    )
-
-
-def _who(ident: str | None, label: Any) -> str:
-    """``label (id)``, or the id alone when there is no label."""
-    if ident is None:
-        return "-"
-    return f"{label.text} ({ident})" if label is not None else ident
-
-
-def _state(st: LockStatus, now: float) -> str:
-    if not st.exists:
-        return "absent"
-    if st.owner_id is None:
-        return "free"
-    return "held" if st.expires_at is not None and now <= st.expires_at else "expired"
-
-
-def _left(ts: float | None, now: float) -> str:
-    if ts is None:
-        return "-"
-    left = ts - now
-    return f"{left:.1f} s left, until {iso(ts)}" if left >= 0 else f"ran out {-left:.1f} s ago, at {iso(ts)}"
-
-
-def status_text(st: LockStatus, now: float | None = None) -> str:
-    now = st.read_at if now is None else now
-    state = _state(st, now)
-    lines = [st.url]
-    if state == "absent":
-        lines.append("  state       absent: no lock object yet (the first acquire creates it)")
-        return "\n".join(lines)
-    owner = {
-        "free": "free: nobody holds it",
-        "held": f"held, lease live ({_left(st.expires_at, now)})",
-        "expired": f"expired: the lease {_left(st.expires_at, now)}; the next acquire takes it",
-    }[state]
-    lines.append(f"  state       {owner}")
-    lines.append(f"  owner       {_who(st.owner_id, st.owner_label) if st.owner_id else '-'}")
-    if st.expires_at is not None:
-        lines.append(f"  expires     {when(st.expires_at, now)}")
-    if st.waiter_id is None:
-        lines.append("  waiter      none")
-    else:
-        live = "live" if st.waiter_live else "gone"
-        lines.append(
-            f"  waiter      {_who(st.waiter_id, st.waiter_label)} ({live}, {_left(st.waiter_expires_at, now)})"
-        )
-    if _release_requested(st, now):
-        grace = st.owner_label.grace if st.owner_label is not None else None
-        lines.append(
-            f"  release     requested by {_who(st.waiter_id, st.waiter_label)}"
-            + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
-        )
-    elif state == "held":
-        lines.append("  release     not requested")
-    lines.append(f"  token       {st.token}")
-    lines.append(f"  generation  {st.generation}")
-    if st.ttl is not None:
-        lines.append(f"  ttl         {st.ttl:g} s")
-    lines.append(f"  read at     {iso(st.read_at)}")
-    return "\n".join(lines)
-
-
 #: How long ``status`` (and each read of ``watch``) retries a store that does not answer before it says
 #: so: a person is waiting at the terminal. ``HandoffLock.status()`` rides out a 30 s outage instead.
 STATUS_READ_SECONDS = 5.0
@@ -409,23 +336,7 @@ def read_status(url: str, *, within: float = STATUS_READ_SECONDS) -> LockStatus:
         return LockStatus(text, False, 0, read_at=now)
     data, generation = found
     record = LockRecord.decode(data, key=key, generation=generation, url=text)
-    return LockStatus(
-        text,
-        True,
-        generation,
-        record.owner_id,
-        record.expires_at,
-        record.waiting_owner_id,
-        record.waiter_expires_at,
-        record.token,
-        record.ttl,
-        now,
-        record.owner_live(now),
-        record.waiter_live(now),
-        record,
-        record.owner_label,
-        record.waiter_label,
-    )
+    return LockStatus.of(text, record, generation, now)  # the lock's own snapshot, every field included
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -577,9 +488,12 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
         return "absent (no lock object)"
     if state == "free":
         return f"free (token {st.token})"
-    line = f"{state}: {_who(st.owner_id, st.owner_label)} (token {st.token}, lease {_left(st.expires_at, now)})"
-    if st.waiter_id is not None and st.waiter_live:
-        line += f"; release requested by waiter {_who(st.waiter_id, st.waiter_label)}"
+    line = f"{state}: {who_of(st.owner_id, st.owner_label)} (token {st.token}, lease {time_left(st.expires_at, now)})"
+    if release_requested(st, now):
+        verb = "asked for by waiter {}, declined" if st.declined else "release requested by waiter {}"
+        line += "; " + verb.format(who_of(st.waiter_id, st.waiter_label))
+    elif st.waiter_id is not None and st.waiter_live:
+        line += f"; waiter {who_of(st.waiter_id, st.waiter_label)} waits without asking"
     return line
 
 

@@ -231,7 +231,8 @@ def install_signal_handlers(
       Python handler runs, SIGINT raises :class:`KeyboardInterrupt`, and
       any other signal gets its default action (the process ends with it).
     * A signal ignored (SIG_IGN) at install time stays ignored.
-    * ``release_at_exit=True`` also releases at interpreter exit if the lock
+    * ``release_at_exit=True`` also releases at interpreter exit if the lock (a lock made
+      with ``release_at_exit=False`` too; other locks release at exit by themselves)
       is still held (normal exit, ``sys.exit``, an uncaught exception; not a
       kill by a signal's default action, which is why the second signal
       releases first).

@@ -2,8 +2,14 @@
 
 Wall time (``time()``) goes into records, because other machines read them.
 Monotonic time (``monotonic()``) measures intervals and deadlines inside this
-process, because the wall clock can jump. Tests pass a :class:`FakeClock` and
-advance it instead of sleeping.
+process, because the wall clock can jump. Boot time (``boottime()``) is
+monotonic time that also counts while the host is suspended (Linux's
+``CLOCK_BOOTTIME``; ``CLOCK_MONOTONIC`` stops then): a lease is checked on it
+too, since a suspended host's lease runs out for everyone else. Each
+comparison stays on one time base: a boot-time reading is only ever compared
+with another (a shim that fakes ``time.monotonic``, as tools/fresh_boot does,
+leaves it alone). Tests pass a :class:`FakeClock` and advance it instead of
+sleeping.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import time as _time
 from collections.abc import Callable
 
 _REAL_TIMEBASE = "time.monotonic"
+_BOOTTIME: int | None = getattr(_time, "CLOCK_BOOTTIME", None)  # Linux only
 
 
 class Clock:
@@ -28,6 +35,17 @@ class Clock:
     def monotonic(self) -> float:
         """Seconds on a clock that never jumps; keeps counting while the process is stopped."""
         return _time.monotonic()
+
+    def boottime(self) -> float:
+        """Seconds on a clock that never jumps and keeps counting while the host is suspended.
+
+        ``CLOCK_BOOTTIME`` on Linux; elsewhere (and for a clock that keeps its own
+        monotonic time, a simulated one) the same as :meth:`monotonic`. Compare it
+        only with other ``boottime()`` readings.
+        """
+        if _BOOTTIME is None or type(self).monotonic is not Clock.monotonic:
+            return self.monotonic()
+        return _time.clock_gettime(_BOOTTIME)
 
     @property
     def timebase(self) -> object:
@@ -66,7 +84,9 @@ class FakeClock(Clock):
     polls, gates); :meth:`wait_for_waits` lets a test block until a thread has
     begun its n-th one. :attr:`on_wait` callbacks run as each wait begins (a
     test parks a background loop there). :meth:`skewed` gives a view of the
-    same clock with a wall time off by some seconds (another host)::
+    same clock with a wall time off by some seconds (another host).
+    :meth:`jump_wall` steps the wall clock alone (NTP), and :meth:`suspend`
+    is a host asleep: wall and boot time move on, monotonic time stands still::
 
         clock = FakeClock(step=0.25)
         clock.on_tick.append(scheduler.run_pending)
@@ -90,6 +110,7 @@ class FakeClock(Clock):
         #: Every bounded wait asked for, in order.
         self.waits: list[float] = []
         self._ticking = False
+        self._suspended = 0.0
 
     def time(self) -> float:
         with self._cond:
@@ -98,6 +119,23 @@ class FakeClock(Clock):
     def monotonic(self) -> float:
         with self._cond:
             return self._mono
+
+    def boottime(self) -> float:
+        """Monotonic time plus every :meth:`suspend` so far."""
+        with self._cond:
+            return self._mono + self._suspended
+
+    def suspend(self, seconds: float) -> None:
+        """The host sleeps ``seconds``: wall and boot time move on, monotonic time does not (as on Linux).
+
+        Nothing runs meanwhile, so no waiter wakes for it: like a resume, the
+        next wait or :meth:`advance` finds the time passed.
+        """
+        if seconds < 0:
+            raise ValueError("a clock does not go backwards")
+        with self._cond:
+            self._wall += seconds
+            self._suspended += seconds
 
     def advance(self, seconds: float) -> None:
         """Move both clocks forward and wake every waiter whose deadline passed."""
@@ -204,6 +242,9 @@ class _SkewedView(Clock):
 
     def monotonic(self) -> float:
         return self.base.monotonic()
+
+    def boottime(self) -> float:
+        return self.base.boottime()
 
     @property
     def timebase(self) -> object:

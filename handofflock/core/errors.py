@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .timefmt import who
+
 
 class HandoffLockError(Exception):
     """Root of every error raised by handofflock.
@@ -151,14 +153,6 @@ class LockRecordCorrupt(HandoffLockError, ValueError):
 # --------------------------------------------------------------------------- the lock
 
 
-def _fmt_ts(ts: float | None) -> str:
-    if ts is None:
-        return "never"
-    left = ts - time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-    return f"{stamp} ({left:+.1f}s)"
-
-
 class TokensExhausted(HandoffLockError):
     """The lock's fencing token is at its maximum (2**63 - 1): no higher one can be issued.
 
@@ -185,12 +179,18 @@ class LockContended(HandoffLockError):
         owner_expires_at: float | None = None,
         waiter_id: str | None = None,
         waiter_expires_at: float | None = None,
+        owner_label: str | None = None,
+        waiter_label: str | None = None,
     ) -> None:
         if message is None:
+            # No "until T": the holder renews its lease while it lives, so its expiry says nothing of when
+            # the lock comes free; the waiter's slot is refreshed the same way.
+            live = owner_expires_at is not None and owner_expires_at >= time.time()
+            held = f"held by {who(owner_id, owner_label)}" + (" (a live lease, renewed by its holder)" if live else "")
             message = (
-                f"lock {url!r} is held by {owner_id!r} until {_fmt_ts(owner_expires_at)}"
-                f" and {waiter_id!r} is already waiting until {_fmt_ts(waiter_expires_at)}"
-                "; handofflock allows one waiter at a time, so try again later"
+                f"lock {url!r} is {held} and {who(waiter_id, waiter_label)} is already waiting; handofflock allows "
+                "one waiter at a time: to wait for the slot, pass a timeout (acquire(timeout=...), run --timeout) "
+                "or wait_for_slot=True (run --wait-for-slot), or try again later"
             )
         super().__init__(message)
         self.url = url
@@ -198,6 +198,9 @@ class LockContended(HandoffLockError):
         self.owner_expires_at = owner_expires_at
         self.waiter_id = waiter_id
         self.waiter_expires_at = waiter_expires_at
+        #: Who the owner and the waiter are, for people (their labels' text), as ``status`` shows them.
+        self.owner_label = owner_label
+        self.waiter_label = waiter_label
 
 
 class LockTimeout(LockContended, TimeoutError):
@@ -220,6 +223,18 @@ class LockLost(HandoffLockError):
         self.url = url
         self.reason = reason
         self.cause = cause
+
+
+class AlreadyAcquired(HandoffLockError, RuntimeError):
+    """``acquire()`` on an instance that already holds the lock, or is acquiring it in another thread.
+
+    A :class:`~handofflock.HandoffLock` is one party of the protocol (one
+    owner id, at most one waiter slot): it is not reentrant (as
+    python-redis-lock's ``AlreadyAcquired``: a nested ``with lock:`` would
+    hand the lock over at its end, in the middle of the outer block), and
+    threads do not queue on it. Give each thread its own instance: the second
+    then waits as the waiter and the holder is asked to hand over.
+    """
 
 
 class LockNotHeld(HandoffLockError, RuntimeError):

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypeGuard
 
+from . import buggify
 from .errors import TokensExhausted
-from .record import MAX_TOKEN, Label, LockRecord
+from .record import ASKING, MAX_TOKEN, MAX_TTL, Label, LockRecord, WaiterRequest
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,15 @@ class Me:
     ``instance`` (random per lock object) tells apart two live instances that
     share a stable owner id (a restart racing its predecessor); ``None``
     matches by id alone. ``label`` is written beside our id as owner or waiter.
+    ``yields`` is False for a holder that must not be cut short: it declines
+    waiters' requests, and says so in the record at each renewal
+    (``declinedWaiter``).
     """
 
     owner_id: str
     instance: str | None = None
     label: Label | None = None
+    yields: bool = True
 
 
 class Kind(str, enum.Enum):
@@ -95,9 +101,16 @@ class Wait:
 
 @dataclass(frozen=True)
 class Contended:
-    """Held by someone else and the single waiter slot is someone else's."""
+    """Held by someone else and the single waiter slot is someone else's.
+
+    ``superseded``: the slot is another instance's under our own owner id, a
+    newer incarnation of this job that took it while we waited. We defer to it
+    at once, even when we would wait for the slot (with a timeout, patiently):
+    waiting would only let us retake the lock from it once it is handed over.
+    """
 
     record: LockRecord
+    superseded: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,8 @@ def _owned_by(
         owner_instance=instance,
         waiter_ttl=None,
         waiter_instance=None,
+        waiter_request=None,
+        declined=False,
     )
 
 
@@ -190,6 +205,40 @@ def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
     return Write(write.kind, r, write.if_generation_match)
 
 
+def suspect_lease(record: LockRecord | None, observed_at: float, policy: Policy) -> bool:
+    """Whether the owner's ``expiresAt`` lies further ahead of ``observed_at`` than its ttl and the skew allow.
+
+    No owner writes that (a lease is ``now + ttl`` when sent); a hand-made
+    record, a host whose clock was years ahead, or a bug did. Such a lease is
+    not trusted for its length: see :func:`lease_end`.
+    """
+    if record is None or record.owner_id is None or record.expires_at is None:
+        return False
+    return record.expires_at > observed_at + _writers_ttl(record) + policy.max_clock_skew
+
+
+def _writers_ttl(record: LockRecord) -> float:
+    """The ttl the owner's lease was written with: the record's, or for a record of the original design
+    (no ``ttl`` field) the longest any writer may use (``MAX_TTL``, a week), never the reader's own: a
+    writer with a longer ttl than ours renews less often, and its lease is live all the same."""
+    return record.ttl if record.ttl is not None else MAX_TTL
+
+
+def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float | None:
+    """When the owner's lease ends, for a contender that first saw it (owner, token, expiresAt) at ``observed_at``.
+
+    ``expiresAt``, unless it is suspect (:func:`suspect_lease`): then the
+    reader's own observation bounds it, as client-go's ``observedTime`` does,
+    at ``observed_at + ttl`` (and contenders add the skew, as for any lease).
+    A live owner renews, which moves ``expiresAt`` and starts a new
+    observation, so only a lease nobody renews runs out this way. Nothing is rewritten: the
+    lease is taken only by the usual conditional write once it has ended.
+    """
+    if suspect_lease(record, observed_at, policy):
+        return observed_at + _writers_ttl(record)
+    return record.expires_at
+
+
 def decide_acquire(
     record: LockRecord | None,
     generation: int,
@@ -199,12 +248,21 @@ def decide_acquire(
     policy: Policy,
     nonce: str,
     waiting: bool,
+    request: WaiterRequest = ASKING,
+    observed_at: float | None = None,
 ) -> Decision:
     """The next step of ``acquire()``. ``me.label`` goes into the record beside our id (as owner or waiter).
 
     ``waiting`` says whether we registered as the waiter during this acquire
     (a record naming us, this very instance, as owner then means the owner
-    handed the lock to us).
+    handed the lock to us). ``request`` is what we want as waiter: whether
+    the holder is asked, and our rank for the slot. A request that outranks
+    the live waiter's (higher priority; at equal priority, asking over
+    patient) takes the slot from it while the owner is live; an equal or lower
+    one never does (see docs/design.md, *Sharing the slot*). ``observed_at`` is when this acquire first read
+    the owner's lease as it stands (owner, token, ``expiresAt``; a waiter's
+    writes do not change it), ``now`` if not given: it bounds a suspect
+    lease (:func:`lease_end`).
     """
     instance, label = me.instance, me.label
     if record is None:
@@ -238,6 +296,7 @@ def decide_acquire(
                 waiter_ttl=record.waiter_ttl,
                 waiter_instance=record.waiter_instance,
                 waiter_label=record.waiter_label,
+                waiter_request=record.waiter_request,
             )
         return Write(Kind.RETAKE, taken, generation)
 
@@ -251,11 +310,13 @@ def decide_acquire(
         # (below, Contended), so two live twins never take the slot back and forth.
         mine = True
     other_waiter_live = record.waiter_live(now, skew) and not mine
+    superseded = other_waiter_live and waiting and record.waiting_owner_id == me.owner_id
 
-    if not record.owner_live(now, skew):
+    end = lease_end(record, now if observed_at is None else observed_at, policy)
+    if record.owner_id is None or end is None or now > end + skew:
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
-            return Contended(record)  # the live waiter has priority; only it may take the lock
+            return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
         return Write(
             Kind.TAKE,
             _owned_by(record, me.owner_id, policy.ttl, now, next_token(record, now), nonce, instance, label),
@@ -264,7 +325,7 @@ def decide_acquire(
 
     # A live owner holds it.
     if mine and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance):
-        # Reclaiming an earlier incarnation's slot: write our instance (and a fresh slot) into it.
+        # Reclaiming an earlier incarnation's slot: write our instance, our request (and a fresh slot) into it.
         return Write(
             Kind.BECOME_WAITER,
             record.replace(
@@ -273,6 +334,8 @@ def decide_acquire(
                 waiter_ttl=policy.ttl,
                 waiter_instance=instance,
                 waiter_label=label,
+                waiter_request=None if request == ASKING else request,
+                declined=False,
             ),
             generation,
         )
@@ -283,8 +346,10 @@ def decide_acquire(
                 Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation
             )
         return Wait(f"waiting for {record.owner_id} to release or hand off")
-    if other_waiter_live:
-        return Contended(record)
+    if superseded or (other_waiter_live and request.rank <= record.request.rank):
+        return Contended(record, superseded)
+    # The slot is empty or expired, or ours outranks the live waiter's request: take the slot.
+    # The displaced waiter finds the slot taken at its next poll and waits for it again.
     return Write(
         Kind.BECOME_WAITER,
         record.replace(
@@ -294,8 +359,25 @@ def decide_acquire(
             waiter_ttl=policy.ttl,
             waiter_instance=instance,
             waiter_label=label,
+            waiter_request=None if request == ASKING else request,
+            declined=False,
         ),
         generation,
+    )
+
+
+def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
+    """Whether ``record``, owned by someone else, names this very instance (``me``) as its waiter.
+
+    An acquire that has not yet seen its registration asks this of each read:
+    a registration whose reply was lost, after which the record moved on
+    before we read it back, landed all the same, and we are the waiter.
+    """
+    return (
+        record is not None
+        and record.owner_id != me.owner_id
+        and record.waiting_owner_id == me.owner_id
+        and record.waiter_instance == me.instance
     )
 
 
@@ -331,9 +413,11 @@ def decide_give_up_wait(
             waiter_ttl=None,
             waiter_instance=None,
             waiter_label=None,
+            waiter_request=None,
+            declined=False,
             nonce=nonce,
         ),
-        generation,
+        buggify.match(buggify.GIVE_UP_WITHOUT_MATCH, generation),
     )
 
 
@@ -347,12 +431,19 @@ def decide_renew(
     policy: Policy,
     nonce: str,
 ) -> Decision:
-    """Push our lease forward, keeping the waiter fields exactly as read."""
+    """Push our lease forward, keeping the waiter fields exactly as read.
+
+    A holder that does not yield (``me.yields`` False) writes that it declines
+    the live asking waiter's request (``declinedWaiter``), so ``status`` can
+    say so; one that yields never claims a decline.
+    """
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
-    return Write(Kind.RENEW, record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce), generation)
+    declined = not me.yields and _asking_waiter(record, me, now) is not None
+    renewed = record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce, declined=declined)
+    return Write(Kind.RENEW, renewed, buggify.match(buggify.UNCONDITIONAL_RENEWAL, generation))
 
 
 def decide_release(
@@ -390,7 +481,8 @@ def decide_release(
     if lost is not None:
         return lost
     assert record is not None
-    if record.waiter_live(now) and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
+    live = record.waiter_live(now) or (buggify.on(buggify.HANDOFF_TO_EXPIRED_SLOT) and bool(record.waiting_owner_id))
+    if live and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
         assert record.waiting_owner_id is not None
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
@@ -399,18 +491,25 @@ def decide_release(
             record.waiting_owner_id,
             record.waiter_ttl or policy.ttl,
             now,
-            next_token(record, now),
+            record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now),
             nonce,
             record.waiter_instance,
             record.waiter_label,
         )
-        return Write(Kind.HANDOFF, heir_record, generation)
-    freed = record.replace(owner_id=None, expires_at=None, owner_instance=None, owner_label=None, nonce=nonce)
+        return Write(Kind.HANDOFF, heir_record, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
+    freed = record.replace(
+        owner_id=None, expires_at=None, owner_instance=None, owner_label=None, declined=False, nonce=nonce
+    )
     if not record.waiter_live(now, policy.max_clock_skew):
         freed = freed.replace(
-            waiting_owner_id=None, waiter_expires_at=None, waiter_ttl=None, waiter_instance=None, waiter_label=None
+            waiting_owner_id=None,
+            waiter_expires_at=None,
+            waiter_ttl=None,
+            waiter_instance=None,
+            waiter_label=None,
+            waiter_request=None,
         )
-    return Write(Kind.FREE, freed, generation)
+    return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
 
 
 @dataclass(frozen=True)
@@ -422,15 +521,26 @@ class WaiterSeen:
 
 
 def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: float) -> Lost | WaiterSeen | None:
-    """The owner's read-only check: still mine? Is someone waiting?"""
+    """The owner's read-only check: still mine? Is someone waiting and asking?
+
+    A patient waiter (``waiterRequest.asks`` false) is not a request: it is
+    seen as no waiter here, so the holder is never told of it (the release
+    still hands the lock to it, being the waiter).
+    """
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
+    return _asking_waiter(record, me, now)
+
+
+def _asking_waiter(record: LockRecord, me: Me, now: float) -> WaiterSeen | None:
+    """The live waiter other than us, by the owner's clock, if it asks for the lock."""
     if (
         record.waiting_owner_id is not None
         and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance)
         and record.waiter_live(now)
+        and record.request.asks
     ):
         assert record.waiter_expires_at is not None
         return WaiterSeen(record.waiting_owner_id, record.waiter_expires_at)
@@ -438,11 +548,15 @@ def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: floa
 
 
 def _check_still_mine(record: LockRecord | None, me: Me, token: int) -> Lost | None:
+    if buggify.on(buggify.TRUST_A_READ) and record is not None:
+        return None
     if record is None:
         return Lost("the lock object was deleted", None)
     if record.owner_id != me.owner_id:
         who = "nobody" if record.owner_id is None else repr(record.owner_id)
         return Lost(f"the lock is now owned by {who}", record)
+    if buggify.on(buggify.STILL_MINE_BY_ID):
+        return None
     if record.token != token:
         return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
     if not _is(record.owner_id, record.owner_instance, me.owner_id, me.instance):

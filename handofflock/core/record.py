@@ -23,6 +23,15 @@ writer takes the lock or the slot (writing its own instance, or none) the old
 label stops counting instead of naming the wrong job. A label that is not of
 that shape is corrupt, like any other field.
 
+Two more, bound the same way to the places they speak of: ``waiterRequest``
+(``{"asks": false, "priority": 0, "id": ..., "instance": ...}``: a patient
+waiter, which waits without asking the holder to leave, and the rank its
+request has for the single slot) and ``declinedWaiter`` (``{"id", "instance",
+"owner", "ownerInstance"}``: the holder saw that waiter's request and declined
+it). Each counts only while the waiter (and, for a decline, the owner) it
+names is still the one in place; otherwise it reads as absent: a waiter
+written by an older version asks, at priority 0, as that version's waiters do.
+
 The first four fields are the original design's and the only required ones: a
 record written by another implementation with just those four is read
 correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields are kept and
@@ -56,6 +65,8 @@ MAX_LABEL_LENGTH = 256
 MAX_NONCE_LENGTH = 128
 #: Tokens are signed 64-bit so every fenced resource (SQL BIGINT, Go int64) can store them.
 MAX_TOKEN = 2**63 - 1
+#: The range of a waiter's priority (a signed 32-bit integer, as Apache Helix's lock priorities are ints).
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 #: Most bytes unknown fields may take, encoded. The known fields take under 5 KiB
 #: even at their longest, so a record the lock writes back always fits the cap.
 #: Records larger than this are refused without being read further.
@@ -76,6 +87,8 @@ _KNOWN = (
     "waiterInstance",
     "ownerLabel",
     "waiterLabel",
+    "waiterRequest",
+    "declinedWaiter",
 )
 _REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
 
@@ -108,6 +121,31 @@ class Label:
 
 
 @dataclass(frozen=True)
+class WaiterRequest:
+    """What a waiter asks of the holder: ``asks`` (False: a patient waiter, the holder is never told),
+    and its ``priority`` for the single waiter slot (higher takes the slot from lower; see :attr:`rank`)."""
+
+    asks: bool = True
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.asks, bool):
+            raise ConfigurationError(f"request_release must be True or False, got {self.asks!r}")
+        p = self.priority
+        if isinstance(p, bool) or not isinstance(p, int) or not MIN_PRIORITY <= p <= MAX_PRIORITY:
+            raise ConfigurationError(f"priority must be an integer in [-2**31, 2**31-1], got {p!r}")
+
+    @property
+    def rank(self) -> tuple[int, bool]:
+        """Order of requests for the slot: priority first, then an asking request above a patient one."""
+        return (self.priority, self.asks)
+
+
+#: What a waiter without a ``waiterRequest`` wants (every waiter of older versions): it asks, at priority 0.
+ASKING = WaiterRequest()
+
+
+@dataclass(frozen=True)
 class LockRecord:
     """What the lock object says. Immutable; derive changed copies with :meth:`replace`.
 
@@ -129,6 +167,8 @@ class LockRecord:
     version: int = RECORD_VERSION
     owner_label: Label | None = None
     waiter_label: Label | None = None
+    waiter_request: WaiterRequest | None = None
+    declined: bool = False  # the owner in place declined the request of the waiter in place
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
 
@@ -145,6 +185,11 @@ class LockRecord:
             and self.waiter_expires_at is not None
             and now <= self.waiter_expires_at + skew
         )
+
+    @property
+    def request(self) -> WaiterRequest:
+        """What the waiter in place wants (:data:`ASKING` when the record does not say)."""
+        return self.waiter_request or ASKING
 
     def replace(self, **changes: Any) -> LockRecord:
         """A copy with ``changes`` applied; always written as the current version."""
@@ -176,6 +221,21 @@ class LockRecord:
             doc["ownerLabel"] = _label_json(self.owner_label, self.owner_instance, self.owner_id)
         if self.waiter_label is not None and self.waiting_owner_id is not None:
             doc["waiterLabel"] = _label_json(self.waiter_label, self.waiter_instance, self.waiting_owner_id)
+        if self.waiter_request not in (None, ASKING) and self.waiting_owner_id is not None:
+            assert self.waiter_request is not None
+            doc["waiterRequest"] = {
+                "asks": self.waiter_request.asks,
+                "priority": self.waiter_request.priority,
+                "id": self.waiting_owner_id,
+                "instance": self.waiter_instance,
+            }
+        if self.declined and self.waiting_owner_id is not None and self.owner_id is not None:
+            doc["declinedWaiter"] = {
+                "id": self.waiting_owner_id,
+                "instance": self.waiter_instance,
+                "owner": self.owner_id,
+                "ownerInstance": self.owner_instance,
+            }
         for k, v in self.extra.items():
             if k not in doc:
                 doc[k] = v
@@ -279,6 +339,8 @@ class LockRecord:
 
         owner_label = _opt_label(doc.get("ownerLabel"), "ownerLabel", owner_instance, owner, corrupt)
         waiter_label = _opt_label(doc.get("waiterLabel"), "waiterLabel", waiter_instance, waiter, corrupt)
+        waiter_request = _opt_request(doc.get("waiterRequest"), waiter_instance, waiter, corrupt)
+        declined = _declined(doc.get("declinedWaiter"), (waiter, waiter_instance, owner, owner_instance), corrupt)
 
         extra = {k: v for k, v in doc.items() if k not in _KNOWN}
         if extra:
@@ -312,6 +374,8 @@ class LockRecord:
             version,
             owner_label,
             waiter_label,
+            waiter_request,
+            declined,
             extra,
             legacy,
         )
@@ -447,6 +511,39 @@ def _opt_label(value: Any, name: str, instance: str | None, holder: str | None, 
         # longer says who is there. The id it was written for must still be the one in place.
         return None
     return Label(value["text"], grace)
+
+
+def _opt_request(value: Any, instance: str | None, holder: str | None, corrupt: Any) -> WaiterRequest | None:
+    """``waiterRequest`` as read: checked strictly; None when absent or written for a waiter no longer there."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"asks", "priority", "id", "instance"}:
+        raise corrupt("'waiterRequest' must be an object with exactly 'asks', 'priority', 'id' and 'instance'")
+    if not isinstance(value["asks"], bool):
+        raise corrupt(f"'waiterRequest.asks' must be true or false, got {_json_type(value['asks'])}")
+    priority = value["priority"]
+    if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise corrupt(f"'waiterRequest.priority' must be an integer in [-2**31, 2**31-1], got {_json_type(priority)}")
+    of = _opt_instance(value["instance"], "waiterRequest.instance", corrupt)
+    written_for = _opt_id(value["id"], "waiterRequest.id", corrupt)
+    if holder is None or of != instance or written_for != holder:
+        return None  # an older writer replaced that waiter and kept this as an unknown field
+    return WaiterRequest(value["asks"], priority)
+
+
+def _declined(value: Any, now_in_place: tuple[str | None, str | None, str | None, str | None], corrupt: Any) -> bool:
+    """``declinedWaiter`` as read: True only while the waiter and the owner it names are both still in place."""
+    if value is None:
+        return False
+    if not isinstance(value, dict) or set(value) != {"id", "instance", "owner", "ownerInstance"}:
+        raise corrupt("'declinedWaiter' must be an object with exactly 'id', 'instance', 'owner' and 'ownerInstance'")
+    named = (
+        _opt_id(value["id"], "declinedWaiter.id", corrupt),
+        _opt_instance(value["instance"], "declinedWaiter.instance", corrupt),
+        _opt_id(value["owner"], "declinedWaiter.owner", corrupt),
+        _opt_instance(value["ownerInstance"], "declinedWaiter.ownerInstance", corrupt),
+    )
+    return named[0] is not None and named[2] is not None and named == now_in_place
 
 
 def _opt_instance(value: Any, name: str, corrupt: Any) -> str | None:

@@ -35,3 +35,13 @@ def when(ts: float | None, now: float) -> str:
     if ts is None or stamp is None:
         return "never"
     return f"{stamp} ({'in ' + age(ts - now) if ts >= now else age(now - ts) + ' ago'})"
+
+
+def who(ident: str | None, label: str | None) -> str:
+    """A party as people know it: ``label (id)``, the id alone without a label, ``nobody`` for None.
+
+    What ``handofflock status`` shows; errors and ``run``'s messages say the same.
+    """
+    if ident is None:
+        return "nobody"
+    return f"{label} ({ident})" if label else ident

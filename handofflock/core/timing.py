@@ -23,6 +23,13 @@ GCS, 0 elsewhere):
   defaults); docs/design.md has the table of what each ttl survives;
 * ``waiter_ttl >= 2 * waiter_poll_interval`` and ``waiter_ttl / 2 >= s``: a
   waiter refreshes its slot at half-life, by a poll and a write.
+* every request the lock sends ends within :attr:`Timing.request_timeout`,
+  ``(renew_deadline - renew_interval) / 2``: a renewal sent with that much of
+  its window left that stalls (a read or write that hangs, a slow credentials
+  refresh) is cut off with as long again left for one more try. A store's
+  own ``request_timeout`` given longer than that is refused
+  (:meth:`Timing.check_request_timeout`); left at its default, the lock
+  bounds its own requests to it.
 
 Defaults: ``renew_interval = max(ttl / 8, s)``, ``renew_deadline = ttl / 2``,
 ``waiter_ttl = ttl``. On GCS that makes 5 s the shortest ttl.
@@ -70,6 +77,27 @@ class Timing:
     def margin(self) -> float:
         """How long before its lease runs out (for others) an owner stops calling itself healthy."""
         return self.ttl - self.renew_deadline
+
+    @property
+    def request_timeout(self) -> float:
+        """The longest one request of the lock's may take: ``(renew_deadline - renew_interval) / 2``.
+
+        A renewal goes out when ``renew_deadline - renew_interval`` of its
+        validity is left. If it stalls, it is cut off here, which leaves as
+        long again for one more request before the owner must call itself lost.
+        """
+        return (self.renew_deadline - self.renew_interval) / 2
+
+    def check_request_timeout(self, seconds: float | None, where: str) -> None:
+        """Refuse a store ``request_timeout`` (``seconds``; None: the store's default) the lease cannot wait out."""
+        if seconds is not None and seconds > self.request_timeout:
+            raise ConfigurationError(
+                f"request_timeout={seconds:g} s on {where} is too long for this lock: a renewal that stalls must be "
+                f"cut off with time left for one more try before renew_deadline, so a request may take at most "
+                f"(renew_deadline - renew_interval) / 2 = {self.request_timeout:g} s here "
+                f"(renew_deadline={self.renew_deadline:g}, renew_interval={self.renew_interval:g}); pass a shorter "
+                "request_timeout, a longer ttl, or none (the lock then bounds its own requests to that)"
+            )
 
     def backoff_until(self, valid_until: float) -> float:
         """The latest time a renewal of a lease valid until ``valid_until`` may wait out a 429's backoff.

@@ -282,9 +282,11 @@ class RankLock:
         self.decision = decision
         lock = self.lock
         if lock is not None:
-            if not done.is_set():
-                lock.cancel()  # the acquire gives the waiter slot back and returns
-            done.wait()
+            while not done.is_set():
+                # The acquire gives the waiter slot back and returns. Repeated until it does: a cancel()
+                # that comes before the thread's acquire has begun is dropped (issue 24, item 11).
+                lock.cancel()
+                done.wait(0.05)
             if outcome.get("ok") is True and lock.is_held:  # the lock came just now: pass it on
                 try:
                     lock.release()

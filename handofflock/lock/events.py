@@ -4,6 +4,15 @@ Connect with ``sender=lock`` to hear about one lock, or without a sender to hear
 about all of them. Receivers run on the thread that noticed the event (usually
 the background scheduler); one that raises is logged and the others still run.
 
+Receivers are kept **strongly** by default (``weak=False``), unlike a plain
+blinker signal: a lambda or a closure (the usual way to bind a trainer's state)
+stays connected after the line that connected it, instead of vanishing
+silently at the next garbage collection. Disconnect it when done, or pass
+``weak=True`` for blinker's behaviour. A receiver connected with
+``sender=lock`` still goes when that lock goes, as long as the receiver itself
+does not keep the lock alive (take the lock from the ``sender`` argument
+rather than closing over it).
+
 ==========================  ====================================================
 ``on_release_requested``    someone wants the lock: ``request`` (a
                             :class:`~handofflock.ReleaseRequest`), and its fields
@@ -39,23 +48,37 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from blinker import Namespace, Signal
+from blinker import ANY, NamedSignal, Signal
 
-_ns = Namespace()
+F = TypeVar("F", bound=Callable[..., Any])
 
-on_release_requested: Signal = _ns.signal(
+
+class StrongSignal(NamedSignal):
+    """A blinker signal whose :meth:`connect` keeps receivers strongly unless told ``weak=True``.
+
+    Blinker keeps receivers weakly by default, so ``connect(lambda ...)`` or a
+    closure is disconnected as soon as nothing else refers to it, without a
+    word; an ``on_renewal_error`` receiver lost that way leaves a job working
+    after its lock is gone. ``connect_via`` already defaults to strong.
+    """
+
+    def connect(self, receiver: F, sender: Any = ANY, weak: bool = False) -> F:
+        return super().connect(receiver, sender, weak)
+
+
+on_release_requested: Signal = StrongSignal(
     "on_release_requested", doc="A waiter, signal or preemption asks for the lock."
 )
-on_release_withdrawn: Signal = _ns.signal(
+on_release_withdrawn: Signal = StrongSignal(
     "on_release_withdrawn", doc="A waiter's release request went away: the waiter left or its slot expired."
 )
-on_renewal_error: Signal = _ns.signal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
-waiting: Signal = _ns.signal("waiting", doc="We registered as the single waiter.")
-acquired: Signal = _ns.signal("acquired", doc="The lock was acquired (or handed to us).")
-released: Signal = _ns.signal("released", doc="The lock was released (handed off or freed).")
-lost: Signal = _ns.signal("lost", doc="The lock is no longer safely held.")
+on_renewal_error: Signal = StrongSignal("on_renewal_error", doc="Renewal failed for good; the lock is unhealthy.")
+waiting: Signal = StrongSignal("waiting", doc="We registered as the single waiter.")
+acquired: Signal = StrongSignal("acquired", doc="The lock was acquired (or handed to us).")
+released: Signal = StrongSignal("released", doc="The lock was released (handed off or freed).")
+lost: Signal = StrongSignal("lost", doc="The lock is no longer safely held.")
 
 _log = logging.getLogger("handofflock.lock.events")
 

@@ -240,7 +240,7 @@ def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
         slot = record.waiter_ttl or lock.waiter_ttl
         registered = record.waiter_expires_at - slot
         instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
-    except Exception:  # raised into _note_waiter, it would hide the waiter from the owner for good
+    except Exception:  # raised into the request book's note_waiter, it would hide the waiter from the owner for good
         _instrument_failed("waiter_noticed")
 
 

@@ -1,4 +1,7 @@
-"""The constructor's options: the timing (keywords or one :class:`Timing`), the owner id and the label.
+"""The constructor's options: the timing (keywords or one :class:`Timing`), the owner id, the label, the store.
+
+What each keyword means is written once, at :class:`LockOptions`, for both
+the lock and the async lock.
 
 No I/O happens in a lock's constructor, but everything it was given is
 validated there, once, with a message that says what to change. Kept apart
@@ -11,14 +14,16 @@ keywords are read back as :class:`TimingViews` (``lock.ttl`` is
 
 from __future__ import annotations
 
+import os
 from typing import Any, TypedDict
 
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.identity import detect_label
+from ..core.protocol import Policy
 from ..core.record import Label, id_problem, label_problem
 from ..core.timing import Timing
-from ..storage import Storage
+from ..storage import Storage, open_url
 from ..storage.pacing import default_write_interval
 from .primitives import Primitives
 from .types import default_owner_id
@@ -28,7 +33,40 @@ class LockOptions(TypedDict, total=False):
     """HandoffLock's keywords, as one type: ``AsyncHandoffLock(url, **options: Unpack[LockOptions])``.
 
     Kept equal to :class:`~handofflock.lock.handoff.HandoffLock`'s keyword
-    parameters (a test compares them); see its docstring for what each means.
+    parameters (a test compares them), and described here, once, for both locks.
+
+    Timing (seconds): ``ttl`` is the lease; the owner renews every
+    ``renew_interval`` (default ttl/8) and gives the lock up as unhealthy if no
+    renewal succeeded for ``renew_deadline`` (default ttl/2). The owner reads
+    the record every ``waiter_check_interval`` to notice a waiter; a waiter
+    reads it every ``waiter_poll_interval`` and holds its slot for
+    ``waiter_ttl`` (default ttl), refreshing it at half-life. A lease counts
+    as expired for others only ``max_clock_skew`` after its ``expiresAt``.
+    ``min_write_interval`` spaces writes to the object from this process
+    (default 1.0 on GCS, whose per-object write rate is about 1/s; 0 elsewhere).
+    Or pass them all as one ``timing=``, a :class:`~handofflock.Timing`.
+    With ``wait_for_slot=True`` a blocking acquire that finds another live
+    waiter keeps polling for the slot instead of raising :class:`LockContended`
+    (an acquire with a ``timeout``, or a patient one, always does).
+    With ``yield_to_requests=False`` the holder must not be cut short: a
+    waiter's request is declined (written to the record, shown by ``status``
+    as "declined"), ``release_requested`` stays False for it and no
+    ``on_release_requested`` is sent; requests of this process's own (a
+    signal, a preemption notice, :meth:`request_release`) still stand.
+    ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to
+    let a restarted process retake its own lock at once. ``label`` says who
+    this is for people (``status`` shows it beside the owner or waiter id): a
+    string, a :class:`~handofflock.core.record.Label`, or by default what
+    :func:`~handofflock.core.identity.detect_label` finds (host, pid, pod,
+    Slurm job, torchrun rank).
+
+    What the lock is built from can be passed in, for tests and simulations:
+    ``clock`` (wall and monotonic time, waits), ``scheduler`` (what runs the
+    renewals and waiter checks; by default one per process), ``storage`` and
+    ``key`` (instead of a URL), and ``primitives``, a
+    :class:`~handofflock.lock.primitives.Primitives` whose factories make
+    every mutex, event, thread-local and thread the lock and its parts use
+    (default: :mod:`threading`).
     """
 
     ttl: float
@@ -40,6 +78,7 @@ class LockOptions(TypedDict, total=False):
     max_clock_skew: float
     min_write_interval: float | None
     wait_for_slot: bool
+    yield_to_requests: bool
     owner_id: str | None
     label: str | Label | None
     clock: Clock | None
@@ -48,6 +87,7 @@ class LockOptions(TypedDict, total=False):
     key: str | None
     timing: Timing | None
     primitives: Primitives | None
+    release_at_exit: bool | None
 
 
 #: The timing keywords of HandoffLock and their defaults (None: derived from ttl, or from the store).
@@ -121,11 +161,29 @@ def timing_of(storage: Storage, timing: Timing | None, keywords: dict[str, float
             raise ConfigurationError(f"timing must be a handofflock.Timing, got {type(timing).__name__}")
         if given:
             raise ConfigurationError(f"pass timing= or the timing keywords, not both (got {', '.join(given)})")
-        return timing
-    kw = dict(keywords)
-    if kw["min_write_interval"] is None:
-        kw["min_write_interval"] = default_write_interval(storage)
-    return Timing.build(**kw)  # type: ignore[arg-type]
+    else:
+        kw = dict(keywords)
+        if kw["min_write_interval"] is None:
+            kw["min_write_interval"] = default_write_interval(storage)
+        timing = Timing.build(**kw)  # type: ignore[arg-type]
+    explicit = getattr(storage, "explicit_request_timeout", None)
+    timing.check_request_timeout(explicit, getattr(storage, "url", "the store"))
+    return timing
+
+
+def policy_of(timing: Timing) -> Policy:
+    """The timing the protocol's decisions need, taken from the lock's one :class:`Timing`."""
+    return Policy(ttl=timing.ttl, waiter_ttl=timing.waiter_ttl, max_clock_skew=timing.max_clock_skew)
+
+
+def store_of(url: str | os.PathLike[str], storage: Storage | None, key: str | None) -> tuple[Storage, str, str]:
+    """``(storage, key, url)``: the store and key given (both, or neither), or those the URL names (no I/O)."""
+    if storage is not None:
+        if key is None:
+            raise ConfigurationError("pass key= together with storage=")
+        return storage, key, f"{getattr(storage, 'url', storage)}/{key}"
+    storage, key = open_url(url)
+    return storage, key, os.fspath(url)
 
 
 def owner_id_of(owner_id: str | None) -> str:

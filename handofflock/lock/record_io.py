@@ -22,6 +22,7 @@ from ..core.clock import Clock
 from ..core.protocol import Policy, Write
 from ..core.record import LockRecord, new_nonce
 from ..storage import MAX_RECORD_BYTES, Storage
+from ..storage.base import requests_within
 from ..storage.cas import read_retrying, write_resolving
 from ..storage.pacing import WriteGate, gate_for
 from .primitives import Mutex
@@ -49,12 +50,15 @@ class RecordIO:
         mutex: Mutex,
         interrupted: Callable[[float], bool],
         who: str,
+        request_timeout: float | None = None,
     ) -> None:
         self.storage, self.key, self.url = storage, key, url
         #: Serialises this lock's storage operations (and the transitions that make them).
         self.mutex = mutex
         self._clock, self._policy, self._min_write_interval = clock, policy, min_write_interval
         self._interrupted, self._who = interrupted, who
+        #: Each request to the store ends within this (the lock's Timing.request_timeout).
+        self.request_timeout = request_timeout
         self._gate: WriteGate | None = None
 
     def gate(self) -> WriteGate:
@@ -66,16 +70,20 @@ class RecordIO:
     def read(
         self, deadline: float | None, *, retry: bool = True, interruptible: bool = False
     ) -> tuple[LockRecord | None, int]:
-        """One read (retried on transient errors until ``deadline``), decoded strictly."""
-        found = read_retrying(
-            self.storage,
-            self.key,
-            clock=self._clock,
-            deadline=deadline,
-            max_bytes=MAX_RECORD_BYTES,
-            retry=retry,
-            sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
-        )
+        """One read (retried on transient errors until ``deadline``), decoded strictly.
+
+        Needs no mutex: a read changes nothing. Each request ends within :attr:`request_timeout`.
+        """
+        with requests_within(self.request_timeout):
+            found = read_retrying(
+                self.storage,
+                self.key,
+                clock=self._clock,
+                deadline=deadline,
+                max_bytes=MAX_RECORD_BYTES,
+                retry=retry,
+                sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
+            )
         if found is None:
             return None, 0
         data, generation = found
@@ -85,6 +93,11 @@ class RecordIO:
         """An acquire's poll: one interruptible read under the I/O mutex."""
         with self.mutex:
             return self.read(deadline, interruptible=True)
+
+    def write_locked(self, write: Write, deadline: float | None) -> tuple[Write, int, float, float]:
+        """An acquire's write: :meth:`write_lease` under the I/O mutex, its retries interruptible."""
+        with self.mutex:
+            return self.write_lease(write, deadline, interruptible=True)
 
     def read_to_write(
         self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False
@@ -113,6 +126,7 @@ class RecordIO:
         *,
         retry: bool = True,
         urgent: bool = False,
+        send_by: float | None = None,
         interruptible: bool = False,
     ) -> tuple[Write, int, float, float]:
         """Make ``write``, its lease or slot stamped at the send of each attempt. Call with the mutex held.
@@ -121,6 +135,8 @@ class RecordIO:
         time of its send)``: a lease is counted from the send of the write that
         made it, never from when the operation began (a wait for the write
         gate, or retries after a 503 or a 429, come before the stamp).
+        ``send_by`` (monotonic): past it, a 429's widened spacing no longer holds
+        an urgent write back (see :meth:`~handofflock.core.timing.Timing.backoff_until`).
         Raises PreconditionFailed when the record moved on (the caller reads and decides again).
         """
         attempts: dict[str, tuple[Write, float, float]] = {}
@@ -137,20 +153,22 @@ class RecordIO:
         def is_ours(data: bytes) -> bool:
             return LockRecord.decode(data, key=self.key, url=self.url).nonce in attempts
 
-        generation, read_back = write_resolving(
-            self.storage,
-            self.key,
-            stamp,
-            if_generation_match=write.if_generation_match,
-            is_ours=is_ours,
-            clock=self._clock,
-            deadline=deadline,
-            max_bytes=MAX_RECORD_BYTES,
-            gate=self.gate(),
-            urgent=urgent,
-            retry=retry,
-            sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
-        )
+        with requests_within(self.request_timeout):
+            generation, read_back = write_resolving(
+                self.storage,
+                self.key,
+                stamp,
+                if_generation_match=write.if_generation_match,
+                is_ours=is_ours,
+                clock=self._clock,
+                deadline=deadline,
+                max_bytes=MAX_RECORD_BYTES,
+                gate=self.gate(),
+                urgent=urgent,
+                send_by=send_by,
+                retry=retry,
+                sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
+            )
         landed = attempts[sent[-1]]
         if read_back is not None:
             landed = attempts.get(LockRecord.decode(read_back, key=self.key, url=self.url).nonce or "", landed)

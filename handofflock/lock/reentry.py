@@ -60,6 +60,10 @@ class ReentryGuard:
                     for callback in then:
                         callback()
 
+    def nested(self) -> bool:
+        """Whether this thread is inside the lock's operations more than once (a re-entrant call)."""
+        return getattr(self._tls, "depth", 0) > 1
+
     def then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
 

@@ -13,6 +13,13 @@ another): the book is written so that such a race never hides a request, and
 it never takes a lock (a signal handler calls :meth:`RequestBook.request`).
 A hold that ends, however it ends, takes its requests with it
 (:meth:`RequestBook.end_hold`).
+
+A holder that does not yield (``yields=False``: ``yield_to_requests=False``,
+``handofflock run --no-yield``) notes each waiter's request and declines it:
+no request stands for it, so ``release_requested`` stays False and no
+``on_release_requested`` is sent; the renewal writes the decline into the
+record (``declinedWaiter``) for others to see. A signal's, a preemption
+notice's or an operator's request is this process's own and still stands.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Callable
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
+from ..core.record import ASKING, LockRecord, WaiterRequest
 from .types import ReleaseRequest, RequestReason, Withdrawn
 
 _log_renew = logging.getLogger("handofflock.renew")
@@ -51,6 +59,24 @@ def checked_request(reason: RequestReason | str, deadline: float | None) -> Requ
     return why
 
 
+def acquire_request(blocking: object, timeout: object, request_release: object, priority: object) -> WaiterRequest:
+    """Check ``acquire()``'s arguments before any I/O; what we would ask as waiter."""
+    if not isinstance(blocking, bool):
+        raise ConfigurationError(f"blocking must be True or False, got {blocking!r}")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ConfigurationError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        if not timeout >= 0:  # also refuses NaN
+            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if not blocking:
+            # threading.Lock.acquire refuses this too: a non-blocking acquire never waits.
+            raise ConfigurationError(
+                f"blocking=False never waits, so timeout={timeout!r} would be ignored: pass one or the other"
+            )
+    request = WaiterRequest(request_release, priority)  # type: ignore[arg-type]  # checked there
+    return ASKING if request == ASKING else request
+
+
 def most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
     """The request with the earliest deadline (one without a deadline last; the first of equals)."""
     best: ReleaseRequest | None = None
@@ -65,8 +91,10 @@ def most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
 class RequestBook:
     """The requests that stand for one lock. Plain attributes, each written atomically: no lock taken."""
 
-    def __init__(self, clock: Clock, notice: Callable[[ReleaseRequest | Withdrawn], None], *, who: str) -> None:
-        self._clock, self._notice, self._who = clock, notice, who
+    def __init__(
+        self, clock: Clock, notice: Callable[[ReleaseRequest | Withdrawn], None], *, who: str, yields: bool = True
+    ) -> None:
+        self._clock, self._notice, self._who, self._yields = clock, notice, who, yields
         self.end_hold()
         self._notified: set[str] = set()  # waiters already announced while we hold the lock
 
@@ -112,15 +140,23 @@ class RequestBook:
         self._notice(Withdrawn(request))
 
     def note_waiter(
-        self, seen: WaiterSeen | None, instance: str | None, *, url: str, noticed: Callable[[], None]
+        self,
+        seen: WaiterSeen | None,
+        record: LockRecord | None,
+        *,
+        url: str,
+        noticed: Callable[[LockRecord, float], None],
     ) -> None:
-        """The owner's check saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
+        """The owner's read of ``record`` saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
 
-        ``instance`` is the waiter's instance as the record names it (a waiter
+        A waiter is its id and its instance as the record names it (a waiter
         replaced by another instance under the same id has gone). ``noticed``
-        runs when a waiter is announced, before its request is noted.
+        runs with the record and the wall time when a waiter is announced,
+        before its request is noted. No record (nothing was read) changes nothing.
         """
-        waiter = (seen.waiter_id, instance) if seen is not None else None
+        if record is None:
+            return
+        waiter = (seen.waiter_id, record.waiter_instance) if seen is not None else None
         standing = self._waiter
         if standing is not None and standing[0] != waiter:
             # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
@@ -131,6 +167,11 @@ class RequestBook:
             self.withdraw(standing[1])
         if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
             self._notified.add(seen.waiter_id)
-            noticed()
+            noticed(record, self._clock.time())
+            if not self._yields:
+                _log_renew.info(
+                    "%s: %s asks for %s; declined (this holder does not yield)", self._who, seen.waiter_id, url
+                )
+                return
             _log_renew.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
             self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))

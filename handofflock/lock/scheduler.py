@@ -54,7 +54,7 @@ from typing import Protocol
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
 from ..core.threads import leave_signals_to_the_main_thread, quiet
-from ..storage.base import Storage
+from ..storage.base import Storage, requests_within
 
 _log = logging.getLogger("handofflock.lock.scheduler")
 
@@ -70,6 +70,11 @@ class Scheduled(Protocol):
     @property
     def check_interval(self) -> float:
         """Seconds between waiter checks: the beat of a group of locks checked together."""
+        ...
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one request for the lock may take (a listing for its group is held to the shortest)."""
         ...
 
     @property
@@ -99,7 +104,10 @@ class Scheduled(Protocol):
         ...
 
     def check_against(self, generation: int) -> None:
-        """A waiter check against a listing that shows the object at ``generation`` (0: not listed)."""
+        """A waiter check against a listing that shows the object at ``generation`` (0: not listed: read it).
+
+        May run while :meth:`run_due` runs a renewal: a check never holds one up.
+        """
         ...
 
 
@@ -156,7 +164,8 @@ class Scheduler:
         """No locks, no thread, no workers, new mutexes: a new scheduler, and one in a forked child
         (the parent's locks are not the child's, and its threads do not exist there)."""
         self._locks: dict[int, Scheduled] = {}
-        self._running: set[int] = set()
+        self._running: set[int] = set()  # running run_due(): nothing else of theirs is started
+        self._checking: set[int] = set()  # in a waiter check, which a due renewal does not wait for
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -226,11 +235,21 @@ class Scheduler:
             for lock in locks:
                 if id(lock) in self._running:
                     continue
-                due = lock.next_due_besides_check() if grouped else lock.next_due()
+                due = lock.next_due_besides_check()
                 if due <= now:
                     start(lambda track=True, lock=lock: self._run_one(lock, track), [lock])
-                else:
-                    next_due = min(next_due, due)
+                    continue
+                if not grouped and id(lock) not in self._checking:
+                    # The waiter check is a job of its own: its read may stall, and a renewal that
+                    # falls due meanwhile runs beside it instead of waiting for it (issue 25).
+                    check = lock.next_check_at()
+                    if check <= now:
+                        if track:
+                            self._checking.add(id(lock))
+                        jobs.append((lambda track=True, lock=lock: self._check_one(lock, track), [lock]))
+                        check = math.inf
+                    due = min(due, check)
+                next_due = min(next_due, due)
             if not grouped:
                 continue
             assert gkey is not None
@@ -327,12 +346,26 @@ class Scheduler:
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
+    def _check_one(self, lock: Scheduled, track: bool = True) -> None:
+        """A lone lock's waiter check: one read, made while its renewals go on."""
+        try:
+            lock.check_against(0)
+        except Exception:
+            _log.exception("waiter check of %r raised; carrying on", lock)
+        finally:
+            if track:
+                with self._mutex:
+                    self._checking.discard(id(lock))
+                if lock.next_due() <= self._clock.monotonic() + MAX_IDLE:
+                    self._wake.set()
+
     def _check_group(self, gkey: tuple[int, str], group: _Group, batch: list[Scheduled], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
         try:
             storage, prefix = batch[0].store, gkey[1]
             try:
-                listing = storage.list(prefix)
+                with requests_within(min(lock.request_timeout for lock in batch)):
+                    listing = storage.list(prefix)
             except TransientStorageError as exc:
                 _log.debug(
                     "listing %s in %s failed (%s); skipping one waiter check of %d locks",
@@ -365,12 +398,13 @@ class Scheduler:
                     self._ungrouped.add(gkey)
             for lock in batch:
                 with self._mutex:
-                    if id(lock) in self._running or lock.next_due_besides_check() <= self._clock.monotonic():
+                    busy = id(lock) in self._running or id(lock) in self._checking
+                    if busy or lock.next_due_besides_check() <= self._clock.monotonic():
                         # Busy, or a renewal (or a loss, or signals) fell due while we listed:
                         # its own job covers it (a renewal that meets a new waiter sees it).
                         continue
-                    if track:
-                        self._running.add(id(lock))
+                    if track:  # checking, not running: a renewal due during its read runs beside it
+                        self._checking.add(id(lock))
                 try:
                     lock.check_against(listing.get(lock.key, 0))
                 except Exception:
@@ -378,7 +412,7 @@ class Scheduler:
                 finally:
                     if track:
                         with self._mutex:
-                            self._running.discard(id(lock))
+                            self._checking.discard(id(lock))
         finally:
             if track:
                 with self._mutex:

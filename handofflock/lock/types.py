@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.protocol import Policy, suspect_lease
 from ..core.record import Label, LockRecord
 
 
@@ -82,12 +83,27 @@ class LockStatus:
     record: LockRecord | None = None
     owner_label: Label | None = None
     waiter_label: Label | None = None
+    #: False for a patient waiter: it waits without asking the holder to leave.
+    waiter_asks: bool = True
+    #: The waiter's priority for the single slot (0 unless it said).
+    waiter_priority: int = 0
+    #: The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``).
+    declined: bool = False
+    #: ``expiresAt`` lies further ahead than the record's ttl plus the skew allowance: not trusted.
+    #: Contenders count the lease as ending ttl after they first read this version of the record.
+    lease_suspect: bool = False
 
     @classmethod
-    def of(cls, url: str, record: LockRecord | None, generation: int, now: float) -> LockStatus:
-        """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``."""
+    def of(
+        cls, url: str, record: LockRecord | None, generation: int, now: float, policy: Policy | None = None
+    ) -> LockStatus:
+        """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``.
+
+        ``policy`` (the reader's ttl and skew allowance; default 60 s and 2 s) judges a suspect lease.
+        """
         if record is None:
             return cls(url, False, 0, read_at=now)
+        policy = policy or Policy(ttl=60.0, waiter_ttl=60.0, max_clock_skew=2.0)
         return cls(
             url,
             True,
@@ -104,6 +120,10 @@ class LockStatus:
             record,
             record.owner_label,
             record.waiter_label,
+            record.request.asks,
+            record.request.priority,
+            record.declined,
+            suspect_lease(record, now, policy),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -123,4 +143,8 @@ class LockStatus:
             "ownerLabel": None if self.owner_label is None else self.owner_label.text,
             "waiterLabel": None if self.waiter_label is None else self.waiter_label.text,
             "ownerGrace": None if self.owner_label is None else self.owner_label.grace,
+            "waiterAsks": self.waiter_asks,
+            "waiterPriority": self.waiter_priority,
+            "releaseDeclined": self.declined,
+            "leaseSuspect": self.lease_suspect,
         }

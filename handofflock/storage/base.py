@@ -8,7 +8,10 @@ must not exist".
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 from ..core.errors import ConfigurationError, InvalidKey
@@ -148,3 +151,30 @@ def checked_request_timeout(value: object, timeout: tuple[float, float]) -> floa
     if not positive_number(value):
         raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+_REQUEST_BOUND: contextvars.ContextVar[float | None] = contextvars.ContextVar("handofflock_request_bound", default=None)
+
+
+@contextlib.contextmanager
+def requests_within(seconds: float | None) -> Iterator[None]:
+    """Bound each request of the GCS and S3 stores sent inside the block (this thread) to ``seconds``.
+
+    A store's own ``request_timeout`` (20 s by default on GCS) is the store's,
+    shared by every lock on its bucket; a lock needs its requests to end in
+    time for one more try before its renew deadline
+    (:attr:`~handofflock.core.timing.Timing.request_timeout`), so it sends
+    them inside this block. The shorter bound wins; None leaves the store's.
+    Stores without a timeout of their own (memory, local files) ignore it.
+    """
+    token = _REQUEST_BOUND.set(seconds)
+    try:
+        yield
+    finally:
+        _REQUEST_BOUND.reset(token)
+
+
+def request_limit(own: float) -> float:
+    """The store's ``own`` request timeout, shortened to the bound of an enclosing :func:`requests_within`."""
+    bound = _REQUEST_BOUND.get()
+    return own if bound is None else min(own, bound)

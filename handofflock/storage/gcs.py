@@ -21,10 +21,11 @@ So: a read is one ``GET .../o/KEY?alt=media``, a write one multipart upload
 with ``ifGenerationMatch``, a delete one ``DELETE`` with ``ifGenerationMatch``,
 and a listing one request per page of up to 1000 objects.
 
-Over 400 lines: one class, the store's four operations with their error
-mapping and the client's life (creation, fork, mTLS base URL). The wire (reply
-parsing, error bodies, checked options) is in :mod:`.gcs_http`, and the total
-request deadline in :mod:`.gcs_deadline`.
+This module is one class: the store's four operations, the mapping of
+transport and auth errors, and the client's life (creation, fork, mTLS base
+URL). The wire (reply parsing, error bodies, what an error reply means, checked
+options) is in :mod:`.gcs_http`, and the total request deadline in
+:mod:`.gcs_deadline`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from ..core.errors import (
     ConfigurationError,
     HandoffLockError,
     NotFound,
-    PreconditionFailed,
     StorageError,
     TransientStorageError,
 )
@@ -57,25 +57,25 @@ from . import _BUCKET_RE, gcs_deadline
 from .base import (
     checked_request_timeout,
     checked_timeout,
+    request_limit,
     validate_generation,
     validate_key,
     validate_max_bytes,
     validate_prefix,
 )
 from .gcs_http import (
+    bucket_missing,
     caused_by,
+    check,
     check_length,
     checked_user_project,
-    error_message,
     exc_reason,
     multipart_upload,
     never_connected,
     parse_generation,
     read_body,
     reply_json,
-    retry_after_seconds,
     says_bucket_missing,
-    says_retained,
     verify_crc32c,
 )
 
@@ -140,6 +140,8 @@ class GCSStorage:
         self.url = f"gs://{bucket}"
         self._timeout = checked_timeout(timeout)
         self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
+        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
         self.user_project = checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
@@ -359,7 +361,7 @@ class GCSStorage:
         Past the deadline the connection is shut down (see :mod:`.gcs_deadline`),
         and whatever that breaks is reported as the deadline it is.
         """
-        with gcs_deadline.armed(self._request_timeout) as deadline:
+        with gcs_deadline.armed(request_limit(self._request_timeout)) as deadline:
             try:
                 response = self._send(method, url, params=params, headers=headers, data=data, stream=stream)
                 with contextlib.closing(response):
@@ -379,7 +381,7 @@ class GCSStorage:
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = method in ("POST", "PUT", "PATCH", "DELETE")
         return TransientStorageError(
-            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
+            f"{where}: no complete reply within request_timeout ({request_limit(self._request_timeout):g}s); "
             + ("the request may have been applied" if mutation else "nothing was changed"),
             url=self.url,
             key=key,
@@ -416,7 +418,7 @@ class GCSStorage:
             headers=all_headers,
             data=data,
             # The deadline cannot cut a connection that is still being made: never wait longer for one.
-            timeout=(min(connect, self._request_timeout), read),
+            timeout=(min(connect, request_limit(self._request_timeout)), read),
             stream=stream,
             allow_redirects=False,  # one request per operation, always
         )
@@ -551,72 +553,11 @@ class GCSStorage:
             ) from exc
 
     def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
-        """Return if the response is a success; raise the mapped error otherwise."""
-        status = response.status_code
-        if 200 <= status < 300:
-            return
-        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
-        if status == 412 and key is not None and expected is not None:
-            raise PreconditionFailed(key, expected, url=self.url)
-        message = error_message(response)
-        if status == 409 and key is not None and expected is not None:
-            # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
-            # conflicting concurrent change to the same resource. The request can be retried, though
-            # care should be taken to consider the new state of the resource to avoid blind
-            # replacement of another agent's changes" (cloud.google.com/storage/docs/json_api/v1/
-            # status-codes, 409 Conflict). Our writes and deletes always carry ifGenerationMatch, so
-            # a retry can never replace a change made meanwhile: it fails with 412 instead. Not
-            # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
-            raise TransientStorageError(
-                f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
-                url=self.url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
-            )
-        if status in (408, 429) or status >= 500:
-            raise TransientStorageError(
-                f"{where}: GCS answered {status} ({message})",
-                url=self.url,
-                key=key,
-                status=status,
-                ambiguous=status != 429,  # 429: refused before it was applied
-                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
-            )
-        if status == 401:
-            raise StorageError(
-                f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
-                "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
-                url=self.url,
-                key=key,
-            )
-        if status == 403 and says_retained(response):
-            raise StorageError(
-                f"{where}: GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
-                f"its object on every renewal, which a retention policy, object retention or a hold forbids until "
-                f"the retention period has passed; no IAM role changes that. Put lock objects in a bucket "
-                f"without a retention policy (`gcloud storage buckets describe gs://{self.bucket} "
-                f"--format='default(retention_policy)'` shows it), or remove the hold",
-                url=self.url,
-                key=key,
-            )
-        if status == 403:
-            raise StorageError(
-                f"{where}: permission denied on bucket {self.bucket!r} (403: {message}); check which account "
-                "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket",
-                url=self.url,
-                key=key,
-            )
-        raise StorageError(f"{where}: GCS answered {status} ({message})", url=self.url, key=key)
+        """Return if the response is a success; raise the mapped error otherwise (:func:`.gcs_http.check`)."""
+        check(response, op, key, expected, url=self.url, bucket=self.bucket)
 
     def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
-        return StorageError(
-            f"GCS bucket {self.bucket!r} does not exist (404: {error_message(response)}); create it "
-            f"(`gcloud storage buckets create gs://{self.bucket}`) or check the bucket name in the lock URL",
-            url=self.url,
-            key=key,
-        )
+        return bucket_missing(key, response, url=self.url, bucket=self.bucket)
 
     def __repr__(self) -> str:
         return f"GCSStorage({self.bucket!r})"

@@ -1,4 +1,4 @@
-"""The GCS JSON API on the wire: checked options, upload bodies, replies, errors.
+"""The GCS JSON API on the wire: checked options, upload bodies, replies, and what an error reply means.
 
 Pure functions over ``requests`` replies, apart from :class:`~handofflock.storage.gcs.GCSStorage`
 so that the store reads as its operations. Nothing here keeps state.
@@ -18,7 +18,7 @@ import orjson
 import requests
 import urllib3.exceptions
 
-from ..core.errors import ConfigurationError, StorageError, TransientStorageError
+from ..core.errors import ConfigurationError, PreconditionFailed, StorageError, TransientStorageError
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
     import google_crc32c
@@ -269,3 +269,76 @@ def exc_reason(exc: BaseException) -> str:
     if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
         reason = reason.reason
     return str(reason) or type(reason).__name__
+
+
+def check(
+    response: requests.Response, op: str, key: str | None, expected: int | None = None, *, url: str, bucket: str
+) -> None:
+    """Return if the response is a success; raise the mapped error otherwise."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return
+    where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
+    if status == 412 and key is not None and expected is not None:
+        raise PreconditionFailed(key, expected, url=url)
+    message = error_message(response)
+    if status == 409 and key is not None and expected is not None:
+        # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
+        # conflicting concurrent change to the same resource. The request can be retried, though
+        # care should be taken to consider the new state of the resource to avoid blind
+        # replacement of another agent's changes" (cloud.google.com/storage/docs/json_api/v1/
+        # status-codes, 409 Conflict). Our writes and deletes always carry ifGenerationMatch, so
+        # a retry can never replace a change made meanwhile: it fails with 412 instead. Not
+        # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
+        raise TransientStorageError(
+            f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
+            url=url,
+            key=key,
+            status=status,
+            ambiguous=False,
+            retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+        )
+    if status in (408, 429) or status >= 500:
+        raise TransientStorageError(
+            f"{where}: GCS answered {status} ({message})",
+            url=url,
+            key=key,
+            status=status,
+            ambiguous=status != 429,  # 429: refused before it was applied
+            retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+        )
+    if status == 401:
+        raise StorageError(
+            f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
+            "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
+            url=url,
+            key=key,
+        )
+    if status == 403 and says_retained(response):
+        raise StorageError(
+            f"{where}: GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
+            f"its object on every renewal, which a retention policy, object retention or a hold forbids until "
+            f"the retention period has passed; no IAM role changes that. Put lock objects in a bucket "
+            f"without a retention policy (`gcloud storage buckets describe gs://{bucket} "
+            f"--format='default(retention_policy)'` shows it), or remove the hold",
+            url=url,
+            key=key,
+        )
+    if status == 403:
+        raise StorageError(
+            f"{where}: permission denied on bucket {bucket!r} (403: {message}); check which account "
+            "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket",
+            url=url,
+            key=key,
+        )
+    raise StorageError(f"{where}: GCS answered {status} ({message})", url=url, key=key)
+
+
+def bucket_missing(key: str | None, response: requests.Response, *, url: str, bucket: str) -> StorageError:
+    """The error for a 404 that says the bucket is missing: which bucket, and how to create it."""
+    return StorageError(
+        f"GCS bucket {bucket!r} does not exist (404: {error_message(response)}); create it "
+        f"(`gcloud storage buckets create gs://{bucket}`) or check the bucket name in the lock URL",
+        url=url,
+        key=key,
+    )

@@ -3,7 +3,8 @@
 This is the only module of handofflock that imports ``boto3`` or ``botocore``
 (an optional extra: ``pip install handofflock[s3]``). Every error the SDK or
 the transport can raise is mapped here, at the boundary, into
-:mod:`handofflock.core.errors`.
+:mod:`handofflock.core.errors` (what an error reply means is read in
+:mod:`.s3_replies`, which imports no SDK).
 
 How the contract is met (see ``docs/storage.md``, "S3"):
 
@@ -45,23 +46,24 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import gcs_deadline, s3_format, s3_probe
+from . import gcs_deadline, s3_format, s3_probe, s3_replies
 from .base import (
     checked_request_timeout,
     checked_timeout,
+    request_limit,
     validate_generation,
     validate_key,
     validate_max_bytes,
     validate_prefix,
 )
+from .s3_replies import MAY_HAVE_APPLIED as _MAY_HAVE_APPLIED
+from .s3_replies import _bare, _code, _no_expect_continue, _object_size, _status
 
 #: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 #: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
 _ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
-
-_MAY_HAVE_APPLIED = "; the request may have been applied"
 
 #: How many keys' last-seen versions a store remembers.
 _SEEN_LIMIT = 4096
@@ -133,6 +135,8 @@ class S3Storage:
         self.url = f"s3://{bucket}"
         self._timeout = checked_timeout(timeout)
         self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
+        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
         self._endpoint_url = endpoint_url
         self._profile = profile
         self._region = region
@@ -396,10 +400,7 @@ class S3Storage:
                     self.client.delete_object(Bucket=self.bucket, Key=scratch)
 
             def refused(exc: BaseException) -> bool:
-                if not isinstance(exc, botocore.exceptions.ClientError):
-                    return False
-                status, code = _status(exc), _code(exc)
-                return status == 412 or (status == 404 and code == "NoSuchKey") or code == "ConditionalRequestConflict"
+                return isinstance(exc, botocore.exceptions.ClientError) and s3_replies.condition_refused(exc)
 
             s3_probe.check_conditions_honoured(put, delete, refused, key=key, url=self.url)
             self._probed = True
@@ -447,34 +448,25 @@ class S3Storage:
         Past the deadline the connection is shut down; whatever that breaks is
         reported as the deadline it is (ambiguous for a write: it may have been applied).
         """
-        with gcs_deadline.armed(self._request_timeout) as deadline:
+        with gcs_deadline.armed(request_limit(self._request_timeout)) as deadline:
             try:
                 yield
             except botocore.exceptions.ClientError:
                 if not deadline.cut:
                     raise
-                raise self._past_deadline(op, key) from None
+                raise s3_replies.past_deadline(op, key, url=self.url, request_timeout=self._request_timeout) from None
             except HandoffLockError:
                 raise
             except Exception as exc:
                 if not deadline.expired:
                     raise
-                raise self._past_deadline(op, key) from exc
+                raise s3_replies.past_deadline(op, key, url=self.url, request_timeout=self._request_timeout) from exc
             if deadline.cut:
                 # Done, yet its connection was shut down on the way: a reply framed by the end of
                 # the connection alone would look complete though cut short. Not to be trusted.
-                raise self._past_deadline(op, key)
-
-    def _past_deadline(self, op: str, key: str | None) -> TransientStorageError:
-        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
-        mutation = op in ("write", "delete")
-        return TransientStorageError(
-            f"{where}: no complete reply within request_timeout ({self._request_timeout:g}s); "
-            + ("the request may have been applied" if mutation else "nothing was changed"),
-            url=self.url,
-            key=key,
-            ambiguous=mutation,
-        )
+                raise s3_replies.past_deadline(
+                    op, key, url=self.url, request_timeout=request_limit(self._request_timeout)
+                )
 
     # -- errors ---------------------------------------------------------------
 
@@ -488,7 +480,7 @@ class S3Storage:
         except HandoffLockError:
             raise
         except botocore.exceptions.ClientError as exc:
-            raise self._client_error(exc, where, key, mutation) from exc
+            raise s3_replies.client_error(exc, where, key, mutation, url=self.url, bucket=self.bucket) from exc
         except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError) as exc:
             # EndpointConnectionError is raised when no connection could be made (refused,
             # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
@@ -526,68 +518,6 @@ class S3Storage:
                 key=key,
                 ambiguous=mutation,
             ) from exc
-
-    def _client_error(
-        self, exc: botocore.exceptions.ClientError, where: str, key: str | None, mutation: bool
-    ) -> StorageError:
-        status, code = _status(exc), _code(exc)
-        message = _message(exc)
-        retry_after = _retry_after(exc)
-        if status == 404 and code == "NoSuchBucket":
-            return StorageError(
-                f"S3 bucket {self.bucket!r} does not exist (404 NoSuchBucket); create it "
-                f"(`aws s3 mb s3://{self.bucket}`) or check the bucket name in the lock URL "
-                "and the endpoint (AWS_ENDPOINT_URL_S3)",
-                url=self.url,
-                key=key,
-            )
-        if status == 409:
-            # ConditionalRequestConflict: "A conflicting operation occurred. If using PutObject you
-            # can retry the request" (S3 API reference, error codes). It was not applied, and our
-            # retry carries the same If-Match, so it can never replace a change made meanwhile.
-            return TransientStorageError(
-                f"{where}: S3 answered 409 {code} ({message})",
-                url=self.url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after,
-            )
-        if (status == 503 and code == "SlowDown") or status == 429:
-            # Throttled: refused before anything was applied.
-            return TransientStorageError(
-                f"{where}: S3 asked to slow down ({status} {code}: {message})",
-                url=self.url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after,
-            )
-        if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
-            # RequestTimeout (400): the request body did not arrive in time; not applied.
-            ambiguous = mutation and status >= 500
-            return TransientStorageError(
-                f"{where}: S3 answered {status} {code} ({message})",
-                url=self.url,
-                key=key,
-                status=status,
-                ambiguous=ambiguous,
-                retry_after=retry_after,
-            )
-        if status == 403 or status == 401:
-            hint = (
-                "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
-                if where.startswith("read")
-                else ""
-            )
-            return StorageError(
-                f"{where}: permission denied on bucket {self.bucket!r} ({status} {code}: {message}); check which "
-                "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
-                f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
-                url=self.url,
-                key=key,
-            )
-        return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
 
     def __repr__(self) -> str:
         return f"S3Storage({self.bucket!r})"
@@ -644,54 +574,6 @@ def _watch_connections(client: Any) -> bool:
     except AttributeError:  # pragma: no cover - a botocore that keeps its pools elsewhere
         return False
     return True
-
-
-def _status(exc: botocore.exceptions.ClientError) -> int:
-    try:
-        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _code(exc: botocore.exceptions.ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code") or "")
-
-
-def _message(exc: botocore.exceptions.ClientError) -> str:
-    return " ".join(str(exc.response.get("Error", {}).get("Message") or "no explanation").split())[:300]
-
-
-def _retry_after(exc: botocore.exceptions.ClientError) -> float | None:
-    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
-    try:
-        value = float(headers.get("retry-after", ""))
-    except ValueError:
-        return None
-    return value if value >= 0 else None
-
-
-def _bare(etag: str) -> str:
-    return etag.strip().removeprefix("W/").strip('"')
-
-
-def _object_size(reply: dict[str, Any], received: int) -> int:
-    """The whole object's size: from Content-Range for a ranged read, else Content-Length."""
-    content_range = reply.get("ContentRange") or ""
-    total = content_range.rpartition("/")[2]
-    if total.isdigit():
-        return int(total)
-    length = reply.get("ContentLength")
-    return int(length) if isinstance(length, int) else received
-
-
-def _no_expect_continue(request: Any, **_: Any) -> None:
-    """Send a PUT's body with its head: botocore asks for ``Expect: 100-continue`` on every PutObject.
-
-    That costs a round trip per write (the body waits for the server's ``100
-    Continue``) to spare a large upload a refusal, and a record is under 64 KiB.
-    The header is not signed. Returns None: a value would replace the request's reply.
-    """
-    request.headers.pop("Expect", None)
 
 
 def _fresh_connections_after_fork() -> None:

@@ -25,11 +25,6 @@ from handofflock.storage.gcs import GCSStorage
 from handofflock.testing.faultproxy import FaultProxy
 
 GCS_SPACING = 1.0
-#: Needs the HandoffLock._renew change given in issue 25's report (it passes ``Timing.backoff_until``
-#: to the write gate); handoff.py is being reshaped. Apply it, and drop this mark.
-NEEDS_RENEW_CHANGE = pytest.mark.xfail(
-    strict=True, reason="needs HandoffLock._renew to pass Timing.backoff_until to the write gate (issue 25)"
-)
 
 
 def _429() -> TransientStorageError:
@@ -65,7 +60,6 @@ def owner_meets(world, ttl: float, answers: list[str]) -> tuple[HandoffLock, Tim
     return a, store
 
 
-@NEEDS_RENEW_CHANGE
 @pytest.mark.parametrize("ttl", [5.0, 6.0])
 def test_one_429_on_a_renewal_costs_no_lease_at_the_shortest_ttls(world, ttl):
     a, store = owner_meets(world, ttl, ["429"])
@@ -74,7 +68,6 @@ def test_one_429_on_a_renewal_costs_no_lease_at_the_shortest_ttls(world, ttl):
     assert max(gaps) < 2.0, f"a retry waited out the widened spacing: {gaps}"
 
 
-@NEEDS_RENEW_CHANGE
 @pytest.mark.parametrize("answers", [["429", "429"], ["429", "503"]], ids="-then-".join)
 @pytest.mark.parametrize("ttl", [7.0, 8.0, 10.0])
 def test_two_failures_in_a_row_starting_with_a_429_cost_no_lease_from_ttl_7(world, ttl, answers):
@@ -95,7 +88,6 @@ def test_the_shortest_ttl_on_gcs_is_still_5_s(world):
     assert a.timing.backoff_until(100.0) == 100.0 - 1.5
 
 
-@NEEDS_RENEW_CHANGE
 @pytest.mark.gcs
 def test_one_429_from_gcs_on_a_renewal_costs_no_lease_at_ttl_6(gcs_emulator):
     """Through the fault proxy to fake-gcs-server, on the real clock, at GCS's default pacing.

@@ -128,7 +128,9 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
     try:
         both = first.healthy and twin.healthy
         assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-        assert twin.is_held and boxes["twin"].get("value") is True, boxes
+        assert twin.is_held and boxes["twin"].get("value") == True, boxes  # noqa: E712
+        # The first has a timeout, which since issue 24 (item 7) waits for a slot held by another job;
+        # a slot taken by its own newer incarnation is not that: it defers at once (Contended.superseded).
         assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
     finally:
         for lock in (first, twin, owner):
@@ -220,12 +222,11 @@ def test_a_timeout_of_nan_is_refused(world):
         world.lock("A").acquire(timeout=math.nan)
 
 
-def test_a_cancel_that_comes_just_before_acquire_starts_is_not_dropped(world):
+def test_a_cancel_while_no_acquire_runs_cancels_nothing(world):
+    # Issue 24: a stray cancel() used to cancel the next acquire, even of a free lock.
     a = world.lock("A")
     a.cancel()
-    with pytest.raises(AcquireCancelled):
-        a.acquire(timeout=5)
-    assert a.acquire(timeout=5), "a cancel applies to one acquire only"
+    assert a.acquire(timeout=5), "a cancel applies only to an acquire that runs"
     a.release()
 
 

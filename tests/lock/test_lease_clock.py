@@ -137,14 +137,16 @@ def test_a_writer_that_gives_up_books_nothing(world):
 
 
 def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(world):
-    a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
+    # ttl 20: the renewal has room (renew_deadline - renew_interval = 7.5 s) to wait out the 3 s
+    # a 429 asked for; at the shortest ttl it would go at the store's own spacing (issue 25).
+    a = world.lock("A", ttl=20.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
     gate = a._io.gate()  # private: the store's write gate, to close it as a 429 would
     throttled_at = world.clock.monotonic()
     gate.throttled(retry_after=3.0)  # a 429 elsewhere: nothing may be written for 3 s
     world.clock.advance(a.renew_interval)
     writes, started = world.writes, world.clock.monotonic()
-    a._run_due()  # private: the scheduler's duty, run here (as the scheduler would)
+    a._duties.run_due()  # private: the scheduler's duty, run here (as the scheduler would)
     assert world.clock.monotonic() == started and world.writes == writes, "the renewal waited"
     # private: when the renewal is next due; no public name says it
     assert a._lease.next_renew >= throttled_at + 3.0 - 1e-6, "deferred to when the gate opens"

@@ -83,17 +83,15 @@ def test_two_acquirers_of_an_absent_lock_get_exactly_one_owner(url, locks):
         assert record.waiting_owner_id is None  # a non-blocking loser never registers as waiter
 
 
-def test_two_would_be_waiters_get_one_slot_and_a_typed_refusal(url, locks):
+def test_two_would_be_waiters_get_one_slot_and_each_waits_for_it_up_to_its_timeout(url, locks):
+    # Issue 24, item 7: a timeout promises a wait up to it, for the slot too (an acquire without
+    # one is refused at once: tests/lock/test_patient_wait.py).
     owner = locks(url)
     assert owner.acquire()
     b, c = locks(url), locks(url)
     results = race([lambda: b.acquire(timeout=1.0), lambda: c.acquire(timeout=1.0)])
-    refused = [r for r in results if isinstance(r, LockContended) and not isinstance(r, LockTimeout)]
-    timed_out = [r for r in results if isinstance(r, LockTimeout)]
-    assert len(refused) == 1 and len(timed_out) == 1, results
-    err = refused[0]
-    assert err.owner_id == owner.owner_id and err.waiter_id in (b.owner_id, c.owner_id)
-    assert owner.owner_id in str(err) and err.waiter_id in str(err)
+    assert all(isinstance(r, LockTimeout) for r in results), results
+    assert all(r.owner_id == owner.owner_id and owner.owner_id in str(r) for r in results)
     # The waiter that timed out gave its slot back.
     record, _ = raw_read(url)
     assert record.owner_id == owner.owner_id and record.waiting_owner_id is None

@@ -208,7 +208,7 @@ def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env)
     releasing.start()
     assert in_write.wait(5)
     store.write = real_write
-    renewing = threading.Thread(target=lock._run_due)  # private: the duty the scheduler had already started
+    renewing = threading.Thread(target=lock._duties.run_due)  # private: the duty the scheduler had already started
     renewing.start()
     time.sleep(0.1)  # it is now waiting for the mutex the release holds
     writes = store.calls["write"]

@@ -212,7 +212,7 @@ def test_timed_acquire_returns_or_raises_exactly_what_the_acquire_did_when_the_h
     url = f"memory://{name}/locks/l.json"
     owner, other = make_lock(url), make_lock(url)
     try:
-        assert owner.acquire() is True
+        assert owner.acquire()  # an Acquired: true, == True (not True itself)
         assert other.acquire(blocking=False) is False
         with pytest.raises(LockTimeout):
             other.acquire(timeout=0.3)

@@ -6,7 +6,7 @@ import pytest
 
 from handofflock.core import protocol
 from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, Wait, WaiterSeen, Write
-from handofflock.core.record import LockRecord
+from handofflock.core.record import LockRecord, WaiterRequest
 
 NOW = 1_700_000_000.0
 POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
@@ -61,6 +61,46 @@ def test_acquire_decision_table(name, record, waiting, outcome, kind):
         assert d.record.nonce == "n1"
 
 
+YEARS = 31 * 365 * 86400.0
+MAX_TTL = 7 * 24 * 3600.0  # core.record.MAX_TTL: the longest ttl a record may carry
+
+# A lease further ahead than ttl + skew is suspect: it ends ttl after the reader first saw that version.
+# (name, record, observed_at, expected outcome, expected kind or None)
+SUSPECT_TABLE = [
+    ("31 years ahead, first seen now: still live (ends now + ttl), become the waiter", rec("a", NOW + YEARS), NOW, Write, Kind.BECOME_WAITER),
+    ("31 years ahead, first seen ttl ago: within the skew, still live", rec("a", NOW + YEARS), NOW - 61, Write, Kind.BECOME_WAITER),
+    ("31 years ahead, first seen ttl + skew ago: over, take it", rec("a", NOW + YEARS), NOW - 62.5, Write, Kind.TAKE),
+    ("31 years ahead, a live other waiter: over, but the waiter has priority", rec("a", NOW + YEARS, "w", NOW + 10), NOW - 100, Contended, None),
+    ("exactly ttl + skew ahead of first sight: trusted, live", rec("a", NOW + 62), NOW, Write, Kind.BECOME_WAITER),
+    ("a lease renewed a moment ago, first seen now: trusted, live", rec("a", NOW + 59), NOW, Write, Kind.BECOME_WAITER),
+    ("unchanged for 1000 s yet still 30 s ahead: no live owner writes that; over, take it", rec("a", NOW + 30), NOW - 1000, Write, Kind.TAKE),
+    ("suspect by the record's own ttl (5 s), first seen 8 s ago: over", LockRecord("a", NOW + 3600, None, None, ttl=5.0, token=7, nonce="old"), NOW - 8, Write, Kind.TAKE),
+    # A record of the original design has no ttl: its writer's ttl is unknown (perhaps longer than ours, renewed
+    # less often), so only the longest ttl any writer may use (MAX_TTL) bounds it, never the reader's own.
+    ("original design (no ttl), a 300 s lease first seen 63 s ago: live (the writer's ttl is not ours)", LockRecord("a", NOW + 237, None, None, token=7, nonce="old"), NOW - 63, Write, Kind.BECOME_WAITER),
+    ("original design, 31 years ahead, first seen MAX_TTL + skew ago: over", LockRecord("a", NOW + YEARS, None, None, token=7, nonce="old"), NOW - MAX_TTL - 3, Write, Kind.TAKE),
+]
+
+
+@pytest.mark.parametrize("name,record,observed_at,outcome,kind", SUSPECT_TABLE, ids=[r[0] for r in SUSPECT_TABLE])
+def test_a_lease_further_ahead_than_its_ttl_ends_ttl_after_it_was_first_seen(name, record, observed_at, outcome, kind):
+    d = protocol.decide_acquire(
+        record, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n1", waiting=False, observed_at=observed_at
+    )
+    assert isinstance(d, outcome), d
+    if kind is not None:
+        assert d.kind is kind and d.if_generation_match == GEN
+    if kind is Kind.BECOME_WAITER:
+        assert d.record.expires_at == record.expires_at  # the owner's lease is never rewritten by a reader
+
+
+def test_suspect_lease_and_lease_end():
+    far = rec("a", NOW + YEARS)
+    assert protocol.suspect_lease(far, NOW, POLICY) and protocol.lease_end(far, NOW, POLICY) == NOW + 60
+    assert not protocol.suspect_lease(rec("a", NOW + 60), NOW, POLICY)
+    assert not protocol.suspect_lease(rec(), NOW, POLICY)  # free: no lease at all
+
+
 @pytest.mark.parametrize("kind_row", [r for r in ACQUIRE_TABLE if r[4] in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)], ids=lambda r: r[0])
 def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
     _, record, waiting, _, _ = kind_row
@@ -93,10 +133,25 @@ def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_ow
     assert isinstance(again, Wait)
     # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
     old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True)
-    assert isinstance(old, Contended)
+    assert isinstance(old, Contended) and old.superseded
+    # ... even with a higher priority, which would take another job's slot (issue 24, item 1)
+    old = protocol.decide_acquire(
+        d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
+    )
+    assert isinstance(old, Contended) and old.superseded
     # and the owner hands the lock to the new instance, with a higher token
     h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, policy=POLICY, nonce="n4")
     assert h.kind is Kind.HANDOFF and h.record.owner_instance == "i1" and h.record.token > 9
+
+
+def test_a_restarted_job_that_reclaims_its_slot_writes_its_own_request_into_it():
+    patient = WaiterRequest(False, 3)
+    r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9, declined=True)
+    d = protocol.decide_acquire(
+        r, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n", waiting=False, request=patient
+    )
+    assert d.kind is Kind.BECOME_WAITER and d.record.waiter_instance == "i1"
+    assert d.record.request == patient and not d.record.declined  # the holder declines anew, if it does
 
 
 def test_becoming_the_waiter_keeps_the_owner_and_its_lease():

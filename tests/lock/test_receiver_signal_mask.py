@@ -4,7 +4,7 @@ core/threads.py says every library thread blocks asynchronous signals, with one
 exception: the notifier thread that runs ``on_release_requested`` and the other
 receivers, because a process started from user code would inherit the blocked
 mask. But a thread inherits the mask of the thread that creates it, and the
-notifier is started from the scheduler thread (``_run_due`` -> ``Notifier.notify``),
+notifier is started from the scheduler thread (``Duties.run_due`` -> ``Notifier.notify``),
 which blocked everything first thing. Nothing unblocks it. So a receiver that
 starts a process (a checkpoint uploader, ``subprocess.run(["gsutil", ...])``)
 starts it with SIGTERM, SIGINT, SIGHUP... blocked: it cannot be stopped by

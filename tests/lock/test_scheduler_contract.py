@@ -26,6 +26,7 @@ class Ticker:
     check_interval = property(lambda self: self.check)
     store = property(lambda self: self._store)
     key = property(lambda self: self._key)
+    request_timeout = 5.0
 
     def next_due(self):
         return min(self.next_at, self.next_check)

@@ -45,7 +45,8 @@ def test_lock_timeout_prints_an_iso_time_with_its_age_not_an_epoch(url):
         with pytest.raises(LockTimeout) as info:
             make_lock(url, owner_id="late", ttl=30.0, renew_interval=3.0, renew_deadline=15.0).acquire(timeout=0.2)
         message = str(info.value)
-        assert re.search(r"lease ends 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(in (2\d|30)\.\d s\)", message), message
+        # A live lease is renewed while its holder lives: its expiry says nothing of when the lock frees.
+        assert "a live lease its holder keeps renewing" in message, message
         assert not re.search(r"\d{10}\.\d", message), "no raw epoch"
     finally:
         holder.release()

@@ -144,7 +144,8 @@ def test_a_signal_passed_on_reaches_each_process_once(tmp_path):
 
 def _cgroup_parent() -> str | None:
     """Where run (a child of this process, so in its cgroup) makes the command's cgroup, if it can."""
-    from handofflock.runner import _make_cgroup, _remove_cgroup
+    # Private helpers, reached on purpose: the cgroup run itself would make.
+    from handofflock.runner_procs import _make_cgroup, _remove_cgroup
 
     path = _make_cgroup()
     _remove_cgroup(path)

@@ -16,7 +16,7 @@ the owner the record names (by instance), tokens never go back, and the
 waiter slot names nobody (no acquire is running between rules) unless an
 injected fault kept the acquire from giving it back. When a rule sequence
 fails, Hypothesis shrinks it to a short story; the seeded random walk of
-tests/support/simulation.py explores longer ones, with threads interleaved inside
+handofflock/testing/sim explores longer ones, with threads interleaved inside
 operations, which rules cannot do. Four of the simulation's five planted bugs
 are checked to be found here too.
 """
@@ -28,16 +28,23 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from handofflock import HandoffLock, HandoffLockError, signals
+from handofflock.core.buggify import planted
 from handofflock.core.clock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.record import LockRecord
-from handofflock.repair import force_release
 from handofflock.lock.scheduler import Scheduler
+from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
-from simulation import BUGS
 
 KEY = "locks/stateful.json"
 #: Fast timing without pacing (a ttl of 3 s, which GCS's one write per second cannot serve): the
@@ -63,7 +70,7 @@ class Store(MemoryStorage):
 
 
 class Party:
-    def __init__(self, machine: "LockMachine", index: int, yields: bool, skew: float) -> None:
+    def __init__(self, machine: LockMachine, index: int, yields: bool, skew: float) -> None:
         self.index = index
         self.clock = machine.clock.skewed(skew)
         self.yields = yields
@@ -103,13 +110,12 @@ class LockMachine(RuleBasedStateMachine):
         #: Instances whose waiter slot may outlive their acquire: a fault kept it from being given back.
         self.excused: set[str] = set()
         #: Owners whose record an operator freed; left out of the lease checks until they notice.
-        #: (Instances are read as ``lock._me.instance``, private: the record names a party by it.)
+        #: (Instances are read as ``lock.instance``: the record names a party by it.)
         self.evicted: set[str] = set()
 
     def _holders(self) -> list[Party]:
         """Parties with a valid lease, less those evicted by a forced release that have not noticed yet."""
-        # private: instances, as for evicted above
-        return [p for p in self.parties if p.lock.healthy and p.lock._me.instance not in self.evicted]
+        return [p for p in self.parties if p.lock.healthy and p.lock.instance not in self.evicted]
 
     def _acting(self, p: Party, action) -> object:
         """Run one party's action; if it consumed an injected fault, its slot is excused."""
@@ -120,7 +126,7 @@ class LockMachine(RuleBasedStateMachine):
             return action()
         finally:
             if [(f.kind, f.count) for f in self.store.faults._faults] != pending:  # private: as above
-                self.excused.add(p.lock._me.instance)  # private: instances, as for evicted above
+                self.excused.add(p.lock.instance)
 
     @initialize(yields=st.lists(st.booleans(), min_size=PARTIES, max_size=PARTIES),
                 skews=st.lists(st.floats(-SKEW / 2, SKEW / 2), min_size=PARTIES, max_size=PARTIES))
@@ -138,7 +144,7 @@ class LockMachine(RuleBasedStateMachine):
         token = p.lock.token
         assert token is not None and token > self.highest_token, f"p{p.index} acquired token {token}, not above {self.highest_token}"
         self.highest_token = token
-        self.evicted.discard(p.lock._me.instance)  # private: instances, as for evicted above
+        self.evicted.discard(p.lock.instance)
 
     # -- what a process does --------------------------------------------------
 
@@ -239,7 +245,7 @@ class LockMachine(RuleBasedStateMachine):
             record = LockRecord.decode(found[0], key=KEY)
             h = holders[0]
             # private: instances, as for evicted above (the record names its owner by instance)
-            assert record.owner_instance == h.lock._me.instance, f"p{h.index} holds a valid lease the record does not give it"
+            assert record.owner_instance == h.lock.instance, f"p{h.index} holds a valid lease the record does not give it"
             assert record.token == h.lock.token
 
     @invariant()
@@ -283,5 +289,5 @@ def test_the_machine_finds_each_planted_bug(bug):
     # shifts with any change to what is loaded before it. At 300, trust-a-read was found in one
     # memory layout (example ~100) and missed in another (issue 17's record.py), while the
     # counterexample found in the first still fails the invariants in the second.
-    with BUGS[bug](), pytest.raises(AssertionError):
+    with planted(bug), pytest.raises(AssertionError):
         run_state_machine_as_test(LockMachine, settings=settings(SETTINGS, max_examples=1000, phases=[Phase.generate], print_blob=False))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-import torture_check as tc  # noqa: E402
+import torture_check as tc
 
 
 def claim(w, t, i):

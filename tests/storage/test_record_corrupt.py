@@ -287,7 +287,8 @@ def test_acquire_on_a_corrupt_record_raises_and_leaves_the_bytes_alone(sim, bloc
     gen = store.write(KEY, GARBAGE, if_generation_match=0)
     lock = make_lock(store, sim, "A")
     with pytest.raises(LockRecordCorrupt) as info:
-        lock.acquire(blocking=blocking, timeout=5)
+        # blocking=False takes no timeout (its retries are bounded by renew_deadline; a timeout with it is refused)
+        lock.acquire(blocking=blocking, timeout=5 if blocking else None)
     assert info.value.generation == gen and "invalid JSON" in info.value.reason
     assert store.read(KEY) == (GARBAGE, gen)
     assert store.calls["write"] == 1  # ours, above

@@ -1,0 +1,88 @@
+"""Planted bugs: named switches the simulation flips to prove its checker can fail (FoundationDB's BUGGIFY).
+
+A checker that never fails proves nothing. Each name below is one known
+mistake, read at the exact line of protocol.py or the lock where that mistake
+would be made, as ``if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN)``. All are off
+by default; nothing in the library turns one on. Off, a spot costs one
+membership test of an empty frozenset. The simulation
+(:mod:`handofflock.testing.sim`) and its model check turn one on with
+:func:`planted` and must then report a violation.
+
+The spots are few and one line each; ``grep -n buggify handofflock`` lists them.
+A write "without a generation match" is a write whose precondition is
+:data:`NO_MATCH`: the simulated store reads it as unconditional (the storage
+API has no unconditional write at all, so a real store refuses it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: A generation precondition that the simulated store treats as "none" (a planted bug only).
+NO_MATCH = -1
+
+TRUST_A_READ = "trust-a-read"
+STILL_MINE_BY_ID = "still-mine-by-id"
+KEEP_SLOT_ON_TIMEOUT = "keep-slot-on-timeout"
+UNCONDITIONAL_HANDOFF = "unconditional-handoff"
+UNCONDITIONAL_RENEWAL = "unconditional-renewal"
+GIVE_UP_WITHOUT_MATCH = "give-up-without-match"
+LEASE_PAST_ITS_MARGIN = "lease-past-its-margin"
+HEIR_KEEPS_OLD_TOKEN = "heir-keeps-old-token"
+HEIR_LEASE_FROM_ITS_READ = "heir-lease-from-its-read"
+CANCELLED_KEEPS_HANDED_LOCK = "cancelled-keeps-handed-lock"
+HANDOFF_TO_EXPIRED_SLOT = "handoff-to-expired-slot"
+
+#: Every planted bug: name -> what goes wrong, and where the switch is read.
+BUGS: dict[str, str] = {
+    TRUST_A_READ: "an owner never notices it lost the lock: any record is still ours (protocol._check_still_mine)",
+    STILL_MINE_BY_ID: "'still mine' by owner id alone, token and instance unchecked (protocol._check_still_mine)",
+    KEEP_SLOT_ON_TIMEOUT: "a waiter that gives up leaves its slot in the record (HandoffLock._leave_slot)",
+    UNCONDITIONAL_HANDOFF: "the handoff and release write skips the generation match (protocol.decide_release)",
+    UNCONDITIONAL_RENEWAL: "a renewal overwrites whatever is there (protocol.decide_renew)",
+    GIVE_UP_WITHOUT_MATCH: "a waiter's give-up is written without a generation match (protocol.decide_give_up_wait)",
+    LEASE_PAST_ITS_MARGIN: "the owner counts itself safe until expiresAt + skew, no margin (lease.lease_until)",
+    HEIR_KEEPS_OLD_TOKEN: "a handoff gives the heir the old owner's token (protocol.decide_release)",
+    HEIR_LEASE_FROM_ITS_READ: "the heir counts its lease from its own read of the handoff (HandoffLock._became_owner)",
+    CANCELLED_KEEPS_HANDED_LOCK: "a cancelled acquire keeps a lock handed to it meanwhile (HandoffLock._leave_slot)",
+    HANDOFF_TO_EXPIRED_SLOT: "the owner hands off to a waiter whose slot has expired (protocol.decide_release)",
+}
+
+#: Bugs whose switch sits in the pure protocol: the model check can find these.
+PROTOCOL_BUGS = (
+    TRUST_A_READ,
+    STILL_MINE_BY_ID,
+    UNCONDITIONAL_HANDOFF,
+    UNCONDITIONAL_RENEWAL,
+    GIVE_UP_WITHOUT_MATCH,
+    HEIR_KEEPS_OLD_TOKEN,
+    HANDOFF_TO_EXPIRED_SLOT,
+)
+
+_active: frozenset[str] = frozenset()
+
+
+def on(name: str) -> bool:
+    """Whether the bug ``name`` is planted (always False outside a simulation)."""
+    return name in _active
+
+
+def match(name: str, generation: int) -> int:
+    """The precondition to write with: ``generation``, or :data:`NO_MATCH` while the bug ``name`` is planted."""
+    return NO_MATCH if name in _active else generation
+
+
+@contextmanager
+def planted(*names: str) -> Iterator[None]:
+    """Plant the named bugs for the duration of the block (the simulation runs one seed inside it)."""
+    global _active
+    unknown = [n for n in names if n not in BUGS]
+    if unknown:
+        raise ValueError(f"unknown planted bug(s) {unknown}; known: {sorted(BUGS)}")
+    before = _active
+    _active = before | frozenset(names)
+    try:
+        yield
+    finally:
+        _active = before

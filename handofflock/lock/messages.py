@@ -1,0 +1,144 @@
+"""What the lock says when it refuses or fails: its errors, built from a record or from its state.
+
+Errors tell the user what to do: who holds the lock and until when, why a
+hold was lost, what to create instead. Kept apart from the lock so that its
+transitions read as control flow, and so that every message the lock raises
+can be read (and kept consistent) in one place. Nothing here decides anything:
+:mod:`.handoff` says which error, these functions say it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..core.errors import AlreadyAcquired, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
+from ..core.protocol import Me
+from ..core.record import LockRecord
+from ..core.timefmt import when, who
+from .state import State
+
+
+def contended(
+    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: Me | None = None
+) -> LockContended:
+    """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
+    :class:`LockTimeout` saying also whether the slot we gave back was ours."""
+    r = record or LockRecord()
+    message = None if timed_out is None else timeout_message(url, r, timed_out, now)
+    owner, waiter = (None if label is None else label.text for label in (r.owner_label, r.waiter_label))
+    return cls(
+        message,
+        url=url,
+        owner_id=r.owner_id,
+        owner_expires_at=r.expires_at,
+        waiter_id=r.waiting_owner_id,
+        waiter_expires_at=r.waiter_expires_at,
+        owner_label=owner,
+        waiter_label=waiter,
+    )
+
+
+def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
+    """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
+
+    Never "until T" for a live lease: its holder renews it, so its expiry says
+    nothing of when the lock comes free.
+    """
+    ours = record.waiting_owner_id == me.owner_id and record.waiter_instance in (None, me.instance)
+    owner = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
+    waiter = who(record.waiting_owner_id, None if record.waiter_label is None else record.waiter_label.text)
+    if record.owner_id is None:
+        held = "it was free, but the waiter slot was taken"
+    elif record.owner_live(now):
+        held = f"held by {owner}, a live lease its holder keeps renewing"
+    else:
+        held = f"held by {owner}, whose lease ran out {when(record.expires_at, now)}"
+    if record.waiting_owner_id is None or not record.waiter_live(now):
+        slot = "; nobody else waits"
+    elif ours:
+        slot = "; we held the waiter slot, and gave it back"
+    else:
+        slot = f"; the waiter slot is {waiter}'s"
+    return f"timed out acquiring {url!r}: {held}{slot}"
+
+
+def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:
+    """Why :meth:`HandoffLock.check` refuses a lock in ``state`` that is not held and healthy."""
+    if state is State.HELD:
+        return LockLost(
+            f"lock {url!r} was not renewed within renew_deadline ({renew_deadline:.1f} s); "
+            "treat it as lost (was the process paused, or the host suspended?)",
+            url=url,
+            reason="renew deadline passed",
+        )
+    if state is State.LOST:
+        return LockLost(f"lock {url!r} was lost: {lost_reason}", url=url, reason=lost_reason or "lost")
+    if state is State.FORKED:
+        return LockLost(
+            f"lock {url!r} belongs to process {pid}; this is a child forked from it",
+            url=url,
+            reason="inherited across fork",
+        )
+    return LockLost(f"lock {url!r} is not held by this instance", url=url, reason="not held")
+
+
+def lost(url: str, why: str, error: BaseException | None) -> LockLost:
+    """The :class:`LockLost` a loss is recorded with (sent with the ``lost`` signal), chained to ``error``."""
+    exc = LockLost(f"lock {url!r} lost: {why}", url=url, reason=why, cause=error)
+    if error is not None:
+        exc.__cause__ = error
+    return exc
+
+
+def had_been_lost(url: str, why: str | None) -> LockLost:
+    """What ``release()`` raises for a hold lost before it was called: nothing was written."""
+    return LockLost(f"lock {url!r} had been lost ({why}); nothing was written", url=url, reason=why or "lost")
+
+
+def already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
+    """The error of an ``acquire()`` on an instance that holds, acquires or releases already.
+
+    One instance is one party (one owner id, one waiter slot): it is not
+    reentrant, and threads do not queue on it (see :class:`AlreadyAcquired`).
+    """
+    per_thread = (
+        "threads do not queue on one instance (it is one party: one owner id, one waiter slot); give each "
+        "thread its own HandoffLock, and the second then waits as the waiter and asks the holder to hand over"
+    )
+    if state is State.HELD and (holder == threading.get_ident() or nested):
+        return AlreadyAcquired(
+            f"this HandoffLock instance already holds {url!r}, acquired in this very thread: it is not "
+            "reentrant (the end of a nested block would hand the lock over in the middle of the outer one); "
+            "use the hold you have"
+        )
+    if state is State.HELD:
+        return AlreadyAcquired(f"this HandoffLock instance already holds {url!r} (in another thread); {per_thread}")
+    if state is State.WAITING and nested:
+        return AlreadyAcquired(
+            f"acquire() of {url!r} called from inside this instance's own acquire() (a signal handler or a "
+            "receiver): it is not reentrant"
+        )
+    if state is State.WAITING:
+        return AlreadyAcquired(
+            f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
+        )
+    return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
+
+
+def inherited(url: str, pid: int) -> InheritedAcrossFork:
+    """An operation on an instance inherited across ``fork()``."""
+    return InheritedAcrossFork(
+        f"this HandoffLock for {url!r} was created in process {pid}, which this process was "
+        "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
+    )
+
+
+def slot_not_given_back(url: str, key: str, budget: float, waiter_ttl: float) -> TransientStorageError:
+    """A waiter could not clear its slot within ``give_up_budget``: say that the slot expires by itself."""
+    return TransientStorageError(
+        f"could not give back the waiter slot of {url!r} within {budget:.1f} s; "
+        f"it expires by itself within waiter_ttl ({waiter_ttl} s)",
+        url=url,
+        key=key,
+        ambiguous=False,
+    )

@@ -1,0 +1,136 @@
+"""The simulated store (:class:`SimStore`, in place of a real backend) and the faults it injects.
+
+One shared :class:`~handofflock.storage.MemoryStorage` is the bucket; each
+simulated process talks to it through its own :class:`SimStore` connection.
+A request takes time on the way there and back and is applied at one instant
+in between, so a reply can describe a state that has moved on by the time it
+arrives (the only staleness GCS shows: its reads are strongly consistent).
+Faults, per world: requests refused before anything is applied (503), 429s
+at GCS's per-object rate (about one write a second, bursts refused) and at
+random, writes applied whose reply is lost, and slow reads (seconds, shorter
+than the lock's timeouts). Everything a store applies is told to the checker's
+history, with its generation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ...core import buggify
+from ...core.errors import TransientStorageError
+from ...storage import MemoryStorage
+from .hub import Hub
+
+T = TypeVar("T")
+
+#: GCS allows about one write a second to one object; faster writes risk a 429.
+GCS_WRITES_PER_SECOND = 1.0
+#: A write this soon after the object's last one is a burst, refused at ``gcs_rate``. (Refusing every write
+#: within a whole second loses ttl-5 leases: seed 4 with 1.0 here; see docs/reliability.md.)
+BURST_WINDOW = 0.5 / GCS_WRITES_PER_SECOND
+
+
+@dataclass
+class Faults:
+    fail: float = 0.0  # a request refused (503), nothing applied
+    throttle: float = 0.0  # a 429 with Retry-After, at random
+    gcs_rate: float = 0.0  # chance of a 429 for a write within 1 s of the object's last write
+    lost_reply: float = 0.0  # a write applied, its reply lost
+    slow_read: float = 0.0  # a read taking seconds
+    slow_read_max: float = 0.0
+    max_latency: float = 0.05
+
+    @property
+    def gentle(self) -> bool:
+        """Only the faults a healthy owner must survive: throttling at GCS's rate and slow reads."""
+        return self.fail == 0 and self.lost_reply == 0 and self.throttle == 0
+
+
+@dataclass
+class Net:
+    """What every connection shares: the bucket, the hub, the dice, the faults, and who listens."""
+
+    hub: Hub
+    rng: random.Random
+    faults: Faults
+    backend: MemoryStorage
+    on_applied: Callable[[Any, str, bytes, int], None]
+    counts: dict[str, int] = field(default_factory=dict)
+    chaos: bool = True
+    last_write: dict[str, float] = field(default_factory=dict)
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+
+class SimStore:
+    """One process's connection to the shared store: requests take time and may fail."""
+
+    def __init__(self, net: Net, party: Any, *, min_write_interval: float) -> None:
+        self.net, self.party = net, party
+        self.url = "memory://sim"
+        self.min_write_interval = min_write_interval
+        self.faults_seen = 0
+
+    def _latency(self, op: str) -> float:
+        f, r = self.net.faults, self.net.rng
+        if op == "read" and f.slow_read and r.random() < f.slow_read:
+            self.net.count("slow_reads")
+            return r.uniform(1.0, f.slow_read_max)
+        return r.random() * f.max_latency
+
+    def _hit(self, p: float) -> bool:
+        hit = self.net.chaos and p > 0 and self.net.rng.random() < p
+        if hit:
+            self.faults_seen += 1
+        return hit
+
+    def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool) -> T:
+        net, f = self.net, self.net.faults
+        hub = net.hub
+        hub.park(hub.now + self._latency(op))
+        if self._hit(f.fail):
+            raise TransientStorageError(f"sim: 503 on {op}", status=503, ambiguous=False)
+        if mutation:
+            recent = hub.now - net.last_write.get(key, -1e9) < BURST_WINDOW
+            if self._hit(f.throttle) or (recent and self._hit(f.gcs_rate)):
+                net.count("throttled")
+                raise TransientStorageError(f"sim: 429 on {op}", status=429, ambiguous=False, retry_after=1.0)
+        result = apply()  # the store applies it at this instant
+        if mutation:
+            net.last_write[key] = hub.now
+        hub.park(hub.now + net.rng.random() * f.max_latency)
+        if mutation and self._hit(f.lost_reply):
+            raise TransientStorageError(f"sim: reply to {op} lost", ambiguous=True)
+        return result
+
+    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+        return self._request("read", key, lambda: self.net.backend.read(key, max_bytes=max_bytes), mutation=False)
+
+    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+        def apply() -> int:
+            match = if_generation_match
+            if match == buggify.NO_MATCH:  # only a planted bug writes without a precondition
+                found = self.net.backend.read(key)
+                match = 0 if found is None else found[1]
+            generation = self.net.backend.write(key, data, if_generation_match=match)
+            self.net.on_applied(self.party, key, data, generation)
+            return generation
+
+        return self._request("write", key, apply, mutation=True)
+
+    def delete(self, key: str, *, if_generation_match: int) -> None:
+        def apply() -> None:
+            self.net.backend.delete(key, if_generation_match=if_generation_match)
+
+        self._request("delete", key, apply, mutation=True)
+
+    def list(self, prefix: str) -> dict[str, int]:
+        self.net.count("listings")
+        return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False)
+
+    def close(self) -> None:
+        pass

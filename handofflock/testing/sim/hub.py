@@ -1,0 +1,219 @@
+"""The simulated machine: greenlets run one at a time on simulated time, chosen by seed.
+
+Every thread of every simulated process (its caller, its scheduler, its
+notifier, a canceller) is a greenlet on one OS thread. They give way only where
+a real thread could be overtaken by another process: a clock wait or sleep, a
+storage request, a contended mutex. When none is runnable the hub moves time to
+the next deadline. The parts a lock is built from are named after what they
+replace: :class:`SimClock` (a :class:`~handofflock.core.clock.Clock`),
+:class:`SimMutex` and :class:`SimEvent` (``threading``'s), and
+:func:`sim_primitives` (a :class:`~handofflock.lock.primitives.Primitives`).
+greenlet is a test dependency, imported here only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import greenlet
+
+from ...core.clock import Clock
+from ...lock.primitives import Primitives
+
+MONO0, WALL0 = 1000.0, 1_700_000_000.0
+
+
+class Violation(AssertionError):
+    """An invariant did not hold."""
+
+
+@dataclass(eq=False)
+class Proc:
+    """A simulated process: while it is crashed, paused or suspended none of its threads run."""
+
+    name: str
+    crashed: bool = False
+    paused_until: float = -math.inf
+    suspended_until: float = -math.inf
+    suspended_for: float = 0.0  # how long its monotonic clock stood still (host suspends)
+
+    def frozen_until(self) -> float:
+        return max(self.paused_until, self.suspended_until)
+
+
+@dataclass(eq=False)
+class Task:
+    name: str
+    proc: Proc | None
+    glet: Any = None
+    deadline: float = 0.0
+    event: threading.Event | None = None
+    done: bool = False
+
+
+@dataclass
+class Hub:
+    """Runs greenlets one at a time on simulated time, choosing among the runnable ones by seed."""
+
+    rng: random.Random
+    now: float = MONO0
+    tasks: list[Task] = field(default_factory=list)
+    current: Task | None = None
+    steps: int = 0
+    trace: list[str] = field(default_factory=list)
+    keep_trace: int = 400
+    on_step: Callable[[], None] = lambda: None
+    died: tuple[str, BaseException] | None = None
+    main: Any = field(default_factory=greenlet.getcurrent)
+
+    def spawn(self, name: str, fn: Callable[[], object], proc: Proc | None = None) -> Task:
+        task = Task(name, proc, deadline=self.now)
+
+        def run() -> None:
+            try:
+                fn()
+            except greenlet.GreenletExit:
+                pass
+            except BaseException as exc:  # a thread that dies is reported, never silent
+                self.died = (task.name, exc)
+            finally:
+                task.done = True
+
+        task.glet = greenlet.greenlet(run, parent=self.main)
+        self.tasks.append(task)
+        return task
+
+    def park(self, deadline: float, event: threading.Event | None = None) -> None:
+        """Give way until ``deadline`` (simulated) or until ``event`` is set."""
+        task = self.current
+        if task is None:
+            raise RuntimeError("park() outside a simulated thread")
+        task.deadline, task.event = deadline, event
+        self.main.switch()
+
+    def note(self, text: str) -> None:
+        self.trace.append(f"{self.now - MONO0:9.3f} {text}")
+        if len(self.trace) > self.keep_trace:
+            del self.trace[: self.keep_trace // 4]
+
+    def _runnable(self, task: Task) -> bool:
+        if task.done or (task.proc is not None and (task.proc.crashed or self.now < task.proc.frozen_until())):
+            return False
+        return task.deadline <= self.now or (task.event is not None and task.event.is_set())
+
+    def run(self, until: float) -> None:
+        while True:
+            self.tasks = [t for t in self.tasks if not t.done and not (t.proc is not None and t.proc.crashed)]
+            ready = [t for t in self.tasks if self._runnable(t)]
+            if ready:
+                task = self.rng.choice(ready)
+                self.current = task
+                task.glet.switch()
+                self.current = None
+                self.steps += 1
+                if self.died is not None:
+                    name, exc = self.died
+                    if isinstance(exc, Violation):
+                        raise exc
+                    raise Violation(f"thread {name} died: {exc!r}") from exc
+                self.on_step()
+                continue
+            wakes = [max(t.deadline, t.proc.frozen_until()) if t.proc is not None else t.deadline for t in self.tasks]
+            nxt = min(wakes, default=math.inf)
+            if nxt > until:
+                self.now = max(self.now, until)
+                return
+            self.now = max(self.now, nxt)
+
+
+class SimEvent(threading.Event):
+    """A ``threading.Event`` whose ``wait`` gives way to the hub instead of blocking the OS thread."""
+
+    def __init__(self, hub: Hub) -> None:
+        super().__init__()
+        self.hub = hub
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.is_set():
+            return True
+        self.hub.park(math.inf if timeout is None else self.hub.now + timeout, self)
+        return self.is_set()
+
+
+class SimMutex:
+    """A mutex for greenlets (``threading.Lock``'s shape): a contender gives way until it is free."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.held = False
+        self._free = threading.Event()
+        self._free.set()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        while self.held:
+            if not blocking:
+                return False
+            self.hub.park(math.inf, self._free)
+        self.held = True
+        self._free.clear()
+        return True
+
+    def release(self) -> None:
+        self.held = False
+        self._free.set()
+
+    def locked(self) -> bool:
+        return self.held
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class SimClock(Clock):
+    """The hub's time for one process: wall time off by ``offset`` (skew); monotonic time stands during a suspend."""
+
+    def __init__(self, hub: Hub, proc: Proc, offset: float) -> None:
+        super().__init__(offset)
+        self.hub, self.proc = hub, proc
+
+    def time(self) -> float:
+        return WALL0 + (self.hub.now - MONO0) + self.offset
+
+    def monotonic(self) -> float:
+        return self.hub.now - self.proc.suspended_for
+
+    @property
+    def timebase(self) -> object:
+        return self.proc
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        if event.is_set():
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        self.hub.park(math.inf if timeout is None else self.hub.now + timeout, event)
+        return event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.hub.park(self.hub.now + seconds)
+
+
+def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
+    """The lock's primitives for one simulated process: mutexes and events give way to the hub, threads are greenlets.
+
+    Thread-locals stay ``threading.local``: every greenlet shares one OS thread.
+    """
+
+    def start_thread(target: Callable[[], None], name: str) -> None:
+        hub.spawn(name, target, proc)
+
+    return Primitives(mutex=lambda: SimMutex(hub), event=lambda: SimEvent(hub), start_thread=start_thread)

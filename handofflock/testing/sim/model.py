@@ -1,0 +1,256 @@
+"""An exhaustive check of the pure protocol (:mod:`handofflock.core.protocol`), in the spirit of TLC.
+
+No lock, no threads, no clock: an abstract store (one record and its
+generation), a clock that ticks in whole seconds, and 2 or 3 parties (the
+third a twin sharing the first one's owner id), each a small state machine
+whose every step is one read or one conditional write decided by the real
+``decide_*`` functions. Breadth-first over every interleaving of their steps
+and the clock's ticks up to a depth, with visited states hashed, so the first
+violation found has a shortest counterexample. Invariants (as the
+simulation's): an owner that counts its lease valid is named by the record
+(its instance and token) and its lease has not ended, except a twin's
+predecessor until it next reads the record; tokens strictly rise whenever the
+owner changes; a handoff goes only to a live waiter slot.
+
+What it leaves out: lost replies and retries, clock skew (ticks are shared),
+latency inside a step. The simulation covers those.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+
+from ...core import protocol as p
+from ...core.buggify import planted
+from ...core.record import LockRecord
+
+TTL, RENEW_DEADLINE, HORIZON = 3.0, 2.0, 8.0
+POLICY = p.Policy(ttl=TTL, waiter_ttl=TTL, max_clock_skew=0.0)
+NONCE = "n"
+
+
+@dataclass(frozen=True)
+class Party:
+    me: p.Me
+    phase: str = "idle"  # idle, acquire, give_up, held, release
+    view: tuple[LockRecord | None, int] | None = None  # last read, awaiting its decision
+    waiting: bool = False
+    token: int = 0
+    valid_until: float = -1.0
+    known: tuple[LockRecord | None, int] | None = None  # the owner's record and generation
+    stale: bool = False  # held, and a read showed the record no longer names us
+    starts: int = 0
+
+
+@dataclass(frozen=True)
+class State:
+    record: LockRecord | None
+    generation: int
+    now: float
+    parties: tuple[Party, ...]
+
+
+class Broken(Exception):
+    pass
+
+
+def _write(s: State, w: p.Write, i: int) -> tuple[State, bool]:
+    if w.if_generation_match not in (s.generation, -1):
+        return s, False
+    prev, new = s.record, w.record
+    if prev is not None and new.token < prev.token:
+        raise Broken(f"{w.kind.value} by {s.parties[i].me.instance} lowered the token to {new.token}")
+    if (
+        new.owner_id is not None
+        and (prev is None or (prev.owner_id, prev.owner_instance) != (new.owner_id, new.owner_instance))
+        and prev is not None
+        and new.token <= prev.token
+    ):
+        raise Broken(f"{w.kind.value} moved the lock to {new.owner_instance} keeping token {new.token}")
+    if w.kind is p.Kind.HANDOFF and prev is not None and not prev.waiter_live(s.now):
+        raise Broken(f"handoff to {new.owner_instance}, whose slot ended at {prev.waiter_expires_at}")
+    return replace(s, record=new, generation=s.generation + 1), True
+
+
+def _set(s: State, i: int, party: Party) -> State:
+    parties = list(s.parties)
+    parties[i] = party
+    return replace(s, parties=tuple(parties))
+
+
+def _held(party: Party, rec: LockRecord, gen: int, valid_until: float) -> Party:
+    return replace(party, phase="held", view=None, waiting=False, token=rec.token, valid_until=valid_until,
+                   known=(rec, gen), stale=False)  # fmt: skip
+
+
+def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
+    out: list[tuple[str, State]] = []
+    if s.now < HORIZON:
+        out.append(("tick", replace(s, now=s.now + 1)))
+    for i, party in enumerate(s.parties):
+        name, me, t = party.me.instance, party.me, s.now
+        if party.phase == "idle" and party.starts < max_starts:
+            out.append((f"{name} starts acquire", _set(s, i, replace(party, phase="acquire", starts=party.starts + 1))))
+        elif party.phase in ("acquire", "give_up") and party.view is None:
+            out.append((f"{name} reads", _set(s, i, replace(party, view=(s.record, s.generation)))))
+            if party.phase == "acquire" and party.waiting:
+                out.append((f"{name} gives up", _set(s, i, replace(party, phase="give_up"))))
+        elif party.phase == "acquire" and party.view is not None:
+            rec, gen = party.view
+            d = p.decide_acquire(rec, gen, me=me, now=t, policy=POLICY, nonce=NONCE, waiting=party.waiting)
+            if isinstance(d, p.Owned):
+                assert d.record.expires_at is not None
+                out.append(
+                    (
+                        f"{name} finds the lock handed to it",
+                        _set(s, i, _held(party, d.record, d.generation, d.record.expires_at - (TTL - RENEW_DEADLINE))),
+                    )
+                )
+            elif isinstance(d, p.Write):
+                s2, ok = _write(s, d, i)
+                if not ok:
+                    out.append((f"{name} {d.kind.value}: 412", _set(s, i, replace(party, view=None))))
+                elif d.kind in (p.Kind.CREATE, p.Kind.TAKE, p.Kind.RETAKE):
+                    out.append(
+                        (
+                            f"{name} {d.kind.value}s token {d.record.token}",
+                            _set(s2, i, _held(party, d.record, s2.generation, t + RENEW_DEADLINE)),
+                        )
+                    )
+                else:
+                    out.append((f"{name} {d.kind.value}", _set(s2, i, replace(party, view=None, waiting=True))))
+            elif isinstance(d, p.Contended):
+                out.append((f"{name} contended", _set(s, i, replace(party, phase="idle", view=None, waiting=False))))
+            else:
+                out.append((f"{name} waits", _set(s, i, replace(party, view=None))))
+        elif party.phase == "give_up" and party.view is not None:
+            rec, gen = party.view
+            d = p.decide_give_up_wait(rec, gen, me=me, now=t, policy=POLICY, nonce=NONCE)
+            if isinstance(d, p.Owned):  # a cancel that was handed the lock releases it
+                release = replace(_held(party, d.record, d.generation, -1.0), phase="release")
+                out.append((f"{name} was handed the lock; releases it", _set(s, i, release)))
+            elif isinstance(d, p.Write):
+                s2, ok = _write(s, d, i)
+                after = replace(party, view=None) if not ok else replace(party, phase="idle", view=None, waiting=False)
+                out.append((f"{name} {d.kind.value}" + ("" if ok else ": 412"), _set(s2, i, after)))
+            else:
+                out.append((f"{name} gave up", _set(s, i, replace(party, phase="idle", view=None, waiting=False))))
+        elif party.phase in ("held", "release") and party.known is not None:
+            rec, gen = party.known
+            if party.phase == "held":
+                out.append((f"{name} releases", _set(s, i, replace(party, phase="release"))))
+                seen = p.observe_as_owner(s.record, me=me, token=party.token, now=t)
+                stale = not (s.record is not None and s.record.owner_instance == name and s.record.token == party.token)
+                if isinstance(seen, p.Lost):
+                    out.append(
+                        (f"{name} checks: lost", _set(s, i, replace(party, phase="idle", known=None, valid_until=-1.0)))
+                    )
+                else:
+                    out.append(
+                        (f"{name} checks", _set(s, i, replace(party, known=(s.record, s.generation), stale=stale)))
+                    )
+                d = p.decide_renew(rec, gen, me=me, token=party.token, now=t, policy=POLICY, nonce=NONCE)
+            else:
+                d = p.decide_release(rec, gen, me=me, token=party.token, now=t, policy=POLICY, nonce=NONCE)
+            what = "renews" if party.phase == "held" else "releases"
+            if isinstance(d, p.Write):
+                s2, ok = _write(s, d, i)
+                if not ok:
+                    out.append(
+                        (f"{name} {what}: 412, reads", _set(s, i, replace(party, known=(s.record, s.generation))))
+                    )
+                elif party.phase == "held":
+                    out.append(
+                        (f"{name} renews", _set(s2, i, _held(party, d.record, s2.generation, t + RENEW_DEADLINE)))
+                    )
+                else:
+                    out.append((f"{name} {d.kind.value}", _set(s2, i, Party(me, starts=party.starts))))
+            else:
+                out.append((f"{name} {what}: {type(d).__name__}", _set(s, i, Party(me, starts=party.starts))))
+    return out
+
+
+def violation(s: State) -> str | None:
+    r = s.record
+    for party in s.parties:
+        if party.phase != "held" or s.now >= party.valid_until:
+            continue
+        name = party.me.instance
+        if r is not None and r.owner_instance == name and r.token == party.token:
+            if r.expires_at is not None and s.now > r.expires_at:
+                return f"{name} counts its lease valid after expiresAt"
+            continue
+        twins = any(o.me.owner_id == party.me.owner_id and o.me.instance != name for o in s.parties)
+        if twins and not party.stale:
+            continue  # a twin retook it under our id: we learn it at our next read (the documented window)
+        return f"{name} counts its lease valid (token {party.token}) but the record names {r and r.owner_instance}"
+    return None
+
+
+def explore(parties: int, depth: int, max_starts: int = 2) -> tuple[int, list[str] | None, int]:
+    """Breadth-first to ``depth``: (states, shortest counterexample or None, depth reached)."""
+    me = [p.Me("a", "a1"), p.Me("b", "b1"), p.Me("a", "a2")][:parties]
+    start = State(None, 0, 0.0, tuple(Party(m) for m in me))
+    parent: dict[State, tuple[State, str] | None] = {start: None}
+    frontier, reached = deque([(start, 0)]), 0
+
+    def path(s: State) -> list[str]:
+        out = []
+        while (link := parent[s]) is not None:
+            s, what = link
+            out.append(f"t={s.now:.0f} {what}")
+        return out[::-1]
+
+    while frontier:
+        s, d = frontier.popleft()
+        reached = max(reached, d)
+        if d >= depth:
+            continue
+        try:
+            nexts = steps(s, max_starts)
+        except Broken as exc:
+            return len(parent), [*path(s), f"-> {exc}"], d
+        for what, s2 in nexts:
+            if s2 in parent:
+                continue
+            parent[s2] = (s, what)
+            why = violation(s2)
+            if why is not None:
+                return len(parent), [*path(s2), f"-> {why}"], d + 1
+            frontier.append((s2, d + 1))
+    return len(parent), None, reached
+
+
+def check_all(*, bug: str | None = None, long: bool = False) -> int:
+    """Both configurations; one line each. With ``bug`` planted, it must be found (exit 1, the counterexample)."""
+    configs = [(2, 18 if long else 14), (3, 13 if long else 11)]
+    failed, total, deepest = False, 0, 0
+    for parties, depth in configs:
+        started = time.monotonic()
+        with planted(bug) if bug else _nothing():
+            states, example, reached = explore(parties, depth)
+        took = time.monotonic() - started
+        label = f"{parties} parties" + (f", bug {bug!r} planted" if bug else "")
+        if example is not None:
+            failed = True
+            print(f"model check ({label}): counterexample of {len(example) - 1} steps:")
+            print("  " + "\n  ".join(example))
+            print(f"model check: {states} states, depth {reached}, 1 violations ({took:.1f} s)")
+            if bug:
+                return 1
+        else:
+            print(f"model check ({label}): {states} states, depth {reached}, 0 violations ({took:.1f} s)")
+        total, deepest = total + states, max(deepest, reached)
+    if not failed:
+        print(f"model check: {total} states, depth {deepest}, 0 violations")
+    return 1 if failed else 0
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,365 @@
+"""A world made from one seed: parties contending for one lock on one simulated store, and the chaos around them.
+
+From its seed a world draws its shape (:class:`Config`): 2 to 4 parties, a
+GCS-like timing (ttl 5 s, the store's 1 s write spacing, 429s at GCS's rate,
+slow reads of seconds) or a fast one, clock skew, and faults. A *gentle*
+GCS-like world has only the faults an owner must survive (429s, slow reads
+shorter than the timeouts), so an owner that loses its lock there is a
+violation. Each party keeps doing something at random (acquire in every
+mode, cancel, release from another thread, fenced writes, pauses, crashes);
+a chaos thread pauses waiters, suspends hosts (the monotonic clock stands, the
+wall clock jumps), kills parties at any moment, and starts twins (a second
+process under a live party's stable owner id). In some worlds every party has
+a second lock under the same prefix in the same scheduler, so its waiter
+checks are grouped into listings.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.errors import (
+    AcquireCancelled,
+    AlreadyAcquired,
+    HandoffLockError,
+    LockContended,
+    LockLost,
+    LockNotHeld,
+    StaleToken,
+    TransientStorageError,
+)
+from ...fencing import FencedObject
+from ...lock import events as signals
+from ...lock.acquired import Acquired
+from ...lock.handoff import HandoffLock
+from ...lock.scheduler import Scheduler
+from ...storage import MemoryStorage
+from .checker import FENCE_KEY, KEY, Checker, Rules
+from .faults import Faults, Net, SimStore
+from .hub import MONO0, Hub, Proc, SimClock, Violation, sim_primitives
+from .parties import Party
+
+_EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
+
+
+@dataclass
+class Config:
+    seconds: float = 60.0
+    parties: int = 3
+    ttl: float = 2.0
+    spacing: float = 0.0
+    skew: float = 0.5
+    gentle: bool = False
+    grouped: bool = False
+    suspends: bool = False
+    faults: Faults = field(default_factory=Faults)
+
+
+def draw_config(r: random.Random) -> Config:
+    gcs_like = r.random() < 0.35
+    gentle = gcs_like and r.random() < 0.4
+    # A gentle world uses a ttl design.md says survives two 429s in a row and a 3 s stalled read (ttl 8 once
+    # the lease-first pacing of branch limits is in; ttl 10 before it).
+    ttl = 10.0 if gentle else 5.0 if gcs_like else r.choice([1.5, 2.0, 3.0])
+    if gentle:
+        faults = Faults(gcs_rate=0.5, slow_read=0.1, slow_read_max=2.0, max_latency=r.choice([0.005, 0.05, 0.2]))
+    else:
+        faults = Faults(
+            fail=r.choice([0.0, 0.02, 0.08]),
+            throttle=r.choice([0.0, 0.0, 0.01]),
+            gcs_rate=0.3 if gcs_like else 0.0,
+            lost_reply=r.choice([0.0, 0.02, 0.08]),
+            slow_read=0.05 if gcs_like else 0.0,
+            slow_read_max=2.0,
+            max_latency=r.choice([0.005, 0.05, 0.2]),
+        )
+    return Config(
+        seconds=r.choice([20.0, 40.0, 60.0]),
+        parties=r.choice([2, 3, 3, 4]),
+        ttl=ttl,
+        spacing=1.0 if gcs_like else 0.0,
+        skew=r.choice([0.0, 0.2, 0.5]),
+        gentle=gentle,
+        grouped=r.random() < 0.4,
+        suspends=not gentle and r.random() < 0.3,
+        faults=faults,
+    )
+
+
+class World:
+    def __init__(self, seed: int, config: Config | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        random.seed(seed)  # the library's backoff jitter draws from the module's generator
+        self.config = c = config or draw_config(self.rng)
+        self.hub = Hub(self.rng)
+        self.parties: list[Party] = []
+        f = c.faults
+        wci = c.ttl / 5
+        rules = Rules(
+            ttl=c.ttl,
+            skew=c.skew,
+            waiter_check_interval=wci,
+            twin_window=wci + 2 * f.max_latency + f.slow_read_max + c.spacing + 0.5,
+            handoff_slack=2 * f.max_latency + c.spacing + 0.5,
+            gentle=c.gentle,
+        )
+        self.checker = Checker(self.hub, rules, self.parties)
+        self.backend = MemoryStorage(f"sim-{seed}")
+        self.net = Net(self.hub, self.rng, f, self.backend, self._applied)
+        self.hub.on_step = self.checker.check
+        self._ids = 0
+
+    def _applied(self, party: Any, key: str, data: bytes, generation: int) -> None:
+        self.checker.on_applied(party, key, data, generation)
+
+    # ------------------------------------------------------------------ parties
+
+    def new_party(self, owner_id: str | None = None, twin_of: str | None = None) -> Party:
+        self._ids += 1
+        c, hub = self.config, self.hub
+        proc = Proc(f"p{self._ids}")
+        clock = SimClock(hub, proc, self.rng.uniform(-c.skew / 2, c.skew / 2))
+        store = SimStore(self.net, None, min_write_interval=c.spacing)
+        sched = Scheduler(clock, autostart=False, name=proc.name)
+        sched.notify_inline = False
+        prims = sim_primitives(hub, proc)
+        owner = owner_id or proc.name
+
+        def make(key: str) -> HandoffLock:
+            return HandoffLock(
+                "memory://sim", storage=store, key=key, owner_id=owner, clock=clock, scheduler=sched,
+                ttl=c.ttl, waiter_check_interval=c.ttl / 5, waiter_poll_interval=c.ttl / 10, max_clock_skew=c.skew,
+                primitives=prims,
+            )  # fmt: skip
+
+        lock = make(KEY)
+        fence = FencedObject(store, FENCE_KEY, writer_id=owner, clock=clock, timeout=c.ttl)
+        side = make(f"locks/side-{proc.name}.json") if c.grouped else None
+        party = Party(proc, owner, clock, store, sched, lock, fence, side=side, twin_of=twin_of)
+        store.party = party
+        party.slow_receiver = self.rng.choice([0.0, 0.0, 0.0, c.ttl])
+        self.parties.append(party)
+        if party.slow_receiver:
+            signals.on_release_requested.connect(self._slow_receiver(party), sender=lock, weak=False)
+        hub.spawn(f"{proc.name}-scheduler", lambda: self._scheduler_loop(party), proc)
+        hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
+        if side is not None:
+            hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
+        hub.note(f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else ""))
+        return party
+
+    @staticmethod
+    def _slow_receiver(party: Party) -> Callable[..., None]:
+        def receive(sender: object, **kw: object) -> None:
+            party.clock.sleep(party.slow_receiver)  # a checkpoint before letting go
+
+        return receive
+
+    def _scheduler_loop(self, party: Party) -> None:
+        step = self.config.ttl / 20
+        while party.alive:
+            party.scheduler.run_pending()
+            self.hub.park(self.hub.now + step)
+
+    def _side_actor(self, party: Party) -> None:
+        """A second lock under the same prefix: held on and off, so the scheduler's waiter checks form a group."""
+        side, r = party.side, self.rng
+        assert side is not None
+        while party.alive and self.net.chaos:
+            self.hub.park(self.hub.now + r.uniform(0.5, 3.0) * self.config.ttl)
+            try:
+                if side.is_held:
+                    side.release()
+                else:
+                    side.acquire(blocking=False)
+            except _EXPECTED:
+                pass
+            except HandoffLockError as exc:
+                if "already" not in str(exc):
+                    raise Violation(f"{party.name}'s side lock raised {exc!r}") from exc
+
+    def _actor(self, party: Party) -> None:
+        r, hub, lock, c = self.rng, self.hub, party.lock, self.config
+        ttl = c.ttl
+        while self.net.chaos and party.alive:
+            party.ops += 1
+            choice = r.random()
+            if lock.is_held:
+                if choice < 0.03 and not c.gentle:
+                    self.crash(party)
+                    return
+                if choice < 0.06 and not c.gentle:
+                    party.proc.paused_until = hub.now + r.uniform(0.5, 2.5) * ttl  # a GC pause, a SIGSTOP
+                    self.checker.count("holder_pauses")
+                    hub.note(f"{party.name} pauses until {party.proc.paused_until - MONO0:.2f}")
+                    hub.park(party.proc.paused_until)
+                    continue
+                if choice < 0.5 and lock.healthy:
+                    self.fenced_write(party)
+                if lock.release_requested or choice > 0.85:
+                    self.timed(party, "release", lambda: lock.release())
+                hub.park(hub.now + r.uniform(0.0, ttl / 4))
+                if not lock.is_held and party.notes[-1:] != ["released"]:
+                    self.checker.lost_while_gentle(party, "the lock was lost while held")
+                party.notes[:] = []
+                continue
+            if choice < 0.02:
+                self.crash(party)
+                return
+            self.acquire_once(party)
+            hub.park(hub.now + r.uniform(0.0, ttl / 2))
+
+    def acquire_once(self, party: Party) -> None:
+        r, hub, lock, ttl = self.rng, self.hub, party.lock, self.config.ttl
+        mode = r.random()
+        timeout = r.uniform(0.5, 4.0) * ttl
+        if mode < 0.2:
+            op, bound = (lambda: lock.acquire(blocking=False)), ttl + 5
+        else:
+            op, bound = (lambda: lock.acquire(timeout=timeout)), timeout
+            if mode < 0.35:
+                hub.spawn(f"{party.name}-canceller", lambda: self._later(party, lambda: lock.cancel()), party.proc)
+            elif mode < 0.45:
+                release = lambda: self.timed(party, "release", lambda: lock.release())  # noqa: E731
+                hub.spawn(f"{party.name}-releaser", lambda: self._later(party, release), party.proc)
+        party.in_acquire = True
+        try:
+            result = self.timed(party, "acquire", op, bound=bound)
+        finally:
+            party.in_acquire = False
+            party.left_wait_at = hub.now
+        if isinstance(result, HandoffLockError) and not isinstance(result, _EXPECTED):
+            return  # refused at once ("already releasing"): this acquire never ran
+        if isinstance(result, (TransientStorageError, LockLost)):
+            # Documented: a store failing past the deadline, or a handed lease too short to renew, may
+            # leave the slot or the handed lease behind; they expire by themselves (time, not safety).
+            party.store.faults_seen += 1
+        self.checker.acquire_ended(party, result)
+        self.checker.slot_left(party)
+        if self.checker.record is None or self.checker.record.waiter_instance != lock.instance:
+            party.forgive_faults()  # a slot the faults kept may outlive its acquire; once gone, it is forgiven
+
+    def _later(self, party: Party, fn: Callable[[], object]) -> None:
+        self.hub.park(self.hub.now + self.rng.uniform(0.0, 2.0) * self.config.ttl)
+        if party.alive:
+            fn()
+
+    def timed(self, party: Party, what: str, op: Callable[[], Any], bound: float = 0.0) -> Any:
+        """Run ``op``; documented errors are outcomes, anything else is a violation. Checks the op's time bound."""
+        lock, hub = party.lock, self.hub
+        started, frozen_before = hub.now, party.proc.frozen_until()
+        if what == "release":
+            party.notes.append("released")  # however it ends, the hold ended by our hand
+        try:
+            result = op()
+            hub.note(f"{party.name} {what} -> {result!r}")
+        except _EXPECTED as exc:
+            hub.note(f"{party.name} {what} raised {type(exc).__name__}")
+            result = exc
+            if isinstance(exc, TransientStorageError) and "could not give back the waiter slot" in str(exc):
+                party.store.faults_seen += 1  # documented: the slot expires by itself within waiter_ttl
+        except AlreadyAcquired as exc:  # a concurrent acquire/release of the same instance: the API says no
+            return exc
+        except HandoffLockError as exc:
+            if "already" in str(exc):  # as above, from the releases that say so in words
+                return exc
+            raise Violation(f"{party.name} {what} raised {exc!r}") from exc
+        if party.proc.frozen_until() > started or party.proc.frozen_until() != frozen_before:
+            return result  # a pause stretches any operation
+        limit = bound + lock.give_up_budget + lock.renew_deadline + max(lock.renew_deadline, 5.0) + 2.0
+        if self.config.faults.slow_read:
+            limit += 2 * self.config.faults.slow_read_max
+        if hub.now - started > limit:
+            raise Violation(f"{party.name} {what} took {hub.now - started:.2f} s (bound {limit:.2f} s)")
+        return result
+
+    def fenced_write(self, party: Party) -> None:
+        try:
+            party.fence.write({"by": party.name, "at": self.hub.now}, token=party.lock.token)
+        except StaleToken:
+            self.checker.count("stale_writes_refused")
+        except TransientStorageError:
+            pass
+
+    def crash(self, party: Party) -> None:
+        self.hub.note(f"{party.name} crashes (held={party.lock.is_held})")
+        party.proc.crashed = True
+        if self.rng.random() < 0.5 and self.net.chaos:  # a restart, sometimes under the same stable id
+            self.new_party(party.owner_id if self.rng.random() < 0.5 else None)
+
+    # ------------------------------------------------------------------ chaos from outside the parties
+
+    def _chaos(self) -> None:
+        r, hub, c = self.rng, self.hub, self.config
+        while self.net.chaos:
+            hub.park(hub.now + r.uniform(0.5, 2.0) * c.ttl)
+            live = [p for p in self.parties if p.alive and hub.now >= p.proc.frozen_until()]
+            if not live:
+                continue
+            p, what = r.choice(live), r.random()
+            if what < 0.35 and p.in_acquire:
+                p.proc.paused_until = hub.now + r.uniform(0.3, 2.0) * c.ttl
+                self.checker.count("waiter_pauses")
+                hub.note(f"{p.name} pauses while waiting, until {p.proc.paused_until - MONO0:.2f}")
+            elif what < 0.5 and c.suspends and p.lock.is_held:
+                span = r.uniform(0.5, 3.0) * c.ttl
+                p.proc.suspended_until, p.proc.suspended_for = hub.now + span, p.proc.suspended_for + span
+                self.checker.count("suspends")
+                hub.note(f"{p.name} is suspended for {span:.2f} s (its monotonic clock stands)")
+            elif what < 0.6 and not c.gentle and p.twin_of is None and len(self.parties) < 12:
+                self.checker.count("twins")
+                self.new_party(p.owner_id, twin_of=p.name)
+            elif what < 0.7 and not (c.gentle and p.lock.is_held):
+                self.crash(p)
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> None:
+        for _ in range(self.config.parties):
+            self.new_party()
+        self.hub.spawn("chaos", self._chaos)
+        self.hub.run(MONO0 + self.config.seconds)
+        self.settle()
+
+    def settle(self) -> None:
+        """Liveness: chaos stops; the holder is gone; a newcomer must get the lock within ttl + skew (+ slack)."""
+        self.net.chaos = False
+        for p in self.parties:
+            p.proc.crashed = True
+        self.hub.run(self.hub.now + 0.5)
+        probe = self.new_party()
+        probe.lock.wait_for_slot = True  # a crashed waiter's slot may still be live: wait it out
+        probe.in_acquire = True
+        c = self.config
+        bound = c.ttl + c.skew + c.ttl + 2 * c.skew + 5.0  # a lease, a waiter slot (waiter_ttl = ttl), slack
+        box: dict[str, object] = {}
+
+        def acquire() -> None:
+            try:
+                box["ok"] = probe.lock.acquire(timeout=bound)
+            except HandoffLockError as exc:
+                box["ok"] = exc
+
+        self.hub.tasks = [t for t in self.hub.tasks if t.proc is probe.proc and t.name.endswith("scheduler")]
+        self.hub.spawn("probe", acquire, probe.proc)
+        self.hub.run(self.hub.now + bound + 10)
+        if not isinstance(box.get("ok"), Acquired):  # acquire() returns an Acquired (== True)
+            raise Violation(f"the lock was not free within {bound:.1f} s of its holder going: {box.get('ok')!r}")
+
+    def close(self) -> None:
+        for p in self.parties:
+            for sig in (signals.acquired, signals.on_release_requested):
+                for receiver in list(sig.receivers_for(p.lock)):
+                    sig.disconnect(receiver, sender=p.lock)
+        MemoryStorage.forget(self.backend.name)
+
+    @property
+    def coverage(self) -> dict[str, int]:
+        counts = dict(self.checker.counts)
+        for k, v in self.net.counts.items():
+            counts[k] = counts.get(k, 0) + v
+        return counts
