@@ -65,7 +65,9 @@ class Tiny(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         time.sleep(args.val_time)  # the rest of a long validation step
         self.last_val_batch = batch_idx
-        print(f"rank {self.global_rank} val batch {batch_idx}", flush=True)
+        signals = callback.ranks.signals if callback.ranks is not None else None
+        heard = " heard" if signals is not None and signals.received else ""  # this rank has had its signal
+        print(f"rank {self.global_rank} val batch {batch_idx}{heard}", flush=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
