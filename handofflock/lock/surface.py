@@ -32,6 +32,7 @@ from .types import LockStatus
 _log_release = logging.getLogger("handofflock.release")
 
 T = TypeVar("T")
+S = TypeVar("S", bound="LockSurface")
 
 
 class LockSurface:
@@ -57,7 +58,7 @@ class LockSurface:
 
         def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T: ...
 
-    def __enter__(self) -> Any:  # the lock itself (typed Self where 3.11 is the floor)
+    def __enter__(self: S) -> S:
         self.acquire()
         return self
 
