@@ -5,7 +5,7 @@ Needs only Python 3.10+ and access to PyPI. Standard library only, so it runs
 before anything is installed:
 
     python3 scripts/dev.py demo    # the two-trainer handoff demo, on the local backend
-    python3 scripts/dev.py test    # static checks, then the whole test suite (starts its own GCS emulator)
+    python3 scripts/dev.py test    # the whole test suite (starts its own servers), the static checks beside it
     python3 scripts/dev.py lint    # the static checks alone: ruff (lint, format) and mypy --strict
     python3 scripts/dev.py setup   # the test environment alone (for mkdocs serve, scripts/bench.py, ...)
 
@@ -25,6 +25,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -32,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 #: Pins for the test environment only (the CPU torch wheel); users' extras take ranges.
 CONSTRAINTS = ROOT / "constraints.txt"
+#: Where ``test`` tells pytest (tests/conftest.py) the static checks' report is written.
+LINT_REPORT = "HANDOFFLOCK_LINT_REPORT"
 
 
 def _venv_python() -> Path:
@@ -84,8 +87,11 @@ def ensure_venv(kind: str = "test") -> Path:
     return python
 
 
-def lint(python: Path) -> int:
-    """ruff's lint and format check, then mypy in strict mode, on handofflock/; non-zero on any finding."""
+def lint(python: Path, done: Path | None = None) -> int:
+    """ruff's lint and format check, then mypy in strict mode, on handofflock/; non-zero on any finding.
+
+    ``done``: a file written (with the exit status) when the checks have ended.
+    """
     failed = 0
     for name, args in (
         ("ruff check", ["-m", "ruff", "check", "handofflock"]),
@@ -97,6 +103,9 @@ def lint(python: Path) -> int:
         if code:
             print(f"[dev] {name} found problems (exit {code})", flush=True)
             failed = failed or code
+    print(f"[dev] static checks: {'problems found' if failed else 'clean'}", flush=True)
+    if done is not None:
+        done.write_text(str(failed))
     return failed
 
 
@@ -109,16 +118,31 @@ def main(argv: list[str]) -> int:
     if command == "setup":
         return 0
     if command == "lint":
-        return lint(python)
+        return lint(python, Path(rest[1]) if rest[:1] == ["--done"] and len(rest) > 1 else None)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if command == "demo":
-        args = [str(python), "-m", "handofflock.demo", *rest]
-    else:
-        # The static checks run first and fail the command, but never stop the tests from running.
-        checks = lint(python) if not rest else 0  # pytest arguments: a partial run, not CI's
-        args = [str(python), "-m", "pytest", *rest]
-        return subprocess.run(args, cwd=ROOT, env=env).returncode or checks
-    return subprocess.run(args, cwd=ROOT, env=env).returncode
+        return subprocess.run([str(python), "-m", "handofflock.demo", *rest], cwd=ROOT, env=env).returncode
+    args = [str(python), "-m", "pytest", *rest]
+    if rest:  # pytest arguments: a partial run, not CI's
+        return subprocess.run(args, cwd=ROOT, env=env).returncode
+    # The whole suite: the static checks run beside the tests (mypy takes a minute from cold, on one
+    # core, while the tests mostly wait on servers and clocks) and fail the command, but never stop
+    # the tests. Their report is printed by tests/conftest.py before pytest's last line.
+    with tempfile.TemporaryDirectory(prefix="handofflock-lint-") as tmp:
+        report = Path(tmp) / "lint.txt"
+        with report.open("w") as out:
+            checks = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "lint", "--done", str(report.with_suffix(".done"))],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        env[LINT_REPORT] = str(report)
+        code = subprocess.run(args, cwd=ROOT, env=env).returncode
+        checks_code = checks.wait()
+        if not (Path(tmp) / "lint.txt.shown").exists():  # pytest ended before its summary: show it here
+            print(report.read_text(), flush=True)
+    return code or checks_code
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -111,6 +112,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         elif "emulator_pages" in item.keywords:
             item.add_marker(pages)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """``scripts/dev.py test`` runs the static checks beside the suite: show their report before the last line."""
+    report = os.environ.get("HANDOFFLOCK_LINT_REPORT")
+    if not report:
+        return
+    done = Path(report).with_suffix(".done")
+    deadline = time.monotonic() + 600  # mypy from cold on a loaded machine: minutes at most
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    terminalreporter.write_sep("-", "static checks (ruff, ruff format, mypy --strict), run beside the tests")
+    terminalreporter.write(Path(report).read_text() if done.exists() else "the static checks did not finish in 600 s\n")
+    Path(report + ".shown").touch()
 
 
 @pytest.fixture

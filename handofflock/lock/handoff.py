@@ -4,8 +4,8 @@ Its transitions run under one I/O mutex; :mod:`handofflock.core.protocol` decide
 ``acquire()`` runs in the caller's thread, renewal and the waiter check on the scheduler
 (:mod:`.scheduler`, through :mod:`.duties`), ``release()`` in any thread, even a signal handler's
 (:mod:`.reentry` defers it to the outer call). Every other part (record I/O, lease, renewal and
-release writes, request book, notifier, errors, the no-I/O views) is a module beside this one,
-one job each: docs/design.md's table of layers names them.
+release writes, request book, notifier, errors, the no-I/O views, the surface that makes no
+transition) is a module beside this one, one job each: docs/design.md's table of layers names them.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
-    ConfigurationError,
     LockContended,
-    LockLost,
     LockNotHeld,
     LockRecordCorrupt,
     LockTimeout,
@@ -38,7 +36,7 @@ from ..core.timefmt import who
 from ..core.timing import Timing
 from ..storage import Storage
 from . import events as signals
-from . import forking, lifetime, messages, metrics, polling, renewal
+from . import forking, messages, metrics, polling, renewal
 from .acquired import Acquired
 from .duties import Duties
 from .lease import Lease
@@ -52,7 +50,7 @@ from .reentry import ReentryGuard
 from .release import give_back_slot, write_release
 from .requests import RequestBook, acquire_request
 from .state import State
-from .types import LockStatus
+from .surface import LockSurface
 from .views import LockViews
 
 _log_acquire = logging.getLogger("handofflock.acquire")
@@ -65,7 +63,7 @@ IDLE, WAITING, HELD = State.IDLE, State.WAITING, State.HELD
 RELEASING, LOST, FORKED = State.RELEASING, State.LOST, State.FORKED
 
 
-class HandoffLock(LockViews, TimingViews):
+class HandoffLock(LockSurface, LockViews, TimingViews):
     """A single-waiter cooperative handoff lock kept as one JSON object.
 
     >>> lock = HandoffLock("gs://bucket/locks/train.json", ttl=60.0)
@@ -132,8 +130,8 @@ class HandoffLock(LockViews, TimingViews):
             request_timeout=self.timing.request_timeout,
             clock=self._clock,
             # Weakly: the scheduler must not keep a lock alive (see lifetime.py); once it is gone, nothing is due.
-            hold=weakly(self, HandoffLock._hold, (IDLE, Lease())),
-            notifier=weakly(self, HandoffLock._notifier_now, None),
+            hold=weakly(self, lambda lock: (lock._state, lock._lease), (IDLE, Lease())),
+            notifier=weakly(self, lambda lock: lock._notifier, None),
             renew=weakly(self, HandoffLock._renew, None),
             check_waiter=weakly(self, HandoffLock._check_waiter, None),
             retry_release=weakly(self, HandoffLock._retry_release, None),
@@ -168,12 +166,6 @@ class HandoffLock(LockViews, TimingViews):
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
         self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields)
         self._guard = ReentryGuard(prims, self._release_deferred)
-
-    def _hold(self) -> tuple[State, Lease]:
-        return self._state, self._lease
-
-    def _notifier_now(self) -> Notifier:
-        return self._notifier
 
     def _after_fork(self) -> None:
         """In a forked child (called by :mod:`.forking`): hold nothing, do nothing, refuse every operation.
@@ -313,16 +305,6 @@ class HandoffLock(LockViews, TimingViews):
             owner_label=record.owner_label,
             waiter_expires_at=record.waiter_expires_at,
         )
-
-    def cancel(self) -> None:
-        """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
-
-        Only an acquire that is running is cancelled: a cancel while none runs (or while the lock is
-        held) does nothing, so a stray one never spoils the next acquire. To stop an acquire just
-        started in another thread, call it again until that thread ends (as ``run`` and the async lock do).
-        """
-        if self._state == WAITING:
-            self._cancel.set()
 
     def _not_acquired(self, record: LockRecord | None) -> bool:
         """A non-blocking acquire that did not get the lock; a slot of this instance's (leaked by an
@@ -516,32 +498,6 @@ class HandoffLock(LockViews, TimingViews):
         self._book.end_hold()
         self._lease.next_release_try = float("inf")
 
-    def __enter__(self) -> HandoffLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._state not in (HELD, LOST):
-            return
-        try:
-            self.release()
-        except LockLost:
-            if exc_type is None:
-                raise
-            _log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
-
-    def status(self, timeout: float = 30.0) -> LockStatus:
-        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad.
-
-        ``timeout`` bounds the read's retries of transient errors (then the last one is raised).
-        """
-        if not timeout >= 0:  # also refuses NaN
-            raise ConfigurationError(f"timeout must be >= 0, got {timeout!r}")
-        # A read only, of nothing this instance keeps: never under the I/O mutex, so a status()
-        # that rides out a read outage never holds up a renewal or a waiter check.
-        clock, policy, read = self._clock, self._policy, functools.partial(self._io.read, interruptible=True)
-        return self._guarded(lambda: LockStatus.of(self.url, *read(clock.monotonic() + timeout), clock.time(), policy))
-
     def _deadline_passed(self) -> None:
         """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
         with self._io.mutex:
@@ -551,28 +507,10 @@ class HandoffLock(LockViews, TimingViews):
     def _renew(self) -> None:
         """Renew (see :mod:`.renewal`: never waits for the write gate, never sleeps between retries)."""
         with self._io.mutex:
-            lease, held = self._lease, lambda: self._state == HELD
-            try:
-                renewed = renewal.renew(self._io, lease, held=held, saw=self._saw, **self._renewing())
-            except TransientStorageError as exc:
-                metrics.renewal_failed(self, exc)
-                delay = lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
-                _log_renew.warning(
-                    "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
-                    self.url,
-                    exc,
-                    delay,
-                )
-                return
-            except (StorageError, LockRecordCorrupt) as exc:
-                metrics.renewal_failed(self, exc)
-                self._mark_lost(f"renewal failed: {exc}", exc)
-                return
-            if isinstance(renewed, Lost):
-                self._mark_lost(renewed.why, None)
-            elif renewed is not None:
-                metrics.renewed(self, renewed.took)
-                _log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, renewed.expires_at)
+            held = lambda: self._state == HELD  # noqa: E731
+            loss = renewal.renew_or_fail(self, self._io, self._lease, held=held, saw=self._saw, **self._renewing())
+            if loss is not None:
+                self._mark_lost(*loss)
 
     def _retry_release(self) -> None:
         """Retry a release whose write failed, until it lands or the lease is over anyway."""
@@ -653,30 +591,6 @@ class HandoffLock(LockViews, TimingViews):
         if self._state == FORKED:
             raise messages.inherited(self.url, self._pid)
         return self._guard.run(fn, deferrable=deferrable)
-
-    def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """See :meth:`.reentry.ReentryGuard.then_after_deferred_release` (for :mod:`handofflock.os_signals`)."""
-        return self._guard.then_after_deferred_release(fn)
-
-    def _unschedule(self) -> None:
-        """Stop the background duties (tests use it to make a process that dies holding the lock)."""
-        self._lifetime.releases = False  # a dead process releases nothing, at exit or when collected
-        self._duties.unschedule()
-
-    @property
-    def release_at_exit(self) -> bool:
-        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
-
-        True by default (False on an injected fake clock); settable. See :mod:`.lifetime`.
-        """
-        return self._lifetime.releases
-
-    @release_at_exit.setter
-    def release_at_exit(self, value: bool) -> None:
-        self._lifetime.releases = bool(value)
-
-    def __del__(self) -> None:
-        lifetime.collected(self)  # only queues a held lock for the reaper thread: safe in any collection
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"

@@ -19,18 +19,22 @@ not run an owner at the shortest ttl past its renew deadline.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
 from ..core import protocol
 from ..core.clock import Clock
-from ..core.errors import PreconditionFailed
+from ..core.errors import LockRecordCorrupt, PreconditionFailed, StorageError, TransientStorageError
 from ..core.protocol import Lost, Me, Policy, Write
 from ..core.record import LockRecord, new_nonce
 from ..core.timing import Timing
+from . import metrics
 from .lease import Lease
 from .record_io import RecordIO
+
+_log = logging.getLogger("handofflock.renew")
 
 
 class Renewer(TypedDict):
@@ -122,3 +126,41 @@ def renew_handed(
         decision, end if deadline is None else max(min(deadline, end), lease.valid_until), urgent=True
     )
     lease.set(written.record, generation, mono, wall, timing, clock)
+
+
+def renew_or_fail(
+    measured: metrics.Measured,
+    io: RecordIO,
+    lease: Lease,
+    *,
+    me: Me,
+    clock: Clock,
+    policy: Policy,
+    timing: Timing,
+    held: Callable[[], bool],
+    saw: Callable[[LockRecord | None, int], bool],
+) -> tuple[str, BaseException | None] | None:
+    """:func:`renew` for the scheduler, and what its outcome means: the loss to mark (why, error), or None.
+
+    A transient error is counted on the lease (retried in the background until ``renew_deadline``,
+    when :meth:`.HandoffLock._deadline_passed` marks the loss); any other storage error, or the
+    protocol's :class:`Lost`, is a loss now. Logs and measures (``measured``: the lock) either way.
+    """
+    try:
+        renewed = renew(io, lease, me=me, clock=clock, policy=policy, timing=timing, held=held, saw=saw)
+    except TransientStorageError as exc:
+        metrics.renewal_failed(measured, exc)
+        delay = lease.renewal_failed(clock.monotonic(), timing.renew_interval)
+        _log.warning(
+            "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline", io.url, exc, delay
+        )
+        return None
+    except (StorageError, LockRecordCorrupt) as exc:
+        metrics.renewal_failed(measured, exc)
+        return f"renewal failed: {exc}", exc
+    if isinstance(renewed, Lost):
+        return renewed.why, None
+    if renewed is not None:
+        metrics.renewed(measured, renewed.took)
+        _log.debug("%s renewed %s until %.3f", me.owner_id, io.url, renewed.expires_at)
+    return None
