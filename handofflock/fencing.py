@@ -281,7 +281,7 @@ class FencedObject:
                         self.key,
                         data,
                         if_generation_match=generation,
-                        is_ours=lambda raw, nonce=nonce: nonce in _nonces_in(raw),  # type: ignore[misc]
+                        is_ours=lambda raw, nonce=nonce, doc=doc: _shows(raw, nonce, doc.recent),  # type: ignore[misc]
                         clock=self._clock,
                         deadline=deadline,
                         max_bytes=self.max_bytes,
@@ -385,11 +385,23 @@ def decode_fence(
     )
 
 
-def _nonces_in(data: bytes) -> tuple[str, ...]:
-    try:
-        return decode_fence(data, max_bytes=len(data)).recent
-    except FencedObjectCorrupt:
-        return ()
+def _shows(data: bytes, nonce: str, before: tuple[str, ...]) -> bool | None:
+    """Whether ``data`` shows the write with ``nonce``, made over a document whose nonces were ``before``.
+
+    True if the nonce is there. Every write keeps the nonces before it, the
+    newest :data:`RECENT_NONCES` of them, so the nonces form a suffix of the
+    object's history: if the last nonce of ``before`` is still there, every
+    write since is in view and ours is proven absent (False). If it has dropped
+    out, or ``before`` had none and the list is full, ours may have dropped out
+    with it: None, the bytes cannot tell. Bytes that are no fence document
+    raise :class:`FencedObjectCorrupt` (not ours; the next read reports them).
+    """
+    recent = decode_fence(data, max_bytes=len(data)).recent
+    if nonce in recent:
+        return True
+    if before:
+        return False if before[-1] in recent else None
+    return False if len(recent) < RECENT_NONCES else None
 
 
 def _encodable(value: Any, what: str) -> None:

@@ -10,8 +10,12 @@ failure the object is read back:
 
 * it carries our nonce: the write landed; carry on as if the reply had arrived;
 * its generation is still the one we matched: it did not land; retry;
-* anything else: someone else wrote; raise :class:`PreconditionFailed` so the
-  caller reads again and decides again.
+* someone else wrote, and the bytes show ours is not among the writes since:
+  raise :class:`PreconditionFailed` so the caller reads again and decides again;
+* someone else wrote, and the bytes cannot show it either way (a fenced object
+  keeps only its last writes' nonces, and ours may have dropped out): raise
+  :class:`TransientStorageError` (ambiguous), never PreconditionFailed, whose
+  caller would take it for "nothing written".
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def write_resolving(
     data: bytes | Callable[[], bytes],
     *,
     if_generation_match: int,
-    is_ours: Callable[[bytes], bool],
+    is_ours: Callable[[bytes], bool | None],
     clock: Clock,
     deadline: float | None,
     max_bytes: int,
@@ -105,6 +109,12 @@ def write_resolving(
     ``send_by`` is its ``by``: the latest time (monotonic) a 429's widened
     spacing may hold this urgent write back (a renewal passes
     :meth:`Timing.backoff_until <handofflock.core.timing.Timing.backoff_until>`).
+
+    ``is_ours(bytes)`` says whether stored bytes show our write: True, False
+    (they prove it is not among the writes they reflect), or None (they cannot
+    tell). After a write that may have landed, bytes at a later generation for
+    which it says None end the write with an ambiguous
+    :class:`TransientStorageError`: the outcome is lost, and no retry can find it.
 
     ``read_back`` is None when the store answered the write, else the bytes read
     back that proved it landed (they may be a later write that kept our nonce in
@@ -159,6 +169,8 @@ def write_resolving(
                     except TransientStorageError:
                         if not pause():
                             raise
+                    except _OutcomeLost:
+                        raise _outcome_lost(storage, key, if_generation_match) from None
                 if landed is not None:
                     return landed
             raise
@@ -172,6 +184,8 @@ def write_resolving(
                     landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
                 except TransientStorageError:
                     landed = None  # cannot tell yet; the retry's precondition will
+                except _OutcomeLost:
+                    raise _outcome_lost(storage, key, if_generation_match) from exc
                 if landed is not None:
                     return landed
             if not pause():
@@ -185,8 +199,14 @@ def write_resolving(
 
 
 def _landed(
-    storage: Storage, key: str, expected: int, is_ours: Callable[[bytes], bool], max_bytes: int
+    storage: Storage, key: str, expected: int, is_ours: Callable[[bytes], bool | None], max_bytes: int
 ) -> tuple[int, bytes] | None:
+    """After a write that may have landed: ``(generation, bytes)`` if it did, None if it did not yet.
+
+    Raises :class:`PreconditionFailed` if someone else wrote and ours is proven
+    absent, and :class:`_OutcomeLost` if someone else wrote and the bytes cannot
+    tell. Not a :class:`TransientStorageError`: the callers retry those.
+    """
     found = storage.read(key, max_bytes=max_bytes)
     if found is None:
         if expected != 0:
@@ -199,6 +219,23 @@ def _landed(
         ours = False
     if ours:
         return generation, data
-    if generation != expected:
-        raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
-    return None
+    if generation == expected:
+        return None
+    if ours is None:
+        raise _OutcomeLost()
+    raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+
+
+class _OutcomeLost(Exception):
+    """Raised by :func:`_landed`: the object moved on, and its bytes no longer show whether our write landed."""
+
+
+def _outcome_lost(storage: Storage, key: str, expected: int) -> TransientStorageError:
+    return TransientStorageError(
+        f"write to {key!r} in {getattr(storage, 'url', storage)}: no reply came, and others have written since "
+        f"generation {expected} so often that the object no longer shows whether this write is among theirs: "
+        "it may have landed (read the object to see where things stand)",
+        url=getattr(storage, "url", None),
+        key=key,
+        ambiguous=True,
+    )

@@ -435,7 +435,7 @@ def test_a_write_whose_reply_was_lost_is_recognised_and_not_applied_twice(store)
 def test_without_the_nonce_a_lost_reply_would_be_appended_twice(store, monkeypatch):
     # The same scenario with the nonce check knocked out: the retry passes the token
     # check (same writer, same token) and the entry lands twice. The test above would fail.
-    monkeypatch.setattr(fencing, "_nonces_in", lambda data: ())
+    monkeypatch.setattr(fencing, "_shows", lambda data, nonce, before: False)
     journal = fence(store, "A")
     journal.append("first", token=3)
     store.faults.lose_reply_next("write", key=KEY)
@@ -456,6 +456,61 @@ def test_a_lost_reply_followed_by_another_writer_is_still_recognised(store):
     assert fence(store).read().payload == ["a1", "a2", "b1"]
     with pytest.raises(StaleToken):
         a.append("a3", token=3)
+
+
+@pytest.mark.parametrize("others_write_during", ["the lost reply", "a failed read-back"])
+def test_a_lost_reply_whose_nonce_others_pushed_out_of_view_is_reported_as_unknown_never_as_stale(
+    store, others_write_during
+):
+    # The S3 torture run's "w0-18 s was reported refused but is in the journal": A's append
+    # landed and its reply was lost; A, paused or backing off (its read-back failed too, then
+    # its retry met its own write: 412), read back only after a newer holder B had claimed and
+    # written RECENT_NONCES times. A's nonce had dropped out of the object, which no longer
+    # shows whether A's write landed: StaleToken ("nothing written") would be a lie.
+    a, b = fence(store, "A"), fence(store, "B")
+    a.append("a1", token=3)
+
+    def b_writes_a_lot(error):
+        def meanwhile():
+            for i in range(RECENT_NONCES):  # B's claim and appends, while A cannot see the object
+                b.append(f"b{i}", token=4)
+            return error
+
+        return meanwhile
+
+    lost = TransientStorageError("reply lost", ambiguous=True)
+    if others_write_during == "the lost reply":
+        store.faults.lose_reply_next("write", key=KEY, exc=b_writes_a_lot(lost))
+    else:
+        store.faults.lose_reply_next("write", key=KEY, exc=lambda: lost)
+        store.faults.fail_next("read", key=KEY, exc=b_writes_a_lot(TransientStorageError("reset", ambiguous=False)))
+    with pytest.raises(TransientStorageError, match="may have landed") as info:
+        a.append("a2", token=3)
+    assert info.value.ambiguous
+    assert fence(store).read().payload == ["a1", "a2", *(f"b{i}" for i in range(RECENT_NONCES))]
+    with pytest.raises(StaleToken):  # what A learns by trying again: it was replaced
+        a.append("a3", token=3)
+    a_writes = 3 if others_write_during == "a failed read-back" else 2  # there, a retry met A's own write: 412
+    assert store.calls["write"] == a_writes + RECENT_NONCES
+
+
+def test_a_write_that_did_not_land_is_still_refused_as_stale_when_the_object_shows_it(store):
+    # The other side of the test above: after an ambiguous failure that did not land, a newer
+    # holder's few writes keep the object's last nonce before A's write in view, so the object
+    # proves A's write is not there, and A is told StaleToken as before.
+    a, b = fence(store, "A"), fence(store, "B")
+    a.append("a1", token=3)
+
+    def lost_and_b_writes():
+        for i in range(RECENT_NONCES - 1):
+            b.append(f"b{i}", token=4)
+        return TransientStorageError("connection reset", ambiguous=True)
+
+    store.faults.fail_next("write", key=KEY, exc=lost_and_b_writes)
+    with pytest.raises(StaleToken) as info:
+        a.append("a2", token=3)
+    assert (info.value.token, info.value.highest) == (3, 4)
+    assert fence(store).read().payload == ["a1", *(f"b{i}" for i in range(RECENT_NONCES - 1))]
 
 
 def test_the_nonces_kept_are_bounded(store):
