@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,8 @@ class Hub:
     on_step: Callable[[], None] = lambda: None
     died: tuple[str, BaseException] | None = None
     main: Any = field(default_factory=greenlet.getcurrent)
+    #: Steps at one instant after which the run is a livelock (a loop that never lets time move on).
+    max_steps_at_once: int = 20_000
 
     def spawn(self, name: str, fn: Callable[[], object], proc: Proc | None = None) -> Task:
         task = Task(name, proc, deadline=self.now)
@@ -107,6 +110,7 @@ class Hub:
         return task.deadline <= self.now or (task.event is not None and task.event.is_set())
 
     def run(self, until: float) -> None:
+        at_once: dict[str, int] = {}
         while True:
             self.tasks = [t for t in self.tasks if not t.done and not (t.proc is not None and t.proc.crashed)]
             ready = [t for t in self.tasks if self._runnable(t)]
@@ -116,6 +120,12 @@ class Hub:
                 task.glet.switch()
                 self.current = None
                 self.steps += 1
+                at_once[task.name] = at_once.get(task.name, 0) + 1
+                if at_once[task.name] > self.max_steps_at_once:
+                    raise Violation(
+                        f"livelock: {task.name} ran {at_once[task.name]} times at {self.now - MONO0:.3f} s "
+                        "without letting time move on (a loop whose wait is 0, again and again)"
+                    )
                 if self.died is not None:
                     name, exc = self.died
                     if isinstance(exc, Violation):
@@ -128,6 +138,8 @@ class Hub:
             if nxt > until:
                 self.now = max(self.now, until)
                 return
+            if nxt > self.now:
+                at_once.clear()
             self.now = max(self.now, nxt)
 
 
@@ -207,8 +219,46 @@ class SimClock(Clock):
             self.hub.park(self.hub.now + seconds)
 
 
+class SimPool:
+    """The scheduler's I/O pool (``ThreadPoolExecutor``'s shape): up to ``workers`` greenlets, started as jobs
+    need them, taking jobs in order. A job's exception is not kept in a future nobody reads: it ends the run."""
+
+    def __init__(self, hub: Hub, proc: Proc, workers: int, name: str) -> None:
+        self.hub, self.proc, self.workers, self.name = hub, proc, workers, name
+        self.jobs: deque[Callable[[], None]] = deque()
+        self.started = self.idle = 0
+        self.ready = SimEvent(hub)
+        self.closed = False
+
+    def submit(self, fn: Callable[[], None], /) -> object:
+        self.jobs.append(fn)
+        self.ready.set()
+        if self.idle == 0 and self.started < self.workers:
+            self.started += 1
+            self.hub.spawn(f"{self.name}_{self.started}", self._work, self.proc)
+        return None
+
+    def _work(self) -> None:
+        while not self.closed:
+            if not self.jobs:
+                self.idle += 1
+                self.ready.clear()
+                self.ready.wait()
+                self.idle -= 1
+                continue
+            self.jobs.popleft()()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.closed = True
+        if cancel_futures:
+            self.jobs.clear()
+        self.ready.set()
+
+
 def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
-    """The lock's primitives for one simulated process: mutexes and events give way to the hub, threads are greenlets.
+    """The lock's primitives for one simulated process: mutexes and events give way to the hub, threads and
+    the scheduler's pool workers are greenlets, signals are left alone (every greenlet is the main thread),
+    and planning costs no time.
 
     Thread-locals stay ``threading.local``: every greenlet shares one OS thread.
     """
@@ -216,4 +266,11 @@ def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
     def start_thread(target: Callable[[], None], name: str) -> None:
         hub.spawn(name, target, proc)
 
-    return Primitives(mutex=lambda: SimMutex(hub), event=lambda: SimEvent(hub), start_thread=start_thread)
+    return Primitives(
+        mutex=lambda: SimMutex(hub),
+        event=lambda: SimEvent(hub),
+        start_thread=start_thread,
+        pool=lambda workers, name: SimPool(hub, proc, workers, name),
+        leave_signals=lambda: None,
+        perf_counter=lambda: 0.0,
+    )

@@ -124,9 +124,9 @@ class World:
         proc = Proc(f"p{self._ids}")
         clock = SimClock(hub, proc, self.rng.uniform(-c.skew / 2, c.skew / 2))
         store = SimStore(self.net, None, min_write_interval=c.spacing)
-        sched = Scheduler(clock, autostart=False, name=proc.name)
-        sched.notify_inline = False
         prims = sim_primitives(hub, proc)
+        # The real scheduler: its loop and its I/O pool are greenlets of this process, started as it adds a lock.
+        sched = Scheduler(clock, name=proc.name, primitives=prims)
         owner = owner_id or proc.name
 
         def make(key: str) -> HandoffLock:
@@ -145,7 +145,6 @@ class World:
         self.parties.append(party)
         if party.slow_receiver:
             signals.on_release_requested.connect(self._slow_receiver(party), sender=lock, weak=False)
-        hub.spawn(f"{proc.name}-scheduler", lambda: self._scheduler_loop(party), proc)
         hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
         if side is not None:
             hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
@@ -158,12 +157,6 @@ class World:
             party.clock.sleep(party.slow_receiver)  # a checkpoint before letting go
 
         return receive
-
-    def _scheduler_loop(self, party: Party) -> None:
-        step = self.config.ttl / 20
-        while party.alive:
-            party.scheduler.run_pending()
-            self.hub.park(self.hub.now + step)
 
     def _side_actor(self, party: Party) -> None:
         """A second lock under the same prefix: held on and off, so the scheduler's waiter checks form a group."""
@@ -344,7 +337,7 @@ class World:
             except HandoffLockError as exc:
                 box["ok"] = exc
 
-        self.hub.tasks = [t for t in self.hub.tasks if t.proc is probe.proc and t.name.endswith("scheduler")]
+        self.hub.tasks = [t for t in self.hub.tasks if t.proc is probe.proc]  # its scheduler, if it has started
         self.hub.spawn("probe", acquire, probe.proc)
         self.hub.run(self.hub.now + bound + 10)
         if not isinstance(box.get("ok"), Acquired):  # acquire() returns an Acquired (== True)
