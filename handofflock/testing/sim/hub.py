@@ -206,17 +206,29 @@ class SimClock(Clock):
     def timebase(self) -> object:
         return self.proc
 
+    def _until(self, seconds: float) -> float:
+        """The hub time at which this clock's monotonic time has moved on by ``seconds`` (> 0).
+
+        At least one representable step later: a wait shorter than the float spacing at ``now`` would
+        otherwise end at the instant it began, and monotonic() would read the same (a real wait always
+        lets some time pass).
+        """
+        target, until = self.monotonic() + seconds, self.hub.now + seconds
+        while until - self.proc.suspended_for < target or until <= self.hub.now:
+            until = math.nextafter(until, math.inf)
+        return until
+
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
         if event.is_set():
             return True
         if timeout is not None and timeout <= 0:
             return False
-        self.hub.park(math.inf if timeout is None else self.hub.now + timeout, event)
+        self.hub.park(math.inf if timeout is None else self._until(timeout), event)
         return event.is_set()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            self.hub.park(self.hub.now + seconds)
+            self.hub.park(self._until(seconds))
 
 
 class SimPool:

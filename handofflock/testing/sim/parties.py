@@ -28,6 +28,9 @@ class Party:
     slow_receiver: float = 0.0
     in_acquire: bool = False
     left_wait_at: float = -math.inf
+    busy_until: float = -math.inf  # a long job: no release of its own accord before this
+    finish: bool = False  # the job ends: release at the next look
+    letting_go_at: float = math.inf  # asked to release: when its checkpoint is done
     ops: int = 0
     notes: list[str] = field(default_factory=list)
 

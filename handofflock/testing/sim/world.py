@@ -16,6 +16,7 @@ checks are grouped into listings.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ class World:
                     side.release()
                 else:
                     side.acquire(blocking=False)
-            except _EXPECTED:
+            except (*_EXPECTED, AlreadyAcquired):  # AlreadyAcquired: still releasing, the API says no
                 pass
             except HandoffLockError as exc:
                 if "already" not in str(exc):
@@ -193,7 +194,12 @@ class World:
                     continue
                 if choice < 0.5 and lock.healthy:
                     self.fenced_write(party)
-                if lock.release_requested or choice > 0.85:
+                if not lock.release_requested:
+                    party.letting_go_at = math.inf
+                elif party.letting_go_at == math.inf:  # asked: sometimes a checkpoint first, while the waiter may die
+                    party.letting_go_at = hub.now + (r.uniform(0.5, 2.0) * ttl if r.random() < 0.3 else 0.0)
+                if hub.now >= party.letting_go_at or party.finish or (choice > 0.85 and hub.now >= party.busy_until):
+                    party.finish, party.letting_go_at = False, math.inf
                     self.timed(party, "release", lambda: lock.release())
                 hub.park(hub.now + r.uniform(0.0, ttl / 4))
                 if not lock.is_held and party.notes[-1:] != ["released"]:
@@ -204,7 +210,10 @@ class World:
                 self.crash(party)
                 return
             self.acquire_once(party)
-            hub.park(hub.now + r.uniform(0.0, ttl / 2))
+            # Now and then a party has other work for a while: with fewer contenders a stale slot
+            # is not taken over at once, and an owner may come to hand off over one that expired.
+            rest = r.uniform(1.0, 4.0) * ttl if r.random() < 0.25 else r.uniform(0.0, ttl / 2)
+            hub.park(hub.now + rest)
 
     def acquire_once(self, party: Party) -> None:
         r, hub, lock, ttl = self.rng, self.hub, party.lock, self.config.ttl
@@ -213,7 +222,11 @@ class World:
         if mode < 0.2:
             op, bound = (lambda: lock.acquire(blocking=False)), ttl + 5
         else:
-            op, bound = (lambda: lock.acquire(timeout=timeout)), timeout
+            # A patient request never asks the holder (it finishes on its own time), so its slot may
+            # outlive a waiter that stopped or died while the owner is about to hand off.
+            asks, rank = r.random() < 0.7, r.choice([0, 0, 0, 1])
+            op = lambda: lock.acquire(timeout=timeout, request_release=asks, priority=rank)  # noqa: E731
+            bound = timeout
             if mode < 0.35:
                 hub.spawn(f"{party.name}-canceller", lambda: self._later(party, lambda: lock.cancel()), party.proc)
             elif mode < 0.45:
@@ -225,6 +238,8 @@ class World:
         finally:
             party.in_acquire = False
             party.left_wait_at = hub.now
+        if lock.is_held and r.random() < 0.3:  # a long job: it lets go on its own only after a while
+            party.busy_until = hub.now + r.uniform(1.0, 4.0) * ttl
         if isinstance(result, HandoffLockError) and not isinstance(result, _EXPECTED):
             return  # refused at once ("already releasing"): this acquire never ran
         if isinstance(result, (TransientStorageError, LockLost)):
@@ -294,6 +309,12 @@ class World:
             if not live:
                 continue
             p, what = r.choice(live), r.random()
+            slot = self.checker.record.waiter_instance if self.checker.record is not None else None
+            named = [q for q in live if q.in_acquire and q.lock.instance == slot]
+            if named and r.random() < 0.3:
+                # Aim at the registered waiter: stopped, it is an heir that reads its handoff late, or a
+                # slot that expires while a long job's owner is about to hand off; killed, a slot left behind.
+                p, what = named[0], r.choice([0.0, 0.65])
             if what < 0.35 and p.in_acquire:
                 p.proc.paused_until = hub.now + r.uniform(0.3, 2.0) * c.ttl
                 self.checker.count("waiter_pauses")
@@ -309,12 +330,44 @@ class World:
             elif what < 0.7 and not (c.gentle and p.lock.is_held):
                 self.crash(p)
 
+    def _director(self) -> None:
+        """Aims at two dangerous moments. When the owner has been asked and is about to let go, the waiter
+        stops (an heir that reads its handoff late must count its lease from the handoff's write). When
+        the record names a waiter whose slot has ended (it stopped or died), the owner's job ends now (an
+        owner about to hand off over an expired slot must free the lock instead)."""
+        hub, c, seen, aimed = self.hub, self.config, None, None
+        while self.net.chaos:
+            hub.park(hub.now + c.ttl / 10)
+            rec = self.checker.record
+            if rec is None or rec.waiter_expires_at is None or not rec.waiting_owner_id or rec is seen:
+                continue
+            if self.checker.true_wall() < rec.waiter_expires_at + c.skew + self.checker.rules.handoff_slack:
+                if rec is not aimed and any(q.alive and q.letting_go_at < math.inf for q in self.parties):
+                    aimed = rec
+                    heir = [
+                        q for q in self.parties if q.alive and q.in_acquire and q.lock.instance == rec.waiter_instance
+                    ]
+                    if heir and hub.now >= heir[0].proc.frozen_until() and self.rng.random() < 0.5:
+                        heir[0].proc.paused_until = hub.now + self.rng.uniform(0.6, 2.0) * c.ttl
+                        self.checker.count("waiter_pauses")
+                        hub.note(f"{heir[0].name} pauses as it is about to be handed the lock")
+                continue
+            seen = rec
+            if self.rng.random() < 0.5:
+                continue
+            for q in self.parties:
+                if q.alive and q.lock.instance == rec.owner_instance and q.lock.is_held:
+                    q.finish = True
+                    self.checker.count("stale_slot_releases")
+                    hub.note(f"{q.name}'s job ends over the expired slot of {rec.waiting_owner_id}")
+
     # ------------------------------------------------------------------ running
 
     def run(self) -> None:
         for _ in range(self.config.parties):
             self.new_party()
         self.hub.spawn("chaos", self._chaos)
+        self.hub.spawn("director", self._director)
         self.hub.run(MONO0 + self.config.seconds)
         self.settle()
 
