@@ -544,8 +544,8 @@ class HandoffLock(LockViews, TimingViews):
 
     def _deadline_passed(self) -> None:
         """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
-        with self._io.mutex:
-            if self._state == HELD:
+        with self._io.mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
+            if self._state == HELD and not self._lease.within(self._clock):
                 self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
 
     def _renew(self) -> None:

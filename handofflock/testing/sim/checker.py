@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
 from ...core.record import LockRecord
 from ...fencing import decode_fence
 from ...lock.acquired import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
 from .parties import Party
+
+#: What an operation may end with, by the lock's documentation: outcomes, never violations.
+EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
 
 KEY = "locks/sim.json"
 FENCE_KEY = "locks/fenced.json"

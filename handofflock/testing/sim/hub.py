@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+from asyncio import events as asyncio_events
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,6 +74,8 @@ class Hub:
     main: Any = field(default_factory=greenlet.getcurrent)
     #: Steps at one instant after which the run is a livelock (a loop that never lets time move on).
     max_steps_at_once: int = 20_000
+    spawned: list[Task] = field(default_factory=list)  # every task, kept until :meth:`end` unwinds it
+    ending: bool = False
 
     def spawn(self, name: str, fn: Callable[[], object], proc: Proc | None = None) -> Task:
         task = Task(name, proc, deadline=self.now)
@@ -89,15 +92,38 @@ class Hub:
 
         task.glet = greenlet.greenlet(run, parent=self.main)
         self.tasks.append(task)
+        self.spawned.append(task)
         return task
+
+    def end(self) -> None:
+        """Unwind every task still suspended, here and now, instead of whenever the garbage collector gets to
+        it: a greenlet collected later would unwind in the middle of another run (an event loop's ``finally``
+        clears the thread's running loop, whoever's it is by then)."""
+        self.ending = True
+        for task in self.spawned:
+            if not task.glet.dead:
+                task.glet.throw(greenlet.GreenletExit)
+                asyncio_events._set_running_loop(None)
+        self.spawned.clear()
 
     def park(self, deadline: float, event: threading.Event | None = None) -> None:
         """Give way until ``deadline`` (simulated) or until ``event`` is set."""
         task = self.current
+        if self.ending:
+            raise greenlet.GreenletExit
         if task is None:
             raise RuntimeError("park() outside a simulated thread")
         task.deadline, task.event = deadline, event
-        self.main.switch()
+        # asyncio's running loop belongs to an OS thread, and every greenlet shares one: each simulated
+        # thread keeps its own across the switch, as a real thread would (an async party runs a loop).
+        loop = asyncio_events._get_running_loop()
+        if loop is not None:
+            asyncio_events._set_running_loop(None)
+        try:
+            self.main.switch()
+        finally:
+            if loop is not None:
+                asyncio_events._set_running_loop(loop)
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.now - MONO0:9.3f} {text}")

@@ -23,12 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.errors import (
-    AcquireCancelled,
     AlreadyAcquired,
     HandoffLockError,
-    LockContended,
     LockLost,
-    LockNotHeld,
     StaleToken,
     TransientStorageError,
 )
@@ -38,12 +35,11 @@ from ...lock.acquired import Acquired
 from ...lock.handoff import HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
-from .checker import FENCE_KEY, KEY, Checker, Rules
+from .aio_party import run_async_party
+from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Rules
 from .faults import Faults, Net, SimStore
 from .hub import MONO0, Hub, Proc, SimClock, Violation, sim_primitives
 from .parties import Party
-
-_EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
 
 
 @dataclass
@@ -56,6 +52,7 @@ class Config:
     gentle: bool = False
     grouped: bool = False
     suspends: bool = False
+    asynchronous: bool = False  # the first party drives an AsyncHandoffLock from an event loop
     faults: Faults = field(default_factory=Faults)
 
 
@@ -86,6 +83,7 @@ def draw_config(r: random.Random) -> Config:
         gentle=gentle,
         grouped=r.random() < 0.4,
         suspends=not gentle and r.random() < 0.3,
+        asynchronous=r.random() < 0.3,
         faults=faults,
     )
 
@@ -146,7 +144,10 @@ class World:
         self.parties.append(party)
         if party.slow_receiver:
             signals.on_release_requested.connect(self._slow_receiver(party), sender=lock, weak=False)
-        hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
+        if c.asynchronous and self._ids == 1:
+            hub.spawn(f"{proc.name}-main", lambda: run_async_party(self, party), proc)
+        else:
+            hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
         if side is not None:
             hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
         hub.note(f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else ""))
@@ -170,7 +171,7 @@ class World:
                     side.release()
                 else:
                     side.acquire(blocking=False)
-            except (*_EXPECTED, AlreadyAcquired):  # AlreadyAcquired: still releasing, the API says no
+            except (*EXPECTED, AlreadyAcquired):  # AlreadyAcquired: still releasing, the API says no
                 pass
             except HandoffLockError as exc:
                 if "already" not in str(exc):
@@ -240,8 +241,13 @@ class World:
             party.left_wait_at = hub.now
         if lock.is_held and r.random() < 0.3:  # a long job: it lets go on its own only after a while
             party.busy_until = hub.now + r.uniform(1.0, 4.0) * ttl
-        if isinstance(result, HandoffLockError) and not isinstance(result, _EXPECTED):
+        if isinstance(result, HandoffLockError) and not isinstance(result, EXPECTED):
             return  # refused at once ("already releasing"): this acquire never ran
+        self.acquire_ended(party, result)
+
+    def acquire_ended(self, party: Party, result: object) -> None:
+        """An acquire (sync or async) ended with ``result``: what the checker holds it to."""
+        lock = party.lock
         if isinstance(result, (TransientStorageError, LockLost)):
             # Documented: a store failing past the deadline, or a handed lease too short to renew, may
             # leave the slot or the handed lease behind; they expire by themselves (time, not safety).
@@ -265,7 +271,7 @@ class World:
         try:
             result = op()
             hub.note(f"{party.name} {what} -> {result!r}")
-        except _EXPECTED as exc:
+        except EXPECTED as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
             result = exc
             if isinstance(exc, TransientStorageError) and "could not give back the waiter slot" in str(exc):
@@ -397,11 +403,18 @@ class World:
             raise Violation(f"the lock was not free within {bound:.1f} s of its holder going: {box.get('ok')!r}")
 
     def close(self) -> None:
+        self.hub.end()
         for p in self.parties:
+            if p.loop is not None and not p.loop.is_closed() and not p.loop.is_running():
+                p.loop.close()
             for sig in (signals.acquired, signals.on_release_requested):
                 for receiver in list(sig.receivers_for(p.lock)):
                     sig.disconnect(receiver, sender=p.lock)
         MemoryStorage.forget(self.backend.name)
+
+    @property
+    def ttl(self) -> float:
+        return self.config.ttl
 
     @property
     def coverage(self) -> dict[str, int]:
