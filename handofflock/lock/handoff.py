@@ -264,6 +264,7 @@ class HandoffLock(LockViews, TimingViews):
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
                         self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
+                        self._settle_handed_lease(deadline)  # a lost reply confirmed late: little may be left
                         return True
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back

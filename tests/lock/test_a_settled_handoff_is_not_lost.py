@@ -1,4 +1,7 @@
-"""An heir that reads its handoff late renews it at once; the scheduler's deadline check must not undo that.
+"""A lease that comes to acquire() late is renewed before it returns, and stays held.
+
+An heir that reads its handoff late renews it at once; the scheduler's deadline check must not undo that.
+A take whose reply was lost and confirmed late is renewed the same way.
 
 Found by the simulation (issue 26, an async heir paused as it was handed the
 lock): the heir's acquire renewed the short handed lease under the I/O mutex
@@ -62,4 +65,33 @@ def test_a_deadline_check_that_waited_for_the_settling_renewal_does_not_mark_the
         store.faults.clear()
         if heir.is_held:
             heir.release()
+        MemoryStorage.forget(name)
+
+
+def test_a_take_whose_lost_reply_is_confirmed_late_returns_a_healthy_lease():
+    """Found by the simulation (seed 1803 of 2,000): a take's reply was lost, and the read that showed it
+    had landed came late (retries, a slow store). The lease counts from the take's send, so acquire()
+    returned a lock already past its renew deadline: lost at the next look, its lease left in the store."""
+    name = f"late-take-{uuid.uuid4().hex[:8]}"
+    store = MemoryStorage.named(name)
+    clock = FakeClock(step=0.05)
+    lock = HandoffLock(f"memory://{name}/lock.json", ttl=2.0, min_write_interval=0.0, clock=clock,
+                       scheduler=Scheduler(clock, autostart=False))  # fmt: skip
+    slow = []
+
+    def slow_read_after_the_lost_reply(op, key):
+        if not slow:
+            slow.append(True)
+            clock.advance(1.5)  # the read that settles the lost reply takes 1.5 s of the lease's 2
+
+    try:
+        store.faults.lose_reply_next("write")
+        store.faults.before("write", lambda op, key: store.faults.before("read", slow_read_after_the_lost_reply))
+        assert lock.acquire(timeout=10)
+        assert slow, "the lost reply was never settled by a read"
+        assert lock.is_held and lock.healthy, "acquire() returned a lease already past its renew deadline"
+    finally:
+        store.faults.clear()
+        if lock.is_held:
+            lock.release()
         MemoryStorage.forget(name)
