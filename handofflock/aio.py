@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import threading
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import (
@@ -48,11 +47,11 @@ from typing import (
 
 try:
     import anyio
-    from anyio import from_thread, to_thread
-    from anyio.lowlevel import EventLoopToken, current_token
+    from anyio.lowlevel import EventLoopToken
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
 
+from .aio_threads import ANYIO_THREADS, Threads
 from .core.errors import ConfigurationError
 from .lock import events as signals
 from .lock.acquired import Acquired
@@ -91,38 +90,39 @@ _POLL = 0.005
 class _Loop:
     """The event loop a lock was acquired on, reachable from other threads."""
 
-    __slots__ = ("__weakref__", "thread", "token")
+    __slots__ = ("__weakref__", "thread", "threads", "token")
 
-    def __init__(self) -> None:
+    def __init__(self, threads: Threads) -> None:
+        self.threads = threads
         self.token: EventLoopToken | None = None
         self.thread: int | None = None
 
     def bind(self) -> None:
         """Called on the loop: later calls from threads come back to this loop."""
-        self.token = current_token()
-        self.thread = threading.get_ident()
+        self.token = self.threads.token()
+        self.thread = self.threads.ident()
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop and wait for it; from any thread but the loop's own."""
         token = self.token
         if token is None:
             return
-        if threading.get_ident() == self.thread:
+        if self.threads.ident() == self.thread:
             fn(*args)  # already on the loop (nothing here sends signals from it, but never deadlock)
             return
         try:
-            from_thread.run_sync(fn, *args, token=token)
+            self.threads.call_on_loop(token, fn, *args)
         except RuntimeError as exc:  # the loop has finished (trio's RunFinishedError is one too)
             _log.debug("event loop gone; %r not run: %s", fn, exc)
 
     def await_receiver(self, receiver: Callable[..., Any], sender: Any, kwargs: dict[str, Any]) -> None:
         """Await ``receiver(sender, **kwargs)`` on the loop, from a thread; return when it is done."""
         token = self.token
-        if token is None or threading.get_ident() == self.thread:
+        if token is None or self.threads.ident() == self.thread:
             _log.warning("async receiver %r not awaited: no event loop to await it on", receiver)
             return
         try:
-            from_thread.run(functools.partial(receiver, sender, **kwargs), token=token)
+            self.threads.await_on_loop(token, functools.partial(receiver, sender, **kwargs))
         except RuntimeError as exc:
             # asyncio: "Event loop is closed"; trio: RunFinishedError. A receiver's own error goes on.
             if type(exc).__name__ == "RunFinishedError" or "closed" in str(exc).lower():
@@ -165,14 +165,14 @@ class _Forward:
 class _Call(Generic[T]):
     """One blocking call of the sync lock, in a worker thread of its own, awaited from the loop."""
 
-    __slots__ = ("_claim", "_dropped", "_started", "done", "error", "fn", "result")
+    __slots__ = ("_claim", "_dropped", "_started", "done", "error", "fn", "result", "threads")
 
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self.fn = fn
-        self.done = threading.Event()
+    def __init__(self, fn: Callable[[], T], threads: Threads) -> None:
+        self.fn, self.threads = fn, threads
+        self.done = threads.primitives.event()
         self.result: T | None = None
         self.error: BaseException | None = None
-        self._claim = threading.Lock()
+        self._claim = threads.primitives.mutex()
         self._started = self._dropped = False
 
     def _main(self) -> None:
@@ -207,7 +207,7 @@ class _Call(Generic[T]):
         the call does outlives the task that made it.
         """
         try:
-            await to_thread.run_sync(self._main, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+            await self.threads.run_sync(self._main)
         except BaseException:  # a cancellation (or KeyboardInterrupt): the thread may still run
             # anyio may give the job up before a worker thread took it (cancelled while waiting for
             # the limiter or the worker): then it never runs, and there is nothing to wait for.
@@ -239,13 +239,13 @@ class _Call(Generic[T]):
         interrupted: BaseException | None = None
         with anyio.CancelScope(shield=True):
             try:
-                await to_thread.run_sync(self._main, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+                await self.threads.run_sync(self._main)
             except BaseException as exc:
                 # asyncio's task.cancel() reaches into a shielded scope (so can a KeyboardInterrupt), and anyio
                 # may then give the job up before a worker took it: the call runs in a thread of our own.
                 interrupted = exc
                 if self._take_over_unless_started():
-                    threading.Thread(target=self._run, name="handofflock-aio-call", daemon=True).start()
+                    self.threads.start(self._run, "handofflock-aio-call")
                 await self.finish()
         result = self.outcome()
         if interrupted is not None:
@@ -284,7 +284,9 @@ class AsyncHandoffLock:
     :class:`~handofflock.lock.options.LockOptions`), and are checked
     the same way in the constructor (no I/O there): a bad URL, a negative ttl
     or an impossible timing raise the same typed errors. Or wrap a lock you
-    made: ``AsyncHandoffLock(lock=HandoffLock(...))``.
+    made: ``AsyncHandoffLock(lock=HandoffLock(...))``. ``threads`` is how it
+    reaches worker threads and the loop (:mod:`handofflock.aio_threads`; a
+    simulation passes its own).
 
     Works under asyncio and trio. Storage is only ever touched from worker
     threads and the library's scheduler thread, never on the event loop;
@@ -298,7 +300,14 @@ class AsyncHandoffLock:
     sync lock. Receivers connected for any sender receive :attr:`sync` as sender.
     """
 
-    def __init__(self, url: Any = None, *, lock: HandoffLock | None = None, **options: Unpack[LockOptions]) -> None:
+    def __init__(
+        self,
+        url: Any = None,
+        *,
+        lock: HandoffLock | None = None,
+        threads: Threads = ANYIO_THREADS,
+        **options: Unpack[LockOptions],
+    ) -> None:
         if lock is not None:
             if url is not None or options:
                 raise ConfigurationError("pass either lock= or a URL and options, not both")
@@ -309,7 +318,8 @@ class AsyncHandoffLock:
             if url is None and "storage" not in options:
                 raise ConfigurationError("AsyncHandoffLock needs a lock URL (or storage= and key=)")
             self._sync = HandoffLock(url, **options)
-        self._loop = _Loop()
+        self._threads = threads
+        self._loop = _Loop(threads)
         self._waiters: set[anyio.Event] = set()
         self._forwarders = [_Forward(self, signal) for signal in _SIGNALS]
         for forward, signal in zip(self._forwarders, _SIGNALS, strict=True):
@@ -400,7 +410,8 @@ class AsyncHandoffLock:
         self._loop.bind()
         sync = self._sync
         call: _Call[Acquired[HandoffLock] | Literal[False]] = _Call(
-            functools.partial(sync.acquire, blocking, timeout, request_release=request_release, priority=priority)
+            functools.partial(sync.acquire, blocking, timeout, request_release=request_release, priority=priority),
+            self._threads,
         )
         try:
             got = await call.run(on_cancel=sync.cancel)
@@ -413,7 +424,7 @@ class AsyncHandoffLock:
 
     async def _release_after_cancel(self) -> None:
         """The acquire got the lock as its task was cancelled: hand it on, shielded."""
-        release: _Call[str | None] = _Call(self._sync.release)
+        release: _Call[str | None] = _Call(self._sync.release, self._threads)
         try:
             await release.run_to_end()
         except Exception as exc:
@@ -426,7 +437,7 @@ class AsyncHandoffLock:
         (``finally: await lock.release()`` in a cancelled task releases); the
         cancellation is raised after it.
         """
-        heir = await _Call(self._sync.release).run_to_end()
+        heir = await _Call(self._sync.release, self._threads).run_to_end()
         await anyio.lowlevel.checkpoint_if_cancelled()
         return heir
 
@@ -436,7 +447,7 @@ class AsyncHandoffLock:
         A read changes nothing, so a cancelled ``status()`` returns at once and
         leaves the read to end in its thread.
         """
-        return await to_thread.run_sync(self._sync.status, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+        return await self._threads.run_sync(self._sync.status)
 
     async def check(self) -> None:
         """Raise :class:`~handofflock.LockLost` unless the lock is held and healthy. No I/O."""
@@ -487,7 +498,7 @@ class AsyncHandoffLock:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Release (or hand off) however the block ends, a cancellation included: shielded."""
-        await _Call(functools.partial(self._sync.__exit__, exc_type, exc, tb)).run_to_end()
+        await _Call(functools.partial(self._sync.__exit__, exc_type, exc, tb), self._threads).run_to_end()
 
     def __repr__(self) -> str:
         return f"<AsyncHandoffLock {self._sync!r}>"

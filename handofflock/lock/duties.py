@@ -95,8 +95,11 @@ class Duties:
         return self.next_due(check=False)
 
     def next_check_at(self) -> float:
-        """When the next waiter check falls due."""
-        return self._hold()[1].next_check
+        """When the next waiter check falls due: never while the lock is not held (releasing, say), when a
+        check does nothing. (A past time then had the scheduler start a check that returned at once and
+        woke it to start another: a busy loop for as long as a release was being retried.)"""
+        state, lease = self._hold()
+        return lease.next_check if state is State.HELD else float("inf")
 
     def run_due(self) -> None:
         """Do whatever is due: the loss at the renew deadline, a renewal, a waiter check or a release

@@ -256,6 +256,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
                         self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
+                        self._settle_handed_lease(deadline)  # a lost reply confirmed late: little may be left
                         return True
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
@@ -500,8 +501,8 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
 
     def _deadline_passed(self) -> None:
         """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
-        with self._io.mutex:
-            if self._state == HELD:
+        with self._io.mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
+            if self._state == HELD and not self._lease.within(self._clock):
                 self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
 
     def _renew(self) -> None:

@@ -13,9 +13,13 @@ from the simulated parts it is given.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from ..core.threads import leave_signals_to_the_main_thread
 
 
 class Mutex(Protocol):
@@ -30,6 +34,19 @@ class Mutex(Protocol):
     def __exit__(self, *exc: Any) -> None: ...
 
 
+class Pool(Protocol):
+    """What the scheduler needs of its I/O pool: :class:`~concurrent.futures.ThreadPoolExecutor`'s shape."""
+
+    def submit(self, fn: Callable[[], None], /) -> object: ...
+
+    def shutdown(self, wait: bool = ..., *, cancel_futures: bool = ...) -> None: ...
+
+
+def thread_pool(workers: int, name: str) -> Pool:
+    """Up to ``workers`` threads called ``name``-N, started as jobs need them, that leave signals to the main thread."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=leave_signals_to_the_main_thread)
+
+
 def start_daemon_thread(target: Callable[[], None], name: str) -> None:
     """Run ``target`` on a new daemon thread called ``name`` (interpreter exit never waits for it)."""
     threading.Thread(target=target, name=name, daemon=True).start()
@@ -41,13 +58,23 @@ class Primitives:
 
     ``event`` makes a :class:`threading.Event` (or a subclass: a
     :class:`~handofflock.core.clock.Clock` waits on it). ``start_thread``
-    runs a callable in the background (the notifier) and returns at once.
+    runs a callable in the background (the notifier, the scheduler's loop)
+    and returns at once. The scheduler also takes from here its I/O ``pool``,
+    what its loop runs first (``leave_signals``: a real thread blocks the
+    asynchronous signals, see :mod:`~handofflock.core.threads`; a simulated
+    one shares the main thread and must not) and how it times its own
+    planning (``perf_counter``: real CPU time, which a simulation, where
+    planning takes no simulated time, replaces with a constant so that a
+    seed replays exactly).
     """
 
     mutex: Callable[[], Mutex] = threading.Lock
     event: Callable[[], threading.Event] = threading.Event
     local: Callable[[], threading.local] = threading.local
     start_thread: Callable[[Callable[[], None], str], None] = start_daemon_thread
+    pool: Callable[[int, str], Pool] = thread_pool
+    leave_signals: Callable[[], None] = leave_signals_to_the_main_thread
+    perf_counter: Callable[[], float] = time.perf_counter
 
 
 #: The real ones: :mod:`threading`.

@@ -44,17 +44,15 @@ import logging
 import math
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
-from ..core.threads import leave_signals_to_the_main_thread, quiet
 from ..storage.base import Storage, requests_within
+from .primitives import THREADING, Pool, Primitives
 
 _log = logging.getLogger("handofflock.lock.scheduler")
 
@@ -138,7 +136,9 @@ class Scheduler:
     """Runs the background duties of many locks from one thread plus ``io_workers`` workers.
 
     With ``autostart=False`` no thread is started; tests call :meth:`run_pending`
-    to run what is due on their own (fake) clock.
+    to run what is due on their own (fake) clock. ``primitives`` make its
+    mutex, events, loop thread and I/O pool (:mod:`threading` by default); a
+    simulation passes its own, so that its real loop runs on simulated time.
     """
 
     def __init__(
@@ -148,8 +148,10 @@ class Scheduler:
         io_workers: int = IO_WORKERS,
         autostart: bool = True,
         name: str = "handofflock",
+        primitives: Primitives = THREADING,
     ) -> None:
         self._clock = clock or Clock()
+        self._prims = primitives
         self._start_empty()
         self._io_workers = io_workers
         self._autostart = autostart
@@ -166,11 +168,11 @@ class Scheduler:
         self._locks: dict[int, Scheduled] = {}
         self._running: set[int] = set()  # running run_due(): nothing else of theirs is started
         self._checking: set[int] = set()  # in a waiter check, which a due renewal does not wait for
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._mutex = self._prims.mutex()
+        self._wake = self._prims.event()
+        self._stop = self._prims.event()
+        self._thread: _LoopThread | None = None
+        self._pool: Pool | None = None
         self._gkeys: dict[int, tuple[int, str] | None] = {}
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
@@ -275,7 +277,8 @@ class Scheduler:
                     ),
                     [],
                 )
-            next_due = min(next_due, group.next_at)
+            if not group.busy:  # a beat still running (a slow listing) wakes the loop as it ends
+                next_due = min(next_due, group.next_at)
         for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
             del self._groups[gkey]
         # Forget the verdict on prefixes nobody holds now: a store created later may reuse the
@@ -297,24 +300,21 @@ class Scheduler:
             if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
                 return
             self._stop.clear()
-            self._pool = self._pool or ThreadPoolExecutor(
-                self._io_workers,
-                thread_name_prefix=f"{self._name}-io",
-                initializer=leave_signals_to_the_main_thread,
-            )
-            self._thread = threading.Thread(target=quiet(self._loop), name=f"{self._name}-scheduler", daemon=True)
-            self._thread.start()
+            self._pool = self._pool or self._prims.pool(self._io_workers, f"{self._name}-io")
+            name = f"{self._name}-scheduler"
+            thread = self._thread = _LoopThread(self._prims.event(), name)
+            self._prims.start_thread(lambda: thread.run(self._prims.leave_signals, self._loop), name)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self._wake.clear()
                 now = self._clock.monotonic()
-                cost = time.perf_counter()
+                cost = self._prims.perf_counter()
                 with self._mutex:
                     jobs, next_due = self._plan(now, track=True)
                     have_locks = bool(self._locks)
-                cost = time.perf_counter() - cost
+                cost = self._prims.perf_counter() - cost
                 for job, _ in jobs:
                     assert self._pool is not None
                     self._pool.submit(job)
@@ -430,6 +430,26 @@ class Scheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+class _LoopThread:
+    """The scheduler's loop, started through the primitives: alive until it has returned."""
+
+    def __init__(self, done: threading.Event, name: str) -> None:
+        self._done, self.name = done, name
+
+    def run(self, first: Callable[[], None], loop: Callable[[], None]) -> None:
+        try:
+            first()
+            loop()
+        finally:
+            self._done.set()
+
+    def is_alive(self) -> bool:
+        return not self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._done.wait(timeout)
 
 
 @dataclass

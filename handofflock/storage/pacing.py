@@ -35,6 +35,8 @@ _GATES_LOCK = threading.Lock()
 MAX_PENALTY_INTERVAL = 8.0
 #: Writes the bucket of a gate holds: an urgent write may follow an ordinary one at once.
 BURST = 2
+#: A wait this short is no wait: a write may go (float dust in the bucket arithmetic).
+_TOLERANCE = 1e-9
 
 
 class WriteGate:
@@ -103,12 +105,16 @@ class WriteGate:
         before, or the write may go out on a stale generation.
         """
         with self._lock:
-            return self._wait(now, urgent, by)
+            wait = self._wait(now, urgent, by)
+        # Below the tolerance take() allows, a write may go now. Float dust (1e-13 s) left as a wait
+        # would put the next try at ``now + wait == now``: a renewal deferred to the instant it was
+        # deferred at, again and again, wherever time does not move between tries (the simulation).
+        return 0.0 if wait <= _TOLERANCE else wait
 
     def take(self, now: float, *, urgent: bool = False, by: float | None = None) -> bool:
         """Spend one write now if its class may go (``by`` as for :meth:`ready_in`); False (nothing spent) if not."""
         with self._lock:
-            if self._wait(now, urgent, by) > 1e-9:
+            if self._wait(now, urgent, by) > _TOLERANCE:
                 return False
             self._tokens = max(0.0, self._tokens - 1.0)
             self._sent = max(self._sent, now)

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
 from ...core.record import LockRecord
 from ...fencing import decode_fence
 from ...lock.acquired import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
 from .parties import Party
+
+#: What an operation may end with, by the lock's documentation: outcomes, never violations.
+EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
 
 KEY = "locks/sim.json"
 FENCE_KEY = "locks/fenced.json"
@@ -103,6 +107,14 @@ class Checker:
             token = lock.token or 0
             if (lock.instance, token) not in self.issued:
                 raise Violation(f"{party.name} acquired with token {token}, which no write gave this instance")
+            # acquire() returns a lease counted from the write that made it, renewed at once if little is
+            # left: healthy, unless the process stood still since its last request on the lock went out.
+            sent = party.store.sent_at.get(KEY, MONO0)
+            if lock.is_held and not lock.healthy and party.proc.frozen_until() <= sent:
+                raise Violation(
+                    f"{party.name}'s acquire returned a lock that is not healthy (token {token}); "
+                    f"its last request went out {self.hub.now - sent:.2f} s before, and it has not stood still since"
+                )
             return
         if lock.is_held:
             raise Violation(f"{party.name}'s acquire ended without the lock ({result!r}) and it holds the lock")

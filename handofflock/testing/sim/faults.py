@@ -74,6 +74,7 @@ class SimStore:
         self.url = "memory://sim"
         self.min_write_interval = min_write_interval
         self.faults_seen = 0
+        self.sent_at: dict[str, float] = {}  # key -> when its last request went out
 
     def _latency(self, op: str) -> float:
         f, r = self.net.faults, self.net.rng
@@ -91,6 +92,7 @@ class SimStore:
     def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool) -> T:
         net, f = self.net, self.net.faults
         hub = net.hub
+        self.sent_at[key] = hub.now
         hub.park(hub.now + self._latency(op))
         if self._hit(f.fail):
             raise TransientStorageError(f"sim: 503 on {op}", status=503, ambiguous=False)

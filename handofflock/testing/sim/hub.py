@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import random
 import threading
+from asyncio import events as asyncio_events
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +72,10 @@ class Hub:
     on_step: Callable[[], None] = lambda: None
     died: tuple[str, BaseException] | None = None
     main: Any = field(default_factory=greenlet.getcurrent)
+    #: Steps at one instant after which the run is a livelock (a loop that never lets time move on).
+    max_steps_at_once: int = 20_000
+    spawned: list[Task] = field(default_factory=list)  # every task, kept until :meth:`end` unwinds it
+    ending: bool = False
 
     def spawn(self, name: str, fn: Callable[[], object], proc: Proc | None = None) -> Task:
         task = Task(name, proc, deadline=self.now)
@@ -86,15 +92,38 @@ class Hub:
 
         task.glet = greenlet.greenlet(run, parent=self.main)
         self.tasks.append(task)
+        self.spawned.append(task)
         return task
+
+    def end(self) -> None:
+        """Unwind every task still suspended, here and now, instead of whenever the garbage collector gets to
+        it: a greenlet collected later would unwind in the middle of another run (an event loop's ``finally``
+        clears the thread's running loop, whoever's it is by then)."""
+        self.ending = True
+        for task in self.spawned:
+            if not task.glet.dead:
+                task.glet.throw(greenlet.GreenletExit)
+                asyncio_events._set_running_loop(None)
+        self.spawned.clear()
 
     def park(self, deadline: float, event: threading.Event | None = None) -> None:
         """Give way until ``deadline`` (simulated) or until ``event`` is set."""
         task = self.current
+        if self.ending:
+            raise greenlet.GreenletExit
         if task is None:
             raise RuntimeError("park() outside a simulated thread")
         task.deadline, task.event = deadline, event
-        self.main.switch()
+        # asyncio's running loop belongs to an OS thread, and every greenlet shares one: each simulated
+        # thread keeps its own across the switch, as a real thread would (an async party runs a loop).
+        loop = asyncio_events._get_running_loop()
+        if loop is not None:
+            asyncio_events._set_running_loop(None)
+        try:
+            self.main.switch()
+        finally:
+            if loop is not None:
+                asyncio_events._set_running_loop(loop)
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.now - MONO0:9.3f} {text}")
@@ -107,6 +136,7 @@ class Hub:
         return task.deadline <= self.now or (task.event is not None and task.event.is_set())
 
     def run(self, until: float) -> None:
+        at_once: dict[str, int] = {}
         while True:
             self.tasks = [t for t in self.tasks if not t.done and not (t.proc is not None and t.proc.crashed)]
             ready = [t for t in self.tasks if self._runnable(t)]
@@ -116,6 +146,12 @@ class Hub:
                 task.glet.switch()
                 self.current = None
                 self.steps += 1
+                at_once[task.name] = at_once.get(task.name, 0) + 1
+                if at_once[task.name] > self.max_steps_at_once:
+                    raise Violation(
+                        f"livelock: {task.name} ran {at_once[task.name]} times at {self.now - MONO0:.3f} s "
+                        "without letting time move on (a loop whose wait is 0, again and again)"
+                    )
                 if self.died is not None:
                     name, exc = self.died
                     if isinstance(exc, Violation):
@@ -128,6 +164,8 @@ class Hub:
             if nxt > until:
                 self.now = max(self.now, until)
                 return
+            if nxt > self.now:
+                at_once.clear()
             self.now = max(self.now, nxt)
 
 
@@ -194,21 +232,71 @@ class SimClock(Clock):
     def timebase(self) -> object:
         return self.proc
 
+    def _until(self, seconds: float) -> float:
+        """The hub time at which this clock's monotonic time has moved on by ``seconds`` (> 0).
+
+        At least one representable step later: a wait shorter than the float spacing at ``now`` would
+        otherwise end at the instant it began, and monotonic() would read the same (a real wait always
+        lets some time pass).
+        """
+        target, until = self.monotonic() + seconds, self.hub.now + seconds
+        while until - self.proc.suspended_for < target or until <= self.hub.now:
+            until = math.nextafter(until, math.inf)
+        return until
+
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
         if event.is_set():
             return True
         if timeout is not None and timeout <= 0:
             return False
-        self.hub.park(math.inf if timeout is None else self.hub.now + timeout, event)
+        self.hub.park(math.inf if timeout is None else self._until(timeout), event)
         return event.is_set()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            self.hub.park(self.hub.now + seconds)
+            self.hub.park(self._until(seconds))
+
+
+class SimPool:
+    """The scheduler's I/O pool (``ThreadPoolExecutor``'s shape): up to ``workers`` greenlets, started as jobs
+    need them, taking jobs in order. A job's exception is not kept in a future nobody reads: it ends the run."""
+
+    def __init__(self, hub: Hub, proc: Proc, workers: int, name: str) -> None:
+        self.hub, self.proc, self.workers, self.name = hub, proc, workers, name
+        self.jobs: deque[Callable[[], None]] = deque()
+        self.started = self.idle = 0
+        self.ready = SimEvent(hub)
+        self.closed = False
+
+    def submit(self, fn: Callable[[], None], /) -> object:
+        self.jobs.append(fn)
+        self.ready.set()
+        if self.idle == 0 and self.started < self.workers:
+            self.started += 1
+            self.hub.spawn(f"{self.name}_{self.started}", self._work, self.proc)
+        return None
+
+    def _work(self) -> None:
+        while not self.closed:
+            if not self.jobs:
+                self.idle += 1
+                self.ready.clear()
+                self.ready.wait()
+                self.idle -= 1
+                continue
+            self.jobs.popleft()()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.closed = True
+        if cancel_futures:
+            self.jobs.clear()
+        self.ready.set()
 
 
 def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
-    """The lock's primitives for one simulated process: mutexes and events give way to the hub, threads are greenlets.
+    """The lock's primitives for one simulated process: mutexes and events give way to the hub, threads and
+    the scheduler's pool workers are greenlets, signals are left alone (every greenlet is the main thread),
+    and planning costs no time.
 
     Thread-locals stay ``threading.local``: every greenlet shares one OS thread.
     """
@@ -216,4 +304,11 @@ def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
     def start_thread(target: Callable[[], None], name: str) -> None:
         hub.spawn(name, target, proc)
 
-    return Primitives(mutex=lambda: SimMutex(hub), event=lambda: SimEvent(hub), start_thread=start_thread)
+    return Primitives(
+        mutex=lambda: SimMutex(hub),
+        event=lambda: SimEvent(hub),
+        start_thread=start_thread,
+        pool=lambda workers, name: SimPool(hub, proc, workers, name),
+        leave_signals=lambda: None,
+        perf_counter=lambda: 0.0,
+    )

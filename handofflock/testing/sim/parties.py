@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...fencing import FencedObject
 from ...lock.handoff import HandoffLock
@@ -28,6 +29,10 @@ class Party:
     slow_receiver: float = 0.0
     in_acquire: bool = False
     left_wait_at: float = -math.inf
+    busy_until: float = -math.inf  # a long job: no release of its own accord before this
+    finish: bool = False  # the job ends: release at the next look
+    letting_go_at: float = math.inf  # asked to release: when its checkpoint is done
+    loop: Any = None  # an async party's event loop
     ops: int = 0
     notes: list[str] = field(default_factory=list)
 

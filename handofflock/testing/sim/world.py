@@ -16,18 +16,16 @@ checks are grouped into listings.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.errors import (
-    AcquireCancelled,
     AlreadyAcquired,
     HandoffLockError,
-    LockContended,
     LockLost,
-    LockNotHeld,
     StaleToken,
     TransientStorageError,
 )
@@ -37,12 +35,11 @@ from ...lock.acquired import Acquired
 from ...lock.handoff import HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
-from .checker import FENCE_KEY, KEY, Checker, Rules
+from .aio_party import run_async_party
+from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Rules
 from .faults import Faults, Net, SimStore
 from .hub import MONO0, Hub, Proc, SimClock, Violation, sim_primitives
 from .parties import Party
-
-_EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
 
 
 @dataclass
@@ -55,6 +52,7 @@ class Config:
     gentle: bool = False
     grouped: bool = False
     suspends: bool = False
+    asynchronous: bool = False  # the first party drives an AsyncHandoffLock from an event loop
     faults: Faults = field(default_factory=Faults)
 
 
@@ -85,6 +83,7 @@ def draw_config(r: random.Random) -> Config:
         gentle=gentle,
         grouped=r.random() < 0.4,
         suspends=not gentle and r.random() < 0.3,
+        asynchronous=r.random() < 0.3,
         faults=faults,
     )
 
@@ -124,9 +123,9 @@ class World:
         proc = Proc(f"p{self._ids}")
         clock = SimClock(hub, proc, self.rng.uniform(-c.skew / 2, c.skew / 2))
         store = SimStore(self.net, None, min_write_interval=c.spacing)
-        sched = Scheduler(clock, autostart=False, name=proc.name)
-        sched.notify_inline = False
         prims = sim_primitives(hub, proc)
+        # The real scheduler: its loop and its I/O pool are greenlets of this process, started as it adds a lock.
+        sched = Scheduler(clock, name=proc.name, primitives=prims)
         owner = owner_id or proc.name
 
         def make(key: str) -> HandoffLock:
@@ -145,8 +144,10 @@ class World:
         self.parties.append(party)
         if party.slow_receiver:
             signals.on_release_requested.connect(self._slow_receiver(party), sender=lock, weak=False)
-        hub.spawn(f"{proc.name}-scheduler", lambda: self._scheduler_loop(party), proc)
-        hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
+        if c.asynchronous and self._ids == 1:
+            hub.spawn(f"{proc.name}-main", lambda: run_async_party(self, party), proc)
+        else:
+            hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
         if side is not None:
             hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
         hub.note(f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else ""))
@@ -159,12 +160,6 @@ class World:
 
         return receive
 
-    def _scheduler_loop(self, party: Party) -> None:
-        step = self.config.ttl / 20
-        while party.alive:
-            party.scheduler.run_pending()
-            self.hub.park(self.hub.now + step)
-
     def _side_actor(self, party: Party) -> None:
         """A second lock under the same prefix: held on and off, so the scheduler's waiter checks form a group."""
         side, r = party.side, self.rng
@@ -176,7 +171,7 @@ class World:
                     side.release()
                 else:
                     side.acquire(blocking=False)
-            except _EXPECTED:
+            except (*EXPECTED, AlreadyAcquired):  # AlreadyAcquired: still releasing, the API says no
                 pass
             except HandoffLockError as exc:
                 if "already" not in str(exc):
@@ -200,7 +195,12 @@ class World:
                     continue
                 if choice < 0.5 and lock.healthy:
                     self.fenced_write(party)
-                if lock.release_requested or choice > 0.85:
+                if not lock.release_requested:
+                    party.letting_go_at = math.inf
+                elif party.letting_go_at == math.inf:  # asked: sometimes a checkpoint first, while the waiter may die
+                    party.letting_go_at = hub.now + (r.uniform(0.5, 2.0) * ttl if r.random() < 0.3 else 0.0)
+                if hub.now >= party.letting_go_at or party.finish or (choice > 0.85 and hub.now >= party.busy_until):
+                    party.finish, party.letting_go_at = False, math.inf
                     self.timed(party, "release", lambda: lock.release())
                 hub.park(hub.now + r.uniform(0.0, ttl / 4))
                 if not lock.is_held and party.notes[-1:] != ["released"]:
@@ -211,7 +211,10 @@ class World:
                 self.crash(party)
                 return
             self.acquire_once(party)
-            hub.park(hub.now + r.uniform(0.0, ttl / 2))
+            # Now and then a party has other work for a while: with fewer contenders a stale slot
+            # is not taken over at once, and an owner may come to hand off over one that expired.
+            rest = r.uniform(1.0, 4.0) * ttl if r.random() < 0.25 else r.uniform(0.0, ttl / 2)
+            hub.park(hub.now + rest)
 
     def acquire_once(self, party: Party) -> None:
         r, hub, lock, ttl = self.rng, self.hub, party.lock, self.config.ttl
@@ -220,7 +223,11 @@ class World:
         if mode < 0.2:
             op, bound = (lambda: lock.acquire(blocking=False)), ttl + 5
         else:
-            op, bound = (lambda: lock.acquire(timeout=timeout)), timeout
+            # A patient request never asks the holder (it finishes on its own time), so its slot may
+            # outlive a waiter that stopped or died while the owner is about to hand off.
+            asks, rank = r.random() < 0.7, r.choice([0, 0, 0, 1])
+            op = lambda: lock.acquire(timeout=timeout, request_release=asks, priority=rank)  # noqa: E731
+            bound = timeout
             if mode < 0.35:
                 hub.spawn(f"{party.name}-canceller", lambda: self._later(party, lambda: lock.cancel()), party.proc)
             elif mode < 0.45:
@@ -232,8 +239,15 @@ class World:
         finally:
             party.in_acquire = False
             party.left_wait_at = hub.now
-        if isinstance(result, HandoffLockError) and not isinstance(result, _EXPECTED):
+        if lock.is_held and r.random() < 0.3:  # a long job: it lets go on its own only after a while
+            party.busy_until = hub.now + r.uniform(1.0, 4.0) * ttl
+        if isinstance(result, HandoffLockError) and not isinstance(result, EXPECTED):
             return  # refused at once ("already releasing"): this acquire never ran
+        self.acquire_ended(party, result)
+
+    def acquire_ended(self, party: Party, result: object) -> None:
+        """An acquire (sync or async) ended with ``result``: what the checker holds it to."""
+        lock = party.lock
         if isinstance(result, (TransientStorageError, LockLost)):
             # Documented: a store failing past the deadline, or a handed lease too short to renew, may
             # leave the slot or the handed lease behind; they expire by themselves (time, not safety).
@@ -257,7 +271,7 @@ class World:
         try:
             result = op()
             hub.note(f"{party.name} {what} -> {result!r}")
-        except _EXPECTED as exc:
+        except EXPECTED as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
             result = exc
             if isinstance(exc, TransientStorageError) and "could not give back the waiter slot" in str(exc):
@@ -301,6 +315,12 @@ class World:
             if not live:
                 continue
             p, what = r.choice(live), r.random()
+            slot = self.checker.record.waiter_instance if self.checker.record is not None else None
+            named = [q for q in live if q.in_acquire and q.lock.instance == slot]
+            if named and r.random() < 0.3:
+                # Aim at the registered waiter: stopped, it is an heir that reads its handoff late, or a
+                # slot that expires while a long job's owner is about to hand off; killed, a slot left behind.
+                p, what = named[0], r.choice([0.0, 0.65])
             if what < 0.35 and p.in_acquire:
                 p.proc.paused_until = hub.now + r.uniform(0.3, 2.0) * c.ttl
                 self.checker.count("waiter_pauses")
@@ -316,12 +336,44 @@ class World:
             elif what < 0.7 and not (c.gentle and p.lock.is_held):
                 self.crash(p)
 
+    def _director(self) -> None:
+        """Aims at two dangerous moments. When the owner has been asked and is about to let go, the waiter
+        stops (an heir that reads its handoff late must count its lease from the handoff's write). When
+        the record names a waiter whose slot has ended (it stopped or died), the owner's job ends now (an
+        owner about to hand off over an expired slot must free the lock instead)."""
+        hub, c, seen, aimed = self.hub, self.config, None, None
+        while self.net.chaos:
+            hub.park(hub.now + c.ttl / 10)
+            rec = self.checker.record
+            if rec is None or rec.waiter_expires_at is None or not rec.waiting_owner_id or rec is seen:
+                continue
+            if self.checker.true_wall() < rec.waiter_expires_at + c.skew + self.checker.rules.handoff_slack:
+                if rec is not aimed and any(q.alive and q.letting_go_at < math.inf for q in self.parties):
+                    aimed = rec
+                    heir = [
+                        q for q in self.parties if q.alive and q.in_acquire and q.lock.instance == rec.waiter_instance
+                    ]
+                    if heir and hub.now >= heir[0].proc.frozen_until() and self.rng.random() < 0.5:
+                        heir[0].proc.paused_until = hub.now + self.rng.uniform(0.6, 2.0) * c.ttl
+                        self.checker.count("waiter_pauses")
+                        hub.note(f"{heir[0].name} pauses as it is about to be handed the lock")
+                continue
+            seen = rec
+            if self.rng.random() < 0.5:
+                continue
+            for q in self.parties:
+                if q.alive and q.lock.instance == rec.owner_instance and q.lock.is_held:
+                    q.finish = True
+                    self.checker.count("stale_slot_releases")
+                    hub.note(f"{q.name}'s job ends over the expired slot of {rec.waiting_owner_id}")
+
     # ------------------------------------------------------------------ running
 
     def run(self) -> None:
         for _ in range(self.config.parties):
             self.new_party()
         self.hub.spawn("chaos", self._chaos)
+        self.hub.spawn("director", self._director)
         self.hub.run(MONO0 + self.config.seconds)
         self.settle()
 
@@ -344,18 +396,25 @@ class World:
             except HandoffLockError as exc:
                 box["ok"] = exc
 
-        self.hub.tasks = [t for t in self.hub.tasks if t.proc is probe.proc and t.name.endswith("scheduler")]
+        self.hub.tasks = [t for t in self.hub.tasks if t.proc is probe.proc]  # its scheduler, if it has started
         self.hub.spawn("probe", acquire, probe.proc)
         self.hub.run(self.hub.now + bound + 10)
         if not isinstance(box.get("ok"), Acquired):  # acquire() returns an Acquired (== True)
             raise Violation(f"the lock was not free within {bound:.1f} s of its holder going: {box.get('ok')!r}")
 
     def close(self) -> None:
+        self.hub.end()
         for p in self.parties:
+            if p.loop is not None and not p.loop.is_closed() and not p.loop.is_running():
+                p.loop.close()
             for sig in (signals.acquired, signals.on_release_requested):
                 for receiver in list(sig.receivers_for(p.lock)):
                     sig.disconnect(receiver, sender=p.lock)
         MemoryStorage.forget(self.backend.name)
+
+    @property
+    def ttl(self) -> float:
+        return self.config.ttl
 
     @property
     def coverage(self) -> dict[str, int]:
