@@ -302,8 +302,9 @@ class Scheduler:
             self._stop.clear()
             self._pool = self._pool or self._prims.pool(self._io_workers, f"{self._name}-io")
             name = f"{self._name}-scheduler"
-            thread = self._thread = _LoopThread(self._prims.event(), name)
+            thread = _LoopThread(self._prims.event(), name)
             self._prims.start_thread(lambda: thread.run(self._prims.leave_signals, self._loop), name)
+            self._thread = thread  # only once started: a refused start must leave the next add to try again
 
     def _loop(self) -> None:
         while not self._stop.is_set():
