@@ -262,6 +262,8 @@ class Scheduler:
                 if id(lock) not in group.members:
                     group.members.add(id(lock))
                     group.next_at = min(group.next_at, lock.next_check_at())
+            if group.next_at == math.inf:  # no member held as it joined (releases retried): the first held sets it
+                group.next_at = min(lock.next_check_at() for lock in locks)
             if now >= group.next_at and not group.busy:
                 batch = [lock for lock in locks if id(lock) not in self._running]
                 if not batch:
