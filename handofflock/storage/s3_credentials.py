@@ -60,7 +60,7 @@ def boto3_session(url: str, *, profile: str | None, region: str | None) -> Any:
     """A boto3 session (for the store at ``url``) whose clients sign with :class:`BoundedCredentials`.
 
     The provider chain is botocore's own, with the session's profile and region,
-    made when credentials are first needed (in the refresh thread), as botocore makes it.
+    made (in the refresh thread) when botocore first asks for credentials, as it makes a client.
     """
     session = botocore.session.Session()
 
@@ -80,7 +80,10 @@ class _Provider:
         self._url = url
 
     def load_credentials(self) -> BoundedCredentials:
-        return BoundedCredentials(self._load, self._url)
+        # botocore asks as it makes a client: the load starts now, beside the rest of that work.
+        credentials = BoundedCredentials(self._load, self._url)
+        credentials.load_soon()
+        return credentials
 
 
 class _Refresh:
@@ -141,6 +144,12 @@ class BoundedCredentials:
         if refresh.error is not None:
             raise refresh.error
         return refresh.frozen
+
+    def load_soon(self) -> None:
+        """Start the first load, if nothing has started it, without waiting for it."""
+        with self._lock:
+            if self._refresh is None and self._frozen is None:
+                self._refresh = self._start()
 
     def get_deferred_property(self, name: str) -> Callable[[], Any]:
         """botocore asks for ``account_id`` this way, for endpoints that name the account."""

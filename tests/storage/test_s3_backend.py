@@ -416,3 +416,27 @@ def test_a_lock_whose_create_reply_trickles_is_cut_off_and_resolved_by_the_read_
 def test_a_constructor_refuses_a_nonsense_request_timeout():
     with pytest.raises(ConfigurationError):
         S3Storage("ok-bucket", request_timeout=0)
+
+
+def test_making_the_client_is_not_counted_against_the_first_request_deadline(bucket, monkeypatch):
+    """botocore takes its time to make a client (it parses the S3 model: 0.2 s idle, up to 1.8 s on
+    a loaded 2-core machine, measured), longer than a lock's requests may take at small ttls (0.3 s
+    at lockutil.FAST). That is the SDK's own work, no I/O: a cold store's first request gets its
+    whole deadline after it (before: cut by the deadline, with nothing stalled). Here the SDK is made
+    1 s slower to make its client, as a loaded machine does."""
+    from handofflock.storage import s3_credentials
+    from handofflock.storage.base import requests_within
+
+    made = s3_credentials.boto3_session
+
+    def slow_to_make_clients(*args, **kwargs):
+        session = made(*args, **kwargs)
+        session.events.register("creating-client-class.s3", lambda **_: time.sleep(1.0))
+        return session
+
+    monkeypatch.setattr(s3_credentials, "boto3_session", slow_to_make_clients)
+    store = S3Storage(bucket)
+    started = time.monotonic()
+    with requests_within(0.5):
+        assert store.read("a.json") is None  # the client, the one-time probe's requests, the read
+    assert time.monotonic() - started >= 1.0, "the client was made slowly"
