@@ -41,7 +41,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from ..core.threads import quiet
 
-__all__ = ["Deadline", "DeadlineAdapter", "armed", "install"]
+__all__ = ["Deadline", "DeadlineAdapter", "armed", "current", "install"]
 
 #: How often an expired deadline looks again for a socket to shut down (a connection still
 #: connecting has none yet; its connect timeout is capped at the deadline by the caller).
@@ -192,6 +192,11 @@ def armed(seconds: float) -> Iterator[Deadline]:
     finally:
         deadline.finish()
         _current.deadline = previous
+
+
+def current() -> Deadline | None:
+    """The deadline of the request this thread is sending (the innermost :func:`armed`), if any."""
+    return getattr(_current, "deadline", None)
 
 
 class _Watched:

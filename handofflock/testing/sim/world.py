@@ -11,7 +11,10 @@ a chaos thread pauses waiters, suspends hosts (the monotonic clock stands, the
 wall clock jumps), kills parties at any moment, and starts twins (a second
 process under a live party's stable owner id). In some worlds every party has
 a second lock under the same prefix in the same scheduler, so its waiter
-checks are grouped into listings.
+checks are grouped into listings. In some the first party drives the async
+lock from an event loop (:mod:`.aio_party`). A director aims at two moments:
+an heir stopped as it is handed the lock, and an owner's job that ends over
+an expired waiter slot. Every party runs the real scheduler loop.
 """
 
 from __future__ import annotations
