@@ -99,7 +99,6 @@ def test_a_take_whose_lost_reply_is_confirmed_late_returns_a_healthy_lease():
         MemoryStorage.forget(name)
 
 
-@pytest.mark.xfail(strict=True, reason="open: the deadline check may run before the settling renewal (review)")
 def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_first():
     """The same late take, with the scheduler's deadline check running before the settling renewal (it runs
     while the ``acquired`` receivers do, in acquire()'s thread): acquire() must raise LockLost, never return
