@@ -60,6 +60,7 @@ _log_release = logging.getLogger("handofflock.release")
 T = TypeVar("T")
 
 IDLE, WAITING, HELD = State.IDLE, State.WAITING, State.HELD
+Settle = float | Literal[False] | None  # settle the lease by then (None: renew_deadline), or not (released at once)
 RELEASING, LOST, FORKED = State.RELEASING, State.LOST, State.FORKED
 
 
@@ -241,8 +242,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
                     observed_at=observed.at(record, wall),
                 )
                 if isinstance(decision, Owned):
-                    self._became_owner(decision.record, decision.generation, handoff=True, mono=mono, wall=wall)
-                    self._settle_handed_lease(deadline)
+                    self._became_owner(decision.record, decision.generation, True, mono, wall, settle_by=deadline)
                     return True
                 if isinstance(decision, Write):
                     if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
@@ -255,8 +255,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
                         continue
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
-                        self._became_owner(record, generation, handoff=False, mono=mono, wall=wall)
-                        self._settle_handed_lease(deadline)  # a lost reply confirmed late: little may be left
+                        self._became_owner(record, generation, False, mono, wall, settle_by=deadline)
                         return True
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
@@ -351,17 +350,18 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         if not handed:
             return False
         owned, mono, wall = handed
-        self._became_owner(owned.record, owned.generation, handoff=True, mono=mono, wall=wall)
+        self._became_owner(owned.record, owned.generation, True, mono, wall, settle_by=deadline if keep else False)
         if keep:
-            self._settle_handed_lease(deadline)
             return True
         self._guard.deferred = False
         if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
             self._release_held(deadline)
         return False
 
-    def _became_owner(self, record: LockRecord, generation: int, *, handoff: bool, mono: float, wall: float) -> None:
-        """We own ``record``. ``mono``/``wall`` are the clocks when its lease was stamped (or read)."""
+    def _became_owner(
+        self, record: LockRecord, generation: int, handoff: bool, mono: float, wall: float, *, settle_by: Settle
+    ) -> None:
+        """We own ``record`` (stamped at ``mono``/``wall``); its lease settled before scheduler or receivers know."""
         if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
             wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
         # A new hold: nothing of the last one (its loss included) carries over.
@@ -378,6 +378,8 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             # us): our renewals write against this very generation and never meet it, so the first waiter
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
             lease.next_check = self._clock.monotonic()
+        if settle_by is not False:
+            self._settle_handed_lease(settle_by)
         self._duties.schedule()
         self._lifetime.held()
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)

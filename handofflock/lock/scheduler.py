@@ -262,6 +262,8 @@ class Scheduler:
                 if id(lock) not in group.members:
                     group.members.add(id(lock))
                     group.next_at = min(group.next_at, lock.next_check_at())
+            if group.next_at == math.inf:  # no member held as it joined (releases retried): the first held sets it
+                group.next_at = min(lock.next_check_at() for lock in locks)
             if now >= group.next_at and not group.busy:
                 batch = [lock for lock in locks if id(lock) not in self._running]
                 if not batch:
@@ -302,8 +304,9 @@ class Scheduler:
             self._stop.clear()
             self._pool = self._pool or self._prims.pool(self._io_workers, f"{self._name}-io")
             name = f"{self._name}-scheduler"
-            thread = self._thread = _LoopThread(self._prims.event(), name)
+            thread = _LoopThread(self._prims.event(), name)
             self._prims.start_thread(lambda: thread.run(self._prims.leave_signals, self._loop), name)
+            self._thread = thread  # only once started: a refused start must leave the next add to try again
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -18,6 +18,8 @@ import threading
 import time
 import uuid
 
+import pytest
+
 from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.storage import MemoryStorage
 
@@ -91,6 +93,46 @@ def test_a_take_whose_lost_reply_is_confirmed_late_returns_a_healthy_lease():
         assert slow, "the lost reply was never settled by a read"
         assert lock.is_held and lock.healthy, "acquire() returned a lease already past its renew deadline"
     finally:
+        store.faults.clear()
+        if lock.is_held:
+            lock.release()
+        MemoryStorage.forget(name)
+
+
+def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_first():
+    """The same late take, with the scheduler's deadline check running before the settling renewal (it runs
+    while the ``acquired`` receivers do, in acquire()'s thread): acquire() must raise LockLost, never return
+    a lock that is already lost as if it had got it."""
+    from handofflock.core.errors import LockLost
+    from handofflock.lock import events as signals
+
+    name = f"late-take-first-{uuid.uuid4().hex[:8]}"
+    store = MemoryStorage.named(name)
+    clock = FakeClock(step=0.05)
+    sched = Scheduler(clock, autostart=False)
+    lock = HandoffLock(f"memory://{name}/lock.json", ttl=2.0, min_write_interval=0.0, clock=clock, scheduler=sched)
+    slow: list[bool] = []
+
+    def slow_read_after_the_lost_reply(op, key):
+        if not slow:
+            slow.append(True)
+            clock.advance(1.7)  # past the lease's renew deadline before acquire() has it
+
+    def scheduler_meanwhile(sender, **kw):
+        sched.run_pending()  # the scheduler thread, running beside the receivers
+
+    signals.acquired.connect(scheduler_meanwhile, sender=lock)
+    try:
+        store.faults.lose_reply_next("write")
+        store.faults.before("write", lambda op, key: store.faults.before("read", slow_read_after_the_lost_reply))
+        try:
+            got = lock.acquire(timeout=10)
+        except LockLost:
+            got = None
+        assert slow, "the lost reply was never settled by a read"
+        assert got is None or (lock.is_held and lock.healthy), f"acquire() returned {got!r} with the lock {lock!r}"
+    finally:
+        signals.acquired.disconnect(scheduler_meanwhile, sender=lock)
         store.faults.clear()
         if lock.is_held:
             lock.release()

@@ -23,7 +23,7 @@ FOUND_WITHIN = {
     "trust-a-read": 5, "still-mine-by-id": 5, "keep-slot-on-timeout": 5, "unconditional-handoff": 10,
     "unconditional-renewal": 5, "give-up-without-match": 20, "lease-past-its-margin": 10,
     "heir-keeps-old-token": 5, "heir-lease-from-its-read": 15, "cancelled-keeps-handed-lock": 20,
-    "handoff-to-expired-slot": 15,
+    "handoff-to-expired-slot": 40,
 }  # fmt: skip
 
 
