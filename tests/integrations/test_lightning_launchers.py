@@ -68,9 +68,10 @@ def test_sigterm_during_a_long_validation_stops_every_rank_within_a_few_validati
     # the signal on when it gets to it (seconds later on a loaded machine): count from when rank 0 heard it.
     before_stop = out[: out.index("rank 0 stopped")]
     ran = [(int(b), bool(h)) for b, h in re.findall(r"rank 0 val batch (\d+)( heard)?", before_stop)]
+    # No batch line after hearing it: it came after the last batch printed, and the stop followed that batch.
     heard = [i for i, (_, h) in enumerate(ran) if h]
-    assert heard, f"rank 0 heard the signal outside validation: {out}"
-    seen, after_heard = ran[-1][0], len(ran) - heard[0]
+    seen, after_heard = ran[-1][0], len(ran) - heard[0] if heard else 0
+    assert seen < 399, f"the validation ran to its end: the stop did not come inside it: {out}"
     stops = {int(r): (int(s), int(v), why) for r, s, v, why in
              re.findall(r"rank (\d) stopped after step (\d+) val batch (\d+) \((\w+, \w+)\)", out)}
     assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, out  # every rank at one point

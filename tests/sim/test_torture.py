@@ -84,5 +84,6 @@ def test_the_torture_run_s_storage_switch_runs_the_workers_on_s3(tmp_path):
     assert result["config"]["storage"] == "s3"
     failed = {name: check["violations"] for name, check in result["checks"].items() if not check["ok"]}
     assert set(failed) <= {"stale_writes_were_refused"}, f"seed {seed}: {failed}"
-    assert result["critical_sections"] > 10
+    # The run did work under the faults (a loaded 2-core machine managed 9 sections in 10 s; idle, 20 or more).
+    assert result["critical_sections"] >= 5
     assert result["proxy"]["faults"]["drop_reply"] + result["proxy"]["faults"]["reset"] > 0
