@@ -26,7 +26,7 @@ def test_a_lock_held_again_beside_a_neighbour_still_releasing_is_checked_for_wai
     sched = Scheduler(clock, autostart=False)
     timing = dict(ttl=600.0, renew_deadline=20.0, renew_interval=5.0, waiter_check_interval=CHECK)
     a, b = (
-        HandoffLock(f"memory://{name}/locks/{n}.json", min_write_interval=0.0, clock=clock, scheduler=sched, **timing)
+        HandoffLock(f"memory://{name}/locks/{n}.json", clock=clock, scheduler=sched, **timing)
         for n in ("a", "b")
     )
     looked: list[str | None] = []

@@ -31,10 +31,10 @@ def test_a_deadline_check_that_waited_for_the_settling_renewal_does_not_mark_the
     store = MemoryStorage.named(name)
     clock = FakeClock()
     url = f"memory://{name}/lock.json"
-    owner = HandoffLock(url, ttl=TTL, owner_id="owner", min_write_interval=0.0, clock=clock,
+    owner = HandoffLock(url, ttl=TTL, owner_id="owner", clock=clock,
                         scheduler=Scheduler(clock, autostart=False))  # fmt: skip
     sched = Scheduler(clock, autostart=False)
-    heir = HandoffLock(url, ttl=TTL, owner_id="heir", min_write_interval=0.0, waiter_poll_interval=1.0,
+    heir = HandoffLock(url, ttl=TTL, owner_id="heir", waiter_poll_interval=1.0,
                        clock=clock, scheduler=sched)  # fmt: skip
     got: list[object] = []
     duty: list[threading.Thread] = []
@@ -77,7 +77,7 @@ def test_a_take_whose_lost_reply_is_confirmed_late_returns_a_healthy_lease():
     name = f"late-take-{uuid.uuid4().hex[:8]}"
     store = MemoryStorage.named(name)
     clock = FakeClock(step=0.05)
-    lock = HandoffLock(f"memory://{name}/lock.json", ttl=2.0, min_write_interval=0.0, clock=clock,
+    lock = HandoffLock(f"memory://{name}/lock.json", ttl=2.0, clock=clock,
                        scheduler=Scheduler(clock, autostart=False))  # fmt: skip
     slow = []
 
@@ -110,7 +110,7 @@ def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_fi
     store = MemoryStorage.named(name)
     clock = FakeClock(step=0.05)
     sched = Scheduler(clock, autostart=False)
-    lock = HandoffLock(f"memory://{name}/lock.json", ttl=2.0, min_write_interval=0.0, clock=clock, scheduler=sched)
+    lock = HandoffLock(f"memory://{name}/lock.json", ttl=2.0, clock=clock, scheduler=sched)
     slow: list[bool] = []
 
     def slow_read_after_the_lost_reply(op, key):

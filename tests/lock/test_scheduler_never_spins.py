@@ -30,7 +30,7 @@ def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning():
     clock = FakeClock(start=time.time())
     sched = Scheduler(clock, name="spin-group")
     locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK,
-                         min_write_interval=0.0, clock=clock, scheduler=sched) for i in range(2)]  # fmt: skip
+                         clock=clock, scheduler=sched) for i in range(2)]  # fmt: skip
     listing, gate = threading.Event(), threading.Event()
 
     def stall(op, key):
