@@ -18,7 +18,7 @@ from handofflock import (
     signals,
 )
 from handofflock.core.record import LockRecord
-from lockutil import FAST, eventually, make_lock, raw_read, raw_write, url_for
+from lockutil import eventually, fast, make_lock, raw_read, raw_write, url_for
 
 
 @pytest.fixture(params=BACKENDS)
@@ -100,7 +100,7 @@ def test_two_would_be_waiters_get_one_slot_and_each_waits_for_it_up_to_its_timeo
 def test_a_stale_release_after_the_lease_expired_and_was_taken_writes_nothing(url, locks):
     stale = paused(url, locks)
     assert stale.acquire()
-    time.sleep(FAST["ttl"] + FAST["max_clock_skew"] + 0.2)
+    time.sleep(fast(url)["ttl"] + fast(url)["max_clock_skew"] + 0.2)
     assert not stale.healthy
     usurper = locks(url)
     assert usurper.acquire(blocking=False)
@@ -132,7 +132,7 @@ def test_renewal_catches_a_stolen_or_deleted_record_and_never_rewrites_it(url, l
     with pytest.raises(LockLost):
         owner.check()
     assert len(errors) == 1 and isinstance(errors[0], LockLost)
-    time.sleep(3 * FAST["renew_interval"])
+    time.sleep(3 * fast(url)["renew_interval"])
     after, _ = raw_read(url)
     if how == "stolen":
         assert after.owner_id == "thief"
@@ -143,7 +143,7 @@ def test_renewal_catches_a_stolen_or_deleted_record_and_never_rewrites_it(url, l
 def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(url, locks):
     dead = paused(url, locks)
     assert dead.acquire()
-    time.sleep(FAST["ttl"] + FAST["max_clock_skew"] + 0.2)
+    time.sleep(fast(url)["ttl"] + fast(url)["max_clock_skew"] + 0.2)
     b, c = locks(url), locks(url)
     results = race([lambda: b.acquire(blocking=False), lambda: c.acquire(blocking=False)])
     assert sorted(results) == [False, True], results

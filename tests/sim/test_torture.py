@@ -60,11 +60,15 @@ def test_a_short_torture_run_finds_no_violation(tmp_path):
 def test_a_run_with_a_lock_whose_check_never_fails_is_caught(tmp_path):
     """Workers whose check() never raises keep working through long pauses: the lock-level check
     (no two healthy holders overlap) must report it and the run must fail. The journal checks still
-    pass: the fence refused every late write, which is why fencing is worth having."""
+    pass: the fence refused every late write, which is why fencing is worth having.
+
+    Every pause is long and aimed at a worker in its work: a pause the next holder does not take
+    the lock within (a loaded machine) shows nothing, and a CI run with 4 long pauses of 10 missed.
+    About 8 long aimed pauses fit in 25 s."""
     seed = random.SystemRandom().randrange(2**31)
     code, result, stdout = run(
         tmp_path, "--seconds", "25", "--seed", str(seed), "--sabotage", "check",
-        "--pause-every", "1.0", "--long-pauses", "0.5", "--aimed-pauses", "0.9", "--aim-write", "0",
+        "--pause-every", "1.0", "--long-pauses", "1.0", "--aimed-pauses", "1.0", "--aim-write", "0",
         timeout=200,
     )
     assert code == 1 and not result["ok"], f"seed {seed}: the sabotaged run passed:\n{stdout}"
