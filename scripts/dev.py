@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 #: Pins for the test environment only (the CPU torch wheel); users' extras take ranges.
 CONSTRAINTS = ROOT / "constraints.txt"
+#: pytest-xdist workers for the whole suite (``test`` with no pytest arguments).
+WORKERS = 3
 #: Where ``test`` tells pytest (tests/conftest.py) the static checks' report is written.
 LINT_REPORT = "HANDOFFLOCK_LINT_REPORT"
 
@@ -122,9 +124,13 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if command == "demo":
         return subprocess.run([str(python), "-m", "handofflock.demo", *rest], cwd=ROOT, env=env).returncode
-    args = [str(python), "-m", "pytest", *rest]
     if rest:  # pytest arguments: a partial run, not CI's
-        return subprocess.run(args, cwd=ROOT, env=env).returncode
+        return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env).returncode
+    # The whole suite on WORKERS pytest-xdist workers. Most tests wait on servers, clocks and child
+    # processes rather than compute, so three share two cores; the ones that compute (the framework
+    # jobs; the simulation, torture runs and package builds) run one after another within their
+    # group (tests/conftest.py). About 25 minutes in one process, about 11 on three.
+    args = [str(python), "-m", "pytest", "-n", str(WORKERS), "--dist", "loadgroup"]
     # The whole suite: the static checks run beside the tests (mypy takes a minute from cold, on one
     # core, while the tests mostly wait on servers and clocks) and fail the command, but never stop
     # the tests. Their report is printed by tests/conftest.py before pytest's last line.

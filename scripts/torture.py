@@ -57,6 +57,8 @@ from handofflock.testing import FakeGCSServer, FaultProxy  # noqa: E402
 BUCKET = "torture"
 LOCK_KEY = "torture/lock.json"
 JOURNAL_KEY = "torture/journal.json"
+#: How long the workers may take to start (imports, the lock) before the run counts its seconds.
+STARTUP_LIMIT = 60.0
 WORKING, WRITING = 3, 4  # torture_worker's phases
 
 
@@ -148,7 +150,8 @@ class Run:
                 seed=a.seed, delay=(0.01, a.max_delay), retry_after=(0.0, 1.0), refuse_window=(0.05, 0.3),
             )
             (self.dir / "phases").write_bytes(bytes(a.workers))
-            deadline = started + a.duration + 120  # workers stop themselves after this, whatever happens
+            # Workers stop themselves after this, whatever happens (their start, bounded below, included).
+            deadline = time.time() + STARTUP_LIMIT + a.duration + 120
             for i in range(a.workers):
                 name = f"w{i}"
                 self.offsets[name] = round(self.rng.uniform(-a.skew / 2, a.skew / 2), 4)
@@ -164,9 +167,12 @@ class Run:
                     self.procs[name] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
             threads = [threading.Thread(target=t, daemon=True) for t in (self.pauser, self.sampler, self.archiver)]
             try:
+                # The run's seconds count from when every worker is up (its imports done, its lock made):
+                # on a loaded machine that takes seconds, which a short run would otherwise spend idle.
+                self.wait_for_workers(time.time() + STARTUP_LIMIT)
                 for t in threads:
                     t.start()
-                self.wait_until(started + a.duration)
+                self.wait_until(time.time() + a.duration)
             finally:  # interrupted or not, no worker is left frozen or running
                 self.done.set()
                 for t in threads:
@@ -181,6 +187,14 @@ class Run:
         journal = self.archive
         results = torture_check.check(journal, logs, exits, self.history)
         return self.report(results, logs, exits, journal, proxy_stats, elapsed)
+
+    def wait_for_workers(self, until: float) -> None:
+        """Wait until every worker has logged its start (or one died, or ``until`` passed: noted)."""
+        while time.time() < until:
+            if all(self.read_log(n)[:1] for n in self.procs) or any(p.poll() is not None for p in self.procs.values()):
+                return
+            time.sleep(0.05)
+        self.errors.append(f"the workers were not all up within {STARTUP_LIMIT:.0f} s")
 
     def wait_until(self, until: float) -> None:
         while time.time() < until:

@@ -101,6 +101,31 @@ def s3_server():
         yield server
 
 
+#: Under pytest-xdist (``scripts/dev.py test`` runs the whole suite on several workers with
+#: ``--dist loadgroup``), the tests that keep the CPUs busy run one after another, each folder's
+#: on one worker: the framework jobs (torchrun with its ranks) on one, the simulation, the torture
+#: runs and the package builds on another. The rest mostly wait on servers and clocks and are
+#: spread one test at a time. (Our own scheduler, not ``xdist_group`` marks: xdist 3.8 names a
+#: test's group by rewriting ``item._nodeid``, which pytest 9 no longer reads.)
+HEAVY = {"integrations": "frameworks", "sim": "cpu", "package": "cpu"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyTogether(LoadScopeScheduling):
+        """Each heavy folder is one unit of work (largest first); every other test is a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/")
+            return HEAVY.get(parts[1], nodeid) if len(parts) > 2 and parts[0] == "tests" else nodeid
+
+    return HeavyTogether(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that pin fake-gcs-server's quirks say so (``fake_gcs_quirk``) and skip on another emulator."""
     if not EXTERNAL:

@@ -236,7 +236,7 @@ def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM, err
-    assert "released token" in out
+    assert "released token" in out, err
     assert HandoffLock(shared_url).status().owner_id is None
 
 
@@ -262,7 +262,7 @@ def test_release_at_exit_releases_a_lock_left_held(tmp_path, shared_url):
     proc = run_child(tmp_path, shared_url, "atexit")
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err
-    assert "released token" in out
+    assert "released token" in out, err
     assert HandoffLock(shared_url).status().owner_id is None
 
 

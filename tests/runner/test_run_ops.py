@@ -115,7 +115,7 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
     url = (tmp_path / "lock.json").as_uri()
     holder = holder_run(url, tmp_path, "--grace", "3", job=("--ignore-signals",))
     try:
-        cmd = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_job(int(p)))
+        cmd = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_job(int(p), tmp_path))
         waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--label", "eval-job", "--", "true"])
         eventually(lambda: (raw_read(url)[0]).waiting_owner_id is not None, timeout=20, what="the waiter registered")
         asked = wait_for_line(holder, "asks for")
@@ -140,9 +140,11 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
         kill_run(holder)
 
 
-def _is_job(pid: int) -> bool:
+def _is_job(pid: int, tmp_path: Path) -> bool:
+    """``pid`` runs this test's job (its own ``tmp_path``: other tests of this file may run their jobs at the same time)."""
     try:
-        return str(JOB) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return str(JOB) in args and str(tmp_path) in args
     except OSError:
         return False
 
