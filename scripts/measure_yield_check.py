@@ -10,6 +10,8 @@ per-item overhead of ``for step in lock.steps(...)`` over a bare ``for`` loop.
 
 from __future__ import annotations
 
+import os
+import platform
 import sys
 import timeit
 
@@ -39,6 +41,9 @@ def main(argv: list[str]) -> int:
         print(f"lock.release_requested   {flag:7.1f} ns/call  ({flag - empty:.1f} ns over an empty statement)")
         print(f"lock.check()             {check:7.1f} ns/call")
         print(f"lock.steps() per item    {steps - bare:7.1f} ns over a bare for loop ({bare:.1f} ns/item)")
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"measured on: Python {platform.python_version()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+              f"load average {load}; best of 5 runs of {n} calls ({'--quick' if scale > 1 else 'full'})")
     finally:
         lock.release()
     return 0

@@ -101,9 +101,12 @@ def test_a_waiter_stops_the_loop_within_the_check_interval_and_gets_a_higher_tok
     b.release()
 
 
-def test_the_measurement_script_runs_and_the_flag_costs_well_under_a_microsecond():
+def test_the_measurement_script_runs_and_prints_its_numbers_with_their_conditions():
+    """A benchmark, not a timed test: what it costs is measured there (docs/benchmarks.md), never asserted
+    here. A bound of 1 µs for the flag failed on a loaded CI machine at 2.5 µs (68 ns idle)."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "measure_yield_check.py"
     out = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=60, check=True).stdout
-    flag = float(re.search(r"lock.release_requested\s+([0-9.]+) ns/call", out).group(1))
-    per_step = float(re.search(r"lock.steps\(\) per item\s+(-?[0-9.]+) ns", out).group(1))
-    assert flag < 1000 and per_step < 5000, out  # generous: shared CI machines are noisy
+    for pattern in (r"lock.release_requested\s+([0-9.]+) ns/call", r"lock.check\(\)\s+([0-9.]+) ns/call",
+                    r"lock.steps\(\) per item\s+(-?[0-9.]+) ns"):
+        assert re.search(pattern, out), (pattern, out)
+    assert re.search(r"measured on: Python [0-9.]+, \d+ CPUs .*load average", out), out
