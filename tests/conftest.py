@@ -142,7 +142,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter):
     """``scripts/dev.py test`` runs the static checks beside the suite: show their report before the last line."""
     report = os.environ.get("HANDOFFLOCK_LINT_REPORT")
-    if not report:
+    if not report or hasattr(terminalreporter.config, "workerinput"):  # an xdist worker: the controller shows it
         return
     done = Path(report).with_suffix(".done")
     deadline = time.monotonic() + 600  # mypy from cold on a loaded machine: minutes at most

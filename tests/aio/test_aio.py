@@ -301,11 +301,11 @@ async def test_fail_after_around_acquire_acts_like_timeout(anyio_backend, reques
     signals.waiting.connect(on_waiting, sender=lock)
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        with anyio.fail_after(0.8):
+        with anyio.fail_after(2.0):  # room to register first on a loaded machine
             await lock.acquire()
     assert registered == [lock.owner_id]  # it was the waiter ...
     assert waiter_of(url) is None  # ... and gave the slot back
-    assert time.monotonic() - started < 0.8 + lock.sync.give_up_budget + 1.0
+    assert time.monotonic() - started < 2.0 + lock.sync.give_up_budget + 1.0
 
     with pytest.raises(LockTimeout) as timed_out:  # timeout= does the same, with the sync lock's error
         await lock.acquire(timeout=0.5)

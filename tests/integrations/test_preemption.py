@@ -113,7 +113,7 @@ def test_a_server_that_never_answers_costs_bounded_timeouts(lock):
         assert isinstance(watcher.last_error, (socket.timeout, TimeoutError))
         started = time.monotonic()
         watcher.stop()
-        assert time.monotonic() - started < 1.0 and not watcher.running
+        assert time.monotonic() - started < 3.0 and not watcher.running  # not a whole poll; a bound a loaded machine meets
     assert not lock.release_requested
 
 
@@ -124,7 +124,7 @@ def test_stop_interrupts_a_long_poll_in_flight(lock):
         time.sleep(0.1)
         started = time.monotonic()
         watcher.stop()
-        assert time.monotonic() - started < 1.0 and not watcher.running
+        assert time.monotonic() - started < 3.0 and not watcher.running  # not a whole poll; a bound a loaded machine meets
 
 
 def test_gce_metadata_host_names_the_server(monkeypatch, lock):

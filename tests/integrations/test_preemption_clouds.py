@@ -182,7 +182,7 @@ def test_a_server_that_never_answers_costs_bounded_timeouts(lock, provider):
         assert isinstance(watcher.last_error, (socket.timeout, TimeoutError))
         started = time.monotonic()
         watcher.stop()
-        assert time.monotonic() - started < 1.0 and not watcher.running
+        assert time.monotonic() - started < 3.0 and not watcher.running  # not a whole poll; a bound a loaded machine meets
     assert not lock.release_requested
 
 
@@ -214,7 +214,7 @@ def test_auto_off_the_cloud_finds_nothing_backs_off_and_stops_at_once(lock):
     time.sleep(1.0)
     started = time.monotonic()
     watcher.stop()
-    assert time.monotonic() - started < 1.0 and not watcher.running
+    assert time.monotonic() - started < 3.0 and not watcher.running  # a bound a loaded machine meets
     assert watcher.provider is None and isinstance(watcher.last_error, ConnectionRefusedError)
     assert 2 <= watcher.attempts <= 40, "one probe a round: nothing listening is not three dialects' business"
 

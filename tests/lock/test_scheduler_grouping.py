@@ -269,7 +269,8 @@ def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batc
         before = Counter(store.calls)
         time.sleep(1.0)
         spent = Counter(store.calls) - before
-        assert spent["read"] == 0 and 3 <= spent["list"] <= 7, spent
+        # One listing a beat (about 5 in 1 s), never a read per lock; fewer beats on a loaded machine.
+        assert spent["read"] == 0 and 1 <= spent["list"] <= 7, spent
         noticed = threading.Event()
         signals.on_release_requested.connect(lambda s, **kw: noticed.set(), sender=locks[5], weak=False)
         waiter = HandoffLock(locks[5].url, ttl=30.0, waiter_poll_interval=0.05, scheduler=sched)

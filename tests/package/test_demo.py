@@ -58,7 +58,7 @@ def test_the_demo_tells_the_handoff_in_order_and_b_resumes_at_the_next_step():
     events, out, took = run_demo()
     told = check_story(events, out)
     latency = float(re.search(r"(\d+\.\d+) s after it asked", told["what"]).group(1))
-    assert latency <= 0.5 + 0.3, f"A is told within its check interval (0.5 s), took {latency}"
+    assert latency <= 0.5 + 1.0, f"A is told within its check interval (0.5 s, and 1 s for a loaded machine), took {latency}"
     assert took < 15, took
 
 

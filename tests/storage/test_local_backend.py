@@ -684,7 +684,7 @@ def test_a_lock_on_a_filesystem_without_locks_fails_at_once_instead_of_at_its_ti
     started = time.monotonic()
     with pytest.raises(LockingUnsupported):
         lock.acquire(timeout=5)
-    assert time.monotonic() - started < 1.0 and nfs.tries == 1
+    assert time.monotonic() - started < 2.5 and nfs.tries == 1  # no retrying towards the timeout; a bound a loaded 2-core machine meets
     assert not lock.is_held
 
 

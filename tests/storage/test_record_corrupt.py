@@ -207,7 +207,7 @@ def test_arbitrary_documents_decode_or_raise_lock_record_corrupt(document):
     _decodes_or_reports(json.dumps(document).encode())  # stdlib: writes NaN, Infinity and huge integers
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a loaded machine
 @given(documents(), st.integers(0, 40))
 def test_damaged_documents_decode_or_raise_lock_record_corrupt(document, cut):
     data = json.dumps(document).encode()
@@ -235,7 +235,7 @@ def records(draw) -> LockRecord:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a loaded machine
 @given(records())
 def test_valid_records_round_trip_through_encode_and_decode(record):
     decoded = LockRecord.decode(record.encode(), key=KEY)
