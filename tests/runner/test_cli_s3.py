@@ -77,16 +77,20 @@ def test_release_force_on_s3_frees_a_held_lock_and_the_holder_finds_out(url, cap
 
 
 def test_watch_on_s3_prints_a_line_per_change(url, capsys):
+    # The SDK made first (imports, credentials: seconds in a fresh venv under load, which a 1.5 s
+    # watch once spent entirely on the story's acquire); the watch starts well before the acquire.
+    a = make_lock(url, owner_id="trainer-A")
+    a.status()
+
     def story():
-        a = make_lock(url, owner_id="trainer-A")
-        time.sleep(0.3)
+        time.sleep(1.0)
         a.acquire()
         time.sleep(0.4)
         a.release()
 
     teller = threading.Thread(target=story)
     teller.start()
-    assert main(["watch", url, "--interval", "0.05", "--duration", "1.5", "--json"]) == 0
+    assert main(["watch", url, "--interval", "0.05", "--duration", "3.5", "--json"]) == 0
     teller.join()
     seen = [(d["state"], d["ownerId"]) for d in map(json.loads, capsys.readouterr().out.splitlines())]
     assert seen[0] == ("absent", None) and ("held", "trainer-A") in seen and seen[-1][0] == "free"
