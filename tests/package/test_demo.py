@@ -38,18 +38,20 @@ def check_story(events, out):
         index(events, "B", r"^asks for the lock"),
         index(events, "A", r"^told: trainer-B wants the lock \(waiter\)"),
         index(events, "A", r"^checkpointed step \d+"),
-        index(events, "A", r"^handed off to trainer-B"),
         index(events, "B", r"^acquired the lock \(handed over by A\)"),
         index(events, "B", r"^resumes from A's checkpoint"),
         index(events, "B", r"^released the lock"),
     ]
     assert order == sorted(order), out
+    # A says "handed off" once its release returns; B may already have said it got the lock (the
+    # handoff is one write, which both learn of at about the same moment: 2.61 s for both in a run).
+    assert index(events, "A", r"^handed off to trainer-B") > order[4], out
     a_last = int(re.search(r"checkpointed step (\d+)", events[order[4]]["what"]).group(1))
-    resumed = re.search(r"of step (\d+) at step (\d+)", events[order[7]]["what"])
+    resumed = re.search(r"of step (\d+) at step (\d+)", events[order[6]]["what"])
     assert int(resumed.group(1)) == a_last and int(resumed.group(2)) == a_last + 1
-    token_a, token_b = int(events[order[0]]["token"]), int(events[order[6]]["token"])
+    token_a, token_b = int(events[order[0]]["token"]), int(events[order[5]]["token"])
     assert token_b > token_a
-    assert all(int(e["token"]) == token_a for e in events[: order[6]] if e["who"] == "A")
+    assert all(int(e["token"]) == token_a for e in events[: order[5]] if e["who"] == "A")
     assert out.rstrip().endswith(": yes")
     return events[order[3]]
 
