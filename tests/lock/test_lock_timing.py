@@ -305,6 +305,7 @@ def test_writes_to_one_gcs_object_are_spaced_a_second_apart_by_default_and_elsew
     gcs_lock = HandoffLock("gs://some-bucket/locks/a.json")  # no I/O: nothing is sent
     assert gcs_lock.min_write_interval == 1.0
     assert FencedObject.beside(gcs_lock, "ckpt.json").min_write_interval == 1.0
+    # The option itself: an explicit 0 turns the default spacing off (for a store that allows it).
     assert HandoffLock("gs://some-bucket/locks/a.json", min_write_interval=0.0).min_write_interval == 0.0
     for url in ("memory://spacing/a.json", "file:///tmp/never-written/a.json"):
         lock = HandoffLock(url)

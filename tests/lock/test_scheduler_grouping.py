@@ -184,6 +184,7 @@ def test_a_lock_acquired_later_joins_the_beat_without_a_read_of_its_own(held, ba
     locks, clock, sched, requests = held
     one_interval(clock, sched)
     clock.advance(0.5)
+    # No pacing, as the fixture's locks (see ``held``): the subject is which requests a check costs.
     late = HandoffLock(f"{base}late.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0, clock=clock, scheduler=sched)
     assert late.acquire(blocking=False)
     try:
@@ -297,8 +298,8 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
     store = MemoryStorage.named(name)
     clock = FakeClock(start=time.time())
     sched = Scheduler(clock, autostart=False)
-    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0,
-                         clock=clock, scheduler=sched) for i in range(3)]
+    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK,
+                         clock=clock, scheduler=sched) for i in range(3)]  # the store's default pacing (none on memory://)
     for lock in locks:
         assert lock.acquire(blocking=False)
     real_list, listing, go = store.list, threading.Event(), threading.Event()
