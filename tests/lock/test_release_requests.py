@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from lockutil import eventually, make_lock, raw_read, raw_write, url_for
+from lockutil import eventually, make_lock, raw_read, raw_update, url_for
 
 from handofflock import (
     AcquireCancelled,
@@ -108,8 +108,8 @@ def test_a_waiter_that_leaves_withdraws_its_request_and_the_holder_keeps_the_loc
 
 def test_a_waiter_whose_slot_expires_withdraws_its_request(url, made):
     a, _, heard = owner_and_waiter(url, made)
-    record, gen = raw_read(url)  # a waiter that registers and then dies: its slot runs out by itself
-    raw_write(url, record.replace(waiting_owner_id="dead", waiter_expires_at=time.time() + 0.6, waiter_instance="d1"), gen)
+    # A waiter that registers and then dies: its slot runs out by itself.
+    raw_update(url, waiting_owner_id="dead", waiter_expires_at=time.time() + 0.6, waiter_instance="d1")
     eventually(lambda: a.release_requested, what="the holder was asked")
     eventually(lambda: not a.release_requested, timeout=10, what="withdrawn once the slot expired")
     eventually(lambda: heard.kinds() == [("requested", "dead"), ("withdrawn", "dead")])
@@ -145,12 +145,10 @@ def test_a_waiter_that_comes_back_asks_again(url, made):
 
 def test_a_new_waiter_replacing_one_that_expired_is_announced_after_the_withdrawal(url, made):
     a, _, heard = owner_and_waiter(url, made)
-    record, gen = raw_read(url)
-    gen = raw_write(url, record.replace(waiting_owner_id="w1", waiter_expires_at=time.time() + 30, waiter_instance="i1"), gen)
+    raw_update(url, waiting_owner_id="w1", waiter_expires_at=time.time() + 30, waiter_instance="i1")
     eventually(lambda: a.release_requested and a.release_request.requester == "w1")
     # w1 is replaced before the holder looks again (its slot ran out and w2 took it).
-    record, gen = raw_read(url)
-    raw_write(url, record.replace(waiting_owner_id="w2", waiter_expires_at=time.time() + 30, waiter_instance="i2"), gen)
+    raw_update(url, waiting_owner_id="w2", waiter_expires_at=time.time() + 30, waiter_instance="i2")
     eventually(lambda: a.release_request.requester == "w2", what="w2's request stands")
     assert a.release_requested
     eventually(lambda: heard.kinds() == [("requested", "w1"), ("withdrawn", "w1"), ("requested", "w2")])
@@ -158,12 +156,11 @@ def test_a_new_waiter_replacing_one_that_expired_is_announced_after_the_withdraw
 
 def test_the_same_waiter_id_from_a_new_instance_is_a_new_request(url, made):
     a, _, heard = owner_and_waiter(url, made)
-    record, gen = raw_read(url)
-    raw_write(url, record.replace(waiting_owner_id="job-7", waiter_expires_at=time.time() + 30, waiter_instance="old"), gen)
+    raw_update(url, waiting_owner_id="job-7", waiter_expires_at=time.time() + 30, waiter_instance="old")
     eventually(lambda: a.release_requested)
     first = a.release_request
-    record, gen = raw_read(url)  # a restart of the waiter, with the same stable id
-    raw_write(url, record.replace(waiter_instance="new", waiter_expires_at=time.time() + 30), gen)
+    # A restart of the waiter, with the same stable id.
+    raw_update(url, waiter_instance="new", waiter_expires_at=time.time() + 30)
     eventually(lambda: len(heard.events) == 3, what="withdrawn and asked again")
     assert heard.kinds() == [("requested", "job-7"), ("withdrawn", "job-7"), ("requested", "job-7")]
     assert heard.events[1][1] is first and a.release_request is heard.events[2][1] and a.release_requested

@@ -83,6 +83,21 @@ def raw_write(url: str, record: LockRecord, generation: int) -> int:
     return store.write(key, record.encode(), if_generation_match=generation)
 
 
+def raw_update(url: str, **changes: Any) -> int:
+    """Change fields of the record behind a live lock's back, as another process would: read, then a
+    conditional write, read again when a renewal landed in between (a 412). Returns the new generation."""
+    from handofflock import PreconditionFailed
+
+    for _ in range(20):
+        record, generation = raw_read(url)
+        assert record is not None, f"no record at {url}"
+        try:
+            return raw_write(url, record.replace(**changes), generation)
+        except PreconditionFailed:
+            continue
+    raise AssertionError(f"20 writes to {url} in a row lost the race to the lock's own")
+
+
 def eventually(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:
