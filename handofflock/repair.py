@@ -99,16 +99,7 @@ def force_release(
     except LockRecordCorrupt as exc:
         old, error = None, exc
     if old is not None:
-        free = old.replace(
-            owner_id=None,
-            expires_at=None,
-            waiting_owner_id=None,
-            waiter_expires_at=None,
-            owner_label=None,
-            waiter_label=None,
-            token=next_token(old, now),
-            nonce=nonce,
-        )
+        free = old.replace(owner=None, waiter=None, declined=False, token=next_token(old, now), nonce=nonce)
     else:  # continue past whatever token the broken record still shows, if any
         free = LockRecord(token=next_token(LockRecord(token=_salvage_token(data)), now), nonce=nonce)
 
