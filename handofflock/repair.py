@@ -120,7 +120,7 @@ def force_release(
         "force-released %s (generation %d, %s): now free with token %d",
         url,
         generation,
-        f"owner {old.owner_id!r}" if old is not None else f"corrupt: {error.reason if error else ''}",
+        f"owner {old.owner and old.owner.id!r}" if old is not None else f"corrupt: {error.reason if error else ''}",
         free.token,
     )
     return ForcedRelease(

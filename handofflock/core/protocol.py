@@ -293,7 +293,7 @@ def decide_acquire(
             refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
             return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation)
         return Wait(f"waiting for {owner.id} to release or hand off")
-    if not mine and (superseded or (other_waiter_live and request.rank <= record.request.rank)):
+    if superseded or (other_waiter_live and waiter is not None and request.rank <= waiter.request.rank):
         return Contended(record, superseded)
     # The slot is empty or expired, ours outranks the live waiter's request, or we reclaim an earlier
     # incarnation's slot: write ourselves, our request and a fresh slot into it. A displaced waiter

@@ -102,7 +102,7 @@ class Wire:
 
 
 def wire(key: str, read: Reader, write: Writer | None = None, *, always: bool = False, default: Any = None) -> Any:
-    """A dataclass field kept under JSON ``key`` (no ``default=MISSING``: required while its place is filled)."""
+    """A dataclass field kept under JSON ``key``; with ``default=MISSING`` it is required while its place is filled."""
     spec = Wire(key, read, write or (lambda value, whole: value), always)
     return field(default=default, metadata={"wire": spec})
 
@@ -115,21 +115,12 @@ def _wired(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Wire]]:
 
 
 def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
     if isinstance(value, bool):
         return "a boolean"
-    if isinstance(value, int):
-        return f"the integer {value}"
-    if isinstance(value, float):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    if isinstance(value, (int, float)):
+        return f"the {'integer' if isinstance(value, int) else 'number'} {value}"
+    names = {type(None): "null", str: "a string", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _is_int(value: Any) -> bool:
@@ -165,6 +156,13 @@ def label_problem(value: Any, name: str) -> str | None:
     if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in value):
         return f"'{name}' contains control characters"
     return None
+
+
+def _grace_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` cannot be a label's grace (seconds, or None), or None if it can."""
+    if value is None or (_is_number(value) and math.isfinite(value) and 0 <= value <= MAX_TTL):
+        return None
+    return f"{name} must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {_json_type(value)}"
 
 
 def _id(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
@@ -229,35 +227,48 @@ def _nonce(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str 
     return value
 
 
-def _label(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Label | None:
-    """A label as read: checked strictly; None when absent, or when it names a place no longer there."""
+def _object(value: Any, name: str, corrupt: Corrupt, keys: str, optional: str = "") -> dict[str, Any] | None:
+    """``value`` as an object with each of ``keys`` and nothing but ``optional`` besides; None for null."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
-    unknown = sorted(set(value) - {"text", "instance", "id", "grace"})
-    if unknown or "text" not in value or "instance" not in value or "id" not in value:
-        raise corrupt(
-            f"'{name}' must have 'text', 'instance' and 'id' (and optionally 'grace'), got keys {sorted(value)}"
-        )
-    problem = label_problem(value["text"], f"{name}.text")
+    need, may = keys.split(), optional.split()
+    if not set(need) <= value.keys() <= {*need, *may}:
+        also = f" (and optionally {_listing(may)})" if may else ""
+        raise corrupt(f"'{name}' must have {_listing(need)}{also}, got keys {sorted(value)}")
+    return value
+
+
+def _listing(keys: list[str]) -> str:
+    quoted = [f"'{k}'" for k in keys]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def _names(obj: dict[str, Any], name: str, corrupt: Corrupt, place: tuple[Any, Any], id_key: str = "id") -> bool:
+    """Whether the id and instance ``obj`` names (checked strictly) are those of ``place`` (id, instance), filled.
+
+    A label, request or decline counts only while the place it was written for is still the one in
+    place: an older writer that replaced that owner or waiter kept it as an unknown field.
+    """
+    instance_key = "instance" if id_key == "id" else f"{id_key}Instance"
+    named = (
+        _id(obj[id_key], f"{name}.{id_key}", corrupt),
+        _instance(obj[instance_key], f"{name}.{instance_key}", corrupt),
+    )
+    return place[0] is not None and named == place
+
+
+def _label(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Label | None:
+    obj = _object(value, name, corrupt, "text instance id", "grace")
+    if obj is None:
+        return None
+    grace = obj.get("grace")
+    problem = label_problem(obj["text"], f"{name}.text") or _grace_problem(grace, f"'{name}.grace'")
     if problem is not None:
         raise corrupt(problem)
-    of = _instance(value["instance"], f"{name}.instance", corrupt)
-    written_for = value["id"]
-    if written_for is not None and id_problem(written_for, f"{name}.id") is not None:
-        raise corrupt(str(id_problem(written_for, f"{name}.id")))
-    grace = value.get("grace")
-    if grace is not None:
-        if not _is_number(grace) or not math.isfinite(grace) or not 0 <= grace <= MAX_TTL:
-            raise corrupt(f"'{name}.grace' must be a number in [0, {MAX_TTL:.0f}] seconds, got {_json_type(grace)}")
-        grace = float(grace)
-    if seen["id"] is None or of != seen["instance"] or written_for != seen["id"]:
-        # Written for an owner or waiter that has since been replaced by a writer that does not
-        # know labels (it kept this one, and maybe the instance too, as unknown fields): it no
-        # longer says who is there. The id it was written for must still be the one in place.
-        return None
-    return Label(value["text"], grace)
+    placed = _names(obj, name, corrupt, (seen["id"], seen["instance"]))
+    return Label(obj["text"], None if grace is None else float(grace)) if placed else None
 
 
 def _label_json(label: Label | None, place: Holder | Waiter) -> dict[str, Any] | None:
@@ -270,21 +281,16 @@ def _label_json(label: Label | None, place: Holder | Waiter) -> dict[str, Any] |
 
 
 def _request(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> WaiterRequest | None:
-    """``waiterRequest`` as read: checked strictly; None when absent or written for a waiter no longer there."""
-    if value is None:
+    obj = _object(value, name, corrupt, "asks priority id instance")
+    if obj is None:
         return None
-    if not isinstance(value, dict) or set(value) != {"asks", "priority", "id", "instance"}:
-        raise corrupt(f"'{name}' must be an object with exactly 'asks', 'priority', 'id' and 'instance'")
-    if not isinstance(value["asks"], bool):
-        raise corrupt(f"'{name}.asks' must be true or false, got {_json_type(value['asks'])}")
-    priority = value["priority"]
+    if not isinstance(obj["asks"], bool):
+        raise corrupt(f"'{name}.asks' must be true or false, got {_json_type(obj['asks'])}")
+    priority = obj["priority"]
     if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise corrupt(f"'{name}.priority' must be an integer in [-2**31, 2**31-1], got {_json_type(priority)}")
-    of = _instance(value["instance"], f"{name}.instance", corrupt)
-    written_for = _id(value["id"], f"{name}.id", corrupt)
-    if seen["id"] is None or of != seen["instance"] or written_for != seen["id"]:
-        return None  # an older writer replaced that waiter and kept this as an unknown field
-    return WaiterRequest(value["asks"], priority)
+    placed = _names(obj, name, corrupt, (seen["id"], seen["instance"]))
+    return WaiterRequest(obj["asks"], priority) if placed else None
 
 
 def _request_json(request: WaiterRequest, waiter: Waiter) -> dict[str, Any] | None:
@@ -294,19 +300,13 @@ def _request_json(request: WaiterRequest, waiter: Waiter) -> dict[str, Any] | No
 
 
 def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
-    """``declinedWaiter`` as read: True only while the waiter and the owner it names are both still in place."""
-    if value is None:
+    obj = _object(value, name, corrupt, "id instance owner ownerInstance")
+    if obj is None:
         return False
-    if not isinstance(value, dict) or set(value) != {"id", "instance", "owner", "ownerInstance"}:
-        raise corrupt(f"'{name}' must be an object with exactly 'id', 'instance', 'owner' and 'ownerInstance'")
-    named = (
-        _id(value["id"], f"{name}.id", corrupt),
-        _instance(value["instance"], f"{name}.instance", corrupt),
-        _id(value["owner"], f"{name}.owner", corrupt),
-        _instance(value["ownerInstance"], f"{name}.ownerInstance", corrupt),
-    )
     owner, waiter = seen["owner"], seen["waiter"]
-    return owner is not None and waiter is not None and named == (waiter.id, waiter.instance, owner.id, owner.instance)
+    to_waiter = _names(obj, name, corrupt, (waiter.id, waiter.instance) if waiter else (None, None))
+    by_owner = _names(obj, name, corrupt, (owner.id, owner.instance) if owner else (None, None), "owner")
+    return to_waiter and by_owner
 
 
 def _declined_json(declined: bool, record: LockRecord) -> dict[str, Any] | None:
@@ -332,11 +332,7 @@ class Label:
     grace: float | None = None
 
     def __post_init__(self) -> None:
-        problem = label_problem(self.text, "label")
-        if problem is None and self.grace is not None:
-            g = self.grace
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 <= g <= MAX_TTL:
-                problem = f"a label's grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {g!r}"
+        problem = label_problem(self.text, "label") or _grace_problem(self.grace, "a label's grace")
         if problem is not None:
             raise ConfigurationError(problem)
 
@@ -469,6 +465,7 @@ class LockRecord:
 
     @property
     def request(self) -> WaiterRequest:
+        """What the waiter in place wants (:data:`ASKING` without a waiter)."""
         return self.waiter.request if self.waiter else ASKING
 
     # -- wire format ------------------------------------------------------------

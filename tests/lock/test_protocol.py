@@ -98,7 +98,7 @@ def test_a_lease_further_ahead_than_its_ttl_ends_ttl_after_it_was_first_seen(nam
     if kind is not None:
         assert d.kind is kind and d.if_generation_match == GEN
     if kind is Kind.BECOME_WAITER:
-        assert d.record.expires_at == record.expires_at  # the owner's lease is never rewritten by a reader
+        assert d.record.owner.expires_at == record.owner.expires_at  # the owner's lease is never rewritten by a reader
 
 
 def test_suspect_lease_and_lease_end():
@@ -112,29 +112,29 @@ def test_suspect_lease_and_lease_end():
 def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
     _, record, waiting, _, _ = kind_row
     d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=waiting)
-    assert d.record.owner_id == "me"
-    assert d.record.expires_at == NOW + TIMING.ttl
+    assert d.record.owner.id == "me"
+    assert d.record.owner.expires_at == NOW + TIMING.ttl
     assert d.record.token > (record.token if record else 0)
     assert d.record.ttl == TIMING.ttl
 
 
 def test_taking_the_lock_clears_the_waiter_slot_it_consumed():
     d = protocol.decide_acquire(rec("a", NOW - 100, "me", NOW + 5), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=True)
-    assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
+    assert d.record.waiter is None
 
 
 def test_a_retake_keeps_another_live_waiter_in_its_slot():
     d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
-    assert d.kind is Kind.RETAKE and d.record.waiting_owner_id == "w" and d.record.token > 7
+    assert d.kind is Kind.RETAKE and d.record.waiter.id == "w" and d.record.token > 7
 
 
 def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_own_instance():
     r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9)
     d = protocol.decide_acquire(r, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.BECOME_WAITER and d.if_generation_match == GEN
-    assert (d.record.waiting_owner_id, d.record.waiter_instance) == ("me", "i1")
-    assert d.record.waiter_expires_at == NOW + TIMING.waiter_ttl  # a fresh slot, not the dead one's remainder
-    assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
+    assert (d.record.waiter.id, d.record.waiter.instance) == ("me", "i1")
+    assert d.record.waiter.expires_at == NOW + TIMING.waiter_ttl  # a fresh slot, not the dead one's remainder
+    assert (d.record.owner.id, d.record.owner.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
     # once registered, the same record (now naming i1) is simply ours: no write while it is fresh
     again = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n2", waiting=True)
     assert isinstance(again, Wait)
@@ -148,7 +148,7 @@ def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_ow
     assert isinstance(old, Contended) and old.superseded
     # and the owner hands the lock to the new instance, with a higher token
     h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, timing=TIMING, nonce="n4")
-    assert h.kind is Kind.HANDOFF and h.record.owner_instance == "i1" and h.record.token > 9
+    assert h.kind is Kind.HANDOFF and h.record.owner.instance == "i1" and h.record.token > 9
 
 
 def test_a_restarted_job_that_reclaims_its_slot_writes_its_own_request_into_it():
@@ -157,15 +157,15 @@ def test_a_restarted_job_that_reclaims_its_slot_writes_its_own_request_into_it()
     d = protocol.decide_acquire(
         r, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False, request=patient
     )
-    assert d.kind is Kind.BECOME_WAITER and d.record.waiter_instance == "i1"
+    assert d.kind is Kind.BECOME_WAITER and d.record.waiter.instance == "i1"
     assert d.record.request == patient and not d.record.declined  # the holder declines anew, if it does
 
 
 def test_becoming_the_waiter_keeps_the_owner_and_its_lease():
     r = rec("a", NOW + 30)
     d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
-    assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 7)
-    assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == ("me", NOW + TIMING.waiter_ttl)
+    assert (d.record.owner.id, d.record.owner.expires_at, d.record.token) == ("a", NOW + 30, 7)
+    assert (d.record.waiter.id, d.record.waiter.expires_at) == ("me", NOW + TIMING.waiter_ttl)
 
 
 def test_unknown_fields_survive_every_write():
@@ -199,8 +199,8 @@ def test_renew_decision_table(name, record, outcome):
     assert isinstance(d, outcome)
     if isinstance(d, Write):
         assert d.kind is Kind.RENEW and d.if_generation_match == GEN
-        assert d.record.expires_at == NOW + TIMING.ttl and d.record.token == 7
-        assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == (record.waiting_owner_id, record.waiter_expires_at)
+        assert d.record.owner.expires_at == NOW + TIMING.ttl and d.record.token == 7
+        assert d.record.waiter == record.waiter
 
 
 # -- release -------------------------------------------------------------------
@@ -208,27 +208,27 @@ def test_renew_decision_table(name, record, outcome):
 def test_release_with_a_live_waiter_hands_off_in_one_write():
     d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.HANDOFF and d.if_generation_match == GEN
-    assert (d.record.owner_id, d.record.expires_at) == ("w", NOW + TIMING.ttl)
-    assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
+    assert (d.record.owner.id, d.record.owner.expires_at) == ("w", NOW + TIMING.ttl)
+    assert d.record.waiter is None
     assert d.record.token > 7
 
 
 def test_release_without_a_waiter_marks_it_free_and_keeps_the_object_and_token():
     d = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE
-    assert d.record.owner_id is None and d.record.expires_at is None and d.record.token == 7
+    assert d.record.owner is None and d.record.token == 7
 
 
 def test_release_does_not_hand_to_a_waiter_whose_slot_expired_by_the_owners_clock():
     d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 1), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE
     # ...but the slot is kept while others would still defer to it (within skew), so the waiter can still take it.
-    assert d.record.waiting_owner_id == "w"
+    assert d.record.waiter.id == "w"
 
 
 def test_release_clears_a_waiter_slot_long_expired():
     d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 10), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
-    assert d.kind is Kind.FREE and d.record.waiting_owner_id is None
+    assert d.kind is Kind.FREE and d.record.waiter is None
 
 
 @pytest.mark.parametrize("record", [None, rec("x", NOW + 60), rec(None, None), rec("me", NOW + 60, token=9)])
@@ -255,7 +255,7 @@ def test_a_free_whose_reply_was_lost_is_recognised():
 
 def test_giving_up_the_wait_clears_only_our_slot():
     d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
-    assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiting_owner_id is None and d.record.owner_id == "a"
+    assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiter is None and d.record.owner.id == "a"
     assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n"), Wait)
     assert isinstance(protocol.decide_give_up_wait(None, 0, me=Me("me"), now=NOW, timing=TIMING, nonce="n"), Wait)
 
@@ -268,10 +268,10 @@ def test_giving_up_after_a_handoff_whose_lease_ran_out_releases_it_instead_of_ke
     """A waiter paused past the lease it was handed must not return a lock it cannot safely hold."""
     handed = rec("me", NOW - 1)
     d = protocol.decide_give_up_wait(handed, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
-    assert isinstance(d, Write) and d.kind is Kind.FREE and d.record.owner_id is None and d.if_generation_match == GEN
+    assert isinstance(d, Write) and d.kind is Kind.FREE and d.record.owner is None and d.if_generation_match == GEN
     with_waiter = handed.replace(waiter=Waiter("w", NOW + 20))
     d = protocol.decide_give_up_wait(with_waiter, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
-    assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner_id == "w"
+    assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner.id == "w"
 
 
 def test_the_owner_sees_a_live_waiter_with_its_deadline():
@@ -291,7 +291,7 @@ def test_a_release_whose_reply_was_lost_and_then_moved_on_is_not_reported_as_los
     # After our release landed, a third party took the lock (or the heir freed it and someone else took it).
     moved_on = rec("third", NOW + 60, token=attempted.record.token + 1)
     inside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", attempted=attempted, within_lease=True)
-    assert inside == Released(handed_off_to=attempted.record.owner_id)
+    assert inside == Released(handed_off_to=waiter[0])
     # Past our safety window the same record could mean our lease expired and was taken: that is a loss.
     outside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", attempted=attempted, within_lease=False)
     assert isinstance(outside, Lost)

@@ -109,15 +109,15 @@ CORRUPT = [
 
 # (id, bytes, what the decoded record must say)
 ACCEPTED = [
-    ("current-format", doc(), dict(owner_id="host:1:ab12", token=1_700_000_000_000, ttl=60.0, legacy=False)),
+    ("current-format", doc(), dict(owner=Holder("host:1:ab12", 1_700_000_060.0), token=1_700_000_000_000, ttl=60.0, legacy=False)),
     ("four-original-fields", raw('{"ownerId": "A", "expiresAt": 1700000060, "waitingOwnerId": "B", "waiterExpiresAt": 1700000030.5}'),
-     dict(owner_id="A", expires_at=1_700_000_060.0, waiting_owner_id="B", waiter_expires_at=1_700_000_030.5, token=0, ttl=None, nonce=None, legacy=True)),
+     dict(owner=Holder("A", 1_700_000_060.0), waiter=Waiter("B", 1_700_000_030.5), token=0, ttl=None, nonce=None, legacy=True)),
     ("four-original-fields-free", raw('{"ownerId": null, "expiresAt": null, "waitingOwnerId": null, "waiterExpiresAt": null}'),
-     dict(owner_id=None, expires_at=None, token=0, legacy=True)),
+     dict(owner=None, waiter=None, token=0, legacy=True)),
     ("token-null-reads-as-zero", doc(token=None), dict(token=0)),
-    ("integer-timestamps", doc(expiresAt=1_700_000_060), dict(expires_at=1_700_000_060.0)),
+    ("integer-timestamps", doc(expiresAt=1_700_000_060), dict(owner=Holder("host:1:ab12", 1_700_000_060.0))),
     ("stale-waiter-expiry-without-waiter", doc(waiterExpiresAt=1.0), dict(waiter=None, extra={"waiterExpiresAt": 1.0})),
-    ("non-ascii-ids", doc(ownerId="läufer:1:ß", waitingOwnerId="走者", waiterExpiresAt=2.0), dict(owner_id="läufer:1:ß", waiting_owner_id="走者")),
+    ("non-ascii-ids", doc(ownerId="läufer:1:ß", waitingOwnerId="走者", waiterExpiresAt=2.0), dict(owner=Holder("läufer:1:ß", 1_700_000_060.0), waiter=Waiter("走者", 2.0))),
     ("largest-token", doc(token=MAX_TOKEN), dict(token=MAX_TOKEN)),
     ("unknown-fields", doc(team="ml", limits={"gpus": [0, 1]}), dict(extra={"team": "ml", "limits": {"gpus": [0, 1]}})),
 ]
@@ -338,7 +338,7 @@ def test_a_free_four_field_record_is_taken_and_written_in_the_current_format(sim
     lock = make_lock(store, sim, "A")
     assert lock.acquire(blocking=False)
     record = LockRecord.decode(store.read(KEY)[0])
-    assert record.version == 1 and not record.legacy and record.owner_id == "A" and record.token == lock.token > 0
+    assert record.version == 1 and not record.legacy and record.owner.id == "A" and record.token == lock.token > 0
 
 
 def _lose_to_garbage(sim, store, duty_after: float):
@@ -408,7 +408,7 @@ def test_force_release_replaces_a_corrupt_record_with_a_free_one_and_returns_it(
     data, new_gen = store.read(KEY)
     assert new_gen == replaced.new_generation
     free = LockRecord.decode(data)
-    assert free.owner_id is None and free.waiting_owner_id is None and free.token == replaced.token
+    assert free.owner is None and free.waiter is None and free.token == replaced.token
     assert lock.acquire(blocking=False) and lock.token > replaced.token
 
 
@@ -436,10 +436,10 @@ def test_force_release_of_a_held_lock_continues_the_token_sequence_and_evicts_th
         owner.acquire()
         clock.advance(0.5)  # the break happens later than the acquire, so the token must continue, not restart
         replaced = force_release(f"memory://force-held/{KEY}", clock=clock)
-        assert replaced.record.owner_id == "A" and replaced.record.token == owner.token and replaced.error is None
+        assert replaced.record.owner.id == "A" and replaced.record.token == owner.token and replaced.error is None
         assert replaced.token == next_token(replaced.record, clock.time()) > owner.token
         free = LockRecord.decode(store.read(KEY)[0])
-        assert free.owner_id is None and free.token == replaced.token and free.extra == {"team": "ml"}
+        assert free.owner is None and free.token == replaced.token and free.extra == {"team": "ml"}
         clock.advance(owner.renew_interval)
         sched.run_pending()  # the owner's renewal finds the lock gone and says so, writing nothing
         assert not owner.is_held
@@ -472,7 +472,7 @@ def test_force_release_loses_to_a_repair_that_lands_between_its_read_and_its_wri
     store.write(KEY, GARBAGE, if_generation_match=0)
     with pytest.raises(PreconditionFailed):
         force_release(make_lock(store, sim, "A"), clock=clock)
-    assert LockRecord.decode(store.read(KEY)[0]).owner_id == "fixer"
+    assert LockRecord.decode(store.read(KEY)[0]).owner.id == "fixer"
 
 
 def test_force_release_of_a_missing_object_writes_nothing(sim):
