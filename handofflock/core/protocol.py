@@ -54,11 +54,14 @@ class Me:
 
     def as_owner(self, now: float, ttl: float) -> Holder:
         """Me in the owner's place, with a lease of ``ttl`` from ``now``."""
-        return Holder(self.owner_id, now + ttl, self.instance, self.label)
+        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label)
 
     def as_waiter(self, now: float, timing: Timing, request: WaiterRequest) -> Waiter:
         """Me in the waiter's place, for ``timing.waiter_ttl`` from ``now``, wanting a lease of ``timing.ttl``."""
-        return Waiter(self.owner_id, now + timing.waiter_ttl, timing.ttl, self.instance, self.label, request)
+        slot_ends = now + timing.waiter_ttl
+        return Waiter(
+            self.owner_id, slot_ends, ttl=timing.ttl, instance=self.instance, label=self.label, request=request
+        )
 
 
 class Kind(str, enum.Enum):
@@ -415,7 +418,7 @@ def decide_release(
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
         ttl = waiter.ttl or timing.ttl
-        heir_holder = Holder(waiter.id, now + ttl, waiter.instance, waiter.label)
+        heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
         handed = _owned_by(record, heir_holder, ttl, token, nonce)
         return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))

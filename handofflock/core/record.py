@@ -138,22 +138,20 @@ def id_problem(value: Any, name: str) -> str | None:
     constructors to what they will write, so nothing writes a record that
     its own decoder would call corrupt.
     """
-    if not isinstance(value, str):
-        return f"'{name}' must be a string, got {_json_type(value)}"
-    if not value or len(value) > MAX_ID_LENGTH:
-        return f"'{name}' must be 1-{MAX_ID_LENGTH} characters long"
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        return f"'{name}' contains control characters"
-    return None
+    return _text_problem(value, name, MAX_ID_LENGTH, lambda c: c < 0x20 or c == 0x7F)
 
 
 def label_problem(value: Any, name: str) -> str | None:
     """Why ``value`` cannot be a label's text, or None if it can (the decoder and constructors share it)."""
+    return _text_problem(value, name, MAX_LABEL_LENGTH, lambda c: c < 0x20 or 0x7F <= c < 0xA0)
+
+
+def _text_problem(value: Any, name: str, longest: int, control: Callable[[int], bool]) -> str | None:
     if not isinstance(value, str):
         return f"'{name}' must be a string, got {_json_type(value)}"
-    if not value or len(value) > MAX_LABEL_LENGTH:
-        return f"'{name}' must be 1-{MAX_LABEL_LENGTH} characters long"
-    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in value):
+    if not value or len(value) > longest:
+        return f"'{name}' must be 1-{longest} characters long"
+    if any(control(ord(ch)) for ch in value):
         return f"'{name}' contains control characters"
     return None
 
