@@ -385,19 +385,20 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
     except LockRecordCorrupt as exc:
         what = f"{url} (generation {generation}) is corrupt: {exc.reason}; it will be replaced by a free record"
     else:
-        if record.owner_id is None and record.waiting_owner_id is None:
+        owner, waiter = record.owner, record.waiter
+        if owner is None and waiter is None:
             say(f"{url}: already free; nothing to clear")
             return EXIT_OK
-        what = f"{url} (generation {generation}) is held by {record.owner_id}"
-        if record.owner_live(now) and record.expires_at is not None:
+        what = f"{url} (generation {generation}) is held by {owner and owner.id}"
+        if owner is not None and owner.live(now):
             what += (
-                f", whose lease is LIVE for {record.expires_at - now:.0f} s more: that process will go on working"
+                f", whose lease is LIVE for {owner.expires_at - now:.0f} s more: that process will go on working"
                 " until its next renewal finds the lock gone; only writes fenced with the token are safe"
             )
-        elif record.owner_id is not None:
+        elif owner is not None:
             what += ", whose lease has expired"
-        if record.waiting_owner_id:
-            what += f"; waiter {record.waiting_owner_id} will be dropped too"
+        if waiter is not None:
+            what += f"; waiter {waiter.id} will be dropped too"
     if not confirm(what):
         say("nothing done")
         return EXIT_DECLINED

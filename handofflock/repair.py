@@ -99,16 +99,7 @@ def force_release(
     except LockRecordCorrupt as exc:
         old, error = None, exc
     if old is not None:
-        free = old.replace(
-            owner_id=None,
-            expires_at=None,
-            waiting_owner_id=None,
-            waiter_expires_at=None,
-            owner_label=None,
-            waiter_label=None,
-            token=next_token(old, now),
-            nonce=nonce,
-        )
+        free = old.replace(owner=None, waiter=None, declined=False, token=next_token(old, now), nonce=nonce)
     else:  # continue past whatever token the broken record still shows, if any
         free = LockRecord(token=next_token(LockRecord(token=_salvage_token(data)), now), nonce=nonce)
 
@@ -129,7 +120,7 @@ def force_release(
         "force-released %s (generation %d, %s): now free with token %d",
         url,
         generation,
-        f"owner {old.owner_id!r}" if old is not None else f"corrupt: {error.reason if error else ''}",
+        f"owner {old.owner and old.owner.id!r}" if old is not None else f"corrupt: {error.reason if error else ''}",
         free.token,
     )
     return ForcedRelease(

@@ -2,7 +2,7 @@
 
 Every function takes what was just read (the record and its generation, or
 ``None`` and 0 for an absent object), who we are (one :class:`Me`), the
-wall-clock ``now`` and the :class:`Policy`, and returns one :class:`Write`
+wall-clock ``now`` and the lock's :class:`~handofflock.core.timing.Timing`, and returns one :class:`Write`
 (exactly one conditional write, preconditioned on the generation just read, or
 0 to create) or a non-writing outcome. The lock
 (:mod:`handofflock.lock.handoff`) performs the write; if its precondition
@@ -26,21 +26,13 @@ Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TypeGuard
+from dataclasses import dataclass, replace
+from typing import TypeGuard, TypeVar
 
 from . import buggify
 from .errors import TokensExhausted
-from .record import ASKING, MAX_TOKEN, MAX_TTL, Label, LockRecord, WaiterRequest
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The timing parameters the decisions need (validated by ``HandoffLock``)."""
-
-    ttl: float
-    waiter_ttl: float
-    max_clock_skew: float
+from .record import ASKING, MAX_TOKEN, MAX_TTL, Holder, Label, LockRecord, Waiter, WaiterRequest
+from .timing import Timing
 
 
 @dataclass(frozen=True)
@@ -59,6 +51,17 @@ class Me:
     instance: str | None = None
     label: Label | None = None
     yields: bool = True
+
+    def as_owner(self, now: float, ttl: float) -> Holder:
+        """Me in the owner's place, with a lease of ``ttl`` from ``now``."""
+        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label)
+
+    def as_waiter(self, now: float, timing: Timing, request: WaiterRequest) -> Waiter:
+        """Me in the waiter's place, for ``timing.waiter_ttl`` from ``now``, wanting a lease of ``timing.ttl``."""
+        slot_ends = now + timing.waiter_ttl
+        return Waiter(
+            self.owner_id, slot_ends, ttl=timing.ttl, instance=self.instance, label=self.label, request=request
+        )
 
 
 class Kind(str, enum.Enum):
@@ -148,45 +151,33 @@ def next_token(record: LockRecord | None, now: float) -> int:
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 
-def _owned_by(
-    record: LockRecord,
-    me: str,
-    ttl: float,
-    now: float,
-    token: int,
-    nonce: str,
-    instance: str | None,
-    label: Label | None = None,
-) -> LockRecord:
-    return record.replace(
-        owner_label=label,
-        waiter_label=None,
-        owner_id=me,
-        expires_at=now + ttl,
-        waiting_owner_id=None,
-        waiter_expires_at=None,
-        ttl=ttl,
-        token=token,
-        nonce=nonce,
-        owner_instance=instance,
-        waiter_ttl=None,
-        waiter_instance=None,
-        waiter_request=None,
-        declined=False,
-    )
+def _owned_by(record: LockRecord, owner: Holder, ttl: float, token: int, nonce: str) -> LockRecord:
+    """``record`` with ``owner`` in the owner's place (a lease of ``ttl``) and the waiter's place empty."""
+    return record.replace(owner=owner, waiter=None, ttl=ttl, token=token, nonce=nonce, declined=False)
 
 
-def _is(who: str | None, inst: str | None, me: str, instance: str | None) -> bool:
-    """Whether ``who``/``inst`` in a record name ``me``/``instance``: the id, and the instance where both are known.
+_Place = TypeVar("_Place", Holder, Waiter)
+
+
+def _is(place: _Place | None, me: Me) -> TypeGuard[_Place]:
+    """Whether ``place`` in a record names ``me``: the id, and the instance where both are known.
 
     Two live lock instances may share a stable owner id (a restart racing its
     predecessor). The instance id tells them apart; a record written without
     one (another implementation) is matched by id alone, as before.
     """
-    return who == me and (inst is None or instance is None or inst == instance)
+    return (
+        place is not None
+        and place.id == me.owner_id
+        and (place.instance is None or me.instance is None or place.instance == me.instance)
+    )
 
 
-def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
+def _id_of(place: Holder | Waiter | None) -> str | None:
+    return None if place is None else place.id
+
+
+def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
 
     A write that waited for the store's write spacing, or is retried after a
@@ -194,27 +185,26 @@ def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
     ``waiterExpiresAt``) must date from the send, so the lease others see and
     the one the writer counts on start together.
     """
-    r = write.record
+    r = write.record.replace(nonce=nonce)
     if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
-        assert r.ttl is not None
-        r = r.replace(expires_at=now + r.ttl, nonce=nonce)
+        assert r.owner is not None and r.ttl is not None
+        r = r.replace(owner=replace(r.owner, expires_at=now + r.ttl))
     elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
-        r = r.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce)
-    else:
-        r = r.replace(nonce=nonce)
+        assert r.waiter is not None
+        r = r.replace(waiter=replace(r.waiter, expires_at=now + timing.waiter_ttl))
     return Write(write.kind, r, write.if_generation_match)
 
 
-def suspect_lease(record: LockRecord | None, observed_at: float, policy: Policy) -> bool:
+def suspect_lease(record: LockRecord | None, observed_at: float, timing: Timing) -> bool:
     """Whether the owner's ``expiresAt`` lies further ahead of ``observed_at`` than its ttl and the skew allow.
 
     No owner writes that (a lease is ``now + ttl`` when sent); a hand-made
     record, a host whose clock was years ahead, or a bug did. Such a lease is
     not trusted for its length: see :func:`lease_end`.
     """
-    if record is None or record.owner_id is None or record.expires_at is None:
+    if record is None or record.owner is None:
         return False
-    return record.expires_at > observed_at + _writers_ttl(record) + policy.max_clock_skew
+    return record.owner.expires_at > observed_at + _writers_ttl(record) + timing.max_clock_skew
 
 
 def _writers_ttl(record: LockRecord) -> float:
@@ -224,7 +214,7 @@ def _writers_ttl(record: LockRecord) -> float:
     return record.ttl if record.ttl is not None else MAX_TTL
 
 
-def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float | None:
+def lease_end(record: LockRecord, observed_at: float, timing: Timing) -> float | None:
     """When the owner's lease ends, for a contender that first saw it (owner, token, expiresAt) at ``observed_at``.
 
     ``expiresAt``, unless it is suspect (:func:`suspect_lease`): then the
@@ -234,9 +224,9 @@ def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float |
     observation, so only a lease nobody renews runs out this way. Nothing is rewritten: the
     lease is taken only by the usual conditional write once it has ended.
     """
-    if suspect_lease(record, observed_at, policy):
+    if suspect_lease(record, observed_at, timing):
         return observed_at + _writers_ttl(record)
-    return record.expires_at
+    return None if record.owner is None else record.owner.expires_at
 
 
 def decide_acquire(
@@ -245,7 +235,7 @@ def decide_acquire(
     *,
     me: Me,
     now: float,
-    policy: Policy,
+    timing: Timing,
     nonce: str,
     waiting: bool,
     request: WaiterRequest = ASKING,
@@ -264,106 +254,55 @@ def decide_acquire(
     writes do not change it), ``now`` if not given: it bounds a suspect
     lease (:func:`lease_end`).
     """
-    instance, label = me.instance, me.label
+    ttl, skew = timing.ttl, timing.max_clock_skew
     if record is None:
-        fresh = LockRecord(ttl=policy.ttl)
-        return Write(
-            Kind.CREATE,
-            _owned_by(fresh, me.owner_id, policy.ttl, now, next_token(None, now), nonce, instance, label),
-            0,
-        )
+        return Write(Kind.CREATE, _owned_by(LockRecord(), me.as_owner(now, ttl), ttl, next_token(None, now), nonce), 0)
 
-    if record.owner_id == me.owner_id:
-        if (
-            waiting
-            and record.expires_at is not None
-            and now < record.expires_at
-            and instance is not None
-            and record.owner_instance == instance
-        ):
+    owner, waiter = record.owner, record.waiter
+    if owner is not None and owner.id == me.owner_id:
+        if waiting and now < owner.expires_at and me.instance is not None and owner.instance == me.instance:
             # Handed to this instance, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me.owner_id, policy.ttl, now, next_token(record, now), nonce, instance, label)
-        if record.waiter_live(now, policy.max_clock_skew) and not _is(
-            record.waiting_owner_id, record.waiter_instance, me.owner_id, instance
-        ):
-            taken = taken.replace(
-                waiting_owner_id=record.waiting_owner_id,
-                waiter_expires_at=record.waiter_expires_at,
-                waiter_ttl=record.waiter_ttl,
-                waiter_instance=record.waiter_instance,
-                waiter_label=record.waiter_label,
-                waiter_request=record.waiter_request,
-            )
+        taken = _owned_by(record, me.as_owner(now, ttl), ttl, next_token(record, now), nonce)
+        if record.waiter_live(now, skew) and not _is(waiter, me):
+            taken = taken.replace(waiter=waiter)
         return Write(Kind.RETAKE, taken, generation)
 
-    skew = policy.max_clock_skew
-    mine = _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance)
-    if not mine and not waiting and record.waiting_owner_id == me.owner_id:
-        # The slot names our stable owner id but another instance: an earlier incarnation of this
-        # job that was killed while it waited (a restart). Reclaim it, as the owner slot is retaken
-        # on id alone. Only before we registered in this acquire: an instance that was waiting and
-        # finds its slot taken by a same-id instance has been superseded by a newer one and defers
-        # (below, Contended), so two live twins never take the slot back and forth.
-        mine = True
+    # The slot names our stable owner id but another instance: an earlier incarnation of this
+    # job that was killed while it waited (a restart). Reclaim it, as the owner slot is retaken
+    # on id alone. Only before we registered in this acquire: an instance that was waiting and
+    # finds its slot taken by a same-id instance has been superseded by a newer one and defers
+    # (below, Contended), so two live twins never take the slot back and forth.
+    twin = _id_of(waiter) == me.owner_id
+    mine = _is(waiter, me) or (twin and not waiting)
     other_waiter_live = record.waiter_live(now, skew) and not mine
-    superseded = other_waiter_live and waiting and record.waiting_owner_id == me.owner_id
+    superseded = other_waiter_live and waiting and twin
 
-    end = lease_end(record, now if observed_at is None else observed_at, policy)
-    if record.owner_id is None or end is None or now > end + skew:
+    end = lease_end(record, now if observed_at is None else observed_at, timing)
+    if owner is None or end is None or now > end + skew:
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
         return Write(
-            Kind.TAKE,
-            _owned_by(record, me.owner_id, policy.ttl, now, next_token(record, now), nonce, instance, label),
-            generation,
+            Kind.TAKE, _owned_by(record, me.as_owner(now, ttl), ttl, next_token(record, now), nonce), generation
         )
 
     # A live owner holds it.
-    if mine and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, instance):
-        # Reclaiming an earlier incarnation's slot: write our instance, our request (and a fresh slot) into it.
-        return Write(
-            Kind.BECOME_WAITER,
-            record.replace(
-                waiter_expires_at=now + policy.waiter_ttl,
-                nonce=nonce,
-                waiter_ttl=policy.ttl,
-                waiter_instance=instance,
-                waiter_label=label,
-                waiter_request=None if request == ASKING else request,
-                declined=False,
-            ),
-            generation,
-        )
-    if mine:
-        assert record.waiter_expires_at is not None
-        if now >= record.waiter_expires_at - policy.waiter_ttl / 2:
-            return Write(
-                Kind.REFRESH_WAITER, record.replace(waiter_expires_at=now + policy.waiter_ttl, nonce=nonce), generation
-            )
-        return Wait(f"waiting for {record.owner_id} to release or hand off")
-    if superseded or (other_waiter_live and request.rank <= record.request.rank):
+    if mine and _is(waiter, me):
+        if now >= waiter.expires_at - timing.waiter_ttl / 2:
+            refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
+            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation)
+        return Wait(f"waiting for {owner.id} to release or hand off")
+    if superseded or (other_waiter_live and waiter is not None and request.rank <= waiter.request.rank):
         return Contended(record, superseded)
-    # The slot is empty or expired, or ours outranks the live waiter's request: take the slot.
-    # The displaced waiter finds the slot taken at its next poll and waits for it again.
-    return Write(
-        Kind.BECOME_WAITER,
-        record.replace(
-            waiting_owner_id=me.owner_id,
-            waiter_expires_at=now + policy.waiter_ttl,
-            nonce=nonce,
-            waiter_ttl=policy.ttl,
-            waiter_instance=instance,
-            waiter_label=label,
-            waiter_request=None if request == ASKING else request,
-            declined=False,
-        ),
-        generation,
-    )
+    # The slot is empty or expired, ours outranks the live waiter's request, or we reclaim an earlier
+    # incarnation's slot: write ourselves, our request and a fresh slot into it. A displaced waiter
+    # finds the slot taken at its next poll and waits for it again.
+    slot = me.as_waiter(now, timing, request)
+    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation)
 
 
 def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
@@ -375,9 +314,9 @@ def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
     """
     return (
         record is not None
-        and record.owner_id != me.owner_id
-        and record.waiting_owner_id == me.owner_id
-        and record.waiter_instance == me.instance
+        and _id_of(record.owner) != me.owner_id
+        and record.waiter is not None
+        and (record.waiter.id, record.waiter.instance) == (me.owner_id, me.instance)
     )
 
 
@@ -387,7 +326,7 @@ def decide_give_up_wait(
     *,
     me: Me,
     now: float,
-    policy: Policy,
+    timing: Timing,
     nonce: str,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
@@ -399,24 +338,15 @@ def decide_give_up_wait(
     """
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
-    if _is(record.owner_id, record.owner_instance, me.owner_id, me.instance):
-        if record.expires_at is not None and now < record.expires_at:
+    if _is(record.owner, me):
+        if now < record.owner.expires_at:
             return Owned(record, generation)
-        return decide_release(record, generation, me=me, token=record.token, now=now, policy=policy, nonce=nonce)
-    if not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
+        return decide_release(record, generation, me=me, token=record.token, now=now, timing=timing, nonce=nonce)
+    if not _is(record.waiter, me):
         return Wait("the waiter slot is not ours; nothing to give back")
     return Write(
         Kind.GIVE_UP_WAIT,
-        record.replace(
-            waiting_owner_id=None,
-            waiter_expires_at=None,
-            waiter_ttl=None,
-            waiter_instance=None,
-            waiter_label=None,
-            waiter_request=None,
-            declined=False,
-            nonce=nonce,
-        ),
+        record.replace(waiter=None, declined=False, nonce=nonce),
         buggify.match(buggify.GIVE_UP_WITHOUT_MATCH, generation),
     )
 
@@ -428,10 +358,10 @@ def decide_renew(
     me: Me,
     token: int,
     now: float,
-    policy: Policy,
+    timing: Timing,
     nonce: str,
 ) -> Decision:
-    """Push our lease forward, keeping the waiter fields exactly as read.
+    """Push our lease forward, keeping the waiter as read.
 
     A holder that does not yield (``me.yields`` False) writes that it declines
     the live asking waiter's request (``declinedWaiter``), so ``status`` can
@@ -440,9 +370,10 @@ def decide_renew(
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
-    assert record is not None
+    assert record is not None and record.owner is not None
     declined = not me.yields and _asking_waiter(record, me, now) is not None
-    renewed = record.replace(expires_at=now + policy.ttl, ttl=policy.ttl, nonce=nonce, declined=declined)
+    owner = replace(record.owner, expires_at=now + timing.ttl)
+    renewed = record.replace(owner=owner, ttl=timing.ttl, nonce=nonce, declined=declined)
     return Write(Kind.RENEW, renewed, buggify.match(buggify.UNCONDITIONAL_RENEWAL, generation))
 
 
@@ -453,7 +384,7 @@ def decide_release(
     me: Me,
     token: int,
     now: float,
-    policy: Policy,
+    timing: Timing,
     nonce: str,
     attempted: Write | None = None,
     within_lease: bool = False,
@@ -469,46 +400,30 @@ def decide_release(
     record that is no longer ours is never touched.
     """
     if attempted is not None and record is not None:
-        landed = attempted.record
-        heir = landed.owner_id if attempted.kind is Kind.HANDOFF else None
-        if attempted.kind is Kind.HANDOFF and record.owner_id == landed.owner_id and record.token == landed.token:
+        landed, owner_now = attempted.record, _id_of(record.owner)
+        heir = _id_of(landed.owner) if attempted.kind is Kind.HANDOFF else None
+        if attempted.kind is Kind.HANDOFF and owner_now == heir and record.token == landed.token:
             return Released(handed_off_to=heir)
-        if attempted.kind is Kind.FREE and record.owner_id is None and record.token == landed.token:
+        if attempted.kind is Kind.FREE and owner_now is None and record.token == landed.token:
             return Released(handed_off_to=heir)
-        if within_lease and record.owner_id != me.owner_id and record.token >= landed.token:
+        if within_lease and owner_now != me.owner_id and record.token >= landed.token:
             return Released(handed_off_to=heir)
     lost = _check_still_mine(record, me, token)
     if lost is not None:
         return lost
     assert record is not None
-    live = record.waiter_live(now) or (buggify.on(buggify.HANDOFF_TO_EXPIRED_SLOT) and bool(record.waiting_owner_id))
-    if live and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance):
-        assert record.waiting_owner_id is not None
+    waiter = record.waiter
+    live = record.waiter_live(now) or buggify.on(buggify.HANDOFF_TO_EXPIRED_SLOT)
+    if live and waiter is not None and not _is(waiter, me):
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
-        heir_record = _owned_by(
-            record,
-            record.waiting_owner_id,
-            record.waiter_ttl or policy.ttl,
-            now,
-            record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now),
-            nonce,
-            record.waiter_instance,
-            record.waiter_label,
-        )
-        return Write(Kind.HANDOFF, heir_record, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
-    freed = record.replace(
-        owner_id=None, expires_at=None, owner_instance=None, owner_label=None, declined=False, nonce=nonce
-    )
-    if not record.waiter_live(now, policy.max_clock_skew):
-        freed = freed.replace(
-            waiting_owner_id=None,
-            waiter_expires_at=None,
-            waiter_ttl=None,
-            waiter_instance=None,
-            waiter_label=None,
-            waiter_request=None,
-        )
+        ttl = waiter.ttl or timing.ttl
+        heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
+        token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
+        handed = _owned_by(record, heir_holder, ttl, token, nonce)
+        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
+    kept = waiter if record.waiter_live(now, timing.max_clock_skew) else None
+    freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce)
     return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
 
 
@@ -536,14 +451,9 @@ def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: floa
 
 def _asking_waiter(record: LockRecord, me: Me, now: float) -> WaiterSeen | None:
     """The live waiter other than us, by the owner's clock, if it asks for the lock."""
-    if (
-        record.waiting_owner_id is not None
-        and not _is(record.waiting_owner_id, record.waiter_instance, me.owner_id, me.instance)
-        and record.waiter_live(now)
-        and record.request.asks
-    ):
-        assert record.waiter_expires_at is not None
-        return WaiterSeen(record.waiting_owner_id, record.waiter_expires_at)
+    waiter = record.waiter
+    if waiter is not None and not _is(waiter, me) and waiter.live(now) and waiter.request.asks:
+        return WaiterSeen(waiter.id, waiter.expires_at)
     return None
 
 
@@ -552,13 +462,14 @@ def _check_still_mine(record: LockRecord | None, me: Me, token: int) -> Lost | N
         return None
     if record is None:
         return Lost("the lock object was deleted", None)
-    if record.owner_id != me.owner_id:
-        who = "nobody" if record.owner_id is None else repr(record.owner_id)
+    owner = record.owner
+    if owner is None or owner.id != me.owner_id:
+        who = "nobody" if owner is None else repr(owner.id)
         return Lost(f"the lock is now owned by {who}", record)
     if buggify.on(buggify.STILL_MINE_BY_ID):
         return None
     if record.token != token:
         return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
-    if not _is(record.owner_id, record.owner_instance, me.owner_id, me.instance):
-        return Lost(f"the lock was taken by another instance with our id ({record.owner_instance})", record)
+    if not _is(owner, me):
+        return Lost(f"the lock was taken by another instance with our id ({owner.instance})", record)
     return None

@@ -7,45 +7,47 @@ Wire format (version 1)::
      "waitingOwnerId": null, "waiterExpiresAt": null,
      "ttl": 60.0, "token": 1700000000123, "nonce": "9f2c..."}
 
-Three optional fields carry who exactly is waiting: ``waiterInstance`` (a
-random id of the waiting lock instance, so two processes that share a stable
-owner id are never confused), ``waiterTtl`` (the lease the waiter wants), and
-``ownerInstance`` (the instance a handoff was made to). They are written only
-when set.
+In memory the record is nested: the owner in place (a :class:`Holder`) and
+the waiter in place (a :class:`Waiter`), each None when absent, beside the
+lock's ``ttl``, fencing ``token`` and write ``nonce``. Every field says its
+JSON key and how it is read and written (:func:`wire`), so one line of a
+dataclass below adds an optional field to the format.
 
-Two more optional fields say who the owner and the waiter are, for people:
-``ownerLabel`` and ``waiterLabel``, each ``{"text": "host=gpu-3 pid=4242
-pod=ml/train-0", "instance": "<ownerInstance or waiterInstance>"}`` with an
-optional ``"grace"`` (seconds the holder allows its work to stop once asked).
-A label counts only while the instance it names still holds that place: a
-writer that does not know labels keeps them as unknown fields, and when such a
-writer takes the lock or the slot (writing its own instance, or none) the old
-label stops counting instead of naming the wrong job. A label that is not of
-that shape is corrupt, like any other field.
+Optional fields, written only when set: ``ownerInstance`` and
+``waiterInstance`` (a random id of the lock instance in that place, so two
+processes that share a stable owner id are never confused), ``waiterTtl`` (the
+lease the waiter wants). ``ownerLabel`` and ``waiterLabel`` say who the owner
+and the waiter are, for people: ``{"text": "host=gpu-3 pid=4242 pod=ml/train-0",
+"instance": ..., "id": ...}`` with an optional ``"grace"`` (seconds the
+holder allows its work to stop once asked). ``waiterRequest`` (``{"asks":
+false, "priority": 0, "id": ..., "instance": ...}``: a patient waiter, which
+waits without asking the holder to leave, and the rank of its request for the
+single slot) and ``declinedWaiter`` (``{"id", "instance", "owner",
+"ownerInstance"}``: the holder saw that waiter's request and declined it).
 
-Two more, bound the same way to the places they speak of: ``waiterRequest``
-(``{"asks": false, "priority": 0, "id": ..., "instance": ...}``: a patient
-waiter, which waits without asking the holder to leave, and the rank its
-request has for the single slot) and ``declinedWaiter`` (``{"id", "instance",
-"owner", "ownerInstance"}``: the holder saw that waiter's request and declined
-it). Each counts only while the waiter (and, for a decline, the owner) it
-names is still the one in place; otherwise it reads as absent: a waiter
-written by an older version asks, at priority 0, as that version's waiters do.
+Labels, requests and declines name the place they speak of (its id and
+instance): a writer that does not know them keeps them as unknown fields, and
+when such a writer puts another owner or waiter in place they stop counting
+instead of naming the wrong job; a waiter without a request asks, at priority
+0, as older versions' waiters do.
 
 The first four fields are the original design's and the only required ones: a
 record written by another implementation with just those four is read
-correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields are kept and
-written back unchanged. Anything else that is off raises
+correctly (``token`` 0, no ``ttl``, no ``nonce``). Unknown fields, and fields
+of an owner or waiter whose id is null, are kept and written back unchanged.
+Anything else that is off raises
 :class:`~handofflock.core.errors.LockRecordCorrupt` naming the object and the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
 
@@ -73,29 +75,246 @@ MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 MAX_RECORD_BYTES = 64 * 1024
 MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
-_KNOWN = (
-    "version",
-    "ownerId",
-    "expiresAt",
-    "waitingOwnerId",
-    "waiterExpiresAt",
-    "ttl",
-    "token",
-    "nonce",
-    "ownerInstance",
-    "waiterTtl",
-    "waiterInstance",
-    "ownerLabel",
-    "waiterLabel",
-    "waiterRequest",
-    "declinedWaiter",
-)
-_REQUIRED = ("ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt")
+Corrupt = Callable[[str], LockRecordCorrupt]
+#: ``read(value, key, corrupt, seen)``: the checked value of JSON ``value`` (None when absent), or raise
+#: ``corrupt(reason)``. ``seen`` holds the fields of the same place read before it (id, instance).
+Reader = Callable[[Any, str, Corrupt, dict[str, Any]], Any]
+#: ``write(value, whole)``: the JSON of ``value``, a field of ``whole``; None writes nothing.
+Writer = Callable[[Any, Any], Any]
 
 
 def new_nonce() -> str:
     """A fresh nonce: 128 random bits, hex. Unique per write."""
     return os.urandom(16).hex()
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one field is kept in the JSON object: its ``key``, read and written by ``read`` and ``write``.
+
+    ``always``: written even when null (the four original fields, ``ttl``, ``token``, ``nonce``).
+    """
+
+    key: str
+    read: Reader
+    write: Writer
+    always: bool
+
+
+def wire(key: str, read: Reader, write: Writer | None = None, *, always: bool = False, default: Any = None) -> Any:
+    """A dataclass field kept under JSON ``key``; with ``default=MISSING`` it is required while its place is filled."""
+    spec = Wire(key, read, write or (lambda value, whole: value), always)
+    return field(default=default, metadata={"wire": spec})
+
+
+def _wired(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Wire]]:
+    return ((f, f.metadata["wire"]) for f in dataclasses.fields(cls) if "wire" in f.metadata)
+
+
+# --------------------------------------------------------------------------- reading fields
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the {'integer' if isinstance(value, int) else 'number'} {value}"
+    names = {type(None): "null", str: "a string", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def id_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` cannot be an owner or writer id, or None if it can.
+
+    The one rule for ids: the decoder applies it to what it reads, and the
+    constructors to what they will write, so nothing writes a record that
+    its own decoder would call corrupt.
+    """
+    return _text_problem(value, name, MAX_ID_LENGTH, lambda c: c < 0x20 or c == 0x7F)
+
+
+def label_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` cannot be a label's text, or None if it can (the decoder and constructors share it)."""
+    return _text_problem(value, name, MAX_LABEL_LENGTH, lambda c: c < 0x20 or 0x7F <= c < 0xA0)
+
+
+def _text_problem(value: Any, name: str, longest: int, control: Callable[[int], bool]) -> str | None:
+    if not isinstance(value, str):
+        return f"'{name}' must be a string, got {_json_type(value)}"
+    if not value or len(value) > longest:
+        return f"'{name}' must be 1-{longest} characters long"
+    if any(control(ord(ch)) for ch in value):
+        return f"'{name}' contains control characters"
+    return None
+
+
+def _grace_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` cannot be a label's grace (seconds, or None), or None if it can."""
+    if value is None or (_is_number(value) and math.isfinite(value) and 0 <= value <= MAX_TTL):
+        return None
+    return f"{name} must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {_json_type(value)}"
+
+
+def _id(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise corrupt(f"'{name}' must be a string or null, got {_json_type(value)}")
+    problem = id_problem(value, name)
+    if problem is not None:
+        raise corrupt(problem)
+    return value
+
+
+def _instance(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_NONCE_LENGTH
+        or not value.isascii()
+        or not value.isalnum()
+    ):
+        raise corrupt(f"'{name}' must be 1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null")
+    return value
+
+
+def _timestamp(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise corrupt(f"'{name}' must be a number or null, got {_json_type(value)}")
+    if not math.isfinite(value):
+        raise corrupt(f"'{name}' must be finite")
+    if not 0 <= value <= MAX_TIMESTAMP:
+        raise corrupt(f"'{name}' must be a Unix time between 0 and year 3000, got {value}")
+    return float(value)
+
+
+def _ttl(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value):
+        raise corrupt(f"'{name}' must be a finite number, got {_json_type(value)}")
+    if not 0 < value <= MAX_TTL:
+        raise corrupt(f"'{name}' must be in (0, {MAX_TTL:.0f}] seconds, got {value}")
+    return float(value)
+
+
+def _token(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> int:
+    if value is None:
+        return 0
+    if not _is_int(value):
+        raise corrupt(f"'{name}' must be an integer, got {_json_type(value)}")
+    if not 0 <= value <= MAX_TOKEN:
+        raise corrupt(f"'{name}' must be in [0, 2**63-1], got {value}")
+    return int(value)
+
+
+def _nonce(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_NONCE_LENGTH):
+        raise corrupt(f"'{name}' must be a string of 1-{MAX_NONCE_LENGTH} characters")
+    return value
+
+
+def _object(value: Any, name: str, corrupt: Corrupt, keys: str, optional: str = "") -> dict[str, Any] | None:
+    """``value`` as an object with each of ``keys`` and nothing but ``optional`` besides; None for null."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
+    need, may = keys.split(), optional.split()
+    if not set(need) <= value.keys() <= {*need, *may}:
+        also = f" (and optionally {_listing(may)})" if may else ""
+        raise corrupt(f"'{name}' must have {_listing(need)}{also}, got keys {sorted(value)}")
+    return value
+
+
+def _listing(keys: list[str]) -> str:
+    quoted = [f"'{k}'" for k in keys]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def _names(obj: dict[str, Any], name: str, corrupt: Corrupt, place: tuple[Any, Any], id_key: str = "id") -> bool:
+    """Whether the id and instance ``obj`` names (checked strictly) are those of ``place`` (id, instance), filled.
+
+    A label, request or decline counts only while the place it was written for is still the one in
+    place: an older writer that replaced that owner or waiter kept it as an unknown field.
+    """
+    instance_key = "instance" if id_key == "id" else f"{id_key}Instance"
+    named = (
+        _id(obj[id_key], f"{name}.{id_key}", corrupt),
+        _instance(obj[instance_key], f"{name}.{instance_key}", corrupt),
+    )
+    return place[0] is not None and named == place
+
+
+def _label(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Label | None:
+    obj = _object(value, name, corrupt, "text instance id", "grace")
+    if obj is None:
+        return None
+    grace = obj.get("grace")
+    problem = label_problem(obj["text"], f"{name}.text") or _grace_problem(grace, f"'{name}.grace'")
+    if problem is not None:
+        raise corrupt(problem)
+    placed = _names(obj, name, corrupt, (seen["id"], seen["instance"]))
+    return Label(obj["text"], None if grace is None else float(grace)) if placed else None
+
+
+def _label_json(label: Label | None, place: Holder | Waiter) -> dict[str, Any] | None:
+    if label is None:
+        return None
+    doc: dict[str, Any] = {"text": label.text, "instance": place.instance, "id": place.id}
+    if label.grace is not None:
+        doc["grace"] = label.grace
+    return doc
+
+
+def _request(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> WaiterRequest | None:
+    obj = _object(value, name, corrupt, "asks priority id instance")
+    if obj is None:
+        return None
+    if not isinstance(obj["asks"], bool):
+        raise corrupt(f"'{name}.asks' must be true or false, got {_json_type(obj['asks'])}")
+    priority = obj["priority"]
+    if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise corrupt(f"'{name}.priority' must be an integer in [-2**31, 2**31-1], got {_json_type(priority)}")
+    placed = _names(obj, name, corrupt, (seen["id"], seen["instance"]))
+    return WaiterRequest(obj["asks"], priority) if placed else None
+
+
+def _request_json(request: WaiterRequest, waiter: Waiter) -> dict[str, Any] | None:
+    if request == ASKING:
+        return None
+    return {"asks": request.asks, "priority": request.priority, "id": waiter.id, "instance": waiter.instance}
+
+
+def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
+    obj = _object(value, name, corrupt, "id instance owner ownerInstance")
+    if obj is None:
+        return False
+    owner, waiter = seen["owner"], seen["waiter"]
+    to_waiter = _names(obj, name, corrupt, (waiter.id, waiter.instance) if waiter else (None, None))
+    by_owner = _names(obj, name, corrupt, (owner.id, owner.instance) if owner else (None, None), "owner")
+    return to_waiter and by_owner
+
+
+def _declined_json(declined: bool, record: LockRecord) -> dict[str, Any] | None:
+    owner, waiter = record.owner, record.waiter
+    if not declined or owner is None or waiter is None:
+        return None
+    return {"id": waiter.id, "instance": waiter.instance, "owner": owner.id, "ownerInstance": owner.instance}
+
+
+# --------------------------------------------------------------------------- the record
 
 
 @dataclass(frozen=True)
@@ -111,11 +330,7 @@ class Label:
     grace: float | None = None
 
     def __post_init__(self) -> None:
-        problem = label_problem(self.text, "label")
-        if problem is None and self.grace is not None:
-            g = self.grace
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 <= g <= MAX_TTL:
-                problem = f"a label's grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {g!r}"
+        problem = label_problem(self.text, "label") or _grace_problem(self.grace, "a label's grace")
         if problem is not None:
             raise ConfigurationError(problem)
 
@@ -146,99 +361,129 @@ ASKING = WaiterRequest()
 
 
 @dataclass(frozen=True)
+class Holder:
+    """The owner in place: its id, when its lease ends (wall clock), its instance and its label."""
+
+    id: str = wire("ownerId", _id, always=True, default=MISSING)
+    expires_at: float = wire("expiresAt", _timestamp, always=True, default=MISSING)
+    instance: str | None = wire("ownerInstance", _instance)
+    label: Label | None = wire("ownerLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
+
+    def live(self, now: float, skew: float = 0.0) -> bool:
+        """Whether the lease is unexpired at ``now`` (with ``skew`` grace)."""
+        return now <= self.expires_at + skew
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """The waiter in place: its id, when its slot ends, the lease it wants (``ttl``), who it is, what it asks."""
+
+    id: str = wire("waitingOwnerId", _id, always=True, default=MISSING)
+    expires_at: float = wire("waiterExpiresAt", _timestamp, always=True, default=MISSING)
+    ttl: float | None = wire("waiterTtl", _ttl)
+    instance: str | None = wire("waiterInstance", _instance)
+    label: Label | None = wire("waiterLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
+    request: WaiterRequest = wire("waiterRequest", _request, _request_json, default=ASKING)  # noqa: RUF009 (a frozen value)
+
+    def live(self, now: float, skew: float = 0.0) -> bool:
+        """Whether the slot is unexpired at ``now`` (with ``skew`` grace)."""
+        return now <= self.expires_at + skew
+
+
+_PLACES: tuple[tuple[str, type[Holder | Waiter]], ...] = (("owner", Holder), ("waiter", Waiter))
+_T = TypeVar("_T")
+
+
+class _Flat(Generic[_T]):
+    """``record.<place>.<attr>`` under one flat name, None while that place is empty."""
+
+    def __init__(self, place: str, attr: str) -> None:
+        self.place, self.attr = place, attr
+
+    def __get__(self, record: object, owner: object = None) -> _T | None:
+        return getattr(getattr(record, self.place, None), self.attr, None)
+
+
+@dataclass(frozen=True)
 class LockRecord:
     """What the lock object says. Immutable; derive changed copies with :meth:`replace`.
 
-    ``extra`` holds fields this version does not know, preserved across writes.
-    ``legacy`` is True when the record had no ``version`` field (written by the
-    original four-field design).
+    ``owner`` and ``waiter`` are the two places, None while empty. ``ttl`` is
+    the lease the owner writes with (kept once the lock is free). ``declined``:
+    the owner in place declined the request of the waiter in place. ``extra``
+    holds fields this version does not know (and those of an empty place),
+    preserved across writes. ``legacy`` is True when the record had no
+    ``version`` field (written by the original four-field design).
     """
 
-    owner_id: str | None = None
-    expires_at: float | None = None
-    waiting_owner_id: str | None = None
-    waiter_expires_at: float | None = None
-    ttl: float | None = None
-    token: int = 0
-    nonce: str | None = None
-    owner_instance: str | None = None
-    waiter_ttl: float | None = None
-    waiter_instance: str | None = None
-    version: int = RECORD_VERSION
-    owner_label: Label | None = None
-    waiter_label: Label | None = None
-    waiter_request: WaiterRequest | None = None
-    declined: bool = False  # the owner in place declined the request of the waiter in place
+    version: ClassVar[int] = RECORD_VERSION
+
+    owner: Holder | None = None
+    waiter: Waiter | None = None
+    ttl: float | None = wire("ttl", _ttl, always=True)
+    token: int = wire("token", _token, always=True, default=0)
+    nonce: str | None = wire("nonce", _nonce, always=True)
+    declined: bool = wire("declinedWaiter", _declined, _declined_json, default=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
 
-    # -- reading the state ----------------------------------------------------
-
     def owner_live(self, now: float, skew: float = 0.0) -> bool:
         """Whether an owner holds an unexpired lease at ``now`` (with ``skew`` grace)."""
-        return self.owner_id is not None and self.expires_at is not None and now <= self.expires_at + skew
+        return self.owner is not None and self.owner.live(now, skew)
 
     def waiter_live(self, now: float, skew: float = 0.0) -> bool:
         """Whether a waiter holds an unexpired slot at ``now`` (with ``skew`` grace)."""
-        return (
-            self.waiting_owner_id is not None
-            and self.waiter_expires_at is not None
-            and now <= self.waiter_expires_at + skew
-        )
-
-    @property
-    def request(self) -> WaiterRequest:
-        """What the waiter in place wants (:data:`ASKING` when the record does not say)."""
-        return self.waiter_request or ASKING
+        return self.waiter is not None and self.waiter.live(now, skew)
 
     def replace(self, **changes: Any) -> LockRecord:
         """A copy with ``changes`` applied; always written as the current version."""
-        changes.setdefault("version", RECORD_VERSION)
-        changes.setdefault("legacy", False)
-        return replace(self, **changes)
+        for place, cls in _PLACES:
+            flat = {attr: changes.pop(name) for name, (p, attr) in _FLAT.items() if p == place and name in changes}
+            if flat:
+                current = getattr(self, place)
+                values = {k: v for k, v in {**(vars(current) if current else {}), **flat}.items() if v is not None}
+                changes[place] = cls(**values) if "id" in values else None
+        # What was kept of a place while it was empty goes once the place is written.
+        written = {spec.key for place, cls in _PLACES if place in changes for _, spec in _wired(cls)}
+        if written & self.extra.keys():
+            changes.setdefault("extra", {k: v for k, v in self.extra.items() if k not in written})
+        return dataclasses.replace(self, legacy=False, **changes)
 
-    # -- wire format ----------------------------------------------------------
+    # -- flat views, kept while callers move to .owner/.waiter ------------------
+    owner_id = _Flat[str]("owner", "id")
+    expires_at = _Flat[float]("owner", "expires_at")
+    owner_instance = _Flat[str]("owner", "instance")
+    owner_label = _Flat[Label]("owner", "label")
+    waiting_owner_id = _Flat[str]("waiter", "id")
+    waiter_expires_at = _Flat[float]("waiter", "expires_at")
+    waiter_ttl = _Flat[float]("waiter", "ttl")
+    waiter_instance = _Flat[str]("waiter", "instance")
+    waiter_label = _Flat[Label]("waiter", "label")
+    waiter_request = _Flat[WaiterRequest]("waiter", "request")
+
+    @property
+    def request(self) -> WaiterRequest:
+        """What the waiter in place wants (:data:`ASKING` without a waiter)."""
+        return self.waiter.request if self.waiter else ASKING
+
+    # -- wire format ------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "version": self.version,
-            "ownerId": self.owner_id,
-            "expiresAt": self.expires_at,
-            "waitingOwnerId": self.waiting_owner_id,
-            "waiterExpiresAt": self.waiter_expires_at,
-            "ttl": self.ttl,
-            "token": self.token,
-            "nonce": self.nonce,
-        }
-        # Written only when set, so a record of the original design stays as it was.
-        if self.owner_instance is not None:
-            doc["ownerInstance"] = self.owner_instance
-        if self.waiter_ttl is not None:
-            doc["waiterTtl"] = self.waiter_ttl
-        if self.waiter_instance is not None:
-            doc["waiterInstance"] = self.waiter_instance
-        if self.owner_label is not None and self.owner_id is not None:
-            doc["ownerLabel"] = _label_json(self.owner_label, self.owner_instance, self.owner_id)
-        if self.waiter_label is not None and self.waiting_owner_id is not None:
-            doc["waiterLabel"] = _label_json(self.waiter_label, self.waiter_instance, self.waiting_owner_id)
-        if self.waiter_request not in (None, ASKING) and self.waiting_owner_id is not None:
-            assert self.waiter_request is not None
-            doc["waiterRequest"] = {
-                "asks": self.waiter_request.asks,
-                "priority": self.waiter_request.priority,
-                "id": self.waiting_owner_id,
-                "instance": self.waiter_instance,
-            }
-        if self.declined and self.waiting_owner_id is not None and self.owner_id is not None:
-            doc["declinedWaiter"] = {
-                "id": self.waiting_owner_id,
-                "instance": self.waiter_instance,
-                "owner": self.owner_id,
-                "ownerInstance": self.owner_instance,
-            }
-        for k, v in self.extra.items():
-            if k not in doc:
-                doc[k] = v
+        doc: dict[str, Any] = {"version": RECORD_VERSION}
+        optional: dict[str, Any] = {}
+        empty: set[str] = set()
+        for whole, cls in ((self.owner, Holder), (self.waiter, Waiter), (self, LockRecord)):
+            for f, spec in _wired(cls):
+                value = getattr(whole, f.name) if whole is not None else None
+                value = None if value is None else spec.write(value, whole)
+                if spec.always:
+                    doc[spec.key] = value
+                elif value is not None:
+                    optional[spec.key] = value
+                if whole is None:
+                    empty.add(spec.key)
+        doc.update(optional)
+        doc.update({k: v for k, v in self.extra.items() if k not in _KNOWN or k in empty})
         return doc
 
     def encode(self) -> bytes:
@@ -261,33 +506,10 @@ class LockRecord:
         def corrupt(reason: str) -> LockRecordCorrupt:
             return LockRecordCorrupt(key, reason, generation=generation, url=url)
 
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise corrupt(f"expected bytes, got {type(data).__name__}")
-        data = bytes(data)
-        if len(data) > MAX_RECORD_BYTES:
-            raise corrupt(f"object is larger than the {MAX_RECORD_BYTES // 1024} KiB limit for lock records")
-        if not data.strip():
-            raise corrupt("object is empty")
-        try:
-            orjson.loads(data)  # strict about syntax and UTF-8; then read for what orjson cannot check
-            doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-        except _DuplicateKey as exc:
-            raise corrupt(f"duplicate key {exc.args[0]!r}: readers could disagree on its value") from exc
-        except orjson.JSONDecodeError as exc:
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise corrupt("object is not valid UTF-8") from exc
-            raise corrupt(f"invalid JSON ({exc})") from exc
-        except Exception as exc:  # e.g. nesting too deep; still the record's fault
-            raise corrupt(f"unreadable JSON ({type(exc).__name__}: {exc})") from exc
-        if not isinstance(doc, dict):
-            raise corrupt(f"expected a JSON object, got {_json_type(doc)}")
-
+        doc = _parse(data, corrupt)
         missing = [k for k in _REQUIRED if k not in doc]
         if missing:
             raise corrupt(f"missing field(s) {', '.join(missing)}")
-
         legacy = "version" not in doc
         version = RECORD_VERSION if legacy else doc["version"]
         if not _is_int(version):
@@ -298,87 +520,31 @@ class LockRecord:
                 "a newer handofflock may have written it: upgrade before touching this lock"
             )
 
-        owner = _opt_id(doc["ownerId"], "ownerId", corrupt)
-        expires = _opt_timestamp(doc["expiresAt"], "expiresAt", corrupt)
-        waiter = _opt_id(doc["waitingOwnerId"], "waitingOwnerId", corrupt)
-        waiter_expires = _opt_timestamp(doc["waiterExpiresAt"], "waiterExpiresAt", corrupt)
-        if owner is not None and expires is None:
-            raise corrupt("'ownerId' is set but 'expiresAt' is null")
-        if waiter is not None and waiter_expires is None:
-            raise corrupt("'waitingOwnerId' is set but 'waiterExpiresAt' is null")
+        values: dict[str, Any] = {}
+        kept: dict[str, Any] = {}  # the fields of an empty place, written back as they were
+        for place, place_cls in _PLACES:
+            seen: dict[str, Any] = {}
+            for f, spec in _wired(place_cls):
+                seen[f.name] = spec.read(doc.get(spec.key), spec.key, corrupt, seen)
+            specs = list(_wired(place_cls))
+            if seen["id"] is None:
+                kept.update({spec.key: doc[spec.key] for f, spec in specs if seen[f.name] is not None})
+                values[place] = None
+                continue
+            for f, spec in specs:
+                if f.default is MISSING and seen[f.name] is None:
+                    raise corrupt(f"'{specs[0][1].key}' is set but '{spec.key}' is null")
+            values[place] = place_cls(**{k: v for k, v in seen.items() if v is not None})
+        for f, spec in _wired(cls):
+            values[f.name] = spec.read(doc.get(spec.key), spec.key, corrupt, values)
+        extra = {**{k: v for k, v in doc.items() if k not in _KNOWN}, **kept}
+        _check_extra(extra, corrupt)
+        return cls(extra=extra, legacy=legacy, **values)
 
-        ttl = doc.get("ttl")
-        if ttl is not None:
-            if not _is_number(ttl) or not math.isfinite(ttl):
-                raise corrupt(f"'ttl' must be a finite number, got {_json_type(ttl)}")
-            if not 0 < ttl <= MAX_TTL:
-                raise corrupt(f"'ttl' must be in (0, {MAX_TTL:.0f}] seconds, got {ttl}")
-            ttl = float(ttl)
 
-        token = doc.get("token", 0)
-        if token is None:
-            token = 0
-        if not _is_int(token):
-            raise corrupt(f"'token' must be an integer, got {_json_type(token)}")
-        if not 0 <= token <= MAX_TOKEN:
-            raise corrupt(f"'token' must be in [0, 2**63-1], got {token}")
-
-        nonce = doc.get("nonce")
-        if nonce is not None and (not isinstance(nonce, str) or not 0 < len(nonce) <= MAX_NONCE_LENGTH):
-            raise corrupt(f"'nonce' must be a string of 1-{MAX_NONCE_LENGTH} characters")
-
-        owner_instance = _opt_instance(doc.get("ownerInstance"), "ownerInstance", corrupt)
-        waiter_instance = _opt_instance(doc.get("waiterInstance"), "waiterInstance", corrupt)
-        waiter_ttl = doc.get("waiterTtl")
-        if waiter_ttl is not None:
-            if not _is_number(waiter_ttl) or not math.isfinite(waiter_ttl) or not 0 < waiter_ttl <= MAX_TTL:
-                raise corrupt(
-                    f"'waiterTtl' must be a number in (0, {MAX_TTL:.0f}] seconds, got {_json_type(waiter_ttl)}"
-                )
-            waiter_ttl = float(waiter_ttl)
-
-        owner_label = _opt_label(doc.get("ownerLabel"), "ownerLabel", owner_instance, owner, corrupt)
-        waiter_label = _opt_label(doc.get("waiterLabel"), "waiterLabel", waiter_instance, waiter, corrupt)
-        waiter_request = _opt_request(doc.get("waiterRequest"), waiter_instance, waiter, corrupt)
-        declined = _declined(doc.get("declinedWaiter"), (waiter, waiter_instance, owner, owner_instance), corrupt)
-
-        extra = {k: v for k, v in doc.items() if k not in _KNOWN}
-        if extra:
-            # The lock writes unknown fields back unchanged, so they must survive that:
-            # orjson reads 1024 levels of nesting but writes only 254, and a record
-            # near the cap would grow past it and become unreadable once rewritten.
-            try:
-                extra_bytes = len(
-                    json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-                )
-                if _depth(extra) > 250:
-                    raise ValueError("nested too deeply")
-            except (ValueError, RecursionError) as exc:
-                raise corrupt(f"unknown fields cannot be written back unchanged ({exc})") from exc
-            if extra_bytes > MAX_EXTRA_BYTES:
-                raise corrupt(
-                    f"unknown fields take {extra_bytes} bytes; at most {MAX_EXTRA_BYTES} are kept "
-                    "so the record still fits when written back"
-                )
-        return cls(
-            owner,
-            expires,
-            waiter,
-            waiter_expires,
-            ttl,
-            token,
-            nonce,
-            owner_instance,
-            waiter_ttl,
-            waiter_instance,
-            version,
-            owner_label,
-            waiter_label,
-            waiter_request,
-            declined,
-            extra,
-            legacy,
-        )
+_KNOWN = frozenset({"version"} | {spec.key for c in (Holder, Waiter, LockRecord) for _, spec in _wired(c)})
+_REQUIRED = [spec.key for c in (Holder, Waiter) for f, spec in _wired(c) if f.default is MISSING]
+_FLAT = {name: (view.place, view.attr) for name, view in vars(LockRecord).items() if isinstance(view, _Flat)}
 
 
 class _DuplicateKey(ValueError):
@@ -400,6 +566,54 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _parse(data: Any, corrupt: Corrupt) -> dict[str, Any]:
+    """``data`` as a JSON object, read strictly: UTF-8, no duplicate keys, no NaN, within the size cap."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise corrupt(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > MAX_RECORD_BYTES:
+        raise corrupt(f"object is larger than the {MAX_RECORD_BYTES // 1024} KiB limit for lock records")
+    if not data.strip():
+        raise corrupt("object is empty")
+    try:
+        orjson.loads(data)  # strict about syntax and UTF-8; then read for what orjson cannot check
+        doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except _DuplicateKey as exc:
+        raise corrupt(f"duplicate key {exc.args[0]!r}: readers could disagree on its value") from exc
+    except orjson.JSONDecodeError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise corrupt("object is not valid UTF-8") from exc
+        raise corrupt(f"invalid JSON ({exc})") from exc
+    except Exception as exc:  # e.g. nesting too deep; still the record's fault
+        raise corrupt(f"unreadable JSON ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(doc, dict):
+        raise corrupt(f"expected a JSON object, got {_json_type(doc)}")
+    return doc
+
+
+def _check_extra(extra: dict[str, Any], corrupt: Corrupt) -> None:
+    """Refuse unknown fields the lock could not write back unchanged.
+
+    orjson reads 1024 levels of nesting but writes only 254, and a record near
+    the cap would grow past it and become unreadable once rewritten.
+    """
+    if not extra:
+        return
+    try:
+        size = len(json.dumps(extra, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+        if _depth(extra) > 250:
+            raise ValueError("nested too deeply")
+    except (ValueError, RecursionError) as exc:
+        raise corrupt(f"unknown fields cannot be written back unchanged ({exc})") from exc
+    if size > MAX_EXTRA_BYTES:
+        raise corrupt(
+            f"unknown fields take {size} bytes; at most {MAX_EXTRA_BYTES} are kept "
+            "so the record still fits when written back"
+        )
+
+
 def _depth(value: Any, level: int = 0) -> int:
     """How deeply ``value`` nests (orjson writes at most 254 levels; we stay under that)."""
     if level > 260:
@@ -409,163 +623,3 @@ def _depth(value: Any, level: int = 0) -> int:
     if isinstance(value, list):
         return max((_depth(v, level + 1) for v in value), default=level + 1)
     return level
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return f"the integer {value}"
-    if isinstance(value, float):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def id_problem(value: Any, name: str) -> str | None:
-    """Why ``value`` cannot be an owner or writer id, or None if it can.
-
-    The one rule for ids: the decoder applies it to what it reads, and the
-    constructors to what they will write, so nothing writes a record that
-    its own decoder would call corrupt.
-    """
-    if not isinstance(value, str):
-        return f"'{name}' must be a string, got {_json_type(value)}"
-    if not value or len(value) > MAX_ID_LENGTH:
-        return f"'{name}' must be 1-{MAX_ID_LENGTH} characters long"
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        return f"'{name}' contains control characters"
-    return None
-
-
-def _opt_id(value: Any, name: str, corrupt: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise corrupt(f"'{name}' must be a string or null, got {_json_type(value)}")
-    problem = id_problem(value, name)
-    if problem is not None:
-        raise corrupt(problem)
-    return value
-
-
-def label_problem(value: Any, name: str) -> str | None:
-    """Why ``value`` cannot be a label's text, or None if it can (the decoder and constructors share it)."""
-    if not isinstance(value, str):
-        return f"'{name}' must be a string, got {_json_type(value)}"
-    if not value or len(value) > MAX_LABEL_LENGTH:
-        return f"'{name}' must be 1-{MAX_LABEL_LENGTH} characters long"
-    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in value):
-        return f"'{name}' contains control characters"
-    return None
-
-
-def _label_json(label: Label, instance: str | None, holder: str | None) -> dict[str, Any]:
-    doc: dict[str, Any] = {"text": label.text, "instance": instance, "id": holder}
-    if label.grace is not None:
-        doc["grace"] = label.grace
-    return doc
-
-
-def _opt_label(value: Any, name: str, instance: str | None, holder: str | None, corrupt: Any) -> Label | None:
-    """A label as read: checked strictly; None when absent, or when it names an instance no longer there."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
-    unknown = sorted(set(value) - {"text", "instance", "id", "grace"})
-    if unknown or "text" not in value or "instance" not in value or "id" not in value:
-        raise corrupt(
-            f"'{name}' must have 'text', 'instance' and 'id' (and optionally 'grace'), got keys {sorted(value)}"
-        )
-    problem = label_problem(value["text"], f"{name}.text")
-    if problem is not None:
-        raise corrupt(problem)
-    of = _opt_instance(value["instance"], f"{name}.instance", corrupt)
-    written_for = value["id"]
-    if written_for is not None and id_problem(written_for, f"{name}.id") is not None:
-        raise corrupt(str(id_problem(written_for, f"{name}.id")))
-    grace = value.get("grace")
-    if grace is not None:
-        if not _is_number(grace) or not math.isfinite(grace) or not 0 <= grace <= MAX_TTL:
-            raise corrupt(f"'{name}.grace' must be a number in [0, {MAX_TTL:.0f}] seconds, got {_json_type(grace)}")
-        grace = float(grace)
-    if holder is None or of != instance or written_for != holder:
-        # Written for an owner or waiter that has since been replaced by a writer that does not
-        # know labels (it kept this one, and maybe the instance too, as unknown fields): it no
-        # longer says who is there. The id it was written for must still be the one in place.
-        return None
-    return Label(value["text"], grace)
-
-
-def _opt_request(value: Any, instance: str | None, holder: str | None, corrupt: Any) -> WaiterRequest | None:
-    """``waiterRequest`` as read: checked strictly; None when absent or written for a waiter no longer there."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != {"asks", "priority", "id", "instance"}:
-        raise corrupt("'waiterRequest' must be an object with exactly 'asks', 'priority', 'id' and 'instance'")
-    if not isinstance(value["asks"], bool):
-        raise corrupt(f"'waiterRequest.asks' must be true or false, got {_json_type(value['asks'])}")
-    priority = value["priority"]
-    if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise corrupt(f"'waiterRequest.priority' must be an integer in [-2**31, 2**31-1], got {_json_type(priority)}")
-    of = _opt_instance(value["instance"], "waiterRequest.instance", corrupt)
-    written_for = _opt_id(value["id"], "waiterRequest.id", corrupt)
-    if holder is None or of != instance or written_for != holder:
-        return None  # an older writer replaced that waiter and kept this as an unknown field
-    return WaiterRequest(value["asks"], priority)
-
-
-def _declined(value: Any, now_in_place: tuple[str | None, str | None, str | None, str | None], corrupt: Any) -> bool:
-    """``declinedWaiter`` as read: True only while the waiter and the owner it names are both still in place."""
-    if value is None:
-        return False
-    if not isinstance(value, dict) or set(value) != {"id", "instance", "owner", "ownerInstance"}:
-        raise corrupt("'declinedWaiter' must be an object with exactly 'id', 'instance', 'owner' and 'ownerInstance'")
-    named = (
-        _opt_id(value["id"], "declinedWaiter.id", corrupt),
-        _opt_instance(value["instance"], "declinedWaiter.instance", corrupt),
-        _opt_id(value["owner"], "declinedWaiter.owner", corrupt),
-        _opt_instance(value["ownerInstance"], "declinedWaiter.ownerInstance", corrupt),
-    )
-    return named[0] is not None and named[2] is not None and named == now_in_place
-
-
-def _opt_instance(value: Any, name: str, corrupt: Any) -> str | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_NONCE_LENGTH
-        or not value.isascii()
-        or not value.isalnum()
-    ):
-        raise corrupt(f"'{name}' must be 1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null")
-    return value
-
-
-def _opt_timestamp(value: Any, name: str, corrupt: Any) -> float | None:
-    if value is None:
-        return None
-    if not _is_number(value):
-        raise corrupt(f"'{name}' must be a number or null, got {_json_type(value)}")
-    if not math.isfinite(value):
-        raise corrupt(f"'{name}' must be finite")
-    if not 0 <= value <= MAX_TIMESTAMP:
-        raise corrupt(f"'{name}' must be a Unix time between 0 and year 3000, got {value}")
-    return float(value)

@@ -43,7 +43,7 @@ from .lease import Lease
 from .lifetime import Lifetime, weakly
 from .notifier import Notifier
 from .observation import Observation
-from .options import TimingViews, label_of, owner_id_of, policy_of, store_of, timing_of
+from .options import TimingViews, label_of, owner_id_of, store_of, timing_of
 from .primitives import THREADING, Primitives
 from .record_io import RecordIO
 from .reentry import ReentryGuard
@@ -119,7 +119,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         # ``yields``: whether a waiter's request stands for us or is declined (at renewal, in the record).
         self._me = Me(self.owner_id, secrets.token_hex(8), self.label, yields=bool(yield_to_requests))
         self._clock = clock or Clock()
-        self._policy = policy_of(self.timing)
+        self._policy = self.timing
         self._prims = primitives or THREADING
         self._pid = os.getpid()
         self._lifetime = Lifetime(self, release_at_exit, clock=self._clock, primitives=self._prims)
@@ -214,7 +214,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             self._end_hold()
         deadline = polling.deadline_of(self._clock, self.timing, blocking=blocking, timeout=timeout)
         slot_wait = self.wait_for_slot or timeout is not None or not request.asks  # else Contended raises
-        decide = functools.partial(protocol.decide_acquire, me=self._me, policy=self._policy, request=request)
+        decide = functools.partial(protocol.decide_acquire, me=self._me, timing=self._policy, request=request)
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         last: LockRecord | None = None
         observed = Observation(self.url, self._policy)  # bounds a suspect lease (observation.py)

@@ -21,6 +21,7 @@ import logging
 from ..core import protocol
 from ..core.record import LockRecord
 from ..core.timefmt import when
+from ..core.timing import Timing
 
 _log = logging.getLogger("handofflock.acquire")
 
@@ -30,7 +31,7 @@ class Observation:
 
     __slots__ = ("first", "lease", "policy", "url")
 
-    def __init__(self, url: str, policy: protocol.Policy) -> None:
+    def __init__(self, url: str, policy: Timing) -> None:
         self.url, self.policy = url, policy
         self.lease: tuple[object, ...] | None = None
         self.first = 0.0

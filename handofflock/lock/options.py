@@ -20,7 +20,6 @@ from typing import Any, TypedDict
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.identity import detect_label
-from ..core.protocol import Policy
 from ..core.record import Label, id_problem, label_problem
 from ..core.timing import Timing
 from ..storage import Storage, open_url
@@ -169,11 +168,6 @@ def timing_of(storage: Storage, timing: Timing | None, keywords: dict[str, float
     explicit = getattr(storage, "explicit_request_timeout", None)
     timing.check_request_timeout(explicit, getattr(storage, "url", "the store"))
     return timing
-
-
-def policy_of(timing: Timing) -> Policy:
-    """The timing the protocol's decisions need, taken from the lock's one :class:`Timing`."""
-    return Policy(ttl=timing.ttl, waiter_ttl=timing.waiter_ttl, max_clock_skew=timing.max_clock_skew)
 
 
 def store_of(url: str | os.PathLike[str], storage: Storage | None, key: str | None) -> tuple[Storage, str, str]:

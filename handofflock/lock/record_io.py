@@ -2,7 +2,7 @@
 
 Everything the lock says to its store goes through :class:`RecordIO`; it
 knows the store, the key, the URL (for errors), the clock, the protocol's
-:class:`~handofflock.core.protocol.Policy` (to restamp a write at its send),
+:class:`~handofflock.core.timing.Timing` (to restamp a write at its send),
 the store's write gate, the retry policy of :mod:`handofflock.storage.cas`,
 and one callback that says whether a retry's wait was interrupted (a
 ``cancel()``, a deferred release). It holds the lock's I/O mutex, which
@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 from ..core import protocol
 from ..core.clock import Clock
-from ..core.protocol import Policy, Write
+from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
+from ..core.timing import Timing
 from ..storage import MAX_RECORD_BYTES, Storage
 from ..storage.base import requests_within
 from ..storage.cas import read_retrying, write_resolving
@@ -45,7 +46,7 @@ class RecordIO:
         *,
         url: str,
         clock: Clock,
-        policy: Policy,
+        policy: Timing,
         min_write_interval: float,
         mutex: Mutex,
         interrupted: Callable[[float], bool],
@@ -144,7 +145,7 @@ class RecordIO:
 
         def stamp() -> bytes:
             mono, wall = self._clock.monotonic(), self._clock.time()
-            attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), policy=self._policy)
+            attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), timing=self._policy)
             assert attempt.record.nonce is not None
             attempts[attempt.record.nonce] = (attempt, mono, wall)
             sent.append(attempt.record.nonce)

@@ -23,8 +23,9 @@ from typing import Literal
 from ..core import protocol
 from ..core.clock import Clock
 from ..core.errors import LockLost, LockRecordCorrupt, PreconditionFailed
-from ..core.protocol import Kind, Lost, Me, Owned, Policy, Released, Write
+from ..core.protocol import Kind, Lost, Me, Owned, Released, Write
 from ..core.record import new_nonce
+from ..core.timing import Timing
 from .lease import Lease
 from .record_io import RecordIO
 
@@ -39,7 +40,7 @@ class Loss:
 
 
 def write_release(
-    io: RecordIO, lease: Lease, *, me: Me, clock: Clock, policy: Policy, deadline: float
+    io: RecordIO, lease: Lease, *, me: Me, clock: Clock, policy: Timing, deadline: float
 ) -> tuple[str | None, Loss | None]:
     """The release write of ``lease`` (retried, re-read on 412): ``(heir, None)``, or ``(None, why it was lost)``.
 
@@ -55,7 +56,7 @@ def write_release(
             me=me,
             token=lease.token or 0,
             now=clock.time(),
-            policy=policy,
+            timing=policy,
             nonce=new_nonce(),
             attempted=attempted,
             within_lease=lease.within(clock),
@@ -83,7 +84,7 @@ def write_release(
 
 
 def give_back_slot(
-    io: RecordIO, *, me: Me, clock: Clock, policy: Policy, deadline: float
+    io: RecordIO, *, me: Me, clock: Clock, policy: Timing, deadline: float
 ) -> tuple[Owned, float, float] | Literal[False] | None:
     """Clear our waiter slot with a conditional write (re-read on 412), by ``deadline``.
 
@@ -96,7 +97,7 @@ def give_back_slot(
     while clock.monotonic() < deadline:
         record, generation = io.read_to_write(deadline, urgent=True)
         mono, wall = clock.monotonic(), clock.time()
-        decision = protocol.decide_give_up_wait(record, generation, me=me, now=wall, policy=policy, nonce=new_nonce())
+        decision = protocol.decide_give_up_wait(record, generation, me=me, now=wall, timing=policy, nonce=new_nonce())
         if isinstance(decision, Owned):
             return decision, mono, wall
         if not isinstance(decision, Write):

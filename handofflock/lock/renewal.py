@@ -27,7 +27,7 @@ from typing import TypedDict
 from ..core import protocol
 from ..core.clock import Clock
 from ..core.errors import LockRecordCorrupt, PreconditionFailed, StorageError, TransientStorageError
-from ..core.protocol import Lost, Me, Policy, Write
+from ..core.protocol import Lost, Me, Write
 from ..core.record import LockRecord, new_nonce
 from ..core.timing import Timing
 from . import metrics
@@ -42,7 +42,7 @@ class Renewer(TypedDict):
 
     me: Me
     clock: Clock
-    policy: Policy
+    policy: Timing
     timing: Timing
 
 
@@ -54,11 +54,11 @@ class Renewed:
     took: float
 
 
-def decide(lease: Lease, *, me: Me, clock: Clock, policy: Policy) -> protocol.Decision:
+def decide(lease: Lease, *, me: Me, clock: Clock, policy: Timing) -> protocol.Decision:
     """What renewing ``lease`` writes now (or that the record we know says it is lost)."""
     token, now = lease.token or 0, clock.time()
     return protocol.decide_renew(
-        lease.record, lease.generation, me=me, token=token, now=now, policy=policy, nonce=new_nonce()
+        lease.record, lease.generation, me=me, token=token, now=now, timing=policy, nonce=new_nonce()
     )
 
 
@@ -68,7 +68,7 @@ def renew(
     *,
     me: Me,
     clock: Clock,
-    policy: Policy,
+    policy: Timing,
     timing: Timing,
     held: Callable[[], bool],
     saw: Callable[[LockRecord | None, int], bool],
@@ -110,7 +110,7 @@ def renew(
 
 
 def renew_handed(
-    io: RecordIO, lease: Lease, *, me: Me, clock: Clock, policy: Policy, timing: Timing, deadline: float | None
+    io: RecordIO, lease: Lease, *, me: Me, clock: Clock, policy: Timing, timing: Timing, deadline: float | None
 ) -> None:
     """Renew a lease just handed to us, waiting for the gate and retrying until ``deadline`` (or ``renew_deadline``).
 
@@ -135,7 +135,7 @@ def renew_or_fail(
     *,
     me: Me,
     clock: Clock,
-    policy: Policy,
+    policy: Timing,
     timing: Timing,
     held: Callable[[], bool],
     saw: Callable[[LockRecord | None, int], bool],

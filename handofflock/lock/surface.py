@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError, LockLost
-from ..core.protocol import Policy
 from ..core.timing import Timing
 from . import lifetime
 from .duties import Duties
@@ -44,7 +43,7 @@ class LockSurface:
     _state: State
     _io: RecordIO
     _clock: Clock
-    _policy: Policy
+    _policy: Timing
     _cancel: threading.Event
     _guard: ReentryGuard
     _lifetime: Lifetime

@@ -13,8 +13,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.protocol import Policy, suspect_lease
+from ..core.protocol import suspect_lease
 from ..core.record import Label, LockRecord
+from ..core.timing import Timing
 
 
 def default_owner_id() -> str:
@@ -95,7 +96,7 @@ class LockStatus:
 
     @classmethod
     def of(
-        cls, url: str, record: LockRecord | None, generation: int, now: float, policy: Policy | None = None
+        cls, url: str, record: LockRecord | None, generation: int, now: float, policy: Timing | None = None
     ) -> LockStatus:
         """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``.
 
@@ -103,7 +104,7 @@ class LockStatus:
         """
         if record is None:
             return cls(url, False, 0, read_at=now)
-        policy = policy or Policy(ttl=60.0, waiter_ttl=60.0, max_clock_skew=2.0)
+        policy = policy or Timing.build()
         return cls(
             url,
             True,

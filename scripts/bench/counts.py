@@ -8,6 +8,7 @@ from typing import Any
 
 from bench.support import Backend, as_counts, diff, expired_record, run_in_thread, spent, step, summary  # noqa: E402
 from handofflock import FakeClock, LockRecord, Scheduler  # noqa: E402
+from handofflock.core.record import Holder  # noqa: E402
 
 # --------------------------------------------------------------------------- 0. round trips
 
@@ -16,7 +17,7 @@ def bench_rtt(backend: Backend, n: int) -> dict[str, Any]:
     """One small read, and one conditional write, of a lock-sized object."""
     store, _ = backend.store()
     key = backend.prefix("rtt") + "probe.json"
-    data = LockRecord(owner_id="probe", expires_at=time.time() + 60, ttl=60.0, token=1, nonce="n").encode()
+    data = LockRecord(Holder("probe", time.time() + 60), ttl=60.0, token=1, nonce="n").encode()
     generation = store.write(key, data, if_generation_match=0)
     reads, writes = [], []
     for _ in range(n):
@@ -167,7 +168,7 @@ def bench_counts(backend: Backend) -> dict[str, Any]:
     # What a renewal costs when it reads before it writes, as in seed 004's design.
     ss, cs = backend.store()
     key = p + "seed004.json"
-    generation = ss.write(key, LockRecord(owner_id="me", expires_at=time.time() + 60).encode(), if_generation_match=0)
+    generation = ss.write(key, LockRecord(Holder("me", time.time() + 60)).encode(), if_generation_match=0)
 
     def renew_by_reading_first() -> None:
         data, gen = ss.read(key)

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from handofflock import FakeClock, HandoffLock, LockRecord  # noqa: E402
+from handofflock.core.record import Holder  # noqa: E402
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.storage.s3_format import PROBE_MARK  # noqa: E402
 
@@ -290,4 +291,4 @@ def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 
 
 def expired_record(now: float) -> bytes:
-    return LockRecord(owner_id="crashed-host:1:dead", expires_at=now - 600, ttl=60.0, token=1, nonce="x").encode()
+    return LockRecord(Holder("crashed-host:1:dead", now - 600), ttl=60.0, token=1, nonce="x").encode()

@@ -201,7 +201,7 @@ async def test_wait_release_requested_raises_lock_lost_when_the_lock_is_taken_aw
         tg.start_soon(wait)
         await anyio.sleep(0.1)
         record, generation = raw_read(url)
-        raw_write(url, dataclasses.replace(record, owner_id="thief", token=record.token + 1), generation)
+        raw_write(url, record.replace(owner=dataclasses.replace(record.owner, id="thief"), token=record.token + 1), generation)
         with anyio.fail_after(10):
             await until(lambda: outcome)
     assert isinstance(outcome[0], LockLost) and not lock.healthy

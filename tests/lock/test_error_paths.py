@@ -252,7 +252,7 @@ def test_giving_up_a_wait_ends_within_its_budget_even_when_the_store_keeps_faili
 
 def test_a_token_at_its_maximum_is_never_issued_twice(world):
     store = world.store
-    store.write(KEY, LockRecord(owner_id=None, token=MAX_TOKEN, nonce="m").encode(), if_generation_match=0)
+    store.write(KEY, LockRecord(token=MAX_TOKEN, nonce="m").encode(), if_generation_match=0)
     with pytest.raises(TokensExhausted):
         world.lock("A").acquire(timeout=5)
     assert world.record().token == MAX_TOKEN and world.record().owner_id is None

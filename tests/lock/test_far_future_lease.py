@@ -8,7 +8,7 @@ import time
 import pytest
 
 from handofflock import HandoffLock
-from handofflock.core.record import LockRecord
+from handofflock.core.record import Holder, LockRecord
 from lockutil import raw_read, raw_write, url_for
 
 YEARS = 31 * 365 * 86400.0
@@ -16,7 +16,7 @@ YEARS = 31 * 365 * 86400.0
 
 def _ghost(url: str, ttl: float) -> LockRecord:
     """A record nobody renews, whose lease claims to run 31 years ahead (hand-made, or a clock gone wrong)."""
-    record = LockRecord("ghost", time.time() + YEARS, None, None, ttl=ttl, token=5, nonce="n")
+    record = LockRecord(Holder("ghost", time.time() + YEARS), ttl=ttl, token=5, nonce="n")
     raw_write(url, record, 0)
     return record
 

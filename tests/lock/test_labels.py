@@ -20,13 +20,14 @@ from handofflock.cli import main
 from handofflock.core import protocol
 from handofflock.core.errors import ConfigurationError
 from handofflock.core.identity import detect_label
-from handofflock.core.protocol import Kind, Me, Policy
-from handofflock.core.record import Label, LockRecord
+from handofflock.core.protocol import Kind, Me
+from handofflock.core.record import Holder, Label, LockRecord
+from handofflock.core.timing import Timing
 from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
 
 NOW = 1_700_000_000.0
-POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 ROOT = Path(__file__).resolve().parents[2]
 OWNER, WAITER = Label("pod=ml/train-0 pid=1", grace=30.0), Label("host=gpu-3 pid=42 slurm=812345")
 
@@ -41,7 +42,7 @@ def url():
 def held(**kw) -> LockRecord:
     base = {"owner_id": "a", "expires_at": NOW + 30, "ttl": 60.0, "token": 7, "nonce": "n0", "owner_instance": "ia",
             "owner_label": OWNER}
-    return LockRecord(**{**base, **kw})
+    return LockRecord().replace(**{**base, **kw})
 
 
 def waited(**kw) -> LockRecord:
@@ -63,7 +64,7 @@ def test_labels_round_trip_bound_to_the_instance_they_belong_to():
 
 
 def test_a_record_without_labels_is_written_as_before():
-    doc = orjson.loads(LockRecord("a", NOW, None, None, token=1).encode())
+    doc = orjson.loads(LockRecord(Holder("a", NOW), token=1).encode())
     assert "ownerLabel" not in doc and "waiterLabel" not in doc
 
 
@@ -124,36 +125,36 @@ def test_a_bad_label_is_a_corrupt_record_never_dropped(field, value, why):
 def test_every_write_path_carries_or_clears_the_labels():
     mine_label = Label("me-label")
     # create / take: my label as owner
-    d = protocol.decide_acquire(None, 0, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(None, 0, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.CREATE and d.record.owner_label == mine_label
-    d = protocol.decide_acquire(held(expires_at=NOW - 100), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(held(expires_at=NOW - 100), 3, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.TAKE and d.record.owner_label == mine_label and d.record.waiter_label is None
     # become the waiter: my label in the waiter's place, the owner's kept
-    d = protocol.decide_acquire(held(), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(held(), 3, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.BECOME_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, mine_label)
     # refresh the slot: both kept
     mine = waited(waiting_owner_id="me", waiter_instance="im", waiter_label=mine_label, waiter_expires_at=NOW + 1)
-    d = protocol.decide_acquire(mine, 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=True)
+    d = protocol.decide_acquire(mine, 3, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=True)
     assert d.kind is Kind.REFRESH_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, mine_label)
     # give up the slot: the waiter's label goes with it
-    d = protocol.decide_give_up_wait(mine, 3, me=Me("me", "im"), now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_give_up_wait(mine, 3, me=Me("me", "im"), now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiter_label is None and d.record.owner_label == OWNER
     # renew: both kept as read
-    d = protocol.decide_renew(waited(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_renew(waited(), 3, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.RENEW and (d.record.owner_label, d.record.waiter_label) == (OWNER, WAITER)
     # hand off: the waiter's label becomes the owner's, the waiter's place is empty
-    d = protocol.decide_release(waited(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(waited(), 3, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.HANDOFF and (d.record.owner_label, d.record.waiter_label) == (WAITER, None)
     assert LockRecord.decode(d.record.encode()).owner_label == WAITER, "and it counts: bound to the heir's instance"
     # free: the owner's label goes; a waiter within the skew keeps its own
-    d = protocol.decide_release(held(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(held(), 3, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE and d.record.owner_label is None
-    d = protocol.decide_release(waited(waiter_expires_at=NOW - 1), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(waited(waiter_expires_at=NOW - 1), 3, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE and d.record.owner_label is None and d.record.waiter_label == WAITER
-    d = protocol.decide_release(waited(waiter_expires_at=NOW - 10), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(waited(waiter_expires_at=NOW - 10), 3, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE and d.record.waiter_label is None
     # retake under my stable id: my label, a live waiter keeps its own
-    d = protocol.decide_acquire(waited(owner_id="me"), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(waited(owner_id="me"), 3, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.RETAKE and (d.record.owner_label, d.record.waiter_label) == (mine_label, WAITER)
 
 
@@ -262,7 +263,7 @@ def test_status_shows_labels_who_asked_for_a_release_and_iso_times_with_their_ag
 
 
 def test_status_prints_a_far_future_expiry_with_its_date(url, capsys):
-    raw_write(url, LockRecord("forever", 32_000_000_000.0, None, None, ttl=60.0, token=3), 0)
+    raw_write(url, LockRecord(Holder("forever", 32_000_000_000.0), ttl=60.0, token=3), 0)
     assert main(["status", url]) == 0
     out = capsys.readouterr().out
     assert "2984-" in out, out  # the year, not just a time of day

@@ -17,7 +17,7 @@ from handofflock import (
     Scheduler,
     signals,
 )
-from handofflock.core.record import LockRecord
+from handofflock.core.record import Holder, LockRecord, Waiter
 from lockutil import eventually, fast, make_lock, raw_read, raw_write, url_for
 
 
@@ -154,7 +154,7 @@ def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(url, locks)
 
 def test_a_third_process_never_takes_the_lock_from_a_live_waiter(url, locks):
     now = time.time()
-    seeded = LockRecord("dead-owner", now - 100, "live-waiter", now + 30, ttl=1.5, token=5, nonce="seed")
+    seeded = LockRecord(Holder("dead-owner", now - 100), Waiter("live-waiter", now + 30), ttl=1.5, token=5, nonce="seed")
     gen = raw_write(url, seeded, 0)
     third = locks(url)
     assert third.acquire(blocking=False) is False

@@ -136,13 +136,13 @@ def test_an_owner_id_the_decoder_would_call_corrupt_is_refused_before_anything_i
     """The constructor applies the decoder's rule for ids: otherwise the lock would write a record
     that it, and every contender, then reads as corrupt, stuck until someone forces it."""
     from handofflock import ConfigurationError
-    from handofflock.core.record import LockRecord
+    from handofflock.core.record import Holder, LockRecord
 
     with pytest.raises(ConfigurationError, match="owner_id"):
         HandoffLock("memory://cfg/x.json", owner_id=owner_id)
     if isinstance(owner_id, str):  # what a record naming it would have been taken for
         with pytest.raises(LockRecordCorrupt):
-            LockRecord.decode(LockRecord(owner_id=owner_id, expires_at=1.0, ttl=1.0).encode())
+            LockRecord.decode(LockRecord(Holder(owner_id, 1.0), ttl=1.0).encode())
 
 
 def test_the_longest_valid_owner_id_round_trips_through_the_record():

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from handofflock.core import protocol
-from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Policy, Released, Wait, WaiterSeen, Write
-from handofflock.core.record import LockRecord, WaiterRequest
+from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Released, Wait, WaiterSeen, Write
+from handofflock.core.record import Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.core.timing import Timing
 
 NOW = 1_700_000_000.0
-POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 GEN = 42
 
 
-def rec(owner=None, expires=None, waiter=None, waiter_expires=None, token=7, **kw) -> LockRecord:
-    return LockRecord(owner, expires, waiter, waiter_expires, ttl=60.0, token=token, nonce="old", **kw)
+def rec(owner=None, expires=None, waiter=None, waiter_expires=None, token=7, owner_instance=None, waiter_instance=None, **kw) -> LockRecord:
+    return LockRecord(
+        Holder(owner, expires, owner_instance) if owner else None,
+        Waiter(waiter, waiter_expires, instance=waiter_instance) if waiter else None,
+        ttl=60.0, token=token, nonce="old", **kw,
+    )
 
 
 # (name, record, waiting, expected outcome, expected kind or None)
@@ -47,13 +54,13 @@ ACQUIRE_TABLE = [
     ("names me but I was not waiting: retake with a new token", rec("me", NOW + 60), False, Write, Kind.RETAKE),
     ("names me, lease long expired, was waiting: retake", rec("me", NOW - 100), True, Write, Kind.RETAKE),
     ("handed to me but the lease ran out by my clock: retake, never assume", rec("me", NOW - 0.5), True, Write, Kind.RETAKE),
-    ("legacy four-field record held by another: become waiter", LockRecord("a", NOW + 30, None, None, legacy=True), False, Write, Kind.BECOME_WAITER),
+    ("legacy four-field record held by another: become waiter", LockRecord(Holder("a", NOW + 30), legacy=True), False, Write, Kind.BECOME_WAITER),
 ]
 
 
 @pytest.mark.parametrize("name,record,waiting,outcome,kind", ACQUIRE_TABLE, ids=[r[0] for r in ACQUIRE_TABLE])
 def test_acquire_decision_table(name, record, waiting, outcome, kind):
-    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n1", waiting=waiting)
+    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n1", waiting=waiting)
     assert isinstance(d, outcome), d
     if kind is not None:
         assert d.kind is kind
@@ -74,96 +81,96 @@ SUSPECT_TABLE = [
     ("exactly ttl + skew ahead of first sight: trusted, live", rec("a", NOW + 62), NOW, Write, Kind.BECOME_WAITER),
     ("a lease renewed a moment ago, first seen now: trusted, live", rec("a", NOW + 59), NOW, Write, Kind.BECOME_WAITER),
     ("unchanged for 1000 s yet still 30 s ahead: no live owner writes that; over, take it", rec("a", NOW + 30), NOW - 1000, Write, Kind.TAKE),
-    ("suspect by the record's own ttl (5 s), first seen 8 s ago: over", LockRecord("a", NOW + 3600, None, None, ttl=5.0, token=7, nonce="old"), NOW - 8, Write, Kind.TAKE),
+    ("suspect by the record's own ttl (5 s), first seen 8 s ago: over", LockRecord(Holder("a", NOW + 3600), ttl=5.0, token=7, nonce="old"), NOW - 8, Write, Kind.TAKE),
     # A record of the original design has no ttl: its writer's ttl is unknown (perhaps longer than ours, renewed
     # less often), so only the longest ttl any writer may use (MAX_TTL) bounds it, never the reader's own.
-    ("original design (no ttl), a 300 s lease first seen 63 s ago: live (the writer's ttl is not ours)", LockRecord("a", NOW + 237, None, None, token=7, nonce="old"), NOW - 63, Write, Kind.BECOME_WAITER),
-    ("original design, 31 years ahead, first seen MAX_TTL + skew ago: over", LockRecord("a", NOW + YEARS, None, None, token=7, nonce="old"), NOW - MAX_TTL - 3, Write, Kind.TAKE),
+    ("original design (no ttl), a 300 s lease first seen 63 s ago: live (the writer's ttl is not ours)", LockRecord(Holder("a", NOW + 237), token=7, nonce="old"), NOW - 63, Write, Kind.BECOME_WAITER),
+    ("original design, 31 years ahead, first seen MAX_TTL + skew ago: over", LockRecord(Holder("a", NOW + YEARS), token=7, nonce="old"), NOW - MAX_TTL - 3, Write, Kind.TAKE),
 ]
 
 
 @pytest.mark.parametrize("name,record,observed_at,outcome,kind", SUSPECT_TABLE, ids=[r[0] for r in SUSPECT_TABLE])
 def test_a_lease_further_ahead_than_its_ttl_ends_ttl_after_it_was_first_seen(name, record, observed_at, outcome, kind):
     d = protocol.decide_acquire(
-        record, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n1", waiting=False, observed_at=observed_at
+        record, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n1", waiting=False, observed_at=observed_at
     )
     assert isinstance(d, outcome), d
     if kind is not None:
         assert d.kind is kind and d.if_generation_match == GEN
     if kind is Kind.BECOME_WAITER:
-        assert d.record.expires_at == record.expires_at  # the owner's lease is never rewritten by a reader
+        assert d.record.owner.expires_at == record.owner.expires_at  # the owner's lease is never rewritten by a reader
 
 
 def test_suspect_lease_and_lease_end():
     far = rec("a", NOW + YEARS)
-    assert protocol.suspect_lease(far, NOW, POLICY) and protocol.lease_end(far, NOW, POLICY) == NOW + 60
-    assert not protocol.suspect_lease(rec("a", NOW + 60), NOW, POLICY)
-    assert not protocol.suspect_lease(rec(), NOW, POLICY)  # free: no lease at all
+    assert protocol.suspect_lease(far, NOW, TIMING) and protocol.lease_end(far, NOW, TIMING) == NOW + 60
+    assert not protocol.suspect_lease(rec("a", NOW + 60), NOW, TIMING)
+    assert not protocol.suspect_lease(rec(), NOW, TIMING)  # free: no lease at all
 
 
 @pytest.mark.parametrize("kind_row", [r for r in ACQUIRE_TABLE if r[4] in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)], ids=lambda r: r[0])
 def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
     _, record, waiting, _, _ = kind_row
-    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=waiting)
-    assert d.record.owner_id == "me"
-    assert d.record.expires_at == NOW + POLICY.ttl
+    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=waiting)
+    assert d.record.owner.id == "me"
+    assert d.record.owner.expires_at == NOW + TIMING.ttl
     assert d.record.token > (record.token if record else 0)
-    assert d.record.ttl == POLICY.ttl
+    assert d.record.ttl == TIMING.ttl
 
 
 def test_taking_the_lock_clears_the_waiter_slot_it_consumed():
-    d = protocol.decide_acquire(rec("a", NOW - 100, "me", NOW + 5), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=True)
-    assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
+    d = protocol.decide_acquire(rec("a", NOW - 100, "me", NOW + 5), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=True)
+    assert d.record.waiter is None
 
 
 def test_a_retake_keeps_another_live_waiter_in_its_slot():
-    d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
-    assert d.kind is Kind.RETAKE and d.record.waiting_owner_id == "w" and d.record.token > 7
+    d = protocol.decide_acquire(rec("me", NOW + 60, "w", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert d.kind is Kind.RETAKE and d.record.waiter.id == "w" and d.record.token > 7
 
 
 def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_own_instance():
     r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9)
-    d = protocol.decide_acquire(r, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(r, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.BECOME_WAITER and d.if_generation_match == GEN
-    assert (d.record.waiting_owner_id, d.record.waiter_instance) == ("me", "i1")
-    assert d.record.waiter_expires_at == NOW + POLICY.waiter_ttl  # a fresh slot, not the dead one's remainder
-    assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
+    assert (d.record.waiter.id, d.record.waiter.instance) == ("me", "i1")
+    assert d.record.waiter.expires_at == NOW + TIMING.waiter_ttl  # a fresh slot, not the dead one's remainder
+    assert (d.record.owner.id, d.record.owner.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
     # once registered, the same record (now naming i1) is simply ours: no write while it is fresh
-    again = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n2", waiting=True)
+    again = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n2", waiting=True)
     assert isinstance(again, Wait)
     # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
-    old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True)
+    old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, timing=TIMING, nonce="n3", waiting=True)
     assert isinstance(old, Contended) and old.superseded
     # ... even with a higher priority, which would take another job's slot (issue 24, item 1)
     old = protocol.decide_acquire(
-        d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
+        d.record, GEN + 1, me=Me("me", "i0"), now=NOW, timing=TIMING, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
     )
     assert isinstance(old, Contended) and old.superseded
     # and the owner hands the lock to the new instance, with a higher token
-    h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, policy=POLICY, nonce="n4")
-    assert h.kind is Kind.HANDOFF and h.record.owner_instance == "i1" and h.record.token > 9
+    h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, timing=TIMING, nonce="n4")
+    assert h.kind is Kind.HANDOFF and h.record.owner.instance == "i1" and h.record.token > 9
 
 
 def test_a_restarted_job_that_reclaims_its_slot_writes_its_own_request_into_it():
     patient = WaiterRequest(False, 3)
     r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9, declined=True)
     d = protocol.decide_acquire(
-        r, GEN, me=Me("me", "i1"), now=NOW, policy=POLICY, nonce="n", waiting=False, request=patient
+        r, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False, request=patient
     )
-    assert d.kind is Kind.BECOME_WAITER and d.record.waiter_instance == "i1"
+    assert d.kind is Kind.BECOME_WAITER and d.record.waiter.instance == "i1"
     assert d.record.request == patient and not d.record.declined  # the holder declines anew, if it does
 
 
 def test_becoming_the_waiter_keeps_the_owner_and_its_lease():
     r = rec("a", NOW + 30)
-    d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
-    assert (d.record.owner_id, d.record.expires_at, d.record.token) == ("a", NOW + 30, 7)
-    assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == ("me", NOW + POLICY.waiter_ttl)
+    d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert (d.record.owner.id, d.record.owner.expires_at, d.record.token) == ("a", NOW + 30, 7)
+    assert (d.record.waiter.id, d.record.waiter.expires_at) == ("me", NOW + TIMING.waiter_ttl)
 
 
 def test_unknown_fields_survive_every_write():
     r = rec("a", NOW + 30, extra={"team": "vision"})
-    d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(r, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.record.extra == {"team": "vision"}
     assert b'"team":"vision"' in d.record.encode()
 
@@ -188,83 +195,83 @@ RENEW_TABLE = [
 
 @pytest.mark.parametrize("name,record,outcome", RENEW_TABLE, ids=[r[0] for r in RENEW_TABLE])
 def test_renew_decision_table(name, record, outcome):
-    d = protocol.decide_renew(record, GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_renew(record, GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert isinstance(d, outcome)
     if isinstance(d, Write):
         assert d.kind is Kind.RENEW and d.if_generation_match == GEN
-        assert d.record.expires_at == NOW + POLICY.ttl and d.record.token == 7
-        assert (d.record.waiting_owner_id, d.record.waiter_expires_at) == (record.waiting_owner_id, record.waiter_expires_at)
+        assert d.record.owner.expires_at == NOW + TIMING.ttl and d.record.token == 7
+        assert d.record.waiter == record.waiter
 
 
 # -- release -------------------------------------------------------------------
 
 def test_release_with_a_live_waiter_hands_off_in_one_write():
-    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.HANDOFF and d.if_generation_match == GEN
-    assert (d.record.owner_id, d.record.expires_at) == ("w", NOW + POLICY.ttl)
-    assert d.record.waiting_owner_id is None and d.record.waiter_expires_at is None
+    assert (d.record.owner.id, d.record.owner.expires_at) == ("w", NOW + TIMING.ttl)
+    assert d.record.waiter is None
     assert d.record.token > 7
 
 
 def test_release_without_a_waiter_marks_it_free_and_keeps_the_object_and_token():
-    d = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE
-    assert d.record.owner_id is None and d.record.expires_at is None and d.record.token == 7
+    assert d.record.owner is None and d.record.token == 7
 
 
 def test_release_does_not_hand_to_a_waiter_whose_slot_expired_by_the_owners_clock():
-    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 1), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 1), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE
     # ...but the slot is kept while others would still defer to it (within skew), so the waiter can still take it.
-    assert d.record.waiting_owner_id == "w"
+    assert d.record.waiter.id == "w"
 
 
 def test_release_clears_a_waiter_slot_long_expired():
-    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 10), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
-    assert d.kind is Kind.FREE and d.record.waiting_owner_id is None
+    d = protocol.decide_release(rec("me", NOW + 5, "w", NOW - 10), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
+    assert d.kind is Kind.FREE and d.record.waiter is None
 
 
 @pytest.mark.parametrize("record", [None, rec("x", NOW + 60), rec(None, None), rec("me", NOW + 60, token=9)])
 def test_a_stale_release_never_touches_a_record_that_is_not_ours(record):
-    d = protocol.decide_release(record, GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(record, GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert isinstance(d, Lost)
 
 
 def test_a_handoff_whose_reply_was_lost_is_recognised_even_after_the_heir_renewed():
-    attempted = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
-    heir_renewed = attempted.record.replace(expires_at=NOW + 70, nonce="heir")
-    d = protocol.decide_release(heir_renewed, GEN + 2, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
+    attempted = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
+    heir_renewed = attempted.record.replace(owner=dataclasses.replace(attempted.record.owner, expires_at=NOW + 70), nonce="heir")
+    d = protocol.decide_release(heir_renewed, GEN + 2, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", attempted=attempted)
     assert d == Released(handed_off_to="w")
 
 
 def test_a_free_whose_reply_was_lost_is_recognised():
-    attempted = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
-    someone_waits = attempted.record.replace(waiting_owner_id="w", waiter_expires_at=NOW + 30, nonce="w")
-    d = protocol.decide_release(someone_waits, GEN + 2, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted)
+    attempted = protocol.decide_release(rec("me", NOW + 5), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
+    someone_waits = attempted.record.replace(waiter=Waiter("w", NOW + 30), nonce="w")
+    d = protocol.decide_release(someone_waits, GEN + 2, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", attempted=attempted)
     assert d == Released(handed_off_to=None)
 
 
 # -- give up, observe -----------------------------------------------------------
 
 def test_giving_up_the_wait_clears_only_our_slot():
-    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
-    assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiting_owner_id is None and d.record.owner_id == "a"
-    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n"), Wait)
-    assert isinstance(protocol.decide_give_up_wait(None, 0, me=Me("me"), now=NOW, policy=POLICY, nonce="n"), Wait)
+    d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
+    assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiter is None and d.record.owner.id == "a"
+    assert isinstance(protocol.decide_give_up_wait(rec("a", NOW + 30, "w", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n"), Wait)
+    assert isinstance(protocol.decide_give_up_wait(None, 0, me=Me("me"), now=NOW, timing=TIMING, nonce="n"), Wait)
 
 
 def test_giving_up_after_a_handoff_reports_that_we_own_it():
-    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n"), Owned)
+    assert isinstance(protocol.decide_give_up_wait(rec("me", NOW + 60), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n"), Owned)
 
 
 def test_giving_up_after_a_handoff_whose_lease_ran_out_releases_it_instead_of_keeping_it():
     """A waiter paused past the lease it was handed must not return a lock it cannot safely hold."""
     handed = rec("me", NOW - 1)
-    d = protocol.decide_give_up_wait(handed, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
-    assert isinstance(d, Write) and d.kind is Kind.FREE and d.record.owner_id is None and d.if_generation_match == GEN
-    with_waiter = handed.replace(waiting_owner_id="w", waiter_expires_at=NOW + 20)
-    d = protocol.decide_give_up_wait(with_waiter, GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
-    assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner_id == "w"
+    d = protocol.decide_give_up_wait(handed, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
+    assert isinstance(d, Write) and d.kind is Kind.FREE and d.record.owner is None and d.if_generation_match == GEN
+    with_waiter = handed.replace(waiter=Waiter("w", NOW + 20))
+    d = protocol.decide_give_up_wait(with_waiter, GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
+    assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner.id == "w"
 
 
 def test_the_owner_sees_a_live_waiter_with_its_deadline():
@@ -280,13 +287,13 @@ def test_the_owner_ignores_an_expired_waiter_and_notices_loss():
 @pytest.mark.parametrize("kind_of_release", ["handoff", "free"])
 def test_a_release_whose_reply_was_lost_and_then_moved_on_is_not_reported_as_lost_within_the_lease(kind_of_release):
     waiter = ("w", NOW + 9) if kind_of_release == "handoff" else (None, None)
-    attempted = protocol.decide_release(rec("me", NOW + 5, *waiter), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
+    attempted = protocol.decide_release(rec("me", NOW + 5, *waiter), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     # After our release landed, a third party took the lock (or the heir freed it and someone else took it).
     moved_on = rec("third", NOW + 60, token=attempted.record.token + 1)
-    inside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=True)
-    assert inside == Released(handed_off_to=attempted.record.owner_id)
+    inside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", attempted=attempted, within_lease=True)
+    assert inside == Released(handed_off_to=waiter[0])
     # Past our safety window the same record could mean our lease expired and was taken: that is a loss.
-    outside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", attempted=attempted, within_lease=False)
+    outside = protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", attempted=attempted, within_lease=False)
     assert isinstance(outside, Lost)
     # Without a write of ours in doubt, a record that moved on is always a loss.
-    assert isinstance(protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n2", within_lease=True), Lost)
+    assert isinstance(protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", within_lease=True), Lost)

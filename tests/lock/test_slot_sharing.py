@@ -11,11 +11,12 @@ import pytest
 
 from handofflock.core import protocol
 from handofflock.core.errors import LockRecordCorrupt
-from handofflock.core.protocol import Contended, Kind, Me, Policy, Wait, WaiterSeen, Write
-from handofflock.core.record import ASKING, LockRecord, WaiterRequest
+from handofflock.core.protocol import Contended, Kind, Me, Wait, WaiterSeen, Write
+from handofflock.core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.core.timing import Timing
 
 NOW = 1_700_000_000.0
-POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 GEN = 42
 PATIENT = WaiterRequest(asks=False)
 HIGH, LOW = WaiterRequest(priority=5), WaiterRequest(priority=-5)
@@ -24,8 +25,9 @@ HIGH_PATIENT = WaiterRequest(asks=False, priority=5)
 
 def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
     return LockRecord(
-        "a", owner_expires, waiter, waiter_expires, ttl=60.0, token=7, nonce="old",
-        owner_instance="ia", waiter_instance="iw", waiter_request=waiter_request, **kw,
+        Holder("a", owner_expires, "ia"),
+        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
+        ttl=60.0, token=7, nonce="old", **kw,
     )
 
 
@@ -49,7 +51,7 @@ SLOT_TABLE = [
 @pytest.mark.parametrize("name,record,request_,outcome,kind", SLOT_TABLE, ids=[r[0] for r in SLOT_TABLE])
 def test_slot_sharing_decision_table(name, record, request_, outcome, kind):
     me = Me("me", "iw" if record.waiting_owner_id == "me" else "im")
-    d = protocol.decide_acquire(record, GEN, me=me, now=NOW, policy=POLICY, nonce="n", waiting=False, request=request_)
+    d = protocol.decide_acquire(record, GEN, me=me, now=NOW, timing=TIMING, nonce="n", waiting=False, request=request_)
     assert isinstance(d, outcome), d
     if kind is not None:
         assert d.kind is kind and d.if_generation_match == GEN
@@ -64,7 +66,7 @@ def test_the_owner_is_not_told_of_a_patient_waiter_but_is_of_an_asking_one():
 
 
 def test_the_release_hands_the_lock_to_a_patient_waiter():
-    d = protocol.decide_release(held(PATIENT), GEN, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(held(PATIENT), GEN, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner_id == "w"
     assert d.record.waiter_request is None and not d.record.declined
 
@@ -80,14 +82,14 @@ RENEW_TABLE = [
 
 @pytest.mark.parametrize("name,record,yields,declined", RENEW_TABLE, ids=[r[0] for r in RENEW_TABLE])
 def test_renew_writes_the_decline_table(name, record, yields, declined):
-    d = protocol.decide_renew(record, GEN, me=Me("a", "ia", yields=yields), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_renew(record, GEN, me=Me("a", "ia", yields=yields), token=7, now=NOW, timing=TIMING, nonce="n")
     assert isinstance(d, Write) and d.kind is Kind.RENEW
     assert d.record.declined is declined
     assert LockRecord.decode(d.record.encode()).declined is declined  # and it survives the wire
 
 
 def test_giving_up_the_slot_clears_the_request_and_the_decline():
-    d = protocol.decide_give_up_wait(held(PATIENT, waiter="me", declined=True), GEN, me=Me("me", "iw"), now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_give_up_wait(held(PATIENT, waiter="me", declined=True), GEN, me=Me("me", "iw"), now=NOW, timing=TIMING, nonce="n")
     assert isinstance(d, Write) and d.record.waiter_request is None and not d.record.declined
 
 

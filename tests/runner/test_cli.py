@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
+from handofflock.core.record import Holder, Waiter
 from handofflock.cli import main
 from handofflock.exit_codes import (
     EXIT_CANNOT_EXECUTE,
@@ -67,7 +68,7 @@ def test_status_of_an_absent_lock_says_so(url, capsys):
 
 def test_status_names_owner_waiter_token_generation_and_time_left(url, capsys):
     now = time.time()
-    put(url, LockRecord("trainer-A", now + 42, "trainer-B", now + 50, ttl=60.0, token=1234).encode())
+    put(url, LockRecord(Holder("trainer-A", now + 42), Waiter("trainer-B", now + 50), ttl=60.0, token=1234).encode())
     assert main(["status", url]) == 0
     out = capsys.readouterr().out
     assert "held, lease live (4" in out and "trainer-A" in out
@@ -76,7 +77,7 @@ def test_status_names_owner_waiter_token_generation_and_time_left(url, capsys):
 
 def test_status_json_has_stable_keys_for_scripts(url, capsys):
     now = time.time()
-    gen = put(url, LockRecord("trainer-A", now + 42, None, None, ttl=60.0, token=7).encode())
+    gen = put(url, LockRecord(Holder("trainer-A", now + 42), ttl=60.0, token=7).encode())
     assert main(["status", url, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {
@@ -93,7 +94,7 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
 
 
 def test_status_tells_an_expired_lease_from_a_live_one(url, capsys):
-    put(url, LockRecord("gone", time.time() - 5, None, None, token=3).encode())
+    put(url, LockRecord(Holder("gone", time.time() - 5), token=3).encode())
     assert main(["status", url, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "expired"
     assert main(["status", url]) == 0

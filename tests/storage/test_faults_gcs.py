@@ -42,7 +42,7 @@ from handofflock import (
     signals,
 )
 from handofflock.testing.faultproxy import Exchange, FaultProxy
-from handofflock.core.record import LockRecord
+from handofflock.core.record import Holder, LockRecord
 from handofflock.storage.gcs import GCSStorage
 from lockutil import FAST, eventually, raw_read, raw_write
 
@@ -193,7 +193,7 @@ def scenario_create(actor, bucket) -> None:
 
 def scenario_take(actor, bucket) -> None:
     """Take over an expired lock, reply lost. Without the read-back: 412, then a retake with a new token."""
-    raw_write(url(bucket), LockRecord(owner_id="X", expires_at=time.time() - 60, ttl=1.0, token=5, nonce="x"), 0)
+    raw_write(url(bucket), LockRecord(Holder("X", time.time() - 60), ttl=1.0, token=5, nonce="x"), 0)
     a = actor("A")
     a.proxy.inject("drop_reply", method="POST")
     assert a.lock.acquire(timeout=5)

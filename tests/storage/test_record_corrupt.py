@@ -13,7 +13,7 @@ from handofflock.core.clock import FakeClock
 from handofflock import HandoffLock, LockLost, LockRecord, LockRecordCorrupt, Scheduler, force_release, signals
 from handofflock.core.errors import PreconditionFailed
 from handofflock.core.protocol import next_token
-from handofflock.core.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL
+from handofflock.core.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL, Holder, Waiter
 from handofflock.storage import MAX_RECORD_BYTES, MemoryStorage
 from conftest import BACKENDS, make_store
 
@@ -109,15 +109,15 @@ CORRUPT = [
 
 # (id, bytes, what the decoded record must say)
 ACCEPTED = [
-    ("current-format", doc(), dict(owner_id="host:1:ab12", token=1_700_000_000_000, ttl=60.0, legacy=False)),
+    ("current-format", doc(), dict(owner=Holder("host:1:ab12", 1_700_000_060.0), token=1_700_000_000_000, ttl=60.0, legacy=False)),
     ("four-original-fields", raw('{"ownerId": "A", "expiresAt": 1700000060, "waitingOwnerId": "B", "waiterExpiresAt": 1700000030.5}'),
-     dict(owner_id="A", expires_at=1_700_000_060.0, waiting_owner_id="B", waiter_expires_at=1_700_000_030.5, token=0, ttl=None, nonce=None, legacy=True)),
+     dict(owner=Holder("A", 1_700_000_060.0), waiter=Waiter("B", 1_700_000_030.5), token=0, ttl=None, nonce=None, legacy=True)),
     ("four-original-fields-free", raw('{"ownerId": null, "expiresAt": null, "waitingOwnerId": null, "waiterExpiresAt": null}'),
-     dict(owner_id=None, expires_at=None, token=0, legacy=True)),
+     dict(owner=None, waiter=None, token=0, legacy=True)),
     ("token-null-reads-as-zero", doc(token=None), dict(token=0)),
-    ("integer-timestamps", doc(expiresAt=1_700_000_060), dict(expires_at=1_700_000_060.0)),
-    ("stale-waiter-expiry-without-waiter", doc(waiterExpiresAt=1.0), dict(waiting_owner_id=None, waiter_expires_at=1.0)),
-    ("non-ascii-ids", doc(ownerId="läufer:1:ß", waitingOwnerId="走者", waiterExpiresAt=2.0), dict(owner_id="läufer:1:ß", waiting_owner_id="走者")),
+    ("integer-timestamps", doc(expiresAt=1_700_000_060), dict(owner=Holder("host:1:ab12", 1_700_000_060.0))),
+    ("stale-waiter-expiry-without-waiter", doc(waiterExpiresAt=1.0), dict(waiter=None, extra={"waiterExpiresAt": 1.0})),
+    ("non-ascii-ids", doc(ownerId="läufer:1:ß", waitingOwnerId="走者", waiterExpiresAt=2.0), dict(owner=Holder("läufer:1:ß", 1_700_000_060.0), waiter=Waiter("走者", 2.0))),
     ("largest-token", doc(token=MAX_TOKEN), dict(token=MAX_TOKEN)),
     ("unknown-fields", doc(team="ml", limits={"gpus": [0, 1]}), dict(extra={"team": "ml", "limits": {"gpus": [0, 1]}})),
 ]
@@ -215,19 +215,16 @@ def test_damaged_documents_decode_or_raise_lock_record_corrupt(document, cut):
 
 
 valid_ids = st.one_of(st.none(), st.text(min_size=1, max_size=40).filter(lambda s: not any(ord(c) < 0x20 or ord(c) == 0x7F for c in s)))
-valid_times = st.one_of(st.none(), st.floats(min_value=0, max_value=MAX_TIMESTAMP))
 
 
 @st.composite
 def records(draw) -> LockRecord:
     owner, waiter = draw(valid_ids), draw(valid_ids)
-    expires = draw(st.floats(min_value=0, max_value=MAX_TIMESTAMP)) if owner else draw(valid_times)
-    waiter_expires = draw(st.floats(min_value=0, max_value=MAX_TIMESTAMP)) if waiter else draw(valid_times)
+    expires = draw(st.floats(min_value=0, max_value=MAX_TIMESTAMP))
+    waiter_expires = draw(st.floats(min_value=0, max_value=MAX_TIMESTAMP))
     return LockRecord(
-        owner_id=owner,
-        expires_at=expires,
-        waiting_owner_id=waiter,
-        waiter_expires_at=waiter_expires,
+        owner=Holder(owner, expires) if owner else None,
+        waiter=Waiter(waiter, waiter_expires) if waiter else None,
         ttl=draw(st.one_of(st.none(), st.floats(min_value=0.001, max_value=MAX_TTL))),
         token=draw(st.integers(0, MAX_TOKEN)),
         nonce=draw(st.one_of(st.none(), st.text(min_size=1, max_size=128))),
@@ -341,7 +338,7 @@ def test_a_free_four_field_record_is_taken_and_written_in_the_current_format(sim
     lock = make_lock(store, sim, "A")
     assert lock.acquire(blocking=False)
     record = LockRecord.decode(store.read(KEY)[0])
-    assert record.version == 1 and not record.legacy and record.owner_id == "A" and record.token == lock.token > 0
+    assert record.version == 1 and not record.legacy and record.owner.id == "A" and record.token == lock.token > 0
 
 
 def _lose_to_garbage(sim, store, duty_after: float):
@@ -411,7 +408,7 @@ def test_force_release_replaces_a_corrupt_record_with_a_free_one_and_returns_it(
     data, new_gen = store.read(KEY)
     assert new_gen == replaced.new_generation
     free = LockRecord.decode(data)
-    assert free.owner_id is None and free.waiting_owner_id is None and free.token == replaced.token
+    assert free.owner is None and free.waiter is None and free.token == replaced.token
     assert lock.acquire(blocking=False) and lock.token > replaced.token
 
 
@@ -439,10 +436,10 @@ def test_force_release_of_a_held_lock_continues_the_token_sequence_and_evicts_th
         owner.acquire()
         clock.advance(0.5)  # the break happens later than the acquire, so the token must continue, not restart
         replaced = force_release(f"memory://force-held/{KEY}", clock=clock)
-        assert replaced.record.owner_id == "A" and replaced.record.token == owner.token and replaced.error is None
+        assert replaced.record.owner.id == "A" and replaced.record.token == owner.token and replaced.error is None
         assert replaced.token == next_token(replaced.record, clock.time()) > owner.token
         free = LockRecord.decode(store.read(KEY)[0])
-        assert free.owner_id is None and free.token == replaced.token and free.extra == {"team": "ml"}
+        assert free.owner is None and free.token == replaced.token and free.extra == {"team": "ml"}
         clock.advance(owner.renew_interval)
         sched.run_pending()  # the owner's renewal finds the lock gone and says so, writing nothing
         assert not owner.is_held
@@ -475,7 +472,7 @@ def test_force_release_loses_to_a_repair_that_lands_between_its_read_and_its_wri
     store.write(KEY, GARBAGE, if_generation_match=0)
     with pytest.raises(PreconditionFailed):
         force_release(make_lock(store, sim, "A"), clock=clock)
-    assert LockRecord.decode(store.read(KEY)[0]).owner_id == "fixer"
+    assert LockRecord.decode(store.read(KEY)[0]).owner.id == "fixer"
 
 
 def test_force_release_of_a_missing_object_writes_nothing(sim):

@@ -78,25 +78,25 @@ class Checker:
             raise Violation(
                 f"{party.name} wrote token {new.token} after {self.highest_store_token} (generation {generation})"
             )
-        moved = new.owner_id is not None and (
-            prev is None or new.owner_id != prev.owner_id or new.owner_instance != prev.owner_instance
-        )
-        if moved and prev is not None and new.token <= prev.token:
-            raise Violation(f"{party.name} moved the lock to {new.owner_id} keeping token {new.token}")
+        owner, before = new.owner, None if prev is None else prev.owner
+        moved = owner is not None and (before is None or (owner.id, owner.instance) != (before.id, before.instance))
+        if owner is not None and moved and prev is not None and new.token <= prev.token:
+            raise Violation(f"{party.name} moved the lock to {owner.id} keeping token {new.token}")
         self.highest_store_token = max(self.highest_store_token, new.token)
-        if new.owner_instance:
-            self.issued.add((new.owner_instance, new.token))
-        if not moved or prev is None:
+        if owner is not None and owner.instance:
+            self.issued.add((owner.instance, new.token))
+        if not moved or owner is None or prev is None or before is None:
             return
-        if new.owner_id == prev.owner_id and prev.owner_instance and prev.owner_live(self.true_wall(), self.rules.skew):
-            self.retaken_at[prev.owner_instance] = self.hub.now  # a twin retook a live lease under our id
-        if prev.owner_instance == party.lock.instance and new.owner_instance == prev.waiter_instance:
+        if owner.id == before.id and before.instance and before.live(self.true_wall(), self.rules.skew):
+            self.retaken_at[before.instance] = self.hub.now  # a twin retook a live lease under our id
+        slot = prev.waiter
+        if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self.count("handoffs")
             wall = party.clock.time()
-            if prev.waiter_expires_at is None or wall > prev.waiter_expires_at + self.rules.handoff_slack:
+            if slot is None or wall > slot.expires_at + self.rules.handoff_slack:
                 raise Violation(
-                    f"{party.name} handed the lock to {new.owner_id}, whose slot had ended "
-                    f"{wall - (prev.waiter_expires_at or 0):.2f} s before by its own clock"
+                    f"{party.name} handed the lock to {owner.id}, whose slot had ended "
+                    f"{wall - (slot.expires_at if slot else 0):.2f} s before by its own clock"
                 )
 
     # ------------------------------------------------------------------ public API results
@@ -119,8 +119,9 @@ class Checker:
         if lock.is_held:
             raise Violation(f"{party.name}'s acquire ended without the lock ({result!r}) and it holds the lock")
         r = self.record
-        mine = r is not None and r.owner_instance == lock.instance
-        if party.faults_seen == 0 and mine and r is not None and r.owner_live(self.true_wall(), self.rules.skew):
+        owner = None if r is None else r.owner
+        mine = owner is not None and owner.instance == lock.instance
+        if party.faults_seen == 0 and mine and owner is not None and owner.live(self.true_wall(), self.rules.skew):
             raise Violation(f"{party.name}'s acquire ended ({result!r}) and the object names it as a live owner")
 
     def lost_while_gentle(self, party: Party, why: str) -> None:
@@ -134,7 +135,8 @@ class Checker:
             return
         if party.proc.frozen_until() > party.left_wait_at - 10 * self.rules.ttl:
             return
-        if r.waiter_instance == party.lock.instance and r.owner_instance != party.lock.instance:
+        instances = (r.waiter and r.waiter.instance, r.owner and r.owner.instance)
+        if instances[0] == party.lock.instance and instances[1] != party.lock.instance:
             raise Violation(f"{party.name} left acquire and its waiter slot is still in the record")
 
     # ------------------------------------------------------------------ between steps
@@ -160,9 +162,8 @@ class Checker:
         """Why ``p`` must not count itself healthy now, or None."""
         now, r = self.hub.now, self.record
         me = p.lock.instance
-        if r is not None and r.owner_instance == me and r.token == p.lock.token:
-            assert r.expires_at is not None
-            late = self.true_wall() - (r.expires_at + self.rules.skew / 2)
+        if r is not None and r.owner is not None and r.owner.instance == me and r.token == p.lock.token:
+            late = self.true_wall() - (r.owner.expires_at + self.rules.skew / 2)
             if late > 0:
                 return (
                     f"{p.name} counts itself healthy {late:.3f} s after another party may take the lock "
@@ -180,15 +181,15 @@ class Checker:
                 f"{p.name} still counts itself healthy {now - since:.2f} s after its twin retook the lock "
                 f"(window {self.rules.twin_window:.2f} s)"
             )
-        who = "nobody" if r is None else f"{r.owner_id} (token {r.token})"
+        who = "nobody" if r is None else f"{r.owner and r.owner.id} (token {r.token})"
         return f"{p.name} counts itself healthy with token {p.lock.token}, but the object names {who}"
 
     def _check_slot(self) -> None:
         now, r = self.hub.now, self.record
-        if r is None or r.waiting_owner_id is None or not r.waiter_live(self.true_wall() - self.rules.skew):
+        if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
             return
         for p in self.parties:
-            if not p.alive or p.lock.instance != r.waiter_instance or p.in_acquire or p.faults_seen:
+            if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire or p.faults_seen:
                 continue
             grace = p.lock.give_up_budget + 1.0
             if now - p.left_wait_at > grace and now >= p.proc.frozen_until():

@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace
 from ...core import protocol as p
 from ...core.buggify import planted
 from ...core.record import LockRecord
+from ...core.timing import Timing
 
 TTL, RENEW_DEADLINE, HORIZON = 3.0, 2.0, 8.0
-POLICY = p.Policy(ttl=TTL, waiter_ttl=TTL, max_clock_skew=0.0)
+TIMING = Timing.build(ttl=TTL, waiter_ttl=TTL, max_clock_skew=0.0)
 NONCE = "n"
 
 
@@ -62,16 +63,17 @@ def _write(s: State, w: p.Write, i: int) -> tuple[State, bool]:
     prev, new = s.record, w.record
     if prev is not None and new.token < prev.token:
         raise Broken(f"{w.kind.value} by {s.parties[i].me.instance} lowered the token to {new.token}")
-    if (
-        new.owner_id is not None
-        and (prev is None or (prev.owner_id, prev.owner_instance) != (new.owner_id, new.owner_instance))
-        and prev is not None
-        and new.token <= prev.token
-    ):
-        raise Broken(f"{w.kind.value} moved the lock to {new.owner_instance} keeping token {new.token}")
+    if new.owner is not None and prev is not None and _owner(prev) != _owner(new) and new.token <= prev.token:
+        raise Broken(f"{w.kind.value} moved the lock to {new.owner.instance} keeping token {new.token}")
     if w.kind is p.Kind.HANDOFF and prev is not None and not prev.waiter_live(s.now):
-        raise Broken(f"handoff to {new.owner_instance}, whose slot ended at {prev.waiter_expires_at}")
+        ended = prev.waiter and prev.waiter.expires_at
+        raise Broken(f"handoff to {_owner(new)[1]}, whose slot ended at {ended}")
     return replace(s, record=new, generation=s.generation + 1), True
+
+
+def _owner(r: LockRecord | None) -> tuple[str | None, str | None]:
+    """The owner id and instance ``r`` names."""
+    return (None, None) if r is None or r.owner is None else (r.owner.id, r.owner.instance)
 
 
 def _set(s: State, i: int, party: Party) -> State:
@@ -99,13 +101,14 @@ def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
                 out.append((f"{name} gives up", _set(s, i, replace(party, phase="give_up"))))
         elif party.phase == "acquire" and party.view is not None:
             rec, gen = party.view
-            d = p.decide_acquire(rec, gen, me=me, now=t, policy=POLICY, nonce=NONCE, waiting=party.waiting)
+            d = p.decide_acquire(rec, gen, me=me, now=t, timing=TIMING, nonce=NONCE, waiting=party.waiting)
             if isinstance(d, p.Owned):
-                assert d.record.expires_at is not None
+                assert d.record.owner is not None
+                valid_until = d.record.owner.expires_at - (TTL - RENEW_DEADLINE)
                 out.append(
                     (
                         f"{name} finds the lock handed to it",
-                        _set(s, i, _held(party, d.record, d.generation, d.record.expires_at - (TTL - RENEW_DEADLINE))),
+                        _set(s, i, _held(party, d.record, d.generation, valid_until)),
                     )
                 )
             elif isinstance(d, p.Write):
@@ -127,7 +130,7 @@ def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
                 out.append((f"{name} waits", _set(s, i, replace(party, view=None))))
         elif party.phase == "give_up" and party.view is not None:
             rec, gen = party.view
-            d = p.decide_give_up_wait(rec, gen, me=me, now=t, policy=POLICY, nonce=NONCE)
+            d = p.decide_give_up_wait(rec, gen, me=me, now=t, timing=TIMING, nonce=NONCE)
             if isinstance(d, p.Owned):  # a cancel that was handed the lock releases it
                 release = replace(_held(party, d.record, d.generation, -1.0), phase="release")
                 out.append((f"{name} was handed the lock; releases it", _set(s, i, release)))
@@ -142,7 +145,7 @@ def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
             if party.phase == "held":
                 out.append((f"{name} releases", _set(s, i, replace(party, phase="release"))))
                 seen = p.observe_as_owner(s.record, me=me, token=party.token, now=t)
-                stale = not (s.record is not None and s.record.owner_instance == name and s.record.token == party.token)
+                stale = not (_owner(s.record)[1] == name and s.record is not None and s.record.token == party.token)
                 if isinstance(seen, p.Lost):
                     out.append(
                         (f"{name} checks: lost", _set(s, i, replace(party, phase="idle", known=None, valid_until=-1.0)))
@@ -151,9 +154,9 @@ def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
                     out.append(
                         (f"{name} checks", _set(s, i, replace(party, known=(s.record, s.generation), stale=stale)))
                     )
-                d = p.decide_renew(rec, gen, me=me, token=party.token, now=t, policy=POLICY, nonce=NONCE)
+                d = p.decide_renew(rec, gen, me=me, token=party.token, now=t, timing=TIMING, nonce=NONCE)
             else:
-                d = p.decide_release(rec, gen, me=me, token=party.token, now=t, policy=POLICY, nonce=NONCE)
+                d = p.decide_release(rec, gen, me=me, token=party.token, now=t, timing=TIMING, nonce=NONCE)
             what = "renews" if party.phase == "held" else "releases"
             if isinstance(d, p.Write):
                 s2, ok = _write(s, d, i)
@@ -178,14 +181,14 @@ def violation(s: State) -> str | None:
         if party.phase != "held" or s.now >= party.valid_until:
             continue
         name = party.me.instance
-        if r is not None and r.owner_instance == name and r.token == party.token:
-            if r.expires_at is not None and s.now > r.expires_at:
+        if r is not None and r.owner is not None and r.owner.instance == name and r.token == party.token:
+            if s.now > r.owner.expires_at:
                 return f"{name} counts its lease valid after expiresAt"
             continue
         twins = any(o.me.owner_id == party.me.owner_id and o.me.instance != name for o in s.parties)
         if twins and not party.stale:
             continue  # a twin retook it under our id: we learn it at our next read (the documented window)
-        return f"{name} counts its lease valid (token {party.token}) but the record names {r and r.owner_instance}"
+        return f"{name} counts its lease valid (token {party.token}) but the record names {_owner(r)[1]}"
     return None
 
 

@@ -257,7 +257,8 @@ class World:
             party.store.faults_seen += 1
         self.checker.acquire_ended(party, result)
         self.checker.slot_left(party)
-        if self.checker.record is None or self.checker.record.waiter_instance != lock.instance:
+        record = self.checker.record
+        if record is None or record.waiter is None or record.waiter.instance != lock.instance:
             party.forgive_faults()  # a slot the faults kept may outlive its acquire; once gone, it is forgiven
 
     def _later(self, party: Party, fn: Callable[[], object]) -> None:
@@ -318,7 +319,8 @@ class World:
             if not live:
                 continue
             p, what = r.choice(live), r.random()
-            slot = self.checker.record.waiter_instance if self.checker.record is not None else None
+            record = self.checker.record
+            slot = record.waiter.instance if record is not None and record.waiter is not None else None
             named = [q for q in live if q.in_acquire and q.lock.instance == slot]
             if named and r.random() < 0.3:
                 # Aim at the registered waiter: stopped, it is an heir that reads its handoff late, or a
@@ -348,14 +350,13 @@ class World:
         while self.net.chaos:
             hub.park(hub.now + c.ttl / 10)
             rec = self.checker.record
-            if rec is None or rec.waiter_expires_at is None or not rec.waiting_owner_id or rec is seen:
+            if rec is None or rec.waiter is None or rec is seen:
                 continue
-            if self.checker.true_wall() < rec.waiter_expires_at + c.skew + self.checker.rules.handoff_slack:
+            waiter = rec.waiter
+            if self.checker.true_wall() < waiter.expires_at + c.skew + self.checker.rules.handoff_slack:
                 if rec is not aimed and any(q.alive and q.letting_go_at < math.inf for q in self.parties):
                     aimed = rec
-                    heir = [
-                        q for q in self.parties if q.alive and q.in_acquire and q.lock.instance == rec.waiter_instance
-                    ]
+                    heir = [q for q in self.parties if q.alive and q.in_acquire and q.lock.instance == waiter.instance]
                     if heir and hub.now >= heir[0].proc.frozen_until() and self.rng.random() < 0.5:
                         heir[0].proc.paused_until = hub.now + self.rng.uniform(0.6, 2.0) * c.ttl
                         self.checker.count("waiter_pauses")
@@ -365,10 +366,10 @@ class World:
             if self.rng.random() < 0.5:
                 continue
             for q in self.parties:
-                if q.alive and q.lock.instance == rec.owner_instance and q.lock.is_held:
+                if q.alive and rec.owner is not None and q.lock.instance == rec.owner.instance and q.lock.is_held:
                     q.finish = True
                     self.checker.count("stale_slot_releases")
-                    hub.note(f"{q.name}'s job ends over the expired slot of {rec.waiting_owner_id}")
+                    hub.note(f"{q.name}'s job ends over the expired slot of {waiter.id}")
 
     # ------------------------------------------------------------------ running
 
