@@ -155,7 +155,17 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def world():
-    """A fresh simulated world: memory store, SimClock, schedulers (tests/support/simworld.py)."""
+    """A fresh simulated world: memory store, a self-advancing FakeClock, schedulers (tests/support/simworld.py)."""
     from simworld import new_world
 
     return new_world()
+
+
+@pytest.fixture
+def sim():
+    """Simulated processes on one simulated time, each lock its own (tests/support/simworld.py's ``Sim``)."""
+    from simworld import Sim
+
+    s = Sim()
+    yield s
+    s.end()

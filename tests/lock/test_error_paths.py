@@ -1,6 +1,6 @@
 """The race and error-path defects a review found (issue 12), one regression test each.
 
-Most run on the memory store and a :class:`SimClock` (the ``world`` of
+Most run on the memory store and a self-advancing :class:`FakeClock` (the ``world`` of
 ``test_faults_memory``): waiting advances simulated time and runs the
 scheduler, so every interleaving here is exact. The release-racing-acquire
 test uses real threads, since the race between threads is its point.

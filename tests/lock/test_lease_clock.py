@@ -6,7 +6,7 @@ object pass one gate per clock, where a release goes ahead of a renewal,
 nothing is booked that is not used, and a renewal that would wait is deferred.
 Receivers run off the renewal path.
 
-Most tests run on the memory store and a :class:`SimClock`. Where a test sets
+Most tests run on the memory store and a self-advancing :class:`FakeClock`. Where a test sets
 ``min_write_interval=1`` on the memory store, it does so to give it GCS's
 default spacing (the memory store's own default is 0).
 """
