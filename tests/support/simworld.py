@@ -161,6 +161,18 @@ class Sim:
         found = self.store.read(key)
         return None if found is None else LockRecord.decode(found[0], key=key)
 
+    def update(self, key: str = KEY, **changes: Any) -> int:
+        """Change fields of the record behind the locks' backs, as another process would (one conditional
+        write, between two hub runs: nothing else writes meanwhile). Returns the new generation."""
+        found = self.store.read(key)
+        assert found is not None, f"no record at {key}"
+        record = LockRecord.decode(found[0], key=key).replace(**changes)
+        return self.store.write(key, record.encode(), if_generation_match=found[1])
+
+    def sleep(self, seconds: float) -> None:
+        """In a simulated thread: let ``seconds`` of simulated time pass (others run meanwhile)."""
+        self.hub.park(self.hub.now + seconds)
+
     def end(self) -> None:
         """Stop every lock's waits and give back what is held (nothing is left for exit), then unwind every thread."""
         for lock in self.locks:
