@@ -14,6 +14,7 @@ waiters, each in its ``acquire()``).
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,12 +98,14 @@ class Sim:
     def __post_init__(self) -> None:
         self.hub = Hub(random.Random(self.seed))
         random.seed(self.seed)  # the library's backoff jitter draws from the module's generator
-        self.url = f"memory://sim/{KEY}"
-        self.procs: dict[str, Proc] = {}
         self.locks: list[HandoffLock] = []
 
-    def lock(self, owner: str, *, key: str = KEY, skew: float = 0.0, **kwargs: Any) -> HandoffLock:
-        proc = self.procs.setdefault(owner, Proc(owner))
+    def lock(self, owner: str, *, key: str = KEY, skew: float = 0.0, paused: bool = False, **kwargs: Any):
+        """A lock in a process of its own; ``paused``: a process whose threads never run (its duties never
+        happen) while the test's calls to it still do (a stopped process, as a test sees it)."""
+        proc = Proc(f"{owner}-{len(self.locks)}")
+        if paused:
+            proc.paused_until = math.inf
         clock = SimClock(self.hub, proc, skew)
         prims = sim_primitives(self.hub, proc)
         sched = Scheduler(clock, name=owner, primitives=prims)
@@ -158,8 +161,12 @@ class Sim:
             self.hub.run(min(self.hub.now + step, end))
 
     def record(self, key: str = KEY) -> LockRecord | None:
+        return self.read(key)[0]
+
+    def read(self, key: str = KEY) -> tuple[LockRecord | None, int]:
+        """The record and its generation (``(None, 0)`` when there is no object)."""
         found = self.store.read(key)
-        return None if found is None else LockRecord.decode(found[0], key=key)
+        return (None, 0) if found is None else (LockRecord.decode(found[0], key=key), found[1])
 
     def update(self, key: str = KEY, **changes: Any) -> int:
         """Change fields of the record behind the locks' backs, as another process would (one conditional
