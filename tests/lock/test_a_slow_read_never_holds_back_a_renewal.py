@@ -1,12 +1,13 @@
-"""Issue 25, item 2: no read, check or listing holds back a renewal, and every request fits the window.
+"""No read, check or listing holds back a renewal, and every request fits the window.
 
 The owner's waiter check reads the record in the background. A read that
 stalls (6 s here, well under GCS's 15 s read timeout) must not hold the I/O
 mutex, nor keep the scheduler from starting a renewal that falls due: at ttl
 10 the renew deadline is 5 s, and before the fix the owner called itself lost
 after 5 s although every write would have succeeded. Real clock, real
-scheduler, the memory store's ``before`` hook (and, through the fault proxy,
-fake-gcs-server) stalling the read.
+scheduler, the memory store's ``before`` hook stalling the read on simulated
+time (the ``sim`` fixture); through the fault proxy, fake-gcs-server stalling it
+in real time.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import uuid
 
 import pytest
 
-from handofflock import ConfigurationError, HandoffLock, Scheduler, Timing, signals
-from handofflock.storage import MemoryStorage
+from handofflock import ConfigurationError, HandoffLock, Timing, signals
 from handofflock.storage.gcs import GCSStorage
 from handofflock.testing.faultproxy import FaultProxy
 
@@ -45,63 +45,64 @@ def _held_through_a_stalled_read(lock: HandoffLock, arm_stall) -> list[dict]:
     return lost
 
 
-def test_a_waiter_check_read_that_stalls_6_s_never_holds_back_a_renewal():
-    store = MemoryStorage(f"stall-{uuid.uuid4().hex[:8]}")
-    scheduler = Scheduler(name="stall-test")
-    lock = HandoffLock("memory://x", storage=store, key=KEY, ttl=10.0, scheduler=scheduler, owner_id="A")
+def _sim_held_through_a_stalled_read(sim, lock: HandoffLock, arm_stall) -> None:
+    """:func:`_held_through_a_stalled_read` on simulated time: the stall is a simulated thread asleep."""
+    lost: list[dict] = []
+
+    def on_lost(sender, **kw):
+        lost.append(kw)
+
+    with signals.lost.connected_to(on_lost, sender=lock):
+        assert sim.call(lambda: lock.acquire(timeout=10))
+        started = arm_stall()
+        sim.run_until(started.is_set, limit=lock.waiter_check_interval + 3, what="a waiter check reading the record")
+        sim.run_for(STALL + 1.0)
+        assert lock.healthy and not lost, f"a stalled waiter-check read cost the lease: {lost}"
+        sim.call(lock.release)
+
+
+def _stall_once(sim, started: threading.Event):
+    def stall(op, key):
+        if not started.is_set():
+            started.set()
+            sim.sleep(STALL)
+
+    return stall
+
+
+def test_a_waiter_check_read_that_stalls_6_s_never_holds_back_a_renewal(sim):
+    lock = sim.lock("A", key=KEY, ttl=10.0)
     assert lock.min_write_interval == 0.0 and lock.renew_deadline == 5.0  # default pacing
     writes: list[float] = []
-    store.faults.after("write", lambda op, key, result: writes.append(time.monotonic()))
+    sim.store.faults.after("write", lambda op, key, result: writes.append(sim.monotonic()))
 
     def arm() -> threading.Event:
         started = threading.Event()
-
-        def stall(op, key):
-            if not started.is_set():
-                started.set()
-                time.sleep(STALL)
-
-        store.faults.before("read", stall)
+        sim.store.faults.before("read", _stall_once(sim, started))
         return started
 
-    try:
-        _held_through_a_stalled_read(lock, arm)
-        gaps = [b - a for a, b in zip(writes, writes[1:])]
-        assert max(gaps) < lock.renew_deadline - 1.0, f"renewals stopped during the stall: {gaps}"
-    finally:
-        store.faults.clear()
-        scheduler.stop()
+    _sim_held_through_a_stalled_read(sim, lock, arm)
+    gaps = [b - a for a, b in zip(writes, writes[1:])]
+    assert max(gaps) < lock.renew_deadline - 1.0, f"renewals stopped during the stall: {gaps}"
 
 
-def test_a_grouped_waiter_check_whose_read_stalls_never_holds_back_a_renewal():
-    """Two locks in one "directory" are checked by one listing; a lock the listing does not show
-    is read, and that read stalls. Its renewals go on meanwhile."""
-    store = MemoryStorage(f"stall-{uuid.uuid4().hex[:8]}")
-    scheduler = Scheduler(name="stall-group-test")
-    other = HandoffLock("memory://x", storage=store, key="locks/b.json", ttl=10.0, scheduler=scheduler, owner_id="B")
-    lock = HandoffLock("memory://x", storage=store, key=KEY, ttl=10.0, scheduler=scheduler, owner_id="A")
+def test_a_grouped_waiter_check_whose_read_stalls_never_holds_back_a_renewal(sim):
+    """Two locks in one "directory" (one process) are checked by one listing; a lock the listing does not
+    show is read, and that read stalls. Its renewals go on meanwhile."""
+    other = sim.lock("B", key="locks/b.json", ttl=10.0)
+    lock = sim.lock("A", key=KEY, ttl=10.0, beside=other)
 
     def arm() -> threading.Event:
         started = threading.Event()
         # The listing leaves the lock out, so its check reads it: that read stalls.
-        store.faults.after("list", lambda op, key, found: found.pop(KEY, None))
-
-        def stall(op, key):
-            if not started.is_set():
-                started.set()
-                time.sleep(STALL)
-
-        store.faults.before("read", stall, key=KEY)
+        sim.store.faults.after("list", lambda op, key, found: found.pop(KEY, None))
+        sim.store.faults.before("read", _stall_once(sim, started), key=KEY)
         return started
 
-    assert other.acquire(timeout=10)
-    try:
-        _held_through_a_stalled_read(lock, arm)
-        assert other.healthy
-    finally:
-        store.faults.clear()
-        other.release()
-        scheduler.stop()
+    assert sim.call(lambda: other.acquire(timeout=10))
+    _sim_held_through_a_stalled_read(sim, lock, arm)
+    assert other.healthy
+    sim.call(other.release)
 
 
 def test_a_store_request_timeout_longer_than_the_renewal_window_is_refused():

@@ -99,21 +99,27 @@ class Sim:
         self.hub = Hub(random.Random(self.seed))
         random.seed(self.seed)  # the library's backoff jitter draws from the module's generator
         self.locks: list[HandoffLock] = []
+        self._processes: dict[int, tuple[Proc, SimClock, Any, Scheduler]] = {}
 
-    def lock(self, owner: str, *, key: str = KEY, skew: float = 0.0, paused: bool = False, **kwargs: Any):
-        """A lock in a process of its own; ``paused``: a process whose threads never run (its duties never
-        happen) while the test's calls to it still do (a stopped process, as a test sees it)."""
-        proc = Proc(f"{owner}-{len(self.locks)}")
+    def lock(self, owner: str, *, key: str = KEY, paused: bool = False, beside: HandoffLock | None = None, **kwargs):
+        """A lock in a process of its own, or in the process of the lock ``beside`` (its clock, threads and
+        scheduler). ``paused``: a process whose threads never run (its duties never happen) while the
+        test's calls to it still do (a stopped process, as a test sees it)."""
+        if beside is not None:
+            proc, clock, prims, sched = self._processes[id(beside)]
+        else:
+            proc = Proc(f"{owner}-{len(self.locks)}")
+            clock = SimClock(self.hub, proc, 0.0)
+            prims = sim_primitives(self.hub, proc)
+            sched = Scheduler(clock, name=owner, primitives=prims)
         if paused:
             proc.paused_until = math.inf
-        clock = SimClock(self.hub, proc, skew)
-        prims = sim_primitives(self.hub, proc)
-        sched = Scheduler(clock, name=owner, primitives=prims)
         lock = HandoffLock(
             "memory://sim", storage=self.store, key=key, owner_id=owner, clock=clock, scheduler=sched,
             primitives=prims, **kwargs,
         )  # fmt: skip
         self.locks.append(lock)
+        self._processes[id(lock)] = (proc, clock, prims, sched)
         return lock
 
     def time(self) -> float:
