@@ -6,10 +6,11 @@ import logging
 import time
 
 import pytest
+from lockutil import raw_read, raw_write, url_for
+from simworld import KEY
 
 from handofflock import HandoffLock
 from handofflock.core.record import LockRecord
-from lockutil import raw_read, raw_write, url_for
 
 YEARS = 31 * 365 * 86400.0
 
@@ -21,23 +22,20 @@ def _ghost(url: str, ttl: float) -> LockRecord:
     return record
 
 
-@pytest.mark.parametrize("backend", ["memory", "local", "gcs", "s3"])
-def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(backend, request, tmp_path, caplog):
-    url = url_for(backend, request, tmp_path)
-    _ghost(url, ttl=3.0)
-    lock = HandoffLock(url, ttl=5.0)  # the store's default pacing; skew allowance 2 s
-    started = time.monotonic()
+@pytest.mark.parametrize("pacing", [0.0, 1.0], ids=["unpaced", "gcs-pacing"])
+def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(sim, pacing, caplog):
+    record = LockRecord("ghost", sim.time() + YEARS, None, None, ttl=3.0, token=5, nonce="n")
+    sim.store.write(KEY, record.encode(), if_generation_match=0)
+    lock = sim.lock("taker", ttl=5.0, min_write_interval=pacing)  # skew allowance 2 s
+    started = sim.monotonic()
     with caplog.at_level(logging.WARNING, logger="handofflock.acquire"):
-        assert lock.acquire(timeout=30)
-    took = time.monotonic() - started
-    try:
-        assert 3.0 + 2.0 - 0.5 <= took < 15, took  # the record's ttl plus the skew, from the first read
-        record, _ = raw_read(url)
-        assert record.owner_id == lock.owner_id and record.token > 5
-        assert record.expires_at < time.time() + 5.0 + 1  # our own lease, a normal one
-        assert any("further ahead than its ttl" in r.getMessage() for r in caplog.records), caplog.text
-    finally:
-        lock.release()
+        assert sim.call(lambda: lock.acquire(timeout=30))
+    took = sim.monotonic() - started
+    assert 3.0 + 2.0 - 0.5 <= took < 15, took  # the record's ttl plus the skew, from the first read
+    record = sim.record()
+    assert record.owner_id == lock.owner_id and record.token > 5
+    assert record.expires_at < sim.time() + 5.0 + 1  # our own lease, a normal one
+    assert any("further ahead than its ttl" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_status_reports_a_suspect_lease_and_a_normal_one_is_not(request, tmp_path):

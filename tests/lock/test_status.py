@@ -13,57 +13,30 @@ of the process, so their duties wait too.)
 
 from __future__ import annotations
 
-import threading
-import time
-import uuid
-
-import pytest
-from lockutil import make_lock
+from lockutil import FAST
 
 from handofflock.core.errors import TransientStorageError
-from handofflock.storage import MemoryStorage
-
-pytestmark = pytest.mark.timeout(60)
 
 
-class ReadOutage:
-    def __init__(self, inner):
-        self.inner, self.url = inner, inner.url
-        self.until = 0.0
+def test_a_status_read_riding_out_a_read_outage_never_holds_up_renewal(sim):
+    lock = sim.lock("A", **FAST)  # ttl 1.5, renew_deadline 0.8
+    assert sim.call(lock.acquire)
+    until = sim.monotonic() + 4.0  # reads fail for 4 s; writes (renewals) still land
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def read(self, key, **kw):
-        if time.monotonic() < self.until:
+    def outage(op, key):
+        if sim.monotonic() < until:
             raise TransientStorageError("503 on read (injected)", key=key, ambiguous=False)
-        return self.inner.read(key, **kw)
 
-
-def test_a_status_read_riding_out_a_read_outage_never_holds_up_renewal():
-    name = f"edge-{uuid.uuid4().hex[:8]}"
-    store = ReadOutage(MemoryStorage.named(name))
-    from handofflock import HandoffLock
-    from lockutil import FAST
-
-    lock = HandoffLock("unused", storage=store, key="l.json", **FAST)  # ttl 1.5, renew_deadline 0.8
-    try:
-        assert lock.acquire()
-        store.until = time.monotonic() + 4.0  # reads fail for 4 s; writes (renewals) still land
-        t = threading.Thread(target=lambda: lock.status(), daemon=True)  # as run's re-check thread does
-        t.start()
-        lost_at = None
-        end = time.monotonic() + 4.0
-        while time.monotonic() < end:
-            if not lock.healthy:
-                lost_at = 4.0 - (end - time.monotonic())
-                break
-            time.sleep(0.02)
-        assert lost_at is None, (
-            f"the lock went unhealthy {lost_at:.2f} s into a read-only outage: status() held _io through its "
-            "retries and the renewal (a write, which would have landed) could not run"
-        )
-    finally:
-        store.until = 0.0
-        lock._unschedule()  # private: stop its renewals without releasing
-        MemoryStorage.forget(name)
+    sim.store.faults.before("read", outage)
+    sim.start(lock.status)  # as run's re-check thread does
+    lost_at = None
+    end = sim.monotonic() + 4.0
+    while sim.monotonic() < end:
+        if not lock.healthy:
+            lost_at = 4.0 - (end - sim.monotonic())
+            break
+        sim.run_for(0.02)
+    assert lost_at is None, (
+        f"the lock went unhealthy {lost_at:.2f} s into a read-only outage: status() held _io through its "
+        "retries and the renewal (a write, which would have landed) could not run"
+    )
