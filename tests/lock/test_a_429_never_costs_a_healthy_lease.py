@@ -18,7 +18,7 @@ import time
 import uuid
 
 import pytest
-from simworld import KEY, TimedStore
+from simworld import KEY
 
 from handofflock import HandoffLock, LockLost, TransientStorageError, signals
 from handofflock.storage.gcs import GCSStorage
@@ -47,24 +47,24 @@ def why_lost(lock: HandoffLock) -> str:
     return ""
 
 
-def owner_meets(world, ttl: float, answers: list[str]) -> tuple[HandoffLock, TimedStore]:
-    """An owner at GCS's spacing whose next renewals are answered ``answers``, then 30 s on."""
-    store = TimedStore(f"throttled-{uuid.uuid4().hex[:8]}", world.clock)
-    world.store = store
+def owner_meets(world, ttl: float, answers: list[str]) -> tuple[HandoffLock, list[float]]:
+    """An owner at GCS's spacing whose next renewals are answered ``answers``, then 30 s on; and the times
+    of its write calls."""
+    write_times = world.timed_writes()
     a = world.lock("A", ttl=ttl, min_write_interval=GCS_SPACING)
     assert a.acquire()
     world.clock.run_for(3 * a.renew_interval + 0.1)  # steady renewals first
     for answer in answers:
-        store.faults.fail_next("write", key=KEY, exc=FAULTS[answer])
+        world.store.faults.fail_next("write", key=KEY, exc=FAULTS[answer])
     world.clock.run_for(30.0)
-    return a, store
+    return a, write_times
 
 
 @pytest.mark.parametrize("ttl", [5.0, 6.0])
 def test_one_429_on_a_renewal_costs_no_lease_at_the_shortest_ttls(world, ttl):
-    a, store = owner_meets(world, ttl, ["429"])
+    a, write_times = owner_meets(world, ttl, ["429"])
     assert a.healthy and a.is_held, f"lost at ttl {ttl}: {why_lost(a)}"
-    gaps = [later - earlier for earlier, later in zip(store.write_times, store.write_times[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in zip(write_times, write_times[1:], strict=False)]
     assert max(gaps) < 2.0, f"a retry waited out the widened spacing: {gaps}"
 
 
@@ -77,10 +77,10 @@ def test_two_failures_in_a_row_starting_with_a_429_cost_no_lease_from_ttl_7(worl
 
 def test_a_renewal_with_room_still_waits_out_the_backoff_gcs_asked_for(world):
     """At ttl 60 a renewal has 22.5 s to spare: after a 429 its retry waits the widened 2 s."""
-    a, store = owner_meets(world, 60.0, ["429"])
+    a, write_times = owner_meets(world, 60.0, ["429"])
     assert a.healthy
-    refused = next(i for i, t in enumerate(store.write_times) if i > 0 and t - store.write_times[i - 1] < 7.4)
-    assert store.write_times[refused] - store.write_times[refused - 1] >= 2.0 - 1e-9, store.write_times
+    refused = next(i for i, t in enumerate(write_times) if i > 0 and t - write_times[i - 1] < 7.4)
+    assert write_times[refused] - write_times[refused - 1] >= 2.0 - 1e-9, write_times
 
 
 def test_the_shortest_ttl_on_gcs_is_still_5_s(world):

@@ -20,12 +20,12 @@ import threading
 import time
 
 import pytest
+from simworld import KEY
 
 from handofflock import Clock, ConfigurationError, FakeClock, HandoffLock, TransientStorageError, signals
+from handofflock.storage import MemoryStorage
 from handofflock.storage.cas import write_resolving
 from handofflock.storage.pacing import gate_for
-from handofflock.storage import MemoryStorage
-from simworld import KEY, TimedStore, World
 
 GCS_SPACING = 1.0  # GCS's default write spacing, given to the memory store where a test says so
 
@@ -81,15 +81,14 @@ def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handof
 
 
 def test_a_lease_counts_from_the_send_of_the_write_that_landed_after_a_503_and_a_429(world):
-    store = TimedStore("lease-503-429", world.clock)
-    world.store = store
+    store, write_times = world.store, world.timed_writes()
     store.faults.fail_next("write", key=KEY)  # 503
     store.faults.fail_next("write", key=KEY, exc=lambda: TransientStorageError(
         "429: slow down", status=429, ambiguous=False, retry_after=3.0))
     a = world.lock("A", ttl=4.0, renew_interval=0.5, renew_deadline=2.0)
     started = world.clock.monotonic()
     assert a.acquire(timeout=30)
-    sent = store.write_times[-1]
+    sent = write_times[-1]
     assert sent - started >= 3.0, "the retries took their time"
     assert a.healthy, "the lease was counted from before the retries"
     # The record's lease runs ttl from the send, and the owner counts renew_deadline from it.
@@ -98,15 +97,14 @@ def test_a_lease_counts_from_the_send_of_the_write_that_landed_after_a_503_and_a
 
 
 def test_a_lease_that_waited_for_the_write_gate_counts_from_its_send(world):
-    store = TimedStore("lease-gate", world.clock)
-    world.store = store
+    write_times = world.timed_writes()
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
     b = world.lock("B", ttl=5.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
     a.release()  # two writes in a moment: the bucket is empty
     assert b.acquire(timeout=10)
-    sent = store.write_times[-1]
-    assert sent > store.write_times[-2], "B's write waited for the gate"
+    sent = write_times[-1]
+    assert sent > write_times[-2], "B's write waited for the gate"
     assert abs(b._lease.valid_until - (sent + b.renew_deadline)) < 1e-6  # private: as above
 
 
@@ -156,8 +154,7 @@ def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(wo
 
 
 def test_a_renewal_that_meets_a_waiters_write_renews_again_at_once_under_pacing(world):
-    store = TimedStore("renew-412", world.clock)
-    world.store = store
+    store = world.store
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
     for _ in range(3):  # a waiter that registers, leaves and registers again, between renewals
@@ -201,47 +198,36 @@ def test_a_configuration_error_names_what_the_user_set():
 
 
 @pytest.mark.timeout(60)
-def test_a_slow_receiver_never_delays_a_renewal():
-    store = MemoryStorage(f"slow-receiver-{time.monotonic_ns()}")
-    kw = dict(storage=store, key=KEY, ttl=1.5, renew_interval=0.2, renew_deadline=0.8, waiter_check_interval=0.05,
-              waiter_poll_interval=0.05, waiter_ttl=2.0)
-    owner = HandoffLock("memory://x", owner_id="O", **kw)
-    waiter = HandoffLock("memory://x", owner_id="W", **kw)
-    assert owner.acquire()
+def test_a_slow_receiver_never_delays_a_renewal(sim):
+    kw = dict(ttl=1.5, renew_interval=0.2, renew_deadline=0.8, waiter_check_interval=0.05,
+              waiter_poll_interval=0.05, waiter_ttl=2.0)  # fmt: skip
+    owner = sim.lock("O", **kw)
+    waiter = sim.lock("W", **kw)
+    assert sim.call(owner.acquire)
     receiving = threading.Event()
     healthy: list[bool] = []
 
-    def checkpoint(sender, **kw):  # a checkpoint that takes four renew deadlines
+    def checkpoint(sender, **kw):  # a checkpoint that takes four renew deadlines, on the owner's notifier thread
         receiving.set()
         for _ in range(32):
-            time.sleep(0.1)
+            sim.sleep(0.1)
             healthy.append(sender.healthy)
 
     signals.on_release_requested.connect(checkpoint, sender=owner, weak=False)
     try:
-        t = threading.Thread(target=lambda: waiter.acquire(timeout=30))
-        t.start()
-        assert receiving.wait(10)
-        first = LockRecord_expires(store)
-        time.sleep(2.0)
-        assert LockRecord_expires(store) > first + 1.0, "no renewal while the receiver ran"
+        t = sim.start(lambda: waiter.acquire(timeout=30))
+        sim.run_until(receiving.is_set, limit=10)
+        first = sim.record().expires_at
+        sim.run_for(2.0)
+        assert sim.record().expires_at > first + 1.0, "no renewal while the receiver ran"
         assert owner.healthy
-        while t.is_alive() and len(healthy) < 32:
-            time.sleep(0.05)
+        sim.run_until(lambda: t.done or len(healthy) >= 32)
         assert all(healthy), "the owner was unhealthy while its receiver ran"
-        owner.release()
-        t.join(10)
+        sim.call(owner.release)
+        sim.run_until(lambda: t.done, limit=10)
         assert waiter.is_held
     finally:
         signals.on_release_requested.disconnect(checkpoint, sender=owner)
-        waiter._unschedule()  # private: stop its renewals without releasing
-        owner._unschedule()  # private: stop its renewals without releasing
-
-
-def LockRecord_expires(store: MemoryStorage) -> float:
-    from handofflock import LockRecord
-
-    return LockRecord.decode(store.read(KEY)[0]).expires_at
 
 
 @pytest.mark.timeout(60)

@@ -14,11 +14,11 @@ import time
 import uuid
 
 import pytest
+from lockutil import make_lock, raw_read
+from simworld import KEY
 
 from handofflock import AcquireCancelled, TransientStorageError, signals
 from handofflock.storage import MemoryStorage
-from lockutil import make_lock, raw_read
-from simworld import KEY, TimedStore, World  # noqa: F401 (World: the type of the world fixture)
 
 GCS_SPACING = 1.0  # GCS's default write spacing, given to the memory store where a test says so
 
@@ -65,18 +65,17 @@ def test_a_release_whose_write_failed_is_retried_in_the_background(world):
 
 
 def test_a_release_right_after_a_renewal_goes_out_at_once(world):
-    store = TimedStore("release-after-renew", world.clock)
-    world.store = store
+    write_times = world.timed_writes()
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
     world.clock.advance(a.renew_interval)
     world.sched.run_pending()  # the renewal
-    renewed = store.write_times[-1]
+    renewed = write_times[-1]
     world.clock.advance(0.05)
     released_at = world.clock.monotonic()
     a.release()
-    assert store.write_times[-1] - released_at < 1e-9, "the release waited behind the renewal"
-    assert store.write_times[-1] - renewed < 0.1
+    assert write_times[-1] - released_at < 1e-9, "the release waited behind the renewal"
+    assert write_times[-1] - renewed < 0.1
 
 
 def test_release_from_a_signal_handler_during_a_blocking_acquire_cancels_it_without_deadlock():
