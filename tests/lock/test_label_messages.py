@@ -5,38 +5,27 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
+from lockutil import url_for
 
 from handofflock import HandoffLock, LockContended, LockTimeout
-from lockutil import eventually, raw_read, url_for
 
 OWNER, WAITER = "pod=ml/train-0 pid=1", "pod=ml/train-1 pid=1"
 
 
-@pytest.mark.parametrize("backend", ["memory", "local", "gcs", "s3"])
-def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(backend, request, tmp_path):
-    url = url_for(backend, request, tmp_path)
-    owner = HandoffLock(url, owner_id="O", label=OWNER)
-    waiter = HandoffLock(url, owner_id="W", label=WAITER, waiter_ttl=60)
-    third = HandoffLock(url, owner_id="T")
-    assert owner.acquire()
-    box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("got", waiter.acquire(timeout=20)))
-    try:
-        thread.start()
-        eventually(lambda: raw_read(url)[0].waiting_owner_id == "W", what="W registered as the waiter")
-        with pytest.raises(LockContended) as info:
-            third.acquire()
-        text = str(info.value)
-        assert f"{OWNER} (O)" in text and f"{WAITER} (W)" in text, text
-        assert (info.value.owner_label, info.value.waiter_label) == (OWNER, WAITER)
-    finally:
-        owner.release()  # hands off to W, whose thread then returns holding it
-        thread.join(20)
-        if waiter.is_held:
-            waiter.release()
+def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(sim):
+    owner = sim.lock("O", label=OWNER)
+    waiter = sim.lock("W", label=WAITER, waiter_ttl=60)
+    third = sim.lock("T")
+    assert sim.call(owner.acquire)
+    sim.start(lambda: waiter.acquire(timeout=20))
+    sim.run_until(lambda: sim.record().waiting_owner_id == "W", what="W registered as the waiter")
+    with pytest.raises(LockContended) as info:
+        sim.call(third.acquire)
+    text = str(info.value)
+    assert f"{OWNER} (O)" in text and f"{WAITER} (W)" in text, text
+    assert (info.value.owner_label, info.value.waiter_label) == (OWNER, WAITER)
 
 
 def test_lock_timeout_names_the_owner_by_label(request, tmp_path):

@@ -142,49 +142,32 @@ def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raisi
         waiter._unschedule()  # private: stop its renewals without releasing
 
 
-class _FailingWrites:
-    """The memory store, except that writes fail transiently (a 503) while ``failing`` is set."""
-
-    def __init__(self, inner):
-        self.inner, self.url = inner, inner.url
-        self.failing = False
-        self.failed_writes = 0
-
-    def __getattr__(self, attr):
-        return getattr(self.inner, attr)
-
-    def write(self, key, data, **kw):
-        if self.failing:
-            self.failed_writes += 1
-            raise TransientStorageError("503 (injected)", key=key, ambiguous=False)
-        return self.inner.write(key, data, **kw)
-
-
-def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(raising, name, caplog):
+def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(raising, sim, caplog):
     """Raised into the renewal, the hook kept the renewal due: the scheduler retried at once, thousands of
     times a second, against a store that was already failing."""
     caplog.set_level(logging.DEBUG, logger=METRICS_LOG)
     raising("handofflock.renewal.errors")
-    store = _FailingWrites(MemoryStorage.named(name))
-    lock = HandoffLock(
-        "unused", storage=store, key="l.json", ttl=6.0, renew_interval=0.5, renew_deadline=3.0
-    )
-    try:
-        assert lock.acquire()
-        store.failing = True
-        time.sleep(2.0)  # within the renew deadline: retries spaced by the backoff (at most renew_interval)
-        attempts = store.failed_writes
-        assert 1 <= attempts <= 40, f"{attempts} renewal writes in 2 s against a failing store (backoff sends ~10)"
-        assert lock.is_held
-        assert metrics_errors(caplog) == ["renewal_failed"]  # once, however often it raised
-        if attempts > 1:
-            again = [r for r in caplog.records if r.name == METRICS_LOG and r.levelno == logging.DEBUG]
-            assert again and all(r.args[0] == "renewal_failed" for r in again)
-        spun = [r for r in caplog.records if r.name == "handofflock.lock.scheduler"]
-        assert not spun, f"the hook raised into the scheduler: {[r.getMessage() for r in spun][:3]}"
-    finally:
-        store.failing = False
-        lock._unschedule()  # private: stop its renewals without releasing
+    lock = sim.lock("A", ttl=6.0, renew_interval=0.5, renew_deadline=3.0)
+    assert sim.call(lock.acquire)
+    failed_writes = 0
+
+    def fail(op, key):  # writes fail transiently (a 503) from now on
+        nonlocal failed_writes
+        failed_writes += 1
+        raise TransientStorageError("503 (injected)", key=key, ambiguous=False)
+
+    sim.store.faults.before("write", fail)
+    sim.run_for(2.0)  # within the renew deadline: retries spaced by the backoff (at most renew_interval)
+    attempts = failed_writes
+    assert 1 <= attempts <= 40, f"{attempts} renewal writes in 2 s against a failing store (backoff sends ~10)"
+    assert lock.is_held
+    assert metrics_errors(caplog) == ["renewal_failed"]  # once, however often it raised
+    if attempts > 1:
+        again = [r for r in caplog.records if r.name == METRICS_LOG and r.levelno == logging.DEBUG]
+        assert again and all(r.args[0] == "renewal_failed" for r in again)
+    spun = [r for r in caplog.records if r.name == "handofflock.lock.scheduler"]
+    assert not spun, f"the hook raised into the scheduler: {[r.getMessage() for r in spun][:3]}"
+    sim.store.faults.clear()
 
 
 def test_a_raising_acquire_histogram_never_turns_a_taken_lock_into_an_error(raising, name, caplog):
