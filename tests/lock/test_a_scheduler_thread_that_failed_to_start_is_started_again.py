@@ -15,7 +15,7 @@ from handofflock.core.clock import Clock
 from handofflock.storage import MemoryStorage
 
 
-class Ticker:
+class WallTicker:
     """Due every ``every`` seconds on the real clock; sets ``ran`` when run."""
 
     check_interval = math.inf
@@ -55,7 +55,7 @@ def test_a_loop_thread_that_could_not_start_is_started_by_the_next_add(monkeypat
     monkeypatch.setattr(threading.Thread, "start", start_once_refused)
     clock = Clock()
     sched = Scheduler(clock, name="startfail")
-    ticker = Ticker(clock, MemoryStorage("startfail"), "dir/a.json")
+    ticker = WallTicker(clock, MemoryStorage("startfail"), "dir/a.json")
     try:
         with pytest.raises(RuntimeError, match="can't start new thread"):
             sched.add(ticker)

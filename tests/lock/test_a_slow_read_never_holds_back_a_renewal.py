@@ -21,8 +21,8 @@ import pytest
 from handofflock import ConfigurationError, HandoffLock, Timing, signals
 from handofflock.storage.gcs import GCSStorage
 from handofflock.testing.faultproxy import FaultProxy
+from simworld import KEY
 
-KEY = "locks/a.json"
 STALL = 6.0
 
 

@@ -38,7 +38,7 @@ def url():
     MemoryStorage.forget(name)
 
 
-def held(**kw) -> LockRecord:
+def labelled(**kw) -> LockRecord:
     base = {"owner_id": "a", "expires_at": NOW + 30, "ttl": 60.0, "token": 7, "nonce": "n0", "owner_instance": "ia",
             "owner_label": OWNER}
     return LockRecord(**{**base, **kw})
@@ -47,7 +47,7 @@ def held(**kw) -> LockRecord:
 def waited(**kw) -> LockRecord:
     base = {"waiting_owner_id": "w", "waiter_expires_at": NOW + 20, "waiter_instance": "iw", "waiter_ttl": 60.0,
             "waiter_label": WAITER}
-    return held(**{**base, **kw})
+    return labelled(**{**base, **kw})
 
 
 # --------------------------------------------------------------------------- the record
@@ -126,10 +126,10 @@ def test_every_write_path_carries_or_clears_the_labels():
     # create / take: my label as owner
     d = protocol.decide_acquire(None, 0, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.CREATE and d.record.owner_label == mine_label
-    d = protocol.decide_acquire(held(expires_at=NOW - 100), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(labelled(expires_at=NOW - 100), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.TAKE and d.record.owner_label == mine_label and d.record.waiter_label is None
     # become the waiter: my label in the waiter's place, the owner's kept
-    d = protocol.decide_acquire(held(), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
+    d = protocol.decide_acquire(labelled(), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.BECOME_WAITER and (d.record.owner_label, d.record.waiter_label) == (OWNER, mine_label)
     # refresh the slot: both kept
     mine = waited(waiting_owner_id="me", waiter_instance="im", waiter_label=mine_label, waiter_expires_at=NOW + 1)
@@ -146,7 +146,7 @@ def test_every_write_path_carries_or_clears_the_labels():
     assert d.kind is Kind.HANDOFF and (d.record.owner_label, d.record.waiter_label) == (WAITER, None)
     assert LockRecord.decode(d.record.encode()).owner_label == WAITER, "and it counts: bound to the heir's instance"
     # free: the owner's label goes; a waiter within the skew keeps its own
-    d = protocol.decide_release(held(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
+    d = protocol.decide_release(labelled(), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE and d.record.owner_label is None
     d = protocol.decide_release(waited(waiter_expires_at=NOW - 1), 3, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.FREE and d.record.owner_label is None and d.record.waiter_label == WAITER

@@ -70,7 +70,7 @@ def test_the_release_hands_the_lock_to_a_patient_waiter():
 
 
 # (name, record, yields, declined written)
-RENEW_TABLE = [
+DECLINE_TABLE = [
     ("a holder that does not yield declines an asking waiter", held(), False, True),
     ("a holder that does not yield has nothing to decline of a patient waiter", held(PATIENT), False, False),
     ("nor of an expired one", held(waiter_expires=NOW - 1), False, False),
@@ -78,7 +78,7 @@ RENEW_TABLE = [
 ]
 
 
-@pytest.mark.parametrize("name,record,yields,declined", RENEW_TABLE, ids=[r[0] for r in RENEW_TABLE])
+@pytest.mark.parametrize("name,record,yields,declined", DECLINE_TABLE, ids=[r[0] for r in DECLINE_TABLE])
 def test_renew_writes_the_decline_table(name, record, yields, declined):
     d = protocol.decide_renew(record, GEN, me=Me("a", "ia", yields=yields), token=7, now=NOW, policy=POLICY, nonce="n")
     assert isinstance(d, Write) and d.kind is Kind.RENEW
