@@ -9,8 +9,8 @@ import time
 
 import orjson
 import pytest
+from conftest import BACKENDS, make_store
 
-from handofflock.core.clock import FakeClock
 from handofflock import (
     ConfigurationError,
     FencedObject,
@@ -24,11 +24,11 @@ from handofflock import (
     StaleToken,
     StorageError,
     TransientStorageError,
+    fencing,
 )
-from handofflock import fencing
+from handofflock.core.clock import FakeClock
 from handofflock.fencing import RECENT_NONCES
 from handofflock.storage import MemoryStorage
-from conftest import BACKENDS, make_store
 
 KEY = "jobs/latest.json"
 
@@ -558,7 +558,7 @@ def test_workers_appending_under_a_real_lock_leave_a_journal_of_disjoint_increas
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:
-        lock = HandoffLock(f"memory://fence-workers/jobs/train.lock", ttl=5.0, waiter_poll_interval=0.01,
+        lock = HandoffLock("memory://fence-workers/jobs/train.lock", ttl=5.0, waiter_poll_interval=0.01,
                            waiter_check_interval=0.01, wait_for_slot=True, scheduler=scheduler, owner_id=f"worker-{n}")
         journal = FencedObject.beside(lock, "journal.json")
         try:

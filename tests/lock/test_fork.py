@@ -13,7 +13,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from lockutil import url_for
 
 FORKED = Path(__file__).resolve().parents[1] / "support" / "procs" / "forked.py"

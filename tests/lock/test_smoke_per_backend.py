@@ -1,6 +1,7 @@
 """The handoff lock on every backend, in real time: a smoke test of its operations per backend.
 
-The same operations under races, expiry and loss run on simulated time: test_lock_sim.py.
+The same operations under races, expiry and loss run on simulated time, in the file of each
+operation (test_acquire.py, test_release.py, test_renew.py, ...).
 """
 
 from __future__ import annotations
