@@ -53,12 +53,15 @@ def _owner_and_waiter(world):
     b = world.lock("B", ttl=10.0, frozen=True)
     return a, b
 
+
 def _record(store, key):
     found = store.read(key)
     return None if found is None else LockRecord.decode(found[0], key=key)
 
+
 def _403() -> StorageError:
     return StorageError("injected: 403 permission denied")
+
 
 def flaky(name, clock):
     """A memory store that refuses every read until a (simulated) time: a store down across an acquire's deadline.
@@ -80,11 +83,13 @@ OWNER, WAITER = "pod=ml/train-0 pid=1", "pod=ml/train-1 pid=1"
 
 OWNER, WAITER = "pod=ml/train-0 pid=1", "pod=ml/train-1 pid=1"
 
+
 def race(sim, fns):
     """Start every call at the same simulated instant; the seed picks who runs first. Results or exceptions."""
     calls = [sim.start(fn) for fn in fns]
     sim.run_until(lambda: all(calls), limit=30)
     return [c.error if c.error is not None else c.result for c in calls]
+
 
 def _acquire_outcome(lock: HandoffLock) -> str:
     try:
@@ -99,8 +104,10 @@ TIMING = dict(
     ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
 )
 
+
 def lock_for(sim, owner, **kw):
     return sim.lock(owner, **{**TIMING, **kw})
+
 
 def waiter_is(sim, who):
     return lambda: (sim.record() and sim.record().waiting_owner_id == who)
@@ -113,15 +120,18 @@ GEN = 42
 
 PATIENT = WaiterRequest(asks=False)
 
+
 def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
     return LockRecord(
         "a", owner_expires, waiter, waiter_expires, ttl=60.0, token=7, nonce="old",
         owner_instance="ia", waiter_instance="iw", waiter_request=waiter_request, **kw,
     )
 
+
 @pytest.fixture
 def url():
     return f"memory://small-{uuid.uuid4().hex[:8]}/l.json"
+
 
 @pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps])
 def test_a_held_lock_cannot_be_copied_and_stays_held(how):
@@ -138,6 +148,7 @@ def test_a_held_lock_cannot_be_copied_and_stays_held(how):
         lock.release()
         MemoryStorage.forget("one-party")
 
+
 def test_a_ctrl_c_as_the_registration_lands_gives_the_slot_back(world):
     a, b = _owner_and_waiter(world)
 
@@ -153,6 +164,7 @@ def test_a_ctrl_c_as_the_registration_lands_gives_the_slot_back(world):
     world.clock.run_for(3 * a.waiter_check_interval)
     assert not a.release_requested, "the owner was asked to hand the lock to a process that left"
     assert a.release() is None
+
 
 def test_a_cancel_during_the_retry_of_a_registration_whose_reply_was_lost_gives_the_slot_back(world):
     a, b = _owner_and_waiter(world)
@@ -171,6 +183,7 @@ def test_a_cancel_during_the_retry_of_a_registration_whose_reply_was_lost_gives_
     world.clock.run_for(3 * a.waiter_check_interval)
     assert not a.release_requested
     a.release()
+
 
 def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refreshing_it(world):
     a, b = _owner_and_waiter(world)
@@ -197,6 +210,7 @@ def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refre
     assert world.record().waiting_owner_id is None, "acquire(blocking=False) kept (or refreshed) the leaked slot"
     a.release()
 
+
 def test_with_lock_acquire_timeout_releases_at_the_end_of_the_block(store):
     lock = HandoffLock("unused", storage=store, key="locks/proxy.json")  # the store's own pacing
     with lock.acquire(timeout=5) as held:
@@ -205,12 +219,14 @@ def test_with_lock_acquire_timeout_releases_at_the_end_of_the_block(store):
     assert not lock.is_held
     assert _record(store, "locks/proxy.json").owner_id is None
 
+
 def test_an_exception_in_the_block_releases_and_is_not_masked(store):
     lock = HandoffLock("unused", storage=store, key="locks/proxy.json")
     with pytest.raises(KeyError):
         with lock.acquire():
             raise KeyError("boom")
     assert not lock.is_held and _record(store, "locks/proxy.json").owner_id is None
+
 
 def test_a_successful_acquire_is_true_and_equals_true_and_a_failed_one_is_plain_false(world):
     owner, other = world.lock("O"), world.lock("W")
@@ -221,11 +237,13 @@ def test_a_successful_acquire_is_true_and_equals_true_and_a_failed_one_is_plain_
     assert pickle.loads(pickle.dumps(got)) is True  # to another process it is the plain True
     owner.release()
 
+
 def test_a_release_inside_the_block_leaves_nothing_for_its_end_to_do(world):
     owner = world.lock("O")
     with owner.acquire(timeout=5):
         assert owner.release() is None
     assert not owner.is_held and world.record().owner_id is None
+
 
 @pytest.mark.parametrize("how", ["permanent error on a poll", "KeyboardInterrupt in a receiver", "transient error at the deadline"])
 def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world, how):
@@ -257,6 +275,7 @@ def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world,
     # ... so the owner's release frees the lock instead of handing it to nobody.
     assert owner.release() is None
     assert world.record().owner_id is None
+
 
 @pytest.mark.timeout(60)
 def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
@@ -299,6 +318,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
         for lock in (first, twin, owner):
             lock._unschedule()  # private: stop its renewals without releasing
 
+
 def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
     first, twin = world.lock("X"), world.lock("X")
     assert first.acquire()
@@ -312,9 +332,11 @@ def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
     with pytest.raises(errors.StaleToken):
         fence.write({"by": "first"}, token=first.token)
 
+
 def test_a_timeout_of_nan_is_refused(world):
     with pytest.raises(ConfigurationError):
         world.lock("A").acquire(timeout=math.nan)
+
 
 def test_a_cancel_while_no_acquire_runs_cancels_nothing(world):
     # Issue 24: a stray cancel() used to cancel the next acquire, even of a free lock.
@@ -322,6 +344,7 @@ def test_a_cancel_while_no_acquire_runs_cancels_nothing(world):
     a.cancel()
     assert a.acquire(timeout=5), "a cancel applies only to an acquire that runs"
     a.release()
+
 
 @pytest.mark.parametrize("ending", ["timeout", "cancel"])
 def test_giving_up_a_wait_ends_within_its_budget_even_when_the_store_keeps_failing(world, ending):
@@ -342,12 +365,14 @@ def test_giving_up_a_wait_ends_within_its_budget_even_when_the_store_keeps_faili
     assert elapsed <= 2.0 + waiter.give_up_budget + 1.0, f"giving up took {elapsed:.1f} s of simulated time"
     world.store.faults.clear()
 
+
 def test_a_token_at_its_maximum_is_never_issued_twice(world):
     store = world.store
     store.write(KEY, LockRecord(owner_id=None, token=MAX_TOKEN, nonce="m").encode(), if_generation_match=0)
     with pytest.raises(TokensExhausted):
         world.lock("A").acquire(timeout=5)
     assert world.record().token == MAX_TOKEN and world.record().owner_id is None
+
 
 @pytest.mark.parametrize("pacing", [0.0, 1.0], ids=["unpaced", "gcs-pacing"])
 def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(sim, pacing, caplog):
@@ -364,6 +389,7 @@ def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(s
     assert record.expires_at < sim.time() + 5.0 + 1  # our own lease, a normal one
     assert any("further ahead than its ttl" in r.getMessage() for r in caplog.records), caplog.text
 
+
 def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(sim):
     owner = sim.lock("O", label=OWNER)
     waiter = sim.lock("W", label=WAITER, waiter_ttl=60)
@@ -377,6 +403,7 @@ def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(sim):
     assert f"{OWNER} (O)" in text and f"{WAITER} (W)" in text, text
     assert (info.value.owner_label, info.value.waiter_label) == (OWNER, WAITER)
 
+
 def test_lock_timeout_names_the_owner_by_label(request, tmp_path):
     url = url_for("local", request, tmp_path)
     owner = HandoffLock(url, owner_id="O", label=OWNER)
@@ -387,6 +414,7 @@ def test_lock_timeout_names_the_owner_by_label(request, tmp_path):
         assert f"held by {OWNER} (O)" in str(info.value), str(info.value)
     finally:
         owner.release()
+
 
 def test_run_nonblock_names_the_holder_by_label(request, tmp_path):
     url = url_for("local", request, tmp_path)
@@ -405,6 +433,7 @@ def test_run_nonblock_names_the_holder_by_label(request, tmp_path):
     finally:
         owner.release()
 
+
 def test_two_would_be_waiters_get_one_slot_and_each_waits_for_it_up_to_its_timeout(sim):
     # A timeout promises a wait up to it, for the slot too (an acquire without
     # one is refused at once: test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to).
@@ -418,6 +447,7 @@ def test_two_would_be_waiters_get_one_slot_and_each_waits_for_it_up_to_its_timeo
     record, _ = sim.read()
     assert record.owner_id == owner.owner_id and record.waiting_owner_id is None
 
+
 def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(sim):
     dead = sim.lock("dead", paused=True, **FAST)
     assert sim.call(dead.acquire)
@@ -428,6 +458,7 @@ def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(sim):
     winner = b if results[0] else c
     record, _ = sim.read()
     assert record.owner_id == winner.owner_id and winner.token > dead.token
+
 
 def test_a_third_process_never_takes_the_lock_from_a_live_waiter(sim):
     now = sim.time()
@@ -442,6 +473,7 @@ def test_a_third_process_never_takes_the_lock_from_a_live_waiter(sim):
     with pytest.raises(LockTimeout):
         sim.call(lambda: patient.acquire(timeout=0.5))
     assert sim.read() == (seeded, gen)
+
 
 def test_a_waiter_that_gives_up_frees_the_slot_for_the_next(sim):
     owner = sim.lock("owner", **FAST)
@@ -458,6 +490,7 @@ def test_a_waiter_that_gives_up_frees_the_slot_for_the_next(sim):
     sim.call(owner.release)
     sim.run_until(lambda: t.done, limit=5)
     assert nxt.is_held
+
 
 @pytest.mark.parametrize("op", ["read", "write"])
 def test_a_cancelled_waiter_still_retries_giving_its_slot_back(op):
@@ -496,6 +529,7 @@ def test_a_cancelled_waiter_still_retries_giving_its_slot_back(op):
     finally:
         owner.release()
 
+
 def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(sim):
     a, p, q = lock_for(sim, "a"), lock_for(sim, "p"), lock_for(sim, "q")
     assert sim.call(a.acquire)
@@ -514,6 +548,7 @@ def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(sim)
     sim.call(q.release)
     sim.run_until(lambda: bp.done)
     assert bp.result == True, bp  # noqa: E712
+
 
 def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to(sim):
     a, w, c = lock_for(sim, "a"), lock_for(sim, "w"), lock_for(sim, "c")
@@ -537,6 +572,7 @@ def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_t
     w.cancel()
     sim.run_until(lambda: w_call.done)
 
+
 def test_a_timed_out_waiter_is_not_named_as_someone_else_waiting(sim):
     a, b = lock_for(sim, "a"), lock_for(sim, "b")
     assert sim.call(a.acquire)
@@ -548,6 +584,7 @@ def test_a_timed_out_waiter_is_not_named_as_someone_else_waiting(sim):
     assert "(b)" not in message, message  # named by label, with the id in brackets
     assert "we held the waiter slot" in message or "nobody else waits" in message, message
 
+
 def test_a_stray_cancel_does_not_spoil_the_next_acquire(sim):
     a = lock_for(sim, "a")
     a.cancel()
@@ -555,6 +592,7 @@ def test_a_stray_cancel_does_not_spoil_the_next_acquire(sim):
     sim.call(a.release)
     a.cancel()  # while nothing runs, again
     assert sim.call(a.acquire)
+
 
 @pytest.mark.parametrize(
     "kwargs,says",
@@ -572,6 +610,7 @@ def test_acquire_refuses_arguments_it_cannot_honour_before_any_io(kwargs, says):
         lock.acquire(**kwargs)
     assert MemoryStorage.named("never-read").read("x.json") is None
 
+
 def test_a_cancel_still_stops_a_running_acquire(sim):
     a, b = lock_for(sim, "a"), lock_for(sim, "b")
     assert sim.call(a.acquire)
@@ -581,6 +620,7 @@ def test_a_cancel_still_stops_a_running_acquire(sim):
     sim.run_until(lambda: box.done)
     assert isinstance(box.error, AcquireCancelled)
     assert sim.record().waiting_owner_id is None
+
 
 def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_without_a_timeout(sim):
     # design.md: "The displaced waiter sees the slot taken at its next poll and waits for it again".
@@ -604,9 +644,11 @@ def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_withou
     sim.run_until(lambda: b1.done)
     assert b1.result == True and w1.is_held, b1  # noqa: E712 (an Acquired, equal to True)
 
+
 def test_giving_up_the_slot_clears_the_request_and_the_decline():
     d = protocol.decide_give_up_wait(held(PATIENT, waiter="me", declined=True), GEN, me=Me("me", "iw"), now=NOW, policy=POLICY, nonce="n")
     assert isinstance(d, Write) and d.record.waiter_request is None and not d.record.declined
+
 
 @pytest.mark.parametrize("timeout", [float("nan"), -1.0, float("-inf")])
 def test_acquire_refuses_a_timeout_that_is_not_a_number_of_seconds(url, timeout):
@@ -614,6 +656,7 @@ def test_acquire_refuses_a_timeout_that_is_not_a_number_of_seconds(url, timeout)
     with pytest.raises(ConfigurationError, match="timeout must be >= 0"):
         lock.acquire(timeout=timeout)
     assert not lock.is_held
+
 
 def test_lock_timeout_prints_an_iso_time_with_its_age_not_an_epoch(url):
     holder = make_lock(url, owner_id="holder", ttl=30.0, renew_interval=3.0, renew_deadline=15.0)
@@ -627,6 +670,7 @@ def test_lock_timeout_prints_an_iso_time_with_its_age_not_an_epoch(url):
         assert not re.search(r"\d{10}\.\d", message), "no raw epoch"
     finally:
         holder.release()
+
 
 @pytest.mark.parametrize("backend", ["memory", "local"])
 def test_threads_sharing_one_instance_are_told_at_once_to_use_one_instance_each(backend, request, tmp_path):
@@ -662,6 +706,7 @@ def test_threads_sharing_one_instance_are_told_at_once_to_use_one_instance_each(
     assert "give each thread its own HandoffLock" in str(errors[0]), str(errors[0])
     assert raw_read(url)[0].owner_id is None  # the holder's block released it; the others changed nothing
 
+
 def test_a_nested_acquire_in_the_same_thread_is_refused_and_the_outer_hold_goes_on(request, tmp_path):
     url = url_for("local", request, tmp_path)
     lock = HandoffLock(url)
@@ -672,6 +717,7 @@ def test_a_nested_acquire_in_the_same_thread_is_refused_and_the_outer_hold_goes_
                 pass
         assert lock.is_held and lock.token == token and raw_read(url)[0].owner_id == lock.owner_id
     assert not lock.is_held and raw_read(url)[0].owner_id is None
+
 
 def test_one_instance_per_thread_takes_turns(request, tmp_path):
     url = url_for("memory", request, tmp_path)

@@ -30,6 +30,7 @@ def url():
 
 GCS_SPACING = 1.0  # GCS's default write spacing, given to the memory store where a test says so
 
+
 def test_a_store_request_timeout_longer_than_the_renewal_window_is_refused():
     timing = Timing.build(ttl=10.0, min_write_interval=1.0)
     assert timing.request_timeout == (timing.renew_deadline - timing.renew_interval) / 2 == 1.875
@@ -42,12 +43,14 @@ def test_a_store_request_timeout_longer_than_the_renewal_window_is_refused():
     HandoffLock("gs://some-bucket/locks/a.json", storage=GCSStorage("some-bucket"), key=KEY, ttl=10.0)
     HandoffLock("gs://some-bucket/locks/a.json", storage=GCSStorage("some-bucket", request_timeout=1.5), key=KEY, ttl=10.0)
 
+
 @pytest.mark.parametrize("grace", [-1.0, MAX_TTL * 2, True, float("nan")])
 def test_a_label_grace_the_decoder_would_refuse_is_refused_before_anything_is_written(url, grace):
     with pytest.raises(ConfigurationError, match="grace"):
         make_lock(url, label=Label("job-a", grace=grace))
     store, key = open_url(url)
     assert store.read(key) is None
+
 
 def test_run_refuses_a_grace_over_a_week_with_a_usage_error(tmp_path):
     """Accepted, ``--grace 1000000`` would write a label every reader calls corrupt while the job runs."""
@@ -61,17 +64,21 @@ def test_run_refuses_a_grace_over_a_week_with_a_usage_error(tmp_path):
     assert proc.returncode == 64 and "--grace" in proc.stderr, (proc.returncode, proc.stderr)
     assert not (tmp_path / "locks" / "l.json").exists()  # never asked for the lock
 
+
 def test_a_bad_label_is_refused_when_the_lock_is_made(url):
     for bad in ("", "x" * 257, "tab\there", 5):
         with pytest.raises(ConfigurationError, match="label"):
             HandoffLock(url, label=bad)
 
+
 def test_the_default_label_names_host_and_pid_outside_any_scheduler():
     assert detect_label({}, pid=4242, host="gpu-3", namespace_file="/nonexistent") == "host=gpu-3 pid=4242"
+
 
 def test_kubernetes_pod_and_namespace_from_the_downward_api_names():
     env = {"POD_NAME": "train-0", "POD_NAMESPACE": "ml", "KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "train-0"}
     assert detect_label(env, pid=1, host="train-0", namespace_file="/nonexistent") == "pod=ml/train-0 pid=1"
+
 
 def test_kubernetes_without_the_downward_api_uses_hostname_and_the_service_account_namespace(tmp_path):
     ns = tmp_path / "namespace"
@@ -79,15 +86,18 @@ def test_kubernetes_without_the_downward_api_uses_hostname_and_the_service_accou
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "train-7f9c"}
     assert detect_label(env, pid=1, host="train-7f9c", namespace_file=str(ns)) == "pod=research/train-7f9c pid=1"
 
+
 def test_slurm_array_tasks_and_torchrun_ranks_are_named():
     env = {"SLURM_JOB_ID": "812346", "SLURM_ARRAY_JOB_ID": "812345", "SLURM_ARRAY_TASK_ID": "3",
            "RANK": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "abc"}
     assert detect_label(env, pid=9, host="node12", namespace_file="/nonexistent") == "host=node12 pid=9 slurm=812345_3 rank=2"
     assert "rank" not in detect_label({"RANK": "2"}, pid=9, host="h"), "RANK alone is not torchrun's"
 
+
 def test_a_hostile_environment_still_makes_a_valid_label():
     label = detect_label({"POD_NAME": "x\n" * 300}, pid=1, host="h")
     HandoffLock("memory://detect/l.json", label=label)  # accepted: cleaned and cut to fit
+
 
 def test_a_ttl_the_stores_spacing_cannot_serve_is_refused_naming_the_minimum():
     store = MemoryStorage("ttl-floor")
@@ -97,6 +107,7 @@ def test_a_ttl_the_stores_spacing_cannot_serve_is_refused_naming_the_minimum():
     with pytest.raises(ConfigurationError, match="renew_interval"):
         HandoffLock("memory://x", storage=store, key=KEY, ttl=10.0, renew_interval=0.5, min_write_interval=GCS_SPACING)
 
+
 @pytest.mark.gcs
 def test_gcs_default_pacing_refuses_a_ttl_it_cannot_serve(gcs_emulator):
     with pytest.raises(ConfigurationError, match="at least 5 s"):
@@ -104,12 +115,14 @@ def test_gcs_default_pacing_refuses_a_ttl_it_cannot_serve(gcs_emulator):
     lock = HandoffLock("gs://handofflock-test/locks/five.json", ttl=5.0)
     assert lock.min_write_interval == 1.0 and lock.renew_interval == 1.0 and lock.renew_deadline == 2.5
 
+
 def test_a_configuration_error_names_what_the_user_set():
     store = MemoryStorage("ttl-names")
     with pytest.raises(ConfigurationError) as info:
         HandoffLock("memory://x", storage=store, key=KEY, ttl=0.1)
     # The user set ttl alone: the error is about ttl, not about waiter_ttl, which they never set (issue 17).
     assert str(info.value).startswith("ttl=0.1 is too short") and "waiter_ttl =" not in str(info.value)
+
 
 def test_the_constructor_does_no_io_and_validates_intervals():
     from handofflock import ConfigurationError
@@ -122,6 +135,7 @@ def test_the_constructor_does_no_io_and_validates_intervals():
         with pytest.raises(ConfigurationError):
             HandoffLock("memory://cfg/x.json", **bad)
 
+
 @pytest.mark.parametrize("owner_id", ["", "a\nb", "tab\there", "del\x7f", "x" * 513, 7])
 def test_an_owner_id_the_decoder_would_call_corrupt_is_refused_before_anything_is_written(owner_id):
     """The constructor applies the decoder's rule for ids: otherwise the lock would write a record
@@ -133,6 +147,7 @@ def test_an_owner_id_the_decoder_would_call_corrupt_is_refused_before_anything_i
     if isinstance(owner_id, str):  # what a record naming it would have been taken for
         with pytest.raises(LockRecordCorrupt):
             LockRecord.decode(LockRecord(owner_id=owner_id, expires_at=1.0, ttl=1.0).encode())
+
 
 def test_writes_to_one_gcs_object_are_spaced_a_second_apart_by_default_and_elsewhere_not():
     from handofflock.fencing import FencedObject
@@ -148,6 +163,7 @@ def test_writes_to_one_gcs_object_are_spaced_a_second_apart_by_default_and_elsew
         assert lock.min_write_interval == 0.0
         assert FencedObject(open_url(url)[0], "ckpt.json").min_write_interval == 0.0
 
+
 def test_a_timing_value_built_directly_obeys_the_same_rules():
     from handofflock import Timing
 
@@ -157,6 +173,7 @@ def test_a_timing_value_built_directly_obeys_the_same_rules():
         Timing(**{**good.__dict__, "renew_deadline": good.ttl})  # ttl > renew_deadline broken
     with pytest.raises(ConfigurationError):
         Timing(**{**good.__dict__, "min_write_interval": 1.0, "renew_interval": 0.5})  # faster than the store takes
+
 
 def test_a_lock_takes_a_shared_timing_value_or_keywords_but_not_both(tmp_path):
     from handofflock import Timing
@@ -168,6 +185,7 @@ def test_a_lock_takes_a_shared_timing_value_or_keywords_but_not_both(tmp_path):
         HandoffLock(str(tmp_path / "b.json"), timing=timing, ttl=30.0)
     with pytest.raises(ConfigurationError, match="Timing"):
         HandoffLock(str(tmp_path / "c.json"), timing={"ttl": 12.0})
+
 
 def test_a_short_ttl_is_refused_with_an_error_about_ttl_not_waiter_ttl(url):
     with pytest.raises(ConfigurationError) as info:

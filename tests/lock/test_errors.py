@@ -13,6 +13,7 @@ from handofflock.core import errors
 def _every_error_class() -> list[type]:
     return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.HandoffLockError)]
 
+
 def _sample(cls: type) -> BaseException:
     samples = {
         errors.PreconditionFailed: lambda: cls("k", 3, url="gs://b/k"),
@@ -31,14 +32,17 @@ def _sample(cls: type) -> BaseException:
     except TypeError:
         return cls("a message", url="gs://b/k")
 
+
 def _raise_precondition_failed() -> None:
     raise errors.PreconditionFailed("k", 3, url="gs://b/k")
+
 
 @pytest.mark.parametrize("cls", _every_error_class(), ids=lambda c: c.__name__)
 def test_every_error_survives_pickling_with_its_message_and_attributes(cls):
     exc = _sample(cls)
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is cls and str(back) == str(exc) and back.args == exc.args and vars(back) == vars(exc)
+
 
 @pytest.mark.timeout(60)
 def test_an_error_raised_in_a_process_pool_worker_arrives_intact():

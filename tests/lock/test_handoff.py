@@ -24,6 +24,7 @@ from handofflock.storage import MemoryStorage
 
 TTL = 10.0
 
+
 @pytest.fixture
 def url():
     name = f"labels-{uuid.uuid4().hex[:8]}"
@@ -34,8 +35,10 @@ TIMING = dict(
     ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
 )
 
+
 def lock_for(sim, owner, **kw):
     return sim.lock(owner, **{**TIMING, **kw})
+
 
 def waiter_is(sim, who):
     return lambda: (sim.record() and sim.record().waiting_owner_id == who)
@@ -48,11 +51,13 @@ GEN = 42
 
 PATIENT = WaiterRequest(asks=False)
 
+
 def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
     return LockRecord(
         "a", owner_expires, waiter, waiter_expires, ttl=60.0, token=7, nonce="old",
         owner_instance="ia", waiter_instance="iw", waiter_request=waiter_request, **kw,
     )
+
 
 def test_a_deadline_check_that_waited_for_the_settling_renewal_does_not_mark_the_lock_lost():
     name = f"settle-{uuid.uuid4().hex[:8]}"
@@ -97,6 +102,7 @@ def test_a_deadline_check_that_waited_for_the_settling_renewal_does_not_mark_the
             heir.release()
         MemoryStorage.forget(name)
 
+
 def test_a_take_whose_lost_reply_is_confirmed_late_returns_a_healthy_lease():
     """Found by the simulation (seed 1803 of 2,000): a take's reply was lost, and the read that showed it
     had landed came late (retries, a slow store). The lease counts from the take's send, so acquire()
@@ -124,6 +130,7 @@ def test_a_take_whose_lost_reply_is_confirmed_late_returns_a_healthy_lease():
         if lock.is_held:
             lock.release()
         MemoryStorage.forget(name)
+
 
 def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_first():
     """The same late take, with the scheduler's deadline check running before the settling renewal (it runs
@@ -164,6 +171,7 @@ def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_fi
             lock.release()
         MemoryStorage.forget(name)
 
+
 def test_a_handoff_between_two_locks_moves_the_waiters_label_to_the_owners_place(url):
     a = make_lock(url, owner_id="a", label="job A")
     b = make_lock(url, owner_id="b", label=Label("job B", grace=12.0))
@@ -187,6 +195,7 @@ def test_a_handoff_between_two_locks_moves_the_waiters_label_to_the_owners_place
             lock.cancel()
             lock._unschedule()  # private: stop its renewals without releasing
 
+
 def test_an_heir_with_a_longer_ttl_than_its_predecessor_is_healthy_on_arrival_and_stays_held(world):
     owner = world.lock("O", ttl=4.0)
     heir = world.lock("H", ttl=20.0)
@@ -205,6 +214,7 @@ def test_an_heir_with_a_longer_ttl_than_its_predecessor_is_healthy_on_arrival_an
         world.sched.run_pending()
         assert heir.healthy
     assert world.record().owner_id == "H" and world.record().expires_at > record.expires_at
+
 
 def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handoff(world):
     """The owner hands over to H; before H's next poll reads the handoff, C registers as the
@@ -232,6 +242,7 @@ def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handof
         world.sched.run_pending()  # the scheduler's next pass, no time passing
         assert heir.release_requested and asked == ["C"], "the heir did not hear of the waiter in the record it took"
 
+
 def test_a_patient_waiter_is_never_announced_and_still_gets_the_lock_at_release(sim):
     a, b = lock_for(sim, "a"), lock_for(sim, "b")
     heard = []
@@ -247,6 +258,7 @@ def test_a_patient_waiter_is_never_announced_and_still_gets_the_lock_at_release(
     assert sim.call(a.release) == "b"
     sim.run_until(lambda: box.done)
     assert box.result == True and b.is_held  # noqa: E712  (an Acquired, == True)
+
 
 def test_the_release_hands_the_lock_to_a_patient_waiter():
     d = protocol.decide_release(held(PATIENT), GEN, me=Me("a", "ia"), token=7, now=NOW, policy=POLICY, nonce="n")

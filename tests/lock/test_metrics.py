@@ -239,6 +239,7 @@ def test_the_prometheus_example_serves_the_lock_metrics_on_localhost():
 
 METRICS_LOG = "handofflock.lock.metrics"
 
+
 class _Instrument:
     """An instrument that raises from ``add``/``record`` when its name is in ``raising`` (``"*"``: all)."""
 
@@ -256,6 +257,7 @@ class _Instrument:
     def record(self, *a, **k):
         self._maybe_raise()
 
+
 class _Meter:
     def __init__(self, raising: set[str]) -> None:
         self.raising = raising
@@ -269,6 +271,7 @@ class _Meter:
     def create_observable_gauge(self, name, **kw):
         return _Instrument(name, self.raising)
 
+
 class _RaisingProvider:
     """A meter provider whose named instruments raise."""
 
@@ -277,6 +280,7 @@ class _RaisingProvider:
 
     def get_meter(self, *a, **k):
         return _Meter(self.raising)
+
 
 @pytest.fixture
 def raising():
@@ -288,15 +292,18 @@ def raising():
     yield bind
     metrics.use_meter_provider(None)
 
+
 @pytest.fixture
 def name():
     name = f"hooks-{uuid.uuid4().hex[:8]}"
     yield name
     MemoryStorage.forget(name)
 
+
 def metrics_errors(caplog) -> list[str]:
     """The hooks named by the ERROR records of the metrics logger, in order."""
     return [r.args[0] for r in caplog.records if r.name == METRICS_LOG and r.levelno == logging.ERROR]
+
 
 def _acquire_in_thread(lock: HandoffLock, timeout: float) -> threading.Thread:
     def run() -> None:
@@ -308,6 +315,7 @@ def _acquire_in_thread(lock: HandoffLock, timeout: float) -> threading.Thread:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
+
 
 def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raising, name, caplog):
     caplog.set_level(logging.DEBUG, logger=METRICS_LOG)
@@ -339,6 +347,7 @@ def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raisi
         owner._unschedule()  # private: stop its renewals without releasing
         waiter._unschedule()  # private: stop its renewals without releasing
 
+
 def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(raising, sim, caplog):
     """Raised into the renewal, the hook kept the renewal due: the scheduler retried at once, thousands of
     times a second, against a store that was already failing."""
@@ -366,6 +375,7 @@ def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(
     assert not spun, f"the hook raised into the scheduler: {[r.getMessage() for r in spun][:3]}"
     sim.store.faults.clear()
 
+
 def test_a_raising_acquire_histogram_never_turns_a_taken_lock_into_an_error(raising, name, caplog):
     """``with lock:`` whose acquire succeeded must run its body and release: the lock is never left held
     (and renewed in the background) by code that was told it does not have it."""
@@ -385,6 +395,7 @@ def test_a_raising_acquire_histogram_never_turns_a_taken_lock_into_an_error(rais
             lock.release()
         lock._unschedule()  # private: stop its renewals without releasing
 
+
 def test_timed_acquire_returns_or_raises_exactly_what_the_acquire_did_when_the_histogram_raises(raising, name):
     raising("handofflock.acquire.duration")
     url = f"memory://{name}/locks/l.json"
@@ -399,6 +410,7 @@ def test_timed_acquire_returns_or_raises_exactly_what_the_acquire_did_when_the_h
             if lock.is_held:
                 lock.release()
             lock._unschedule()  # private: stop its renewals without releasing
+
 
 def test_a_provider_whose_every_instrument_raises_still_hands_the_lock_over(raising, name, caplog):
     """Acquire, notice, handoff, release and renewals all go through hooks; each hook is logged once."""

@@ -198,6 +198,7 @@ def test_renew_decision_table(name, record, outcome):
 
 # -- release -------------------------------------------------------------------
 
+
 def test_release_with_a_live_waiter_hands_off_in_one_write():
     d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, policy=POLICY, nonce="n")
     assert d.kind is Kind.HANDOFF and d.if_generation_match == GEN
@@ -245,6 +246,7 @@ def test_a_free_whose_reply_was_lost_is_recognised():
 
 
 # -- give up, observe -----------------------------------------------------------
+
 
 def test_giving_up_the_wait_clears_only_our_slot():
     d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me=Me("me"), now=NOW, policy=POLICY, nonce="n")
@@ -300,6 +302,7 @@ HIGH, LOW = WaiterRequest(priority=5), WaiterRequest(priority=-5)
 
 HIGH_PATIENT = WaiterRequest(asks=False, priority=5)
 
+
 def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
     return LockRecord(
         "a", owner_expires, waiter, waiter_expires, ttl=60.0, token=7, nonce="old",
@@ -330,6 +333,7 @@ DECLINE_TABLE = [
     ("a holder that yields never claims a decline", held(declined=True), True, False),
 ]
 
+
 @pytest.mark.parametrize("name,record,request_,outcome,kind", SLOT_TABLE, ids=[r[0] for r in SLOT_TABLE])
 def test_slot_sharing_decision_table(name, record, request_, outcome, kind):
     me = Me("me", "iw" if record.waiting_owner_id == "me" else "im")
@@ -339,6 +343,7 @@ def test_slot_sharing_decision_table(name, record, request_, outcome, kind):
         assert d.kind is kind and d.if_generation_match == GEN
         assert d.record.waiting_owner_id == "me" and d.record.request == request_
         assert d.record.owner_id == "a" and d.record.expires_at == NOW + 30  # the owner and its lease stay
+
 
 @pytest.mark.parametrize("name,record,yields,declined", DECLINE_TABLE, ids=[r[0] for r in DECLINE_TABLE])
 def test_renew_writes_the_decline_table(name, record, yields, declined):

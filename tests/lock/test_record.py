@@ -39,10 +39,12 @@ OWNER, WAITER = Label("pod=ml/train-0 pid=1", grace=30.0), Label("host=gpu-3 pid
 
 OWNER, WAITER = Label("pod=ml/train-0 pid=1", grace=30.0), Label("host=gpu-3 pid=42 slurm=812345")
 
+
 def labelled(**kw) -> LockRecord:
     base = {"owner_id": "a", "expires_at": NOW + 30, "ttl": 60.0, "token": 7, "nonce": "n0", "owner_instance": "ia",
             "owner_label": OWNER}
     return LockRecord(**{**base, **kw})
+
 
 def waited(**kw) -> LockRecord:
     base = {"waiting_owner_id": "w", "waiter_expires_at": NOW + 20, "waiter_instance": "iw", "waiter_ttl": 60.0,
@@ -50,6 +52,7 @@ def waited(**kw) -> LockRecord:
     return labelled(**{**base, **kw})
 
 ROOT = Path(__file__).resolve().parents[2]
+
 
 def _old_record_module(tmp_path):
     """handofflock's record module as it was before labels (main's), importable as a package of its own."""
@@ -70,6 +73,7 @@ POLICY = Policy(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 
 HIGH_PATIENT = WaiterRequest(asks=False, priority=5)
 
+
 def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
     return LockRecord(
         "a", owner_expires, waiter, waiter_expires, ttl=60.0, token=7, nonce="old",
@@ -78,10 +82,12 @@ def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires
 
 PATIENT = WaiterRequest(asks=False)
 
+
 def test_a_record_with_a_duplicated_key_is_corrupt_not_free():
     data = b'{"ownerId":"X","expiresAt":4102444800,"waitingOwnerId":null,"waiterExpiresAt":null,"ownerId":null}'
     with pytest.raises(LockRecordCorrupt, match="duplicate key 'ownerId'"):
         LockRecord.decode(data)
+
 
 def test_unknown_fields_with_integers_past_64_bits_are_kept_exactly():
     big = 2**70 + 1
@@ -89,6 +95,7 @@ def test_unknown_fields_with_integers_past_64_bits_are_kept_exactly():
     record = LockRecord.decode(data)
     assert record.extra["audit"] == big and isinstance(record.extra["audit"], int)
     assert LockRecord.decode(record.replace(owner_id="A", expires_at=1.0).encode()).extra["audit"] == big
+
 
 def test_a_writer_of_the_original_design_that_takes_the_lock_drops_the_old_label(url):
     """A writer of the original four-field design (it knows neither instances nor labels, and keeps
@@ -114,6 +121,7 @@ def test_a_writer_of_the_original_design_that_takes_the_lock_drops_the_old_label
     assert st.owner_id == "other-impl-job"
     assert st.owner_label is None, f"the new owner {st.owner_id!r} is shown with the old owner's label {st.owner_label}"
 
+
 def test_labels_round_trip_bound_to_the_instance_they_belong_to():
     r = waited()
     doc = orjson.loads(r.encode())
@@ -122,9 +130,11 @@ def test_labels_round_trip_bound_to_the_instance_they_belong_to():
     back = LockRecord.decode(r.encode())
     assert (back.owner_label, back.waiter_label) == (OWNER, WAITER)
 
+
 def test_a_record_without_labels_is_written_as_before():
     doc = orjson.loads(LockRecord("a", NOW, None, None, token=1).encode())
     assert "ownerLabel" not in doc and "waiterLabel" not in doc
+
 
 def test_an_older_reader_ignores_labels_and_keeps_them_and_they_stop_counting_when_it_takes_over(tmp_path):
     old = _old_record_module(tmp_path)
@@ -138,6 +148,7 @@ def test_an_older_reader_ignores_labels_and_keeps_them_and_they_stop_counting_wh
     taken = LockRecord.decode(seen.replace(owner_id="b", owner_instance="ib", waiting_owner_id=None,
                                            waiter_expires_at=None, waiter_instance=None, nonce="n2").encode())
     assert taken.owner_id == "b" and taken.owner_label is None and taken.waiter_label is None
+
 
 @pytest.mark.parametrize("field, value, why", [
     ("ownerLabel", "pod=x", "must be an object"),
@@ -158,6 +169,7 @@ def test_a_bad_label_is_a_corrupt_record_never_dropped(field, value, why):
     doc[field] = value
     with pytest.raises(LockRecordCorrupt, match=why):
         LockRecord.decode(orjson.dumps(doc))
+
 
 def test_every_write_path_carries_or_clears_the_labels():
     mine_label = Label("me-label")
@@ -194,6 +206,7 @@ def test_every_write_path_carries_or_clears_the_labels():
     d = protocol.decide_acquire(waited(owner_id="me"), 3, me=Me("me", "im", mine_label), now=NOW, policy=POLICY, nonce="n", waiting=False)
     assert d.kind is Kind.RETAKE and (d.record.owner_label, d.record.waiter_label) == (mine_label, WAITER)
 
+
 def test_the_longest_valid_owner_id_round_trips_through_the_record():
     name = f"id-{uuid.uuid4().hex[:8]}"
     owner = "host.example:1234:" + "x" * (512 - 18)
@@ -201,6 +214,7 @@ def test_the_longest_valid_owner_id_round_trips_through_the_record():
     assert lock.acquire()
     assert lock.status().owner_id == owner
     lock.release()
+
 
 def test_the_request_and_the_decline_round_trip_and_an_asking_waiter_writes_nothing_new():
     r = held(HIGH_PATIENT, declined=True)
@@ -211,6 +225,7 @@ def test_the_request_and_the_decline_round_trip_and_an_asking_waiter_writes_noth
     assert back.request == HIGH_PATIENT and back.declined
     assert "waiterRequest" not in held().to_json() and "declinedWaiter" not in held().to_json()
 
+
 def test_a_request_left_behind_by_an_older_writer_does_not_make_its_new_waiter_patient():
     # An older handofflock keeps both fields as unknown ones and writes them back unchanged while it
     # puts its own waiter (and owner) in place: they must not speak for the new ones.
@@ -219,6 +234,7 @@ def test_a_request_left_behind_by_an_older_writer_does_not_make_its_new_waiter_p
 
     back = LockRecord.decode(json.dumps(doc).encode())
     assert back.request == ASKING and not back.declined
+
 
 @pytest.mark.parametrize(
     "field,value",

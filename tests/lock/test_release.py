@@ -151,11 +151,13 @@ def releases_during_a_read(name):
     store.faults.after("read", run_during)
     return store
 
+
 @pytest.fixture
 def url():
     name = f"labels-{uuid.uuid4().hex[:8]}"
     yield f"memory://{name}/locks/train.json"
     MemoryStorage.forget(name)
+
 
 @pytest.fixture
 def env():
@@ -165,10 +167,12 @@ def env():
     yield name, clock, sched, MemoryStorage.named(name)
     MemoryStorage.forget(name)
 
+
 def new_lock(name, clock, sched, **kw):
     opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
     opts.update(kw)
     return HandoffLock(f"memory://{name}/train.json", **opts)
+
 
 class _YieldingMutex:
     """A mutex that, once released, lets a thread queued on it run before its releaser goes on."""
@@ -183,6 +187,7 @@ class _YieldingMutex:
     def __exit__(self, *exc) -> None:
         self._mutex.release()
         time.sleep(0.1)
+
 
 class Heard:
     """What one lock's request signals said, in order."""
@@ -203,11 +208,13 @@ class Heard:
     def kinds(self) -> list[tuple[str, str]]:
         return [(kind, req.requester) for kind, req in self.events]
 
+
 def owner_and_waiter(sim, **waiter_kw):
     a = sim.lock("a", **FAST)
     b = sim.lock("b", **{**FAST, **waiter_kw})
     sim.call(a.acquire)
     return a, b, Heard(a)
+
 
 def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
     """``lock.acquire(timeout=...)`` in a simulated thread; AcquireCancelled and LockTimeout end it quietly."""
@@ -219,6 +226,7 @@ def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
             pass
 
     return sim.start(go)
+
 
 def _race_once(i: int) -> str:
     """One race of the holder's release against the waiter's leaving; returns who won ("handed"/"freed").
@@ -257,6 +265,7 @@ def _race_once(i: int) -> str:
     finally:
         sim.end()
 
+
 @pytest.mark.timeout(60)
 def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the_callers_back():
     store = releases_during_a_read(f"race-{time.monotonic_ns()}")
@@ -292,6 +301,7 @@ def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the
         waiter._unschedule()  # private: stop its renewals without releasing
         owner._unschedule()  # private: stop its renewals without releasing
 
+
 def test_a_forced_release_clears_both_labels(url):
     holder = make_lock(url, owner_id="h", label="holder-label")
     holder.acquire()
@@ -303,6 +313,7 @@ def test_a_forced_release_clears_both_labels(url):
         assert "ownerLabel" not in orjson.loads(record.encode())
     finally:
         holder._unschedule()  # private: stop its renewals without releasing
+
 
 def test_a_stale_release_after_the_lease_expired_and_was_taken_writes_nothing(sim):
     stale = sim.lock("stale", paused=True, **FAST)
@@ -316,6 +327,7 @@ def test_a_stale_release_after_the_lease_expired_and_was_taken_writes_nothing(si
         sim.call(stale.release)
     assert sim.read() == before
     assert before[0].owner_id == usurper.owner_id and usurper.token > stale.token
+
 
 def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env):
     """The scheduler may have started a lock's renewal just before release() unscheduled it; that
@@ -355,6 +367,7 @@ def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env)
     assert lock.acquire(), "the instance can take the lock again"
     lock.release()
 
+
 def test_a_receiver_of_lost_may_call_back_into_the_lock_while_release_reports_the_loss(env):
     name, clock, sched, store = env
     url = f"memory://{name}/train.json"
@@ -379,6 +392,7 @@ def test_a_receiver_of_lost_may_call_back_into_the_lock_while_release_reports_th
     assert not releasing.is_alive(), "release() deadlocked on a receiver calling status()"
     assert seen == ["thief"] and len(outcome) == 1
     assert raw_read(url)[0].owner_id == "thief", "nothing was written over the new owner"
+
 
 def test_a_release_racing_a_withdrawal_hands_the_lock_to_exactly_one_or_frees_it():
     """The holder releases as the waiter gives up: the conditional writes let exactly one of them win."""

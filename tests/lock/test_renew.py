@@ -31,13 +31,16 @@ from handofflock.testing.faultproxy import FaultProxy
 
 GCS_SPACING = 1.0
 
+
 def _429() -> TransientStorageError:
     return TransientStorageError("429: the object exceeded the rate limit for mutations", status=429, ambiguous=False)
+
 
 def _503() -> TransientStorageError:
     return TransientStorageError("503: backend error", status=503, ambiguous=True)  # as GCS's 503 maps
 
 FAULTS = {"429": _429, "503": _503}
+
 
 def why_lost(lock: HandoffLock) -> str:
     """Why ``check()`` says the lock is lost (``LockLost.reason``), or "" while it is healthy."""
@@ -46,6 +49,7 @@ def why_lost(lock: HandoffLock) -> str:
     except LockLost as lost:
         return lost.reason
     return ""
+
 
 def owner_meets(world, ttl: float, answers: list[str]) -> tuple[HandoffLock, list[float]]:
     """An owner at GCS's spacing whose next renewals are answered ``answers``, then 30 s on; and the times
@@ -60,6 +64,7 @@ def owner_meets(world, ttl: float, answers: list[str]) -> tuple[HandoffLock, lis
     return a, write_times
 
 STALL = 6.0
+
 
 def _sim_held_through_a_stalled_read(sim, lock: HandoffLock, arm_stall) -> None:
     """:func:`_held_through_a_stalled_read` on simulated time: the stall is a simulated thread asleep."""
@@ -76,6 +81,7 @@ def _sim_held_through_a_stalled_read(sim, lock: HandoffLock, arm_stall) -> None:
         assert lock.healthy and not lost, f"a stalled waiter-check read cost the lease: {lost}"
         sim.call(lock.release)
 
+
 def _stall_once(sim, started: threading.Event):
     def stall(op, key):
         if not started.is_set():
@@ -83,6 +89,7 @@ def _stall_once(sim, started: threading.Event):
             sim.sleep(STALL)
 
     return stall
+
 
 def _held_through_a_stalled_read(lock: HandoffLock, arm_stall) -> list[dict]:
     """Hold ``lock``, stall its next background read for STALL seconds, and return the losses seen."""
@@ -102,6 +109,7 @@ def _held_through_a_stalled_read(lock: HandoffLock, arm_stall) -> list[dict]:
             lock.release()
     return lost
 
+
 @pytest.fixture
 def env():
     name = f"timing-{uuid.uuid4().hex[:8]}"
@@ -110,10 +118,12 @@ def env():
     yield name, clock, sched, MemoryStorage.named(name)
     MemoryStorage.forget(name)
 
+
 def new_lock(name, clock, sched, **kw):
     opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
     opts.update(kw)
     return HandoffLock(f"memory://{name}/train.json", **opts)
+
 
 @pytest.mark.parametrize("ttl", [5.0, 6.0])
 def test_one_429_on_a_renewal_costs_no_lease_at_the_shortest_ttls(world, ttl):
@@ -122,11 +132,13 @@ def test_one_429_on_a_renewal_costs_no_lease_at_the_shortest_ttls(world, ttl):
     gaps = [later - earlier for earlier, later in zip(write_times, write_times[1:], strict=False)]
     assert max(gaps) < 2.0, f"a retry waited out the widened spacing: {gaps}"
 
+
 @pytest.mark.parametrize("answers", [["429", "429"], ["429", "503"]], ids="-then-".join)
 @pytest.mark.parametrize("ttl", [7.0, 8.0, 10.0])
 def test_two_failures_in_a_row_starting_with_a_429_cost_no_lease_from_ttl_7(world, ttl, answers):
     a, _ = owner_meets(world, ttl, answers)
     assert a.healthy and a.is_held, f"lost at ttl {ttl} after {answers}: {why_lost(a)}"
+
 
 def test_a_renewal_with_room_still_waits_out_the_backoff_gcs_asked_for(world):
     """At ttl 60 a renewal has 22.5 s to spare: after a 429 its retry waits the widened 2 s."""
@@ -135,9 +147,11 @@ def test_a_renewal_with_room_still_waits_out_the_backoff_gcs_asked_for(world):
     refused = next(i for i, t in enumerate(write_times) if i > 0 and t - write_times[i - 1] < 7.4)
     assert write_times[refused] - write_times[refused - 1] >= 2.0 - 1e-9, write_times
 
+
 def test_the_shortest_ttl_on_gcs_is_still_5_s(world):
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
     assert a.timing.backoff_until(100.0) == 100.0 - 1.5
+
 
 @pytest.mark.gcs
 def test_one_429_from_gcs_on_a_renewal_costs_no_lease_at_ttl_6(gcs_emulator):
@@ -176,6 +190,7 @@ def test_one_429_from_gcs_on_a_renewal_costs_no_lease_at_ttl_6(gcs_emulator):
             finally:
                 lock.release()
 
+
 def test_a_waiter_check_read_that_stalls_6_s_never_holds_back_a_renewal(sim):
     lock = sim.lock("A", key=KEY, ttl=10.0)
     assert lock.min_write_interval == 0.0 and lock.renew_deadline == 5.0  # default pacing
@@ -190,6 +205,7 @@ def test_a_waiter_check_read_that_stalls_6_s_never_holds_back_a_renewal(sim):
     _sim_held_through_a_stalled_read(sim, lock, arm)
     gaps = [b - a for a, b in zip(writes, writes[1:])]
     assert max(gaps) < lock.renew_deadline - 1.0, f"renewals stopped during the stall: {gaps}"
+
 
 def test_a_grouped_waiter_check_whose_read_stalls_never_holds_back_a_renewal(sim):
     """Two locks in one "directory" (one process) are checked by one listing; a lock the listing does not
@@ -208,6 +224,7 @@ def test_a_grouped_waiter_check_whose_read_stalls_never_holds_back_a_renewal(sim
     _sim_held_through_a_stalled_read(sim, lock, arm)
     assert other.healthy
     sim.call(other.release)
+
 
 @pytest.mark.gcs
 def test_a_waiter_check_read_that_gcs_stalls_6_s_never_holds_back_a_renewal(gcs_emulator):
@@ -231,6 +248,7 @@ def test_a_waiter_check_read_that_gcs_stalls_6_s_never_holds_back_a_renewal(gcs_
         gaps = [b - a for a, b in zip(posts, posts[1:])]
         assert max(gaps) < lock.renew_deadline - 1.0, f"renewals stopped during the stall: {gaps}"
 
+
 def test_a_wall_clock_that_jumps_while_monotonic_time_stands_still_fails_check(world):
     a = world.lock("A", ttl=10.0)
     assert a.acquire(timeout=5)
@@ -238,6 +256,7 @@ def test_a_wall_clock_that_jumps_while_monotonic_time_stands_still_fails_check(w
     assert not a.healthy
     with pytest.raises(LockLost, match="suspended"):
         a.check()
+
 
 def test_a_suspend_longer_than_the_renew_deadline_ends_the_hold(world):
     a = world.lock("A", ttl=10.0)
@@ -253,6 +272,7 @@ def test_a_suspend_longer_than_the_renew_deadline_ends_the_hold(world):
     with pytest.raises(LockLost, match="renew"):
         a.check()
 
+
 def test_a_short_suspend_costs_nothing(world):
     a = world.lock("A", ttl=10.0)
     assert a.acquire(timeout=5)
@@ -261,6 +281,7 @@ def test_a_short_suspend_costs_nothing(world):
     world.clock.run_for(30.0)
     assert a.healthy
     a.release()
+
 
 def test_a_wall_clock_set_back_never_makes_a_healthy_lock_unhealthy(world):
     a = world.lock("A", ttl=10.0)
@@ -272,6 +293,7 @@ def test_a_wall_clock_set_back_never_makes_a_healthy_lock_unhealthy(world):
     a.check()
     a.release()
 
+
 def test_a_wall_clock_set_forward_fails_check_only_until_the_next_renewal(world):
     a = world.lock("A", ttl=10.0)
     assert a.acquire(timeout=5)
@@ -280,6 +302,7 @@ def test_a_wall_clock_set_forward_fails_check_only_until_the_next_renewal(world)
     world.clock.run_for(a.renew_interval + 0.5)
     assert a.healthy, "a renewal written from the new wall clock makes the lease good again"
     a.release()
+
 
 def test_the_boot_clock_is_one_time_base_of_its_own():
     real = Clock()
@@ -292,6 +315,7 @@ def test_the_boot_clock_is_one_time_base_of_its_own():
     assert fake.boottime() == boot + 5.0 and fake.monotonic() == mono
     fake.advance(1.0)
     assert fake.boottime() == boot + 6.0 and fake.skewed(3.0).boottime() == boot + 6.0
+
 
 def test_a_lease_counts_from_the_send_of_the_write_that_landed_after_a_503_and_a_429(world):
     store, write_times = world.store, world.timed_writes()
@@ -308,6 +332,7 @@ def test_a_lease_counts_from_the_send_of_the_write_that_landed_after_a_503_and_a
     assert abs(world.record().expires_at - (world.clock.time() - (world.clock.monotonic() - sent) + 4.0)) < 1e-6
     assert abs(a._lease.valid_until - (sent + 2.0)) < 1e-6  # private: how long the owner counts itself safe
 
+
 def test_a_lease_that_waited_for_the_write_gate_counts_from_its_send(world):
     write_times = world.timed_writes()
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
@@ -319,6 +344,7 @@ def test_a_lease_that_waited_for_the_write_gate_counts_from_its_send(world):
     assert sent > write_times[-2], "B's write waited for the gate"
     assert abs(b._lease.valid_until - (sent + b.renew_deadline)) < 1e-6  # private: as above
 
+
 def test_a_gate_compares_times_of_one_clock_only():
     store = MemoryStorage("gate-clocks")
     fake = FakeClock()
@@ -328,6 +354,7 @@ def test_a_gate_compares_times_of_one_clock_only():
     fake_gate = gate_for(store, KEY, 1.0, fake)
     assert fake_gate.take(fake.monotonic()) and fake_gate.take(fake.monotonic(), urgent=True)
     assert gate_for(store, KEY, 1.0, Clock()).ready_in(time.monotonic()) == 0.0
+
 
 def test_a_writer_that_gives_up_books_nothing(world):
     gate = gate_for(world.store, KEY, GCS_SPACING, world.clock)
@@ -339,6 +366,7 @@ def test_a_writer_that_gives_up_books_nothing(world):
                         deadline=now + 0.1, max_bytes=1024, gate=gate)
     assert gate.ready_in(world.clock.monotonic()) == before, "the writer that gave up took a slot"
     assert world.store.read(KEY) is None
+
 
 def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(world):
     # ttl 20: the renewal has room (renew_deadline - renew_interval = 7.5 s) to wait out the 3 s
@@ -358,6 +386,7 @@ def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(wo
     a._io.mutex.release()
     assert a.status().owner_id == "A" and a.is_held
 
+
 def test_a_renewal_that_meets_a_waiters_write_renews_again_at_once_under_pacing(world):
     store = world.store
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
@@ -369,6 +398,7 @@ def test_a_renewal_that_meets_a_waiters_write_renews_again_at_once_under_pacing(
         world.clock.advance(a.renew_interval)
         world.sched.run_pending()
         assert a.healthy and world.record().nonce != f"w{_}", "the renewal did not land"
+
 
 @pytest.mark.timeout(60)
 def test_a_slow_receiver_never_delays_a_renewal(sim):
@@ -402,6 +432,7 @@ def test_a_slow_receiver_never_delays_a_renewal(sim):
     finally:
         signals.on_release_requested.disconnect(checkpoint, sender=owner)
 
+
 @pytest.mark.parametrize("how", ["stolen", "deleted"])
 def test_renewal_catches_a_stolen_or_deleted_record_and_never_rewrites_it(sim, how):
     owner = sim.lock("owner", **FAST)
@@ -427,6 +458,7 @@ def test_renewal_catches_a_stolen_or_deleted_record_and_never_rewrites_it(sim, h
     else:
         assert after is None
 
+
 @pytest.mark.parametrize("paced", [False, True], ids=["unpaced", "gcs-pacing"])
 def test_renewal_keeps_a_lock_held_for_many_ttls(sim, paced):
     # At GCS's write spacing (1 s) the shortest ttl it serves is 5 s; unpaced, a 1 s renew deadline.
@@ -448,6 +480,7 @@ def test_renewal_keeps_a_lock_held_for_many_ttls(sim, paced):
     assert record.owner_id == owner.owner_id
     assert record.expires_at > start + (rounds - 1) * ttl
 
+
 def test_renewal_runs_every_ttl_over_eight_and_pushes_expiry(env):
     name, clock, sched, store = env
     lock = new_lock(name, clock, sched)
@@ -461,6 +494,7 @@ def test_renewal_runs_every_ttl_over_eight_and_pushes_expiry(env):
     assert store.calls["write"] - writes0 == 8
     assert expiries == sorted(expiries) and expiries[-1] == pytest.approx(clock.time() + 60.0)
     assert lock.healthy
+
 
 def test_a_process_paused_past_the_renew_deadline_is_unhealthy_before_any_code_runs(env):
     name, clock, sched, store = env
@@ -479,6 +513,7 @@ def test_a_process_paused_past_the_renew_deadline_is_unhealthy_before_any_code_r
     assert len(errors) == 1 and len(lost) == 1
     sched.run_pending()
     assert len(errors) == 1, "on_renewal_error fires once"
+
 
 def test_transient_failures_are_retried_but_give_up_at_the_deadline_before_the_lease_expires(env):
     name, clock, sched, store = env
@@ -499,6 +534,7 @@ def test_transient_failures_are_retried_but_give_up_at_the_deadline_before_the_l
     assert fired_at < expires_at, "the owner must give up before its lease can expire"
     assert store.calls["write"] - attempts0 >= 3, "transient failures were not retried"
 
+
 def test_a_renewal_that_loses_a_race_with_the_waiter_retries_and_keeps_the_waiter(env):
     name, clock, sched, store = env
     url = f"memory://{name}/train.json"
@@ -512,6 +548,7 @@ def test_a_renewal_that_loses_a_race_with_the_waiter_retries_and_keeps_the_waite
     assert after.owner_id == lock.owner_id and after.waiting_owner_id == "w"
     assert after.expires_at == pytest.approx(clock.time() + 60)
     assert lock.release_requested and lock.release_request.requester == "w"
+
 
 def test_the_first_check_after_a_same_id_retake_ends_the_old_instance(world):
     first = world.lock("job-7", ttl=60.0)

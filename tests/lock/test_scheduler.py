@@ -53,6 +53,7 @@ class WallTicker:
     def check_against(self, generation):
         pass
 
+
 class Ticker:
     """Due every ``every`` seconds; counts its runs and its checks."""
 
@@ -96,6 +97,7 @@ N = 50
 
 CHECK = 2.0
 
+
 class Requests:
     """What a store asked of its backend: storage calls (memory) or HTTP requests (GCS), by kind."""
 
@@ -123,6 +125,7 @@ class Requests:
         after = self.snapshot()
         return Counter({k: after[k] - before[k] for k in after if after[k] - before[k]})
 
+
 def _kind(method: str, url: str) -> str:
     path = urlsplit(url).path
     if method == "GET" and path.startswith("/download/"):
@@ -130,6 +133,7 @@ def _kind(method: str, url: str) -> str:
     if method == "GET" and path.endswith("/o"):
         return "list"
     return {"POST": "write", "DELETE": "delete"}.get(method, f"{method} {path}")
+
 
 @pytest.fixture(params=["memory", "gcs"])
 def base(request):
@@ -142,6 +146,7 @@ def base(request):
         emulator = request.getfixturevalue("gcs_emulator")
         emulator.create_bucket(f"group-{unique}")
         yield f"gs://group-{unique}/locks/"
+
 
 @pytest.fixture
 def held(base):
@@ -168,9 +173,11 @@ def held(base):
     for lock in locks:
         lock._unschedule()  # private: stop its renewals without releasing
 
+
 def one_interval(clock, sched) -> None:
     clock.advance(CHECK)
     sched.run_pending()
+
 
 def test_a_loop_thread_that_could_not_start_is_started_by_the_next_add(monkeypatch):
     real_start, refused = threading.Thread.start, []
@@ -193,6 +200,7 @@ def test_a_loop_thread_that_could_not_start_is_started_by_the_next_add(monkeypat
         assert ticker.ran.wait(10.0), "the scheduler believes a loop runs that never started"
     finally:
         sched.stop()
+
 
 def test_a_scheduler_whose_stop_timed_out_never_runs_two_loops():
     gate, parked = threading.Event(), threading.Event()
@@ -220,6 +228,7 @@ def test_a_scheduler_whose_stop_timed_out_never_runs_two_loops():
     assert len(alive) == 1, f"{len(alive)} scheduler loops running"
     sched.stop()
 
+
 def test_one_scheduler_thread_serves_many_locks():
     sched = Scheduler(io_workers=2)
     name = f"many-{uuid.uuid4().hex[:8]}"
@@ -234,6 +243,7 @@ def test_one_scheduler_thread_serves_many_locks():
     for lock in held:
         lock.release()
     sched.stop()
+
 
 def test_a_plain_object_of_the_scheduled_shape_is_run_when_due():
     clock = FakeClock()
@@ -251,6 +261,7 @@ def test_a_plain_object_of_the_scheduled_shape_is_run_when_due():
     sched.run_pending()
     assert ticker.runs == 3  # discarded: never run again
 
+
 def test_objects_under_one_prefix_are_checked_against_one_listing():
     clock = FakeClock()
     store = MemoryStorage("contract-group")
@@ -265,6 +276,7 @@ def test_objects_under_one_prefix_are_checked_against_one_listing():
     assert a.checked == [generation] and b.checked == [0]  # b's object is not listed
     assert store.calls["list"] == 1
 
+
 def test_a_quiet_interval_costs_one_listing_and_nothing_else(held):
     locks, clock, sched, requests = held
     for _ in range(3):
@@ -272,6 +284,7 @@ def test_a_quiet_interval_costs_one_listing_and_nothing_else(held):
         one_interval(clock, sched)
         assert requests.since(before) == Counter(list=1)
     assert all(lock.is_held and not lock.release_requested for lock in locks)
+
 
 def test_a_waiter_on_one_lock_costs_one_read_and_is_noticed(held):
     locks, clock, sched, requests = held
@@ -291,6 +304,7 @@ def test_a_waiter_on_one_lock_costs_one_read_and_is_noticed(held):
     one_interval(clock, sched)
     assert requests.since(before) == Counter(list=1)
 
+
 def test_changed_objects_are_read_and_only_they(held):
     locks, clock, sched, requests = held
     for lock in locks[:5]:
@@ -300,6 +314,7 @@ def test_changed_objects_are_read_and_only_they(held):
     one_interval(clock, sched)
     assert requests.since(before) == Counter(list=1, read=5)
     assert [lock.release_requested for lock in locks] == [True] * 5 + [False] * (N - 5)
+
 
 def test_a_deleted_lock_object_is_detected_as_lost(held):
     locks, clock, sched, requests = held
@@ -315,6 +330,7 @@ def test_a_deleted_lock_object_is_detected_as_lost(held):
     assert not target.is_held and lost and "deleted" in lost[0]
     assert sum(lock.is_held for lock in locks) == N - 1
 
+
 def test_a_lock_taken_over_by_someone_else_is_detected_as_lost(held):
     locks, clock, sched, requests = held
     target = locks[8]
@@ -325,6 +341,7 @@ def test_a_lock_taken_over_by_someone_else_is_detected_as_lost(held):
     with pytest.raises(Exception):
         target.check()
 
+
 def test_renewals_still_write_once_each_and_checks_stay_one_listing(held):
     locks, clock, sched, requests = held
     # Four check beats take us to 8 s: every lock renews once (ttl/8 = 7.5 s).
@@ -333,6 +350,7 @@ def test_renewals_still_write_once_each_and_checks_stay_one_listing(held):
         one_interval(clock, sched)
     assert requests.since(before) == Counter(list=4, write=N)
     assert all(lock.healthy for lock in locks)
+
 
 def test_a_lock_acquired_later_joins_the_beat_without_a_read_of_its_own(held, base):
     locks, clock, sched, requests = held
@@ -353,6 +371,7 @@ def test_a_lock_acquired_later_joins_the_beat_without_a_read_of_its_own(held, ba
     finally:
         late.release()
 
+
 def test_one_lock_alone_keeps_its_single_read():
     name = f"alone-{uuid.uuid4().hex[:8]}"
     clock = FakeClock(start=time.time())
@@ -367,6 +386,7 @@ def test_one_lock_alone_keeps_its_single_read():
     finally:
         lock.release()
         MemoryStorage.forget(name)
+
 
 def test_locks_at_the_store_root_are_never_grouped():
     name = f"root-{uuid.uuid4().hex[:8]}"
@@ -384,6 +404,7 @@ def test_locks_at_the_store_root_are_never_grouped():
         for lock in locks:
             lock.release()
         MemoryStorage.forget(name)
+
 
 @pytest.mark.parametrize("base", ["memory"], indirect=True)  # fault hooks are a memory-backend feature
 def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(held, base):
@@ -407,6 +428,7 @@ def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(h
     sched.run_pending()
     # private: the prefixes the scheduler remembers as refused a listing
     assert not sched._ungrouped, "the verdict is dropped with the last lock under the prefix"
+
 
 def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batched():
     name = f"live-{uuid.uuid4().hex[:8]}"
@@ -439,6 +461,7 @@ def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batc
                 lock.release()
         sched.stop()
         MemoryStorage.forget(name)
+
 
 def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
     """A beat's listing can take seconds on GCS. Meanwhile each member's renewal must still be
@@ -487,6 +510,7 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
         MemoryStorage.forget(name)
     assert not beat.is_alive()
 
+
 @pytest.mark.parametrize("base", ["memory"], indirect=True)
 def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     """With many locks, renewals run while a beat lists and checks. A listing older than a lock's own
@@ -513,6 +537,7 @@ def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     raw_write(locks[0].url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w"), generation)
     one_interval(clock, sched)
     assert locks[0].release_requested, "a change by someone else is still read and noticed"
+
 
 def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning():
     name = f"spin-group-{uuid.uuid4().hex[:8]}"
@@ -548,6 +573,7 @@ def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning():
         sched.stop()
         MemoryStorage.forget(name)
 
+
 def test_a_lock_whose_release_is_being_retried_asks_for_no_waiter_check():
     name = f"spin-release-{uuid.uuid4().hex[:8]}"
     store = MemoryStorage.named(name)
@@ -568,6 +594,7 @@ def test_a_lock_whose_release_is_being_retried_asks_for_no_waiter_check():
     finally:
         store.faults.clear()
         MemoryStorage.forget(name)
+
 
 def test_a_write_gate_never_asks_for_a_wait_that_take_would_not_honour():
     gate = WriteGate(1.0)

@@ -34,10 +34,12 @@ def _requests_heard(world, lock, ask):
         lock._notifier.flush()  # private: send what is queued now, in this thread
     return got
 
+
 def _blocked_in_child() -> set[int]:
     out = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True, check=True).stdout
     mask = int(next(line for line in out.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
     return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+
 
 def _closure_receiver(heard: list):
     state = {"step": 7}
@@ -46,6 +48,7 @@ def _closure_receiver(heard: list):
         heard.append(("closure", state["step"]))
 
     return receiver
+
 
 @pytest.mark.parametrize(
     "reason, requester",
@@ -62,6 +65,7 @@ def test_each_kind_of_request_arrives_typed_with_who_why_and_by_when(world, reas
     assert request.reason == RequestReason(reason).value  # still compares equal to its string
     a.release()
 
+
 def test_a_waiter_request_names_the_waiter(world):
     owner, waiter = world.lock("O"), world.lock("W")
     assert owner.acquire()
@@ -73,6 +77,7 @@ def test_a_waiter_request_names_the_waiter(world):
     assert got and got[0]["request"].reason is RequestReason.WAITER and got[0]["request"].requester == "W"
     owner.release()
 
+
 def test_manual_is_the_deprecated_name_of_operator(world):
     a = world.lock("A")
     assert a.acquire()
@@ -80,6 +85,7 @@ def test_manual_is_the_deprecated_name_of_operator(world):
         a.request_release("manual")
     assert a.release_request.reason is RequestReason.OPERATOR
     a.release()
+
 
 @pytest.mark.parametrize(
     "kwargs",
@@ -92,6 +98,7 @@ def test_a_request_with_an_unknown_reason_or_a_bad_deadline_is_refused(world, kw
         a.request_release(**kwargs)
     assert not a.release_requested  # nothing half-recorded
     a.release()
+
 
 def test_a_release_requested_receiver_starts_processes_that_sigterm_can_stop():
     name = f"edge-{uuid.uuid4().hex[:8]}"
@@ -130,6 +137,7 @@ def test_a_release_requested_receiver_starts_processes_that_sigterm_can_stop():
         waiter._unschedule()  # private: stop its renewals without releasing
         MemoryStorage.forget(name)
 
+
 def test_release_request_receivers_get_the_request(world):
     a = world.lock("A")
     assert a.acquire()
@@ -139,6 +147,7 @@ def test_release_request_receivers_get_the_request(world):
         world.sched.run_pending()
     assert isinstance(got[0]["request"], ReleaseRequest) and got[0]["request"].requester == "ops"
     a.release()
+
 
 def test_a_lambda_and_a_closure_connected_with_sender_are_still_called_after_a_collection(world):
     owner = world.lock("O")
@@ -154,6 +163,7 @@ def test_a_lambda_and_a_closure_connected_with_sender_are_still_called_after_a_c
         for receiver in list(signals.acquired.receivers_for(owner)):
             signals.acquired.disconnect(receiver, sender=owner)
 
+
 def test_a_receiver_for_any_sender_stays_too_and_weak_true_still_means_weak(world):
     owner = world.lock("O")
     heard: list = []
@@ -167,6 +177,7 @@ def test_a_receiver_for_any_sender_stays_too_and_weak_true_still_means_weak(worl
         assert heard == ["strong"]
     finally:
         signals.released.disconnect(strong)
+
 
 def test_a_strong_receiver_for_one_lock_does_not_keep_that_lock_alive(world):
     owner = world.lock("O")

@@ -46,6 +46,7 @@ def test_a_status_read_riding_out_a_read_outage_never_holds_up_renewal(sim):
 
 YEARS = 31 * 365 * 86400.0
 
+
 def _ghost(url: str, ttl: float) -> LockRecord:
     """A record nobody renews, whose lease claims to run 31 years ahead (hand-made, or a clock gone wrong)."""
     record = LockRecord("ghost", time.time() + YEARS, None, None, ttl=ttl, token=5, nonce="n")
@@ -56,15 +57,18 @@ OWNER, WAITER = Label("pod=ml/train-0 pid=1", grace=30.0), Label("host=gpu-3 pid
 
 OWNER, WAITER = Label("pod=ml/train-0 pid=1", grace=30.0), Label("host=gpu-3 pid=42 slurm=812345")
 
+
 @pytest.fixture
 def url():
     name = f"labels-{uuid.uuid4().hex[:8]}"
     yield f"memory://{name}/locks/train.json"
     MemoryStorage.forget(name)
 
+
 def _quiet(url, owner, label, clock):
     return HandoffLock(url, ttl=60.0, owner_id=owner, label=label, clock=clock, scheduler=Scheduler(clock, autostart=False),
                        waiter_poll_interval=0.05)
+
 
 def test_status_reports_a_suspect_lease_and_a_normal_one_is_not(request, tmp_path):
     url = url_for("local", request, tmp_path)
@@ -75,6 +79,7 @@ def test_status_reports_a_suspect_lease_and_a_normal_one_is_not(request, tmp_pat
     raw_write(url, record.replace(expires_at=time.time() + 30, nonce="m"), generation)
     assert not HandoffLock(url).status().lease_suspect
 
+
 def test_the_status_command_says_the_lease_is_not_trusted(request, tmp_path, capsys):
     from handofflock.cli import main
 
@@ -82,6 +87,7 @@ def test_the_status_command_says_the_lease_is_not_trusted(request, tmp_path, cap
     _ghost(url, ttl=60.0)
     main(["status", url])
     assert "suspect" in capsys.readouterr().out
+
 
 def test_status_shows_labels_who_asked_for_a_release_and_iso_times_with_their_age(url, capsys):
     clock = FakeClock(start=time.time())
@@ -104,11 +110,13 @@ def test_status_shows_labels_who_asked_for_a_release_and_iso_times_with_their_ag
     assert doc["expiresAtIso"].endswith("Z") and doc["waiterExpiresAtIso"].startswith(time.strftime("%Y-", time.gmtime()))
     assert isinstance(doc["expiresAt"], float), "the existing fields stay as they were"
 
+
 def test_status_prints_a_far_future_expiry_with_its_date(url, capsys):
     raw_write(url, LockRecord("forever", 32_000_000_000.0, None, None, ttl=60.0, token=3), 0)
     assert main(["status", url]) == 0
     out = capsys.readouterr().out
     assert "2984-" in out, out  # the year, not just a time of day
+
 
 def test_watch_shows_the_labels_and_who_asks(url, capsys):
     clock = FakeClock(start=time.time())
@@ -123,6 +131,7 @@ def test_watch_shows_the_labels_and_who_asks(url, capsys):
     assert main(["watch", url, "--json", "--interval", "0.05", "--duration", "0.1"]) == 0
     doc = json.loads(capsys.readouterr().out.splitlines()[0])
     assert doc["releaseRequestedBy"] == f"{WAITER.text} (trainer-B)" and doc["ownerLabel"] == OWNER.text
+
 
 def test_times_for_people():
     assert iso(0.0) == "1970-01-01T00:00:00.000Z"

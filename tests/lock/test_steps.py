@@ -20,10 +20,12 @@ from handofflock import FakeClock, HandoffLock, LockLost, Scheduler
 def url():
     return f"memory://training-{uuid.uuid4().hex[:8]}/lock.json"
 
+
 def quiet_lock(url, **kw):
     """A lock whose background duties run only when the test says so."""
     clock = kw.pop("clock", None) or FakeClock()
     return HandoffLock(url, ttl=60.0, clock=clock, scheduler=Scheduler(clock, autostart=False), **kw)
+
 
 def test_steps_hand_out_every_item_when_nobody_asks(url):
     lock = quiet_lock(url)
@@ -31,6 +33,7 @@ def test_steps_hand_out_every_item_when_nobody_asks(url):
         steps = lock.steps(range(5))
         assert list(steps) == [0, 1, 2, 3, 4]
     assert (steps.last, steps.count, steps.stopped, steps.request) == (4, 5, False, None)
+
 
 def test_a_request_during_a_step_ends_the_loop_after_that_step(url):
     lock = quiet_lock(url)
@@ -46,6 +49,7 @@ def test_a_request_during_a_step_ends_the_loop_after_that_step(url):
         assert steps.request.deadline == 123.0
     assert done == [100, 101, 102, 103]
 
+
 def test_a_request_made_before_the_loop_runs_no_step(url):
     lock = quiet_lock(url)
     with lock:
@@ -53,6 +57,7 @@ def test_a_request_made_before_the_loop_runs_no_step(url):
         steps = lock.steps(itertools.count())
         assert list(steps) == []
         assert steps.stopped and steps.last is None and steps.count == 0
+
 
 def test_steps_refuse_to_start_a_step_once_the_lock_is_no_longer_safely_held(url):
     clock = FakeClock()
@@ -65,10 +70,12 @@ def test_steps_refuse_to_start_a_step_once_the_lock_is_no_longer_safely_held(url
         next(steps)
     assert steps.last == 0
 
+
 def test_steps_without_the_lock_raise_lock_lost(url):
     lock = quiet_lock(url)
     with pytest.raises(LockLost, match="not held"):
         next(iter(lock.steps(range(3))))
+
 
 def test_a_waiter_stops_the_loop_within_the_check_interval_and_gets_a_higher_token(url):
     a = HandoffLock(url, ttl=10.0, waiter_check_interval=0.1, owner_id="trainer-A")
@@ -92,6 +99,7 @@ def test_a_waiter_stops_the_loop_within_the_check_interval_and_gets_a_higher_tok
     assert a.release() == "trainer-B"
     assert got_b.wait(5) and b.is_held and b.token > token_a
     b.release()
+
 
 def test_the_measurement_script_runs_and_prints_its_numbers_with_their_conditions():
     """A benchmark, not a timed test: what it costs is measured there (docs/benchmarks.md), never asserted

@@ -28,6 +28,7 @@ from handofflock.storage import MemoryStorage
 
 CHECK = 2.0
 
+
 @pytest.fixture
 def env():
     name = f"timing-{uuid.uuid4().hex[:8]}"
@@ -35,6 +36,7 @@ def env():
     sched = Scheduler(clock, autostart=False)
     yield name, clock, sched, MemoryStorage.named(name)
     MemoryStorage.forget(name)
+
 
 def new_lock(name, clock, sched, **kw):
     opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
@@ -45,8 +47,10 @@ TIMING = dict(
     ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
 )
 
+
 def lock_for(sim, owner, **kw):
     return sim.lock(owner, **{**TIMING, **kw})
+
 
 class Heard:
     """What one lock's request signals said, in order."""
@@ -67,11 +71,13 @@ class Heard:
     def kinds(self) -> list[tuple[str, str]]:
         return [(kind, req.requester) for kind, req in self.events]
 
+
 def owner_and_waiter(sim, **waiter_kw):
     a = sim.lock("a", **FAST)
     b = sim.lock("b", **{**FAST, **waiter_kw})
     sim.call(a.acquire)
     return a, b, Heard(a)
+
 
 def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
     """``lock.acquire(timeout=...)`` in a simulated thread; AcquireCancelled and LockTimeout end it quietly."""
@@ -88,11 +94,13 @@ NOW = 1_700_000_000.0
 
 PATIENT = WaiterRequest(asks=False)
 
+
 def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
     return LockRecord(
         "a", owner_expires, waiter, waiter_expires, ttl=60.0, token=7, nonce="old",
         owner_instance="ia", waiter_instance="iw", waiter_request=waiter_request, **kw,
     )
+
 
 def test_a_lock_held_again_beside_a_neighbour_still_releasing_is_checked_for_waiters():
     name = f"group-inf-{uuid.uuid4().hex[:8]}"
@@ -131,6 +139,7 @@ def test_a_lock_held_again_beside_a_neighbour_still_releasing_is_checked_for_wai
                 lock.release()
         MemoryStorage.forget(name)
 
+
 def test_the_waiter_check_only_reads(env):
     name, clock, sched, store = env
     lock = new_lock(name, clock, sched, renew_interval=7.5)
@@ -141,6 +150,7 @@ def test_the_waiter_check_only_reads(env):
         sched.run_pending()
     assert store.calls["write"] == writes0
     assert store.calls["read"] - reads0 == 3
+
 
 def test_a_holder_that_does_not_yield_declines_in_the_record_and_is_not_asked(sim):
     a, b = lock_for(sim, "a", yield_to_requests=False), lock_for(sim, "b")
@@ -157,6 +167,7 @@ def test_a_holder_that_does_not_yield_declines_in_the_record_and_is_not_asked(si
     sim.run_until(lambda: box.done)
     assert box.result == True  # noqa: E712
 
+
 def test_a_waiter_that_leaves_withdraws_its_request_and_the_holder_keeps_the_lock(sim):
     a, b, heard = owner_and_waiter(sim)
     t = wait_in_thread(sim, b)
@@ -171,6 +182,7 @@ def test_a_waiter_that_leaves_withdraws_its_request_and_the_holder_keeps_the_loc
     assert a.release_request is None and a.is_held and a.healthy
     assert sim.call(a.release) is None, "nobody to hand it to"
 
+
 def test_a_waiter_whose_slot_expires_withdraws_its_request(sim):
     a, _, heard = owner_and_waiter(sim)
     # A waiter that registers and then dies: its slot runs out by itself.
@@ -179,6 +191,7 @@ def test_a_waiter_whose_slot_expires_withdraws_its_request(sim):
     sim.run_until(lambda: not a.release_requested, limit=10, what="withdrawn once the slot expired")
     sim.run_until(lambda: heard.kinds() == [("requested", "dead"), ("withdrawn", "dead")])
     assert a.is_held
+
 
 def test_a_signal_request_stays_when_the_waiter_leaves(sim):
     a, b, heard = owner_and_waiter(sim)
@@ -190,6 +203,7 @@ def test_a_signal_request_stays_when_the_waiter_leaves(sim):
     sim.run_until(lambda: ("withdrawn", "b") in heard.kinds(), what="the waiter's request withdrawn")
     assert a.release_requested, "the signal still asks"
     assert a.release_request.reason == "signal" and a.release_request.requester == "SIGTERM"
+
 
 def test_a_waiter_that_comes_back_asks_again(sim):
     a, b, heard = owner_and_waiter(sim)
@@ -205,6 +219,7 @@ def test_a_waiter_that_comes_back_asks_again(sim):
     sim.run_until(lambda: t.done)
     assert b.is_held
 
+
 def test_a_new_waiter_replacing_one_that_expired_is_announced_after_the_withdrawal(sim):
     a, _, heard = owner_and_waiter(sim)
     sim.update(waiting_owner_id="w1", waiter_expires_at=sim.time() + 30, waiter_instance="i1")
@@ -214,6 +229,7 @@ def test_a_new_waiter_replacing_one_that_expired_is_announced_after_the_withdraw
     sim.run_until(lambda: a.release_request.requester == "w2", what="w2's request stands")
     assert a.release_requested
     sim.run_until(lambda: heard.kinds() == [("requested", "w1"), ("withdrawn", "w1"), ("requested", "w2")])
+
 
 def test_the_same_waiter_id_from_a_new_instance_is_a_new_request(sim):
     a, _, heard = owner_and_waiter(sim)
@@ -225,6 +241,7 @@ def test_the_same_waiter_id_from_a_new_instance_is_a_new_request(sim):
     sim.run_until(lambda: len(heard.events) == 3, what="withdrawn and asked again")
     assert heard.kinds() == [("requested", "job-7"), ("withdrawn", "job-7"), ("requested", "job-7")]
     assert heard.events[1][1] is first and a.release_request is heard.events[2][1] and a.release_requested
+
 
 def test_a_release_request_does_not_outlive_a_hold_that_was_lost(world):
     a = world.lock("A")
@@ -246,6 +263,7 @@ def test_a_release_request_does_not_outlive_a_hold_that_was_lost(world):
     assert list(a.steps(range(3))) == [0, 1, 2]
     a.release()
 
+
 def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold(sim):
     """A lock that was lost keeps its hold's requests (``_end_hold`` runs only from ``release()``),
     and ``acquire()`` is allowed from LOST. The next hold starts with ``release_requested`` True,
@@ -266,6 +284,7 @@ def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold(sim):
     assert sim.call(lambda: owner.acquire(blocking=False))  # the same instance again (no release() between)
     stale = owner.release_request
     assert not owner.release_requested, f"the new hold starts with the previous hold's request standing: {stale}"
+
 
 def test_the_owner_is_not_told_of_a_patient_waiter_but_is_of_an_asking_one():
     me = Me("a", "ia")
