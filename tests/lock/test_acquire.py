@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pytest
@@ -278,15 +277,14 @@ def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world,
 
 
 @pytest.mark.timeout(60)
-def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
+def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
     """X waits; a second instance with the same stable owner id starts a blocking acquire (a restart whose
     predecessor still lives). The newer one reclaims the slot, the superseded one defers (LockContended):
     after the handoff exactly one instance holds the lock, the newer one."""
-    store = MemoryStorage(f"twins-{time.monotonic_ns()}")
-    kw = dict(storage=store, key=KEY, ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05)
-    owner = HandoffLock("memory://x", owner_id="O", **kw)
-    first, twin = HandoffLock("memory://x", owner_id="X", **kw), HandoffLock("memory://x", owner_id="X", **kw)
-    assert owner.acquire()
+    kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05)
+    owner = sim.lock("O", **kw)
+    first, twin = sim.lock("X", **kw), sim.lock("X", **kw)
+    assert sim.call(owner.acquire)
     boxes: dict[str, dict[str, object]] = {"first": {}, "twin": {}}
 
     def run(name, lock):
@@ -295,28 +293,19 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
         except BaseException as exc:  # handed to the test
             boxes[name]["error"] = exc
 
-    t1 = threading.Thread(target=run, args=("first", first))
-    t1.start()
-    deadline = time.monotonic() + 10
-    while not owner.release_requested and time.monotonic() < deadline:
-        time.sleep(0.01)
-    t2 = threading.Thread(target=run, args=("twin", twin))
-    t2.start()
-    time.sleep(0.3)  # the twin has read the record naming X as the waiter
-    assert owner.release() == "X"
-    t1.join(10)
-    t2.join(10)
-    time.sleep(0.5)  # a few renewals of whoever holds it
-    try:
-        both = first.healthy and twin.healthy
-        assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-        assert twin.is_held and boxes["twin"].get("value") == True, boxes  # noqa: E712
-        # The first has a timeout, which since issue 24 (item 7) waits for a slot held by another job;
-        # a slot taken by its own newer incarnation is not that: it defers at once (Contended.superseded).
-        assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
-    finally:
-        for lock in (first, twin, owner):
-            lock._unschedule()  # private: stop its renewals without releasing
+    t1 = sim.start(lambda: run("first", first))
+    sim.run_until(lambda: owner.release_requested, limit=10)
+    t2 = sim.start(lambda: run("twin", twin))
+    sim.run_for(0.3)  # the twin has read the record naming X as the waiter
+    assert sim.call(owner.release) == "X"
+    sim.run_until(lambda: t1.done and t2.done, limit=10)
+    sim.run_for(0.5)  # a few renewals of whoever holds it
+    both = first.healthy and twin.healthy
+    assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
+    assert twin.is_held and boxes["twin"].get("value") == True, boxes  # noqa: E712
+    # The first has a timeout, which waits for a slot held by another job; a slot taken
+    # by its own newer incarnation is not that: it defers at once (Contended.superseded).
+    assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
 
 
 def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):

@@ -23,7 +23,6 @@ from handofflock import (
     FakeClock,
     HandoffLock,
     LockLost,
-    LockRecord,
     LockTimeout,
     Scheduler,
     TransientStorageError,
@@ -132,24 +131,6 @@ def test_release_from_a_signal_handler_while_the_main_thread_is_inside_the_libra
     assert status.owner_id == lock.owner_id
     assert not lock.is_held, "the deferred release ran when status() returned"
     assert raw_read(url)[0].owner_id is None
-
-
-def releases_during_a_read(name):
-    """A memory store that calls ``store.during()`` in another thread while a read is in flight, once
-    armed: a release() that lands after the read that will show the handoff, and before the acquire
-    acts on it."""
-    store = MemoryStorage(name)
-    store.during = None
-
-    def run_during(op, key, found):
-        during, store.during = store.during, None
-        if during is not None:
-            t = threading.Thread(target=during)
-            t.start()
-            t.join(0.5)  # the new code waits for the acquire to end: go on after a moment
-
-    store.faults.after("read", run_during)
-    return store
 
 
 @pytest.fixture
@@ -266,13 +247,24 @@ def _race_once(i: int) -> str:
         sim.end()
 
 
-@pytest.mark.timeout(60)
-def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the_callers_back():
-    store = releases_during_a_read(f"race-{time.monotonic_ns()}")
-    kw = dict(storage=store, key=KEY, ttl=3.0, waiter_poll_interval=0.2, waiter_check_interval=0.05)
-    owner = HandoffLock("memory://x", owner_id="O", **kw)
-    waiter = HandoffLock("memory://x", owner_id="W", **kw)
-    assert owner.acquire()
+def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the_callers_back(sim):
+    during: list = []
+
+    def run_during(op, key, found):
+        """Once armed, call ``during`` in another thread while a read is in flight: a release() that lands
+        after the read that will show the handoff, and before the acquire acts on it."""
+        if during:
+            call = sim.start(during.pop())
+            waited = 0.0
+            while not call.done and waited < 0.5:  # the new code waits for the acquire to end: go on after a moment
+                sim.sleep(0.01)
+                waited += 0.01
+
+    sim.store.faults.after("read", run_during)
+    kw = dict(ttl=3.0, waiter_poll_interval=0.2, waiter_check_interval=0.05)
+    owner = sim.lock("O", **kw)
+    waiter = sim.lock("W", **kw)
+    assert sim.call(owner.acquire)
     box: dict[str, object] = {}
 
     def run():
@@ -281,25 +273,16 @@ def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the
         except BaseException as exc:  # handed to the test
             box["error"] = exc
 
-    t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not owner.release_requested and time.monotonic() < deadline:
-        time.sleep(0.01)
-    store.during = lambda: box.setdefault("released", waiter.release())
-    assert owner.release() == "W"  # the waiter's next poll reads the handoff, and meets our release()
-    t.join(20)
-    deadline = time.monotonic() + 20
-    while "released" not in box and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        assert "released" in box, box
-        assert not waiter.is_held, f"release() returned {box['released']!r} but the lock is still held: {box}"
-        record = LockRecord.decode(store.read(KEY)[0])
-        assert record.owner_id != "W", f"the record still names W as owner: {record}"
-    finally:
-        waiter._unschedule()  # private: stop its renewals without releasing
-        owner._unschedule()  # private: stop its renewals without releasing
+    t = sim.start(run)
+    sim.run_until(lambda: owner.release_requested, limit=10)
+    during.append(lambda: box.setdefault("released", waiter.release()))
+    assert sim.call(owner.release) == "W"  # the waiter's next poll reads the handoff, and meets our release()
+    sim.run_until(lambda: t.done, limit=20)
+    sim.run_until(lambda: "released" in box, limit=20)
+    assert "released" in box, box
+    assert not waiter.is_held, f"release() returned {box['released']!r} but the lock is still held: {box}"
+    record = sim.record()
+    assert record.owner_id != "W", f"the record still names W as owner: {record}"
 
 
 def test_a_forced_release_clears_both_labels(url):
