@@ -8,13 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
-from lockutil import eventually, make_lock, raw_read, raw_write
+from lockutil import FAST, eventually, make_lock, raw_read, raw_write
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -317,35 +316,24 @@ def _acquire_in_thread(lock: HandoffLock, timeout: float) -> threading.Thread:
     return t
 
 
-def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raising, name, caplog):
+def test_a_raising_notice_histogram_never_hides_the_waiter_from_the_holder(raising, sim, caplog):
     caplog.set_level(logging.DEBUG, logger=METRICS_LOG)
     raising("handofflock.notice.latency")
-    url = f"memory://{name}/locks/l.json"
-    owner, waiter = make_lock(url), make_lock(url)
-    t = None
-    try:
-        assert owner.acquire()
-        t = _acquire_in_thread(waiter, timeout=15)
-        eventually(
-            # private: "waiting" (an acquire runs) has no public flag
-            lambda: waiter._state == "waiting" and owner.status().waiter_id == waiter.owner_id,
-            what="the waiter registered",
-        )
-        # waiter checks run every 0.1 s: 3 s is 30 of them
-        eventually(lambda: owner.release_requested, timeout=3.0, what="the owner hears of the waiter")
-        assert owner.release_request.requester == waiter.owner_id
-        assert metrics_errors(caplog) == ["waiter_noticed"]
-        error = next(r for r in caplog.records if r.name == METRICS_LOG and r.levelno == logging.ERROR)
-        assert error.exc_info and "exporter queue full" in str(error.exc_info[1])
-        assert error.lock_url == url  # the lock's fields, as every handofflock logger has
-    finally:
-        waiter.cancel()
-        if t is not None:
-            t.join(20)
-        if owner.is_held:
-            owner.release()
-        owner._unschedule()  # private: stop its renewals without releasing
-        waiter._unschedule()  # private: stop its renewals without releasing
+    owner, waiter = sim.lock("owner", **FAST), sim.lock("waiter", **FAST)
+    assert sim.call(owner.acquire)
+    sim.start(lambda: waiter.acquire(timeout=15))
+    sim.run_until(
+        # private: "waiting" (an acquire runs) has no public flag
+        lambda: waiter._state == "waiting" and sim.call(owner.status).waiter_id == waiter.owner_id,
+        what="the waiter registered",
+    )
+    # waiter checks run every 0.1 s: 3 s is 30 of them
+    sim.run_until(lambda: owner.release_requested, limit=3.0, what="the owner hears of the waiter")
+    assert owner.release_request.requester == waiter.owner_id
+    assert metrics_errors(caplog) == ["waiter_noticed"]
+    error = next(r for r in caplog.records if r.name == METRICS_LOG and r.levelno == logging.ERROR)
+    assert error.exc_info and "exporter queue full" in str(error.exc_info[1])
+    assert error.lock_url == owner.url  # the lock's fields, as every handofflock logger has
 
 
 def test_a_raising_error_counter_leaves_renewal_retries_spaced_by_their_backoff(raising, sim, caplog):
@@ -412,34 +400,23 @@ def test_timed_acquire_returns_or_raises_exactly_what_the_acquire_did_when_the_h
             lock._unschedule()  # private: stop its renewals without releasing
 
 
-def test_a_provider_whose_every_instrument_raises_still_hands_the_lock_over(raising, name, caplog):
+def test_a_provider_whose_every_instrument_raises_still_hands_the_lock_over(raising, sim, caplog):
     """Acquire, notice, handoff, release and renewals all go through hooks; each hook is logged once."""
     caplog.set_level(logging.DEBUG, logger=METRICS_LOG)
     raising("*")
-    url = f"memory://{name}/locks/l.json"
-    owner, waiter = make_lock(url), make_lock(url)
-    got: list[bool] = []
-    t = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=15)), daemon=True)
-    try:
-        assert owner.acquire()
-        t.start()
-        eventually(lambda: owner.release_requested, timeout=10.0, what="the owner hears of the waiter")
-        time.sleep(0.5)  # a few renewals (every 0.2 s), each through the raising hook
-        assert owner.release() == waiter.owner_id
-        t.join(15)
-        assert got == [True] and waiter.is_held
-        waiter.release()
-        errors = metrics_errors(caplog)
-        assert len(errors) == len(set(errors)), f"a hook logged its error twice: {errors}"
-        assert {"timed_acquire", "acquired", "waiter_noticed", "released", "renewed"} <= set(errors), errors
-        events_errors = [
-            r for r in caplog.records if r.name == "handofflock.lock.events" and r.levelno >= logging.ERROR
-        ]
-        assert not events_errors, "a metrics receiver raised into the signals"
-    finally:
-        waiter.cancel()
-        t.join(20)
-        for lock in (owner, waiter):
-            if lock.is_held:
-                lock.release()
-            lock._unschedule()  # private: stop its renewals without releasing
+    owner, waiter = sim.lock("owner", **FAST), sim.lock("waiter", **FAST)
+    assert sim.call(owner.acquire)
+    t = sim.start(lambda: waiter.acquire(timeout=15))
+    sim.run_until(lambda: owner.release_requested, limit=10.0, what="the owner hears of the waiter")
+    sim.run_for(0.5)  # a few renewals (every 0.2 s), each through the raising hook
+    assert sim.call(owner.release) == waiter.owner_id
+    sim.run_until(lambda: t.done, limit=15)
+    assert [t.result] == [True] and waiter.is_held
+    sim.call(waiter.release)
+    errors = metrics_errors(caplog)
+    assert len(errors) == len(set(errors)), f"a hook logged its error twice: {errors}"
+    assert {"timed_acquire", "acquired", "waiter_noticed", "released", "renewed"} <= set(errors), errors
+    events_errors = [
+        r for r in caplog.records if r.name == "handofflock.lock.events" and r.levelno >= logging.ERROR
+    ]
+    assert not events_errors, "a metrics receiver raised into the signals"
