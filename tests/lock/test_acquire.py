@@ -328,7 +328,7 @@ def test_a_timeout_of_nan_is_refused(world):
 
 
 def test_a_cancel_while_no_acquire_runs_cancels_nothing(world):
-    # Issue 24: a stray cancel() used to cancel the next acquire, even of a free lock.
+    # A stray cancel() must not cancel the next acquire, even of a free lock.
     a = world.lock("A")
     a.cancel()
     assert a.acquire(timeout=5), "a cancel applies only to an acquire that runs"

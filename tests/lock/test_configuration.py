@@ -120,7 +120,7 @@ def test_a_configuration_error_names_what_the_user_set():
     store = MemoryStorage("ttl-names")
     with pytest.raises(ConfigurationError) as info:
         HandoffLock("memory://x", storage=store, key=KEY, ttl=0.1)
-    # The user set ttl alone: the error is about ttl, not about waiter_ttl, which they never set (issue 17).
+    # The user set ttl alone: the error is about ttl, not about waiter_ttl, which they never set.
     assert str(info.value).startswith("ttl=0.1 is too short") and "waiter_ttl =" not in str(info.value)
 
 

@@ -134,7 +134,7 @@ def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_ow
     # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
     old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True)
     assert isinstance(old, Contended) and old.superseded
-    # ... even with a higher priority, which would take another job's slot (issue 24, item 1)
+    # ... even with a higher priority, which would take another job's slot
     old = protocol.decide_acquire(
         d.record, GEN + 1, me=Me("me", "i0"), now=NOW, policy=POLICY, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
     )

@@ -370,7 +370,7 @@ def test_a_writer_that_gives_up_books_nothing(world):
 
 def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(world):
     # ttl 20: the renewal has room (renew_deadline - renew_interval = 7.5 s) to wait out the 3 s
-    # a 429 asked for; at the shortest ttl it would go at the store's own spacing (issue 25).
+    # a 429 asked for; at the shortest ttl it would go at the store's own spacing.
     a = world.lock("A", ttl=20.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
     gate = a._io.gate()  # private: the store's write gate, to close it as a 429 would

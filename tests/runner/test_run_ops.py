@@ -1,4 +1,4 @@
-"""``handofflock run`` for operators (issue 17): labels, requests that go away, a checked command and
+"""``handofflock run`` for operators: labels, requests that go away, a checked command and
 signal, and what a long wait shows, on a terminal (a real pty) and elsewhere. Real processes throughout."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
         waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--label", "eval-job", "--", "true"])
         eventually(lambda: (raw_read(url)[0]).waiting_owner_id is not None, timeout=20, what="the waiter registered")
         asked = wait_for_line(holder, "asks for")
-        assert "eval-job (" in asked, asked  # named by its label, as status names it (issue 24)
+        assert "eval-job (" in asked, asked  # named by its label, as status names it
         grace_ends = time.monotonic() + 3.0
         waiter.send_signal(signal.SIGINT)
         assert waiter.wait(20) == 128 + signal.SIGINT, waiter.stderr.read()

@@ -1,4 +1,4 @@
-"""Where ``handofflock run`` sends the polite signal (issue 23 item 9), through the real command.
+"""Where ``handofflock run`` sends the polite signal, through the real command.
 
 A trainer with a SIGTERM handler and one spawned helper process (what a
 PyTorch DataLoader has) needs its helper for the step it finishes and the

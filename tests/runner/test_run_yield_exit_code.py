@@ -1,4 +1,4 @@
-"""``handofflock run --yield-exit-code N`` (issue 24 item 8), through the real command.
+"""``handofflock run --yield-exit-code N``, through the real command.
 
 A job that yields (stops within the grace because a waiter asked for the lock)
 exited with its signal's status, 143, like a crash: cron mails it, systemd

@@ -1,4 +1,4 @@
-"""``handofflock run``: the command never outlives its lock (issue 18), with real processes.
+"""``handofflock run``: the command never outlives its lock, with real processes.
 
 Each test starts ``handofflock run LOCK -- CMD`` on a local lock file, finds
 the command's processes through /proc, does to ``run`` what the world does
