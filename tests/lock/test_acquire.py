@@ -568,7 +568,7 @@ def test_a_timed_out_waiter_is_not_named_as_someone_else_waiting(sim):
     with pytest.raises(LockTimeout) as info:
         sim.call(lambda: b.acquire(timeout=1.0))
     message = str(info.value)
-    # Before: "...; waiter 'b'", the caller itself. Now it says the slot was ours (or, where the store's
+    # Not "...; waiter 'b'", the caller itself: it says the slot was ours (or, where the store's
     # pacing kept our registration from landing within the second, that nobody else waits).
     assert "(b)" not in message, message  # named by label, with the id in brackets
     assert "we held the waiter slot" in message or "nobody else waits" in message, message

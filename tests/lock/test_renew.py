@@ -157,9 +157,9 @@ def test_the_shortest_ttl_on_gcs_is_still_5_s(world):
 def test_one_429_from_gcs_on_a_renewal_costs_no_lease_at_ttl_6(gcs_emulator):
     """Through the fault proxy to fake-gcs-server, on the real clock, at GCS's default pacing.
 
-    ttl 6: a renewal every second, 2 s between a renewal and its deadline. Before, the retry
-    waited out the 2 s spacing and the owner called itself lost; now it goes a second after
-    the 429'd send, with a second to spare (room for a loaded machine)."""
+    ttl 6: a renewal every second, 2 s between a renewal and its deadline. A retry that waited
+    out the widened 2 s spacing would leave the owner calling itself lost; it goes a second
+    after the 429'd send, with a second to spare (room for a loaded machine)."""
     bucket = f"t-{uuid.uuid4().hex[:16]}"
     gcs_emulator.create_bucket(bucket)
     lost: list[dict] = []
