@@ -81,7 +81,8 @@ class Call:
     result: Any = None
     error: BaseException | None = None
 
-    def __bool__(self) -> bool:  # "has it ended?", as the threads' result boxes of the real-time tests said
+    def __bool__(self) -> bool:
+        """Whether the call has ended (returned or raised)."""
         return self.done
 
 
