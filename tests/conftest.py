@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import sys
 import time
@@ -13,8 +14,6 @@ import pytest
 
 from handofflock.storage import MemoryStorage
 from handofflock.storage.gcs import GCSStorage
-import os
-
 from handofflock.testing import ExternalEmulator, FakeGCSServer
 
 # The helpers every folder shares (lockutil, jobsutil, simworld, the processes in procs/, ...) live in
