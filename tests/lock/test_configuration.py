@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import pytest
+from jobsutil import in_process
 from lockutil import make_lock
 from simworld import KEY
 
@@ -52,15 +51,10 @@ def test_a_label_grace_the_decoder_would_refuse_is_refused_before_anything_is_wr
     assert store.read(key) is None
 
 
-def test_run_refuses_a_grace_over_a_week_with_a_usage_error(tmp_path):
+def test_run_refuses_a_grace_over_a_week_with_a_usage_error(tmp_path, capsys):
     """Accepted, ``--grace 1000000`` would write a label every reader calls corrupt while the job runs."""
     url = (tmp_path / "locks" / "l.json").as_uri()
-    proc = subprocess.run(
-        [sys.executable, "-m", "handofflock", "run", url, "--ttl", "5", "--grace", "1000000", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = in_process(["run", url, "--ttl", "5", "--grace", "1000000", "--", "true"], capsys)
     assert proc.returncode == 64 and "--grace" in proc.stderr, (proc.returncode, proc.stderr)
     assert not (tmp_path / "locks" / "l.json").exists()  # never asked for the lock
 

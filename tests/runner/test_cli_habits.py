@@ -61,8 +61,8 @@ def test_status_into_a_pipe_closed_early_exits_141_without_a_traceback(tmp_path)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
-def test_help_lists_every_url_form():
-    done = handofflock("--help")
+def test_help_lists_every_url_form(capsys):
+    done = in_process(["--help"], capsys)
     assert done.returncode == 0
     for form in ("gs://", "s3://", "file://"):
         assert form in done.stdout, done.stdout
