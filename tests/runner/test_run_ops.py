@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, popen
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen
 from lockutil import eventually, raw_read
 
 from handofflock import HandoffLock
@@ -81,9 +81,8 @@ def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["KILL", "9", "STOP", "CHLD", "SEGV", "WINCH", "0", "65", "TERMINATE"])
-def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, value):
-    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--signal", value, "--", "true"],
-                          check=False, capture_output=True, text=True, env=child_env(), timeout=60)
+def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, value, capsys):
+    proc = in_process(["run", str(tmp_path / "lock.json"), "--signal", value, "--", "true"], capsys)
     assert proc.returncode == EXIT_CONFIG, proc.stderr
     assert "--signal" in proc.stderr or "signal" in proc.stderr
     assert "Traceback" not in proc.stderr
