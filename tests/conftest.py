@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import sys
 import time
@@ -13,8 +14,6 @@ import pytest
 
 from handofflock.storage import MemoryStorage
 from handofflock.storage.gcs import GCSStorage
-import os
-
 from handofflock.testing import ExternalEmulator, FakeGCSServer
 
 # The helpers every folder shares (lockutil, jobsutil, simworld, the processes in procs/, ...) live in
@@ -155,7 +154,17 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def world():
-    """A fresh simulated world: memory store, SimClock, schedulers (tests/support/simworld.py)."""
+    """A fresh simulated world: memory store, a self-advancing FakeClock, schedulers (tests/support/simworld.py)."""
     from simworld import new_world
 
     return new_world()
+
+
+@pytest.fixture
+def sim():
+    """Simulated processes on one simulated time, each lock its own (tests/support/simworld.py's ``Sim``)."""
+    from simworld import Sim
+
+    s = Sim()
+    yield s
+    s.end()

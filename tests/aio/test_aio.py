@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+from lockutil import FAST, make_lock, raw_read, raw_write, url_for
 
 from handofflock import (
     AsyncHandoffLock,
@@ -30,7 +31,6 @@ from handofflock import (
 )
 from handofflock.core.record import LockRecord
 from handofflock.storage import MemoryStorage
-from lockutil import FAST, make_lock, raw_read, raw_write, url_for
 
 #: lockutil's short intervals with the store's default write pacing (0 on memory and local).
 QUICK = {k: v for k, v in FAST.items() if k != "min_write_interval"}
@@ -59,33 +59,6 @@ def waiter_of(url: str) -> str | None:
 def owner_of(url: str) -> str | None:
     record, _ = raw_read(url)
     return None if record is None else record.owner_id
-
-
-class ThreadRecordingStorage:
-    """A storage proxy that notes the thread of every call (to show none runs on the event loop)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.url = inner, inner.url
-        self.threads: list[int] = []
-
-    def read(self, key: str, **kw: Any) -> Any:
-        self.threads.append(threading.get_ident())
-        return self.inner.read(key, **kw)
-
-    def write(self, key: str, data: bytes, **kw: Any) -> int:
-        self.threads.append(threading.get_ident())
-        return self.inner.write(key, data, **kw)
-
-    def delete(self, key: str, **kw: Any) -> None:
-        self.threads.append(threading.get_ident())
-        return self.inner.delete(key, **kw)
-
-    def list(self, prefix: str) -> dict[str, int]:
-        self.threads.append(threading.get_ident())
-        return self.inner.list(prefix)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # --------------------------------------------------------------------------- handoff, signals, steps
@@ -437,8 +410,24 @@ async def test_a_blocked_loop_does_not_cost_the_lease(anyio_backend, request, tm
 
 
 async def test_no_storage_call_ever_runs_on_the_event_loop_thread(anyio_backend, request, tmp_path):
-    store = ThreadRecordingStorage(MemoryStorage())
+    store = MemoryStorage()
     loop = threading.get_ident()
+    threads: list[int] = []
+    looking = False  # the test's own reads, on the loop, are not the lock's
+
+    def note(op, key):
+        if not (looking and threading.get_ident() == loop):
+            threads.append(threading.get_ident())
+
+    def waiter() -> str | None:
+        nonlocal looking
+        looking = True
+        try:
+            return LockRecord.decode(store.read("locks/a.json")[0]).waiting_owner_id
+        finally:
+            looking = False
+
+    store.faults.before("*", note)
     lock = AsyncHandoffLock(storage=store, key="locks/a.json", **QUICK)
     other = AsyncHandoffLock(storage=store, key="locks/a.json", **QUICK)
     noticed: list[object] = []
@@ -451,12 +440,11 @@ async def test_no_storage_call_ever_runs_on_the_event_loop_thread(anyio_backend,
         await until(lambda: noticed)  # it was noticed
         async with anyio.create_task_group() as tg:
             tg.start_soon(other.acquire)
-            # (read past the recording proxy: the test's own reads on the loop are not the lock's)
-            await until(lambda: LockRecord.decode(store.inner.read("locks/a.json")[0]).waiting_owner_id == other.owner_id)
+            await until(lambda: waiter() == other.owner_id)
             assert await lock.release() == other.owner_id
     assert other.is_held
     await other.release()
-    assert len(store.threads) > 10 and loop not in store.threads
+    assert len(threads) > 10 and loop not in threads
 
 
 # --------------------------------------------------------------------------- bad input: the sync lock's errors

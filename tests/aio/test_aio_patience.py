@@ -1,4 +1,4 @@
-"""The async lock's patient wait mirrors the sync lock's (issue 24, item 1), and a stray cancel spoils nothing."""
+"""The async lock's patient wait mirrors the sync lock's, and a stray cancel spoils nothing."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import time
 
 import orjson
 import pytest
+from conftest import BACKENDS, make_store
 
-from handofflock.core.clock import FakeClock
 from handofflock import (
     ConfigurationError,
     FencedObject,
@@ -24,11 +24,11 @@ from handofflock import (
     StaleToken,
     StorageError,
     TransientStorageError,
+    fencing,
 )
-from handofflock import fencing
+from handofflock.core.clock import FakeClock
 from handofflock.fencing import RECENT_NONCES
 from handofflock.storage import MemoryStorage
-from conftest import BACKENDS, make_store
 
 KEY = "jobs/latest.json"
 
@@ -158,8 +158,8 @@ def test_nan_and_infinities_are_refused_before_anything_is_written(store, payloa
 
 
 def test_a_claim_overtaken_by_a_higher_token_raises_even_when_this_instance_claimed_it_before(store):
-    """Before: the second claim(9) answered from this instance's cached view (highest 9, ours) and
-    reported success although the fence had moved on to 10."""
+    """The second claim(9) must not answer from this instance's cached view (highest 9, ours) and
+    report success although the fence has moved on to 10."""
     mine = fence(store, "A")
     mine.claim(token=9)
     fence(store, "B").claim(token=10)
@@ -257,8 +257,8 @@ def test_an_oversized_fenced_object_is_reported_after_reading_at_most_one_byte_t
 
 
 def test_a_reader_with_a_smaller_max_bytes_calls_a_healthy_object_too_large_not_corrupt(store):
-    """Before: a 3 kB object written by a writer with the default limit read as "corrupt" to a
-    reader whose max_bytes is 2 kB, which sends its user to repair a healthy object by hand."""
+    """A 3 kB object written by a writer with the default limit is not "corrupt" to a reader whose
+    max_bytes is 2 kB: that would send its user to repair a healthy object by hand."""
     fence(store, "A").write("x" * 3000, token=5)
     with pytest.raises(FencedObjectTooLarge) as info:
         fence(store, "B", max_bytes=2048).read()
@@ -558,7 +558,7 @@ def test_workers_appending_under_a_real_lock_leave_a_journal_of_disjoint_increas
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:
-        lock = HandoffLock(f"memory://fence-workers/jobs/train.lock", ttl=5.0, waiter_poll_interval=0.01,
+        lock = HandoffLock("memory://fence-workers/jobs/train.lock", ttl=5.0, waiter_poll_interval=0.01,
                            waiter_check_interval=0.01, wait_for_slot=True, scheduler=scheduler, owner_id=f"worker-{n}")
         journal = FencedObject.beside(lock, "journal.json")
         try:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from lockutil import url_for
 
 FORKED = Path(__file__).resolve().parents[1] / "support" / "procs" / "forked.py"
@@ -29,9 +28,8 @@ def scenario(*args: str) -> dict:
 
 @pytest.mark.gcs
 def test_parent_and_child_never_read_each_others_replies(gcs_emulator):
-    """Before: both processes wrote requests on the keep-alive connections they shared and read
-    each other's replies (2,580 wrong reads of 3,998 in the report). Now the child's first request
-    opens a connection of its own."""
+    """Processes that shared keep-alive connections would write requests on them and read each
+    other's replies; the child's first request opens a connection of its own."""
     bucket = f"fork-{__import__('uuid').uuid4().hex[:12]}"
     gcs_emulator.create_bucket(bucket)
     out = scenario("gcs-reads", bucket, "300")

@@ -10,10 +10,10 @@ import threading
 import uuid
 from pathlib import Path
 
+from lockutil import eventually, make_lock
+
 import handofflock
 from handofflock.lock import logfields
-
-from lockutil import eventually, make_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import pytest
 
 from handofflock.core import protocol
 from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Released, Wait, WaiterSeen, Write
-from handofflock.core.record import Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
 from handofflock.core.timing import Timing
 
 NOW = 1_700_000_000.0
@@ -141,7 +141,7 @@ def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_ow
     # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
     old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, timing=TIMING, nonce="n3", waiting=True)
     assert isinstance(old, Contended) and old.superseded
-    # ... even with a higher priority, which would take another job's slot (issue 24, item 1)
+    # ... even with a higher priority, which would take another job's slot
     old = protocol.decide_acquire(
         d.record, GEN + 1, me=Me("me", "i0"), now=NOW, timing=TIMING, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
     )
@@ -205,6 +205,7 @@ def test_renew_decision_table(name, record, outcome):
 
 # -- release -------------------------------------------------------------------
 
+
 def test_release_with_a_live_waiter_hands_off_in_one_write():
     d = protocol.decide_release(rec("me", NOW + 5, "w", NOW + 9), GEN, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.HANDOFF and d.if_generation_match == GEN
@@ -253,6 +254,7 @@ def test_a_free_whose_reply_was_lost_is_recognised():
 
 # -- give up, observe -----------------------------------------------------------
 
+
 def test_giving_up_the_wait_clears_only_our_slot():
     d = protocol.decide_give_up_wait(rec("a", NOW + 30, "me", NOW + 20), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.GIVE_UP_WAIT and d.record.waiter is None and d.record.owner.id == "a"
@@ -297,3 +299,61 @@ def test_a_release_whose_reply_was_lost_and_then_moved_on_is_not_reported_as_los
     assert isinstance(outside, Lost)
     # Without a write of ours in doubt, a record that moved on is always a loss.
     assert isinstance(protocol.decide_release(moved_on, GEN + 3, me=Me("me"), token=7, now=NOW, timing=TIMING, nonce="n2", within_lease=True), Lost)
+
+
+PATIENT = WaiterRequest(asks=False)
+
+HIGH, LOW = WaiterRequest(priority=5), WaiterRequest(priority=-5)
+
+HIGH_PATIENT = WaiterRequest(asks=False, priority=5)
+
+
+def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
+    return LockRecord(
+        Holder("a", owner_expires, "ia"),
+        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
+        ttl=60.0, token=7, nonce="old", **kw,
+    )
+
+# (name, record, our request, expected outcome, expected kind)
+SLOT_TABLE = [
+    ("an asking request takes the slot from a patient waiter", held(PATIENT), ASKING, Write, Kind.BECOME_WAITER),
+    ("a patient request never takes the slot from an asking waiter", held(), PATIENT, Contended, None),
+    ("patient after patient: first come keeps the slot", held(PATIENT), PATIENT, Contended, None),
+    ("asking after asking: first come keeps the slot", held(), ASKING, Contended, None),
+    ("a higher priority takes the slot from a lower one", held(LOW), ASKING, Write, Kind.BECOME_WAITER),
+    ("a higher priority takes it even from an asking waiter", held(), HIGH, Write, Kind.BECOME_WAITER),
+    ("a lower priority waits behind a higher one", held(HIGH), ASKING, Contended, None),
+    ("priority comes before asking: a patient high one keeps it from an asking one", held(HIGH_PATIENT), ASKING, Contended, None),
+    ("a patient high one takes it from an asking low one", held(LOW), HIGH_PATIENT, Write, Kind.BECOME_WAITER),
+    ("the lease is over: the live waiter takes the lock, whatever we rank", held(PATIENT, owner_expires=NOW - 100), HIGH, Contended, None),
+    ("a patient waiter on a free slot becomes the waiter", held(None, waiter=None, waiter_expires=None), PATIENT, Write, Kind.BECOME_WAITER),
+    ("a patient waiter whose slot is fresh waits", held(PATIENT, waiter="me", waiter_expires=NOW + 25), PATIENT, Wait, None),
+]
+
+# (name, record, yields, declined written)
+DECLINE_TABLE = [
+    ("a holder that does not yield declines an asking waiter", held(), False, True),
+    ("a holder that does not yield has nothing to decline of a patient waiter", held(PATIENT), False, False),
+    ("nor of an expired one", held(waiter_expires=NOW - 1), False, False),
+    ("a holder that yields never claims a decline", held(declined=True), True, False),
+]
+
+
+@pytest.mark.parametrize("name,record,request_,outcome,kind", SLOT_TABLE, ids=[r[0] for r in SLOT_TABLE])
+def test_slot_sharing_decision_table(name, record, request_, outcome, kind):
+    me = Me("me", "iw" if record.waiting_owner_id == "me" else "im")
+    d = protocol.decide_acquire(record, GEN, me=me, now=NOW, timing=TIMING, nonce="n", waiting=False, request=request_)
+    assert isinstance(d, outcome), d
+    if kind is not None:
+        assert d.kind is kind and d.if_generation_match == GEN
+        assert d.record.waiting_owner_id == "me" and d.record.request == request_
+        assert d.record.owner_id == "a" and d.record.expires_at == NOW + 30  # the owner and its lease stay
+
+
+@pytest.mark.parametrize("name,record,yields,declined", DECLINE_TABLE, ids=[r[0] for r in DECLINE_TABLE])
+def test_renew_writes_the_decline_table(name, record, yields, declined):
+    d = protocol.decide_renew(record, GEN, me=Me("a", "ia", yields=yields), token=7, now=NOW, timing=TIMING, nonce="n")
+    assert isinstance(d, Write) and d.kind is Kind.RENEW
+    assert d.record.declined is declined
+    assert LockRecord.decode(d.record.encode()).declined is declined  # and it survives the wire

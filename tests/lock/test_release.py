@@ -1,6 +1,6 @@
 """release(): it writes the handoff or the free record, survives a failed write, and can be called from a signal handler.
 
-Release requests (who asks the owner to give the lock up) are in test_release_requests.py; the
+Release requests (who asks the owner to give the lock up) are in test_waiter_check.py and test_signals.py; the
 asynchronous lock's release under cancellation in tests/aio/test_aio_cancellation.py; force_release
 of a corrupt record in tests/storage/test_record_corrupt.py.
 """
@@ -13,12 +13,25 @@ import threading
 import time
 import uuid
 
+import orjson
 import pytest
+from lockutil import FAST, make_lock, raw_read, raw_write
+from simworld import KEY, Sim
 
-from handofflock import AcquireCancelled, TransientStorageError, signals
+from handofflock import (
+    AcquireCancelled,
+    FakeClock,
+    HandoffLock,
+    LockLost,
+    LockTimeout,
+    Scheduler,
+    TransientStorageError,
+    signals,
+)
+from handofflock.core.record import Label
+from handofflock.lock.primitives import Primitives
+from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
-from lockutil import make_lock, raw_read
-from simworld import KEY, TimedStore, World  # noqa: F401 (World: the type of the world fixture)
 
 GCS_SPACING = 1.0  # GCS's default write spacing, given to the memory store where a test says so
 
@@ -65,18 +78,17 @@ def test_a_release_whose_write_failed_is_retried_in_the_background(world):
 
 
 def test_a_release_right_after_a_renewal_goes_out_at_once(world):
-    store = TimedStore("release-after-renew", world.clock)
-    world.store = store
+    write_times = world.timed_writes()
     a = world.lock("A", ttl=5.0, min_write_interval=GCS_SPACING)
     assert a.acquire()
     world.clock.advance(a.renew_interval)
     world.sched.run_pending()  # the renewal
-    renewed = store.write_times[-1]
+    renewed = write_times[-1]
     world.clock.advance(0.05)
     released_at = world.clock.monotonic()
     a.release()
-    assert store.write_times[-1] - released_at < 1e-9, "the release waited behind the renewal"
-    assert store.write_times[-1] - renewed < 0.1
+    assert write_times[-1] - released_at < 1e-9, "the release waited behind the renewal"
+    assert write_times[-1] - renewed < 0.1
 
 
 def test_release_from_a_signal_handler_during_a_blocking_acquire_cancels_it_without_deadlock():
@@ -119,3 +131,254 @@ def test_release_from_a_signal_handler_while_the_main_thread_is_inside_the_libra
     assert status.owner_id == lock.owner_id
     assert not lock.is_held, "the deferred release ran when status() returned"
     assert raw_read(url)[0].owner_id is None
+
+
+@pytest.fixture
+def url():
+    name = f"labels-{uuid.uuid4().hex[:8]}"
+    yield f"memory://{name}/locks/train.json"
+    MemoryStorage.forget(name)
+
+
+@pytest.fixture
+def env():
+    name = f"timing-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock()
+    sched = Scheduler(clock, autostart=False)
+    yield name, clock, sched, MemoryStorage.named(name)
+    MemoryStorage.forget(name)
+
+
+def new_lock(name, clock, sched, **kw):
+    opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
+    opts.update(kw)
+    return HandoffLock(f"memory://{name}/train.json", **opts)
+
+
+class _YieldingMutex:
+    """A mutex that, once released, lets a thread queued on it run before its releaser goes on."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+
+    def __enter__(self) -> "_YieldingMutex":
+        self._mutex.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mutex.release()
+        time.sleep(0.1)
+
+
+class Heard:
+    """What one lock's request signals said, in order."""
+
+    def __init__(self, lock: HandoffLock) -> None:
+        self.events: list[tuple[str, object]] = []
+        self._hold = (self._requested, self._withdrawn)  # blinker keeps weak references
+        signals.on_release_requested.connect(self._requested, sender=lock)
+        signals.on_release_withdrawn.connect(self._withdrawn, sender=lock)
+
+    def _requested(self, sender, request, **kw):
+        self.events.append(("requested", request))
+
+    def _withdrawn(self, sender, request, requester, reason, **kw):
+        assert (requester, reason) == (request.requester, "waiter")
+        self.events.append(("withdrawn", request))
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return [(kind, req.requester) for kind, req in self.events]
+
+
+def owner_and_waiter(sim, **waiter_kw):
+    a = sim.lock("a", **FAST)
+    b = sim.lock("b", **{**FAST, **waiter_kw})
+    sim.call(a.acquire)
+    return a, b, Heard(a)
+
+
+def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
+    """``lock.acquire(timeout=...)`` in a simulated thread; AcquireCancelled and LockTimeout end it quietly."""
+
+    def go():
+        try:
+            lock.acquire(timeout=timeout)
+        except (AcquireCancelled, LockTimeout):
+            pass
+
+    return sim.start(go)
+
+
+def _race_once(i: int) -> str:
+    """One race of the holder's release against the waiter's leaving; returns who won ("handed"/"freed").
+
+    Each race is a world of its own, seeded ``i``: the seed picks which thread runs first at each instant.
+    """
+    sim = Sim(seed=i)
+    try:
+        a, b, _ = owner_and_waiter(sim)
+        t = wait_in_thread(sim, b)
+        sim.run_until(lambda: a.release_requested)
+        result: dict[str, object] = {}
+        first_leave = i % 2 == 0  # either side a little ahead of the other, and sometimes neither
+
+        def release():
+            sim.sleep(0.0005 * (i % 3) if first_leave else 0)
+            result["heir"] = a.release()
+
+        def leave():
+            sim.sleep(0 if first_leave else 0.0005 * (i % 3))
+            b.cancel()
+
+        calls = [sim.start(release), sim.start(leave)]
+        sim.run_until(lambda: all(calls) and t.done, limit=20)
+        assert all(c.error is None for c in calls), [c.error for c in calls]
+        record = sim.record()
+        if result["heir"] == "b":
+            assert b.is_held or record.owner_id is None, "handed to b: b holds it (or released it on its cancel)"
+            outcome = "handed"
+        else:
+            assert result["heir"] is None and not b.is_held
+            outcome = "freed"
+        assert record.owner_id in (None, "b") and record.waiting_owner_id is None
+        assert not (a.is_held and b.is_held)
+        return outcome
+    finally:
+        sim.end()
+
+
+def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the_callers_back(sim):
+    during: list = []
+
+    def run_during(op, key, found):
+        """Once armed, call ``during`` in another thread while a read is in flight: a release() that lands
+        after the read that will show the handoff, and before the acquire acts on it."""
+        if during:
+            call = sim.start(during.pop())
+            waited = 0.0
+            while not call.done and waited < 0.5:  # the new code waits for the acquire to end: go on after a moment
+                sim.sleep(0.01)
+                waited += 0.01
+
+    sim.store.faults.after("read", run_during)
+    kw = dict(ttl=3.0, waiter_poll_interval=0.2, waiter_check_interval=0.05)
+    owner = sim.lock("O", **kw)
+    waiter = sim.lock("W", **kw)
+    assert sim.call(owner.acquire)
+    box: dict[str, object] = {}
+
+    def run():
+        try:
+            box["acquired"] = waiter.acquire(timeout=10)
+        except BaseException as exc:  # handed to the test
+            box["error"] = exc
+
+    t = sim.start(run)
+    sim.run_until(lambda: owner.release_requested, limit=10)
+    during.append(lambda: box.setdefault("released", waiter.release()))
+    assert sim.call(owner.release) == "W"  # the waiter's next poll reads the handoff, and meets our release()
+    sim.run_until(lambda: t.done, limit=20)
+    sim.run_until(lambda: "released" in box, limit=20)
+    assert "released" in box, box
+    assert not waiter.is_held, f"release() returned {box['released']!r} but the lock is still held: {box}"
+    record = sim.record()
+    assert record.owner_id != "W", f"the record still names W as owner: {record}"
+
+
+def test_a_forced_release_clears_both_labels(url):
+    holder = make_lock(url, owner_id="h", label="holder-label")
+    holder.acquire()
+    try:
+        assert raw_read(url)[0].owner_label == Label("holder-label")
+        force_release(url)
+        record = raw_read(url)[0]
+        assert record.owner_label is None and record.waiter_label is None
+        assert "ownerLabel" not in orjson.loads(record.encode())
+    finally:
+        holder._unschedule()  # private: stop its renewals without releasing
+
+
+def test_a_stale_release_after_the_lease_expired_and_was_taken_writes_nothing(sim):
+    stale = sim.lock("stale", paused=True, **FAST)
+    assert sim.call(stale.acquire)
+    sim.run_for(FAST["ttl"] + FAST["max_clock_skew"] + 0.2)
+    assert not stale.healthy
+    usurper = sim.lock("usurper", **FAST)
+    assert sim.call(lambda: usurper.acquire(blocking=False))
+    before = sim.read()
+    with pytest.raises(LockLost):
+        sim.call(stale.release)
+    assert sim.read() == before
+    assert before[0].owner_id == usurper.owner_id and usurper.token > stale.token
+
+
+def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env):
+    """The scheduler may have started a lock's renewal just before release() unscheduled it; that
+    renewal waits for the lock's I/O mutex. When it gets it, the lock must already read as released:
+    renewing from the replaced record would fail and report a clean release as a lost lock."""
+    name, clock, sched, store = env
+    lock = new_lock(name, clock, sched, primitives=Primitives(mutex=_YieldingMutex))
+    assert lock.acquire()
+    events = []
+    signals.on_renewal_error.connect(lambda s, **kw: events.append("renewal error"), sender=lock, weak=False)
+    signals.lost.connect(lambda s, **kw: events.append("lost"), sender=lock, weak=False)
+    clock.advance(7.5)  # a renewal is due
+    real_write, in_write, go = store.write, threading.Event(), threading.Event()
+
+    def held_up_write(*args, **kw):
+        in_write.set()
+        assert go.wait(5)
+        return real_write(*args, **kw)
+
+    store.write = held_up_write
+    releasing = threading.Thread(target=lock.release)
+    releasing.start()
+    assert in_write.wait(5)
+    store.write = real_write
+    renewing = threading.Thread(target=lock._duties.run_due)  # private: the duty the scheduler had already started
+    renewing.start()
+    time.sleep(0.1)  # it is now waiting for the mutex the release holds
+    writes = store.calls["write"]
+    go.set()
+    releasing.join(5)
+    renewing.join(5)
+    assert not releasing.is_alive() and not renewing.is_alive()
+    assert events == [], "a clean release was reported as a lost lock"
+    assert store.calls["write"] == writes + 1, "the queued renewal wrote after the release"
+    assert raw_read(f"memory://{name}/train.json")[0].owner_id is None
+    assert not lock.is_held
+    assert lock.acquire(), "the instance can take the lock again"
+    lock.release()
+
+
+def test_a_receiver_of_lost_may_call_back_into_the_lock_while_release_reports_the_loss(env):
+    name, clock, sched, store = env
+    url = f"memory://{name}/train.json"
+    lock = new_lock(name, clock, sched)
+    assert lock.acquire()
+    record, gen = raw_read(url)
+    clock.advance(31.0)  # paused past the renew deadline (the scheduler did not run) and taken over
+    raw_write(url, record.replace(owner_id="thief", token=record.token + 1, expires_at=clock.time() + 60, nonce="t1"), gen)
+    seen = []
+    signals.lost.connect(lambda s, **kw: seen.append(lock.status().owner_id), sender=lock, weak=False)
+    outcome = []
+
+    def release():
+        try:
+            lock.release()
+        except LockLost as exc:
+            outcome.append(exc)
+
+    releasing = threading.Thread(target=release, daemon=True)
+    releasing.start()
+    releasing.join(5)
+    assert not releasing.is_alive(), "release() deadlocked on a receiver calling status()"
+    assert seen == ["thief"] and len(outcome) == 1
+    assert raw_read(url)[0].owner_id == "thief", "nothing was written over the new owner"
+
+
+def test_a_release_racing_a_withdrawal_hands_the_lock_to_exactly_one_or_frees_it():
+    """The holder releases as the waiter gives up: the conditional writes let exactly one of them win."""
+    outcomes = [_race_once(i) for i in range(12)]
+    print("outcomes", {k: outcomes.count(k) for k in ("handed", "freed")})
+    assert len(outcomes) == 12  # which side wins each time is up to the seed: both are correct

@@ -83,10 +83,10 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
     assert set(doc) == {
         "url", "exists", "generation", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt",
         "token", "ttl", "readAt", "ownerLive", "waiterLive", "state", "expiresIn", "waiterExpiresIn",
-        # issue 17: labels, the release request, and every time as ISO 8601 too
+        # labels, the release request, and every time as ISO 8601 too
         "ownerLabel", "waiterLabel", "ownerGrace", "leaseSuspect", "expiresAtIso", "waiterExpiresAtIso", "readAtIso",
         "releaseRequested", "releaseRequestedBy",
-        # issue 24: a patient waiter, its priority, and a declined request
+        # a patient waiter, its priority, and a declined request
         "waiterAsks", "waiterPriority", "releaseDeclined",
     }
     assert (doc["state"], doc["ownerId"], doc["token"], doc["generation"], doc["ownerLive"]) == ("held", "trainer-A", 7, gen, True)

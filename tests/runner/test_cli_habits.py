@@ -1,6 +1,6 @@
 """The shell user's habits: flock(1)'s -w, run's own usage, flag names in errors, a closed pipe.
 
-Each through the real ``handofflock`` command.
+Through the real ``handofflock`` command; its refusals, which end before any I/O, through ``cli.main``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from handofflock.exit_codes import EXIT_CONFIG, EXIT_USAGE
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as the shells report cat
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 
 def handofflock(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -27,8 +27,8 @@ def test_run_takes_flocks_w_and_wait_for_its_timeout(flag, tmp_path):
     assert (tmp_path / "ran").exists()
 
 
-def test_a_command_without_the_double_dash_gets_runs_usage_and_says_where_the_command_goes(tmp_path):
-    done = handofflock("run", "-w", "5", str(tmp_path / "lock.json"), "touch", "x", cwd=tmp_path)
+def test_a_command_without_the_double_dash_gets_runs_usage_and_says_where_the_command_goes(tmp_path, capsys):
+    done = in_process(["run", "-w", "5", str(tmp_path / "lock.json"), "touch", "x"], capsys, cwd=tmp_path)
     assert done.returncode == EXIT_USAGE
     assert "usage: handofflock run URL [options] -- CMD [ARGS...]" in done.stderr
     assert "COMMAND ..." not in done.stderr  # not the top-level usage
@@ -44,8 +44,8 @@ def test_a_command_without_the_double_dash_gets_runs_usage_and_says_where_the_co
         (["--ttl", "30", "--poll-interval", "60"], "shorter --poll-interval"),
     ],
 )
-def test_configuration_errors_name_the_flags_of_the_command(flags, says, tmp_path):
-    done = handofflock("run", *flags, str(tmp_path / "lock.json"), "--", "true")
+def test_configuration_errors_name_the_flags_of_the_command(flags, says, tmp_path, capsys):
+    done = in_process(["run", *flags, str(tmp_path / "lock.json"), "--", "true"], capsys)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert says in done.stderr
     for python_name in ("waiter_check_interval", "waiter_poll_interval", "waiter_ttl", " ttl="):
@@ -61,8 +61,8 @@ def test_status_into_a_pipe_closed_early_exits_141_without_a_traceback(tmp_path)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
-def test_help_lists_every_url_form():
-    done = handofflock("--help")
+def test_help_lists_every_url_form(capsys):
+    done = in_process(["--help"], capsys)
     assert done.returncode == 0
     for form in ("gs://", "s3://", "file://"):
         assert form in done.stdout, done.stdout

@@ -7,28 +7,22 @@ import subprocess
 import pytest
 
 from handofflock.exit_codes import EXIT_CONFIG
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 
 @pytest.mark.parametrize(
     ("typo", "meant"),
     [("gs:/bkt/x.json", "gs://bkt/x.json"), ("s3:/b/k", "s3://b/k"), ("gcs://bkt/x.json", "gs://bkt/x.json")],
 )
-def test_run_refuses_a_url_typed_with_a_slip_and_creates_nothing(typo, meant, tmp_path):
-    done = subprocess.run(
-        [str(CONSOLE_SCRIPT), "run", typo, "--", "touch", "ran"],
-        cwd=tmp_path, capture_output=True, text=True, env=child_env(), timeout=60,
-    )
+def test_run_refuses_a_url_typed_with_a_slip_and_creates_nothing(typo, meant, tmp_path, capsys):
+    done = in_process(["run", typo, "--", "touch", "ran"], capsys, cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert meant in done.stderr
     assert list(tmp_path.iterdir()) == []  # neither ./gs:/bkt/x.json nor the command's file
 
 
-def test_status_refuses_a_relative_file_url(tmp_path):
-    done = subprocess.run(
-        [str(CONSOLE_SCRIPT), "status", "file:x.json"], cwd=tmp_path, capture_output=True, text=True,
-        env=child_env(), timeout=60,
-    )
+def test_status_refuses_a_relative_file_url(tmp_path, capsys):
+    done = in_process(["status", "file:x.json"], capsys, cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert "file:///" in done.stderr
 

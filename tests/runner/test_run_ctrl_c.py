@@ -1,4 +1,4 @@
-"""Ctrl-C at ``handofflock run`` on a real terminal (issue 24 item 11), through the real command.
+"""Ctrl-C at ``handofflock run`` on a real terminal, through the real command.
 
 The first Ctrl-C is passed on to CMD and starts the grace; each further one
 printed "N s to exit" again, although the grace does not restart, and did

@@ -1,4 +1,4 @@
-"""``handofflock run`` for operators (issue 17): labels, requests that go away, a checked command and
+"""``handofflock run`` for operators: labels, requests that go away, a checked command and
 signal, and what a long wait shows, on a terminal (a real pty) and elsewhere. Real processes throughout."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, popen
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen
 from lockutil import eventually, raw_read
 
 from handofflock import HandoffLock
@@ -81,9 +81,8 @@ def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["KILL", "9", "STOP", "CHLD", "SEGV", "WINCH", "0", "65", "TERMINATE"])
-def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, value):
-    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--signal", value, "--", "true"],
-                          check=False, capture_output=True, text=True, env=child_env(), timeout=60)
+def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, value, capsys):
+    proc = in_process(["run", str(tmp_path / "lock.json"), "--signal", value, "--", "true"], capsys)
     assert proc.returncode == EXIT_CONFIG, proc.stderr
     assert "--signal" in proc.stderr or "signal" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -119,7 +118,7 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
         waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--label", "eval-job", "--", "true"])
         eventually(lambda: (raw_read(url)[0]).waiting_owner_id is not None, timeout=20, what="the waiter registered")
         asked = wait_for_line(holder, "asks for")
-        assert "eval-job (" in asked, asked  # named by its label, as status names it (issue 24)
+        assert "eval-job (" in asked, asked  # named by its label, as status names it
         grace_ends = time.monotonic() + 3.0
         waiter.send_signal(signal.SIGINT)
         assert waiter.wait(20) == 128 + signal.SIGINT, waiter.stderr.read()

@@ -1,4 +1,4 @@
-"""Where ``handofflock run`` sends the polite signal (issue 23 item 9), through the real command.
+"""Where ``handofflock run`` sends the polite signal, through the real command.
 
 A trainer with a SIGTERM handler and one spawned helper process (what a
 PyTorch DataLoader has) needs its helper for the step it finishes and the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import eventually, raw_read
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
@@ -154,7 +154,6 @@ def test_signal_to_says_whether_the_process_group_gets_the_polite_signal(tmp_pat
         _cleanup(holder, tmp_path)
 
 
-def test_signal_to_refuses_anything_else(tmp_path):
-    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--signal-to", "all", "--", "true"],
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+def test_signal_to_refuses_anything_else(tmp_path, capsys):
+    proc = in_process(["run", str(tmp_path / "lock.json"), "--signal-to", "all", "--", "true"], capsys)
     assert proc.returncode == 2 and "--signal-to" in proc.stderr

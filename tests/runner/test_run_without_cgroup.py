@@ -1,4 +1,4 @@
-"""``handofflock run`` where no cgroup can be made (issue 23 item 8): no descendant of CMD outlives the hold.
+"""``handofflock run`` where no cgroup can be made: no descendant of CMD outlives the hold.
 
 Each test runs ``run`` the way a Kubernetes pod with a read-only cgroup mount
 does: in a private mount namespace whose cgroup mounts are remounted read-only

@@ -1,4 +1,4 @@
-"""``handofflock run --yield-exit-code N`` (issue 24 item 8), through the real command.
+"""``handofflock run --yield-exit-code N``, through the real command.
 
 A job that yields (stops within the grace because a waiter asked for the lock)
 exited with its signal's status, 143, like a crash: cron mails it, systemd
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import raw_read
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
@@ -65,8 +65,7 @@ def test_a_command_that_exits_by_itself_keeps_its_status(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["256", "-1"])
-def test_a_yield_exit_code_out_of_range_is_refused(tmp_path, value):
-    done = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--yield-exit-code", value,
-                           "--", "true"], capture_output=True, text=True, env=child_env(), timeout=60)
+def test_a_yield_exit_code_out_of_range_is_refused(tmp_path, value, capsys):
+    done = in_process(["run", str(tmp_path / "lock.json"), "--yield-exit-code", value, "--", "true"], capsys)
     assert done.returncode == 64 and "--yield-exit-code must be" in done.stderr, done.stderr
     assert not (tmp_path / "lock.json").exists()

@@ -1,4 +1,4 @@
-"""``handofflock run``: the command never outlives its lock (issue 18), with real processes.
+"""``handofflock run``: the command never outlives its lock, with real processes.
 
 Each test starts ``handofflock run LOCK -- CMD`` on a local lock file, finds
 the command's processes through /proc, does to ``run`` what the world does
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import eventually, raw_read
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the guarantees are Linux's"),
@@ -292,9 +292,8 @@ def test_a_command_stopped_past_its_lease_is_killed_not_continued(tmp_path):
     (("--grace", "inf"), "--grace must be a number of seconds in [0, 604800]"),
     (("--grace", "nan"), "--grace must be a number of seconds in [0, 604800]"),
 ])
-def test_nonsense_options_get_a_usage_error_not_a_traceback(tmp_path, args, message):
-    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), *args, "--", "true"],
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+def test_nonsense_options_get_a_usage_error_not_a_traceback(tmp_path, args, message, capsys):
+    proc = in_process(["run", str(tmp_path / "lock.json"), *args, "--", "true"], capsys)
     assert proc.returncode == 64, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "lock.json").exists(), "nothing was acquired"

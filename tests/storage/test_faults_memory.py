@@ -43,7 +43,7 @@ from handofflock.storage import pacing
 from handofflock.core.record import new_nonce
 from handofflock.storage import MemoryStorage
 
-from simworld import KEY, TimedStore, World  # noqa: F401  (the world fixture is in conftest.py)
+from simworld import KEY, World  # noqa: F401  (the world fixture is in conftest.py)
 
 
 @dataclass(frozen=True)
@@ -354,8 +354,7 @@ def test_a_permanent_storage_error_is_not_retried(world, op):
 
 @pytest.mark.parametrize("retry_after, spacing", [(None, 1.0), (3.0, 3.0)])
 def test_a_429_widens_the_spacing_of_writes_to_that_object_from_the_retry_on(world, retry_after, spacing):
-    store = TimedStore("faults-429", world.clock)
-    world.store = store
+    store, write_times = world.store, world.timed_writes()
     store.faults.fail_next("write", key=KEY, exc=lambda: TransientStorageError(
         "429: rate limit on this object", status=429, ambiguous=False, retry_after=retry_after))
     a = world.lock("A")
@@ -363,7 +362,7 @@ def test_a_429_widens_the_spacing_of_writes_to_that_object_from_the_retry_on(wor
     assert a.acquire(timeout=30)
     a.release()
     assert c.acquire(timeout=30)
-    refused, created, freed, taken = store.write_times
+    refused, created, freed, taken = write_times
     assert created - refused >= spacing  # the retry waited the widened spacing (or the server's Retry-After)
     # No burst while the penalty lasts, not even for the (urgent) release; successes relax it gradually.
     assert freed - created >= 0.75 * spacing

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from handofflock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.timing import RETRY_SPACINGS, Timing
 from handofflock.storage import MemoryStorage
@@ -65,9 +66,8 @@ def test_the_store_spacing_floor_counts_from_the_last_write_of_any_kind():
 
 def test_write_resolving_sends_a_renewal_with_no_room_at_the_stores_spacing():
     """Through the retry loop: the 429'd renewal's retry goes one spacing after it, not two."""
-    from simclock import SimClock
 
-    clock = SimClock(step=0.05)
+    clock = FakeClock(step=0.05)
     store = MemoryStorage("gate-lease-first")
     gate = WriteGate(GCS_SPACING)
     store.faults.fail_next("write", exc=lambda: TransientStorageError("429", status=429, ambiguous=False))

@@ -31,3 +31,22 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def popen(args: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), **kw)
+
+
+def in_process(args: list[str], capsys: pytest.CaptureFixture[str], cwd: Path | None = None):
+    """``handofflock ARGS`` run by ``handofflock.cli.main`` in this process, for the refusals (usage and
+    configuration errors) that end before any I/O or child process: milliseconds instead of an interpreter's
+    start. An exception that escapes ``main`` fails the test here, as its traceback would fail the real
+    command's check. The console script itself is run as a process by the rest of tests/runner."""
+    from handofflock.cli import main
+
+    capsys.readouterr()
+    before = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        code = main(list(args))
+    finally:
+        os.chdir(before)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["handofflock", *args], code, out, err)

@@ -19,9 +19,10 @@ _n = itertools.count()
 #: logic at a ttl of 1.5 s, which GCS's one write per second per object cannot serve
 #: (Timing refuses it: a ttl under 5 s on GCS). What users get, the store's default
 #: pacing, is tested on its own: tests/processes/test_xproc_gcs.py (separate processes, default
-#: pacing, ttl 5 and 60), tests/lock/test_lease_clock.py, tests/lock/test_fork.py, the GCS runs of
-#: tests/runner/test_cli.py and of tests/lock/test_lock.py::test_renewal_keeps_a_lock_held_for_many_ttls,
-#: and the simulation (tests/sim/test_simulation.py), where 3 seeds in 10 run at GCS pacing (ttl 5, writes 1 s apart).
+#: pacing, ttl 5 and 60), tests/lock/test_renew.py, tests/lock/test_fork.py, the GCS runs of
+#: tests/runner/test_cli.py, tests/lock/test_renew.py::test_renewal_keeps_a_lock_held_for_many_ttls
+#: (simulated, writes 1 s apart), and the simulation (tests/sim/test_simulation.py), where 3 seeds in
+#: 10 run at GCS pacing (ttl 5, writes 1 s apart).
 FAST = dict(
     ttl=1.5,
     renew_interval=0.2,

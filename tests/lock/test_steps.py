@@ -1,4 +1,4 @@
-"""The yield-to-checkpoint idiom: ``for step in lock.steps(...)``."""
+"""steps(): a training loop that hands the lock over between steps when asked."""
 
 from __future__ import annotations
 

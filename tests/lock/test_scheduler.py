@@ -1,12 +1,8 @@
-"""Waiter checks of many locks under one prefix cost one listing per interval, plus a read per changed object.
-
-Counted where the money is spent: storage calls on the memory backend, HTTP
-requests on the GCS emulator. Time is a fake clock, so a "check interval" is
-exactly one ``advance`` and one ``run_pending``.
-"""
+"""The scheduler that runs every lock's duties: its contract, grouped waiter checks, and a loop that never spins or dies."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -14,13 +10,91 @@ from collections import Counter
 from urllib.parse import urlsplit
 
 import pytest
-
-from handofflock import FakeClock, HandoffLock, Scheduler, signals
-from handofflock.core.errors import StorageError
-from handofflock.storage import MemoryStorage, open_url
 from lockutil import eventually, raw_read, raw_write
 
+from handofflock import (
+    FakeClock,
+    HandoffLock,
+    Scheduler,
+    StorageError,
+    TransientStorageError,
+    signals,
+)
+from handofflock.core.clock import Clock
+from handofflock.lock.scheduler import Scheduled
+from handofflock.storage import MemoryStorage, open_url
+from handofflock.storage.pacing import WriteGate
+
+
+class WallTicker:
+    """Due every ``every`` seconds on the real clock; sets ``ran`` when run."""
+
+    check_interval = math.inf
+    request_timeout = 5.0
+
+    def __init__(self, clock, store, key, every=0.02):
+        self.clock, self.store, self.key, self.every = clock, store, key, every
+        self.next_at = clock.monotonic() + every
+        self.ran = threading.Event()
+
+    def next_due(self):
+        return self.next_at
+
+    def next_due_besides_check(self):
+        return self.next_at
+
+    def next_check_at(self):
+        return math.inf
+
+    def run_due(self):
+        self.next_at = self.clock.monotonic() + self.every
+        self.ran.set()
+
+    def check_against(self, generation):
+        pass
+
+
+class Ticker:
+    """Due every ``every`` seconds; counts its runs and its checks."""
+
+    def __init__(self, clock, store, key, every=1.0, check=math.inf):
+        self.clock, self._store, self._key = clock, store, key
+        self.every, self.check = every, check
+        self.next_at = clock.monotonic() + every
+        self.next_check = clock.monotonic() + check
+        self.runs, self.checked = 0, []
+        self.ran = threading.Event()
+
+    check_interval = property(lambda self: self.check)
+    store = property(lambda self: self._store)
+    key = property(lambda self: self._key)
+    request_timeout = 5.0
+
+    def next_due(self):
+        return min(self.next_at, self.next_check)
+
+    def next_due_besides_check(self):
+        return self.next_at
+
+    def next_check_at(self):
+        return self.next_check
+
+    def run_due(self):
+        now = self.clock.monotonic()
+        if now >= self.next_at:
+            self.runs += 1
+            self.next_at = now + self.every
+            self.ran.set()
+        if now >= self.next_check:
+            self.checked.append(None)
+            self.next_check = now + self.check
+
+    def check_against(self, generation):
+        self.checked.append(generation)
+        self.next_check = self.clock.monotonic() + self.check
+
 N = 50
+
 CHECK = 2.0
 
 
@@ -103,6 +177,104 @@ def held(base):
 def one_interval(clock, sched) -> None:
     clock.advance(CHECK)
     sched.run_pending()
+
+
+def test_a_loop_thread_that_could_not_start_is_started_by_the_next_add(monkeypatch):
+    real_start, refused = threading.Thread.start, []
+
+    def start_once_refused(thread):
+        if thread.name == "startfail-scheduler" and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_refused)
+    clock = Clock()
+    sched = Scheduler(clock, name="startfail")
+    ticker = WallTicker(clock, MemoryStorage("startfail"), "dir/a.json")
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            sched.add(ticker)
+        assert refused
+        sched.add(ticker)  # the next add starts the loop
+        assert ticker.ran.wait(10.0), "the scheduler believes a loop runs that never started"
+    finally:
+        sched.stop()
+
+
+def test_a_scheduler_whose_stop_timed_out_never_runs_two_loops():
+    gate, parked = threading.Event(), threading.Event()
+
+    def park_the_first_sleep(timeout):
+        """The loop's first sleep lasts until the test says so: stop() cannot join it in time."""
+        if not parked.is_set():
+            parked.set()
+            gate.wait(10)
+
+    clock = FakeClock()
+    clock.on_wait.append(park_the_first_sleep)
+    sched = Scheduler(clock, name="stop-test")
+    # Private (Scheduler's): starting and restarting the loop with nothing scheduled is the race
+    # under test, and only _ensure_thread does that; _thread is the loop that must not be doubled.
+    sched._ensure_thread()
+    loop = sched._thread
+    assert parked.wait(5)
+    sched.stop(timeout=0.05)  # the loop is parked: the join times out
+    assert loop.is_alive()
+    threading.Timer(0.3, gate.set).start()
+    sched._ensure_thread()  # must not start a second loop beside the one still running
+    time.sleep(0.5)  # the old loop is free again: had it been told to go on, it would still run
+    alive = [t for t in threading.enumerate() if t.name == "stop-test-scheduler"]
+    assert len(alive) == 1, f"{len(alive)} scheduler loops running"
+    sched.stop()
+
+
+def test_one_scheduler_thread_serves_many_locks():
+    sched = Scheduler(io_workers=2)
+    name = f"many-{uuid.uuid4().hex[:8]}"
+    held = [HandoffLock(f"memory://{name}/l{i}.json", ttl=3, scheduler=sched) for i in range(50)]
+    before = threading.active_count()
+    for lock in held:
+        assert lock.acquire()
+    eventually(lambda: sched.threads >= 1, what="scheduler start")
+    time.sleep(0.6)
+    assert sched.threads <= 3
+    assert threading.active_count() - before <= 3
+    for lock in held:
+        lock.release()
+    sched.stop()
+
+
+def test_a_plain_object_of_the_scheduled_shape_is_run_when_due():
+    clock = FakeClock()
+    sched = Scheduler(clock, autostart=False)
+    ticker: Scheduled = Ticker(clock, MemoryStorage("contract"), "root.json", every=1.0)
+    sched.add(ticker)
+    sched.run_pending()
+    assert ticker.runs == 0  # not due yet
+    for _ in range(3):
+        clock.advance(1.0)
+        sched.run_pending()
+    assert ticker.runs == 3
+    sched.discard(ticker)
+    clock.advance(5.0)
+    sched.run_pending()
+    assert ticker.runs == 3  # discarded: never run again
+
+
+def test_objects_under_one_prefix_are_checked_against_one_listing():
+    clock = FakeClock()
+    store = MemoryStorage("contract-group")
+    generation = store.write("jobs/a.json", b"{}", if_generation_match=0)
+    sched = Scheduler(clock, autostart=False)
+    a = Ticker(clock, store, "jobs/a.json", every=100.0, check=1.0)
+    b = Ticker(clock, store, "jobs/b.json", every=100.0, check=1.0)
+    sched.add(a)
+    sched.add(b)
+    clock.advance(1.0)
+    sched.run_pending()
+    assert a.checked == [generation] and b.checked == [0]  # b's object is not listed
+    assert store.calls["list"] == 1
 
 
 def test_a_quiet_interval_costs_one_listing_and_nothing_else(held):
@@ -365,3 +537,68 @@ def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     raw_write(locks[0].url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w"), generation)
     one_interval(clock, sched)
     assert locks[0].release_requested, "a change by someone else is still read and noticed"
+
+
+def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning():
+    name = f"spin-group-{uuid.uuid4().hex[:8]}"
+    store = MemoryStorage.named(name)
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, name="spin-group")
+    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK,
+                         clock=clock, scheduler=sched) for i in range(2)]  # fmt: skip
+    listing, gate = threading.Event(), threading.Event()
+
+    def stall(op, key):
+        listing.set()
+        gate.wait(10)
+
+    try:
+        for lock in locks:
+            assert lock.acquire()
+        store.faults.before("list", stall)
+        clock.advance(CHECK)  # the group's beat falls due: its listing stalls
+        assert listing.wait(5), "the group's beat never started"
+        clock.advance(3 * CHECK)  # the beat is now overdue, and still running
+        time.sleep(0.2)
+        before = clock.waits.count(0.0)
+        time.sleep(0.5)
+        spun = clock.waits.count(0.0) - before
+        assert spun <= 2, f"the loop planned {spun} waits of 0 s in 0.5 s while the beat ran"
+    finally:
+        gate.set()
+        store.faults.clear()
+        for lock in locks:
+            if lock.is_held:
+                lock.release()
+        sched.stop()
+        MemoryStorage.forget(name)
+
+
+def test_a_lock_whose_release_is_being_retried_asks_for_no_waiter_check():
+    name = f"spin-release-{uuid.uuid4().hex[:8]}"
+    store = MemoryStorage.named(name)
+    clock = FakeClock(step=0.5)
+    sched = Scheduler(clock, autostart=False)
+    lock = HandoffLock(f"memory://{name}/lock.json", ttl=30.0, clock=clock, scheduler=sched)
+    try:
+        assert lock.acquire()
+        store.faults.fail_next("write", count=10**6)
+        with pytest.raises(TransientStorageError):
+            lock.release()  # retried until its deadline, long past the waiter check that was due
+        # Releasing: the retry is due in a second; a waiter check would do nothing, so none is started.
+        assert sched.run_pending() == 0
+        store.faults.clear()
+        clock.advance(1.0)
+        assert sched.run_pending() == 1  # the retry, which lands
+        assert not lock.is_held
+    finally:
+        store.faults.clear()
+        MemoryStorage.forget(name)
+
+
+def test_a_write_gate_never_asks_for_a_wait_that_take_would_not_honour():
+    gate = WriteGate(1.0)
+    assert gate.take(100.0) and gate.take(100.0, urgent=True)  # the burst: the bucket is empty now
+    almost = 101.0 - 1e-13  # one write refilled, short by float dust only
+    assert gate.ready_in(almost, urgent=True) == 0.0
+    assert gate.take(almost, urgent=True)

@@ -1,0 +1,729 @@
+"""acquire(): taking a free or expired lock, waiting in the waiter slot, and every way out of a wait.
+
+Races between acquirers, the slot and its timeout, patient and prioritised waits, re-entry and
+threads, the proxy it returns, and the slot given back on a timeout, an exception or a cancel.
+Most run on simulated time (the ``sim`` and ``world`` fixtures of tests/support/simworld.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import math
+import os
+import pickle
+import re
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+from lockutil import FAST, eventually, make_lock, raw_read, url_for
+from simworld import (
+    KEY,  # noqa: F401  (the world fixture is in conftest.py)
+)
+
+from handofflock import (
+    AcquireCancelled,
+    AlreadyAcquired,
+    ConfigurationError,
+    HandoffLock,
+    HandoffLockError,
+    LockContended,
+    LockRecord,
+    LockTimeout,
+    StorageError,
+    TokensExhausted,
+    TransientStorageError,
+    signals,
+)
+from handofflock.core import errors, protocol
+from handofflock.core.protocol import Me, Write
+from handofflock.core.record import ASKING, MAX_TOKEN, Holder, Waiter, WaiterRequest
+from handofflock.core.timing import Timing
+from handofflock.fencing import FencedObject
+from handofflock.storage import MemoryStorage
+
+
+def _owner_and_waiter(world):
+    a = world.lock("A", ttl=10.0)
+    assert a.acquire(timeout=5)
+    b = world.lock("B", ttl=10.0, frozen=True)
+    return a, b
+
+
+def _record(store, key):
+    found = store.read(key)
+    return None if found is None else LockRecord.decode(found[0], key=key)
+
+
+def _403() -> StorageError:
+    return StorageError("injected: 403 permission denied")
+
+
+def flaky(name, clock):
+    """A memory store that refuses every read until a (simulated) time: a store down across an acquire's deadline.
+
+    Set ``store.refuse_reads_until`` to take it down."""
+    store = MemoryStorage(name)
+    store.refuse_reads_until = -math.inf
+
+    def refuse(op, key):
+        if clock.monotonic() < store.refuse_reads_until:
+            raise TransientStorageError("injected: 503 while the store is down", status=503, ambiguous=False)
+
+    store.faults.before("read", refuse)
+    return store
+
+YEARS = 31 * 365 * 86400.0
+
+OWNER, WAITER = "pod=ml/train-0 pid=1", "pod=ml/train-1 pid=1"
+
+OWNER, WAITER = "pod=ml/train-0 pid=1", "pod=ml/train-1 pid=1"
+
+
+def race(sim, fns):
+    """Start every call at the same simulated instant; the seed picks who runs first. Results or exceptions."""
+    calls = [sim.start(fn) for fn in fns]
+    sim.run_until(lambda: all(calls), limit=30)
+    return [c.error if c.error is not None else c.result for c in calls]
+
+
+def _acquire_outcome(lock: HandoffLock) -> str:
+    try:
+        lock.acquire(timeout=20)
+        return "acquired"
+    except AcquireCancelled:
+        return "cancelled"
+    except Exception as exc:  # noqa: BLE001 - reported by the assertion
+        return repr(exc)
+
+TIMING = dict(
+    ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
+)
+
+
+def lock_for(sim, owner, **kw):
+    return sim.lock(owner, **{**TIMING, **kw})
+
+
+def waiter_is(sim, who):
+    return lambda: (sim.record() and sim.record().waiting_owner_id == who)
+
+NOW = 1_700_000_000.0
+
+TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+
+GEN = 42
+
+PATIENT = WaiterRequest(asks=False)
+
+
+def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
+    return LockRecord(
+        Holder("a", owner_expires, "ia"),
+        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
+        ttl=60.0, token=7, nonce="old", **kw,
+    )
+
+
+@pytest.fixture
+def url():
+    return f"memory://small-{uuid.uuid4().hex[:8]}/l.json"
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps])
+def test_a_held_lock_cannot_be_copied_and_stays_held(how):
+    lock = HandoffLock("memory://one-party/l.json", owner_id="a", ttl=10.0)
+    try:
+        assert lock.acquire()
+        with pytest.raises(TypeError, match="cannot be copied or pickled"):
+            how(lock)
+        gc.collect()
+        assert lock.is_held and lock.status().owner_id == "a"
+        other = HandoffLock("memory://one-party/l.json", owner_id="b", ttl=10.0)
+        assert other.acquire(blocking=False) is False
+    finally:
+        lock.release()
+        MemoryStorage.forget("one-party")
+
+
+def test_a_ctrl_c_as_the_registration_lands_gives_the_slot_back(world):
+    a, b = _owner_and_waiter(world)
+
+    def interrupt(op, key, result):
+        world.store.faults.clear()
+        raise KeyboardInterrupt  # the store applied the registration; acquire() never sees the reply
+
+    world.store.faults.after("write", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        b.acquire(timeout=30)
+    record = world.record()
+    assert record.waiting_owner_id is None, "the registration that landed was left behind"
+    world.clock.run_for(3 * a.waiter_check_interval)
+    assert not a.release_requested, "the owner was asked to hand the lock to a process that left"
+    assert a.release() is None
+
+
+def test_a_cancel_during_the_retry_of_a_registration_whose_reply_was_lost_gives_the_slot_back(world):
+    a, b = _owner_and_waiter(world)
+
+    def lose_and_cancel(op, key, result):
+        world.store.faults.clear()
+        # The read that would find the registration fails once, and cancel() arrives while its retry waits.
+        world.store.faults.fail_next("read")
+        b.cancel()
+        raise TransientStorageError("injected: reply lost after the write applied", ambiguous=True)
+
+    world.store.faults.after("write", lose_and_cancel)
+    with pytest.raises(AcquireCancelled):
+        b.acquire(timeout=30)
+    assert world.record().waiting_owner_id is None, "the registration that landed was left behind"
+    world.clock.run_for(3 * a.waiter_check_interval)
+    assert not a.release_requested
+    a.release()
+
+
+def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refreshing_it(world):
+    a, b = _owner_and_waiter(world)
+    # The slot leaked (say the give-back itself could not reach the store): B is the waiter on record.
+    refused = threading.Event()
+
+    def refuse_the_give_back(op, key):
+        if refused.is_set():
+            raise TransientStorageError("injected: store unreachable", ambiguous=False)
+
+    def interrupt(op, key, result):
+        refused.set()
+        raise KeyboardInterrupt
+
+    world.store.faults.after("write", interrupt)
+    world.store.faults.before("read", refuse_the_give_back)
+    with pytest.raises(KeyboardInterrupt):
+        b.acquire(timeout=30)
+    world.store.faults.clear()
+    assert world.record().waiting_owner_id == "B"
+    world.clock.run_for(a.waiter_ttl * 0.6)  # past half-life: a poll would refresh the slot
+    a._duties.run_due()  # private: the scheduler's duty, run here (the waiter check sees the leaked slot)
+    assert b.acquire(blocking=False) is False
+    assert world.record().waiting_owner_id is None, "acquire(blocking=False) kept (or refreshed) the leaked slot"
+    a.release()
+
+
+def test_with_lock_acquire_timeout_releases_at_the_end_of_the_block(store):
+    lock = HandoffLock("unused", storage=store, key="locks/proxy.json")  # the store's own pacing
+    with lock.acquire(timeout=5) as held:
+        assert held is lock and lock.is_held
+        assert _record(store, "locks/proxy.json").owner_id == lock.owner_id
+    assert not lock.is_held
+    assert _record(store, "locks/proxy.json").owner_id is None
+
+
+def test_an_exception_in_the_block_releases_and_is_not_masked(store):
+    lock = HandoffLock("unused", storage=store, key="locks/proxy.json")
+    with pytest.raises(KeyError):
+        with lock.acquire():
+            raise KeyError("boom")
+    assert not lock.is_held and _record(store, "locks/proxy.json").owner_id is None
+
+
+def test_a_successful_acquire_is_true_and_equals_true_and_a_failed_one_is_plain_false(world):
+    owner, other = world.lock("O"), world.lock("W")
+    got = owner.acquire()
+    assert got and got == True and bool(got) is True and hash(got) == hash(True)  # noqa: E712
+    assert got != False and sorted([got, False]) == [False, True] and sum([got, True]) == 2  # noqa: E712
+    assert other.acquire(blocking=False) is False
+    assert pickle.loads(pickle.dumps(got)) is True  # to another process it is the plain True
+    owner.release()
+
+
+def test_a_release_inside_the_block_leaves_nothing_for_its_end_to_do(world):
+    owner = world.lock("O")
+    with owner.acquire(timeout=5):
+        assert owner.release() is None
+    assert not owner.is_held and world.record().owner_id is None
+
+
+@pytest.mark.parametrize("how", ["permanent error on a poll", "KeyboardInterrupt in a receiver", "transient error at the deadline"])
+def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world, how):
+    owner, waiter = world.lock("O"), world.lock("W")
+    assert owner.acquire()
+    if how == "permanent error on a poll":
+        def arm(sender, **kw):
+            world.store.faults.fail_next("read", key=KEY, exc=_403)
+        expected: type[BaseException] = StorageError
+    elif how == "KeyboardInterrupt in a receiver":
+        def arm(sender, **kw):
+            raise KeyboardInterrupt
+        expected = KeyboardInterrupt
+    else:
+        store = flaky(world.store.name + "-flaky", world.clock)
+        world.store = store
+        owner, waiter = world.lock("O"), world.lock("W")
+        assert owner.acquire()
+
+        def arm(sender, **kw):
+            store.refuse_reads_until = world.clock.monotonic() + 3.0  # past the acquire's deadline
+        expected = TransientStorageError
+    # signals.send logs receivers' Exceptions; KeyboardInterrupt is a BaseException and goes through.
+    with signals.waiting.connected_to(arm, sender=waiter):
+        with pytest.raises(expected):
+            waiter.acquire(timeout=3.0)
+    world.store.faults.clear()
+    assert world.record().waiting_owner_id is None, "the departed waiter still holds the slot"
+    # ... so the owner's release frees the lock instead of handing it to nobody.
+    assert owner.release() is None
+    assert world.record().owner_id is None
+
+
+@pytest.mark.timeout(60)
+def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
+    """X waits; a second instance with the same stable owner id starts a blocking acquire (a restart whose
+    predecessor still lives). The newer one reclaims the slot, the superseded one defers (LockContended):
+    after the handoff exactly one instance holds the lock, the newer one."""
+    kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05)
+    owner = sim.lock("O", **kw)
+    first, twin = sim.lock("X", **kw), sim.lock("X", **kw)
+    assert sim.call(owner.acquire)
+    boxes: dict[str, dict[str, object]] = {"first": {}, "twin": {}}
+
+    def run(name, lock):
+        try:
+            boxes[name]["value"] = lock.acquire(timeout=10)
+        except BaseException as exc:  # handed to the test
+            boxes[name]["error"] = exc
+
+    t1 = sim.start(lambda: run("first", first))
+    sim.run_until(lambda: owner.release_requested, limit=10)
+    t2 = sim.start(lambda: run("twin", twin))
+    sim.run_for(0.3)  # the twin has read the record naming X as the waiter
+    assert sim.call(owner.release) == "X"
+    sim.run_until(lambda: t1.done and t2.done, limit=10)
+    sim.run_for(0.5)  # a few renewals of whoever holds it
+    both = first.healthy and twin.healthy
+    assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
+    assert twin.is_held and boxes["twin"].get("value") == True, boxes  # noqa: E712
+    # The first has a timeout, which waits for a slot held by another job; a slot taken
+    # by its own newer incarnation is not that: it defers at once (Contended.superseded).
+    assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
+
+
+def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
+    first, twin = world.lock("X"), world.lock("X")
+    assert first.acquire()
+    assert twin.acquire(timeout=5)  # a restart under the same id takes it back with a higher token
+    assert twin.token > first.token
+    world.clock.advance(first.renew_interval)
+    world.sched.run_pending()
+    assert not first.healthy and not first.is_held
+    fence = FencedObject(world.store, "locks/journal.json", writer_id="X", clock=world.clock)
+    fence.write({"by": "twin"}, token=twin.token)
+    with pytest.raises(errors.StaleToken):
+        fence.write({"by": "first"}, token=first.token)
+
+
+def test_a_timeout_of_nan_is_refused(world):
+    with pytest.raises(ConfigurationError):
+        world.lock("A").acquire(timeout=math.nan)
+
+
+def test_a_cancel_while_no_acquire_runs_cancels_nothing(world):
+    # A stray cancel() must not cancel the next acquire, even of a free lock.
+    a = world.lock("A")
+    a.cancel()
+    assert a.acquire(timeout=5), "a cancel applies only to an acquire that runs"
+    a.release()
+
+
+@pytest.mark.parametrize("ending", ["timeout", "cancel"])
+def test_giving_up_a_wait_ends_within_its_budget_even_when_the_store_keeps_failing(world, ending):
+    owner, waiter = world.lock("O"), world.lock("W")
+    assert owner.acquire()
+    box: dict[str, float] = {}
+
+    def fail_everything(sender, **kw):
+        world.store.faults.fail_next("*", key=KEY, count=100_000)
+        if ending == "cancel":
+            sender.cancel()
+        box["start"] = world.clock.monotonic()
+
+    with signals.waiting.connected_to(fail_everything, sender=waiter):
+        with pytest.raises((LockTimeout, AcquireCancelled, TransientStorageError)):
+            waiter.acquire(timeout=2.0)
+    elapsed = world.clock.monotonic() - box["start"]
+    assert elapsed <= 2.0 + waiter.give_up_budget + 1.0, f"giving up took {elapsed:.1f} s of simulated time"
+    world.store.faults.clear()
+
+
+def test_a_token_at_its_maximum_is_never_issued_twice(world):
+    store = world.store
+    store.write(KEY, LockRecord(token=MAX_TOKEN, nonce="m").encode(), if_generation_match=0)
+    with pytest.raises(TokensExhausted):
+        world.lock("A").acquire(timeout=5)
+    assert world.record().token == MAX_TOKEN and world.record().owner_id is None
+
+
+@pytest.mark.parametrize("pacing", [0.0, 1.0], ids=["unpaced", "gcs-pacing"])
+def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(sim, pacing, caplog):
+    record = LockRecord(Holder("ghost", sim.time() + YEARS), ttl=3.0, token=5, nonce="n")
+    sim.store.write(KEY, record.encode(), if_generation_match=0)
+    lock = sim.lock("taker", ttl=5.0, min_write_interval=pacing)  # skew allowance 2 s
+    started = sim.monotonic()
+    with caplog.at_level(logging.WARNING, logger="handofflock.acquire"):
+        assert sim.call(lambda: lock.acquire(timeout=30))
+    took = sim.monotonic() - started
+    assert 3.0 + 2.0 - 0.5 <= took < 15, took  # the record's ttl plus the skew, from the first read
+    record = sim.record()
+    assert record.owner_id == lock.owner_id and record.token > 5
+    assert record.expires_at < sim.time() + 5.0 + 1  # our own lease, a normal one
+    assert any("further ahead than its ttl" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(sim):
+    owner = sim.lock("O", label=OWNER)
+    waiter = sim.lock("W", label=WAITER, waiter_ttl=60)
+    third = sim.lock("T")
+    assert sim.call(owner.acquire)
+    sim.start(lambda: waiter.acquire(timeout=20))
+    sim.run_until(lambda: sim.record().waiting_owner_id == "W", what="W registered as the waiter")
+    with pytest.raises(LockContended) as info:
+        sim.call(third.acquire)
+    text = str(info.value)
+    assert f"{OWNER} (O)" in text and f"{WAITER} (W)" in text, text
+    assert (info.value.owner_label, info.value.waiter_label) == (OWNER, WAITER)
+
+
+def test_lock_timeout_names_the_owner_by_label(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    owner = HandoffLock(url, owner_id="O", label=OWNER)
+    assert owner.acquire()
+    try:
+        with pytest.raises(LockTimeout) as info:
+            HandoffLock(url, owner_id="W").acquire(timeout=0.2)
+        assert f"held by {OWNER} (O)" in str(info.value), str(info.value)
+    finally:
+        owner.release()
+
+
+def test_run_nonblock_names_the_holder_by_label(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    owner = HandoffLock(url, owner_id="O", label=OWNER)
+    assert owner.acquire()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "handofflock", "run", "--nonblock", url, "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ),
+        )
+        assert done.returncode == 75, done.stderr
+        assert f"held by {OWNER} (O)" in done.stderr, done.stderr
+    finally:
+        owner.release()
+
+
+def test_two_would_be_waiters_get_one_slot_and_each_waits_for_it_up_to_its_timeout(sim):
+    # A timeout promises a wait up to it, for the slot too (an acquire without
+    # one is refused at once: test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to).
+    owner = sim.lock("owner", **FAST)
+    assert sim.call(owner.acquire)
+    b, c = sim.lock("b", **FAST), sim.lock("c", **FAST)
+    results = race(sim, [lambda: b.acquire(timeout=1.0), lambda: c.acquire(timeout=1.0)])
+    assert all(isinstance(r, LockTimeout) for r in results), results
+    assert all(r.owner_id == owner.owner_id and owner.owner_id in str(r) for r in results)
+    # The waiter that timed out gave its slot back.
+    record, _ = sim.read()
+    assert record.owner_id == owner.owner_id and record.waiting_owner_id is None
+
+
+def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(sim):
+    dead = sim.lock("dead", paused=True, **FAST)
+    assert sim.call(dead.acquire)
+    sim.run_for(FAST["ttl"] + FAST["max_clock_skew"] + 0.2)
+    b, c = sim.lock("b", **FAST), sim.lock("c", **FAST)
+    results = race(sim, [lambda: b.acquire(blocking=False), lambda: c.acquire(blocking=False)])
+    assert sorted(results) == [False, True], results
+    winner = b if results[0] else c
+    record, _ = sim.read()
+    assert record.owner_id == winner.owner_id and winner.token > dead.token
+
+
+def test_a_third_process_never_takes_the_lock_from_a_live_waiter(sim):
+    now = sim.time()
+    seeded = LockRecord(Holder("dead-owner", now - 100), Waiter("live-waiter", now + 30), ttl=1.5, token=5, nonce="seed")
+    gen = sim.store.write(KEY, seeded.encode(), if_generation_match=0)
+    third = sim.lock("third", **FAST)
+    assert sim.call(lambda: third.acquire(blocking=False)) is False
+    with pytest.raises(LockContended) as info:
+        sim.call(lambda: third.acquire(timeout=0.3))
+    assert info.value.waiter_id == "live-waiter"
+    patient = sim.lock("patient", wait_for_slot=True, **FAST)
+    with pytest.raises(LockTimeout):
+        sim.call(lambda: patient.acquire(timeout=0.5))
+    assert sim.read() == (seeded, gen)
+
+
+def test_a_waiter_that_gives_up_frees_the_slot_for_the_next(sim):
+    owner = sim.lock("owner", **FAST)
+    assert sim.call(owner.acquire)
+    quitter = sim.lock("quitter", **FAST)
+    with pytest.raises(LockTimeout) as info:
+        sim.call(lambda: quitter.acquire(timeout=0.5))
+    assert isinstance(info.value, TimeoutError)
+    record, _ = sim.read()
+    assert record.owner_id == owner.owner_id and record.waiting_owner_id is None
+    nxt = sim.lock("next", **FAST)
+    t = sim.start(lambda: nxt.acquire(timeout=5))
+    sim.run_until(lambda: sim.record().waiting_owner_id == nxt.owner_id, what="the next waiter registering")
+    sim.call(owner.release)
+    sim.run_until(lambda: t.done, limit=5)
+    assert nxt.is_held
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_a_cancelled_waiter_still_retries_giving_its_slot_back(op):
+    """cancel() stops the polling, not the clean-up: a transient error while giving the waiter slot
+    back is retried, so the slot is freed now instead of blocking everyone until it expires."""
+    from handofflock import TransientStorageError
+
+    name = f"cancel-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}/train.json"
+    owner = make_lock(url)
+    assert owner.acquire()
+    waiter = make_lock(url, waiter_ttl=30.0)
+    store = MemoryStorage.named(name)
+    real = getattr(store, op)
+    failed = []
+
+    def flaky(*args, **kw):
+        # private: the cancel event is the only sign that the give-up has begun
+        if waiter._cancel.is_set() and not failed:  # the first call of the give-up
+            failed.append(op)
+            raise TransientStorageError(f"injected: {op} failed", status=503, ambiguous=False)
+        return real(*args, **kw)
+
+    setattr(store, op, flaky)
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(_acquire_outcome(waiter)))
+    thread.start()
+    eventually(lambda: raw_read(url)[0].waiting_owner_id == waiter.owner_id, what="waiter registered")
+    waiter.cancel()
+    thread.join(10)
+    setattr(store, op, real)
+    try:
+        assert failed == [op], "the fault was not hit"
+        assert outcome == ["cancelled"], outcome
+        assert raw_read(url)[0].waiting_owner_id is None, "the slot was left to expire"
+    finally:
+        owner.release()
+
+
+def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(sim):
+    a, p, q = lock_for(sim, "a"), lock_for(sim, "p"), lock_for(sim, "q")
+    assert sim.call(a.acquire)
+    bp = sim.start(lambda: p.acquire(request_release=False, timeout=60))
+    sim.run_until(waiter_is(sim, "p"), what="p registered")
+    bq = sim.start(lambda: q.acquire(timeout=60))
+    sim.run_until(lambda: waiter_is(sim, "q")() or bq, what="q took the slot")
+    assert not bq, bq
+    sim.run_until(lambda: a.release_requested, what="the holder was asked by q")
+    assert a.release_request.requester == "q"
+    assert sim.call(a.release) == "q"
+    sim.run_until(lambda: bq.done)
+    assert bq.result == True  # noqa: E712
+    sim.run_until(waiter_is(sim, "p"), what="p waits again, now for q")
+    assert not q.release_requested  # p is patient with q too
+    sim.call(q.release)
+    sim.run_until(lambda: bp.done)
+    assert bp.result == True, bp  # noqa: E712
+
+
+def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to(sim):
+    a, w, c = lock_for(sim, "a"), lock_for(sim, "w"), lock_for(sim, "c")
+    assert sim.call(a.acquire)
+    w_call = sim.start(lambda: w.acquire(timeout=60))
+    sim.run_until(waiter_is(sim, "w"), what="w registered")
+    started = sim.monotonic()
+    with pytest.raises(LockContended) as now:
+        sim.call(c.acquire)
+    assert not isinstance(now.value, LockTimeout) and sim.monotonic() - started < 3
+    message = str(now.value)
+    assert "wait_for_slot=True" in message and "--wait-for-slot" in message and "timeout" in message
+    assert "(+" not in message and "until" not in message, message  # no expiry of a lease that is renewed
+    started = sim.monotonic()
+    with pytest.raises(LockTimeout) as late:
+        sim.call(lambda: c.acquire(timeout=1.5))
+    assert sim.monotonic() - started >= 1.5, "a timeout is a promise to wait up to it"
+    # Parties are named by label with the id in brackets, as status names them.
+    text = str(late.value)
+    assert "(c)" not in text and f"slot is {w.label.text} (w)'s" in text, text
+    w.cancel()
+    sim.run_until(lambda: w_call.done)
+
+
+def test_a_timed_out_waiter_is_not_named_as_someone_else_waiting(sim):
+    a, b = lock_for(sim, "a"), lock_for(sim, "b")
+    assert sim.call(a.acquire)
+    with pytest.raises(LockTimeout) as info:
+        sim.call(lambda: b.acquire(timeout=1.0))
+    message = str(info.value)
+    # Not "...; waiter 'b'", the caller itself: it says the slot was ours (or, where the store's
+    # pacing kept our registration from landing within the second, that nobody else waits).
+    assert "(b)" not in message, message  # named by label, with the id in brackets
+    assert "we held the waiter slot" in message or "nobody else waits" in message, message
+
+
+def test_a_stray_cancel_does_not_spoil_the_next_acquire(sim):
+    a = lock_for(sim, "a")
+    a.cancel()
+    assert sim.call(lambda: a.acquire(timeout=5))
+    sim.call(a.release)
+    a.cancel()  # while nothing runs, again
+    assert sim.call(a.acquire)
+
+
+@pytest.mark.parametrize(
+    "kwargs,says",
+    [
+        (dict(timeout="1"), "timeout must be a number"),
+        (dict(timeout=True), "timeout must be a number"),
+        (dict(blocking=False, timeout=5), "blocking=False never waits"),
+        (dict(request_release="no"), "request_release must be True or False"),
+        (dict(priority=1.5), "priority must be an integer"),
+    ],
+)
+def test_acquire_refuses_arguments_it_cannot_honour_before_any_io(kwargs, says):
+    lock = HandoffLock("memory://never-read/x.json", **TIMING)
+    with pytest.raises(ConfigurationError, match=says):
+        lock.acquire(**kwargs)
+    assert MemoryStorage.named("never-read").read("x.json") is None
+
+
+def test_a_cancel_still_stops_a_running_acquire(sim):
+    a, b = lock_for(sim, "a"), lock_for(sim, "b")
+    assert sim.call(a.acquire)
+    box = sim.start(lambda: b.acquire(request_release=False))
+    sim.run_until(waiter_is(sim, "b"), what="b registered")
+    b.cancel()
+    sim.run_until(lambda: box.done)
+    assert isinstance(box.error, AcquireCancelled)
+    assert sim.record().waiting_owner_id is None
+
+
+def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_without_a_timeout(sim):
+    # design.md: "The displaced waiter sees the slot taken at its next poll and waits for it again".
+    # A plain acquire() (asking, no timeout) that had registered must not turn the displacement into
+    # LockContended halfway through its wait.
+    o, w1, w2 = lock_for(sim, "o"), lock_for(sim, "w1"), lock_for(sim, "w2")
+    assert sim.call(o.acquire)
+    b1 = sim.start(w1.acquire)
+    sim.run_until(waiter_is(sim, "w1"), what="w1 registered")
+    b2 = sim.start(lambda: w2.acquire(priority=5, timeout=60))
+    sim.run_until(lambda: waiter_is(sim, "w2")() or b2, what="w2 took the slot")
+    assert not b2, b2
+    sim.run_for(1.0)  # several of w1's polls with the slot taken
+    assert not b1, f"the displaced waiter gave up: {b1}"
+    assert sim.call(o.release) == "w2"
+    sim.run_until(lambda: b2.done)
+    assert b2.result == True  # noqa: E712 (an Acquired, equal to True)
+    sim.run_until(lambda: waiter_is(sim, "w1")() or b1, what="w1 waits again, now for w2")
+    assert not b1, b1
+    sim.call(w2.release)
+    sim.run_until(lambda: b1.done)
+    assert b1.result == True and w1.is_held, b1  # noqa: E712 (an Acquired, equal to True)
+
+
+def test_giving_up_the_slot_clears_the_request_and_the_decline():
+    d = protocol.decide_give_up_wait(held(PATIENT, waiter="me", declined=True), GEN, me=Me("me", "iw"), now=NOW, timing=TIMING, nonce="n")
+    assert isinstance(d, Write) and d.record.waiter_request is None and not d.record.declined
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, float("-inf")])
+def test_acquire_refuses_a_timeout_that_is_not_a_number_of_seconds(url, timeout):
+    lock = HandoffLock(url)
+    with pytest.raises(ConfigurationError, match="timeout must be >= 0"):
+        lock.acquire(timeout=timeout)
+    assert not lock.is_held
+
+
+def test_lock_timeout_prints_an_iso_time_with_its_age_not_an_epoch(url):
+    holder = make_lock(url, owner_id="holder", ttl=30.0, renew_interval=3.0, renew_deadline=15.0)
+    holder.acquire()
+    try:
+        with pytest.raises(LockTimeout) as info:
+            make_lock(url, owner_id="late", ttl=30.0, renew_interval=3.0, renew_deadline=15.0).acquire(timeout=0.2)
+        message = str(info.value)
+        # A live lease is renewed while its holder lives: its expiry says nothing of when the lock frees.
+        assert "a live lease its holder keeps renewing" in message, message
+        assert not re.search(r"\d{10}\.\d", message), "no raw epoch"
+    finally:
+        holder.release()
+
+
+@pytest.mark.parametrize("backend", ["memory", "local"])
+def test_threads_sharing_one_instance_are_told_at_once_to_use_one_instance_each(backend, request, tmp_path):
+    url = url_for(backend, request, tmp_path)
+    lock = HandoffLock(url)
+    inside, leave = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def holder() -> None:
+        with lock:
+            inside.set()
+            leave.wait(20)
+
+    def other() -> None:
+        try:
+            with lock:
+                pass
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    assert inside.wait(20)
+    others = [threading.Thread(target=other) for _ in range(2)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join(5)
+    leave.set()
+    first.join(20)
+    assert len(errors) == 2 and all(isinstance(e, AlreadyAcquired) for e in errors), errors
+    assert all(isinstance(e, HandoffLockError) and isinstance(e, RuntimeError) for e in errors)
+    assert "give each thread its own HandoffLock" in str(errors[0]), str(errors[0])
+    assert raw_read(url)[0].owner_id is None  # the holder's block released it; the others changed nothing
+
+
+def test_a_nested_acquire_in_the_same_thread_is_refused_and_the_outer_hold_goes_on(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    lock = HandoffLock(url)
+    with lock:
+        token = lock.token
+        with pytest.raises(AlreadyAcquired, match="not reentrant"):
+            with lock:
+                pass
+        assert lock.is_held and lock.token == token and raw_read(url)[0].owner_id == lock.owner_id
+    assert not lock.is_held and raw_read(url)[0].owner_id is None
+
+
+def test_one_instance_per_thread_takes_turns(request, tmp_path):
+    url = url_for("memory", request, tmp_path)
+    turns: list[str] = []
+    mutex = threading.Lock()
+
+    def worker(name: str) -> None:
+        own = HandoffLock(url, owner_id=name, wait_for_slot=True, **FAST)
+        with own.acquire(timeout=30):
+            with mutex:
+                turns.append(name)
+
+    threads = [threading.Thread(target=worker, args=(f"t{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert sorted(turns) == ["t0", "t1", "t2"]

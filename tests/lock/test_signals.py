@@ -1,0 +1,188 @@
+"""Signals and events: typed release requests, receivers kept as promised, and receivers run off the renewal path."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import signal
+import subprocess
+import threading
+import uuid
+import warnings
+import weakref
+
+import pytest
+from lockutil import make_lock
+
+from handofflock import (
+    AcquireCancelled,
+    ConfigurationError,
+    LockTimeout,
+    ReleaseRequest,
+    RequestReason,
+    signals,
+)
+from handofflock.storage import MemoryStorage
+
+
+def _requests_heard(world, lock, ask):
+    got: list[dict] = []
+    with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=lock):
+        ask()
+        world.clock.advance(0.01)
+        world.sched.run_pending()
+        lock._notifier.flush()  # private: send what is queued now, in this thread
+    return got
+
+
+def _blocked_in_child() -> set[int]:
+    out = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True, check=True).stdout
+    mask = int(next(line for line in out.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+
+
+def _closure_receiver(heard: list):
+    state = {"step": 7}
+
+    def receiver(sender, **kw):
+        heard.append(("closure", state["step"]))
+
+    return receiver
+
+
+@pytest.mark.parametrize(
+    "reason, requester",
+    [(RequestReason.SIGNAL, "SIGTERM"), (RequestReason.PREEMPTION, "preemption"), ("operator", "ops")],
+)
+def test_each_kind_of_request_arrives_typed_with_who_why_and_by_when(world, reason, requester):
+    a = world.lock("A")
+    assert a.acquire()
+    got = _requests_heard(world, a, lambda: a.request_release(reason, requester=requester, deadline=1234.5))
+    request = got[0]["request"]
+    assert isinstance(request, ReleaseRequest) and isinstance(request.reason, RequestReason)
+    assert (request.reason, request.requester, request.deadline) == (RequestReason(reason), requester, 1234.5)
+    assert got[0]["requester"] == requester and got[0]["reason"] is request.reason
+    assert request.reason == RequestReason(reason).value  # still compares equal to its string
+    a.release()
+
+
+def test_a_waiter_request_names_the_waiter(world):
+    owner, waiter = world.lock("O"), world.lock("W")
+    assert owner.acquire()
+    got: list[dict] = []
+    with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=owner):
+        with pytest.raises(LockTimeout):
+            waiter.acquire(timeout=2.0)  # registers as the waiter; the owner's check notices; gives up
+        owner._notifier.flush()  # private: as above
+    assert got and got[0]["request"].reason is RequestReason.WAITER and got[0]["request"].requester == "W"
+    owner.release()
+
+
+def test_manual_is_the_deprecated_name_of_operator(world):
+    a = world.lock("A")
+    assert a.acquire()
+    with pytest.warns(DeprecationWarning, match="operator"):
+        a.request_release("manual")
+    assert a.release_request.reason is RequestReason.OPERATOR
+    a.release()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(reason="whim"), dict(reason=""), dict(deadline=float("nan")), dict(deadline="soon"), dict(deadline=True)],
+)
+def test_a_request_with_an_unknown_reason_or_a_bad_deadline_is_refused(world, kwargs):
+    a = world.lock("A")
+    assert a.acquire()
+    with warnings.catch_warnings(), pytest.raises(ConfigurationError):
+        a.request_release(**kwargs)
+    assert not a.release_requested  # nothing half-recorded
+    a.release()
+
+
+def test_a_release_requested_receiver_starts_processes_that_sigterm_can_stop():
+    name = f"edge-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}/locks/l.json"
+    owner, waiter = make_lock(url), make_lock(url)
+    seen: dict[str, object] = {}
+    done = threading.Event()
+
+    def receiver(sender, **kw):
+        seen["thread"] = threading.current_thread().name
+        seen["thread_mask"] = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        seen["child_mask"] = _blocked_in_child()
+        done.set()
+
+    signals.on_release_requested.connect(receiver, sender=owner)
+    try:
+        assert owner.acquire()
+        def wait() -> None:
+            with contextlib.suppress(AcquireCancelled):  # the test ends by cancelling it
+                waiter.acquire(timeout=20)
+
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        assert done.wait(20), "on_release_requested never came"
+        assert signal.SIGTERM not in seen["thread_mask"], (
+            f"receiver runs in {seen['thread']} with {len(seen['thread_mask'])} signals blocked (SIGTERM among them)"
+        )
+        assert signal.SIGTERM not in seen["child_mask"], "a process started by the receiver has SIGTERM blocked"
+    finally:
+        signals.on_release_requested.disconnect(receiver, sender=owner)
+        waiter.cancel()
+        if owner.is_held:
+            owner.release()
+        t.join(10)
+        owner._unschedule()  # private: stop its renewals without releasing
+        waiter._unschedule()  # private: stop its renewals without releasing
+        MemoryStorage.forget(name)
+
+
+def test_release_request_receivers_get_the_request(world):
+    a = world.lock("A")
+    assert a.acquire()
+    got: list[dict] = []
+    with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=a):
+        a.request_release(RequestReason.OPERATOR, requester="ops")
+        world.sched.run_pending()
+    assert isinstance(got[0]["request"], ReleaseRequest) and got[0]["request"].requester == "ops"
+    a.release()
+
+
+def test_a_lambda_and_a_closure_connected_with_sender_are_still_called_after_a_collection(world):
+    owner = world.lock("O")
+    heard: list = []
+    signals.acquired.connect(lambda s, **kw: heard.append("lambda"), sender=owner)
+    signals.acquired.connect(_closure_receiver(heard), sender=owner)
+    gc.collect()
+    try:
+        assert owner.acquire()
+        assert sorted(heard, key=str) == [("closure", 7), "lambda"]  # blinker does not promise an order
+        owner.release()
+    finally:
+        for receiver in list(signals.acquired.receivers_for(owner)):
+            signals.acquired.disconnect(receiver, sender=owner)
+
+
+def test_a_receiver_for_any_sender_stays_too_and_weak_true_still_means_weak(world):
+    owner = world.lock("O")
+    heard: list = []
+    strong = lambda s, **kw: heard.append("strong")  # noqa: E731
+    signals.released.connect(strong)
+    signals.released.connect(lambda s, **kw: heard.append("weak"), weak=True)
+    gc.collect()
+    try:
+        assert owner.acquire()
+        owner.release()
+        assert heard == ["strong"]
+    finally:
+        signals.released.disconnect(strong)
+
+
+def test_a_strong_receiver_for_one_lock_does_not_keep_that_lock_alive(world):
+    owner = world.lock("O")
+    signals.lost.connect(lambda s, **kw: None, sender=owner)
+    gone = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert gone() is None
