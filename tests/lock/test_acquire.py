@@ -114,7 +114,7 @@ def waiter_is(sim, who):
 
 NOW = 1_700_000_000.0
 
-TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+DECIDING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 
 GEN = 42
 
@@ -637,7 +637,7 @@ def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_withou
 
 
 def test_giving_up_the_slot_clears_the_request_and_the_decline():
-    d = protocol.decide_give_up_wait(held(PATIENT, waiter="me", declined=True), GEN, me=Me("me", "iw"), now=NOW, timing=TIMING, nonce="n")
+    d = protocol.decide_give_up_wait(held(PATIENT, waiter="me", declined=True), GEN, me=Me("me", "iw"), now=NOW, timing=DECIDING, nonce="n")
     assert isinstance(d, Write) and d.record.waiter_request is None and not d.record.declined
 
 

@@ -46,7 +46,7 @@ def waiter_is(sim, who):
 
 NOW = 1_700_000_000.0
 
-TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
+DECIDING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 
 GEN = 42
 
@@ -263,6 +263,6 @@ def test_a_patient_waiter_is_never_announced_and_still_gets_the_lock_at_release(
 
 
 def test_the_release_hands_the_lock_to_a_patient_waiter():
-    d = protocol.decide_release(held(PATIENT), GEN, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
+    d = protocol.decide_release(held(PATIENT), GEN, me=Me("a", "ia"), token=7, now=NOW, timing=DECIDING, nonce="n")
     assert isinstance(d, Write) and d.kind is Kind.HANDOFF and d.record.owner_id == "w"
     assert d.record.waiter_request is None and not d.record.declined
