@@ -2,7 +2,8 @@
 
 A real backend (the lock runs on it exactly as on GCS), shared by name within
 a process, with fault hooks so tests can make the next call fail, or apply a
-write and then raise as if the reply had been lost.
+write and then raise as if the reply had been lost. It sends no requests, so
+a call's ``timeout`` is checked and bounds nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..core.errors import NotFound, PreconditionFailed, TransientStorageError
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
 
 _REGISTRY: dict[str, MemoryStorage] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -145,9 +146,10 @@ class MemoryStorage:
 
     # -- the contract ---------------------------------------------------------
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         validate_key(key)
         validate_max_bytes(max_bytes)
+        validate_timeout(timeout)
         fault = self._before("read", key)
         with self._lock:
             found = self._objects.get(key)
@@ -156,9 +158,10 @@ class MemoryStorage:
         self._after(fault, "read", key, found)
         return found
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         fault = self._before("write", key)
@@ -173,9 +176,10 @@ class MemoryStorage:
         self._after(fault, "write", key, generation)
         return generation
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         fault = self._before("delete", key)
         with self._lock:
             current = self._objects.get(key)
@@ -186,8 +190,9 @@ class MemoryStorage:
             del self._objects[key]
         self._after(fault, "delete", key, None)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         validate_prefix(prefix)
+        validate_timeout(timeout)
         fault = self._before("list", None)
         with self._lock:
             found = {k: g for k, (_, g) in self._objects.items() if k.startswith(prefix)}

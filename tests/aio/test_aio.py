@@ -80,9 +80,9 @@ class ThreadRecordingStorage:
         self.threads.append(threading.get_ident())
         return self.inner.delete(key, **kw)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, **kw: Any) -> dict[str, int]:
         self.threads.append(threading.get_ident())
-        return self.inner.list(prefix)
+        return self.inner.list(prefix, **kw)
 
     def close(self) -> None:
         self.inner.close()

@@ -42,7 +42,7 @@ from handofflock.core.errors import (
     TransientStorageError,
 )
 from handofflock.testing.faultproxy import FaultProxy
-from handofflock.storage import gcs_deadline, open_url
+from handofflock.storage import deadline, open_url
 from handofflock.storage.gcs import GCSStorage
 
 PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
@@ -525,7 +525,7 @@ def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
 def test_the_store_s_own_session_gets_the_deadline_pools_and_a_client_you_pass_is_left_alone(bucket):
     own = GCSStorage(bucket)
     # private (google-cloud-storage's): the client's HTTP session, where the deadline pools are mounted
-    assert all(isinstance(own.client._http.adapters[p], gcs_deadline.DeadlineAdapter) for p in ("http://", "https://"))
+    assert all(isinstance(own.client._http.adapters[p], deadline.DeadlineAdapter) for p in ("http://", "https://"))
     own.close()
     client = google_storage.Client(
         project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": os.environ["STORAGE_EMULATOR_HOST"]}
@@ -545,13 +545,13 @@ def test_installing_the_deadline_pools_keeps_the_pool_settings_and_leaves_specia
     special = MutualTLS()
     session.mount("https://", special)
     session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32, pool_connections=3))
-    assert gcs_deadline.install(session) is False
+    assert deadline.install(session) is False
     assert session.adapters["https://"] is special
     plain = session.adapters["http://"]
-    assert isinstance(plain, gcs_deadline.DeadlineAdapter)
+    assert isinstance(plain, deadline.DeadlineAdapter)
     # private (requests'): an adapter's pool settings have no public getter
     assert (plain._pool_maxsize, plain._pool_connections) == (32, 3)
-    assert gcs_deadline.install(requests.Session()) is True
+    assert deadline.install(requests.Session()) is True
 
 
 # --------------------------------------------------------------------------- requester pays
@@ -968,12 +968,12 @@ def test_the_emulator_sends_the_generation_with_a_416_for_a_range_on_an_empty_ob
 
 
 def test_only_the_gcs_backend_imports_the_google_sdk_or_the_http_transport():
-    """gcs.py alone imports the SDK; its wire halves, gcs_deadline.py and gcs_http.py, import only the HTTP stack."""
+    """gcs.py alone imports the SDK; the request deadline shared with S3, deadline.py, imports only the HTTP stack."""
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         if path == PACKAGE / "storage" / "gcs.py":
             continue
-        wire = path.parent == PACKAGE / "storage" and path.name in ("gcs_deadline.py", "gcs_http.py")
+        wire = path.parent == PACKAGE / "storage" and path.name == "deadline.py"
         forbidden = ("google",) if wire else ("google", "requests", "urllib3")
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = []

@@ -30,9 +30,9 @@ from handofflock.core.errors import (
     TransientStorageError,
 )
 from handofflock.storage import open_url
-from handofflock.storage import local_lock
+from handofflock.storage import local
 from handofflock.storage.local import LocalStorage
-from handofflock.storage.local_format import MAGIC, RESERVED_PREFIX, sidecar_name
+from handofflock.storage.local import MAGIC, RESERVED_PREFIX, sidecar_name
 
 CTX = multiprocessing.get_context("spawn")
 PROCS = 4
@@ -664,7 +664,7 @@ def test_a_filesystem_without_locks_is_a_permanent_error_at_once_that_says_so(ro
     store = LocalStorage(root)
     gen = store.write("a.json", b"old", if_generation_match=0)
     nfs = NoLockManager()
-    monkeypatch.setattr(local_lock, "fcntl", nfs)
+    monkeypatch.setattr(local, "fcntl", nfs)
     for attempt in (lambda: store.write("a.json", b"new", if_generation_match=gen),
                     lambda: store.delete("a.json", if_generation_match=gen)):
         with pytest.raises(LockingUnsupported) as info:
@@ -679,7 +679,7 @@ def test_a_filesystem_without_locks_is_a_permanent_error_at_once_that_says_so(ro
 
 def test_a_lock_on_a_filesystem_without_locks_fails_at_once_instead_of_at_its_timeout(root, monkeypatch):
     nfs = NoLockManager()
-    monkeypatch.setattr(local_lock, "fcntl", nfs)
+    monkeypatch.setattr(local, "fcntl", nfs)
     lock = HandoffLock(root / "train.lock.json", ttl=5.0)
     started = time.monotonic()
     with pytest.raises(LockingUnsupported):

@@ -427,7 +427,6 @@ def test_making_the_client_is_not_counted_against_the_first_request_deadline(buc
     2 s slower to make its client, as a loaded machine does; each request keeps a 1 s bound, which the
     suite's moto server (busy with every test before this one) meets, and the client alone would pass."""
     from handofflock.storage import s3_credentials
-    from handofflock.storage.base import requests_within
 
     made = s3_credentials.boto3_session
 
@@ -439,6 +438,5 @@ def test_making_the_client_is_not_counted_against_the_first_request_deadline(buc
     monkeypatch.setattr(s3_credentials, "boto3_session", slow_to_make_clients)
     store = S3Storage(bucket)
     started = time.monotonic()
-    with requests_within(1.0):
-        assert store.read("a.json") is None  # the client, the one-time probe's requests, the read
+    assert store.read("a.json", timeout=1.0) is None  # the client, the one-time probe's requests, the read
     assert time.monotonic() - started >= 2.0, "the client was made slowly"

@@ -64,6 +64,6 @@ class TimedStore(MemoryStorage):
         self.clock = clock
         self.write_times: list[float] = []
 
-    def write(self, key, data, *, if_generation_match):
+    def write(self, key, data, **kw):
         self.write_times.append(self.clock.monotonic())
-        return super().write(key, data, if_generation_match=if_generation_match)
+        return super().write(key, data, **kw)

@@ -1,25 +1,25 @@
-"""A total deadline for each HTTP request of the GCS backend (:mod:`.gcs`).
+"""A total deadline for each HTTP request of the GCS and S3 stores, and the timeouts that set it.
 
-requests' ``timeout=(connect, read)`` bounds each socket operation, not the
-request: a server (or a proxy) that sends its reply one byte every second never
-lets a single read wait its full read timeout, and holds the request, and the
-thread that sent it, for as long as it likes (measured: a read of an 8-byte
-lock object took 8 s, and a write whose reply trickled more than 25 s, both
-with ``timeout=(2, 2)``).
+A socket timeout bounds each socket operation, not the request: a server (or
+a proxy) that sends its reply one byte every second never lets a single read
+wait its full read timeout, and holds the request, and the thread that sent
+it, for as long as it likes (measured: a read of an 8-byte lock object took
+8 s, and a write whose reply trickled more than 25 s, both with
+``timeout=(2, 2)``).
 
-So every request is given a :class:`Deadline`, armed with one watchdog thread
-per process. A request's connection is taken from a connection pool of this
-module's own (:class:`DeadlineAdapter`, mounted by the GCS backend on the
-sessions it creates); the pool tells the deadline which connection carries the
-request. When the deadline passes, the watchdog shuts that connection's socket
-down: a thread blocked sending the request or reading the reply wakes at once
-with an error, which :mod:`.gcs` reports as a transient error (ambiguous for
-a write: it may have been applied). A connection goes back to the pool only
-after its deadline has let go of it, so a late watchdog never cuts another
-request's connection.
+So every request is sent inside :func:`bounded`, which arms a
+:class:`Deadline` with one watchdog thread per process. A request's connection
+comes from a pool with the :class:`WatchedPool` hooks (mounted on a requests
+session by :func:`install`, on botocore's pools by the S3 store); the pool
+tells the deadline which connection carries the request. When the deadline
+passes, the watchdog shuts that connection's socket down: a thread blocked
+sending the request or reading the reply wakes at once with an error, which
+:func:`bounded` reports as a transient error (ambiguous for a write: it may
+have been applied). A connection goes back to the pool only after its
+deadline has let go of it, so a late watchdog never cuts another request's
+connection.
 
-This module imports requests and urllib3 and nothing of Google's: it is the
-transport half of the GCS backend, kept apart because it is a job of its own.
+Imports requests and urllib3, nothing of Google's or Amazon's SDKs.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import math
 import os
 import socket
 import threading
@@ -39,15 +40,57 @@ import urllib3.connection
 import urllib3.poolmanager
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from ..core.errors import ConfigurationError, HandoffLockError, TransientStorageError
 from ..core.threads import quiet
 
-__all__ = ["Deadline", "DeadlineAdapter", "armed", "current", "install"]
+__all__ = [
+    "Deadline",
+    "DeadlineAdapter",
+    "RememberingConnection",
+    "WatchedPool",
+    "armed",
+    "bounded",
+    "checked_request_timeout",
+    "checked_timeout",
+    "current",
+    "install",
+    "limit",
+]
 
 #: How often an expired deadline looks again for a socket to shut down (a connection still
 #: connecting has none yet; its connect timeout is capped at the deadline by the caller).
 _RECHECK = 0.02
 
 _current = threading.local()
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
+def checked_timeout(timeout: object) -> tuple[float, float]:
+    """A store's ``timeout``: ``(connect, read)`` seconds, or one number for both."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = (timeout, timeout)
+    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(_positive(t) for t in timeout):
+        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
+    return (float(timeout[0]), float(timeout[1]))
+
+
+def checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    """A store's ``request_timeout``: the bound of each request as a whole."""
+    if value is None:
+        # A reply that keeps coming, however slowly, never trips the read timeout; the
+        # default allows what a request that uses both its timeouts in full could take.
+        return timeout[0] + timeout[1]
+    if not _positive(value):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def limit(own: float, timeout: float | None) -> float:
+    """The bound of one request: the store's ``own`` request timeout, or the caller's ``timeout`` if shorter."""
+    return own if timeout is None else min(own, timeout)
 
 
 class Deadline:
@@ -111,7 +154,7 @@ def _shut_down(conn: Any) -> bool:
     """
     # A connection whose reply ends the connection (``Connection: close``) has been closed by
     # http.client while its reply is still being read from the socket: a connection that
-    # remembers its socket (the S3 backend's do, ``_handofflock_sock``) is cut through that.
+    # remembers its socket (:class:`RememberingConnection`) is cut through that.
     sock = getattr(conn, "sock", None) or getattr(conn, "_handofflock_sock", None)
     if sock is not None and not isinstance(sock, socket.socket):  # urllib3's SSLTransport (TLS in TLS)
         sock = getattr(sock, "socket", None)
@@ -142,7 +185,7 @@ class _Watchdog:
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._seq), deadline))
             if self._thread is None:
-                self._thread = threading.Thread(target=quiet(self._run), name="handofflock-gcs-deadlines", daemon=True)
+                self._thread = threading.Thread(target=quiet(self._run), name="handofflock-deadlines", daemon=True)
                 self._thread.start()
             elif self._heap[0][2] is deadline:
                 self._cond.notify()
@@ -194,12 +237,54 @@ def armed(seconds: float) -> Iterator[Deadline]:
         _current.deadline = previous
 
 
+@contextlib.contextmanager
+def bounded(
+    seconds: float, op: str, key: str | None, *, url: str, replies: tuple[type[BaseException], ...] = ()
+) -> Iterator[Deadline]:
+    """Send one request of ``op`` (``read``, ``write``, ``delete``, ``list``) and read its reply inside the block.
+
+    Past ``seconds`` the connection is shut down, and whatever that breaks is
+    raised as a :class:`TransientStorageError` saying so (ambiguous for a write
+    or a delete: it may have been applied). An exception of ``replies`` (an
+    SDK's error reply) is the server's answer unless the cut made it.
+    """
+    with armed(seconds) as deadline:
+        try:
+            yield deadline
+        except HandoffLockError:  # among them, credentials not ready in time: nothing sent
+            raise
+        except replies:
+            if not deadline.cut:
+                raise
+            raise _past_deadline(op, key, url, seconds) from None
+        except Exception as exc:
+            if not deadline.expired:
+                raise
+            raise _past_deadline(op, key, url, seconds) from exc
+        if deadline.cut:
+            # Done, yet its connection was shut down on the way: a reply framed by the end of the
+            # connection alone would look complete though cut short. Not to be trusted.
+            raise _past_deadline(op, key, url, seconds)
+
+
+def _past_deadline(op: str, key: str | None, url: str, seconds: float) -> TransientStorageError:
+    where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
+    mutation = op in ("write", "delete")
+    return TransientStorageError(
+        f"{where}: no complete reply within request_timeout ({seconds:g}s); "
+        + ("the request may have been applied" if mutation else "nothing was changed"),
+        url=url,
+        key=key,
+        ambiguous=mutation,
+    )
+
+
 def current() -> Deadline | None:
     """The deadline of the request this thread is sending (the innermost :func:`armed`), if any."""
     return getattr(_current, "deadline", None)
 
 
-class _Watched:
+class WatchedPool:
     """Connection-pool mix-in: hand the current thread's deadline the connection it will use."""
 
     # urllib3's private pool hooks, overridden: the one place a connection is handed out and taken back.
@@ -218,7 +303,7 @@ class _Watched:
         super()._put_conn(conn)  # type: ignore[misc]
 
 
-class _Remembering:
+class RememberingConnection:
     """Connection mix-in: keep the socket, which http.client forgets while a ``Connection: close``
     reply (HTTP/1.0 servers, many token endpoints) is still being read, so a deadline can cut it."""
 
@@ -227,19 +312,19 @@ class _Remembering:
         self._handofflock_sock = self.sock  # type: ignore[attr-defined]
 
 
-class _RememberingHTTPConnection(_Remembering, urllib3.connection.HTTPConnection):
+class _RememberingHTTPConnection(RememberingConnection, urllib3.connection.HTTPConnection):
     pass
 
 
-class _RememberingHTTPSConnection(_Remembering, urllib3.connection.HTTPSConnection):
+class _RememberingHTTPSConnection(RememberingConnection, urllib3.connection.HTTPSConnection):
     pass
 
 
-class _WatchedHTTPConnectionPool(_Watched, HTTPConnectionPool):
+class _WatchedHTTPConnectionPool(WatchedPool, HTTPConnectionPool):
     ConnectionCls = _RememberingHTTPConnection
 
 
-class _WatchedHTTPSConnectionPool(_Watched, HTTPSConnectionPool):
+class _WatchedHTTPSConnectionPool(WatchedPool, HTTPSConnectionPool):
     ConnectionCls = _RememberingHTTPSConnection
 
 
