@@ -146,21 +146,6 @@ def test_moto_accepts_an_unquoted_etag_in_if_match_and_the_backend_quotes_it_any
 # --------------------------------------------------------------------------- the mapping
 
 
-def test_the_same_bytes_written_again_get_a_new_generation_and_a_stale_writer_is_refused(bucket):
-    """The ABA case through the backend: A reads X at g1; B writes Y, then X again. A's write at g1
-    must fail, though the object holds the bytes A read. The generation is in the envelope, so the
-    ETag of (X, g3) differs from that of (X, g1)."""
-    a, b = S3Storage(bucket), S3Storage(bucket)
-    g1 = b.write("k.json", b"X", if_generation_match=0)
-    assert a.read("k.json") == (b"X", g1)  # A remembers g1's ETag
-    g2 = b.write("k.json", b"Y", if_generation_match=g1)
-    g3 = b.write("k.json", b"X", if_generation_match=g2)
-    assert g1 < g2 < g3
-    with pytest.raises(PreconditionFailed):
-        a.write("k.json", b"stale", if_generation_match=g1)
-    assert b.read("k.json") == (b"X", g3)
-
-
 def test_the_object_is_the_data_behind_one_header_line_with_the_generation(bucket, raw):
     store = S3Storage(bucket)
     gen = store.write("locks/a.json", b'{"x": 1}', if_generation_match=0)
