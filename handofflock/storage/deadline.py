@@ -1,4 +1,4 @@
-"""A total deadline for each HTTP request of the GCS and S3 stores, and the timeouts that set it.
+"""What the GCS and S3 stores share about their requests: a total deadline for each, and the client that sends them.
 
 A socket timeout bounds each socket operation, not the request: a server (or
 a proxy) that sends its reply one byte every second never lets a single read
@@ -19,6 +19,10 @@ have been applied). A connection goes back to the pool only after its
 deadline has let go of it, so a late watchdog never cuts another request's
 connection.
 
+A store's SDK client sits in a :class:`ClientSlot`, which never lets a
+forked child use its parent's connections; :func:`shared` keeps one store per
+bucket and settings, so locks on one bucket share one connection pool.
+
 Imports requests and urllib3, nothing of Google's or Amazon's SDKs.
 """
 
@@ -32,8 +36,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 import requests.adapters
 import urllib3.connection
@@ -44,6 +49,7 @@ from ..core.errors import ConfigurationError, HandoffLockError, TransientStorage
 from ..core.threads import quiet
 
 __all__ = [
+    "ClientSlot",
     "Deadline",
     "DeadlineAdapter",
     "RememberingConnection",
@@ -55,6 +61,7 @@ __all__ = [
     "current",
     "install",
     "limit",
+    "shared",
 ]
 
 #: How often an expired deadline looks again for a socket to shut down (a connection still
@@ -212,11 +219,89 @@ class _Watchdog:
 _watchdog = _Watchdog()
 
 
+_T = TypeVar("_T")
+
+
+class ClientSlot(Generic[_T]):
+    """A store's SDK client: the one it was given, or one made by ``make`` on first use; never a parent's.
+
+    A forked child shares its parent's keep-alive connections: both would write
+    requests to the same sockets and read each other's replies (a read would
+    return another object's bytes and generation). So in a child a client this
+    slot made is dropped (and kept referenced, so that collecting it never
+    closes, or sends a TLS close on, a socket the parent still uses) and the next
+    use makes a new one; a client given is the caller's to replace, and using
+    it in the child raises. ``make`` runs under the slot's lock, once.
+    """
+
+    def __init__(self, given: _T | None, make: Callable[[], _T], owner: str) -> None:
+        self._client, self._make, self._owner = given, make, owner
+        #: Whether the client is this slot's own (made here), not given.
+        self.owned = given is None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()  # where the client (and its connections) was made or given
+        self._inherited: list[_T] = []
+        _SLOTS.add(self)
+
+    @property
+    def made(self) -> bool:
+        """Whether a client is in hand (one given, or made since the last :meth:`release`)."""
+        return self._client is not None
+
+    def get(self) -> _T:
+        client = self._client
+        if client is not None and self._pid != os.getpid():
+            raise ConfigurationError(
+                f"the client passed to {self._owner} was made in process {self._pid}, which this process was "
+                "forked from: its keep-alive connections are shared with that process, and replies would reach "
+                "the wrong one. Pass a client made in this process."
+            )
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._make()
+                client = self._client
+        return client
+
+    def release(self) -> _T | None:
+        """Let go of a client this slot made and return it, for the caller to close (None: none, or given)."""
+        with self._lock:
+            client = self._client if self.owned else None
+            if self.owned:
+                self._client = None
+        return client
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self.owned:
+            if self._client is not None:
+                self._inherited.append(self._client)
+            self._client = None
+            self._pid = os.getpid()
+
+
+_SLOTS: weakref.WeakSet[ClientSlot[Any]] = weakref.WeakSet()
+_SHARED: dict[tuple[Any, ...], Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+    """The process-wide store for ``key`` (its class, bucket and settings), made by ``make`` on first use."""
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make()
+        store: _T = _SHARED[key]
+        return store
+
+
 def _after_fork_in_child() -> None:
-    # The parent's watchdog thread does not exist in the child, and its lock may have been held.
-    global _watchdog
+    # The parent's watchdog thread does not exist in the child, and its locks may have been held.
+    global _watchdog, _SHARED_LOCK
     _watchdog = _Watchdog()
     _current.__dict__.clear()
+    _SHARED_LOCK = threading.Lock()
+    for slot in list(_SLOTS):
+        slot._after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -35,10 +35,8 @@ import math
 import os
 import re
 import ssl
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import quote
@@ -74,11 +72,6 @@ _LIST_FIELDS = "items(name,generation),nextPageToken"
 
 #: What :meth:`GCSStorage._download` returns for a 416 without a generation.
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
-
-_SHARED: dict[tuple[str, str | None, str | None], GCSStorage] = {}
-_SHARED_LOCK = threading.Lock()
-#: Every live store, so that a forked child can give each fresh connections.
-_STORES: weakref.WeakSet[GCSStorage] = weakref.WeakSet()
 
 
 class GCSStorage:
@@ -134,12 +127,7 @@ class GCSStorage:
         self.user_project = _checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
-        self._client = client
-        self._owns_client = client is None
-        self._client_lock = threading.Lock()
-        self._pid = os.getpid()  # where ``client`` (and its connections) was made or passed in
-        self._inherited: list[Any] = []
-        _STORES.add(self)
+        self._clients = deadline.ClientSlot(client, self._make_client, repr(self))
 
     @classmethod
     def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
@@ -148,41 +136,13 @@ class GCSStorage:
 
         Locks on the same bucket share one HTTP connection pool this way.
         """
-        key = (bucket, os.environ.get(_EMULATOR_ENV), user_project)
-        with _SHARED_LOCK:
-            store = _SHARED.get(key)
-            if store is None:
-                store = _SHARED[key] = cls(bucket, user_project=user_project)
-            return store
+        key = (cls, bucket, os.environ.get(_EMULATOR_ENV), user_project)
+        return deadline.shared(key, lambda: cls(bucket, user_project=user_project))
 
     @property
     def client(self) -> gcs.Client:
         """The ``google.cloud.storage.Client`` in use, created on first access."""
-        client = self._client
-        if client is not None and self._pid != os.getpid():
-            raise ConfigurationError(
-                f"the client passed to GCSStorage({self.bucket!r}) was made in process {self._pid}, which this "
-                "process was forked from: its keep-alive connections are shared with that process, and replies "
-                "would reach the wrong one. Pass a client made in this process."
-            )
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    made = self._make_client()
-                    # The SDK makes its HTTP session lazily and without a lock: make it here, under
-                    # ours, or two threads' first requests could each make one and leak the other.
-                    # Our own session: give it the connection pools that enforce request_timeout.
-                    # private (google-cloud-storage's): _http is the client's one HTTP session; it has no public name
-                    deadline.install(made._http)
-                    # google-auth refreshes credentials through a session of its own, inside our
-                    # request: watched too, a slow token endpoint (metadata server, STS) cannot hold a
-                    # request past request_timeout. (A private attribute; without it, unbounded as before.)
-                    refresh_session = getattr(made._http, "_auth_request_session", None)
-                    if refresh_session is not None:
-                        deadline.install(refresh_session)
-                    self._client = made
-                client = self._client
-        return client
+        return self._clients.get()
 
     def close(self) -> None:
         """Close the HTTP session of a client this store created.
@@ -190,11 +150,8 @@ class GCSStorage:
         The store stays usable: the next operation creates a fresh client.
         A client passed to the constructor is left open for its owner.
         """
-        with self._client_lock:
-            client, owned = self._client, self._owns_client
-            if owned:
-                self._client = None
-        if client is not None and owned:
+        client = self._clients.release()
+        if client is not None:
             client.close()
 
     # -- the contract ---------------------------------------------------------
@@ -395,15 +352,16 @@ class GCSStorage:
         return f"{self._bucket_url()}/o/{quote(key, safe='')}"
 
     def _make_client(self) -> gcs.Client:
+        """A client whose own HTTP session enforces request_timeout (made under the slot's lock)."""
         try:
             if self._emulator_host:
-                return gcs.Client(
+                client = gcs.Client(
                     project=_EMULATOR_PROJECT,
                     credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
                     client_options={"api_endpoint": self._emulator_host},
                 )
-            # project=None: objects need no project, and looking one up may cost I/O.
-            return gcs.Client(project=None)
+            else:  # project=None: objects need no project, and looking one up may cost I/O.
+                client = gcs.Client(project=None)
         except google.auth.exceptions.DefaultCredentialsError as exc:
             raise StorageError(
                 f"no Google credentials found for {self.url}: run `gcloud auth application-default login`, "
@@ -413,6 +371,18 @@ class GCSStorage:
             ) from exc
         except Exception as exc:  # e.g. a malformed credentials file or client option
             raise StorageError(f"could not create a GCS client for {self.url}: {exc}", url=self.url) from exc
+        # The SDK makes its HTTP session lazily and without a lock: make it here, under the slot's,
+        # or two threads' first requests could each make one and leak the other. Give it the
+        # connection pools that enforce request_timeout.
+        # private (google-cloud-storage's): _http is the client's one HTTP session; it has no public name
+        deadline.install(client._http)
+        # google-auth refreshes credentials through a session of its own, inside our request: watched
+        # too, a slow token endpoint (metadata server, STS) cannot hold a request past request_timeout.
+        # (A private attribute; without it, unbounded.)
+        refresh_session = getattr(client._http, "_auth_request_session", None)
+        if refresh_session is not None:
+            deadline.install(refresh_session)
+        return client
 
     # -- errors ---------------------------------------------------------------
 
@@ -420,103 +390,65 @@ class GCSStorage:
     def _mapped(self, op: str, key: str | None) -> Iterator[None]:
         """Turn every transport and auth error raised inside into a handofflock error."""
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            return TransientStorageError(f"{where}: {what}", url=self.url, key=key, ambiguous=ambiguous)
+
+        def permanent(what: str) -> StorageError:
+            return StorageError(f"{where}: {what}", url=self.url, key=key)
+
+        applied = "the request may have been applied"
         try:
             yield
         except HandoffLockError:
             raise
         except requests.exceptions.ConnectTimeout as exc:
-            raise TransientStorageError(
-                f"{where}: could not connect within {self._timeout[0]}s; nothing was sent",
-                url=self.url,
-                key=key,
-                ambiguous=False,
-            ) from exc
+            raise transient(f"could not connect within {self._timeout[0]}s; nothing was sent", False) from exc
         except requests.exceptions.ReadTimeout as exc:
-            raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s; the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
-            ) from exc
+            raise transient(f"no reply within {self._timeout[1]}s; {applied}", True) from exc
         except requests.exceptions.SSLError as exc:
             if _caused_by(exc, ssl.SSLCertVerificationError):
-                raise StorageError(
-                    f"{where}: the server's TLS certificate was not accepted ({_exc_reason(exc)}); check the CA "
-                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
-                    url=self.url,
-                    key=key,
+                raise permanent(
+                    f"the server's TLS certificate was not accepted ({_exc_reason(exc)}); check the CA "
+                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)"
                 ) from exc
-            raise TransientStorageError(
-                f"{where}: the TLS connection failed ({_exc_reason(exc)}); the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=not _never_connected(exc),
+            raise transient(
+                f"the TLS connection failed ({_exc_reason(exc)}); {applied}", not _never_connected(exc)
             ) from exc
         except requests.exceptions.ConnectionError as exc:
             if _never_connected(exc):
-                raise TransientStorageError(
-                    f"{where}: could not connect ({_exc_reason(exc)}); nothing was sent",
-                    url=self.url,
-                    key=key,
-                    ambiguous=False,
-                ) from exc
-            raise TransientStorageError(
-                f"{where}: the connection failed after the request was sent ({_exc_reason(exc)}); "
-                "it may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
+                raise transient(f"could not connect ({_exc_reason(exc)}); nothing was sent", False) from exc
+            raise transient(
+                f"the connection failed after the request was sent ({_exc_reason(exc)}); it may have been applied", True
             ) from exc
         except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
-            raise TransientStorageError(
-                f"{where}: the reply was cut off or garbled ({exc}); the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
-            ) from exc
+            raise transient(f"the reply was cut off or garbled ({exc}); {applied}", True) from exc
         except google.auth.exceptions.RefreshError as exc:
             # Credentials are refreshed before the request is sent: nothing was applied.
             if getattr(exc, "retryable", False):
-                raise TransientStorageError(
-                    f"{where}: refreshing the Google credentials failed ({exc}); nothing was sent",
-                    url=self.url,
-                    key=key,
-                    ambiguous=False,
-                ) from exc
-            raise StorageError(
-                f"{where}: the Google credentials could not be refreshed ({exc}); run "
-                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS",
-                url=self.url,
-                key=key,
+                raise transient(f"refreshing the Google credentials failed ({exc}); nothing was sent", False) from exc
+            raise permanent(
+                f"the Google credentials could not be refreshed ({exc}); run "
+                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS"
             ) from exc
         except google.auth.exceptions.TransportError as exc:
-            raise TransientStorageError(
-                f"{where}: could not reach the credentials server ({exc}); nothing was sent",
-                url=self.url,
-                key=key,
-                ambiguous=False,
-            ) from exc
+            raise transient(f"could not reach the credentials server ({exc}); nothing was sent", False) from exc
         except (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError) as exc:
             # What is left is configuration: an invalid URL or header, a bad credentials file.
-            raise StorageError(f"{where}: {exc}", url=self.url, key=key) from exc
+            raise permanent(str(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:  # leaked past requests: be conservative
-            raise TransientStorageError(
-                f"{where}: transport error ({exc!r}); the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
-            ) from exc
+            raise transient(f"transport error ({exc!r}); {applied}", True) from exc
 
     def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
         """Return if the response is a success; raise the mapped error otherwise."""
-        status = response.status_code
+        status, url, bucket = response.status_code, self.url, self.bucket
         if 200 <= status < 300:
             return
-        url, bucket = self.url, self.bucket
         where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
         if status == 412 and key is not None and expected is not None:
             raise PreconditionFailed(key, expected, url=url)
         message = _error_message(response)
+        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
         if status == 409 and key is not None and expected is not None:
             # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
             # conflicting concurrent change to the same resource. The request can be retried, though
@@ -531,7 +463,7 @@ class GCSStorage:
                 key=key,
                 status=status,
                 ambiguous=False,
-                retry_after=_retry_after_seconds(response.headers.get("Retry-After")),
+                retry_after=retry_after,
             )
         if status in (408, 429) or status >= 500:
             raise TransientStorageError(
@@ -540,33 +472,29 @@ class GCSStorage:
                 key=key,
                 status=status,
                 ambiguous=status != 429,  # 429: refused before it was applied
-                retry_after=_retry_after_seconds(response.headers.get("Retry-After")),
+                retry_after=retry_after,
             )
         if status == 401:
-            raise StorageError(
-                f"{where}: GCS rejected the credentials (401: {message}); check that they are valid and "
-                "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)",
-                url=url,
-                key=key,
+            hint = (
+                f"GCS rejected the credentials (401: {message}); check that they are valid and "
+                "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)"
             )
-        if status == 403 and says_retained(response):
-            raise StorageError(
-                f"{where}: GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
+        elif status == 403 and says_retained(response):
+            hint = (
+                f"GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
                 f"its object on every renewal, which a retention policy, object retention or a hold forbids until "
                 f"the retention period has passed; no IAM role changes that. Put lock objects in a bucket "
                 f"without a retention policy (`gcloud storage buckets describe gs://{bucket} "
-                f"--format='default(retention_policy)'` shows it), or remove the hold",
-                url=url,
-                key=key,
+                f"--format='default(retention_policy)'` shows it), or remove the hold"
             )
-        if status == 403:
-            raise StorageError(
-                f"{where}: permission denied on bucket {bucket!r} (403: {message}); check which account "
-                "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket",
-                url=url,
-                key=key,
+        elif status == 403:
+            hint = (
+                f"permission denied on bucket {bucket!r} (403: {message}); check which account "
+                "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket"
             )
-        raise StorageError(f"{where}: GCS answered {status} ({message})", url=url, key=key)
+        else:
+            hint = f"GCS answered {status} ({message})"
+        raise StorageError(f"{where}: {hint}", url=url, key=key)
 
     def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
         """The error for a 404 that says the bucket is missing: which bucket, and how to create it."""
@@ -827,28 +755,3 @@ def _exc_reason(exc: BaseException) -> str:
     if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
         reason = reason.reason
     return str(reason) or type(reason).__name__
-
-
-def _fresh_connections_after_fork() -> None:
-    """In a forked child: no store uses a connection it shares with the parent.
-
-    Both processes would write requests to the same sockets and read each
-    other's replies: a read would return another object's bytes and
-    generation. A client this store made is dropped (and kept referenced, so
-    that collecting it never closes, or sends a TLS close on, a socket the
-    parent still uses); the next request makes a new one. A client passed in
-    is the caller's to replace: using it in the child raises (see ``client``).
-    """
-    global _SHARED_LOCK
-    _SHARED_LOCK = threading.Lock()
-    for store in list(_STORES):
-        store._client_lock = threading.Lock()
-        if store._owns_client:
-            if store._client is not None:
-                store._inherited.append(store._client)
-            store._client = None
-            store._pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_connections_after_fork)

@@ -75,9 +75,7 @@ _IMPOSSIBLE_ETAG = '"00000000000000000000000000000000-0"'
 #: Said of a write or delete whose reply never came.
 _MAY_HAVE_APPLIED = "; the request may have been applied"
 
-_SHARED: dict[tuple[Any, ...], S3Storage] = {}
-_SHARED_LOCK = threading.Lock()
-#: Every live store, so that a forked child can give each fresh connections.
+#: Every live store, so that a forked child can give each a fresh lock on what it has seen.
 _STORES: weakref.WeakSet[S3Storage] = weakref.WeakSet()
 
 
@@ -147,11 +145,7 @@ class S3Storage:
         self._endpoint_url = endpoint_url
         self._profile = profile
         self._region = region
-        self._client = client
-        self._owns_client = client is None
-        self._client_lock = threading.Lock()
-        self._pid = os.getpid()
-        self._inherited: list[Any] = []
+        self._clients: deadline.ClientSlot[Any] = deadline.ClientSlot(client, self._make_client, repr(self))
         self._seen: dict[str, _Version] = {}
         self._seen_lock = threading.Lock()
         self._probed = False  # the store honours If-Match and If-None-Match, once known
@@ -164,37 +158,18 @@ class S3Storage:
 
         Locks on the same bucket share one client and connection pool this way.
         """
-        key = (bucket, *(os.environ.get(name) for name in _ENV))
-        with _SHARED_LOCK:
-            store = _SHARED.get(key)
-            if store is None:
-                store = _SHARED[key] = cls(bucket)
-            return store
+        key = (cls, bucket, *(os.environ.get(name) for name in _ENV))
+        return deadline.shared(key, lambda: cls(bucket))
 
     @property
     def client(self) -> Any:
         """The boto3 S3 client in use, created on first access."""
-        client = self._client
-        if client is not None and self._pid != os.getpid():
-            raise ConfigurationError(
-                f"the client passed to S3Storage({self.bucket!r}) was made in process {self._pid}, which this "
-                "process was forked from: its keep-alive connections are shared with that process. "
-                "Pass a client made in this process."
-            )
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    self._client = self._make_client()
-                client = self._client
-        return client
+        return self._clients.get()
 
     def close(self) -> None:
         """Close the connections of a client this store created; the next operation makes a new one."""
-        with self._client_lock:
-            client, owned = self._client, self._owns_client
-            if owned:
-                self._client = None
-        if client is not None and owned:
+        client = self._clients.release()
+        if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
 
@@ -499,6 +474,7 @@ class S3Storage:
         """Turn every SDK and transport error raised inside into a handofflock error."""
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = op in ("write", "delete")
+        applied = _MAY_HAVE_APPLIED if mutation else ""
         try:
             yield
         except HandoffLockError:
@@ -513,10 +489,7 @@ class S3Storage:
             ) from exc
         except botocore.exceptions.ReadTimeoutError as exc:
             raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s" + (_MAY_HAVE_APPLIED if mutation else ""),
-                url=self.url,
-                key=key,
-                ambiguous=mutation,
+                f"{where}: no reply within {self._timeout[1]}s{applied}", url=self.url, key=key, ambiguous=mutation
             ) from exc
         except (
             botocore.exceptions.NoCredentialsError,
@@ -537,59 +510,42 @@ class S3Storage:
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
             raise TransientStorageError(
-                f"{where}: the connection failed ({exc!r})" + (_MAY_HAVE_APPLIED if mutation else ""),
-                url=self.url,
-                key=key,
-                ambiguous=mutation,
+                f"{where}: the connection failed ({exc!r}){applied}", url=self.url, key=key, ambiguous=mutation
             ) from exc
 
     def _client_error(self, exc: Any, where: str, key: str | None, mutation: bool) -> StorageError:
         """The error an S3 error reply (botocore's ``ClientError``) maps to: transient or not, ambiguous or not."""
-        status, code = _status(exc), _code(exc)
-        url, bucket = self.url, self.bucket
-        message = _message(exc)
-        retry_after = _retry_after(exc)
+        status, code, message, bucket = _status(exc), _code(exc), _message(exc), self.bucket
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            return TransientStorageError(
+                f"{where}: {what}",
+                url=self.url,
+                key=key,
+                status=status,
+                ambiguous=ambiguous,
+                retry_after=_retry_after(exc),
+            )
+
         if status == 404 and code == "NoSuchBucket":
             return StorageError(
                 f"S3 bucket {bucket!r} does not exist (404 NoSuchBucket); create it "
                 f"(`aws s3 mb s3://{bucket}`) or check the bucket name in the lock URL "
                 "and the endpoint (AWS_ENDPOINT_URL_S3)",
-                url=url,
+                url=self.url,
                 key=key,
             )
         if status == 409:
             # ConditionalRequestConflict: "A conflicting operation occurred. If using PutObject you
             # can retry the request" (S3 API reference, error codes). It was not applied, and our
             # retry carries the same If-Match, so it can never replace a change made meanwhile.
-            return TransientStorageError(
-                f"{where}: S3 answered 409 {code} ({message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after,
-            )
+            return transient(f"S3 answered 409 {code} ({message})", False)
         if (status == 503 and code == "SlowDown") or status == 429:
             # Throttled: refused before anything was applied.
-            return TransientStorageError(
-                f"{where}: S3 asked to slow down ({status} {code}: {message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after,
-            )
+            return transient(f"S3 asked to slow down ({status} {code}: {message})", False)
         if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
             # RequestTimeout (400): the request body did not arrive in time; not applied.
-            ambiguous = mutation and status >= 500
-            return TransientStorageError(
-                f"{where}: S3 answered {status} {code} ({message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=ambiguous,
-                retry_after=retry_after,
-            )
+            return transient(f"S3 answered {status} {code} ({message})", mutation and status >= 500)
         if status == 403 or status == 401:
             hint = (
                 "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
@@ -600,10 +556,10 @@ class S3Storage:
                 f"{where}: permission denied on bucket {bucket!r} ({status} {code}: {message}); check which "
                 "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
                 f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
-                url=url,
+                url=self.url,
                 key=key,
             )
-        return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=url, key=key)
+        return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
 
     def __repr__(self) -> str:
         return f"S3Storage({self.bucket!r})"
@@ -697,24 +653,11 @@ def _watch_connections(client: Any) -> bool:
     return True
 
 
-def _fresh_connections_after_fork() -> None:
-    """In a forked child: no store uses a connection it shares with the parent.
-
-    A client this store made is dropped (and kept referenced, so that collecting
-    it never closes a socket the parent still uses); the next request makes a
-    new one. A client passed in is the caller's to replace (see ``client``).
-    """
-    global _SHARED_LOCK
-    _SHARED_LOCK = threading.Lock()
+def _fresh_locks_after_fork() -> None:
+    """In a forked child: a fresh lock on what each store has seen (a parent's thread may have held it)."""
     for store in list(_STORES):
-        store._client_lock = threading.Lock()
         store._seen_lock = threading.Lock()
-        if store._owns_client:
-            if store._client is not None:
-                store._inherited.append(store._client)
-            store._client = None
-            store._pid = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_connections_after_fork)
+    os.register_at_fork(after_in_child=_fresh_locks_after_fork)

@@ -334,7 +334,7 @@ def test_the_constructor_does_no_io(monkeypatch):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{sock.getsockname()[1]}")
         store = GCSStorage("some-bucket")
         # private: no client made yet (no I/O in constructors); the public client property would make one
-        assert store.url == "gs://some-bucket" and store._client is None
+        assert store.url == "gs://some-bucket" and not store._clients.made
 
 
 @pytest.mark.parametrize("bad", ["", "ab", "Upper", "-dash.start", "a/b", None])
