@@ -54,7 +54,6 @@ __all__ = [
     "DeadlineAdapter",
     "RememberingConnection",
     "WatchedPool",
-    "armed",
     "bounded",
     "checked_request_timeout",
     "checked_timeout",
@@ -309,20 +308,6 @@ if hasattr(os, "register_at_fork"):
 
 
 @contextlib.contextmanager
-def armed(seconds: float) -> Iterator[Deadline]:
-    """A deadline for the request sent, and its reply read, inside the block (in this thread)."""
-    deadline = Deadline(seconds)
-    previous = getattr(_current, "deadline", None)
-    _current.deadline = deadline
-    _watchdog.arm(deadline)
-    try:
-        yield deadline
-    finally:
-        deadline.finish()
-        _current.deadline = previous
-
-
-@contextlib.contextmanager
 def bounded(
     seconds: float, op: str, key: str | None, *, url: str, replies: tuple[type[BaseException], ...] = ()
 ) -> Iterator[Deadline]:
@@ -331,9 +316,13 @@ def bounded(
     Past ``seconds`` the connection is shut down, and whatever that breaks is
     raised as a :class:`TransientStorageError` saying so (ambiguous for a write
     or a delete: it may have been applied). An exception of ``replies`` (an
-    SDK's error reply) is the server's answer unless the cut made it.
+    SDK's error reply) is the server's answer unless the cut made it. The
+    deadline is this thread's (:func:`current`) inside the block.
     """
-    with armed(seconds) as deadline:
+    deadline, previous = Deadline(seconds), getattr(_current, "deadline", None)
+    _current.deadline = deadline
+    _watchdog.arm(deadline)
+    try:
         try:
             yield deadline
         except HandoffLockError:  # among them, credentials not ready in time: nothing sent
@@ -350,6 +339,9 @@ def bounded(
             # Done, yet its connection was shut down on the way: a reply framed by the end of the
             # connection alone would look complete though cut short. Not to be trusted.
             raise _past_deadline(op, key, url, seconds)
+    finally:
+        deadline.finish()
+        _current.deadline = previous
 
 
 def _past_deadline(op: str, key: str | None, url: str, seconds: float) -> TransientStorageError:
@@ -365,7 +357,7 @@ def _past_deadline(op: str, key: str | None, url: str, seconds: float) -> Transi
 
 
 def current() -> Deadline | None:
-    """The deadline of the request this thread is sending (the innermost :func:`armed`), if any."""
+    """The deadline of the request this thread is sending (the innermost :func:`bounded`), if any."""
     return getattr(_current, "deadline", None)
 
 

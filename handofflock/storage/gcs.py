@@ -57,7 +57,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import _BUCKET_RE, deadline
+from . import deadline
 from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
@@ -65,6 +65,9 @@ try:  # a dependency of google-cloud-storage; without it reads are simply not ch
 except ImportError:  # pragma: no cover
     google_crc32c = None  # type: ignore[assignment]
 
+# GCS bucket names: 3-63 characters (up to 222 with dots), lowercase letters,
+# digits, '-', '_' and '.', starting and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
