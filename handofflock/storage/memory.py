@@ -102,15 +102,29 @@ class FaultHooks:
         with self._lock:
             return [hook for o, k, hook in hooks if o in (op, "*") and (k is None or k == key)]
 
-    def _take(self, op: str, key: str | None) -> _Fault | None:
+    def enter(self, op: str, key: str | None) -> _Fault | None:
+        """Before a request: run its ``before`` hooks, then raise a ``fail`` fault or return a ``lose_reply`` one."""
+        for hook in self._hooks(self._before, op, key):
+            hook(op, key)
+        fault = None
         with self._lock:
-            for fault in self._faults:
-                if fault.op in (op, "*") and (fault.key is None or fault.key == key):
-                    fault.count -= 1
-                    if fault.count <= 0:
-                        self._faults.remove(fault)
-                    return fault
-        return None
+            for candidate in self._faults:
+                if candidate.op in (op, "*") and (candidate.key is None or candidate.key == key):
+                    candidate.count -= 1
+                    if candidate.count <= 0:
+                        self._faults.remove(candidate)
+                    fault = candidate
+                    break
+        if fault is not None and fault.kind == "fail":
+            raise fault.exc_factory()
+        return fault
+
+    def leave(self, fault: _Fault | None, op: str, key: str | None, result: object) -> None:
+        """After a request applied: run its ``after`` hooks, then raise the ``lose_reply`` fault ``enter`` gave."""
+        for hook in self._hooks(self._after, op, key):
+            hook(op, key, result)
+        if fault is not None:  # "lose_reply": the operation applied, the caller hears a failure
+            raise fault.exc_factory()
 
 
 class MemoryStorage:
@@ -155,7 +169,7 @@ class MemoryStorage:
             found = self._objects.get(key)
         if found is not None and max_bytes is not None:
             found = found[0][: max_bytes + 1], found[1]
-        self._after(fault, "read", key, found)
+        self.faults.leave(fault, "read", key, found)
         return found
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
@@ -173,7 +187,7 @@ class MemoryStorage:
             self._counter += 1
             self._objects[key] = (bytes(data), self._counter)
             generation = self._counter
-        self._after(fault, "write", key, generation)
+        self.faults.leave(fault, "write", key, generation)
         return generation
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
@@ -188,7 +202,7 @@ class MemoryStorage:
             if current[1] != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
             del self._objects[key]
-        self._after(fault, "delete", key, None)
+        self.faults.leave(fault, "delete", key, None)
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         validate_prefix(prefix)
@@ -196,7 +210,7 @@ class MemoryStorage:
         fault = self._before("list", None)
         with self._lock:
             found = {k: g for k, (_, g) in self._objects.items() if k.startswith(prefix)}
-        self._after(fault, "list", None, found)
+        self.faults.leave(fault, "list", None, found)
         return found
 
     def close(self) -> None:
@@ -207,18 +221,7 @@ class MemoryStorage:
     def _before(self, op: str, key: str | None) -> _Fault | None:
         with self._lock:  # ``+=`` on a Counter is a read and a write: concurrent calls would lose counts
             self.calls[op] += 1
-        for hook in self.faults._hooks(self.faults._before, op, key):
-            hook(op, key)
-        fault = self.faults._take(op, key)
-        if fault is not None and fault.kind == "fail":
-            raise fault.exc_factory()
-        return fault
-
-    def _after(self, fault: _Fault | None, op: str, key: str | None, result: object) -> None:
-        for hook in self.faults._hooks(self.faults._after, op, key):
-            hook(op, key, result)
-        if fault is not None:  # "lose_reply": the operation applied, the caller hears a failure
-            raise fault.exc_factory()
+        return self.faults.enter(op, key)
 
     def __repr__(self) -> str:
         return f"MemoryStorage({self.name!r})"
