@@ -107,17 +107,17 @@ class SleepyStore(MemoryStorage):
         self.stalled = threading.Event()
         self.landed: list[float] = []
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         now = time.monotonic()
         if now >= self.stall_from:
             self.stall_from = float("inf")
             self.stalled_at = now
             self.stalled.set()
             time.sleep(self.stall)
-        return super().read(key, max_bytes=max_bytes)
+        return super().read(key, max_bytes=max_bytes, timeout=timeout)
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
-        generation = super().write(key, data, if_generation_match=if_generation_match)
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
+        generation = super().write(key, data, if_generation_match=if_generation_match, timeout=timeout)
         self.landed.append(time.monotonic())
         return generation
 

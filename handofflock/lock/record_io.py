@@ -23,7 +23,6 @@ from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
 from ..core.timing import Timing
 from ..storage import MAX_RECORD_BYTES, Storage
-from ..storage.base import requests_within
 from ..storage.cas import read_retrying, write_resolving
 from ..storage.pacing import WriteGate, gate_for
 from .primitives import Mutex
@@ -75,16 +74,16 @@ class RecordIO:
 
         Needs no mutex: a read changes nothing. Each request ends within :attr:`request_timeout`.
         """
-        with requests_within(self.request_timeout):
-            found = read_retrying(
-                self.storage,
-                self.key,
-                clock=self._clock,
-                deadline=deadline,
-                max_bytes=MAX_RECORD_BYTES,
-                retry=retry,
-                sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
-            )
+        found = read_retrying(
+            self.storage,
+            self.key,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            retry=retry,
+            sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
+            timeout=self.request_timeout,
+        )
         if found is None:
             return None, 0
         data, generation = found
@@ -154,22 +153,22 @@ class RecordIO:
         def is_ours(data: bytes) -> bool:
             return LockRecord.decode(data, key=self.key, url=self.url).nonce in attempts
 
-        with requests_within(self.request_timeout):
-            generation, read_back = write_resolving(
-                self.storage,
-                self.key,
-                stamp,
-                if_generation_match=write.if_generation_match,
-                is_ours=is_ours,
-                clock=self._clock,
-                deadline=deadline,
-                max_bytes=MAX_RECORD_BYTES,
-                gate=self.gate(),
-                urgent=urgent,
-                send_by=send_by,
-                retry=retry,
-                sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
-            )
+        generation, read_back = write_resolving(
+            self.storage,
+            self.key,
+            stamp,
+            if_generation_match=write.if_generation_match,
+            is_ours=is_ours,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            gate=self.gate(),
+            urgent=urgent,
+            send_by=send_by,
+            retry=retry,
+            sleep=lambda delay: self.sleep_before_retry(delay, interruptible),
+            timeout=self.request_timeout,
+        )
         landed = attempts[sent[-1]]
         if read_back is not None:
             landed = attempts.get(LockRecord.decode(read_back, key=self.key, url=self.url).nonce or "", landed)

@@ -51,7 +51,7 @@ from typing import Protocol
 
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
-from ..storage.base import Storage, requests_within
+from ..storage.base import Storage
 from .primitives import THREADING, Pool, Primitives
 
 _log = logging.getLogger("handofflock.lock.scheduler")
@@ -367,8 +367,7 @@ class Scheduler:
         try:
             storage, prefix = batch[0].store, gkey[1]
             try:
-                with requests_within(min(lock.request_timeout for lock in batch)):
-                    listing = storage.list(prefix)
+                listing = storage.list(prefix, timeout=min(lock.request_timeout for lock in batch))
             except TransientStorageError as exc:
                 _log.debug(
                     "listing %s in %s failed (%s); skipping one waiter check of %d locks",

@@ -4,17 +4,22 @@ The lock talks to storage only through :class:`Storage`. Every mutation carries
 a generation precondition; there is deliberately no unconditional write, so
 none can slip in. Generation ``0`` in ``if_generation_match`` means "the object
 must not exist".
+
+Every call takes ``timeout``: seconds within which each request it sends must
+end (None: the store's own ``request_timeout``; the shorter wins). A store's
+``request_timeout`` is shared by every lock on its bucket, while a lock needs
+its requests to end in time for one more try before its renew deadline
+(:attr:`~handofflock.core.timing.Timing.request_timeout`), so it passes its
+own with each call. Stores without requests to bound (memory, local files)
+check it and need it for nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
-from ..core.errors import ConfigurationError, InvalidKey
+from ..core.errors import InvalidKey
 from ..core.record import MAX_RECORD_BYTES as MAX_RECORD_BYTES  # the record's limit, enforced by every store
 
 #: GCS's own limit on object names, in UTF-8 bytes.
@@ -27,7 +32,8 @@ class Storage(Protocol):
 
     Implementations: :class:`~handofflock.storage.memory.MemoryStorage`,
     :class:`~handofflock.storage.local.LocalStorage`,
-    :class:`~handofflock.storage.gcs.GCSStorage`.
+    :class:`~handofflock.storage.gcs.GCSStorage`,
+    :class:`~handofflock.storage.s3.S3Storage`.
 
     All methods may raise :class:`~handofflock.core.errors.TransientStorageError`
     (retry may help) or :class:`~handofflock.core.errors.StorageError` (it will not).
@@ -36,7 +42,7 @@ class Storage(Protocol):
     #: A URL naming the store (for messages and logs).
     url: str
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         """Return ``(data, generation)``, or ``None`` if the object does not exist.
 
         With ``max_bytes``, at most ``max_bytes + 1`` bytes are read, so a caller can
@@ -44,7 +50,7 @@ class Storage(Protocol):
         """
         ...
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         """Write ``data`` if the object's generation is ``if_generation_match``.
 
         ``0`` means the object must not exist. Returns the new generation, which
@@ -53,7 +59,7 @@ class Storage(Protocol):
         """
         ...
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         """Delete the object if its generation is ``if_generation_match``.
 
         Raises :class:`~handofflock.core.errors.PreconditionFailed` on a mismatch and
@@ -62,7 +68,7 @@ class Storage(Protocol):
         """
         ...
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         """Return ``{key: generation}`` for every object whose key starts with ``prefix``."""
         ...
 
@@ -128,53 +134,70 @@ def validate_max_bytes(max_bytes: object) -> int | None:
     return max_bytes
 
 
-# --------------------------------------------------------------------------- options the HTTP stores share
+def validate_timeout(timeout: object) -> float | None:
+    """Check a call's ``timeout``: None (the store's own) or a finite number of seconds > 0."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf
+    ):
+        raise ValueError(f"timeout must be a finite number of seconds > 0 or None, got {timeout!r}")
+    return timeout
 
 
-def positive_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+# --------------------------------------------------------------------------- the envelope of the file and S3 stores
+
+#: Generations stay within int64, like GCS's.
+MAX_GENERATION = 2**63 - 1
+
+#: Longest envelope header accepted (ours are ~60 bytes); read this much to parse one.
+MAX_HEADER = 128
 
 
-def checked_timeout(timeout: object) -> tuple[float, float]:
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = (timeout, timeout)
-    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(positive_number(t) for t in timeout):
-        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
-    return (float(timeout[0]), float(timeout[1]))
+class Header(NamedTuple):
+    """An envelope's header: a tombstone or not, the generation, and where the data starts."""
+
+    deleted: bool
+    generation: int
+    offset: int
 
 
-def checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
-    if value is None:
-        # A reply that keeps coming, however slowly, never trips the read timeout; the
-        # default allows what a request that uses both its timeouts in full could take.
-        return timeout[0] + timeout[1]
-    if not positive_number(value):
-        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+def encode_header(magic: bytes, generation: int, length: int, *, deleted: bool = False) -> bytes:
+    """The header line before ``length`` bytes of data at ``generation`` (a tombstone's when ``deleted``).
 
-
-_REQUEST_BOUND: contextvars.ContextVar[float | None] = contextvars.ContextVar("handofflock_request_bound", default=None)
-
-
-@contextlib.contextmanager
-def requests_within(seconds: float | None) -> Iterator[None]:
-    """Bound each request of the GCS and S3 stores sent inside the block (this thread) to ``seconds``.
-
-    A store's own ``request_timeout`` (20 s by default on GCS) is the store's,
-    shared by every lock on its bucket; a lock needs its requests to end in
-    time for one more try before its renew deadline
-    (:attr:`~handofflock.core.timing.Timing.request_timeout`), so it sends
-    them inside this block. The shorter bound wins; None leaves the store's.
-    Stores without a timeout of their own (memory, local files) ignore it.
+    Stores without generations of their own (local files, S3) keep each object as
+    ``<magic> 1 live <generation> <length>\\n<data>``, or ``<magic> 1 deleted <generation> 0\\n``
+    for a tombstone, which keeps the generation across a delete.
     """
-    token = _REQUEST_BOUND.set(seconds)
-    try:
-        yield
-    finally:
-        _REQUEST_BOUND.reset(token)
+    state = b"deleted" if deleted else b"live"
+    return b"%s 1 %s %d %d\n" % (magic, state, generation, length)
 
 
-def request_limit(own: float) -> float:
-    """The store's ``own`` request timeout, shortened to the bound of an enclosing :func:`requests_within`."""
-    bound = _REQUEST_BOUND.get()
-    return own if bound is None else min(own, bound)
+def parse_header(magic: bytes, head: bytes, size: int) -> Header | None:
+    """The header of a complete, well-formed object of ours, or None if it is foreign.
+
+    ``head`` is the object's first :data:`MAX_HEADER` bytes (or all of it);
+    ``size`` must equal header plus declared length exactly. Strict: anything
+    that is not exactly what we write (hand edits, truncation, trailing bytes,
+    a future version) is foreign, never half-trusted.
+    """
+    end = head.find(b"\n", 0, MAX_HEADER)
+    fields = head[:end].split(b" ") if end >= 0 else []
+    if len(fields) != 5 or fields[0] != magic or fields[1] != b"1":
+        return None
+    state, gen_s, len_s = fields[2:]
+    canonical = gen_s.isdigit() and len_s.isdigit() and gen_s[:1] != b"0" and (len_s == b"0" or len_s[:1] != b"0")
+    if not canonical or state not in (b"live", b"deleted"):
+        return None
+    generation, length = int(gen_s), int(len_s)
+    if generation > MAX_GENERATION or size != end + 1 + length or (state == b"deleted" and length):
+        return None
+    return Header(state == b"deleted", generation, end + 1)
+
+
+def next_generation(previous: int, now_us: int) -> int | None:
+    """The generation a write after ``previous`` gets: ``max(previous + 1, now in microseconds)``.
+
+    None past :data:`MAX_GENERATION`: the key has no higher generation to give
+    (the caller refuses the write).
+    """
+    generation = max(previous + 1, now_us)
+    return generation if generation <= MAX_GENERATION else None

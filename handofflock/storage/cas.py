@@ -60,16 +60,17 @@ def read_retrying(
     max_bytes: int,
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
+    timeout: float | None = None,
 ) -> tuple[bytes, int] | None:
     """One read, its transient errors retried with backoff until ``deadline`` (monotonic).
 
-    ``retry`` and ``sleep`` as for :func:`write_resolving`. Every read that
+    ``retry``, ``sleep`` and ``timeout`` as for :func:`write_resolving`. Every read that
     decides a write goes through here (the lock's, the fence's, a force-release's).
     """
     retries = Retries(clock, deadline)
     while True:
         try:
-            found = storage.read(key, max_bytes=max_bytes)
+            found = storage.read(key, max_bytes=max_bytes, timeout=timeout)
         except TransientStorageError as exc:
             delay = retries.next_delay()
             if not retry or delay is None:
@@ -99,6 +100,7 @@ def write_resolving(
     send_by: float | None = None,
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
+    timeout: float | None = None,
 ) -> tuple[int, bytes | None]:
     """Write ``data`` if the object is at ``if_generation_match``; return ``(generation, read_back)``.
 
@@ -123,7 +125,8 @@ def write_resolving(
     the last one is raised after it. With ``retry=False`` the first transient
     error is raised (after one read-back if the write may have landed).
     ``sleep(seconds)`` waits between retries and returns False to stop early
-    (a cancelled acquire); the default just sleeps. Raises
+    (a cancelled acquire); the default just sleeps. ``timeout`` bounds each
+    request (the store's ``timeout``; None: the store's own). Raises
     :class:`PreconditionFailed` when the object moved on, and any permanent
     :class:`StorageError` at once.
     """
@@ -157,14 +160,14 @@ def write_resolving(
             clock.sleep(max(wait, 0.001))
         body = data() if callable(data) else data
         try:
-            generation = storage.write(key, body, if_generation_match=if_generation_match)
+            generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=timeout)
         except PreconditionFailed:
             if gate is not None:
                 gate.refund(clock.monotonic())
             if maybe_landed:  # our own earlier attempt may be what moved the generation
                 while True:  # only a read can tell; a failed one is no answer, so read again
                     try:
-                        landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                        landed = _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
                         break
                     except TransientStorageError:
                         if not pause():
@@ -181,7 +184,7 @@ def write_resolving(
             if exc.ambiguous:
                 maybe_landed = True
                 try:
-                    landed = _landed(storage, key, if_generation_match, is_ours, max_bytes)
+                    landed = _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
                 except TransientStorageError:
                     landed = None  # cannot tell yet; the retry's precondition will
                 except _OutcomeLost:
@@ -199,7 +202,12 @@ def write_resolving(
 
 
 def _landed(
-    storage: Storage, key: str, expected: int, is_ours: Callable[[bytes], bool | None], max_bytes: int
+    storage: Storage,
+    key: str,
+    expected: int,
+    is_ours: Callable[[bytes], bool | None],
+    max_bytes: int,
+    timeout: float | None,
 ) -> tuple[int, bytes] | None:
     """After a write that may have landed: ``(generation, bytes)`` if it did, None if it did not yet.
 
@@ -207,7 +215,7 @@ def _landed(
     absent, and :class:`_OutcomeLost` if someone else wrote and the bytes cannot
     tell. Not a :class:`TransientStorageError`: the callers retry those.
     """
-    found = storage.read(key, max_bytes=max_bytes)
+    found = storage.read(key, max_bytes=max_bytes, timeout=timeout)
     if found is None:
         if expected != 0:
             raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))

@@ -1,8 +1,9 @@
 """``gs://bucket/key``: Google Cloud Storage, spoken to through its JSON API.
 
-This is the only module of handofflock that imports ``google.cloud.storage``,
-``google.auth`` or ``requests``. Every error the SDK or the transport can raise
-is mapped here, at the boundary, into :mod:`handofflock.core.errors`.
+The only module of handofflock that imports ``google.cloud.storage`` or
+``google.auth``. Every error the SDK or the transport can raise is mapped
+here, at the boundary, into :mod:`handofflock.core.errors`; every request ends
+within its deadline (:mod:`.deadline`).
 
 The ``google.cloud.storage.Client`` provides credentials, the endpoint (it
 honours ``STORAGE_EMULATOR_HOST``) and its authorized HTTP session; the requests
@@ -19,27 +20,29 @@ fit a lock:
 
 So: a read is one ``GET .../o/KEY?alt=media``, a write one multipart upload
 with ``ifGenerationMatch``, a delete one ``DELETE`` with ``ifGenerationMatch``,
-and a listing one request per page of up to 1000 objects.
-
-This module is one class: the store's four operations, the mapping of
-transport and auth errors, and the client's life (creation, fork, mTLS base
-URL). The wire (reply parsing, error bodies, what an error reply means, checked
-options) is in :mod:`.gcs_http`, and the total request deadline in
-:mod:`.gcs_deadline`.
+and a listing one request per page of up to 1000 objects. The class holds the
+four operations, the mapping of transport and auth errors and the client's
+life (creation, fork, mTLS base URL); the functions below it read the wire
+(reply bodies, checksums, and what an error reply means).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import email.utils
+import math
 import os
+import re
 import ssl
-import threading
-import weakref
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import quote
 
 import google.auth.exceptions
+import orjson
 import requests
 import urllib3.exceptions
 from google.auth.credentials import AnonymousCredentials
@@ -50,35 +53,21 @@ from ..core.errors import (
     ConfigurationError,
     HandoffLockError,
     NotFound,
+    PreconditionFailed,
     StorageError,
     TransientStorageError,
 )
-from . import _BUCKET_RE, gcs_deadline
-from .base import (
-    checked_request_timeout,
-    checked_timeout,
-    request_limit,
-    validate_generation,
-    validate_key,
-    validate_max_bytes,
-    validate_prefix,
-)
-from .gcs_http import (
-    bucket_missing,
-    caused_by,
-    check,
-    check_length,
-    checked_user_project,
-    exc_reason,
-    multipart_upload,
-    never_connected,
-    parse_generation,
-    read_body,
-    reply_json,
-    says_bucket_missing,
-    verify_crc32c,
-)
+from . import deadline
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
 
+try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
+    import google_crc32c
+except ImportError:  # pragma: no cover
+    google_crc32c = None  # type: ignore[assignment]
+
+# GCS bucket names: 3-63 characters (up to 222 with dots), lowercase letters,
+# digits, '-', '_' and '.', starting and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
@@ -86,11 +75,6 @@ _LIST_FIELDS = "items(name,generation),nextPageToken"
 
 #: What :meth:`GCSStorage._download` returns for a 416 without a generation.
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
-
-_SHARED: dict[tuple[str, str | None, str | None], GCSStorage] = {}
-_SHARED_LOCK = threading.Lock()
-#: Every live store, so that a forked child can give each fresh connections.
-_STORES: weakref.WeakSet[GCSStorage] = weakref.WeakSet()
 
 
 class GCSStorage:
@@ -104,7 +88,8 @@ class GCSStorage:
     and for each read from the socket. ``request_timeout`` bounds each request
     as a whole, from sending it to the last byte of its reply (default: connect
     plus read timeout); past it the request is cut off and fails with a
-    :class:`~handofflock.core.errors.TransientStorageError`. It is enforced by
+    :class:`~handofflock.core.errors.TransientStorageError`; a call's
+    ``timeout`` shortens it for that call. It is enforced by
     shutting the connection down, on the HTTP session of a client this store
     creates; a ``client`` you pass keeps its session as it is, and only
     ``timeout`` bounds its requests. ``user_project`` names the project billed
@@ -138,19 +123,14 @@ class GCSStorage:
             )
         self.bucket = bucket
         self.url = f"gs://{bucket}"
-        self._timeout = checked_timeout(timeout)
-        self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        self._timeout = deadline.checked_timeout(timeout)
+        self._request_timeout = deadline.checked_request_timeout(request_timeout, self._timeout)
         #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
         self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
-        self.user_project = checked_user_project(user_project)
+        self.user_project = _checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
-        self._client = client
-        self._owns_client = client is None
-        self._client_lock = threading.Lock()
-        self._pid = os.getpid()  # where ``client`` (and its connections) was made or passed in
-        self._inherited: list[Any] = []
-        _STORES.add(self)
+        self._clients = deadline.ClientSlot(client, self._make_client, repr(self))
 
     @classmethod
     def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
@@ -159,41 +139,13 @@ class GCSStorage:
 
         Locks on the same bucket share one HTTP connection pool this way.
         """
-        key = (bucket, os.environ.get(_EMULATOR_ENV), user_project)
-        with _SHARED_LOCK:
-            store = _SHARED.get(key)
-            if store is None:
-                store = _SHARED[key] = cls(bucket, user_project=user_project)
-            return store
+        key = (cls, bucket, os.environ.get(_EMULATOR_ENV), user_project)
+        return deadline.shared(key, lambda: cls(bucket, user_project=user_project))
 
     @property
     def client(self) -> gcs.Client:
         """The ``google.cloud.storage.Client`` in use, created on first access."""
-        client = self._client
-        if client is not None and self._pid != os.getpid():
-            raise ConfigurationError(
-                f"the client passed to GCSStorage({self.bucket!r}) was made in process {self._pid}, which this "
-                "process was forked from: its keep-alive connections are shared with that process, and replies "
-                "would reach the wrong one. Pass a client made in this process."
-            )
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    made = self._make_client()
-                    # The SDK makes its HTTP session lazily and without a lock: make it here, under
-                    # ours, or two threads' first requests could each make one and leak the other.
-                    # Our own session: give it the connection pools that enforce request_timeout.
-                    # private (google-cloud-storage's): _http is the client's one HTTP session; it has no public name
-                    gcs_deadline.install(made._http)
-                    # google-auth refreshes credentials through a session of its own, inside our
-                    # request: watched too, a slow token endpoint (metadata server, STS) cannot hold a
-                    # request past request_timeout. (A private attribute; without it, unbounded as before.)
-                    refresh_session = getattr(made._http, "_auth_request_session", None)
-                    if refresh_session is not None:
-                        gcs_deadline.install(refresh_session)
-                    self._client = made
-                client = self._client
-        return client
+        return self._clients.get()
 
     def close(self) -> None:
         """Close the HTTP session of a client this store created.
@@ -201,18 +153,16 @@ class GCSStorage:
         The store stays usable: the next operation creates a fresh client.
         A client passed to the constructor is left open for its owner.
         """
-        with self._client_lock:
-            client, owned = self._client, self._owns_client
-            if owned:
-                self._client = None
-        if client is not None and owned:
+        client = self._clients.release()
+        if client is not None:
             client.close()
 
     # -- the contract ---------------------------------------------------------
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         validate_key(key)
         validate_max_bytes(max_bytes)
+        validate_timeout(timeout)
         headers = {
             # Never let the server or requests transform the bytes: a Range then
             # counts stored bytes and the checksum covers what we return.
@@ -224,24 +174,25 @@ class GCSStorage:
             headers["Range"] = f"bytes=0-{max_bytes}"
         limit = None if max_bytes is None else max_bytes + 1
         with self._mapped("read", key):
-            found = self._download(key, headers, limit)
+            found = self._download(key, headers, limit, timeout)
             if found is _EMPTY_AT_UNKNOWN_GENERATION:
                 # A 416 for a Range on an empty object that did not say which
                 # generation it saw (the emulator does say; GCS may not): ask once
                 # more without a Range. Only an empty object, never a lock record,
                 # costs this second request.
                 del headers["Range"]
-                found = self._download(key, headers, limit)
+                found = self._download(key, headers, limit, timeout)
                 if found is _EMPTY_AT_UNKNOWN_GENERATION:  # pragma: no cover - no Range, no 416
                     raise StorageError(f"read {key!r} in {self.url}: GCS answered 416 to a read without a Range")
             return cast("tuple[bytes, int] | None", found)
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        body, content_type = multipart_upload(key, bytes(data))
+        body, content_type = _multipart_upload(key, bytes(data))
         with (
             self._mapped("write", key),
             self._request(
@@ -249,11 +200,8 @@ class GCSStorage:
                 key,
                 "POST",
                 f"{self._base()}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o",
-                params={
-                    "uploadType": "multipart",
-                    "ifGenerationMatch": str(if_generation_match),
-                    "fields": "generation",
-                },
+                {"uploadType": "multipart", "ifGenerationMatch": str(if_generation_match), "fields": "generation"},
+                timeout,
                 headers={"Content-Type": content_type},
                 data=body,
             ) as response,
@@ -262,7 +210,7 @@ class GCSStorage:
                 raise self._bucket_missing(key, response)
             self._check(response, "write", key, if_generation_match)
             try:
-                return parse_generation(reply_json(response).get("generation"), "the upload's reply")
+                return _parse_generation(_reply_json(response).get("generation"), "the upload's reply")
             except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
                 raise TransientStorageError(
                     f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
@@ -273,23 +221,24 @@ class GCSStorage:
                     ambiguous=True,
                 ) from exc
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
+        params = {"ifGenerationMatch": str(if_generation_match)}
         with (
             self._mapped("delete", key),
-            self._request(
-                "delete", key, "DELETE", self._object_url(key), params={"ifGenerationMatch": str(if_generation_match)}
-            ) as response,
+            self._request("delete", key, "DELETE", self._object_url(key), params, timeout) as response,
         ):
             if response.status_code == 404:
-                if says_bucket_missing(response):
+                if _says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 raise NotFound(key, url=self.url)
             self._check(response, "delete", key, if_generation_match)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         validate_prefix(prefix)
+        validate_timeout(timeout)
         found: dict[str, int] = {}
         page_token: str | None = None
         with self._mapped("list", None):
@@ -297,29 +246,30 @@ class GCSStorage:
                 params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
                 if page_token:
                     params["pageToken"] = page_token
-                with self._request("list", None, "GET", self._bucket_url() + "/o", params=params) as response:
+                with self._request("list", None, "GET", self._bucket_url() + "/o", params, timeout) as response:
                     if response.status_code == 404:  # a listing has no object to miss
                         raise self._bucket_missing(None, response)
                     self._check(response, "list", None)
-                    page = reply_json(response)
+                    page = _reply_json(response)
                 for item in page.get("items") or ():
                     name = item.get("name") if isinstance(item, dict) else None
                     if not isinstance(name, str):
                         raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
-                    found[name] = parse_generation(item.get("generation"), f"the listing of {name!r}")
+                    found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
                 page_token = page.get("nextPageToken")
                 if not page_token:
                     return found
 
     # -- requests -------------------------------------------------------------
 
-    def _download(self, key: str, headers: dict[str, str], limit: int | None) -> Any:
+    def _download(self, key: str, headers: dict[str, str], limit: int | None, timeout: float | None) -> Any:
         with self._request(
             "read",
             key,
             "GET",
             f"{self._base()}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
-            params={"alt": "media"},
+            {"alt": "media"},
+            timeout,
             headers=headers,
             stream=True,  # read no more than `limit` bytes, then drop the connection
         ) as response:
@@ -327,20 +277,20 @@ class GCSStorage:
                 # The emulator cannot tell a missing bucket from a missing object;
                 # GCS says so in the message. A missing bucket read as "no lock"
                 # is still caught: the create that follows fails with 404.
-                if says_bucket_missing(response):
+                if _says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 return None
             if response.status_code == 416:  # a Range on an empty object
                 stated = response.headers.get("x-goog-generation")
                 if stated is None:
                     return _EMPTY_AT_UNKNOWN_GENERATION
-                return b"", parse_generation(stated, "the x-goog-generation header")
+                return b"", _parse_generation(stated, "the x-goog-generation header")
             self._check(response, "read", key)
-            generation = parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
-            data, complete = read_body(response, limit)
+            generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
+            data, complete = _read_body(response, limit)
             if complete:
-                check_length(response, data, key, self.url)
-                verify_crc32c(response, data, key, self.url)
+                _check_length(response, data, key, self.url)
+                _verify_crc32c(response, data, key, self.url)
             return data, generation
 
     @contextlib.contextmanager
@@ -350,79 +300,44 @@ class GCSStorage:
         key: str | None,
         method: str,
         url: str,
-        *,
         params: dict[str, str],
+        timeout: float | None,
+        *,
         headers: dict[str, str] | None = None,
         data: bytes | None = None,
         stream: bool = False,
     ) -> Iterator[requests.Response]:
-        """One request, its reply read and closed inside the block, all within ``request_timeout``.
+        """One request, its reply read and closed inside the block, all within the request's deadline.
 
-        Past the deadline the connection is shut down (see :mod:`.gcs_deadline`),
-        and whatever that breaks is reported as the deadline it is.
+        The deadline is ``request_timeout``, or the call's ``timeout`` if shorter.
         """
-        with gcs_deadline.armed(request_limit(self._request_timeout)) as deadline:
-            try:
-                response = self._send(method, url, params=params, headers=headers, data=data, stream=stream)
-                with contextlib.closing(response):
-                    yield response
-            except HandoffLockError:
-                raise
-            except Exception as exc:
-                if not deadline.expired:
-                    raise
-                raise self._past_deadline(op, key, method) from exc
-            if deadline.cut:
-                # Done, yet its connection was shut down on the way: a reply framed by the end of the
-                # connection alone would look complete though cut short. Not to be trusted.
-                raise self._past_deadline(op, key, method)
-
-    def _past_deadline(self, op: str, key: str | None, method: str) -> TransientStorageError:
-        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
-        mutation = method in ("POST", "PUT", "PATCH", "DELETE")
-        return TransientStorageError(
-            f"{where}: no complete reply within request_timeout ({request_limit(self._request_timeout):g}s); "
-            + ("the request may have been applied" if mutation else "nothing was changed"),
-            url=self.url,
-            key=key,
-            ambiguous=mutation,
-        )
-
-    def _send(
-        self,
-        method: str,
-        url: str,
-        *,
-        params: dict[str, str],
-        headers: dict[str, str] | None = None,
-        data: bytes | None = None,
-        stream: bool = False,
-    ) -> requests.Response:
-        client = self.client
-        # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session on _http;
-        # we send our own requests (one per operation, no SDK retries), so we need both
-        connection = client._connection
-        all_headers = {
-            **getattr(connection, "extra_headers", {}),
-            "User-Agent": f"handofflock/{__version__} {connection.user_agent}".strip(),
-            "x-goog-api-client": connection.user_agent,
-            **(headers or {}),
-        }
-        if self.user_project is not None:
-            params = {**params, "userProject": self.user_project}
-        connect, read = self._timeout
-        response: requests.Response = client._http.request(  # private: as above
-            method,
-            url,
-            params=params,
-            headers=all_headers,
-            data=data,
-            # The deadline cannot cut a connection that is still being made: never wait longer for one.
-            timeout=(min(connect, request_limit(self._request_timeout)), read),
-            stream=stream,
-            allow_redirects=False,  # one request per operation, always
-        )
-        return response
+        seconds = deadline.limit(self._request_timeout, timeout)
+        with deadline.bounded(seconds, op, key, url=self.url):
+            client = self.client
+            # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session
+            # on _http; we send our own requests (one per operation, no SDK retries), so we need both
+            connection = client._connection
+            all_headers = {
+                **getattr(connection, "extra_headers", {}),
+                "User-Agent": f"handofflock/{__version__} {connection.user_agent}".strip(),
+                "x-goog-api-client": connection.user_agent,
+                **(headers or {}),
+            }
+            if self.user_project is not None:
+                params = {**params, "userProject": self.user_project}
+            response: requests.Response = client._http.request(  # private: as above
+                method,
+                url,
+                params=params,
+                headers=all_headers,
+                data=data,
+                # The deadline cannot cut a connection that is still being made: never wait longer for one.
+                timeout=(min(self._timeout[0], seconds), self._timeout[1]),
+                stream=stream,
+                allow_redirects=False,  # one request per operation, always
+            )
+            with contextlib.closing(response):
+                yield response
 
     def _base(self) -> str:
         # private (google-cloud-storage's): as in _request
@@ -440,15 +355,16 @@ class GCSStorage:
         return f"{self._bucket_url()}/o/{quote(key, safe='')}"
 
     def _make_client(self) -> gcs.Client:
+        """A client whose own HTTP session enforces request_timeout (made under the slot's lock)."""
         try:
             if self._emulator_host:
-                return gcs.Client(
+                client = gcs.Client(
                     project=_EMULATOR_PROJECT,
                     credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
                     client_options={"api_endpoint": self._emulator_host},
                 )
-            # project=None: objects need no project, and looking one up may cost I/O.
-            return gcs.Client(project=None)
+            else:  # project=None: objects need no project, and looking one up may cost I/O.
+                client = gcs.Client(project=None)
         except google.auth.exceptions.DefaultCredentialsError as exc:
             raise StorageError(
                 f"no Google credentials found for {self.url}: run `gcloud auth application-default login`, "
@@ -458,6 +374,18 @@ class GCSStorage:
             ) from exc
         except Exception as exc:  # e.g. a malformed credentials file or client option
             raise StorageError(f"could not create a GCS client for {self.url}: {exc}", url=self.url) from exc
+        # The SDK makes its HTTP session lazily and without a lock: make it here, under the slot's,
+        # or two threads' first requests could each make one and leak the other. Give it the
+        # connection pools that enforce request_timeout.
+        # private (google-cloud-storage's): _http is the client's one HTTP session; it has no public name
+        deadline.install(client._http)
+        # google-auth refreshes credentials through a session of its own, inside our request: watched
+        # too, a slow token endpoint (metadata server, STS) cannot hold a request past request_timeout.
+        # (A private attribute; without it, unbounded.)
+        refresh_session = getattr(client._http, "_auth_request_session", None)
+        if refresh_session is not None:
+            deadline.install(refresh_session)
+        return client
 
     # -- errors ---------------------------------------------------------------
 
@@ -465,124 +393,368 @@ class GCSStorage:
     def _mapped(self, op: str, key: str | None) -> Iterator[None]:
         """Turn every transport and auth error raised inside into a handofflock error."""
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            return TransientStorageError(f"{where}: {what}", url=self.url, key=key, ambiguous=ambiguous)
+
+        def permanent(what: str) -> StorageError:
+            return StorageError(f"{where}: {what}", url=self.url, key=key)
+
+        applied = "the request may have been applied"
         try:
             yield
         except HandoffLockError:
             raise
         except requests.exceptions.ConnectTimeout as exc:
-            raise TransientStorageError(
-                f"{where}: could not connect within {self._timeout[0]}s; nothing was sent",
-                url=self.url,
-                key=key,
-                ambiguous=False,
-            ) from exc
+            raise transient(f"could not connect within {self._timeout[0]}s; nothing was sent", False) from exc
         except requests.exceptions.ReadTimeout as exc:
-            raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s; the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
-            ) from exc
+            raise transient(f"no reply within {self._timeout[1]}s; {applied}", True) from exc
         except requests.exceptions.SSLError as exc:
-            if caused_by(exc, ssl.SSLCertVerificationError):
-                raise StorageError(
-                    f"{where}: the server's TLS certificate was not accepted ({exc_reason(exc)}); check the CA "
-                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
-                    url=self.url,
-                    key=key,
+            if _caused_by(exc, ssl.SSLCertVerificationError):
+                raise permanent(
+                    f"the server's TLS certificate was not accepted ({_exc_reason(exc)}); check the CA "
+                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)"
                 ) from exc
-            raise TransientStorageError(
-                f"{where}: the TLS connection failed ({exc_reason(exc)}); the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=not never_connected(exc),
+            raise transient(
+                f"the TLS connection failed ({_exc_reason(exc)}); {applied}", not _never_connected(exc)
             ) from exc
         except requests.exceptions.ConnectionError as exc:
-            if never_connected(exc):
-                raise TransientStorageError(
-                    f"{where}: could not connect ({exc_reason(exc)}); nothing was sent",
-                    url=self.url,
-                    key=key,
-                    ambiguous=False,
-                ) from exc
-            raise TransientStorageError(
-                f"{where}: the connection failed after the request was sent ({exc_reason(exc)}); "
-                "it may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
+            if _never_connected(exc):
+                raise transient(f"could not connect ({_exc_reason(exc)}); nothing was sent", False) from exc
+            raise transient(
+                f"the connection failed after the request was sent ({_exc_reason(exc)}); it may have been applied", True
             ) from exc
         except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
-            raise TransientStorageError(
-                f"{where}: the reply was cut off or garbled ({exc}); the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
-            ) from exc
+            raise transient(f"the reply was cut off or garbled ({exc}); {applied}", True) from exc
         except google.auth.exceptions.RefreshError as exc:
             # Credentials are refreshed before the request is sent: nothing was applied.
             if getattr(exc, "retryable", False):
-                raise TransientStorageError(
-                    f"{where}: refreshing the Google credentials failed ({exc}); nothing was sent",
-                    url=self.url,
-                    key=key,
-                    ambiguous=False,
-                ) from exc
-            raise StorageError(
-                f"{where}: the Google credentials could not be refreshed ({exc}); run "
-                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS",
-                url=self.url,
-                key=key,
+                raise transient(f"refreshing the Google credentials failed ({exc}); nothing was sent", False) from exc
+            raise permanent(
+                f"the Google credentials could not be refreshed ({exc}); run "
+                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS"
             ) from exc
         except google.auth.exceptions.TransportError as exc:
-            raise TransientStorageError(
-                f"{where}: could not reach the credentials server ({exc}); nothing was sent",
-                url=self.url,
-                key=key,
-                ambiguous=False,
-            ) from exc
+            raise transient(f"could not reach the credentials server ({exc}); nothing was sent", False) from exc
         except (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError) as exc:
             # What is left is configuration: an invalid URL or header, a bad credentials file.
-            raise StorageError(f"{where}: {exc}", url=self.url, key=key) from exc
+            raise permanent(str(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:  # leaked past requests: be conservative
-            raise TransientStorageError(
-                f"{where}: transport error ({exc!r}); the request may have been applied",
-                url=self.url,
-                key=key,
-                ambiguous=True,
-            ) from exc
+            raise transient(f"transport error ({exc!r}); {applied}", True) from exc
 
     def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
-        """Return if the response is a success; raise the mapped error otherwise (:func:`.gcs_http.check`)."""
-        check(response, op, key, expected, url=self.url, bucket=self.bucket)
+        """Return if the response is a success; raise the mapped error otherwise."""
+        status, url, bucket = response.status_code, self.url, self.bucket
+        if 200 <= status < 300:
+            return
+        where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
+        if status == 412 and key is not None and expected is not None:
+            raise PreconditionFailed(key, expected, url=url)
+        message = _error_message(response)
+        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+        if status == 409 and key is not None and expected is not None:
+            # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
+            # conflicting concurrent change to the same resource. The request can be retried, though
+            # care should be taken to consider the new state of the resource to avoid blind
+            # replacement of another agent's changes" (cloud.google.com/storage/docs/json_api/v1/
+            # status-codes, 409 Conflict). Our writes and deletes always carry ifGenerationMatch, so
+            # a retry can never replace a change made meanwhile: it fails with 412 instead. Not
+            # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
+            raise TransientStorageError(
+                f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
+                url=url,
+                key=key,
+                status=status,
+                ambiguous=False,
+                retry_after=retry_after,
+            )
+        if status in (408, 429) or status >= 500:
+            raise TransientStorageError(
+                f"{where}: GCS answered {status} ({message})",
+                url=url,
+                key=key,
+                status=status,
+                ambiguous=status != 429,  # 429: refused before it was applied
+                retry_after=retry_after,
+            )
+        if status == 401:
+            hint = (
+                f"GCS rejected the credentials (401: {message}); check that they are valid and "
+                "not expired (`gcloud auth application-default login`, or GOOGLE_APPLICATION_CREDENTIALS)"
+            )
+        elif status == 403 and says_retained(response):
+            hint = (
+                f"GCS keeps this object under a retention policy (403: {message}). The lock rewrites "
+                f"its object on every renewal, which a retention policy, object retention or a hold forbids until "
+                f"the retention period has passed; no IAM role changes that. Put lock objects in a bucket "
+                f"without a retention policy (`gcloud storage buckets describe gs://{bucket} "
+                f"--format='default(retention_policy)'` shows it), or remove the hold"
+            )
+        elif status == 403:
+            hint = (
+                f"permission denied on bucket {bucket!r} (403: {message}); check which account "
+                "the credentials belong to and that it has a role such as roles/storage.objectUser on the bucket"
+            )
+        else:
+            hint = f"GCS answered {status} ({message})"
+        raise StorageError(f"{where}: {hint}", url=url, key=key)
 
     def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
-        return bucket_missing(key, response, url=self.url, bucket=self.bucket)
+        """The error for a 404 that says the bucket is missing: which bucket, and how to create it."""
+        return StorageError(
+            f"GCS bucket {self.bucket!r} does not exist (404: {_error_message(response)}); create it "
+            f"(`gcloud storage buckets create gs://{self.bucket}`) or check the bucket name in the lock URL",
+            url=self.url,
+            key=key,
+        )
 
     def __repr__(self) -> str:
         return f"GCSStorage({self.bucket!r})"
 
 
-def _fresh_connections_after_fork() -> None:
-    """In a forked child: no store uses a connection it shares with the parent.
+# --------------------------------------------------------------------------- the wire
 
-    Both processes would write requests to the same sockets and read each
-    other's replies: a read would return another object's bytes and
-    generation. A client this store made is dropped (and kept referenced, so
-    that collecting it never closes, or sends a TLS close on, a socket the
-    parent still uses); the next request makes a new one. A client passed in
-    is the caller's to replace: using it in the child raises (see ``client``).
+#: At most this much of an error reply is read to explain it.
+_ERROR_BODY_BYTES = 4096
+
+
+# Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
+_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
+
+
+def _checked_user_project(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PROJECT_RE.match(value):
+        raise ConfigurationError(
+            f"user_project must be a Google Cloud project ID or number (the project billed for requests "
+            f"to a requester-pays bucket), got {value!r}"
+        )
+    return value
+
+
+def _multipart_upload(key: str, data: bytes) -> tuple[bytes, str]:
+    """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
+    metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
+    while True:
+        boundary = f"handofflock-{uuid.uuid4().hex}"
+        if boundary.encode() not in data:
+            break
+    delimiter = b"--" + boundary.encode()
+    body = b"".join(
+        [
+            delimiter,
+            b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n",
+            metadata,
+            b"\r\n",
+            delimiter,
+            b"\r\nContent-Type: application/json\r\n\r\n",
+            data,
+            b"\r\n",
+            delimiter,
+            b"--\r\n",
+        ]
+    )
+    return body, f'multipart/related; boundary="{boundary}"'
+
+
+def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes of a streamed body; say whether it was read to its end."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_content(chunk_size=64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if limit is not None and size >= limit:
+            data = b"".join(chunks)[:limit]
+            # At the limit we cannot know whether more was coming, so we do
+            # not claim completeness; closing the response drops the rest.
+            return data, False
+    return b"".join(chunks), True
+
+
+def _check_length(response: requests.Response, data: bytes, key: str, url: str) -> None:
+    """A body that ended before its Content-Length is a cut reply, not a short object.
+
+    urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which the SDK
+    still allows, hands the short body over as if complete, and the CRC32C
+    check does not cover a ranged read.
     """
-    global _SHARED_LOCK
-    _SHARED_LOCK = threading.Lock()
-    for store in list(_STORES):
-        store._client_lock = threading.Lock()
-        if store._owns_client:
-            if store._client is not None:
-                store._inherited.append(store._client)
-            store._client = None
-            store._pid = os.getpid()
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) != len(data):
+        raise TransientStorageError(
+            f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
+            url=url,
+            key=key,
+            ambiguous=False,
+        )
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_connections_after_fork)
+def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
+    """Check a whole-object read against the server's CRC32C, when it sent one for these bytes.
+
+    Skipped for partial reads (the hash covers the whole object) and for objects
+    stored with a content encoding (the hash covers the stored bytes).
+    """
+    if google_crc32c is None:  # pragma: no cover
+        return
+    if response.headers.get("x-goog-stored-content-encoding", "identity") != "identity":
+        return
+    if response.status_code == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        if total != str(len(data)):
+            return
+    expected = None
+    for part in response.headers.get("x-goog-hash", "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "crc32c":
+            expected = value
+    if not expected:
+        return
+    actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()  # type: ignore[no-untyped-call]
+    if actual != expected:
+        raise TransientStorageError(
+            f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
+            f"({actual} != {expected}); the transfer was corrupted",
+            url=url,
+            key=key,
+            ambiguous=False,
+        )
+
+
+def _reply_json(response: requests.Response) -> dict[str, Any]:
+    try:
+        value = orjson.loads(response.content)
+    except orjson.JSONDecodeError as exc:
+        raise StorageError(f"GCS sent a reply that is not JSON: {response.content[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise StorageError(f"GCS sent an unexpected reply: {response.content[:200]!r}")
+    return value
+
+
+def _parse_generation(value: object, where: str) -> int:
+    try:
+        generation = int(str(value), 10)
+    except ValueError:
+        generation = 0
+    if generation <= 0:
+        raise StorageError(f"GCS sent no valid generation in {where} (got {value!r})")
+    return generation
+
+
+def _error_body(response: requests.Response) -> bytes:
+    """At most the first few KiB of an error reply (it may be a streamed download's); read once, then kept."""
+    cached = getattr(response, "_handofflock_body", None)
+    if cached is not None:
+        return bytes(cached)
+    try:
+        body = next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
+    except Exception:  # a reply cut off while explaining an error still has a status to go by
+        body = b""
+    # our own name on requests' Response: read once, the body is gone, and both callers need it
+    response._handofflock_body = body  # type: ignore[attr-defined]
+    return body
+
+
+def _error_message(response: requests.Response) -> str:
+    """The server's explanation of an error: the JSON API's message, or the start of the body."""
+    cached = getattr(response, "_handofflock_message", None)
+    if cached is not None:
+        return str(cached)
+    body = _error_body(response)
+    message = ""
+    try:
+        error = orjson.loads(body).get("error", {})
+        message = str(error.get("message") or "")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = body.decode("utf-8", "replace").strip()
+    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
+    # our own name on requests' Response, as above
+    response._handofflock_message = message  # type: ignore[attr-defined]
+    return message
+
+
+def _error_reasons(response: requests.Response) -> tuple[str, ...]:
+    """The JSON API's ``errors[].reason`` values of an error reply ("retentionPolicyNotMet", ...), if any."""
+    try:
+        errors = orjson.loads(_error_body(response)).get("error", {}).get("errors", [])
+        return tuple(str(e.get("reason")) for e in errors if isinstance(e, dict) and e.get("reason"))
+    except (orjson.JSONDecodeError, AttributeError):
+        return ()
+
+
+#: Reasons GCS gives for refusing to change an object it must keep (a retention policy, object
+#: retention, a hold), and the words its message uses for them (older replies say only "forbidden").
+RETENTION_REASONS = ("retentionPolicyNotMet", "objectUnderActiveHold")
+RETENTION_WORDS = ("retention policy", "object retention", "hold")
+
+
+def says_retained(response: requests.Response) -> bool:
+    """Whether a 403 is GCS refusing to overwrite an object it must retain, not a missing permission."""
+    if any(reason in RETENTION_REASONS for reason in _error_reasons(response)):
+        return True
+    message = _error_message(response).lower()
+    return any(word in message for word in RETENTION_WORDS) and "cannot be" in message
+
+
+def _says_bucket_missing(response: requests.Response) -> bool:
+    """Whether a 404 is about the bucket rather than the object.
+
+    GCS says "The specified bucket does not exist." for a missing bucket and
+    "No such object: BUCKET/KEY" for a missing object, with the same status and
+    reason ("notFound"); only the message tells them apart. fake-gcs-server says
+    "Not Found" for both. When unsure this answers False: reading a missing
+    bucket as "no object" is caught by the create that follows, which fails
+    with 404 on the bucket.
+    """
+    return "bucket does not exist" in _error_message(response).lower()
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def _never_connected(exc: requests.exceptions.ConnectionError) -> bool:
+    """Whether a connection error happened before any byte of the request was sent."""
+    reason = exc.args[0] if exc.args else None
+    if isinstance(reason, urllib3.exceptions.MaxRetryError):
+        reason = reason.reason
+    # NewConnectionError (refused, unreachable, DNS failure) is a ConnectTimeoutError.
+    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is anywhere in ``exc``'s chain: causes, contexts, wrapped reasons and args."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, kind):
+            return True
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
+    return False
+
+
+def _exc_reason(exc: BaseException) -> str:
+    reason = exc.args[0] if exc.args else exc
+    if isinstance(reason, urllib3.exceptions.MaxRetryError) and reason.reason is not None:
+        reason = reason.reason
+    return str(reason) or type(reason).__name__

@@ -1,26 +1,32 @@
 """``file:///dir/name.json``: objects as files under a root directory, on one host.
 
-Each key is one file, ``<root>/<key>``: a header line carrying the generation,
-then the data (format in :mod:`.local_format`). Every mutation writes a temp
-file beside the object, fsyncs it, renames it over the object and fsyncs the
-directory, so (data, generation) changes in one atomic, durable step and a
-reader never sees a torn object. A delete leaves a tombstone that keeps the
-generation, so a recreated key continues its sequence. Mutations of a key are
-serialized by ``flock`` on a sidecar lock file (:mod:`.local_lock`), which
-excludes other processes and, since every call opens its own descriptor, other
-threads too. Nothing below the root is ever followed through a symlink.
-See ``docs/local-backend.md``.
+Each key is one file, ``<root>/<key>``: the envelope of :mod:`.base` (a header
+line carrying the generation, then the data; magic ``#handofflock/local``).
+Every mutation writes a temp file beside the object, fsyncs it, renames it
+over the object and fsyncs the directory, so (data, generation) changes in one
+atomic, durable step and a reader never sees a torn object. A delete leaves a
+tombstone that keeps the generation, so a recreated key continues its
+sequence. A file without our header (hand edits, truncation, a future
+version) is foreign: read whole, as data, at its mtime in microseconds.
 
-Longer than 400 lines on purpose: every operation here walks the same
-descriptor-relative path (no symlinks, ``openat`` all the way down), and the
-walk, the atomic replace and the errno mapping only read right side by side.
-The on-disk format and the sidecar lock are already their own modules.
+Mutations of a key are serialized by ``flock`` on a sidecar lock file beside
+the object. A sidecar, because every write replaces the object by rename, so
+a lock on the object's inode would guard a file that is gone a moment later.
+``flock``, not ``fcntl`` record locks, because a ``flock`` lock belongs to the
+open file description: two threads that each open the sidecar exclude each
+other, and closing some other descriptor of the file does not drop the lock.
+Nothing below the root is ever followed through a symlink: every operation
+walks the same descriptor-relative path (``openat`` all the way down). See
+``docs/local-backend.md``. Single host only: on an NFS mount whose locks are
+local to the client, the first lock logs a warning (:func:`local_only_locks`).
 """
 
 from __future__ import annotations
 
 import builtins
 import errno
+import hashlib
+import logging
 import math
 import os
 import stat
@@ -43,18 +49,32 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import local_lock, local_mounts
-from .base import MAX_KEY_BYTES, validate_generation, validate_key, validate_max_bytes, validate_prefix
-from .local_format import (
+from .base import (
     MAX_GENERATION,
     MAX_HEADER,
-    RESERVED_PREFIX,
+    MAX_KEY_BYTES,
     Header,
     encode_header,
-    foreign_generation,
+    next_generation,
     parse_header,
-    sidecar_name,
+    validate_generation,
+    validate_key,
+    validate_max_bytes,
+    validate_prefix,
+    validate_timeout,
 )
+
+_log = logging.getLogger("handofflock.storage")
+
+#: The first bytes of every object file of ours.
+MAGIC = b"#handofflock/local"
+#: File names starting with this are the backend's own (lock and temp files).
+#: Keys with such a segment are refused, so an object never collides with one.
+RESERVED_PREFIX = ".handofflock."
+#: Where Linux lists the mounts of this process's namespace.
+MOUNTS = "/proc/mounts"
+#: NFS mount options under which ``flock`` excludes only processes on the same client (nfs(5)).
+LOCAL_ONLY = ("nolock", "local_lock=flock", "local_lock=all")
 
 _FILE_MODE, _DIR_MODE = 0o600, 0o700
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -63,6 +83,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # so a FIFO planted at a path cannot h
 _OPEN_ROOT = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC  # the root is used as given
 _OPEN_DIR = _OPEN_ROOT | _NOFOLLOW
 _OPEN_FILE = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+_SIDECAR = os.O_RDWR | _NOFOLLOW | _NONBLOCK | _CLOEXEC
 _POSIX_OK = fcntl is not None and os.name == "posix" and bool(_NOFOLLOW) and os.open in os.supports_dir_fd
 
 # errno values after which a retry can succeed: they are about this moment's
@@ -70,7 +91,7 @@ _POSIX_OK = fcntl is not None and os.name == "posix" and bool(_NOFOLLOW) and os.
 # last until someone acts, and retrying against a failing disk only hides it.
 # Nor is ENOLCK: flock fails with it where the filesystem cannot reach a lock
 # manager (NFS with rpc.statd/lockd not running), which no retry fixes
-# (LockingUnsupported). A `nolock` mount does not fail: see local_mounts.
+# (LockingUnsupported). A `nolock` mount does not fail: see local_only_locks.
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM, errno.ETIMEDOUT}
 _REFUSED = {errno.ELOOP, errno.EMLINK, errno.ENOTDIR}  # what O_NOFOLLOW / O_DIRECTORY report, by platform
 _HINTS = {
@@ -120,14 +141,14 @@ class LocalStorage:
         self.root = os.path.abspath(text)
         self.url = Path(self.root).as_uri()
         self.lock_timeout = float(lock_timeout)
-        self._mount_checked = False  # warned (or not) about an NFS mount whose locks are local (local_mounts)
+        self._mount_checked = False  # warned (or not) about an NFS mount whose locks are local
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.root!r})"
 
     # -- the contract ---------------------------------------------------------
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         """Return ``(data, generation)`` or ``None``; reads at most ``max_bytes + 1`` data bytes.
 
         Lock-free: objects are only ever replaced by rename, so the file opened
@@ -136,6 +157,7 @@ class LocalStorage:
         """
         self._check_key(key)
         validate_max_bytes(max_bytes)
+        validate_timeout(timeout)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             found = None if dir_fd is None else self._open_object(stack, dir_fd, name, key)
@@ -148,7 +170,7 @@ class LocalStorage:
             n = st.st_size - offset if max_bytes is None else min(max_bytes + 1, st.st_size - offset)
             return _pread(fd, n, offset), header.generation if header else foreign_generation(st.st_mtime_ns)
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         """Write ``data`` if the generation is ``if_generation_match`` (0: must be absent).
 
         Returns the new generation, ``max(previous + 1, now in microseconds)``,
@@ -156,6 +178,7 @@ class LocalStorage:
         """
         self._check_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         with self._mapped(key), ExitStack() as stack:
@@ -164,16 +187,17 @@ class LocalStorage:
             current, floor = self._locked_state(stack, dir_fd, name, key)
             if current != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
-            generation = max(floor + 1, time.time_ns() // 1000)
-            if generation > MAX_GENERATION:
+            generation = next_generation(floor, time.time_ns() // 1000)
+            if generation is None:
                 raise StorageError(f"generation of {key!r} would pass 2**63-1", url=self.url, key=key)
-            self._replace(dir_fd, name, key, encode_header(generation, len(data)) + bytes(data))
+            self._replace(dir_fd, name, key, encode_header(MAGIC, generation, len(data)) + bytes(data))
             return generation
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         """Delete if the generation matches, leaving a tombstone that keeps the generation."""
         self._check_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             if dir_fd is None or not _mode(dir_fd, name):  # absent: no need to make it a lock file
@@ -183,15 +207,16 @@ class LocalStorage:
                 raise NotFound(key, url=self.url)
             if current != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
-            self._replace(dir_fd, name, key, encode_header(floor, 0, deleted=True))
+            self._replace(dir_fd, name, key, encode_header(MAGIC, floor, 0, deleted=True))
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         """``{key: generation}`` of live objects whose key starts with ``prefix``.
 
         Skips tombstones, the backend's own files, symlinks and anything that is
         not a regular file; hand-written files are listed as :meth:`read` sees them.
         """
         validate_prefix(prefix)
+        validate_timeout(timeout)
         dir_part, _, name_prefix = prefix.rpartition("/")
         found: dict[str, int] = {}
         with self._mapped(prefix or None), ExitStack() as stack:
@@ -329,7 +354,7 @@ class LocalStorage:
         stack.callback(os.close, fd)
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
-            return fd, st, parse_header(os.pread(fd, MAX_HEADER, 0), st.st_size)
+            return fd, st, parse_header(MAGIC, os.pread(fd, MAX_HEADER, 0), st.st_size)
         if strict:
             self._refuse(dir_fd, name, key)
         return None
@@ -375,7 +400,7 @@ class LocalStorage:
         return (0 if header.deleted else header.generation), header.generation
 
     def _lock(self, stack: ExitStack, dir_fd: int, name: str, key: str) -> None:
-        """Take the key's lock (see :mod:`.local_lock`), or say why it cannot be taken."""
+        """Take the key's lock (the sidecar's ``flock``), or say why it cannot be taken."""
         lock_name = sidecar_name(name, "lock")
         lock_rel = os.path.join(os.path.dirname(key), lock_name)
         try:  # a lock file made beside an existing object takes its mode and owner, as a replacement does
@@ -384,14 +409,14 @@ class LocalStorage:
             obj = None
         like = obj if obj is not None and stat.S_ISREG(obj.st_mode) else None
         try:
-            fd = local_lock.open_sidecar(
+            fd = _open_sidecar(
                 dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777
             )
         except OSError as exc:
             if exc.errno in _REFUSED:
                 self._refuse(dir_fd, lock_name, lock_rel, exc)
             raise
-        stack.callback(local_lock.unlock_and_close, fd)
+        stack.callback(_unlock_and_close, fd)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             self._refuse(dir_fd, lock_name, lock_rel)
@@ -399,9 +424,9 @@ class LocalStorage:
             _keep_owner(fd, like)  # ours (made just now, most likely): give it to the object's owner
         if not self._mount_checked:
             self._mount_checked = True
-            local_mounts.warn_if_local_only(self.root, self.url)
+            _warn_if_local_only(self.root, self.url)
         try:
-            local_lock.lock(fd, self.lock_timeout)
+            _flock(fd, self.lock_timeout)
         except TimeoutError:
             raise TransientStorageError(
                 f"local store {self.url}: waited {self.lock_timeout:.1f}s for the lock of {key!r}; "
@@ -545,3 +570,145 @@ def _fsync(fd: int) -> None:
 def _close_all(pending: list[tuple[int, str, str]]) -> None:
     for fd, _, _ in pending:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- names and generations on disk
+
+
+def sidecar_name(name: str, suffix: str) -> str:
+    """The name of an object's lock (``"lock"``) or temp (``"tmp"``) file, beside it.
+
+    Hashed so it stays short whatever the object's name (NAME_MAX is 255 bytes).
+    Two names that collide would only share a lock, which is still safe.
+    """
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+    return f"{RESERVED_PREFIX}{digest}.{suffix}"
+
+
+def foreign_generation(mtime_ns: int) -> int:
+    """The generation of a file without our header: its mtime in microseconds.
+
+    On the scale of our own generations, so the sequence keeps increasing when a
+    matched write replaces the file, and it changes whenever the file is rewritten.
+    """
+    return max(1, min(mtime_ns // 1000, MAX_GENERATION))
+
+
+# --------------------------------------------------------------------------- the sidecar lock
+
+#: Lock descriptors held (or being taken) right now. A child forked while another thread holds
+#: one would keep the lock for as long as it lives (a DataLoader worker can live for hours): it
+#: closes its copies at once, and a holder unlocks explicitly, which releases every copy.
+_HELD: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+def _open_sidecar(dir_fd: int, name: str, mode: int) -> int:
+    """Open the lock file ``name`` in ``dir_fd``, creating it with ``mode`` if needed.
+
+    Never follows a symlink (``OSError`` with ELOOP) and never blocks on a FIFO;
+    the caller checks that it got a regular file. The file is never replaced or removed.
+    """
+    try:
+        fd = os.open(name, _SIDECAR | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return os.open(name, _SIDECAR, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)  # the umask may have taken bits from the mode above
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _flock(fd: int, timeout: float) -> None:
+    """Take an exclusive lock on ``fd``, waiting at most ``timeout`` seconds (then ``TimeoutError``).
+
+    Polls rather than blocks, so a holder that is stopped (SIGSTOP, a hung disk)
+    costs the others a typed error, not a hang. Holders keep the lock for one
+    write, so the short first sleeps keep contended writes fast.
+    """
+    _HELD.add(fd)
+    deadline, delay = time.monotonic() + timeout, 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"lock not free after {timeout:.1f}s") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+def _unlock_and_close(fd: int) -> None:
+    """Release the lock for every copy of ``fd`` (forked ones included), then close it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        _HELD.discard(fd)  # before close(): the number may be reused at once
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- NFS mounts whose locks are local
+
+
+def _unescape(field: str) -> str:
+    """/proc/mounts writes space, tab, newline and backslash in paths as octal escapes (``\\040``)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def local_only_locks(path: str, mounts: str | None = None) -> str | None:
+    """The mount option that makes ``flock`` under ``path`` local to this host, or None.
+
+    On an NFS mount with one of :data:`LOCAL_ONLY`, ``flock`` succeeds and
+    excludes only processes on the same client, so two hosts using one path
+    would both hold the lock, with no error anywhere. ``path`` is absolute; the
+    mount is the one with the longest mount point above it (the last listed
+    wins among equals, as the kernel stacks them). None also when ``mounts``
+    cannot be read (not Linux).
+    """
+    try:
+        with open(mounts or MOUNTS, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best: tuple[int, str, builtins.list[str]] | None = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point, fstype, options = _unescape(fields[1]), fields[2], fields[3].split(",")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= best[0]):
+            best = (len(point), fstype, options)
+    if best is None or not best[1].startswith("nfs"):
+        return None
+    return next((option for option in best[2] if option in LOCAL_ONLY), None)
+
+
+def _warn_if_local_only(root: str, url: str) -> None:
+    """Warn (it does not refuse: on one host the lock is sound) if ``root`` is on such a mount."""
+    option = local_only_locks(os.path.abspath(root))
+    if option is not None:
+        _log.warning(
+            "local store %s is on an NFS mount with %s: file locks there exclude only processes on this host, so "
+            "processes on two hosts using this path would both hold the lock, with no error. Use it from one host "
+            "only, or use gs:// or s3:// to share a lock between hosts (docs/local-backend.md)",
+            url,
+            option,
+        )

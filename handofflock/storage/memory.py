@@ -2,7 +2,8 @@
 
 A real backend (the lock runs on it exactly as on GCS), shared by name within
 a process, with fault hooks so tests can make the next call fail, or apply a
-write and then raise as if the reply had been lost.
+write and then raise as if the reply had been lost. It sends no requests, so
+a call's ``timeout`` is checked and bounds nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..core.errors import NotFound, PreconditionFailed, TransientStorageError
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
 
 _REGISTRY: dict[str, MemoryStorage] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -101,15 +102,29 @@ class FaultHooks:
         with self._lock:
             return [hook for o, k, hook in hooks if o in (op, "*") and (k is None or k == key)]
 
-    def _take(self, op: str, key: str | None) -> _Fault | None:
+    def enter(self, op: str, key: str | None) -> _Fault | None:
+        """Before a request: run its ``before`` hooks, then raise a ``fail`` fault or return a ``lose_reply`` one."""
+        for hook in self._hooks(self._before, op, key):
+            hook(op, key)
+        fault = None
         with self._lock:
-            for fault in self._faults:
-                if fault.op in (op, "*") and (fault.key is None or fault.key == key):
-                    fault.count -= 1
-                    if fault.count <= 0:
-                        self._faults.remove(fault)
-                    return fault
-        return None
+            for candidate in self._faults:
+                if candidate.op in (op, "*") and (candidate.key is None or candidate.key == key):
+                    candidate.count -= 1
+                    if candidate.count <= 0:
+                        self._faults.remove(candidate)
+                    fault = candidate
+                    break
+        if fault is not None and fault.kind == "fail":
+            raise fault.exc_factory()
+        return fault
+
+    def leave(self, fault: _Fault | None, op: str, key: str | None, result: object) -> None:
+        """After a request applied: run its ``after`` hooks, then raise the ``lose_reply`` fault ``enter`` gave."""
+        for hook in self._hooks(self._after, op, key):
+            hook(op, key, result)
+        if fault is not None:  # "lose_reply": the operation applied, the caller hears a failure
+            raise fault.exc_factory()
 
 
 class MemoryStorage:
@@ -145,20 +160,22 @@ class MemoryStorage:
 
     # -- the contract ---------------------------------------------------------
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         validate_key(key)
         validate_max_bytes(max_bytes)
+        validate_timeout(timeout)
         fault = self._before("read", key)
         with self._lock:
             found = self._objects.get(key)
         if found is not None and max_bytes is not None:
             found = found[0][: max_bytes + 1], found[1]
-        self._after(fault, "read", key, found)
+        self.faults.leave(fault, "read", key, found)
         return found
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         fault = self._before("write", key)
@@ -170,12 +187,13 @@ class MemoryStorage:
             self._counter += 1
             self._objects[key] = (bytes(data), self._counter)
             generation = self._counter
-        self._after(fault, "write", key, generation)
+        self.faults.leave(fault, "write", key, generation)
         return generation
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         fault = self._before("delete", key)
         with self._lock:
             current = self._objects.get(key)
@@ -184,14 +202,15 @@ class MemoryStorage:
             if current[1] != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
             del self._objects[key]
-        self._after(fault, "delete", key, None)
+        self.faults.leave(fault, "delete", key, None)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         validate_prefix(prefix)
+        validate_timeout(timeout)
         fault = self._before("list", None)
         with self._lock:
             found = {k: g for k, (_, g) in self._objects.items() if k.startswith(prefix)}
-        self._after(fault, "list", None, found)
+        self.faults.leave(fault, "list", None, found)
         return found
 
     def close(self) -> None:
@@ -202,18 +221,7 @@ class MemoryStorage:
     def _before(self, op: str, key: str | None) -> _Fault | None:
         with self._lock:  # ``+=`` on a Counter is a read and a write: concurrent calls would lose counts
             self.calls[op] += 1
-        for hook in self.faults._hooks(self.faults._before, op, key):
-            hook(op, key)
-        fault = self.faults._take(op, key)
-        if fault is not None and fault.kind == "fail":
-            raise fault.exc_factory()
-        return fault
-
-    def _after(self, fault: _Fault | None, op: str, key: str | None, result: object) -> None:
-        for hook in self.faults._hooks(self.faults._after, op, key):
-            hook(op, key, result)
-        if fault is not None:  # "lose_reply": the operation applied, the caller hears a failure
-            raise fault.exc_factory()
+        return self.faults.enter(op, key)
 
     def __repr__(self) -> str:
         return f"MemoryStorage({self.name!r})"

@@ -4,8 +4,8 @@ With :mod:`.s3_credentials` (the credentials, loaded and refreshed beside the
 requests), the only module of handofflock that imports ``boto3`` or ``botocore``
 (an optional extra: ``pip install handofflock[s3]``). Every error the SDK or
 the transport can raise is mapped here, at the boundary, into
-:mod:`handofflock.core.errors` (what an error reply means is read in
-:mod:`.s3_replies`, which imports no SDK).
+:mod:`handofflock.core.errors`; every request ends within its deadline
+(:mod:`.deadline`).
 
 How the contract is met (see ``docs/storage.md``, "S3"):
 
@@ -20,6 +20,15 @@ How the contract is met (see ``docs/storage.md``, "S3"):
   forget the generation, and the next create could reuse a number.
 * Nothing here retries (botocore's retries are off): the lock's loop in
   :mod:`.cas` owns retries and the read-back of ambiguous writes.
+* A store that ignores ``If-Match`` or ``If-None-Match`` applies every PUT, so
+  every racing writer would "win" and two owners would hold the lock at once,
+  with no error anywhere. So before its first request a store is probed once,
+  on a scratch key beside the lock's (``<key>.handofflock-probe-<random>``): a
+  PUT with an ``If-Match`` that cannot match must be refused (412, or 404
+  ``NoSuchKey``), and of two creates with ``If-None-Match: *`` the second must
+  be refused (412, or 409 ``ConditionalRequestConflict``). A store that applies
+  either is refused with :class:`~handofflock.core.errors.LockingUnsupported`
+  (docs/storage.md, "S3-compatible stores").
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import contextlib
 import datetime as _dt
 import os
 import re
+import secrets
 import threading
 import time
 import weakref
@@ -41,23 +51,14 @@ from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTT
 from ..core.errors import (
     ConfigurationError,
     HandoffLockError,
+    LockingUnsupported,
     NotFound,
     PreconditionFailed,
     StorageError,
     TransientStorageError,
 )
-from . import gcs_deadline, s3_credentials, s3_format, s3_probe, s3_replies
-from .base import (
-    checked_request_timeout,
-    checked_timeout,
-    request_limit,
-    validate_generation,
-    validate_key,
-    validate_max_bytes,
-    validate_prefix,
-)
-from .s3_replies import MAY_HAVE_APPLIED as _MAY_HAVE_APPLIED
-from .s3_replies import _bare, _code, _no_expect_continue, _object_size, _status
+from . import deadline, s3_credentials, s3_format
+from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
 
 #: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -68,9 +69,13 @@ _ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_P
 #: How many keys' last-seen versions a store remembers.
 _SEEN_LIMIT = 4096
 
-_SHARED: dict[tuple[Any, ...], S3Storage] = {}
-_SHARED_LOCK = threading.Lock()
-#: Every live store, so that a forked child can give each fresh connections.
+#: An ETag no object has (S3 ETags are MD5 hex digests of the content, or of the parts plus a count).
+_IMPOSSIBLE_ETAG = '"00000000000000000000000000000000-0"'
+
+#: Said of a write or delete whose reply never came.
+_MAY_HAVE_APPLIED = "; the request may have been applied"
+
+#: Every live store, so that a forked child can give each a fresh lock on what it has seen.
 _STORES: weakref.WeakSet[S3Storage] = weakref.WeakSet()
 
 
@@ -100,9 +105,9 @@ class S3Storage:
     ``timeout`` is ``(connect, read)`` in seconds: how long to wait for a
     connection and for each read from the socket. ``request_timeout`` bounds
     each request as a whole, from sending it to the last byte of its reply
-    (default: connect plus read timeout); past it the connection is shut down
-    (the GCS backend's watchdog, :mod:`.gcs_deadline`) and the request fails
-    with a :class:`~handofflock.core.errors.TransientStorageError`. It is
+    (default: connect plus read timeout; a call's ``timeout`` shortens it);
+    past it the connection is shut down (:mod:`.deadline`) and the request
+    fails with a :class:`~handofflock.core.errors.TransientStorageError`. It is
     enforced on the client this store creates; a ``client`` you pass keeps its
     connection pools, and only its own timeouts bound it. Each request is sent
     once (botocore's retries are off).
@@ -133,21 +138,17 @@ class S3Storage:
             )
         self.bucket = bucket
         self.url = f"s3://{bucket}"
-        self._timeout = checked_timeout(timeout)
-        self._request_timeout = checked_request_timeout(request_timeout, self._timeout)
+        self._timeout = deadline.checked_timeout(timeout)
+        self._request_timeout = deadline.checked_request_timeout(request_timeout, self._timeout)
         #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
         self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
         self._endpoint_url = endpoint_url
         self._profile = profile
         self._region = region
-        self._client = client
-        self._owns_client = client is None
-        self._client_lock = threading.Lock()
-        self._pid = os.getpid()
-        self._inherited: list[Any] = []
+        self._clients: deadline.ClientSlot[Any] = deadline.ClientSlot(client, self._make_client, repr(self))
         self._seen: dict[str, _Version] = {}
         self._seen_lock = threading.Lock()
-        self._probed = False  # the store honours If-Match and If-None-Match (s3_probe), once known
+        self._probed = False  # the store honours If-Match and If-None-Match, once known
         self._probe_lock = threading.Lock()
         _STORES.add(self)
 
@@ -157,48 +158,30 @@ class S3Storage:
 
         Locks on the same bucket share one client and connection pool this way.
         """
-        key = (bucket, *(os.environ.get(name) for name in _ENV))
-        with _SHARED_LOCK:
-            store = _SHARED.get(key)
-            if store is None:
-                store = _SHARED[key] = cls(bucket)
-            return store
+        key = (cls, bucket, *(os.environ.get(name) for name in _ENV))
+        return deadline.shared(key, lambda: cls(bucket))
 
     @property
     def client(self) -> Any:
         """The boto3 S3 client in use, created on first access."""
-        client = self._client
-        if client is not None and self._pid != os.getpid():
-            raise ConfigurationError(
-                f"the client passed to S3Storage({self.bucket!r}) was made in process {self._pid}, which this "
-                "process was forked from: its keep-alive connections are shared with that process. "
-                "Pass a client made in this process."
-            )
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    self._client = self._make_client()
-                client = self._client
-        return client
+        return self._clients.get()
 
     def close(self) -> None:
         """Close the connections of a client this store created; the next operation makes a new one."""
-        with self._client_lock:
-            client, owned = self._client, self._owns_client
-            if owned:
-                self._client = None
-        if client is not None and owned:
+        client = self._clients.release()
+        if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
 
     # -- the contract ---------------------------------------------------------
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         validate_key(key)
         validate_max_bytes(max_bytes)
+        validate_timeout(timeout)
         with self._mapped("read", key):
-            self._check_conditions(key)
-            found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes)
+            self._check_conditions(key, timeout)
+            found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes, timeout)
         if found is None:
             return None
         body, version, offset = found
@@ -209,64 +192,67 @@ class S3Storage:
             data = data[: max_bytes + 1]
         return data, version.generation
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         data = bytes(data)
         expected = if_generation_match
         with self._mapped("write", key):
-            self._check_conditions(key)
+            self._check_conditions(key, timeout)
             seen = self._recall(key)
             if expected == 0 and (seen is None or not seen.deleted):
                 try:
-                    return self._put(key, data, previous=0, etag=None)
+                    return self._put(key, data, timeout, previous=0, etag=None)
                 except _Refused:  # something is there: a tombstone may still be replaced
                     seen = None
             for attempt in range(2):
                 if seen is None or (seen.generation != expected and not (expected == 0 and seen.deleted)):
-                    seen = self._current(key)
+                    seen = self._current(key, timeout)
                 if seen is None and expected == 0:  # gone since: a create may go again
                     try:
-                        return self._put(key, data, previous=0, etag=None)
+                        return self._put(key, data, timeout, previous=0, etag=None)
                     except _Refused:
                         raise PreconditionFailed(key, expected, url=self.url) from None
                 if seen is None or seen.deleted != (expected == 0) or (expected and seen.generation != expected):
                     raise PreconditionFailed(key, expected, url=self.url)
                 try:
-                    return self._put(key, data, previous=seen.generation, etag=seen.etag)
+                    return self._put(key, data, timeout, previous=seen.generation, etag=seen.etag)
                 except _Refused:
                     if expected != 0 or attempt:
                         raise PreconditionFailed(key, expected, url=self.url) from None
                     seen = None  # the tombstone we remembered was replaced: look once more
             raise AssertionError("unreachable")  # pragma: no cover
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         validate_key(key)
         validate_generation(if_generation_match)
+        validate_timeout(timeout)
         expected = if_generation_match
         with self._mapped("delete", key):
-            self._check_conditions(key)
+            self._check_conditions(key, timeout)
             for attempt in range(2):
                 seen = self._recall(key) if attempt == 0 else None
                 if seen is None or seen.generation != expected or seen.deleted:
-                    seen = self._current(key)
+                    seen = self._current(key, timeout)
                 if seen is None or seen.deleted:
                     raise NotFound(key, url=self.url)
                 if seen.generation != expected:
                     raise PreconditionFailed(key, expected, url=self.url)
                 try:
-                    self._put(key, b"", previous=seen.generation, etag=seen.etag, deleted=True)
+                    self._put(key, b"", timeout, previous=seen.generation, etag=seen.etag, deleted=True)
                     return
                 except _Refused:
                     continue  # what we remembered was stale: look once more, to say which error
             raise PreconditionFailed(key, expected, url=self.url)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         """``{key: generation}`` under ``prefix``: one ListObjectsV2 per 1000 keys, plus one
         ranged read of the header of each object whose ETag this store has not seen yet."""
         validate_prefix(prefix)
+        validate_timeout(timeout)
         found: dict[str, int] = {}
         with self._mapped("list", None):
             token: str | None = None
@@ -274,7 +260,7 @@ class S3Storage:
                 params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
                 if token:
                     params["ContinuationToken"] = token
-                with self._deadline("list", None):
+                with self._deadline("list", None, timeout):
                     page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
@@ -284,7 +270,7 @@ class S3Storage:
                             validate_key(key)
                         except HandoffLockError:
                             continue  # not a name any store of ours could have written
-                        seen = self._current(key)
+                        seen = self._current(key, timeout)
                     if seen is not None and not seen.deleted:
                         found[key] = seen.generation
                 token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
@@ -293,7 +279,7 @@ class S3Storage:
 
     # -- requests -------------------------------------------------------------
 
-    def _get(self, key: str, limit: int | None) -> tuple[bytes, _Version, int] | None:
+    def _get(self, key: str, limit: int | None, timeout: float | None) -> tuple[bytes, _Version, int] | None:
         """GET the object (its first ``limit + 1`` bytes at most); None if absent.
 
         Returns the bytes, the version they are, and where the data starts in them.
@@ -302,7 +288,7 @@ class S3Storage:
         if limit is not None:
             params["Range"] = f"bytes=0-{limit}"
         try:
-            with self._deadline("read", key):
+            with self._deadline("read", key, timeout):
                 reply = self.client.get_object(**params)
                 with contextlib.closing(reply["Body"]):
                     body = reply["Body"].read()
@@ -312,7 +298,7 @@ class S3Storage:
                 self._forget(key)
                 return None
             if status == 416 and limit is not None:  # a Range on an empty (so foreign) object
-                return self._get(key, None)
+                return self._get(key, None, timeout)
             raise
         etag = reply.get("ETag") or ""
         size = _object_size(reply, len(body))
@@ -335,12 +321,14 @@ class S3Storage:
         self._remember(key, version)
         return body, version, offset
 
-    def _current(self, key: str) -> _Version | None:
+    def _current(self, key: str, timeout: float | None) -> _Version | None:
         """The key's current version, from a read of its first bytes (None if absent)."""
-        found = self._get(key, s3_format.MAX_HEADER)
+        found = self._get(key, s3_format.MAX_HEADER, timeout)
         return None if found is None else found[1]
 
-    def _put(self, key: str, data: bytes, *, previous: int, etag: str | None, deleted: bool = False) -> int:
+    def _put(
+        self, key: str, data: bytes, timeout: float | None, *, previous: int, etag: str | None, deleted: bool = False
+    ) -> int:
         """One conditional PUT over the version with ``etag`` (``None``: the key must be absent)."""
         generation = s3_format.next_generation(previous, time.time_ns() // 1000)
         if generation is None:
@@ -362,7 +350,7 @@ class S3Storage:
         else:
             params["IfMatch"] = s3_format.normalize_etag(etag)
         try:
-            with self._deadline("write", key):
+            with self._deadline("write", key, timeout):
                 reply = self.client.put_object(**params)
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
@@ -377,32 +365,57 @@ class S3Storage:
             self._forget(key)
         return generation
 
-    def _check_conditions(self, key: str) -> None:
-        """Before this store's first request: refuse a store that ignores If-Match (see :mod:`.s3_probe`).
+    def _check_conditions(self, key: str, timeout: float | None) -> None:
+        """Before this store's first request: refuse a store that ignores If-Match (see the module docstring).
 
         Before the first read, not the first write: a write's lease is stamped
         before it is sent, and the probe's requests must not come in between.
+        The scratch key is deleted afterwards (a failed delete leaves a few bytes
+        behind, which is all). An error other than a refusal is raised as it
+        came, for the caller to map; the probe then counts as not done.
         """
         if self._probed:
             return
         with self._probe_lock:
             if self._probed:
                 return
+            scratch = f"{key}{s3_format.PROBE_MARK}{secrets.token_hex(4)}"
 
-            def put(**params: Any) -> None:
-                with self._deadline("write", key):
-                    self.client.put_object(
-                        Bucket=self.bucket, Body=b"handofflock probe", CacheControl="no-store", **params
-                    )
+            def applied(**condition: str) -> bool:
+                try:
+                    with self._deadline("write", key, timeout):
+                        self.client.put_object(
+                            Bucket=self.bucket,
+                            Key=scratch,
+                            Body=b"handofflock probe",
+                            CacheControl="no-store",
+                            **condition,
+                        )
+                except botocore.exceptions.ClientError as exc:
+                    status, code = _status(exc), _code(exc)
+                    if status == 412 or (status == 404 and code == "NoSuchKey") or code == "ConditionalRequestConflict":
+                        return False
+                    raise
+                return True
 
-            def delete(scratch: str) -> None:
-                with self._deadline("write", key):
+            ignored = None
+            try:
+                if applied(IfMatch=_IMPOSSIBLE_ETAG):
+                    ignored = "If-Match"
+                elif applied(IfNoneMatch="*") and applied(IfNoneMatch="*"):
+                    ignored = "If-None-Match"
+            finally:
+                with contextlib.suppress(Exception), self._deadline("write", key, timeout):
                     self.client.delete_object(Bucket=self.bucket, Key=scratch)
-
-            def refused(exc: BaseException) -> bool:
-                return isinstance(exc, botocore.exceptions.ClientError) and s3_replies.condition_refused(exc)
-
-            s3_probe.check_conditions_honoured(put, delete, refused, key=key, url=self.url)
+            if ignored is not None:
+                raise LockingUnsupported(
+                    f"{self.url} ignores {ignored} on PUT: a conditional write to {scratch!r} that had to be refused "
+                    "was applied, so two writers could both take the lock. handofflock needs a store that honours "
+                    "If-Match and If-None-Match on PutObject (AWS S3, Cloudflare R2, MinIO since 2024-05); "
+                    "for GCS use gs://, not its S3 (XML) API. See docs/storage.md, 'S3-compatible stores'",
+                    url=self.url,
+                    key=key,
+                )
             self._probed = True
 
     def _recall(self, key: str) -> _Version | None:
@@ -443,33 +456,16 @@ class S3Storage:
         return client
 
     @contextlib.contextmanager
-    def _deadline(self, op: str, key: str | None) -> Iterator[None]:
-        """One request, its reply read inside the block, within ``request_timeout``.
+    def _deadline(self, op: str, key: str | None, timeout: float | None) -> Iterator[None]:
+        """One request, its reply read inside the block, within ``request_timeout`` (or ``timeout`` if shorter).
 
-        Past the deadline the connection is shut down; whatever that breaks is
-        reported as the deadline it is (ambiguous for a write: it may have been applied).
         The client is made first, outside the deadline: that is the SDK's own work, no I/O
         (0.2 s, up to 1.8 s on a loaded 2-core machine), and the request has yet to start.
         """
         _ = self.client
-        limit = request_limit(self._request_timeout)
-        with gcs_deadline.armed(limit) as deadline:
-            try:
-                yield
-            except botocore.exceptions.ClientError:
-                if not deadline.cut:
-                    raise
-                raise s3_replies.past_deadline(op, key, url=self.url, request_timeout=limit) from None
-            except HandoffLockError:  # among them, credentials not ready in time (s3_credentials): nothing sent
-                raise
-            except Exception as exc:
-                if not deadline.expired:
-                    raise
-                raise s3_replies.past_deadline(op, key, url=self.url, request_timeout=limit) from exc
-            if deadline.cut:
-                # Done, yet its connection was shut down on the way: a reply framed by the end of
-                # the connection alone would look complete though cut short. Not to be trusted.
-                raise s3_replies.past_deadline(op, key, url=self.url, request_timeout=limit)
+        seconds = deadline.limit(self._request_timeout, timeout)
+        with deadline.bounded(seconds, op, key, url=self.url, replies=(botocore.exceptions.ClientError,)):
+            yield
 
     # -- errors ---------------------------------------------------------------
 
@@ -478,12 +474,13 @@ class S3Storage:
         """Turn every SDK and transport error raised inside into a handofflock error."""
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = op in ("write", "delete")
+        applied = _MAY_HAVE_APPLIED if mutation else ""
         try:
             yield
         except HandoffLockError:
             raise
         except botocore.exceptions.ClientError as exc:
-            raise s3_replies.client_error(exc, where, key, mutation, url=self.url, bucket=self.bucket) from exc
+            raise self._client_error(exc, where, key, mutation) from exc
         except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError) as exc:
             # EndpointConnectionError is raised when no connection could be made (refused,
             # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
@@ -492,10 +489,7 @@ class S3Storage:
             ) from exc
         except botocore.exceptions.ReadTimeoutError as exc:
             raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s" + (_MAY_HAVE_APPLIED if mutation else ""),
-                url=self.url,
-                key=key,
-                ambiguous=mutation,
+                f"{where}: no reply within {self._timeout[1]}s{applied}", url=self.url, key=key, ambiguous=mutation
             ) from exc
         except (
             botocore.exceptions.NoCredentialsError,
@@ -516,32 +510,125 @@ class S3Storage:
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
             raise TransientStorageError(
-                f"{where}: the connection failed ({exc!r})" + (_MAY_HAVE_APPLIED if mutation else ""),
+                f"{where}: the connection failed ({exc!r}){applied}", url=self.url, key=key, ambiguous=mutation
+            ) from exc
+
+    def _client_error(self, exc: Any, where: str, key: str | None, mutation: bool) -> StorageError:
+        """The error an S3 error reply (botocore's ``ClientError``) maps to: transient or not, ambiguous or not."""
+        status, code, message, bucket = _status(exc), _code(exc), _message(exc), self.bucket
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            return TransientStorageError(
+                f"{where}: {what}",
                 url=self.url,
                 key=key,
-                ambiguous=mutation,
-            ) from exc
+                status=status,
+                ambiguous=ambiguous,
+                retry_after=_retry_after(exc),
+            )
+
+        if status == 404 and code == "NoSuchBucket":
+            return StorageError(
+                f"S3 bucket {bucket!r} does not exist (404 NoSuchBucket); create it "
+                f"(`aws s3 mb s3://{bucket}`) or check the bucket name in the lock URL "
+                "and the endpoint (AWS_ENDPOINT_URL_S3)",
+                url=self.url,
+                key=key,
+            )
+        if status == 409:
+            # ConditionalRequestConflict: "A conflicting operation occurred. If using PutObject you
+            # can retry the request" (S3 API reference, error codes). It was not applied, and our
+            # retry carries the same If-Match, so it can never replace a change made meanwhile.
+            return transient(f"S3 answered 409 {code} ({message})", False)
+        if (status == 503 and code == "SlowDown") or status == 429:
+            # Throttled: refused before anything was applied.
+            return transient(f"S3 asked to slow down ({status} {code}: {message})", False)
+        if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
+            # RequestTimeout (400): the request body did not arrive in time; not applied.
+            return transient(f"S3 answered {status} {code} ({message})", mutation and status >= 500)
+        if status == 403 or status == 401:
+            hint = (
+                "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
+                if where.startswith("read")
+                else ""
+            )
+            return StorageError(
+                f"{where}: permission denied on bucket {bucket!r} ({status} {code}: {message}); check which "
+                "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
+                f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
+                url=self.url,
+                key=key,
+            )
+        return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
 
     def __repr__(self) -> str:
         return f"S3Storage({self.bucket!r})"
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- replies and connections
 
 
-class _RememberingAWSHTTPConnection(gcs_deadline._Remembering, AWSHTTPConnection):  # type: ignore[misc]  # botocore is untyped
+def _status(exc: Any) -> int:
+    try:
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code") or "")
+
+
+def _message(exc: Any) -> str:
+    return " ".join(str(exc.response.get("Error", {}).get("Message") or "no explanation").split())[:300]
+
+
+def _retry_after(exc: Any) -> float | None:
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
+    try:
+        value = float(headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _bare(etag: str) -> str:
+    return etag.strip().removeprefix("W/").strip('"')
+
+
+def _object_size(reply: dict[str, Any], received: int) -> int:
+    """The whole object's size: from Content-Range for a ranged read, else Content-Length."""
+    content_range = reply.get("ContentRange") or ""
+    total = content_range.rpartition("/")[2]
+    if total.isdigit():
+        return int(total)
+    length = reply.get("ContentLength")
+    return int(length) if isinstance(length, int) else received
+
+
+def _no_expect_continue(request: Any, **_: Any) -> None:
+    """Send a PUT's body with its head: botocore asks for ``Expect: 100-continue`` on every PutObject.
+
+    That costs a round trip per write (the body waits for the server's ``100
+    Continue``) to spare a large upload a refusal, and a record is under 64 KiB.
+    The header is not signed. Returns None: a value would replace the request's reply.
+    """
+    request.headers.pop("Expect", None)
+
+
+class _RememberingAWSHTTPConnection(deadline.RememberingConnection, AWSHTTPConnection):  # type: ignore[misc]  # botocore is untyped
     pass
 
 
-class _RememberingAWSHTTPSConnection(gcs_deadline._Remembering, AWSHTTPSConnection):  # type: ignore[misc]  # botocore is untyped
+class _RememberingAWSHTTPSConnection(deadline.RememberingConnection, AWSHTTPSConnection):  # type: ignore[misc]  # botocore is untyped
     pass
 
 
-class _WatchedAWSHTTPConnectionPool(gcs_deadline._Watched, AWSHTTPConnectionPool):  # type: ignore[misc]  # botocore is untyped
+class _WatchedAWSHTTPConnectionPool(deadline.WatchedPool, AWSHTTPConnectionPool):  # type: ignore[misc]  # botocore is untyped
     ConnectionCls = _RememberingAWSHTTPConnection
 
 
-class _WatchedAWSHTTPSConnectionPool(gcs_deadline._Watched, AWSHTTPSConnectionPool):  # type: ignore[misc]  # botocore is untyped
+class _WatchedAWSHTTPSConnectionPool(deadline.WatchedPool, AWSHTTPSConnectionPool):  # type: ignore[misc]  # botocore is untyped
     ConnectionCls = _RememberingAWSHTTPSConnection
 
 
@@ -549,7 +636,7 @@ _WATCHED_POOLS = {"http": _WatchedAWSHTTPConnectionPool, "https": _WatchedAWSHTT
 
 
 def _watch_connections(client: Any) -> bool:
-    """Give the client's connection pools the deadline hooks of :mod:`.gcs_deadline`.
+    """Give the client's connection pools the deadline hooks of :mod:`.deadline`.
 
     botocore keeps its pool classes on its HTTP session (``_pool_classes_by_scheme``,
     copied to each pool manager it makes); these are private names, so if a botocore
@@ -566,24 +653,11 @@ def _watch_connections(client: Any) -> bool:
     return True
 
 
-def _fresh_connections_after_fork() -> None:
-    """In a forked child: no store uses a connection it shares with the parent.
-
-    A client this store made is dropped (and kept referenced, so that collecting
-    it never closes a socket the parent still uses); the next request makes a
-    new one. A client passed in is the caller's to replace (see ``client``).
-    """
-    global _SHARED_LOCK
-    _SHARED_LOCK = threading.Lock()
+def _fresh_locks_after_fork() -> None:
+    """In a forked child: a fresh lock on what each store has seen (a parent's thread may have held it)."""
     for store in list(_STORES):
-        store._client_lock = threading.Lock()
         store._seen_lock = threading.Lock()
-        if store._owns_client:
-            if store._client is not None:
-                store._inherited.append(store._client)
-            store._client = None
-            store._pid = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_connections_after_fork)
+    os.register_at_fork(after_in_child=_fresh_locks_after_fork)

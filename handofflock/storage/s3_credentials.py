@@ -21,7 +21,7 @@ refresh runs in a thread of its own, one at a time, and a request is given:
   request anything while they last (botocore would hold every request);
 * otherwise (the first load, credentials about to expire) what the refresh
   brings, if it brings it before the request's deadline
-  (:func:`.gcs_deadline.current`); past it the request fails as transient,
+  (:func:`.deadline.current`); past it the request fails as transient,
   nothing sent, and the refresh goes on for the next one.
 
 The refresh is botocore's own (``get_frozen_credentials`` of the credentials
@@ -44,7 +44,7 @@ import botocore.session
 
 from ..core.errors import TransientStorageError
 from ..core.threads import quiet
-from . import gcs_deadline
+from .deadline import current as current_deadline
 
 __all__ = ["STILL_GOOD", "BoundedCredentials", "boto3_session", "life_left"]
 
@@ -129,13 +129,13 @@ class BoundedCredentials:
                 refresh = self._refresh = self._start()
         if refresh.old is not None and time.monotonic() < refresh.usable_until:
             return refresh.old
-        deadline = gcs_deadline.current()
-        if not refresh.done.wait(None if deadline is None else deadline.remaining()):
-            assert deadline is not None
+        bound = current_deadline()
+        if not refresh.done.wait(None if bound is None else bound.remaining()):
+            assert bound is not None
             doing = "loading" if refresh.old is None else "refreshing"
             raise TransientStorageError(
                 f"{self._url}: the AWS credentials were not ready within the request's deadline "
-                f"({deadline.seconds:g}s): botocore is still {doing} them ({self.method}); nothing was sent. "
+                f"({bound.seconds:g}s): botocore is still {doing} them ({self.method}); nothing was sent. "
                 "If this goes on, check the credentials source (the container endpoint, the instance "
                 "metadata service, the credential_process program, STS)",
                 url=self._url,

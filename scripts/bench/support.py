@@ -154,9 +154,9 @@ class CountingStorage:
         self._count("delete")
         return self.inner.delete(key, **kw)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, **kw: Any) -> dict[str, int]:
         self._count("list")
-        return self.inner.list(prefix)
+        return self.inner.list(prefix, **kw)
 
     def close(self) -> None:
         self.inner.close()

@@ -285,8 +285,8 @@ class StartTogether:
         self._seen: set[int] = set()
         self.armed = True
 
-    def read(self, key, *, max_bytes=None):
-        found = self._store.read(key, max_bytes=max_bytes)
+    def read(self, key, **kw):
+        found = self._store.read(key, **kw)
         me = threading.get_ident()
         if self.armed and me not in self._seen:
             self._seen.add(me)

@@ -476,10 +476,10 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
         assert lock.acquire(blocking=False)
     real_list, listing, go = store.list, threading.Event(), threading.Event()
 
-    def slow_list(prefix):
+    def slow_list(prefix, **kw):
         listing.set()
         assert go.wait(10)
-        return real_list(prefix)
+        return real_list(prefix, **kw)
 
     store.list = slow_list
     try:
@@ -519,8 +519,8 @@ def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     store = requests.store
     real_list = store.list
 
-    def list_then_renew(prefix):
-        listing = real_list(prefix)
+    def list_then_renew(prefix, **kw):
+        listing = real_list(prefix, **kw)
         for lock in locks:  # every lock renews after the listing was taken
             lock._renew()  # private: one renewal, run here as a scheduler worker would
         return listing

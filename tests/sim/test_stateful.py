@@ -62,11 +62,11 @@ party = st.integers(0, PARTIES - 1)
 class Store(MemoryStorage):
     """The memory store, where a planted bug's "no generation match" (-1) means: whatever is there."""
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         if if_generation_match == -1:
             found = self.read(key)
             if_generation_match = 0 if found is None else found[1]
-        return super().write(key, data, if_generation_match=if_generation_match)
+        return super().write(key, data, if_generation_match=if_generation_match, timeout=timeout)
 
 
 class Party:

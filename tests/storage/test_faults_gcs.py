@@ -342,7 +342,7 @@ def test_a_write_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries
 def test_each_scenario_catches_a_lock_without_the_read_back(transition, actor, bucket, monkeypatch):
     """The scenarios above are not vacuous: on a lock that never reads back a write whose reply was
     lost, each of them fails."""
-    monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes: None)
+    monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes, timeout: None)
     with pytest.raises(AssertionError) as info:
         SCENARIOS[transition](actor, bucket)
     print(f"[{transition}] without the read-back: {str(info.value).splitlines()[0]}")

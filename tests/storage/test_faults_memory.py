@@ -242,12 +242,12 @@ def test_every_transition_survives_a_lost_reply_or_a_failed_write(world, transit
     transition(world, fault)
 
 
-def _retry_blindly(storage, key, expected, is_ours, max_bytes):
+def _retry_blindly(storage, key, expected, is_ours, max_bytes, timeout):
     """``cas._landed`` with the nonce check removed: never recognises its own write."""
     return None
 
 
-def _trust_blindly(storage, key, expected, is_ours, max_bytes):
+def _trust_blindly(storage, key, expected, is_ours, max_bytes, timeout):
     """The opposite mistake: an ambiguous write is assumed to have landed."""
     found = storage.read(key)
     return (found[1], found[0]) if found else (1, b"")

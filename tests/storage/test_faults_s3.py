@@ -123,7 +123,7 @@ def test_a_put_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries_o
 @pytest.mark.parametrize("transition", ["create", "handoff", "free"])
 def test_on_s3_the_scenarios_catch_a_lock_without_the_read_back(transition, actor, bucket, monkeypatch):
     """Not vacuous on S3 either: without the read-back the same scenarios fail."""
-    monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes: None)
+    monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes, timeout: None)
     with pytest.raises(AssertionError):
         SCENARIOS[transition](actor, bucket)
 
@@ -158,7 +158,7 @@ def test_a_put_refused_with_409_conditional_request_conflict_is_retried_and_land
 
 def test_a_store_that_keeps_slowing_down_fails_the_acquire_within_its_deadline(actor, bucket):
     a = actor("A")
-    # The store's once-per-store probe of conditional writes (s3_probe.py) runs at its first
+    # The store's once-per-store probe of conditional writes (s3.py) runs at its first
     # request: made here, before the faults and the clock, so what is timed is the acquire's own
     # retries against its deadline, not a one-time cost of the store.
     assert a.lock.status().exists is False

@@ -42,7 +42,7 @@ from handofflock.core.errors import (
     TransientStorageError,
 )
 from handofflock.testing.faultproxy import FaultProxy
-from handofflock.storage import gcs_deadline, open_url
+from handofflock.storage import deadline, open_url
 from handofflock.storage.gcs import GCSStorage
 
 PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
@@ -317,34 +317,6 @@ def test_a_capped_read_asks_for_at_most_one_byte_over_the_cap(gcs):
     assert log[0][2]["headers"]["Range"] == "bytes=0-3"
 
 
-def test_capped_reads_at_the_edges_return_the_right_bytes_and_generation(gcs):
-    g_empty = gcs.write("empty.json", b"", if_generation_match=0)
-    g_one = gcs.write("one.json", b"x", if_generation_match=0)
-    assert gcs.read("empty.json", max_bytes=0) == (b"", g_empty)
-    assert gcs.read("empty.json") == (b"", g_empty)
-    assert gcs.read("one.json", max_bytes=0) == (b"x", g_one)
-    assert gcs.read("one.json", max_bytes=1) == (b"x", g_one)
-    with pytest.raises(ValueError):
-        gcs.read("one.json", max_bytes=-1)
-
-
-def test_keys_that_need_escaping_round_trip(gcs):
-    key = "locks/a b#c?d%e+f&g=ü.json"
-    gen = gcs.write(key, b"{}", if_generation_match=0)
-    assert gcs.read(key) == (b"{}", gen)
-    assert gcs.list("locks/") == {key: gen}
-    assert gcs.list("locks/a b#c?d%e+") == {key: gen}
-    assert gcs.list("locks/a+b") == {}
-    gcs.delete(key, if_generation_match=gen)
-    assert gcs.read(key) is None
-
-
-def test_a_closed_store_opens_a_new_session_on_next_use(gcs):
-    gen = gcs.write("a.json", b"{}", if_generation_match=0)
-    gcs.close()
-    assert gcs.read("a.json") == (b"{}", gen)
-
-
 def test_an_emulator_host_without_a_scheme_is_taken_as_http(gcs_emulator, bucket, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.host_port)
     store = GCSStorage(bucket)
@@ -362,7 +334,7 @@ def test_the_constructor_does_no_io(monkeypatch):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{sock.getsockname()[1]}")
         store = GCSStorage("some-bucket")
         # private: no client made yet (no I/O in constructors); the public client property would make one
-        assert store.url == "gs://some-bucket" and store._client is None
+        assert store.url == "gs://some-bucket" and not store._clients.made
 
 
 @pytest.mark.parametrize("bad", ["", "ab", "Upper", "-dash.start", "a/b", None])
@@ -525,7 +497,7 @@ def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
 def test_the_store_s_own_session_gets_the_deadline_pools_and_a_client_you_pass_is_left_alone(bucket):
     own = GCSStorage(bucket)
     # private (google-cloud-storage's): the client's HTTP session, where the deadline pools are mounted
-    assert all(isinstance(own.client._http.adapters[p], gcs_deadline.DeadlineAdapter) for p in ("http://", "https://"))
+    assert all(isinstance(own.client._http.adapters[p], deadline.DeadlineAdapter) for p in ("http://", "https://"))
     own.close()
     client = google_storage.Client(
         project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": os.environ["STORAGE_EMULATOR_HOST"]}
@@ -545,13 +517,13 @@ def test_installing_the_deadline_pools_keeps_the_pool_settings_and_leaves_specia
     special = MutualTLS()
     session.mount("https://", special)
     session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32, pool_connections=3))
-    assert gcs_deadline.install(session) is False
+    assert deadline.install(session) is False
     assert session.adapters["https://"] is special
     plain = session.adapters["http://"]
-    assert isinstance(plain, gcs_deadline.DeadlineAdapter)
+    assert isinstance(plain, deadline.DeadlineAdapter)
     # private (requests'): an adapter's pool settings have no public getter
     assert (plain._pool_maxsize, plain._pool_connections) == (32, 3)
-    assert gcs_deadline.install(requests.Session()) is True
+    assert deadline.install(requests.Session()) is True
 
 
 # --------------------------------------------------------------------------- requester pays
@@ -587,15 +559,6 @@ def test_a_lock_on_a_gs_url_with_user_project_names_it_in_every_request(proxy, b
 
 
 # --------------------------------------------------------------------------- error mapping, on the emulator
-
-
-def test_a_stale_write_gets_precondition_failed_with_key_and_generation(gcs):
-    g1 = gcs.write("a.json", b"1", if_generation_match=0)
-    gcs.write("a.json", b"2", if_generation_match=g1)
-    with pytest.raises(PreconditionFailed) as info:
-        gcs.write("a.json", b"3", if_generation_match=g1)
-    assert info.value.key == "a.json" and info.value.expected_generation == g1
-    assert info.value.url == gcs.url
 
 
 def test_a_missing_bucket_fails_writes_and_listings_with_a_message_naming_it(gcs_emulator):
@@ -968,12 +931,12 @@ def test_the_emulator_sends_the_generation_with_a_416_for_a_range_on_an_empty_ob
 
 
 def test_only_the_gcs_backend_imports_the_google_sdk_or_the_http_transport():
-    """gcs.py alone imports the SDK; its wire halves, gcs_deadline.py and gcs_http.py, import only the HTTP stack."""
+    """gcs.py alone imports the SDK; the request deadline shared with S3, deadline.py, imports only the HTTP stack."""
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         if path == PACKAGE / "storage" / "gcs.py":
             continue
-        wire = path.parent == PACKAGE / "storage" and path.name in ("gcs_deadline.py", "gcs_http.py")
+        wire = path.parent == PACKAGE / "storage" and path.name == "deadline.py"
         forbidden = ("google",) if wire else ("google", "requests", "urllib3")
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = []

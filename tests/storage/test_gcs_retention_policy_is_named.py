@@ -15,7 +15,7 @@ import requests
 
 from handofflock import HandoffLock, StorageError
 from handofflock.storage.gcs import GCSStorage
-from handofflock.storage.gcs_http import says_retained
+from handofflock.storage.gcs import says_retained
 from handofflock.testing.faultproxy import FaultProxy
 
 KEY = "locks/job.json"

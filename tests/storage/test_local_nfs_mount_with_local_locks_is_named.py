@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from handofflock.storage import local_mounts
+from handofflock.storage import local
 from handofflock.storage.local import LocalStorage
 
 MOUNTS = """\
@@ -26,29 +26,29 @@ server:/export/scratch {home}/scratch\\040space nfs4 rw,relatime,vers=4.2,local_
 def test_a_root_on_an_nfs_mount_with_local_only_locks_is_found(tmp_path, opt):
     mounts = tmp_path / "mounts"
     mounts.write_text(MOUNTS.format(home="/home", opt=opt))
-    assert local_mounts.local_only_locks("/home/alice/locks", str(mounts)) == opt
-    assert local_mounts.local_only_locks("/home", str(mounts)) == opt
-    assert local_mounts.local_only_locks("/home/scratch space/locks", str(mounts)) is None, "its own mount locks"
-    assert local_mounts.local_only_locks("/homework", str(mounts)) is None
-    assert local_mounts.local_only_locks("/var/tmp", str(mounts)) is None
+    assert local.local_only_locks("/home/alice/locks", str(mounts)) == opt
+    assert local.local_only_locks("/home", str(mounts)) == opt
+    assert local.local_only_locks("/home/scratch space/locks", str(mounts)) is None, "its own mount locks"
+    assert local.local_only_locks("/homework", str(mounts)) is None
+    assert local.local_only_locks("/var/tmp", str(mounts)) is None
 
 
 @pytest.mark.parametrize("opt", ["local_lock=posix", "local_lock=none", "lock"])
 def test_options_that_leave_flock_to_the_server_are_not_flagged(tmp_path, opt):
     mounts = tmp_path / "mounts"
     mounts.write_text(MOUNTS.format(home="/home", opt=opt))
-    assert local_mounts.local_only_locks("/home/alice", str(mounts)) is None
+    assert local.local_only_locks("/home/alice", str(mounts)) is None
 
 
 def test_an_unreadable_mounts_file_says_nothing(tmp_path):
-    assert local_mounts.local_only_locks("/home", str(tmp_path / "absent")) is None
+    assert local.local_only_locks("/home", str(tmp_path / "absent")) is None
 
 
 def test_the_store_warns_once_at_its_first_lock_naming_the_option(tmp_path, monkeypatch, caplog):
     root = tmp_path / "locks"
     mounts = tmp_path / "mounts"
     mounts.write_text(MOUNTS.format(home=str(tmp_path), opt="nolock"))
-    monkeypatch.setattr(local_mounts, "MOUNTS", str(mounts))
+    monkeypatch.setattr(local, "MOUNTS", str(mounts))
     store = LocalStorage(root)
     with caplog.at_level(logging.WARNING, logger="handofflock.storage"):
         generation = store.write("a.json", b"{}", if_generation_match=0)

@@ -240,17 +240,6 @@ def test_valid_records_round_trip_through_encode_and_decode(record):
     assert decoded.extra == record.extra
 
 
-# --------------------------------------------------------------------------- reading with a cap
-
-
-def test_a_read_with_max_bytes_returns_at_most_one_byte_past_the_cap(store):
-    store.write("big.json", b"x" * (3 * MAX_RECORD_BYTES), if_generation_match=0)
-    data, _ = store.read("big.json", max_bytes=MAX_RECORD_BYTES)
-    assert len(data) == MAX_RECORD_BYTES + 1
-    small, _ = store.read("big.json", max_bytes=10)
-    assert small == b"x" * 11
-
-
 def spy_store(name: str) -> MemoryStorage:
     """A memory store that remembers the size of every read it returns (``store.returned``)."""
     store = MemoryStorage(name)

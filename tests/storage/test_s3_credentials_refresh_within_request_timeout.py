@@ -35,7 +35,6 @@ import pytest
 from botocore.credentials import Credentials, RefreshableCredentials
 
 from handofflock import HandoffLock, TransientStorageError, signals
-from handofflock.storage.base import requests_within
 from handofflock.storage.s3 import S3Storage
 from handofflock.storage.s3_credentials import life_left
 from lockutil import eventually
@@ -219,8 +218,7 @@ ADVISORY = 15 * 60
 def timed_read(store: S3Storage) -> tuple[float, BaseException | None]:
     started = time.monotonic()
     try:
-        with requests_within(BOUND):
-            store.read(KEY)
+        store.read(KEY, timeout=BOUND)
     except TransientStorageError as exc:
         return time.monotonic() - started, exc
     return time.monotonic() - started, None
@@ -278,7 +276,7 @@ def test_a_first_load_that_stalls_holds_neither_the_client_nor_a_request_past_it
         f"[{source_kind}] client made in {made:.2f} s; a read while the first load stalls: {elapsed:.2f} s, {error!r}"
     )
     assert isinstance(error, TransientStorageError) and not error.ambiguous and "loading" in str(error), repr(error)
-    # the store's one-time probe (s3_probe): its PUT, then the DELETE of its scratch key, each wait their deadline
+    # the store's one-time probe: its PUT, then the DELETE of its scratch key, each wait their deadline
     assert elapsed < 2 * BOUND + SLACK, f"held {elapsed:.2f} s by the load"
 
 

@@ -109,10 +109,10 @@ class SimStore:
             raise TransientStorageError(f"sim: reply to {op} lost", ambiguous=True)
         return result
 
-    def read(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, int] | None:
+    def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         return self._request("read", key, lambda: self.net.backend.read(key, max_bytes=max_bytes), mutation=False)
 
-    def write(self, key: str, data: bytes, *, if_generation_match: int) -> int:
+    def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         def apply() -> int:
             match = if_generation_match
             if match == buggify.NO_MATCH:  # only a planted bug writes without a precondition
@@ -124,13 +124,13 @@ class SimStore:
 
         return self._request("write", key, apply, mutation=True)
 
-    def delete(self, key: str, *, if_generation_match: int) -> None:
+    def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         def apply() -> None:
             self.net.backend.delete(key, if_generation_match=if_generation_match)
 
         self._request("delete", key, apply, mutation=True)
 
-    def list(self, prefix: str) -> dict[str, int]:
+    def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         self.net.count("listings")
         return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False)
 

@@ -1,0 +1,457 @@
+"""What the GCS and S3 stores share about their requests: a total deadline for each, and the client that sends them.
+
+A socket timeout bounds each socket operation, not the request: a server (or
+a proxy) that sends its reply one byte every second never lets a single read
+wait its full read timeout, and holds the request, and the thread that sent
+it, for as long as it likes (measured: a read of an 8-byte lock object took
+8 s, and a write whose reply trickled more than 25 s, both with
+``timeout=(2, 2)``).
+
+So every request is sent inside :func:`bounded`, which arms a
+:class:`Deadline` with one watchdog thread per process. A request's connection
+comes from a pool with the :class:`WatchedPool` hooks (mounted on a requests
+session by :func:`install`, on botocore's pools by the S3 store); the pool
+tells the deadline which connection carries the request. When the deadline
+passes, the watchdog shuts that connection's socket down: a thread blocked
+sending the request or reading the reply wakes at once with an error, which
+:func:`bounded` reports as a transient error (ambiguous for a write: it may
+have been applied). A connection goes back to the pool only after its
+deadline has let go of it, so a late watchdog never cuts another request's
+connection.
+
+A store's SDK client sits in a :class:`ClientSlot`, which never lets a
+forked child use its parent's connections; :func:`shared` keeps one store per
+bucket and settings, so locks on one bucket share one connection pool.
+
+Imports requests and urllib3, nothing of Google's or Amazon's SDKs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import requests.adapters
+import urllib3.connection
+import urllib3.poolmanager
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from ..core.errors import ConfigurationError, HandoffLockError, TransientStorageError
+from ..core.threads import quiet
+
+__all__ = [
+    "ClientSlot",
+    "Deadline",
+    "DeadlineAdapter",
+    "RememberingConnection",
+    "WatchedPool",
+    "bounded",
+    "checked_request_timeout",
+    "checked_timeout",
+    "current",
+    "install",
+    "limit",
+    "shared",
+]
+
+#: How often an expired deadline looks again for a socket to shut down (a connection still
+#: connecting has none yet; its connect timeout is capped at the deadline by the caller).
+_RECHECK = 0.02
+
+_current = threading.local()
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
+def checked_timeout(timeout: object) -> tuple[float, float]:
+    """A store's ``timeout``: ``(connect, read)`` seconds, or one number for both."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = (timeout, timeout)
+    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(_positive(t) for t in timeout):
+        raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
+    return (float(timeout[0]), float(timeout[1]))
+
+
+def checked_request_timeout(value: object, timeout: tuple[float, float]) -> float:
+    """A store's ``request_timeout``: the bound of each request as a whole."""
+    if value is None:
+        # A reply that keeps coming, however slowly, never trips the read timeout; the
+        # default allows what a request that uses both its timeouts in full could take.
+        return timeout[0] + timeout[1]
+    if not _positive(value):
+        raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def limit(own: float, timeout: float | None) -> float:
+    """The bound of one request: the store's ``own`` request timeout, or the caller's ``timeout`` if shorter."""
+    return own if timeout is None else min(own, timeout)
+
+
+class Deadline:
+    """One request's deadline, ``seconds`` from now (monotonic).
+
+    ``expired`` turns True when the watchdog reaches it while the request is
+    still under way; from then on every connection attached to it has its
+    socket shut down, and ``cut`` says that one was.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self.cut = False
+        self._done = False
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def attach(self, conn: Any) -> None:
+        """``conn`` now carries the request (called by the pool as it hands the connection out)."""
+        with self._lock:
+            if self._done:
+                return
+            self._conn = conn
+            # our own name on urllib3's connection: _put_conn finds the deadline by it when the pool takes it back
+            conn._handofflock_deadline = self
+            if self.expired:
+                self.cut |= _shut_down(conn)
+
+    def detach(self, conn: Any) -> None:
+        """``conn`` no longer carries the request (called as it goes back to the pool)."""
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+
+    def finish(self) -> None:
+        """The request is over, however it ended: nothing is shut down after this."""
+        with self._lock:
+            self._done = True
+            self._conn = None
+
+    def _expire(self) -> bool:
+        """Called by the watchdog at the deadline; True to be called again shortly."""
+        with self._lock:
+            if self._done:
+                return False
+            self.expired = True
+            if self._conn is not None:
+                self.cut |= _shut_down(self._conn)
+            return True
+
+
+def _shut_down(conn: Any) -> bool:
+    """Wake whatever blocks on ``conn``'s socket: shut it down both ways (it is closed by its owner).
+
+    Returns whether there was a socket to shut down.
+    """
+    # A connection whose reply ends the connection (``Connection: close``) has been closed by
+    # http.client while its reply is still being read from the socket: a connection that
+    # remembers its socket (:class:`RememberingConnection`) is cut through that.
+    sock = getattr(conn, "sock", None) or getattr(conn, "_handofflock_sock", None)
+    if sock is not None and not isinstance(sock, socket.socket):  # urllib3's SSLTransport (TLS in TLS)
+        sock = getattr(sock, "socket", None)
+    if not isinstance(sock, socket.socket):
+        return False
+    try:
+        # The plain socket's shutdown, also for an SSLSocket: ssl's own would unwrap it under
+        # the feet of the thread reading from it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:  # already shut down, or closed meanwhile
+        pass
+    return True
+
+
+class _Watchdog:
+    """One daemon thread that expires deadlines in order, started on first use."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: Deadline) -> None:
+        self._push(deadline.at, deadline)
+
+    def _push(self, at: float, deadline: Deadline) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._seq), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(target=quiet(self._run), name="handofflock-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is deadline:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._heap and self._heap[0][2]._done:
+                        heapq.heappop(self._heap)
+                        continue
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    left = self._heap[0][0] - time.monotonic()
+                    if left <= 0:
+                        deadline = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(left)
+            if deadline._expire():
+                self._push(time.monotonic() + _RECHECK, deadline)
+
+
+_watchdog = _Watchdog()
+
+
+_T = TypeVar("_T")
+
+
+class ClientSlot(Generic[_T]):
+    """A store's SDK client: the one it was given, or one made by ``make`` on first use; never a parent's.
+
+    A forked child shares its parent's keep-alive connections: both would write
+    requests to the same sockets and read each other's replies (a read would
+    return another object's bytes and generation). So in a child a client this
+    slot made is dropped (and kept referenced, so that collecting it never
+    closes, or sends a TLS close on, a socket the parent still uses) and the next
+    use makes a new one; a client given is the caller's to replace, and using
+    it in the child raises. ``make`` runs under the slot's lock, once.
+    """
+
+    def __init__(self, given: _T | None, make: Callable[[], _T], owner: str) -> None:
+        self._client, self._make, self._owner = given, make, owner
+        #: Whether the client is this slot's own (made here), not given.
+        self.owned = given is None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()  # where the client (and its connections) was made or given
+        self._inherited: list[_T] = []
+        _SLOTS.add(self)
+
+    @property
+    def made(self) -> bool:
+        """Whether a client is in hand (one given, or made since the last :meth:`release`)."""
+        return self._client is not None
+
+    def get(self) -> _T:
+        client = self._client
+        if client is not None and self._pid != os.getpid():
+            raise ConfigurationError(
+                f"the client passed to {self._owner} was made in process {self._pid}, which this process was "
+                "forked from: its keep-alive connections are shared with that process, and replies would reach "
+                "the wrong one. Pass a client made in this process."
+            )
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._make()
+                client = self._client
+        return client
+
+    def release(self) -> _T | None:
+        """Let go of a client this slot made and return it, for the caller to close (None: none, or given)."""
+        with self._lock:
+            client = self._client if self.owned else None
+            if self.owned:
+                self._client = None
+        return client
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self.owned:
+            if self._client is not None:
+                self._inherited.append(self._client)
+            self._client = None
+            self._pid = os.getpid()
+
+
+_SLOTS: weakref.WeakSet[ClientSlot[Any]] = weakref.WeakSet()
+_SHARED: dict[tuple[Any, ...], Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+    """The process-wide store for ``key`` (its class, bucket and settings), made by ``make`` on first use."""
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make()
+        store: _T = _SHARED[key]
+        return store
+
+
+def _after_fork_in_child() -> None:
+    # The parent's watchdog thread does not exist in the child, and its locks may have been held.
+    global _watchdog, _SHARED_LOCK
+    _watchdog = _Watchdog()
+    _current.__dict__.clear()
+    _SHARED_LOCK = threading.Lock()
+    for slot in list(_SLOTS):
+        slot._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def bounded(
+    seconds: float, op: str, key: str | None, *, url: str, replies: tuple[type[BaseException], ...] = ()
+) -> Iterator[Deadline]:
+    """Send one request of ``op`` (``read``, ``write``, ``delete``, ``list``) and read its reply inside the block.
+
+    Past ``seconds`` the connection is shut down, and whatever that breaks is
+    raised as a :class:`TransientStorageError` saying so (ambiguous for a write
+    or a delete: it may have been applied). An exception of ``replies`` (an
+    SDK's error reply) is the server's answer unless the cut made it. The
+    deadline is this thread's (:func:`current`) inside the block.
+    """
+    deadline, previous = Deadline(seconds), getattr(_current, "deadline", None)
+    _current.deadline = deadline
+    _watchdog.arm(deadline)
+    try:
+        try:
+            yield deadline
+        except HandoffLockError:  # among them, credentials not ready in time: nothing sent
+            raise
+        except replies:
+            if not deadline.cut:
+                raise
+            raise _past_deadline(op, key, url, seconds) from None
+        except Exception as exc:
+            if not deadline.expired:
+                raise
+            raise _past_deadline(op, key, url, seconds) from exc
+        if deadline.cut:
+            # Done, yet its connection was shut down on the way: a reply framed by the end of the
+            # connection alone would look complete though cut short. Not to be trusted.
+            raise _past_deadline(op, key, url, seconds)
+    finally:
+        deadline.finish()
+        _current.deadline = previous
+
+
+def _past_deadline(op: str, key: str | None, url: str, seconds: float) -> TransientStorageError:
+    where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
+    mutation = op in ("write", "delete")
+    return TransientStorageError(
+        f"{where}: no complete reply within request_timeout ({seconds:g}s); "
+        + ("the request may have been applied" if mutation else "nothing was changed"),
+        url=url,
+        key=key,
+        ambiguous=mutation,
+    )
+
+
+def current() -> Deadline | None:
+    """The deadline of the request this thread is sending (the innermost :func:`bounded`), if any."""
+    return getattr(_current, "deadline", None)
+
+
+class WatchedPool:
+    """Connection-pool mix-in: hand the current thread's deadline the connection it will use."""
+
+    # urllib3's private pool hooks, overridden: the one place a connection is handed out and taken back.
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        deadline = getattr(_current, "deadline", None)
+        if deadline is not None:
+            deadline.attach(conn)
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        deadline = getattr(conn, "_handofflock_deadline", None)
+        if deadline is not None:
+            deadline.detach(conn)  # before anyone else can take it from the pool
+            conn._handofflock_deadline = None  # our own name, as in Deadline.attach
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class RememberingConnection:
+    """Connection mix-in: keep the socket, which http.client forgets while a ``Connection: close``
+    reply (HTTP/1.0 servers, many token endpoints) is still being read, so a deadline can cut it."""
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self._handofflock_sock = self.sock  # type: ignore[attr-defined]
+
+
+class _RememberingHTTPConnection(RememberingConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _RememberingHTTPSConnection(RememberingConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPConnectionPool(WatchedPool, HTTPConnectionPool):
+    ConnectionCls = _RememberingHTTPConnection
+
+
+class _WatchedHTTPSConnectionPool(WatchedPool, HTTPSConnectionPool):
+    ConnectionCls = _RememberingHTTPSConnection
+
+
+_POOLS = {"http": _WatchedHTTPConnectionPool, "https": _WatchedHTTPSConnectionPool}
+
+
+class DeadlineAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter, with connection pools that let a :class:`Deadline` cut their connections.
+
+    Behaves exactly like ``HTTPAdapter`` for a request sent outside :func:`armed`.
+    Through an HTTP(S) proxy as well; not through a SOCKS proxy, whose pools
+    are urllib3's own (there only ``timeout`` applies).
+    """
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if manager.pool_classes_by_scheme is urllib3.poolmanager.pool_classes_by_scheme:
+            manager.pool_classes_by_scheme = _POOLS
+        return manager
+
+
+def install(session: Any) -> bool:
+    """Mount a :class:`DeadlineAdapter` on ``session`` in place of its plain ``HTTPAdapter``\\ s.
+
+    Only an adapter of exactly requests' own class is replaced, by one with the
+    same settings: a session with adapters of its own (mutual TLS, say) is left
+    as it is. Returns whether both ``https://`` and ``http://`` are now watched.
+    """
+    adapters = getattr(session, "adapters", None)
+    if not isinstance(session, requests.Session) or adapters is None:
+        return False
+    watched = 0
+    for prefix in ("https://", "http://"):
+        adapter = adapters.get(prefix)
+        if type(adapter) is requests.adapters.HTTPAdapter:
+            session.mount(
+                prefix,
+                DeadlineAdapter(
+                    # private (requests'): pool settings have no public getter; the new adapter keeps them
+                    pool_connections=adapter._pool_connections,
+                    pool_maxsize=adapter._pool_maxsize,
+                    max_retries=adapter.max_retries,
+                    pool_block=adapter._pool_block,
+                ),
+            )
+            adapter.close()
+        if isinstance(adapters.get(prefix), DeadlineAdapter):
+            watched += 1
+    return watched == 2
