@@ -54,7 +54,7 @@ from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
-from .os_signals import parse_signal
+from .os_signals import parse_signal, take_over
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
 #: in the terminal's foreground group, so Ctrl-C reaches it only this way.
@@ -150,13 +150,7 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
-        sig: int
-        for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
-            previous = signal.getsignal(sig)
-            if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
-                continue
-            self._previous[sig] = previous
-            signal.signal(sig, self._on_signal)
+        take_over(dict.fromkeys((*RUN_SIGNALS, self.stop_signal)), self._on_signal, self._previous)
         try:
             code = _check_command(self.args.command)  # before the lock: never evict the holder for a typo
             if code is not None:
@@ -248,19 +242,14 @@ class CommandRunner:
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
-        sig: int
-        for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                self._previous.setdefault(sig, signal.getsignal(sig))
-                signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
+        job_control_signals = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
+        take_over(job_control_signals, lambda signum, frame: self.job_control.append(signum), self._previous)
         watchdog = _start_watchdog()
         cgroup = _make_cgroup()
-        if watchdog is not None and cgroup is not None:
+        if cgroup is not None:
             _tell(watchdog, f"cgroup {cgroup}")  # before the command exists: if run dies next, it is still found
         if not lock.healthy:  # stopped (a background write to the terminal, Ctrl-Z) since the acquire
-            _watchdog.kill_cgroup(cgroup)
-            if watchdog is not None:
-                os.close(watchdog)
+            _stand_down(watchdog, cgroup)
             try:
                 lock.release()  # a lost lock: writes nothing
             except HandoffLockError:
@@ -280,9 +269,7 @@ class CommandRunner:
                 preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup),
             )
         except OSError as exc:
-            _watchdog.kill_cgroup(cgroup)
-            if watchdog is not None:
-                os.close(watchdog)
+            _stand_down(watchdog, cgroup)
             lock.release()
             if isinstance(exc, FileNotFoundError):
                 return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
@@ -291,8 +278,7 @@ class CommandRunner:
             _watchdog.kill_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
             cgroup = None
         self.procs = procs = _CommandProcesses(child.pid, cgroup, others)
-        if watchdog is not None:
-            _tell(watchdog, f"session {child.pid}")
+        _tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
         declined: ReleaseRequest | None = None  # a request found withdrawn when checked again: not acted on
@@ -420,9 +406,7 @@ class CommandRunner:
                 procs.signal(signal.SIGKILL)
                 last_kill = now
         assert returncode is not None
-        _watchdog.kill_cgroup(procs.cgroup)
-        if watchdog is not None:
-            os.close(watchdog)  # nothing of the command is left: the watchdog finds nothing, and ends
+        _stand_down(watchdog, procs.cgroup)  # nothing of the command is left: the watchdog finds nothing, and ends
         status = returncode if returncode >= 0 else 128 - returncode
         if lost or not lock.is_held:
             try:
@@ -532,11 +516,20 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 
-def _tell(watchdog: int, line: str) -> None:
+def _tell(watchdog: int | None, line: str) -> None:
+    """Write ``line`` to the watchdog (if it could be started)."""
     try:
-        os.write(watchdog, f"{line}\n".encode())
+        if watchdog is not None:
+            os.write(watchdog, f"{line}\n".encode())
     except OSError:
         pass
+
+
+def _stand_down(watchdog: int | None, cgroup: str | None) -> None:
+    """Kill what is left in the command's cgroup, remove it, and let the watchdog go (it finds nothing left)."""
+    _watchdog.kill_cgroup(cgroup)
+    if watchdog is not None:
+        os.close(watchdog)
 
 
 def _start_watchdog() -> int | None:

@@ -32,12 +32,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import FrameType
-from typing import Any, TypeGuard
 
 from ..core.errors import ConfigurationError
-from ..os_signals import SignalLike, parse_signal
+from ..os_signals import Handler, SignalLike, act_as_before, is_python_handler, parse_signal, take_over
 from .ranks import RankLock
 
 _log = logging.getLogger("handofflock.ranks")
@@ -46,8 +45,6 @@ _log = logging.getLogger("handofflock.ranks")
 DEFAULT_RANK_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: Seconds within which a repeated signal counts as the same request.
 REPEAT_WINDOW = 1.0
-
-_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class RankSignals:
@@ -71,7 +68,7 @@ class RankSignals:
                 raise ConfigurationError(f"{sig.name} cannot be caught")
         self.received: list[str] = []
         self.signals: tuple[signal.Signals, ...] = ()
-        self._previous: dict[signal.Signals, _Handler] = {}
+        self._previous: dict[signal.Signals, Handler] = {}
         self._first_at: float | None = None
         self._pid = os.getpid()
 
@@ -83,18 +80,7 @@ class RankSignals:
         """
         if threading.current_thread() is not threading.main_thread():
             raise ConfigurationError("RankSignals.install() must be called from the main thread")
-        installed = []
-        for sig in self.wanted:
-            previous = signal.getsignal(sig)
-            if previous == self._handle:
-                installed.append(sig)
-                continue
-            if previous is signal.SIG_IGN:
-                continue
-            self._previous[sig] = previous
-            signal.signal(sig, self._handle)
-            installed.append(sig)
-        self.signals = tuple(installed)
+        self.signals = take_over(self.wanted, self._handle, self._previous)
         return self
 
     def uninstall(self) -> None:
@@ -109,7 +95,7 @@ class RankSignals:
         sig = signal.Signals(signum)
         previous = self._previous.get(sig)
         if os.getpid() != self._pid:  # a forked child inherited the handler, not the job
-            _reraise(sig, frame, previous)
+            act_as_before(sig, frame, previous)
             return
         now = time.monotonic()
         self.received.append(sig.name)
@@ -118,33 +104,14 @@ class RankSignals:
                 self._first_at = now
                 # Attributes only: no I/O, no collective, whatever the main thread was doing.
                 self.ranks.request_stop("exit", cause=sig.name)
-                if sig in self.chain and _is_python_handler(previous):
+                if sig in self.chain and is_python_handler(previous):
                     previous(signum, frame)
             return
         # A second signal: now. No meeting; the holder lets the lock go, then the signal acts.
         self.uninstall()
         self.ranks.abandon()
         _log.warning("rank %s: second signal (%s): released without a checkpoint", self.ranks.rank, sig.name)
-        _reraise(sig, frame, previous)
+        act_as_before(sig, frame, previous)
 
     def __repr__(self) -> str:
         return f"<RankSignals {','.join(s.name for s in self.signals)} received={self.received}>"
-
-
-def _is_python_handler(handler: _Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
-    return callable(handler) and handler is not signal.default_int_handler
-
-
-def _reraise(sig: signal.Signals, frame: FrameType | None, previous: _Handler) -> None:
-    """Do what ``sig`` would have done had we never been installed."""
-    if previous is signal.default_int_handler:
-        raise KeyboardInterrupt
-    if _is_python_handler(previous):
-        previous(sig, frame)
-        return
-    if previous is signal.SIG_IGN:
-        return
-    signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
-    if os.getpid() == 1:  # SIG_DFL does nothing to PID 1 (a container's entrypoint)
-        os._exit(128 + int(sig))

@@ -284,7 +284,7 @@ class RankLock:
         if lock is not None:
             while not done.is_set():
                 # The acquire gives the waiter slot back and returns. Repeated until it does: a cancel()
-                # that comes before the thread's acquire has begun is dropped (issue 24, item 11).
+                # that comes before the thread's acquire has begun is dropped.
                 lock.cancel()
                 done.wait(0.05)
             if outcome.get("ok") is True and lock.is_held:  # the lock came just now: pass it on

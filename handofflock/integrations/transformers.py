@@ -80,11 +80,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
         poll: float = 1.0,
         **lock_kwargs: Any,
     ) -> None:
-        self.url = url
-        self.holder_rank = holder_rank
-        self.every = every
-        self.poll = poll
-        self.lock_kwargs = lock_kwargs
+        self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
         self.ranks: RankLock | None = None
         self.yielded = False
         self.yield_step: int | None = None
@@ -125,9 +121,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held."""
         if self.ranks is None:
-            self.ranks = rank_lock(
-                self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs
-            )
+            self.ranks = self._open()
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step, self.decision = False, None, None
