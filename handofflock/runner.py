@@ -244,10 +244,12 @@ class CommandRunner:
         self.job_control: list[int] = []
         job_control_signals = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
         take_over(job_control_signals, lambda signum, frame: self.job_control.append(signum), self._previous)
-        watchdog = _start_watchdog()
+        watchdog = _watchdog.start()
         cgroup = _make_cgroup()
         if cgroup is not None:
-            _tell(watchdog, f"cgroup {cgroup}")  # before the command exists: if run dies next, it is still found
+            _watchdog.tell(
+                watchdog, f"cgroup {cgroup}"
+            )  # before the command exists: if run dies next, it is still found
         if not lock.healthy:  # stopped (a background write to the terminal, Ctrl-Z) since the acquire
             _stand_down(watchdog, cgroup)
             try:
@@ -278,7 +280,7 @@ class CommandRunner:
             _watchdog.kill_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
             cgroup = None
         self.procs = procs = _CommandProcesses(child.pid, cgroup, others)
-        _tell(watchdog, f"session {child.pid}")
+        _watchdog.tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
         declined: ReleaseRequest | None = None  # a request found withdrawn when checked again: not acted on
@@ -516,49 +518,11 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 
-def _tell(watchdog: int | None, line: str) -> None:
-    """Write ``line`` to the watchdog (if it could be started)."""
-    try:
-        if watchdog is not None:
-            os.write(watchdog, f"{line}\n".encode())
-    except OSError:
-        pass
-
-
 def _stand_down(watchdog: int | None, cgroup: str | None) -> None:
     """Kill what is left in the command's cgroup, remove it, and let the watchdog go (it finds nothing left)."""
     _watchdog.kill_cgroup(cgroup)
     if watchdog is not None:
         os.close(watchdog)
-
-
-def _start_watchdog() -> int | None:
-    """Start the watchdog (handofflock/_watchdog.py); return the write end of its pipe, or None.
-
-    The watchdog kills what is left of the command's session once run exits,
-    whatever ends run. The write end is not inheritable, so only run holds it:
-    the command and its children never keep the watchdog waiting. run closes
-    it once nothing of the command is left; if run dies first, the kernel
-    closes it.
-    """
-    try:
-        read_end, write_end = os.pipe()
-    except OSError:
-        return None
-    try:
-        subprocess.Popen(
-            [sys.executable, "-I", "-S", _watchdog.__file__, str(read_end)],
-            pass_fds=(read_end,),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,  # out of reach of the terminal, and of an outer run stopping this one
-        )
-    except OSError:
-        os.close(write_end)
-        return None
-    finally:
-        os.close(read_end)
-    return write_end
 
 
 def _make_cgroup() -> str | None:

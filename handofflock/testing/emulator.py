@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TypeVar
 
-from . import _guard
+from .. import _watchdog
 from .faultproxy import FaultProxy, emulator_env
 
 __all__ = ["ExternalEmulator", "FakeGCSServer", "FaultProxy"]
@@ -203,9 +203,9 @@ class FakeGCSServer(ServerProcess):
     """A fake-gcs-server process on 127.0.0.1 with an in-memory backend (see :class:`ServerProcess`).
 
     The binary never outlives the process that started it, however that
-    process ends (SIGKILL included): a small guard process
-    (``handofflock/testing/_guard.py``) runs it and stops it when a pipe from
-    this process reaches end of file. ``pid`` is the binary's process id.
+    process ends (SIGKILL included): it runs in a session of its own, which
+    :mod:`handofflock._watchdog` kills once a pipe from this process reaches
+    end of file. ``pid`` is the binary's process id.
     ``port`` picks the port (default: a free one). :attr:`url` is the value
     for ``STORAGE_EMULATOR_HOST``.
     """
@@ -216,18 +216,13 @@ class FakeGCSServer(ServerProcess):
     def __init__(self, *, startup_timeout: float = 20.0, log_level: str = "warn", port: int | None = None) -> None:
         super().__init__(startup_timeout=startup_timeout, port=port)
         self.log_level = log_level
-        self._lifeline: int | None = None  # write end of the pipe the guard watches
+        self._lifeline: int | None = None  # write end of the pipe the watchdog watches
         self._owner_pid = os.getpid()
 
     @property
     def pid(self) -> int | None:
         """The fake-gcs-server binary's process id while it runs, else None."""
-        if self.log_path is None or not self.running:
-            return None
-        try:
-            return int((self.log_path.parent / "fake-gcs-server.pid").read_text())
-        except (OSError, ValueError):
-            return None
+        return self._process.pid if self._process is not None and self.running else None
 
     @contextlib.contextmanager
     def env(self) -> Iterator[FakeGCSServer]:
@@ -246,51 +241,30 @@ class FakeGCSServer(ServerProcess):
         self._owner_pid = os.getpid()
 
     def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
-        assert self.log_path is not None
-        pidfile = self.log_path.parent / "fake-gcs-server.pid"
-        with contextlib.suppress(FileNotFoundError):
-            pidfile.unlink()
-        read_end, self._lifeline = os.pipe()
-        try:
-            return subprocess.Popen(
-                [
-                    *(
-                        sys.executable,
-                        "-I",
-                        "-S",
-                        _guard.__file__,
-                        str(read_end),
-                        str(pidfile),
-                        "--",
-                        str(self._binary),
-                    ),
-                    *("-scheme", "http", "-backend", "memory", "-host", HOST, "-port", str(self.port)),
-                    *("-external-url", f"http://{HOST}:{self.port}", "-log-level", self.log_level),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(read_end,),
-            )
-        finally:
-            os.close(read_end)
+        options = ["-scheme", "http", "-backend", "memory", "-host", HOST, "-port", str(self.port)]
+        options += ["-external-url", f"http://{HOST}:{self.port}", "-log-level", self.log_level]
+        self._lifeline = _watchdog.start()
+        process = subprocess.Popen(
+            [str(self._binary), *options],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _watchdog.tell(self._lifeline, f"session {process.pid}")
+        return process
 
     def _is_ours(self, answer: bytes) -> bool:
         return bool(json.loads(answer or b"{}").get("kind") == "storage#buckets")
 
     def _terminate(self) -> None:
-        process, self._process = self._process, None
+        if os.getpid() == self._owner_pid:
+            super()._terminate()
+        else:  # a forked child's copy: the server is its parent's to stop
+            self._process = None
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:
-            os.close(lifeline)  # the guard reads end of file and stops the binary
-        if process is None or os.getpid() != self._owner_pid:
-            return  # a forked child's copy: the server is its parent's to stop
-        if process.poll() is None:
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()  # the binary dies with it (PR_SET_PDEATHSIG)
-                process.wait(timeout=5)
+            os.close(lifeline)  # the watchdog reads end of file and kills what is left of the session
 
 
 class ExternalEmulator(FakeGCSServer):
