@@ -7,6 +7,17 @@ see tests/storage/test_s3_backend.py). :class:`MotoS3Server` starts it on a free
 waits until it answers, and :meth:`MotoS3Server.env` points boto3 at it with
 throw-away credentials.
 
+moto's own server (``python -m moto.server``) is threaded, and its S3 backend
+checks ``If-Match`` / ``If-None-Match`` and then stores the object in two steps
+with no lock between them: two racing conditional PUTs can both win (seen in
+1 of 2 runs of a 16-thread race under load). Real S3 makes a conditional write
+atomic, and the lock's tests rest on that. So :class:`MotoS3Server` runs this
+module (``python -m handofflock.testing.s3server HOST PORT``), which serves
+the same moto application, still threaded (so keep-alive connections do not
+queue behind one another), but runs each request's whole application call,
+body included, under one lock (:class:`OneAtATime`), so every request is
+atomic as on S3.
+
 >>> with MotoS3Server() as s3, s3.env():
 ...     s3.create_bucket("locks")
 ...     lock = HandoffLock("s3://locks/train.json")
@@ -15,11 +26,13 @@ throw-away credentials.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
+import threading
 import urllib.request
-from collections.abc import Iterator
-from typing import IO
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
 from .emulator import HOST, ServerProcess
 from .faultproxy import environ
@@ -41,7 +54,7 @@ def s3_env(endpoint: str) -> contextlib.AbstractContextManager[None]:
 
 
 class MotoS3Server(ServerProcess):
-    """moto's S3 server in a child process on 127.0.0.1, one request at a time (:mod:`._moto_serial`).
+    """moto's S3 server in a child process on 127.0.0.1, one request at a time (:class:`OneAtATime`).
 
     It keeps everything in memory and is stopped (terminate, wait, kill) on
     :meth:`stop`, on leaving the ``with`` block, or at interpreter exit (see
@@ -72,8 +85,41 @@ class MotoS3Server(ServerProcess):
 
     def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "handofflock.testing._moto_serial", HOST, str(self.port)],
+            [sys.executable, "-m", "handofflock.testing.s3server", HOST, str(self.port)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+class OneAtATime:
+    """A WSGI application that runs ``app`` for one request at a time, body included."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        with self.lock:
+            result = self.app(environ, start_response)
+            try:
+                return list(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+
+
+def main(argv: list[str]) -> None:
+    """Serve moto's S3 application on ``HOST PORT``, one request at a time."""
+    host, port = argv[0], int(argv[1])
+    os.environ.setdefault("MOTO_PORT", str(port))
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple(host, port, OneAtATime(app), threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
