@@ -85,9 +85,7 @@ class SignalHandlers:
     received so far, in order. Also a context manager that uninstalls on exit.
     """
 
-    def __init__(
-        self, lock: HandoffLock, signals: tuple[signal.Signals, ...], grace: float, release_at_exit: bool
-    ) -> None:
+    def __init__(self, lock: HandoffLock, *, grace: float, release_at_exit: bool) -> None:
         self.lock = lock
         self.grace = grace
         self.release_at_exit = release_at_exit
@@ -228,7 +226,7 @@ def install_signal_handlers(
     for sig in wanted:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             raise ConfigurationError(f"{sig.name} cannot be caught; no process gets a chance to release on it")
-    handlers = SignalHandlers(lock, wanted, float(grace), bool(release_at_exit))
+    handlers = SignalHandlers(lock, grace=float(grace), release_at_exit=bool(release_at_exit))
     handlers._install(wanted)
     return handlers
 

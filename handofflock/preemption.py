@@ -138,7 +138,7 @@ class _Gce:
 class _Aws:
     name = "aws"
 
-    def __init__(self, rebalance: bool) -> None:
+    def __init__(self, *, rebalance: bool) -> None:
         self.rebalance = rebalance
         self.reset()
 
@@ -350,7 +350,7 @@ class PreemptionWatcher:
         self.backoff_max = float(backoff_max)
         self._backoff = Backoff(self.backoff_initial, self.backoff_max)
         self._candidates: tuple[_Cloud, ...] = tuple(
-            _Gce() if name == "gce" else _Aws(aws_rebalance) if name == "aws" else _Azure(azure_events)
+            _Gce() if name == "gce" else _Aws(rebalance=aws_rebalance) if name == "aws" else _Azure(azure_events)
             for name in (PROVIDERS if provider == "auto" else (provider,))
         )
         self._cloud: _Cloud | None = self._candidates[0] if provider != "auto" else None

@@ -161,7 +161,7 @@ class CommandRunner:
             return self._run_child()
         finally:
             if self._subreaper_was is not None:
-                _set_subreaper(self._subreaper_was)
+                _set_subreaper(on=self._subreaper_was)
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
 
@@ -262,7 +262,7 @@ class CommandRunner:
         # Orphans of the command's tree come back to run (the subreaper), which follows them.
         # Every child run has now (the watchdog) is not the command's: left out of that tree.
         others = [pid for pid, _, ppid, _, _ in _watchdog.processes() if ppid == os.getpid()]
-        self._subreaper_was = _set_subreaper(True)
+        self._subreaper_was = _set_subreaper(on=True)
         try:
             child = subprocess.Popen(
                 command,
@@ -572,7 +572,7 @@ def _prepare_command(parent: int, cgroup: str | None) -> None:
         pass
 
 
-def _set_subreaper(on: bool) -> bool | None:
+def _set_subreaper(*, on: bool) -> bool | None:
     """Make ``run`` its descendants' subreaper (``on``) or not; the previous setting, or None where unavailable.
 
     As the child subreaper (Linux 3.4+), a process that the command's tree

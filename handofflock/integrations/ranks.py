@@ -190,7 +190,9 @@ class RankLock:
         """True on every rank between a successful :meth:`acquire` and :meth:`release` (or a loss)."""
         return self._held
 
-    def _meet(self, first: bool, want_yield: bool, exit_cause: str | None, last: bool) -> Sequence[bool]:
+    def _meet(
+        self, *, first: bool = False, want_yield: bool = False, exit_cause: str | None = None, last: bool = False
+    ) -> Sequence[bool]:
         """One agreement: this rank's vote ``[first, yield, *exit causes, last]``, every rank's OR back."""
         flags = [first, want_yield, *(cause == exit_cause for cause in EXIT_CAUSES), last]
         self.agreements += 1
@@ -258,7 +260,7 @@ class RankLock:
             ok = finished and outcome.get("ok") is True
             failed = finished and not ok
             _, cause = self._holder_votes()  # a yield asked while waiting stands for the hold
-            agreed = self._meet(ok, False, cause, failed)
+            agreed = self._meet(first=ok, exit_cause=cause, last=failed)
             decision = self._decided(agreed)
             if decision is not None and decision.exit:
                 self._exit_while_waiting(decision, done, outcome)
@@ -305,7 +307,7 @@ class RankLock:
         raises :class:`~handofflock.LockNotHeld`.
         """
         holds = self.lock is not None and self.lock.is_held
-        agreed = self._meet(holds, False, None, self.lock is not None and not holds)
+        agreed = self._meet(first=holds, last=self.lock is not None and not holds)
         if agreed[_LAST] or not agreed[_FIRST]:
             self._held = False
             raise LockNotHeld(f"the holder rank does not hold the lock; rank {self.rank} cannot join the hold")
@@ -375,7 +377,7 @@ class RankLock:
             except LockLost as exc:
                 lost_error = exc
         want_yield, cause = self._holder_votes()
-        agreed = self._meet(False, want_yield, cause, lost_error is not None)
+        agreed = self._meet(want_yield=want_yield, exit_cause=cause, last=lost_error is not None)
         if agreed[_LAST]:
             self._held = False
             if lost_error is not None:
@@ -405,7 +407,7 @@ class RankLock:
         """
         if not self._held:
             raise LockNotHeld("release() without acquire(): every rank calls acquire() first")
-        self._meet(False, False, None, False)  # nobody leaves its checkpoint before everybody finished theirs
+        self._meet()  # nobody leaves its checkpoint before everybody finished theirs
         self._held = False
         if self.lock is not None:
             return self.lock.release()

@@ -270,7 +270,7 @@ def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) ->
     )
 
 
-def _error_reply(kind: str, retry_after: float | None, close: bool, dialect: str) -> bytes:
+def _error_reply(kind: str, retry_after: float | None, *, close: bool, dialect: str) -> bytes:
     status, reason, code, message = _ANSWERS[dialect][kind]
     if dialect == "s3":
         body = (
@@ -677,8 +677,10 @@ class FaultProxy:
                 if kind in _ANSWERED:
                     self._count(answered=True)
                     ex.status = _ANSWERS[self.dialect][kind][0]
-                    close = self._replying(state, not keep_alive)
-                    client.sendall(_error_reply(kind, self._chaos_retry_after(kind, rule), close, self.dialect))
+                    close = self._replying(state, close=not keep_alive)
+                    client.sendall(
+                        _error_reply(kind, self._chaos_retry_after(kind, rule), close=close, dialect=self.dialect)
+                    )
                     if close:
                         return
                     continue
@@ -708,7 +710,7 @@ class FaultProxy:
                     _reset(client)  # applied upstream; the client never hears of it
                     return
                 ex.status = status
-                close = self._replying(state, not keep_alive or upstream_done)
+                close = self._replying(state, close=not keep_alive or upstream_done)
                 if close:
                     reply_head = with_connection_close(reply_head)
                 if kind in _TRICKLES:
@@ -756,7 +758,7 @@ class FaultProxy:
             self._stats.forwarded += forwarded
             self._stats.answered += answered
 
-    def _replying(self, state: list[bool], close: bool) -> bool:
+    def _replying(self, state: list[bool], *, close: bool) -> bool:
         """About to send a reply: whether to close after it; else the connection counts as idle.
 
         Idle from before the reply is sent, not after: a client may send its next
