@@ -179,7 +179,7 @@ class HandoffLockCallback(Callback):
         if self.ranks is None:
             self.ranks = self._open()
         if self.ranks.signals is not None:
-            self.ranks.signals.install()  # type: ignore[attr-defined]  # a signal while waiting ends the wait
+            self.ranks.signals.install()  # a signal while waiting ends the wait
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step, self.decision = False, None, None
@@ -203,13 +203,13 @@ class HandoffLockCallback(Callback):
         if self.ranks is not None and self.ranks.signals is not None:
             # Off until on_train_start: Lightning installs its own handlers (Slurm's SIGUSR1 requeue
             # among them) only where it finds none; ours then go on top of theirs.
-            self.ranks.signals.uninstall()  # type: ignore[attr-defined]
+            self.ranks.signals.uninstall()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning has installed its handlers by now (register_signal_handlers runs before the stage):
         # ours go on top, chaining SIGUSR1 to theirs.
         if self.ranks is not None and self.ranks.signals is not None:
-            self.ranks.signals.install()  # type: ignore[attr-defined]
+            self.ranks.signals.install()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.ranks is not None

@@ -35,8 +35,7 @@ import torch.distributed as dist
 from ..core.errors import AgreementFailed, ConfigurationError
 from ..core.identity import stable_job_id
 from ..os_signals import SignalLike
-from .rank_signals import DEFAULT_RANK_SIGNALS, RankSignals
-from .ranks import Agree, RankLock, local_agree
+from .ranks import DEFAULT_RANK_SIGNALS, Agree, RankLock, RankSignals, local_agree
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
@@ -121,7 +120,7 @@ def rank_lock(
     process group the job is one rank, which holds the lock itself.
 
     * ``signals`` (default SIGTERM, SIGINT, SIGUSR1) become an agreed exit on
-      every rank (:class:`~handofflock.integrations.rank_signals.RankSignals`,
+      every rank (:class:`~handofflock.integrations.ranks.RankSignals`,
       installed when called from the main thread; ``signals=()`` for none).
     * ``owner_id`` defaults to :func:`~handofflock.core.identity.stable_job_id`
       where the environment gives one (Slurm, a Kubernetes Job, torchrun's

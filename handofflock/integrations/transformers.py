@@ -169,7 +169,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
         assert self.ranks is not None
         handlers = self.ranks.signals
         if handlers is not None:
-            handlers.install()  # type: ignore[attr-defined]  # over a JIT-checkpoint handler set up since
+            handlers.install()  # over a JIT-checkpoint handler set up since
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         # After the optimizer step (gradient accumulation is inside the step): the Trainer's own boundary.
