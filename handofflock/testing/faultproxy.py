@@ -194,7 +194,7 @@ class Rule:
     fired: int = 0
 
     def matches(self, ex: Exchange) -> bool:
-        if self.fired >= self.times:
+        if self.spent:
             return False
         if not self.probes and s3_format.PROBE_MARK in ex.path:
             return False
