@@ -1,13 +1,14 @@
-"""The runner's watchdog: once ``run`` is gone, nothing of its command's session is left running.
+"""The watchdog: once its starter is gone, nothing of the session it was told of is left running.
 
-``handofflock run`` starts this script (by path, stdlib only, so it starts in a
-few milliseconds and imports nothing of the package) before the command, in a
-session of its own: the terminal's signals and a kill of ``run``'s group or
-session pass it by, and the signals ``run`` sends to the command never reach
-it. It holds the read end of a pipe whose write end only ``run`` holds.
-``run`` writes the command's cgroup on it before starting the command, and
-the command's session id right after; the watchdog then reads until end of file, which comes when ``run`` exits, however
-it ends (SIGKILL and an out-of-memory kill included). It then SIGKILLs every
+``handofflock run`` starts this script with :func:`start` (by path, stdlib
+only, so it starts in a few milliseconds and imports nothing of the package)
+before the command, in a session of its own: the terminal's signals and a
+kill of ``run``'s group or session pass it by, and the signals ``run`` sends
+to the command never reach it. It holds the read end of a pipe whose write
+end only ``run`` holds. ``run`` writes (:func:`tell`) the command's cgroup on
+it before starting the command, and the command's session id right after;
+the watchdog then reads until end of file, which comes when ``run`` exits,
+however it ends (SIGKILL and an out-of-memory kill included). It then SIGKILLs every
 process of the command's cgroup, if ``run`` made one (that includes processes
 that left the session), and of that session, again until none is left (a
 member may fork while it is being killed), removes the cgroup, and exits.
@@ -22,7 +23,8 @@ The watchdog has a session of its own: a signal or SIGKILL to the session it
 was started from (an outer ``run`` stopping this one, say) passes it by, so it
 is there to clean up when its ``run`` dies.
 
-Usage (by ``run`` only): ``python -I -S _watchdog.py FD``.
+:class:`~handofflock.testing.FakeGCSServer` uses it the same way for the
+emulator's session. Usage (by :func:`start` only): ``python -I -S _watchdog.py FD``.
 """
 
 from __future__ import annotations
@@ -150,6 +152,46 @@ def kill_session(sid: int) -> None:
         return not members
 
     _until_done(kill_round)
+
+
+def start() -> int | None:
+    """Start the watchdog (this script); return the write end of its pipe, or None where it cannot start.
+
+    The watchdog kills what it is told of once the starter exits, whatever
+    ends it. The write end is not inheritable, so only the starter holds it:
+    the processes it starts never keep the watchdog waiting. The starter
+    closes it once nothing is left to kill; if the starter dies first, the
+    kernel closes it.
+    """
+    import subprocess  # here, not at the top: the watchdog itself never needs it
+
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_end)],
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of the terminal, and of whatever stops the starter's session
+        )
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def tell(watchdog: int | None, line: str) -> None:
+    """Write ``line`` to the watchdog (if it could be started)."""
+    try:
+        if watchdog is not None:
+            os.write(watchdog, f"{line}\n".encode())
+    except OSError:
+        pass
 
 
 def main(argv: list[str]) -> int:

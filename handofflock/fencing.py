@@ -15,10 +15,9 @@ Document (version 1)::
 ``payload`` is the caller's JSON value (a list for a journal built with
 :meth:`FencedObject.append`). Unknown fields are kept. Anything else off raises
 :class:`~handofflock.core.errors.FencedObjectCorrupt`; such an object is never
-overwritten. See ``docs/fencing.md``.
-
-Slightly over 400 lines: the document's strict decoder sits beside the one
-class that writes it, so what is accepted and what is written cannot drift.
+overwritten. See ``docs/fencing.md``. The document's strict decoder sits
+beside the one class that writes it, so what is accepted and what is written
+cannot drift.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from .core.errors import (
     PreconditionFailed,
     StaleToken,
 )
-from .core.record import MAX_TOKEN, _is_int, _is_number, id_problem, new_nonce
+from .core.record import MAX_TOKEN, id_problem, new_nonce
 from .storage import Storage, validate_key
 from .storage.cas import read_retrying, write_resolving
 from .storage.pacing import default_write_interval, gate_for
@@ -361,16 +360,16 @@ def decode_fence(
         raise corrupt(
             "not a fence document (no 'handofflockFence' field): refusing to overwrite what may be someone's data"
         )
-    if version != FENCE_VERSION or not _is_int(version):
+    if version != FENCE_VERSION or type(version) is not int:  # JSON's true equals 1
         raise corrupt(f"unsupported fence version {version!r} (this handofflock reads {FENCE_VERSION}); upgrade first")
     highest = doc.get("highestToken")
-    if not isinstance(highest, int) or not _is_int(highest) or not 0 <= highest <= MAX_TOKEN:
+    if type(highest) is not int or not 0 <= highest <= MAX_TOKEN:
         raise corrupt("'highestToken' must be an integer in [0, 2**63-1]")
     writer = doc.get("writerId")
     if writer is not None and (problem := id_problem(writer, "writerId")) is not None:
         raise corrupt(problem)
     written_at = doc.get("writtenAt")
-    if written_at is not None and (not _is_number(written_at) or not math.isfinite(written_at)):
+    if written_at is not None and (type(written_at) not in (int, float) or not math.isfinite(written_at)):
         raise corrupt("'writtenAt' must be null or a finite number")
     recent = doc.get("recentNonces", [])
     if (

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from .core.errors import ConfigurationError, HandoffLockError
 
@@ -51,7 +51,9 @@ DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_GRACE = 25.0
 
 SignalLike = int | str | signal.Signals
-_Handler = Callable[[int, FrameType | None], Any] | int | None
+SignalT = TypeVar("SignalT", bound=int)
+#: A signal handler as ``signal.getsignal`` returns it.
+Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 def parse_signal(value: SignalLike) -> signal.Signals:
@@ -83,33 +85,22 @@ class SignalHandlers:
     received so far, in order. Also a context manager that uninstalls on exit.
     """
 
-    def __init__(
-        self, lock: HandoffLock, signals: tuple[signal.Signals, ...], grace: float, release_at_exit: bool
-    ) -> None:
+    def __init__(self, lock: HandoffLock, *, grace: float, release_at_exit: bool) -> None:
         self.lock = lock
         self.grace = grace
         self.release_at_exit = release_at_exit
         self.received: list[str] = []
         self.skipped: tuple[signal.Signals, ...] = ()
         self.signals: tuple[signal.Signals, ...] = ()
-        self._previous: dict[signal.Signals, _Handler] = {}
+        self._previous: dict[signal.Signals, Handler] = {}
         self._installed = False
         self._pid = os.getpid()
 
     # -- installing -----------------------------------------------------------
 
     def _install(self, wanted: tuple[signal.Signals, ...]) -> None:
-        installed, skipped = [], []
-        for signum in wanted:
-            previous = signal.getsignal(signum)
-            if previous is signal.SIG_IGN:
-                # Whoever started us asked for this one to be ignored (nohup, `cmd &` in a script).
-                skipped.append(signum)
-                continue
-            self._previous[signum] = previous
-            signal.signal(signum, self._handle)
-            installed.append(signum)
-        self.signals, self.skipped = tuple(installed), tuple(skipped)
+        self.signals = take_over(wanted, self._handle, self._previous)
+        self.skipped = tuple(sig for sig in wanted if sig not in self.signals)
         if self.release_at_exit:
             atexit.register(self._release_at_exit)
         self._installed = True
@@ -144,14 +135,14 @@ class SignalHandlers:
         if os.getpid() != self._pid:
             # A forked child inherited the handler, not the lock: the signal does what it would
             # have done had we never been installed (a worker told to stop must stop).
-            self._reraise(sig, frame, self._previous.get(sig))
+            act_as_before(sig, frame, self._previous.get(sig))
             return
         self.received.append(sig.name)
         if len(self.received) == 1:
             # Attributes only: no I/O, no lock, whatever the main thread was doing.
             self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
             previous = self._previous.get(sig)
-            if _is_python_handler(previous):
+            if is_python_handler(previous):
                 previous(signum, frame)
             return
         self._escalate(sig, frame)
@@ -168,7 +159,7 @@ class SignalHandlers:
             else:
                 # The signal interrupted the library itself (a status() or release() in this
                 # thread): the release runs when that call returns, and the signal acts after it.
-                if self.lock._then_after_deferred_release(lambda: self._reraise(sig, frame, previous)):
+                if self.lock._then_after_deferred_release(lambda: act_as_before(sig, frame, previous)):
                     _log.warning(
                         "second %s: releasing %s as soon as the call in progress returns", sig.name, self.lock.url
                     )
@@ -176,23 +167,7 @@ class SignalHandlers:
                 _log.warning(
                     "second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else ""
                 )
-        self._reraise(sig, frame, previous)
-
-    @staticmethod
-    def _reraise(sig: signal.Signals, frame: FrameType | None, previous: _Handler) -> None:
-        """Do what ``sig`` would have done had we never been installed."""
-        if previous is signal.default_int_handler:
-            raise KeyboardInterrupt
-        if _is_python_handler(previous):
-            previous(sig, frame)
-            return
-        # SIG_DFL (or a C-level handler we could not keep): the default action, for real.
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        if os.getpid() == 1:
-            # The kernel ignores a signal whose action is SIG_DFL for PID 1 (a container's
-            # entrypoint): the kill above did nothing. End the process as the signal would have.
-            os._exit(128 + int(sig))
+        act_as_before(sig, frame, previous)
 
     def _release_at_exit(self) -> None:
         if os.getpid() != self._pid or not self.lock.is_held:
@@ -251,11 +226,47 @@ def install_signal_handlers(
     for sig in wanted:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             raise ConfigurationError(f"{sig.name} cannot be caught; no process gets a chance to release on it")
-    handlers = SignalHandlers(lock, wanted, float(grace), bool(release_at_exit))
+    handlers = SignalHandlers(lock, grace=float(grace), release_at_exit=bool(release_at_exit))
     handlers._install(wanted)
     return handlers
 
 
-def _is_python_handler(handler: _Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
+def take_over(signals: Iterable[SignalT], handler: Handler, previous: dict[SignalT, Handler]) -> tuple[SignalT, ...]:
+    """Install ``handler`` for each of ``signals``, keeping the handler it replaces in ``previous``.
+
+    A signal found ignored (SIG_IGN) is left so: whoever started us asked for that
+    (nohup, ``cmd &`` in a script). Returns the signals now handled by ``handler``.
+    """
+    installed = []
+    for sig in signals:
+        found = signal.getsignal(sig)
+        if found is signal.SIG_IGN:
+            continue
+        if found != handler:
+            previous[sig] = found
+            signal.signal(sig, handler)
+        installed.append(sig)
+    return tuple(installed)
+
+
+def is_python_handler(handler: Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
     """A function to call: not SIG_DFL/SIG_IGN, not None (C-level), not SIGINT's default."""
     return callable(handler) and handler is not signal.default_int_handler
+
+
+def act_as_before(sig: signal.Signals, frame: FrameType | None, previous: Handler) -> None:
+    """Do what ``sig`` would have done had no handler of ours been installed (``previous`` was there before)."""
+    if previous is signal.default_int_handler:
+        raise KeyboardInterrupt
+    if is_python_handler(previous):
+        previous(sig, frame)
+        return
+    if previous is signal.SIG_IGN:
+        return
+    # SIG_DFL (or a C-level handler we could not keep): the default action, for real.
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    if os.getpid() == 1:
+        # The kernel ignores a signal whose action is SIG_DFL for PID 1 (a container's
+        # entrypoint): the kill above did nothing. End the process as the signal would have.
+        os._exit(128 + int(sig))

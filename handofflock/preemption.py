@@ -100,18 +100,6 @@ class _Reply:
     body: str
 
 
-class _Channel(Protocol):
-    """The watcher's side of one request, lent to a cloud: it counts, bounds and can interrupt it."""
-
-    poll_timeout: int
-    poll_interval: float
-    backoff_initial: float
-
-    def _request(
-        self, method: str, path: str, headers: dict[str, str], *, hold: float = 0.0, limit: int = 65536
-    ) -> _Reply: ...
-
-
 # -- the clouds -----------------------------------------------------------------
 
 
@@ -126,7 +114,7 @@ class _Gce:
         self.wait = False  # start with a plain read: the notice may already be there, or we missed the change
         self.held = False  # the last request was a long poll
 
-    def poll(self, ch: _Channel) -> PreemptionNotice | None:
+    def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
         path, hold = PREEMPTED_PATH, 0.0
         if self.wait:
             path += f"?wait_for_change=true&timeout_sec={ch.poll_timeout}"
@@ -142,7 +130,7 @@ class _Gce:
         self.held, self.wait = self.wait, True
         return PreemptionNotice("gce", "preempted") if reply.body.strip().upper() == "TRUE" else None
 
-    def pace(self, ch: _Channel) -> float:
+    def pace(self, ch: PreemptionWatcher) -> float:
         # After the plain read, long-poll at once; a long poll that came back at once is never repeated faster.
         return ch.backoff_initial if self.held else 0.0
 
@@ -150,7 +138,7 @@ class _Gce:
 class _Aws:
     name = "aws"
 
-    def __init__(self, rebalance: bool) -> None:
+    def __init__(self, *, rebalance: bool) -> None:
         self.rebalance = rebalance
         self.reset()
 
@@ -158,7 +146,7 @@ class _Aws:
         self.token: str | None = None
         self.token_until = 0.0
 
-    def poll(self, ch: _Channel) -> PreemptionNotice | None:
+    def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
         if self.token is None or time.monotonic() >= self.token_until:
             ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(_AWS_TOKEN_TTL)}
             reply = ch._request("PUT", AWS_TOKEN_PATH, ttl, limit=1024)
@@ -170,7 +158,7 @@ class _Aws:
             notice = self._get(ch, AWS_REBALANCE_PATH, "noticeTime", None)
         return notice
 
-    def _get(self, ch: _Channel, path: str, key: str, time_key: str | None) -> PreemptionNotice | None:
+    def _get(self, ch: PreemptionWatcher, path: str, key: str, time_key: str | None) -> PreemptionNotice | None:
         reply = ch._request("GET", path, {"X-aws-ec2-metadata-token": self.token or ""}, limit=4096)
         if reply.status == 404:
             return None  # no notice (yet)
@@ -183,7 +171,7 @@ class _Aws:
             return PreemptionNotice("aws", "rebalance")
         return PreemptionNotice("aws", str(doc[key]), _iso_time(doc.get(time_key)))
 
-    def pace(self, ch: _Channel) -> float:
+    def pace(self, ch: PreemptionWatcher) -> float:
         return ch.poll_interval
 
 
@@ -197,7 +185,7 @@ class _Azure:
     def reset(self) -> None:
         pass
 
-    def poll(self, ch: _Channel) -> PreemptionNotice | None:
+    def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
         headers = {"Metadata": "true"}
         reply = ch._request("GET", AZURE_EVENTS_PATH, headers, limit=1 << 20)
         if reply.status != 200:
@@ -221,7 +209,7 @@ class _Azure:
             return PreemptionNotice("azure", str(event["EventType"]), at)
         return None
 
-    def pace(self, ch: _Channel) -> float:
+    def pace(self, ch: PreemptionWatcher) -> float:
         return ch.poll_interval
 
 
@@ -362,7 +350,7 @@ class PreemptionWatcher:
         self.backoff_max = float(backoff_max)
         self._backoff = Backoff(self.backoff_initial, self.backoff_max)
         self._candidates: tuple[_Cloud, ...] = tuple(
-            _Gce() if name == "gce" else _Aws(aws_rebalance) if name == "aws" else _Azure(azure_events)
+            _Gce() if name == "gce" else _Aws(rebalance=aws_rebalance) if name == "aws" else _Azure(azure_events)
             for name in (PROVIDERS if provider == "auto" else (provider,))
         )
         self._cloud: _Cloud | None = self._candidates[0] if provider != "auto" else None
@@ -377,11 +365,6 @@ class PreemptionWatcher:
         self._thread: threading.Thread | None = None
         self._conn: http.client.HTTPConnection | None = None
         self._conn_lock = threading.Lock()
-
-    @property
-    def lock(self) -> ReleaseTarget:
-        """The target (the name from when it could only be a HandoffLock)."""
-        return self.target
 
     @property
     def provider(self) -> str | None:

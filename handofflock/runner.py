@@ -17,25 +17,30 @@ subreaper, so processes that left the session come back to it. The lock moves
 on only once none is left, so no process of the command is left working on
 the resource while the next holder starts.
 
-This module is the supervisor loop (signals passed on, job control, the
-lock's health, the grace and the kill), whose branches share the child's
-state. Finding, signalling and reaping the command's processes (cgroup,
-subreaper, /proc) is :mod:`.runner_procs`; what the watchdog needs is
-:mod:`._watchdog`.
+Here are the supervisor loop (signals passed on, job control, the lock's
+health, the grace and the kill), whose branches share the child's state, and
+what it does to the operating system around the command: the watchdog's pipe,
+the command's cgroup (v2, where one can be made), the parent-death signal and
+the child subreaper (Linux ``prctl``), and :class:`_CommandProcesses`, which
+finds every process of the command and signals and reaps them. The watchdog
+itself is the stdlib-only script :mod:`._watchdog`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import math
 import os
+import secrets
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from . import _watchdog
@@ -49,16 +54,7 @@ from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
-from .os_signals import parse_signal
-from .runner_procs import (
-    _CommandProcesses,
-    _make_cgroup,
-    _prepare_command,
-    _remove_cgroup,
-    _set_subreaper,
-    _start_watchdog,
-    _tell,
-)
+from .os_signals import parse_signal, take_over
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
 #: in the terminal's foreground group, so Ctrl-C reaches it only this way.
@@ -102,27 +98,30 @@ class CommandRunner:
         self.procs: _CommandProcesses | None = None  # where the command's processes are, once it runs
         self._subreaper_was: bool | None = None  # run's subreaper setting before the command (None: unchanged)
         self.stop_signal = stop_signal(args.signal)
-        self.signal_to = signal_target(getattr(args, "signal_to", DEFAULT_SIGNAL_TO))
-        self.yield_exit_code = yield_exit_code(getattr(args, "yield_exit_code", None))
         self._labels: dict[str, str] = {}  # waiter id -> its label, as read by _still_wanted
         self.signals_passed = 0  # signals to run passed on to the command: a second one kills it now
         self._rest_owed: int | None = None  # a polite signal sent to the command's process alone, owed to the rest
         self._told: set[int] = set()  # ... and the processes the command left that have had it since
+        if args.yield_exit_code is not None and not 0 <= args.yield_exit_code <= 255:
+            raise ConfigurationError(
+                f"--yield-exit-code must be an exit status from 0 to 255, got {args.yield_exit_code}"
+            )
         if args.grace is None or not 0 <= args.grace <= MAX_TTL:  # NaN fails both comparisons
             raise ConfigurationError(
                 f"--grace must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {args.grace}"
             )
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
             raise ConfigurationError(f"--timeout must be a finite number >= 0, got {args.timeout}")
-        timing: dict[str, Any] = {
-            "ttl": args.ttl,
-            "wait_for_slot": args.wait_for_slot,
-            "yield_to_requests": not getattr(args, "no_yield", False),
-        }
-        if args.poll_interval is not None:
-            timing.update(waiter_check_interval=args.poll_interval, waiter_poll_interval=args.poll_interval)
-        label = Label(args.label if args.label is not None else detect_label(), grace=args.grace)
-        self.lock = HandoffLock(args.url, owner_id=args.owner_id, label=label, **timing)
+        poll = args.poll_interval
+        self.lock = HandoffLock(
+            args.url,
+            owner_id=args.owner_id,
+            label=Label(args.label if args.label is not None else detect_label(), grace=args.grace),
+            ttl=args.ttl,
+            wait_for_slot=args.wait_for_slot,
+            yield_to_requests=not args.no_yield,
+            **({} if poll is None else {"waiter_check_interval": poll, "waiter_poll_interval": poll}),
+        )
         self.pending: list[int] = []  # signals received, appended by the handler (atomic)
         self.first_signal: int | None = None
         self._previous: dict[int, Any] = {}
@@ -151,13 +150,7 @@ class CommandRunner:
             self.lock.request_release("signal", requester=name, deadline=time.time() + self.args.grace)
 
     def run(self) -> int:
-        sig: int
-        for sig in dict.fromkeys((*RUN_SIGNALS, self.stop_signal)):
-            previous = signal.getsignal(sig)
-            if previous is signal.SIG_IGN:  # left ignored, as whoever started us asked
-                continue
-            self._previous[sig] = previous
-            signal.signal(sig, self._on_signal)
+        take_over(dict.fromkeys((*RUN_SIGNALS, self.stop_signal)), self._on_signal, self._previous)
         try:
             code = _check_command(self.args.command)  # before the lock: never evict the holder for a typo
             if code is not None:
@@ -168,7 +161,7 @@ class CommandRunner:
             return self._run_child()
         finally:
             if self._subreaper_was is not None:
-                _set_subreaper(self._subreaper_was)
+                _set_subreaper(on=self._subreaper_was)
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
 
@@ -185,8 +178,8 @@ class CommandRunner:
                 outcome["held"] = lock.acquire(
                     blocking=not self.args.nonblock,
                     timeout=None if self.args.nonblock else self.args.timeout,  # -n never waits, as flock's
-                    request_release=not getattr(self.args, "no_request", False),
-                    priority=getattr(self.args, "priority", 0),
+                    request_release=not self.args.no_request,
+                    priority=self.args.priority,
                 )
             except BaseException as exc:  # handed to the main thread
                 outcome["error"] = exc
@@ -249,19 +242,16 @@ class CommandRunner:
         # the lock is still safely held; otherwise the command is killed, never continued.
         # Installed before the command starts, so a Ctrl-Z at any moment stops both.
         self.job_control: list[int] = []
-        sig: int
-        for sig in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                self._previous.setdefault(sig, signal.getsignal(sig))
-                signal.signal(sig, lambda signum, frame: self.job_control.append(signum))
-        watchdog = _start_watchdog()
+        job_control_signals = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
+        take_over(job_control_signals, lambda signum, frame: self.job_control.append(signum), self._previous)
+        watchdog = _watchdog.start()
         cgroup = _make_cgroup()
-        if watchdog is not None and cgroup is not None:
-            _tell(watchdog, f"cgroup {cgroup}")  # before the command exists: if run dies next, it is still found
+        if cgroup is not None:
+            _watchdog.tell(
+                watchdog, f"cgroup {cgroup}"
+            )  # before the command exists: if run dies next, it is still found
         if not lock.healthy:  # stopped (a background write to the terminal, Ctrl-Z) since the acquire
-            _remove_cgroup(cgroup)
-            if watchdog is not None:
-                os.close(watchdog)
+            _stand_down(watchdog, cgroup)
             try:
                 lock.release()  # a lost lock: writes nothing
             except HandoffLockError:
@@ -272,7 +262,7 @@ class CommandRunner:
         # Orphans of the command's tree come back to run (the subreaper), which follows them.
         # Every child run has now (the watchdog) is not the command's: left out of that tree.
         others = [pid for pid, _, ppid, _, _ in _watchdog.processes() if ppid == os.getpid()]
-        self._subreaper_was = _set_subreaper(True)
+        self._subreaper_was = _set_subreaper(on=True)
         try:
             child = subprocess.Popen(
                 command,
@@ -281,19 +271,16 @@ class CommandRunner:
                 preexec_fn=functools.partial(_prepare_command, os.getpid(), cgroup),
             )
         except OSError as exc:
-            _remove_cgroup(cgroup)
-            if watchdog is not None:
-                os.close(watchdog)
+            _stand_down(watchdog, cgroup)
             lock.release()
             if isinstance(exc, FileNotFoundError):
                 return fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
             return fail(f"cannot execute {command[0]}: {exc}", EXIT_CANNOT_EXECUTE)
         if cgroup is not None and child.pid not in _watchdog.cgroup_members(cgroup):
-            _remove_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
+            _watchdog.kill_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
             cgroup = None
         self.procs = procs = _CommandProcesses(child.pid, cgroup, others)
-        if watchdog is not None:
-            _tell(watchdog, f"session {child.pid}")
+        _watchdog.tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
         declined: ReleaseRequest | None = None  # a request found withdrawn when checked again: not acted on
@@ -364,12 +351,12 @@ class CommandRunner:
                     continue
                 if kill_at is None:
                     kill_at = now + self.args.grace
-                self._send(procs, sig, "passing on", left=kill_at - now)
+                self._send(procs, sig, passed_on_with=kill_at - now)
             if not lost and not lock.healthy:
                 lost = True
                 asked = None
                 self.say(f"LOST {lock.url}; stopping the command: its work is no longer protected")
-                self._send(procs, self.stop_signal, "sending")
+                self._send(procs, self.stop_signal)
                 kill_at = min(kill_at or float("inf"), now + self.args.grace)
             elif (
                 kill_at is None
@@ -396,7 +383,7 @@ class CommandRunner:
                     declined, declined_at = request, now
                 else:
                     self.say(f"{who} asks for {lock.url}")
-                    self._send(procs, self.stop_signal, "sending")
+                    self._send(procs, self.stop_signal)
                     kill_at, asked = now + self.args.grace, request
             if (
                 kill_at is not None
@@ -421,9 +408,7 @@ class CommandRunner:
                 procs.signal(signal.SIGKILL)
                 last_kill = now
         assert returncode is not None
-        _remove_cgroup(procs.cgroup)
-        if watchdog is not None:
-            os.close(watchdog)  # nothing of the command is left: the watchdog finds nothing, and ends
+        _stand_down(watchdog, procs.cgroup)  # nothing of the command is left: the watchdog finds nothing, and ends
         status = returncode if returncode >= 0 else 128 - returncode
         if lost or not lock.is_held:
             try:
@@ -434,7 +419,7 @@ class CommandRunner:
         heir = lock.release()
         # A yield: the command stopped, within the grace, because someone asked for the lock.
         yielded = asked is not None and killed_at is None
-        code = self.yield_exit_code if yielded and self.yield_exit_code is not None else status
+        code = self.args.yield_exit_code if yielded and self.args.yield_exit_code is not None else status
         self.say(
             f"{command[0]} exited with {status}; "
             + (f"handed {lock.url} to {self._named(heir)}" if heir else f"released {lock.url}")
@@ -466,23 +451,21 @@ class CommandRunner:
         label = self._labels.get(ident)
         return f"{label} ({ident})" if label else ident
 
-    def _send(self, procs: _CommandProcesses, sig: int, verb: str, *, left: float | None = None) -> None:
-        main_only = self.signal_to == "main"
+    def _send(self, procs: _CommandProcesses, sig: int, *, passed_on_with: float | None = None) -> None:
+        """Send the polite ``sig``; ``passed_on_with``: a signal to run passed on, with that much grace left."""
+        main_only = self.args.signal_to == "main"
         procs.signal(sig, main_only=main_only)  # first: saying so can fail (a hung-up terminal), passing it on must not
         if main_only:
             self._rest_owed = sig
-        name = signal.Signals(sig).name
-        what = f"passing {name} on to" if verb == "passing on" else f"{verb} {name} to"
+        name, command = signal.Signals(sig).name, self.args.command[0]
         where = f"pid {procs.pid}" if main_only else f"process group {procs.pid}"
-        if verb != "passing on":
-            self.say(f"{what} {self.args.command[0]} ({where}), {self.args.grace:g} s to exit")
-            return
-        # The grace does not restart: say what is left of it, and how to cut it short.
-        left = self.args.grace if left is None else max(0.0, left)
-        self.say(
-            f"{what} {self.args.command[0]} ({where}), {left:.3g} s to exit; "
-            f"{'Ctrl-C' if sig == signal.SIGINT else 'a signal'} again kills it now"
-        )
+        if passed_on_with is None:
+            self.say(f"sending {name} to {command} ({where}), {self.args.grace:g} s to exit")
+        else:  # the grace does not restart: say what is left of it, and how to cut it short
+            self.say(
+                f"passing {name} on to {command} ({where}), {max(0.0, passed_on_with):.3g} s to exit; "
+                f"{'Ctrl-C' if sig == signal.SIGINT else 'a signal'} again kills it now"
+            )
 
 
 #: How long ``run`` waits for the read that checks a waiter is still there before it signals or
@@ -509,28 +492,9 @@ def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
     return found.get("status")
 
 
-#: Where ``--signal-to`` may send the polite signal: the command's own process, or its process group.
+#: Where ``--signal-to`` may send the polite signal: the command's own process (the default: a
+#: PyTorch trainer's helpers, DataLoader workers, stay up while it checkpoints), or its process group.
 SIGNAL_TARGETS = ("main", "group")
-
-#: The command's own process: a PyTorch trainer's helpers (DataLoader workers) stay up while it
-#: checkpoints (docs/jobs.md, "Where the polite signal goes").
-DEFAULT_SIGNAL_TO = "main"
-
-
-def signal_target(value: Any) -> str:
-    """``--signal-to``'s value, checked: :class:`ConfigurationError` (exit 64) unless ``main`` or ``group``."""
-    if value not in SIGNAL_TARGETS:
-        raise ConfigurationError(f"--signal-to must be one of {', '.join(SIGNAL_TARGETS)}, got {value!r}")
-    return str(value)
-
-
-def yield_exit_code(value: Any) -> int | None:
-    """``--yield-exit-code``'s value, checked: None (the command's own status) or an exit status 0-255."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
-        raise ConfigurationError(f"--yield-exit-code must be an exit status from 0 to 255, got {value!r}")
-    return value
 
 
 def stop_signal(value: Any) -> signal.Signals:
@@ -547,6 +511,239 @@ def stop_signal(value: Any) -> signal.Signals:
             f"cannot handle it safely; use one of {', '.join(s.name.removeprefix('SIG') for s in STOP_SIGNALS)}"
         )
     return sig
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _stand_down(watchdog: int | None, cgroup: str | None) -> None:
+    """Kill what is left in the command's cgroup, remove it, and let the watchdog go (it finds nothing left)."""
+    _watchdog.kill_cgroup(cgroup)
+    if watchdog is not None:
+        os.close(watchdog)
+
+
+def _make_cgroup() -> str | None:
+    """A cgroup (v2) for the command, below run's own, where the hierarchy lets us make one; else None.
+
+    Every process the command starts stays in it, even one that leaves the
+    session (``setsid``, a daemon), so nothing the command started can outlive
+    the hold unseen. Where cgroup v2 is not mounted, or not writable (no
+    delegation), the session is all there is (docs/jobs.md).
+    """
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next(line[3:].strip() for line in f if line.startswith("0::"))
+        with open("/proc/self/mountinfo") as f:
+            mount = next(
+                fields[4]
+                for fields in (line.split() for line in f)
+                if "-" in fields and fields[fields.index("-") + 1] == "cgroup2"
+            )
+        # The pid alone is not unique: every run that is PID 1 of a container would be "1".
+        path = os.path.join(mount, own.lstrip("/"), f"handofflock-run-{os.getpid()}-{secrets.token_hex(3)}")
+        os.mkdir(path)
+        return path
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def _prepare_command(parent: int, cgroup: str | None) -> None:
+    """In the command, before exec: into its cgroup (if any), and SIGKILLed if ``run`` dies (Linux).
+
+    ``run`` forks from its main thread, which lives as long as ``run``, so the
+    parent-death signal fires exactly when ``run`` is gone, whatever kills it.
+    Elsewhere there is no such signal (see docs/jobs.md).
+    """
+    if cgroup is not None:
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write("0")  # this process; its children are born in it
+        except OSError:
+            pass  # run sees it is not there and falls back to the session
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # run died before prctl took effect
+            os._exit(137)
+    except (OSError, AttributeError):
+        pass
+
+
+def _set_subreaper(*, on: bool) -> bool | None:
+    """Make ``run`` its descendants' subreaper (``on``) or not; the previous setting, or None where unavailable.
+
+    As the child subreaper (Linux 3.4+), a process that the command's tree
+    orphans (a double-forked daemon, torchrun's workers once torchrun is
+    killed) is reparented to ``run`` instead of to PID 1, so it stays in the
+    tree ``run`` follows, and ``run`` reaps it.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        previous = ctypes.c_int(0)
+        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0:
+            return None
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+            return None
+        return bool(previous.value)
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+def _descendants(
+    root: int, *, but: Collection[int] = (), processes: list[tuple[int, bytes, int, int, int]] | None = None
+) -> dict[int, tuple[bytes, int]]:
+    """``{pid: (state, process group)}`` of every descendant of ``root`` (zombies included), by parent pid.
+
+    The processes in ``but``, and theirs, are left out. One pass over /proc (or over ``processes``).
+    """
+    children: dict[int, list[tuple[int, bytes, int]]] = {}
+    for pid, state, ppid, group, _ in _watchdog.processes() if processes is None else processes:
+        children.setdefault(ppid, []).append((pid, state, group))
+    found: dict[int, tuple[bytes, int]] = {}
+    todo = [root]
+    while todo:
+        for pid, state, group in children.get(todo.pop(), ()):
+            if pid not in but and pid not in found:
+                found[pid] = (state, group)
+                todo.append(pid)
+    return found
+
+
+class _CommandProcesses:
+    """Where the command's processes are: its session, its cgroup where run made one, and run's tree.
+
+    The session (and process group) is the command's pid. The cgroup, where
+    there is one, holds everything the command starts. The tree is every
+    descendant of ``run`` but ``others`` (the watchdog, and any child ``run``
+    had before the command): with ``run`` as the subreaper, a process that
+    leaves the session and is orphaned (``setsid``, a daemon, torchrun's
+    workers) comes back to ``run`` and stays in the tree, which is what
+    accounts for it where no cgroup could be made.
+    """
+
+    def __init__(self, pid: int, cgroup: str | None, others: Collection[int]) -> None:
+        self.pid = pid
+        self.cgroup = cgroup
+        self.root = os.getpid()
+        self.others = frozenset(others)
+
+    def states(self) -> dict[int, tuple[bytes, int]]:
+        """``{pid: (state, process group)}`` of every process of the command: its session, cgroup and
+        tree, zombies included, from one pass over /proc."""
+        processes = _watchdog.processes()
+        found = _descendants(self.root, but=self.others, processes=processes)
+        for pid, state, _, group, session in processes:
+            if session == self.pid and pid not in found:  # a session member that is not ours (rare)
+                found[pid] = (state, group)
+        if self.cgroup is not None:
+            where = {pid: (state, group) for pid, state, _, group, _ in processes}
+            for pid in _watchdog.cgroup_members(self.cgroup):
+                found.setdefault(pid, where.get(pid, (b"?", 0)))  # born since the pass: alive
+        return found
+
+    def outside_group(self) -> list[int]:
+        """Every live process of the command not in its process group (one signalled with ``killpg``
+        gets the signal that way): session, cgroup and tree."""
+        return [pid for pid, (state, group) in self.states().items() if group != self.pid and state != b"Z"]
+
+    def signal(self, sig: int, *, everyone: bool | None = None, main_only: bool = False) -> None:
+        """Send ``sig`` to the command's process group (or, ``main_only``, to the command's own process),
+        and with ``everyone`` to every other process of it too.
+
+        A polite signal (the stop signal, a signal passed on) goes to the
+        command's process group, as a terminal would send it: a supervisor
+        inside (GNU ``timeout``, a job-control shell) relays it to the groups
+        it made, and a second copy sent to them directly would be one too many
+        (to many programs a second SIGINT means "abort now"). KILL, STOP and
+        CONT (``everyone``, the default for them) go to every process: the rest
+        of the session, the cgroup where there is one, and every descendant of
+        ``run`` (a daemon that left the session and was orphaned came back to
+        ``run``, the subreaper). Each process gets one copy. Nothing of the
+        command outlives the hold either way: what the polite signal did not
+        end is killed after the grace, and the lock moves on only once none is left.
+        """
+        if everyone is None:
+            everyone = sig in TO_EVERYONE
+        try:
+            if main_only and not everyone:
+                os.kill(self.pid, sig)
+            else:
+                os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if everyone:
+            _watchdog.signal_each(self.outside_group(), sig)
+
+    def orphans(self) -> list[int]:
+        """The command's live processes that are ``run``'s children but the command itself: orphaned
+        by its tree, and come back to ``run`` (the subreaper)."""
+        me = os.getpid()
+        return [
+            pid
+            for pid, state, ppid, _, _ in _watchdog.processes()
+            if ppid == me and state != b"Z" and pid != self.pid and pid not in self.others
+        ]
+
+    def live(self) -> bool:
+        """Whether a live (not zombie) process of the command is left."""
+        return any(state != b"Z" for state, _ in self.states().values())
+
+    def all_stopped(self) -> bool:
+        """Whether every live process of the command is stopped (a stopped one cannot fork)."""
+        return all(state in (b"T", b"t", b"Z") for state, _ in self.states().values())
+
+    def alive(self) -> bool:
+        """Whether any process of the command is left, zombies included, after reaping our own children.
+
+        Answered "none" only by two passes in a row: one pass over /proc can miss
+        a process whose parent exits and is reaped while the pass reads the
+        rest (the orphan comes back to ``run``, so the second pass finds it).
+        """
+        self.reap(everything=True)
+        try:
+            os.killpg(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # a member changed its credentials: it exists
+            return True
+        return bool(self.states() or self.states())
+
+    def reap(self, *, everything: bool = False) -> None:
+        """Collect the orphans that came back to ``run`` and died: never the command itself (``Popen``
+        collects it) unless ``everything``, nor the ``others``.
+
+        ``waitid(WNOWAIT)`` names a dead child without collecting it, at no cost
+        while there is none; /proc is read only when the one it names is not
+        ours to collect.
+        """
+        while hasattr(os, "waitid"):
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            if info.si_pid in self.others or (info.si_pid == self.pid and not everything):
+                break
+            try:
+                os.waitpid(info.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+        me = os.getpid()
+        for pid, state, ppid, _, _ in _watchdog.processes():
+            if ppid == me and state == b"Z" and pid not in self.others and (everything or pid != self.pid):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+
+#: Signals that go to every process of the command, not only to its process group.
+TO_EVERYONE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT)
 
 
 def _check_command(command: list[str]) -> int | None:

@@ -17,7 +17,7 @@ one clock for both processes.
 
 The first run uses the store's default pacing (``min_write_interval`` not
 passed: 1 s on GCS); the second passes ``min_write_interval=0`` for comparison.
-Default intervals throughout (poll 1 s, check 2 s). Targets (issue 11): at
+Default intervals throughout (poll 1 s, check 2 s). Targets: at
 default pacing, handoff p50 <= poll/2 + 0.6 s and p99 <= poll + 1.2 s, notice
 p99 <= check + 1.2 s, and 0 locks lost. Prints measured numbers only.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What an owner survives at each ttl on GCS: 429s, a 429 then a 503, a stalled read (issue 25).
+"""What an owner survives at each ttl on GCS: 429s, a 429 then a 503, a stalled read.
 
     .venv/bin/python scripts/measure_gcs_survival.py [--seeds 20] [--ttls 5,6,8,10,15,30,60] [--phases 8]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure how soon a holder learns that its waiter went away (issue 17).
+"""Measure how soon a holder learns that its waiter went away.
 
     .venv/bin/python scripts/measure_withdrawal.py [--rounds 10] [--check 2.0] [--url file:///tmp/x.json]
 

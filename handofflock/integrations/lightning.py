@@ -70,18 +70,16 @@ Importing this module imports lightning.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
-from ..core.errors import AgreementFailed
 from .ranks import Agree, RankLock, StopDecision, local_agree
-from .torch import rank_lock
+from .torch import rank_lock, tensor_agree
 
 __all__ = ["HandoffLockCallback", "strategy_agree"]
 
@@ -95,19 +93,12 @@ def strategy_agree(strategy: Any) -> Agree:
     :class:`~handofflock.AgreementFailed`.
     """
 
-    def agree(flags: Sequence[bool]) -> Sequence[bool]:
-        votes = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=strategy.root_device)
-        try:
-            values = strategy.reduce(votes, reduce_op="max").tolist()
-        except Exception as exc:  # a peer died or the group's timeout passed
-            raise AgreementFailed(
-                f"rank {strategy.global_rank} could not agree with the other ranks (the strategy's reduce failed: "
-                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); another rank probably died "
-                "or hung past the process group's timeout, so this rank stops"
-            ) from exc
-        return tuple(bool(v) for v in values)
-
-    return agree
+    return tensor_agree(
+        lambda votes: strategy.reduce(votes, reduce_op="max"),
+        device=lambda: strategy.root_device,
+        rank=lambda: int(strategy.global_rank),
+        what="the strategy's reduce failed",
+    )
 
 
 def _relaunched_by_lightning() -> bool:
@@ -146,12 +137,8 @@ class HandoffLockCallback(Callback):
         **lock_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.url = url
         self.checkpoint = Path(checkpoint)
-        self.holder_rank = holder_rank
-        self.every = every
-        self.poll = poll
-        self.lock_kwargs = lock_kwargs
+        self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
         self.ranks: RankLock | None = None
         self.yielded = False
         self.yield_step: int | None = None
@@ -192,13 +179,10 @@ class HandoffLockCallback(Callback):
         if self.ranks is None:
             self.ranks = self._open()
         if self.ranks.signals is not None:
-            self.ranks.signals.install()  # type: ignore[attr-defined]  # a signal while waiting ends the wait
+            self.ranks.signals.install()  # a signal while waiting ends the wait
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step, self.decision = False, None, None
-
-    def _open(self) -> RankLock:
-        return rank_lock(self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs)
 
     # ------------------------------------------------------------------ hooks
 
@@ -219,13 +203,13 @@ class HandoffLockCallback(Callback):
         if self.ranks is not None and self.ranks.signals is not None:
             # Off until on_train_start: Lightning installs its own handlers (Slurm's SIGUSR1 requeue
             # among them) only where it finds none; ours then go on top of theirs.
-            self.ranks.signals.uninstall()  # type: ignore[attr-defined]
+            self.ranks.signals.uninstall()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning has installed its handlers by now (register_signal_handlers runs before the stage):
         # ours go on top, chaining SIGUSR1 to theirs.
         if self.ranks is not None and self.ranks.signals is not None:
-            self.ranks.signals.install()  # type: ignore[attr-defined]
+            self.ranks.signals.install()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.ranks is not None

@@ -10,7 +10,7 @@ state, and nobody waits in a collective that another rank has left:
 * the holder votes *yield* when ``lock.release_requested`` by a waiter or an
   operator; any rank may vote it with :meth:`RankLock.request_stop`;
 * any rank votes *exit*, with its cause, when it got SIGTERM, SIGINT or SIGUSR1
-  (:mod:`handofflock.integrations.rank_signals`, which ``rank_lock`` installs on
+  (:class:`RankSignals`, which ``rank_lock`` installs on
   every rank), a preemption notice, or ``request_stop("exit")``; the holder also
   when its lock's release request came from a signal or a preemption notice.
   Exit wins over yield, and every rank learns the same :class:`StopDecision`
@@ -45,14 +45,17 @@ itself fails (a rank died), the adapter raises
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
+from ..os_signals import Handler, SignalLike, act_as_before, is_python_handler, parse_signal, take_over
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
@@ -178,7 +181,7 @@ class RankLock:
         #: After a yield: the release request that caused it (holder rank only; None elsewhere).
         self.request: ReleaseRequest | None = None
         #: The signal handlers ``rank_lock`` installed for this rank, if any.
-        self.signals: object | None = None
+        self.signals: RankSignals | None = None
 
     @property
     def is_holder(self) -> bool:
@@ -190,7 +193,9 @@ class RankLock:
         """True on every rank between a successful :meth:`acquire` and :meth:`release` (or a loss)."""
         return self._held
 
-    def _meet(self, first: bool, want_yield: bool, exit_cause: str | None, last: bool) -> Sequence[bool]:
+    def _meet(
+        self, *, first: bool = False, want_yield: bool = False, exit_cause: str | None = None, last: bool = False
+    ) -> Sequence[bool]:
         """One agreement: this rank's vote ``[first, yield, *exit causes, last]``, every rank's OR back."""
         flags = [first, want_yield, *(cause == exit_cause for cause in EXIT_CAUSES), last]
         self.agreements += 1
@@ -258,7 +263,7 @@ class RankLock:
             ok = finished and outcome.get("ok") is True
             failed = finished and not ok
             _, cause = self._holder_votes()  # a yield asked while waiting stands for the hold
-            agreed = self._meet(ok, False, cause, failed)
+            agreed = self._meet(first=ok, exit_cause=cause, last=failed)
             decision = self._decided(agreed)
             if decision is not None and decision.exit:
                 self._exit_while_waiting(decision, done, outcome)
@@ -284,7 +289,7 @@ class RankLock:
         if lock is not None:
             while not done.is_set():
                 # The acquire gives the waiter slot back and returns. Repeated until it does: a cancel()
-                # that comes before the thread's acquire has begun is dropped (issue 24, item 11).
+                # that comes before the thread's acquire has begun is dropped.
                 lock.cancel()
                 done.wait(0.05)
             if outcome.get("ok") is True and lock.is_held:  # the lock came just now: pass it on
@@ -305,7 +310,7 @@ class RankLock:
         raises :class:`~handofflock.LockNotHeld`.
         """
         holds = self.lock is not None and self.lock.is_held
-        agreed = self._meet(holds, False, None, self.lock is not None and not holds)
+        agreed = self._meet(first=holds, last=self.lock is not None and not holds)
         if agreed[_LAST] or not agreed[_FIRST]:
             self._held = False
             raise LockNotHeld(f"the holder rank does not hold the lock; rank {self.rank} cannot join the hold")
@@ -375,7 +380,7 @@ class RankLock:
             except LockLost as exc:
                 lost_error = exc
         want_yield, cause = self._holder_votes()
-        agreed = self._meet(False, want_yield, cause, lost_error is not None)
+        agreed = self._meet(want_yield=want_yield, exit_cause=cause, last=lost_error is not None)
         if agreed[_LAST]:
             self._held = False
             if lost_error is not None:
@@ -405,7 +410,7 @@ class RankLock:
         """
         if not self._held:
             raise LockNotHeld("release() without acquire(): every rank calls acquire() first")
-        self._meet(False, False, None, False)  # nobody leaves its checkpoint before everybody finished theirs
+        self._meet()  # nobody leaves its checkpoint before everybody finished theirs
         self._held = False
         if self.lock is not None:
             return self.lock.release()
@@ -483,3 +488,103 @@ class RankSteps(Generic[T]):
     def __repr__(self) -> str:
         why = f" {self.decision.action}:{self.decision.cause}" if self.decision else ""
         return f"<RankSteps last={self.last!r} count={self.count} stopped={self.stopped}{why}>"
+
+
+#: What ``rank_lock`` handles by default.
+DEFAULT_RANK_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: Seconds within which a repeated signal counts as the same request.
+REPEAT_WINDOW = 1.0
+
+
+class RankSignals:
+    """Signal handlers that turn signals into an agreed exit of all ranks; :meth:`uninstall` puts things back.
+
+    ``rank_lock`` installs these on every rank (torchrun sends each worker the
+    signal it got; Slurm's ``scancel`` and a Kubernetes eviction reach every
+    process). A signal only records ``ranks.request_stop("exit", cause=NAME)``: at
+    the next agreement every rank stops after the same step with the decision
+    ``exit`` and that cause, checkpoints, releases (the holder hands the lock off)
+    and exits with ``decision.exit_status`` (128 + the signal's number). torchrun
+    sends SIGKILL 30 s after SIGTERM: ``every`` steps plus the checkpoint must fit.
+
+    * A repeat within :data:`REPEAT_WINDOW` seconds of the first is the same
+      request arriving twice (``scancel`` signals every process of the step and
+      torchrun forwards its own copy; a terminal's Ctrl-C reaches torchrun and its
+      workers), not a second one.
+    * A later second signal means "now": the holder releases the lock at once
+      (no meeting: the other ranks may be gone), the handlers found at install
+      come back, and the signal does what it would have done without us.
+    * ``chain`` names the signals whose earlier Python handler also runs at the
+      first signal: by default SIGUSR1, so Lightning's Slurm auto-requeue (or
+      your own handler) still runs; SIGTERM's and SIGINT's earlier handlers run
+      only on the second signal, since the stop is ours to carry out (Lightning's
+      SIGTERM handler, say, would raise ``SIGTERMException`` on some ranks before
+      the checkpoint).
+    * A signal ignored (SIG_IGN) at install time stays ignored; a forked child
+      (a DataLoader worker) gets the signal's own behaviour, not ours.
+
+    ``received``: names of the signals received so far, in order.
+    """
+
+    def __init__(
+        self,
+        ranks: RankLock,
+        signals: Iterable[SignalLike] = DEFAULT_RANK_SIGNALS,
+        *,
+        chain: Iterable[SignalLike] = (signal.SIGUSR1,),
+    ) -> None:
+        self.ranks = ranks
+        self.wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
+        self.chain = frozenset(parse_signal(s) for s in chain)
+        for sig in self.wanted:
+            if sig in (signal.SIGKILL, signal.SIGSTOP):
+                raise ConfigurationError(f"{sig.name} cannot be caught")
+        self.received: list[str] = []
+        self.signals: tuple[signal.Signals, ...] = ()
+        self._previous: dict[signal.Signals, Handler] = {}
+        self._first_at: float | None = None
+        self._pid = os.getpid()
+
+    def install(self) -> RankSignals:
+        """Install on this process's main thread (Python runs handlers only there).
+
+        Idempotent; called again, it takes back any signal whose handler was replaced
+        since (a framework installed its own), chaining to or restoring that one.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigurationError("RankSignals.install() must be called from the main thread")
+        self.signals = take_over(self.wanted, self._handle, self._previous)
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the handlers found at install (a handler replaced after ours is left to its owner)."""
+        for sig in self.signals:
+            if signal.getsignal(sig) == self._handle:
+                previous = self._previous.get(sig)
+                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self.signals, self._previous = (), {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        previous = self._previous.get(sig)
+        if os.getpid() != self._pid:  # a forked child inherited the handler, not the job
+            act_as_before(sig, frame, previous)
+            return
+        now = time.monotonic()
+        self.received.append(sig.name)
+        if self._first_at is None or now - self._first_at < REPEAT_WINDOW:
+            if self._first_at is None:
+                self._first_at = now
+                # Attributes only: no I/O, no collective, whatever the main thread was doing.
+                self.ranks.request_stop("exit", cause=sig.name)
+                if sig in self.chain and is_python_handler(previous):
+                    previous(signum, frame)
+            return
+        # A second signal: now. No meeting; the holder lets the lock go, then the signal acts.
+        self.uninstall()
+        self.ranks.abandon()
+        _log.warning("rank %s: second signal (%s): released without a checkpoint", self.ranks.rank, sig.name)
+        act_as_before(sig, frame, previous)
+
+    def __repr__(self) -> str:
+        return f"<RankSignals {','.join(s.name for s in self.signals)} received={self.received}>"

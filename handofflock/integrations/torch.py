@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,13 +35,12 @@ import torch.distributed as dist
 from ..core.errors import AgreementFailed, ConfigurationError
 from ..core.identity import stable_job_id
 from ..os_signals import SignalLike
-from .rank_signals import DEFAULT_RANK_SIGNALS, RankSignals
-from .ranks import Agree, RankLock, local_agree
+from .ranks import DEFAULT_RANK_SIGNALS, Agree, RankLock, RankSignals, local_agree
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
 
-__all__ = ["agree_device", "rank_lock", "torch_agree"]
+__all__ = ["agree_device", "rank_lock", "tensor_agree", "torch_agree"]
 
 
 def torch_agree(group: Any = None, device: torch.device | str | None = None) -> Agree:
@@ -60,14 +59,27 @@ def torch_agree(group: Any = None, device: torch.device | str | None = None) -> 
         else agree_device(group if group is not None else dist.group.WORLD, backend)
     )
 
+    def all_reduce(votes: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group)
+        return votes
+
+    return tensor_agree(all_reduce, device=lambda: where, rank=dist.get_rank, what=f"{backend} all-reduce failed")
+
+
+def tensor_agree(
+    reduce_max: Callable[[torch.Tensor], torch.Tensor], *, device: Callable[[], Any], rank: Callable[[], int], what: str
+) -> Agree:
+    """An :data:`~handofflock.integrations.ranks.Agree` that reduces the vote's flags, an int32 tensor on
+    ``device()``, with ``reduce_max`` (MAX over the ranks); a failed reduce raises
+    :class:`~handofflock.AgreementFailed`, saying ``what`` failed on rank ``rank()``."""
+
     def agree(flags: Sequence[bool]) -> Sequence[bool]:
-        votes = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=where)
+        votes = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device())
         try:
-            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group)
-            values = votes.tolist()  # waits for the collective (and copies back from the GPU)
+            values = reduce_max(votes).tolist()  # waits for the collective (and copies back from the GPU)
         except Exception as exc:  # DistBackendError, RuntimeError: a peer died or timed out
             raise AgreementFailed(
-                f"rank {dist.get_rank()} could not agree with the other ranks ({backend} all-reduce failed: "
+                f"rank {rank()} could not agree with the other ranks ({what}: "
                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); another rank probably died "
                 "or hung past the process group's timeout, so this rank stops"
             ) from exc
@@ -108,7 +120,7 @@ def rank_lock(
     process group the job is one rank, which holds the lock itself.
 
     * ``signals`` (default SIGTERM, SIGINT, SIGUSR1) become an agreed exit on
-      every rank (:class:`~handofflock.integrations.rank_signals.RankSignals`,
+      every rank (:class:`~handofflock.integrations.ranks.RankSignals`,
       installed when called from the main thread; ``signals=()`` for none).
     * ``owner_id`` defaults to :func:`~handofflock.core.identity.stable_job_id`
       where the environment gives one (Slurm, a Kubernetes Job, torchrun's

@@ -80,11 +80,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
         poll: float = 1.0,
         **lock_kwargs: Any,
     ) -> None:
-        self.url = url
-        self.holder_rank = holder_rank
-        self.every = every
-        self.poll = poll
-        self.lock_kwargs = lock_kwargs
+        self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
         self.ranks: RankLock | None = None
         self.yielded = False
         self.yield_step: int | None = None
@@ -125,9 +121,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held."""
         if self.ranks is None:
-            self.ranks = rank_lock(
-                self.url, holder_rank=self.holder_rank, every=self.every, poll=self.poll, **self.lock_kwargs
-            )
+            self.ranks = self._open()
         if not self.ranks.held:
             self.ranks.acquire()
         self.yielded, self.yield_step, self.decision = False, None, None
@@ -175,7 +169,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
         assert self.ranks is not None
         handlers = self.ranks.signals
         if handlers is not None:
-            handlers.install()  # type: ignore[attr-defined]  # over a JIT-checkpoint handler set up since
+            handlers.install()  # over a JIT-checkpoint handler set up since
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         # After the optimizer step (gradient accumulation is inside the step): the Trainer's own boundary.

@@ -43,138 +43,84 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, TypeVar
 
-from . import _guard
+from .. import _watchdog
 from .faultproxy import FaultProxy, emulator_env
 
 __all__ = ["ExternalEmulator", "FakeGCSServer", "FaultProxy"]
 
-_HOST = "127.0.0.1"  # never anything else: the emulator has no authentication
-# urllib honours http_proxy & co.; the emulator must be reached directly.
+_S = TypeVar("_S", bound="ServerProcess")
+_BUCKETS = "/storage/v1/b?project=handofflock-test"
+HOST = "127.0.0.1"  # never anything else: the emulators have no authentication
+# urllib honours http_proxy & co.; a local server must be reached directly.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class FakeGCSServer:
-    """A fake-gcs-server process on 127.0.0.1 with an in-memory backend.
+class ServerProcess:
+    """A test server in a child process on 127.0.0.1: started on a free port, stopped at exit.
 
-    ``start()`` (or ``with``) launches it on a free port and waits until it
-    answers, raising :class:`RuntimeError` with the end of its log if it does
-    not within ``startup_timeout`` seconds. ``stop()`` terminates it (then
-    kills it); an ``atexit`` hook does the same for a server never stopped.
-
-    Its output goes to ``server.log_path`` (in a temporary directory removed by
-    ``stop()``), never to a pipe nobody reads.
-
-    The binary never outlives the process that started it, however that
-    process ends (SIGKILL included): a small guard process
-    (``handofflock/testing/_guard.py``) runs it and stops it when a pipe from
-    this process reaches end of file. ``pid`` is the binary's process id.
-    ``port`` picks the port (default: a free one).
+    ``start()`` (or ``with``) launches it (:meth:`_launch`) and waits until it
+    answers (:meth:`_answers`), raising :class:`RuntimeError` with the end of
+    its log if it does not within ``startup_timeout`` seconds; a port picked
+    free can be taken before the server binds it, so three ports are tried.
+    ``stop()`` terminates it (then kills it); an ``atexit`` hook does the same
+    for a server never stopped. Its output goes to ``log_path`` (in a
+    temporary directory removed by ``stop()``), never to a pipe nobody reads.
     """
 
-    def __init__(self, *, startup_timeout: float = 20.0, log_level: str = "warn", port: int | None = None) -> None:
+    #: What the server is called in messages, and its temporary directory's prefix.
+    name = "server"
+    #: What :meth:`start` reads to know the server is up.
+    probe_path = "/"
+
+    def __init__(self, *, startup_timeout: float, port: int | None = None) -> None:
         if startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
         if port is not None and not (isinstance(port, int) and 0 < port < 65536):
             raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-        self._fixed_port = port
-        self._lifeline: int | None = None  # write end of the pipe the guard watches
-        self._owner_pid = os.getpid()
         self.startup_timeout = startup_timeout
-        self.log_level = log_level
+        self._fixed_port = port
         self.port: int | None = None
         self.log_path: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
 
-    # -- addresses ------------------------------------------------------------
-
     @property
     def host_port(self) -> str:
         """``127.0.0.1:PORT``."""
         if self.port is None:
-            raise RuntimeError("the fake GCS server is not running; call start() first")
-        return f"{_HOST}:{self.port}"
+            raise RuntimeError(f"the {self.name} is not running; call start() first")
+        return f"{HOST}:{self.port}"
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT``, the value for ``STORAGE_EMULATOR_HOST``."""
+        """``http://127.0.0.1:PORT``."""
         return f"http://{self.host_port}"
 
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    @property
-    def pid(self) -> int | None:
-        """The fake-gcs-server binary's process id while it runs, else None."""
-        if self.log_path is None or not self.running:
-            return None
-        try:
-            return int((self.log_path.parent / "fake-gcs-server.pid").read_text())
-        except (OSError, ValueError):
-            return None
-
-    # -- lifecycle ------------------------------------------------------------
-
-    def start(self) -> FakeGCSServer:
+    def start(self: _S) -> _S:
         """Start the server and wait until it answers. Returns ``self``."""
         if self._process is not None:
-            raise RuntimeError("this fake GCS server is already started")
-        binary = _binary_path()
-        self._owner_pid = os.getpid()
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="handofflock-fake-gcs-")
-        self.log_path = Path(self._tmpdir.name) / "fake-gcs-server.log"
+            raise RuntimeError(f"this {self.name} is already started")
+        self._check_installed()
+        self._tmpdir = tempfile.TemporaryDirectory(prefix=f"handofflock-{self.name.replace(' ', '-')}-")
+        self.log_path = Path(self._tmpdir.name) / "server.log"
         atexit.register(self.stop)
         try:
-            # A port picked free can be taken before the server binds it; then
-            # the server exits at once and another port is tried.
             for attempt in range(3):
                 self.port = self._fixed_port or _free_port()
-                pidfile = self.log_path.parent / "fake-gcs-server.pid"
-                with contextlib.suppress(FileNotFoundError):
-                    pidfile.unlink()
                 with open(self.log_path, "ab") as log:
                     log.write(f"--- attempt {attempt + 1}: port {self.port}\n".encode())
                     log.flush()
-                    read_end, self._lifeline = os.pipe()
-                    try:
-                        self._process = subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-I",
-                                "-S",
-                                _guard.__file__,
-                                str(read_end),
-                                str(pidfile),
-                                "--",
-                                str(binary),
-                                "-scheme",
-                                "http",
-                                "-backend",
-                                "memory",
-                                "-host",
-                                _HOST,
-                                "-port",
-                                str(self.port),
-                                "-external-url",
-                                f"http://{_HOST}:{self.port}",
-                                "-log-level",
-                                self.log_level,
-                            ],
-                            stdin=subprocess.DEVNULL,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            pass_fds=(read_end,),
-                        )
-                    finally:
-                        os.close(read_end)
+                    self._process = self._launch(log)
                 if self._wait_until_ready():
                     return self
                 self._terminate()
-            raise RuntimeError(
-                f"fake-gcs-server ({binary}) did not start on {_HOST}; last lines of its log:\n{self.log_tail()}"
-            )
+            raise RuntimeError(f"the {self.name} did not start on {HOST}; last lines of its log:\n{self.log_tail()}")
         except BaseException:  # the error above already carries the log's tail
             self.stop()
             raise
@@ -189,13 +135,94 @@ class FakeGCSServer:
             self.log_path = None
         self.port = None
 
-    def __enter__(self) -> FakeGCSServer:
+    def __enter__(self: _S) -> _S:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    # -- use ------------------------------------------------------------------
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server's output."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_bytes()[-64 * 1024 :].decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    def _create(self, bucket: str, request: urllib.request.Request) -> None:
+        try:
+            with _DIRECT.open(request, timeout=10) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(
+                f"the {self.name} refused to create bucket {bucket!r}: {exc.code} {exc.read()[:200]!r}"
+            ) from exc
+
+    def _check_installed(self) -> None:
+        """Raise :class:`RuntimeError`, saying what to install, where the server is missing."""
+
+    def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start the server's process on ``self.port``, its output to ``log``."""
+        raise NotImplementedError
+
+    def _is_ours(self, answer: bytes) -> bool:
+        """Whether ``answer`` (to ``GET probe_path``) comes from this server, not another process on the port."""
+        return True
+
+    def _wait_until_ready(self) -> bool:
+        """True once the server answers; False if it exited or the time ran out."""
+        deadline = time.monotonic() + self.startup_timeout
+        assert self._process is not None
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                return False
+            try:
+                with _DIRECT.open(f"{self.url}{self.probe_path}", timeout=1) as response:
+                    ours = self._is_ours(response.read())
+                if ours and self._process.poll() is None:
+                    return True
+            except (OSError, ValueError):  # URLError, refused, reset, half-started
+                pass
+            time.sleep(0.05)
+        return False
+
+    def _terminate(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url if self.running else 'stopped'})"
+
+
+class FakeGCSServer(ServerProcess):
+    """A fake-gcs-server process on 127.0.0.1 with an in-memory backend (see :class:`ServerProcess`).
+
+    The binary never outlives the process that started it, however that
+    process ends (SIGKILL included): it runs in a session of its own, which
+    :mod:`handofflock._watchdog` kills once a pipe from this process reaches
+    end of file. ``pid`` is the binary's process id.
+    ``port`` picks the port (default: a free one). :attr:`url` is the value
+    for ``STORAGE_EMULATOR_HOST``.
+    """
+
+    name = "fake GCS server"
+    probe_path = _BUCKETS
+
+    def __init__(self, *, startup_timeout: float = 20.0, log_level: str = "warn", port: int | None = None) -> None:
+        super().__init__(startup_timeout=startup_timeout, port=port)
+        self.log_level = log_level
+        self._lifeline: int | None = None  # write end of the pipe the watchdog watches
+        self._owner_pid = os.getpid()
+
+    @property
+    def pid(self) -> int | None:
+        """The fake-gcs-server binary's process id while it runs, else None."""
+        return self._process.pid if self._process is not None and self.running else None
 
     @contextlib.contextmanager
     def env(self) -> Iterator[FakeGCSServer]:
@@ -206,64 +233,38 @@ class FakeGCSServer:
     def create_bucket(self, name: str) -> None:
         """Create a bucket (the emulator accepts any project)."""
         body = json.dumps({"name": name}).encode()
-        request = urllib.request.Request(
-            f"{self.url}/storage/v1/b?project=handofflock-test",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json"},
+        headers = {"Content-Type": "application/json"}
+        self._create(name, urllib.request.Request(f"{self.url}{_BUCKETS}", data=body, method="POST", headers=headers))
+
+    def _check_installed(self) -> None:
+        self._binary = _binary_path()
+        self._owner_pid = os.getpid()
+
+    def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        options = ["-scheme", "http", "-backend", "memory", "-host", HOST, "-port", str(self.port)]
+        options += ["-external-url", f"http://{HOST}:{self.port}", "-log-level", self.log_level]
+        self._lifeline = _watchdog.start()
+        process = subprocess.Popen(
+            [str(self._binary), *options],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-        try:
-            with _DIRECT.open(request, timeout=10) as response:
-                response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:200]
-            raise RuntimeError(f"fake-gcs-server refused to create bucket {name!r}: {exc.code} {detail!r}") from exc
+        _watchdog.tell(self._lifeline, f"session {process.pid}")
+        return process
 
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the server's output."""
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        text = self.log_path.read_bytes()[-64 * 1024 :].decode("utf-8", "replace")
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-    # -- internals ------------------------------------------------------------
-
-    def _wait_until_ready(self) -> bool:
-        """True once the server answers; False if it exited or the time ran out."""
-        deadline = time.monotonic() + self.startup_timeout
-        assert self._process is not None
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                return False
-            try:
-                with _DIRECT.open(f"{self.url}/storage/v1/b?project=handofflock-test", timeout=1) as response:
-                    answer = json.loads(response.read() or b"{}")
-                # Something answered; make sure it is our process, not another
-                # one that grabbed the port first.
-                if answer.get("kind") == "storage#buckets" and self._process.poll() is None:
-                    return True
-            except (OSError, ValueError):  # URLError, refused, reset, half-started
-                pass
-            time.sleep(0.05)
-        return False
+    def _is_ours(self, answer: bytes) -> bool:
+        return bool(json.loads(answer or b"{}").get("kind") == "storage#buckets")
 
     def _terminate(self) -> None:
-        process, self._process = self._process, None
+        if os.getpid() == self._owner_pid:
+            super()._terminate()
+        else:  # a forked child's copy: the server is its parent's to stop
+            self._process = None
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:
-            os.close(lifeline)  # the guard reads end of file and stops the binary
-        if process is None or os.getpid() != self._owner_pid:
-            return  # a forked child's copy: the server is its parent's to stop
-        if process.poll() is None:
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()  # the binary dies with it (PR_SET_PDEATHSIG)
-                process.wait(timeout=5)
-
-    def __repr__(self) -> str:
-        state = self.url if self.running else "stopped"
-        return f"FakeGCSServer({state})"
+            os.close(lifeline)  # the watchdog reads end of file and kills what is left of the session
 
 
 class ExternalEmulator(FakeGCSServer):
@@ -294,9 +295,9 @@ class ExternalEmulator(FakeGCSServer):
     def running(self) -> bool:
         return True
 
-    def start(self) -> ExternalEmulator:
+    def start(self: _S) -> _S:
         try:
-            with _DIRECT.open(f"{self.url}/storage/v1/b?project=handofflock-test", timeout=5) as response:
+            with _DIRECT.open(f"{self.url}{_BUCKETS}", timeout=5) as response:
                 response.read()
         except OSError as exc:
             raise RuntimeError(f"the GCS emulator at STORAGE_EMULATOR_HOST={self.url} does not answer: {exc}") from exc
@@ -314,9 +315,6 @@ class ExternalEmulator(FakeGCSServer):
 
     def log_tail(self, lines: int = 40) -> str:
         return f"(an external emulator at {self.url}: see its own log)"
-
-    def __repr__(self) -> str:
-        return f"ExternalEmulator({self.url})"
 
 
 def _binary_path() -> Path:
@@ -336,7 +334,7 @@ def _binary_path() -> Path:
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
+        sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
         return port
 

@@ -41,7 +41,7 @@ def nocgroup(*cmd: str) -> list[str]:
 def _no_cgroup_there() -> bool:
     """Whether ``nocgroup`` works here, and run inside it really cannot make a cgroup."""
     # A private helper, reached on purpose: whether run itself could make a cgroup here.
-    probe = "from handofflock.runner_procs import _make_cgroup; import sys; sys.exit(0 if _make_cgroup() is None else 1)"
+    probe = "from handofflock.runner import _make_cgroup; import sys; sys.exit(0 if _make_cgroup() is None else 1)"
     try:
         done = subprocess.run(nocgroup(sys.executable, "-c", probe), capture_output=True, timeout=30, env=child_env())
     except (OSError, subprocess.TimeoutExpired):

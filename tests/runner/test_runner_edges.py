@@ -145,10 +145,11 @@ def test_a_signal_passed_on_reaches_each_process_once(tmp_path):
 def _cgroup_parent() -> str | None:
     """Where run (a child of this process, so in its cgroup) makes the command's cgroup, if it can."""
     # Private helpers, reached on purpose: the cgroup run itself would make.
-    from handofflock.runner_procs import _make_cgroup, _remove_cgroup
+    from handofflock._watchdog import kill_cgroup
+    from handofflock.runner import _make_cgroup
 
     path = _make_cgroup()
-    _remove_cgroup(path)
+    kill_cgroup(path)
     return None if path is None else os.path.dirname(path)
 
 
