@@ -75,7 +75,7 @@ from .repair import force_release
 from .runner import CommandRunner
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
-from .storage.cas import read_retrying
+from .storage.records import read_retrying
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,7 @@ from typing import TypeGuard
 from . import buggify
 from .errors import TokensExhausted
 from .record import ASKING, MAX_TOKEN, MAX_TTL, Label, LockRecord, WaiterRequest
+from .timing import Timing
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def _is(who: str | None, inst: str | None, me: str, instance: str | None) -> boo
     return who == me and (inst is None or instance is None or inst == instance)
 
 
-def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
+def restamp(write: Write, *, now: float, nonce: str, policy: Policy | Timing) -> Write:
     """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
 
     A write that waited for the store's write spacing, or is retried after a
@@ -205,7 +206,7 @@ def restamp(write: Write, *, now: float, nonce: str, policy: Policy) -> Write:
     return Write(write.kind, r, write.if_generation_match)
 
 
-def suspect_lease(record: LockRecord | None, observed_at: float, policy: Policy) -> bool:
+def suspect_lease(record: LockRecord | None, observed_at: float, policy: Policy | Timing) -> bool:
     """Whether the owner's ``expiresAt`` lies further ahead of ``observed_at`` than its ttl and the skew allow.
 
     No owner writes that (a lease is ``now + ttl`` when sent); a hand-made
@@ -224,7 +225,7 @@ def _writers_ttl(record: LockRecord) -> float:
     return record.ttl if record.ttl is not None else MAX_TTL
 
 
-def lease_end(record: LockRecord, observed_at: float, policy: Policy) -> float | None:
+def lease_end(record: LockRecord, observed_at: float, policy: Policy | Timing) -> float | None:
     """When the owner's lease ends, for a contender that first saw it (owner, token, expiresAt) at ``observed_at``.
 
     ``expiresAt``, unless it is suspect (:func:`suspect_lease`): then the
@@ -245,7 +246,7 @@ def decide_acquire(
     *,
     me: Me,
     now: float,
-    policy: Policy,
+    policy: Policy | Timing,
     nonce: str,
     waiting: bool,
     request: WaiterRequest = ASKING,
@@ -387,7 +388,7 @@ def decide_give_up_wait(
     *,
     me: Me,
     now: float,
-    policy: Policy,
+    policy: Policy | Timing,
     nonce: str,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
@@ -428,7 +429,7 @@ def decide_renew(
     me: Me,
     token: int,
     now: float,
-    policy: Policy,
+    policy: Policy | Timing,
     nonce: str,
 ) -> Decision:
     """Push our lease forward, keeping the waiter fields exactly as read.
@@ -453,7 +454,7 @@ def decide_release(
     me: Me,
     token: int,
     now: float,
-    policy: Policy,
+    policy: Policy | Timing,
     nonce: str,
     attempted: Write | None = None,
     within_lease: bool = False,

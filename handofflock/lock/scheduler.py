@@ -33,9 +33,6 @@ skips one check.
 In money a listing is not a read: GCS bills ``objects.list`` as a Class A
 operation, like a write, at about 12.5 times a read (Class B). Grouping saves
 requests from two locks on, and money from about thirteen.
-
-Slightly over 400 lines, a fifth of them the :class:`Scheduled` protocol that
-is its contract with the locks it runs.
 """
 
 from __future__ import annotations
@@ -51,7 +48,8 @@ from typing import Protocol
 
 from ..core.clock import Clock
 from ..core.errors import TransientStorageError
-from ..storage.base import Storage, requests_within
+from ..storage.base import Storage
+from ..storage.records import list_within
 from .primitives import THREADING, Pool, Primitives
 
 _log = logging.getLogger("handofflock.lock.scheduler")
@@ -61,8 +59,8 @@ class Scheduled(Protocol):
     """What a :class:`Scheduler` runs: one lock's background duties. This is the whole contract.
 
     Times are on the scheduler's clock (monotonic seconds). A lock hands the
-    scheduler an object of this shape (``HandoffLock`` keeps one); the
-    scheduler touches nothing else of the lock.
+    scheduler an object of this shape that reaches it through a weak reference
+    (a scheduler never keeps a lock alive); the scheduler touches nothing else of the lock.
     """
 
     @property
@@ -243,7 +241,7 @@ class Scheduler:
                     continue
                 if not grouped and id(lock) not in self._checking:
                     # The waiter check is a job of its own: its read may stall, and a renewal that
-                    # falls due meanwhile runs beside it instead of waiting for it (issue 25).
+                    # falls due meanwhile runs beside it instead of waiting for it.
                     check = lock.next_check_at()
                     if check <= now:
                         if track:
@@ -367,8 +365,7 @@ class Scheduler:
         try:
             storage, prefix = batch[0].store, gkey[1]
             try:
-                with requests_within(min(lock.request_timeout for lock in batch)):
-                    listing = storage.list(prefix)
+                listing = list_within(storage, prefix, min(lock.request_timeout for lock in batch))
             except TransientStorageError as exc:
                 _log.debug(
                     "listing %s in %s failed (%s); skipping one waiter check of %d locks",

@@ -128,7 +128,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock():
     try:
         both = first.healthy and twin.healthy
         assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-        assert twin.is_held and boxes["twin"].get("value") == True, boxes  # noqa: E712
+        assert twin.is_held and bool(boxes["twin"].get("value")), boxes
         # The first has a timeout, which since issue 24 (item 7) waits for a slot held by another job;
         # a slot taken by its own newer incarnation is not that: it defers at once (Contended.superseded).
         assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes

@@ -26,6 +26,7 @@ from handofflock import (
 )
 from handofflock.cli import status_text
 from handofflock.storage import MemoryStorage
+from handofflock.lock import Acquired
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -90,7 +91,7 @@ def test_a_patient_waiter_is_never_announced_and_still_gets_the_lock_at_release(
     assert "waits for the holder to finish" in status_text(a.status())
     assert a.release() == "b"
     t.join(10)
-    assert box.get("result") == True and b.is_held  # noqa: E712  (an Acquired, == True)
+    assert isinstance(box.get("result"), Acquired) and b.is_held
 
 
 def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(url, made):
@@ -105,12 +106,12 @@ def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(url,
     assert a.release_request.requester == "q"
     assert a.release() == "q"
     tq.join(10)
-    assert bq.get("result") == True  # noqa: E712
+    assert isinstance(bq.get("result"), Acquired)
     eventually(waiter_is(url, "p"), what="p waits again, now for q")
     assert not q.release_requested  # p is patient with q too
     q.release()
     tp.join(10)
-    assert bp.get("result") == True, bp  # noqa: E712
+    assert isinstance(bp.get("result"), Acquired), bp
 
 
 def test_a_holder_that_does_not_yield_declines_in_the_record_and_is_not_asked(url, made):
@@ -126,7 +127,7 @@ def test_a_holder_that_does_not_yield_declines_in_the_record_and_is_not_asked(ur
     assert "asked by " in text and "(b), declined" in text, text
     assert a.release() == "b"  # it still hands the lock on when it is done
     t.join(10)
-    assert box.get("result") == True  # noqa: E712
+    assert isinstance(box.get("result"), Acquired)
 
 
 def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to(url, made):
@@ -218,9 +219,9 @@ def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_withou
     assert not b1, f"the displaced waiter gave up: {b1}"
     assert o.release() == "w2"
     t2.join(10)
-    assert b2.get("result") == True  # noqa: E712 (an Acquired, equal to True)
+    assert isinstance(b2.get("result"), Acquired)
     eventually(lambda: waiter_is(url, "w1")() or b1, what="w1 waits again, now for w2")
     assert not b1, b1
     w2.release()
     t1.join(10)
-    assert b1.get("result") == True and w1.is_held, b1  # noqa: E712 (an Acquired, equal to True)
+    assert isinstance(b1.get("result"), Acquired) and w1.is_held, b1

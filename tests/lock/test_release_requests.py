@@ -268,7 +268,7 @@ def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold():
         eventually(lambda: owner.release_requested, what="the owner hears of the waiter")
         force_release(url)  # an operator clears the lock: the waiter takes it, the owner finds out
         t.join(20)
-        assert got.get("w") == True and waiter.is_held
+        assert bool(got.get("w")) and waiter.is_held
         # private: "lost" has no public flag of its own (is_held is False after a release too)
         eventually(lambda: owner._state == "lost", what="the owner notices its loss")
         waiter.release()

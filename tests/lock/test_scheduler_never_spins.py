@@ -19,7 +19,7 @@ import pytest
 from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.core.errors import TransientStorageError
 from handofflock.storage import MemoryStorage
-from handofflock.storage.pacing import WriteGate
+from handofflock.storage.records import WriteGate
 
 CHECK = 2.0
 
