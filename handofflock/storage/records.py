@@ -185,8 +185,7 @@ def gate_for(storage: object, key: str, min_interval: float, clock: object = Non
     """The process-wide gate for ``key`` in ``storage`` on ``clock`` (the strictest minimum wins).
 
     Writers on different clocks get different gates: a gate compares times of
-    one clock only. (A fake clock's monotonic time has nothing to do with the
-    real one; mixing them once made a real-clock lock wait out the difference.)
+    one clock only (a fake clock's monotonic time has nothing to do with the real one).
     """
     with _GATES_LOCK:
         try:
