@@ -39,6 +39,7 @@ from typing import (
     Generic,
     Literal,
     TypeVar,
+    overload,
 )
 
 try:
@@ -270,8 +271,14 @@ class _View(Generic[T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, lock: AsyncHandoffLock, owner: type | None = None) -> T:
-        return getattr(lock.sync, self.name)  # type: ignore[no-any-return]
+    @overload
+    def __get__(self, lock: None, owner: type | None = None) -> _View[T]: ...
+
+    @overload
+    def __get__(self, lock: AsyncHandoffLock, owner: type | None = None) -> T: ...
+
+    def __get__(self, lock: AsyncHandoffLock | None, owner: type | None = None) -> T | _View[T]:
+        return self if lock is None else getattr(lock.sync, self.name)
 
 
 class AsyncHandoffLock:
