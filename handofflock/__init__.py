@@ -42,7 +42,6 @@ from .core.timing import Timing
 from .fencing import FencedObject, FencedValue
 from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
 from .lock import events as signals
-from .lock import logfields as _logfields
 from .os_signals import SignalHandlers, install_signal_handlers
 from .preemption import PreemptionWatcher
 from .repair import ForcedRelease, force_release
@@ -50,7 +49,6 @@ from .repair import ForcedRelease, force_release
 # A library configures no logging of its own: records go nowhere until the application
 # configures logging (docs/observability.md lists the loggers and their fields).
 _logging.getLogger("handofflock").addHandler(_logging.NullHandler())
-_logfields.install()
 
 if TYPE_CHECKING:
     from .aio import AsyncHandoffLock as AsyncHandoffLock

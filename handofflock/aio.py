@@ -24,10 +24,6 @@ A thread cannot be killed, so cancellation goes through the sync lock's own
 exits: a cancelled :meth:`acquire` calls ``HandoffLock.cancel()``, waits
 (shielded) until the worker thread has given the waiter slot back, and then
 re-raises the cancellation. See docs/design.md, *The async lock*.
-
-Slightly over 400 lines: every public coroutine of the sync lock has its twin
-here, each with its own cancellation path, beside the loop and thread plumbing
-they share.
 """
 
 from __future__ import annotations
@@ -43,6 +39,7 @@ from typing import (
     Generic,
     Literal,
     TypeVar,
+    overload,
 )
 
 try:
@@ -54,15 +51,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .aio_threads import ANYIO_THREADS, Threads
 from .core.errors import ConfigurationError
 from .lock import events as signals
-from .lock.acquired import Acquired
-from .lock.handoff import HandoffLock
+from .lock.handoff import Acquired, HandoffLock
 from .lock.types import LockStatus, ReleaseRequest, RequestReason
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack  # typing.Unpack from Python 3.11; never needed at run time
-
     from .core.timing import Timing
-    from .lock.options import LockOptions
 
 _log = logging.getLogger("handofflock.aio")
 
@@ -272,6 +265,22 @@ class _Call(Generic[T]):
         return self.result  # type: ignore[return-value]
 
 
+class _View(Generic[T]):
+    """A read-only attribute of the async lock that is the sync lock's attribute of the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, lock: None, owner: type | None = None) -> _View[T]: ...
+
+    @overload
+    def __get__(self, lock: AsyncHandoffLock, owner: type | None = None) -> T: ...
+
+    def __get__(self, lock: AsyncHandoffLock | None, owner: type | None = None) -> T | _View[T]:
+        return self if lock is None else getattr(lock.sync, self.name)
+
+
 class AsyncHandoffLock:
     """The async twin of :class:`~handofflock.HandoffLock`: same protocol, storage and errors.
 
@@ -280,9 +289,8 @@ class AsyncHandoffLock:
     ...         await work_a_little()
     ...     await save_checkpoint(fence=lock.token)
 
-    The keyword arguments are those of :class:`HandoffLock` (typed as one
-    :class:`~handofflock.lock.options.LockOptions`), and are checked
-    the same way in the constructor (no I/O there): a bad URL, a negative ttl
+    The keyword arguments are those of :class:`HandoffLock`, handed to it as
+    they are, and so checked the same way in the constructor (no I/O there): a bad URL, a negative ttl
     or an impossible timing raise the same typed errors. Or wrap a lock you
     made: ``AsyncHandoffLock(lock=HandoffLock(...))``. ``threads`` is how it
     reaches worker threads and the loop (:mod:`handofflock.aio_threads`; a
@@ -306,7 +314,7 @@ class AsyncHandoffLock:
         *,
         lock: HandoffLock | None = None,
         threads: Threads = ANYIO_THREADS,
-        **options: Unpack[LockOptions],
+        **options: Any,
     ) -> None:
         if lock is not None:
             if url is not None or options:
@@ -333,48 +341,17 @@ class AsyncHandoffLock:
         """The :class:`HandoffLock` this lock drives (for its other attributes, and sync-only helpers)."""
         return self._sync
 
-    @property
-    def url(self) -> str:
-        return self._sync.url
-
-    @property
-    def owner_id(self) -> str:
-        return self._sync.owner_id
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of the current hold (None when not held)."""
-        return self._sync.token
-
-    @property
-    def timing(self) -> Timing:
-        return self._sync.timing
-
-    @property
-    def ttl(self) -> float:
-        return self._sync.ttl
-
-    @property
-    def renew_interval(self) -> float:
-        return self._sync.renew_interval
-
-    @property
-    def is_held(self) -> bool:
-        return self._sync.is_held
-
-    @property
-    def healthy(self) -> bool:
-        """True while held and renewed recently enough (see :attr:`HandoffLock.healthy`)."""
-        return self._sync.healthy
-
-    @property
-    def release_requested(self) -> bool:
-        """True once a waiter, a signal or a preemption notice asked for the lock. No I/O (~20 ns)."""
-        return self._sync.release_requested
-
-    @property
-    def release_request(self) -> ReleaseRequest | None:
-        return self._sync.release_request
+    # The sync lock's no-I/O views, read through: ``lock.ttl`` is ``lock.sync.ttl`` (see HandoffLock).
+    url: _View[str] = _View()
+    owner_id: _View[str] = _View()
+    token: _View[int | None] = _View()
+    timing: _View[Timing] = _View()
+    ttl: _View[float] = _View()
+    renew_interval: _View[float] = _View()
+    is_held: _View[bool] = _View()
+    healthy: _View[bool] = _View()
+    release_requested: _View[bool] = _View()
+    release_request: _View[ReleaseRequest | None] = _View()
 
     def request_release(
         self,
@@ -409,7 +386,7 @@ class AsyncHandoffLock:
         """
         self._loop.bind()
         sync = self._sync
-        call: _Call[Acquired[HandoffLock] | Literal[False]] = _Call(
+        call: _Call[Acquired | Literal[False]] = _Call(
             functools.partial(sync.acquire, blocking, timeout, request_release=request_release, priority=priority),
             self._threads,
         )
@@ -504,21 +481,18 @@ class AsyncHandoffLock:
         return f"<AsyncHandoffLock {self._sync!r}>"
 
 
-class AsyncAcquired(int):
-    """A successful :meth:`AsyncHandoffLock.acquire`: the int 1, like ``True`` (see
-    :class:`~.lock.acquired.Acquired`), and an async context manager that releases:
-    ``async with await lock.acquire(timeout=5):``."""
+class AsyncAcquired:
+    """A successful :meth:`AsyncHandoffLock.acquire`: true, and an async context manager that releases:
+    ``async with await lock.acquire(timeout=5):`` (see :class:`~handofflock.lock.handoff.Acquired`)."""
 
-    lock: AsyncHandoffLock
+    __slots__ = ("lock",)
 
-    def __new__(cls, lock: AsyncHandoffLock) -> AsyncAcquired:
-        self = super().__new__(cls, 1)
+    def __init__(self, lock: AsyncHandoffLock) -> None:
         #: The lock that was acquired.
         self.lock = lock
-        return self
 
-    def __reduce__(self) -> tuple[type[bool], tuple[bool]]:
-        return bool, (True,)  # sent to another process, it is the plain True (see Acquired)
+    def __bool__(self) -> bool:
+        return True
 
     async def __aenter__(self) -> AsyncHandoffLock:
         return self.lock

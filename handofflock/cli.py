@@ -74,7 +74,7 @@ from .repair import force_release
 from .runner import SIGNAL_TARGETS, CommandRunner
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url
-from .storage.cas import read_retrying
+from .storage.records import read_retrying
 
 #: The exit code of each error that reaches ``main``: the first class that matches.
 _EXIT_FOR: tuple[tuple[type[HandoffLockError], int], ...] = (

@@ -44,8 +44,7 @@ from .core.errors import (
 )
 from .core.record import MAX_TOKEN, id_problem, new_nonce
 from .storage import Storage, validate_key
-from .storage.cas import read_retrying, write_resolving
-from .storage.pacing import default_write_interval, gate_for
+from .storage.records import default_write_interval, gate_for, read_retrying, write_resolving
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock

@@ -20,7 +20,7 @@ from .core.errors import LockRecordCorrupt, PreconditionFailed
 from .core.protocol import next_token
 from .core.record import MAX_TOKEN, LockRecord, new_nonce
 from .storage import MAX_RECORD_BYTES, open_url
-from .storage.cas import read_retrying, write_resolving
+from .storage.records import read_retrying, write_resolving
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock

@@ -58,7 +58,7 @@ from simclock import SimClock  # noqa: E402
 
 import handofflock  # noqa: E402
 from handofflock import HandoffLock, Scheduler, TransientStorageError, signals  # noqa: E402
-from handofflock.lock.record_io import RecordIO  # noqa: E402
+from handofflock.storage.records import RecordStore  # noqa: E402
 from handofflock.storage import MemoryStorage  # noqa: E402
 
 KEY = "locks/job.json"
@@ -178,7 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # the lost owners log errors; the table is the output
     ttls = [float(t) for t in args.ttls.split(",")]
-    renew_passes_by = "send_by" in inspect.signature(RecordIO.write_lease).parameters
+    renew_passes_by = "send_by" in inspect.signature(RecordStore.write).parameters
     print(f"# handofflock from {Path(handofflock.__file__).parent}")
     print(f"# python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs")
     print(f"# memory store at GCS's spacing (min_write_interval={SPACING:g}), default timing")

@@ -1,7 +1,7 @@
 """The lock's timing, as one value validated once (client-go's ``LeaderElectionConfig`` check).
 
-Every cross-field rule lives in :meth:`Timing.build`, including the store's
-write spacing: a configuration the store cannot serve is refused here with a
+Every cross-field rule is checked when a :class:`Timing` is made, including the
+store's write spacing: a configuration the store cannot serve is refused with a
 :class:`~handofflock.core.errors.ConfigurationError` naming the minimum, never
 accepted and then lost at run time.
 
@@ -18,7 +18,7 @@ GCS, 0 elsewhere):
   failure GCS sends most, a 429, only because a renewal is not held back by
   the spacing a 429 widens (to 2 s, then 4, 8) once waiting it out would break
   this promise: :meth:`Timing.backoff_until` says until when it may be
-  (see :mod:`handofflock.storage.pacing`). Two failures in a row need
+  (see :mod:`handofflock.storage.records`). Two failures in a row need
   ``renew_deadline - renew_interval >= 2.5 * s`` (ttl 7 on GCS with the
   defaults); docs/design.md has the table of what each ttl survives;
 * ``waiter_ttl >= 2 * waiter_poll_interval`` and ``waiter_ttl / 2 >= s``: a
@@ -31,13 +31,12 @@ GCS, 0 elsewhere):
   (:meth:`Timing.check_request_timeout`); left at its default, the lock
   bounds its own requests to it.
 
-Defaults: ``renew_interval = max(ttl / 8, s)``, ``renew_deadline = ttl / 2``,
-``waiter_ttl = ttl``. On GCS that makes 5 s the shortest ttl.
+Defaults (:meth:`Timing.build`): ``renew_interval = max(ttl / 8, s)``,
+``renew_deadline = ttl / 2``, ``waiter_ttl = ttl``. On GCS that makes 5 s the shortest ttl.
 """
 
 from __future__ import annotations
 
-import contextvars
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -47,8 +46,6 @@ from .record import MAX_TTL
 
 #: A failed renewal must leave room for this many write spacings before the renew deadline.
 RETRY_SPACINGS = 1.5
-
-_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("handofflock_timing_building", default=False)
 
 
 @dataclass(frozen=True)
@@ -70,8 +67,89 @@ class Timing:
     min_write_interval: float
 
     def __post_init__(self) -> None:
-        if not _BUILDING.get():  # built directly: every field explicit, the same rules
-            Timing.build(**{f.name: getattr(self, f.name) for f in fields(self)})
+        """Check every rule; raise :class:`ConfigurationError` naming what to change.
+
+        A value equal to what :meth:`build` derives from ``ttl`` is taken for
+        that default, and an error about it is phrased as one about ``ttl``.
+        """
+        for f in fields(self):  # seconds as floats, each checked for its kind
+            check = _non_negative if f.name in ("min_write_interval", "max_clock_skew") else _positive
+            object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+        ttl, ri, rd, wttl = self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl
+        spacing, poll = self.min_write_interval, self.waiter_poll_interval
+        if ttl > MAX_TTL or wttl > MAX_TTL:
+            name, value = ("ttl", ttl) if ttl > MAX_TTL else ("waiter_ttl", wttl)
+            raise ConfigurationError(f"{name} must be at most {MAX_TTL:.0f} s (a week), got {value}")
+        derived_ri, derived_rd = ri == max(ttl / 8, spacing), rd == ttl / 2
+        floor = min_ttl(spacing)
+        if not ttl > rd > ri:
+            if derived_ri and derived_rd:
+                raise ConfigurationError(
+                    f"ttl={ttl} is too short for this store: its write spacing is {spacing} s, so ttl must be at least "
+                    f"{floor:g} s (or pass renew_interval and renew_deadline yourself)"
+                )
+            raise ConfigurationError(
+                f"need ttl > renew_deadline > renew_interval > 0, got ttl={ttl}, "
+                f"renew_deadline={rd}, renew_interval={ri}"
+            )
+        if ri < spacing:
+            raise ConfigurationError(
+                f"renew_interval={ri} is shorter than the store's write spacing ({spacing} s): "
+                f"renewals cannot be sent that often; use renew_interval >= {spacing}"
+            )
+        if rd - ri < RETRY_SPACINGS * spacing:
+            what = "ttl" if derived_ri and derived_rd else "renew_deadline - renew_interval"
+            need = f"at least {floor:g} s" if what == "ttl" else f"at least {RETRY_SPACINGS * spacing:g} s"
+            raise ConfigurationError(
+                f"{what} must be {need} on this store (write spacing {spacing} s): a failed renewal needs "
+                f"time for one more write before renew_deadline; "
+                f"got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
+            )
+        if wttl == ttl and (wttl < 2 * poll or wttl / 2 < spacing):
+            # waiter_ttl is ttl (its default): the rule is about ttl, say so.
+            shortest = max(2 * poll, 2 * spacing)
+            raise ConfigurationError(
+                f"ttl={ttl} is too short: a waiter holds its slot for ttl (waiter_ttl defaults to it) and must be able "
+                f"to refresh it, so ttl must be at least {shortest:g} s here (twice waiter_poll_interval={poll:g}"
+                + (f" and twice the store's write spacing {spacing:g} s" if spacing else "")
+                + "); use a longer ttl, or pass waiter_ttl and waiter_poll_interval yourself"
+            )
+        if wttl < 2 * poll:
+            raise ConfigurationError(
+                f"waiter_ttl = {wttl} must be at least twice waiter_poll_interval ({poll}) "
+                "so the waiter can refresh its slot in time"
+            )
+        if wttl / 2 < spacing:
+            raise ConfigurationError(
+                f"waiter_ttl = {wttl} must be at least {2 * spacing:g} s on this store (write spacing {spacing} s): "
+                "the waiter refreshes its slot at half-life with a write"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        ttl: float = 60.0,
+        renew_interval: float | None = None,
+        renew_deadline: float | None = None,
+        waiter_ttl: float | None = None,
+        waiter_check_interval: float = 2.0,
+        waiter_poll_interval: float = 1.0,
+        max_clock_skew: float = 2.0,
+        min_write_interval: float = 0.0,
+    ) -> Timing:
+        """A :class:`Timing` with the defaults applied to what is not given (None: derived from ``ttl``)."""
+        ttl, spacing = _positive("ttl", ttl), _non_negative("min_write_interval", min_write_interval)
+        return cls(
+            ttl,
+            max(ttl / 8, spacing) if renew_interval is None else renew_interval,
+            ttl / 2 if renew_deadline is None else renew_deadline,
+            ttl if waiter_ttl is None else waiter_ttl,
+            waiter_check_interval,
+            waiter_poll_interval,
+            max_clock_skew,
+            spacing,
+        )
 
     @property
     def margin(self) -> float:
@@ -102,91 +180,14 @@ class Timing:
     def backoff_until(self, valid_until: float) -> float:
         """The latest time a renewal of a lease valid until ``valid_until`` may wait out a 429's backoff.
 
-        A 429 widens the store's write spacing (storage/pacing.py). A renewal
-        honours the widened spacing only while, after that wait, a failure
+        A 429 widens the store's write spacing (:class:`~handofflock.storage.records.WriteGate`).
+        A renewal honours the widened spacing only while, after that wait, a failure
         would still leave room for one more write at the store's own spacing
         (:data:`RETRY_SPACINGS` spacings) before the lease must be called lost;
         later than this it goes at the store's own spacing. Same clock as
         ``valid_until`` (monotonic). Pass it as the gate's ``by``.
         """
         return valid_until - RETRY_SPACINGS * self.min_write_interval
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        ttl: float = 60.0,
-        renew_interval: float | None = None,
-        renew_deadline: float | None = None,
-        waiter_ttl: float | None = None,
-        waiter_check_interval: float = 2.0,
-        waiter_poll_interval: float = 1.0,
-        max_clock_skew: float = 2.0,
-        min_write_interval: float = 0.0,
-    ) -> Timing:
-        """Apply the defaults and check every rule; raise :class:`ConfigurationError` naming what to change."""
-        spacing = _non_negative("min_write_interval", min_write_interval)
-        ttl = _positive("ttl", ttl)
-        if ttl > MAX_TTL:
-            raise ConfigurationError(f"ttl must be at most {MAX_TTL:.0f} s (a week), got {ttl}")
-        floor = min_ttl(spacing)
-        explicit_ri = renew_interval is not None
-        ri = _positive("renew_interval", max(ttl / 8, spacing) if renew_interval is None else renew_interval)
-        rd = _positive("renew_deadline", ttl / 2 if renew_deadline is None else renew_deadline)
-        if not ttl > rd > ri:
-            if renew_interval is None and renew_deadline is None:
-                raise ConfigurationError(
-                    f"ttl={ttl} is too short for this store: its write spacing is {spacing} s, so ttl must be at least "
-                    f"{floor:g} s (or pass renew_interval and renew_deadline yourself)"
-                )
-            raise ConfigurationError(
-                f"need ttl > renew_deadline > renew_interval > 0, got ttl={ttl}, "
-                f"renew_deadline={rd}, renew_interval={ri}"
-            )
-        if ri < spacing:
-            raise ConfigurationError(
-                f"renew_interval={ri} is shorter than the store's write spacing ({spacing} s): "
-                f"renewals cannot be sent that often; use renew_interval >= {spacing}"
-            )
-        if rd - ri < RETRY_SPACINGS * spacing:
-            what = "ttl" if not explicit_ri and renew_deadline is None else "renew_deadline - renew_interval"
-            need = f"at least {floor:g} s" if what == "ttl" else f"at least {RETRY_SPACINGS * spacing:g} s"
-            raise ConfigurationError(
-                f"{what} must be {need} on this store (write spacing {spacing} s): a failed renewal needs "
-                f"time for one more write before renew_deadline; "
-                f"got ttl={ttl}, renew_interval={ri}, renew_deadline={rd}"
-            )
-        wttl = _positive("waiter_ttl", ttl if waiter_ttl is None else waiter_ttl)
-        if wttl > MAX_TTL:
-            raise ConfigurationError(f"waiter_ttl must be at most {MAX_TTL:.0f} s (a week), got {wttl}")
-        check = _positive("waiter_check_interval", waiter_check_interval)
-        poll = _positive("waiter_poll_interval", waiter_poll_interval)
-        named = "waiter_ttl" if waiter_ttl is not None else "waiter_ttl (default: ttl)"
-        if waiter_ttl is None and (wttl < 2 * poll or wttl / 2 < spacing):
-            # The user set ttl alone: the rule is about ttl (the waiter's slot lasts ttl), say so.
-            shortest = max(2 * poll, 2 * spacing)
-            raise ConfigurationError(
-                f"ttl={ttl} is too short: a waiter holds its slot for ttl (waiter_ttl defaults to it) and must be able "
-                f"to refresh it, so ttl must be at least {shortest:g} s here (twice waiter_poll_interval={poll:g}"
-                + (f" and twice the store's write spacing {spacing:g} s" if spacing else "")
-                + "); use a longer ttl, or pass waiter_ttl and waiter_poll_interval yourself"
-            )
-        if wttl < 2 * poll:
-            raise ConfigurationError(
-                f"{named} = {wttl} must be at least twice waiter_poll_interval ({poll}) "
-                "so the waiter can refresh its slot in time"
-            )
-        if wttl / 2 < spacing:
-            raise ConfigurationError(
-                f"{named} = {wttl} must be at least {2 * spacing:g} s on this store (write spacing {spacing} s): "
-                "the waiter refreshes its slot at half-life with a write"
-            )
-        skew = _non_negative("max_clock_skew", max_clock_skew)
-        building = _BUILDING.set(True)
-        try:
-            return cls(ttl, ri, rd, wttl, check, poll, skew, spacing)
-        finally:
-            _BUILDING.reset(building)
 
 
 def min_ttl(spacing: float) -> float:

@@ -4,9 +4,19 @@ Built on :mod:`handofflock.storage` and :mod:`handofflock.core`; knows nothing o
 edges (runner, CLI, OS signal handlers, preemption, fencing, integrations).
 """
 
-from .handoff import HandoffLock
+from .handoff import Acquired, HandoffLock
 from .scheduler import Scheduler
 from .steps import Steps
-from .types import LockStatus, ReleaseRequest, RequestReason, default_owner_id
+from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
-__all__ = ["HandoffLock", "LockStatus", "ReleaseRequest", "RequestReason", "Scheduler", "Steps", "default_owner_id"]
+__all__ = [
+    "Acquired",
+    "HandoffLock",
+    "LockStatus",
+    "ReleaseRequest",
+    "RequestReason",
+    "Scheduler",
+    "State",
+    "Steps",
+    "default_owner_id",
+]

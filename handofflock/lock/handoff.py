@@ -1,28 +1,41 @@
-"""HandoffLock: the state machine (acquire loop, give-up, becoming owner, renew, waiter check, release).
+"""HandoffLock: one party of a single-waiter handoff lock, with every transition it makes.
 
-Its transitions run under one I/O mutex; :mod:`handofflock.core.protocol` decides what each writes.
-``acquire()`` runs in the caller's thread, renewal and the waiter check on the scheduler
-(:mod:`.scheduler`, through :mod:`.duties`), ``release()`` in any thread, even a signal handler's
-(:mod:`.reentry` defers it to the outer call). Every other part (record I/O, lease, renewal and
-release writes, request book, notifier, errors, the no-I/O views, the surface that makes no
-transition) is a module beside this one, one job each: docs/design.md's table of layers names them.
+What each transition writes is :mod:`handofflock.core.protocol`'s decision; the lock
+performs it through its record store (:mod:`handofflock.storage.records`) under one I/O
+mutex, and keeps what the result means. ``acquire()`` runs in the caller's thread; the
+renewal, the waiter check and a release retry run on the scheduler (:mod:`.scheduler`),
+which sees the lock through one weak reference (:class:`_Duties`); ``release()`` runs in
+any thread, even a signal handler's (:mod:`.reentry` defers it to the outer call).
+
+Beside the class: what ``acquire()`` returns (:class:`Acquired`), and the end of a lock's
+life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
+a lock still held at interpreter exit is released then (handed to a waiter), and one
+garbage-collected while held is released by a daemon thread; a forked child's inherited
+locks hold nothing and do nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
-import logging
+import math
 import os
+import queue
 import secrets
+import sys
 import threading
-from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, TypeVar
 
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
+    ConfigurationError,
     LockContended,
+    LockLost,
     LockNotHeld,
     LockRecordCorrupt,
     LockTimeout,
@@ -30,41 +43,36 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from ..core.protocol import Contended, Kind, Lost, Me, Owned, Write
-from ..core.record import Label, LockRecord, WaiterRequest, new_nonce
-from ..core.timefmt import who
+from ..core.identity import detect_label
+from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
+from ..core.record import Label, LockRecord, WaiterRequest, id_problem, label_problem, new_nonce
+from ..core.threads import quiet
+from ..core.timefmt import when, who
 from ..core.timing import Timing
-from ..storage import Storage
+from ..storage import Storage, open_url
+from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
-from . import forking, messages, metrics, polling, renewal
-from .acquired import Acquired
-from .duties import Duties
+from . import messages, metrics
 from .lease import Lease
-from .lifetime import Lifetime, weakly
+from .logfields import LockLog
 from .notifier import Notifier
-from .observation import Observation
-from .options import TimingViews, label_of, owner_id_of, store_of, timing_of
 from .primitives import THREADING, Primitives
-from .record_io import RecordIO
 from .reentry import ReentryGuard
-from .release import give_back_slot, write_release
-from .requests import RequestBook, acquire_request
-from .state import State
-from .surface import LockSurface
-from .views import LockViews
-
-_log_acquire = logging.getLogger("handofflock.acquire")
-_log_renew = logging.getLogger("handofflock.renew")
-_log_release = logging.getLogger("handofflock.release")
+from .requests import RequestBook, acquire_request, checked_request
+from .scheduler import Scheduler, default_scheduler
+from .steps import Steps
+from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
 T = TypeVar("T")
 
 IDLE, WAITING, HELD = State.IDLE, State.WAITING, State.HELD
-Settle = float | Literal[False] | None  # settle the lease by then (None: renew_deadline), or not (released at once)
 RELEASING, LOST, FORKED = State.RELEASING, State.LOST, State.FORKED
 
+#: How long the exit hook waits for a release the reaper is in the middle of.
+EXIT_WAIT = 30.0
 
-class HandoffLock(LockSurface, LockViews, TimingViews):
+
+class HandoffLock:
     """A single-waiter cooperative handoff lock kept as one JSON object.
 
     >>> lock = HandoffLock("gs://bucket/locks/train.json", ttl=60.0)
@@ -75,112 +83,331 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
     ...             save_checkpoint(fence=lock.token)
     ...             break                    # leaving the block hands the lock over
 
-    The keywords (the timing in seconds, or one ``timing=``; ``wait_for_slot`` and ``yield_to_requests``;
-    ``owner_id`` and ``label``; and what the lock is built from, for tests and simulations: ``clock``,
-    ``scheduler``, ``storage`` and ``key``, ``primitives``; ``release_at_exit``, see :mod:`.lifetime`) are
-    described once, for this lock and the async one, at :class:`~handofflock.lock.options.LockOptions`.
-    No I/O happens in the constructor.
+    Timing (seconds; None: the default of :meth:`Timing.build`): ``ttl`` is the
+    lease (60); the owner renews every ``renew_interval`` (ttl/8) and gives the lock
+    up as unhealthy if no renewal succeeded for ``renew_deadline`` (ttl/2). The owner
+    reads the record every ``waiter_check_interval`` (2) to notice a waiter; a waiter
+    reads it every ``waiter_poll_interval`` (1) and holds its slot for ``waiter_ttl``
+    (ttl), refreshing it at half-life. A lease counts as expired for others only
+    ``max_clock_skew`` (2) after its ``expiresAt``. ``min_write_interval`` spaces
+    writes to the object from this process (1.0 on GCS, whose per-object write rate
+    is about 1/s; 0 elsewhere). Or pass them all as one ``timing=``, a :class:`Timing`.
+
+    With ``wait_for_slot=True`` a blocking acquire that finds another live waiter
+    keeps polling for the slot instead of raising :class:`LockContended` (an acquire
+    with a ``timeout``, or a patient one, always does). With ``yield_to_requests=False``
+    the holder must not be cut short: a waiter's request is declined (written to the
+    record, shown by ``status`` as "declined"), ``release_requested`` stays False for
+    it and no ``on_release_requested`` is sent; requests of this process's own (a
+    signal, a preemption notice, :meth:`request_release`) still stand.
+
+    ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to let a
+    restarted process retake its own lock at once. ``label`` says who this is for
+    people (``status`` shows it beside the owner or waiter id): a string, a
+    :class:`Label`, or by default what :func:`~handofflock.core.identity.detect_label`
+    finds (host, pid, pod, Slurm job, torchrun rank).
+
+    What the lock is built from can be passed in, for tests and simulations: ``clock``
+    (wall and monotonic time, waits), ``scheduler`` (what runs the renewals and waiter
+    checks; by default one per process), ``storage`` and ``key`` (instead of a URL),
+    and ``primitives``, whose factories make every mutex, event, thread-local and
+    thread the lock uses (default: :mod:`threading`). ``release_at_exit``: see
+    :attr:`release_at_exit`. No I/O happens in the constructor.
     """
 
     def __init__(
         self,
         url: str | os.PathLike[str],
         *,
-        ttl: float = 60.0,
+        ttl: float | None = None,
         renew_interval: float | None = None,
         renew_deadline: float | None = None,
         waiter_ttl: float | None = None,
-        waiter_check_interval: float = 2.0,
-        waiter_poll_interval: float = 1.0,
-        max_clock_skew: float = 2.0,
+        waiter_check_interval: float | None = None,
+        waiter_poll_interval: float | None = None,
+        max_clock_skew: float | None = None,
         min_write_interval: float | None = None,
         wait_for_slot: bool = False,
         yield_to_requests: bool = True,
         owner_id: str | None = None,
         label: str | Label | None = None,
         clock: Clock | None = None,
-        scheduler: Any = None,
+        scheduler: Scheduler | None = None,
         storage: Storage | None = None,
         key: str | None = None,
         timing: Timing | None = None,
         primitives: Primitives | None = None,
         release_at_exit: bool | None = None,
     ) -> None:
-        storage, key, self.url = store_of(url, storage, key)
-        lease = {"ttl": ttl, "renew_interval": renew_interval, "renew_deadline": renew_deadline}
-        polls = {"waiter_check_interval": waiter_check_interval, "waiter_poll_interval": waiter_poll_interval}
-        more = {"waiter_ttl": waiter_ttl, "max_clock_skew": max_clock_skew, "min_write_interval": min_write_interval}
-        self.timing = timing_of(storage, timing, lease | polls | more)
+        storage, key, self.url = _store_of(url, storage, key)
+        given = {
+            "ttl": ttl,
+            "renew_interval": renew_interval,
+            "renew_deadline": renew_deadline,
+            "waiter_ttl": waiter_ttl,
+            "waiter_check_interval": waiter_check_interval,
+            "waiter_poll_interval": waiter_poll_interval,
+            "max_clock_skew": max_clock_skew,
+            "min_write_interval": min_write_interval,
+        }
+        #: The lock's timing, one validated value.
+        self.timing = _timing_of(storage, timing, {name: value for name, value in given.items() if value is not None})
         self.wait_for_slot = bool(wait_for_slot)
-        self.owner_id: str = owner_id_of(owner_id)
+        self.owner_id: str = _owner_id_of(owner_id)
         #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
-        self.label: Label = label_of(label)
-        # The instance id, random (see Me): two instances sharing a stable owner_id are never taken for each other.
+        self.label: Label = _label_of(label)
+        # The instance id, random: two instances sharing a stable owner_id are never taken for each other.
         # ``yields``: whether a waiter's request stands for us or is declined (at renewal, in the record).
         self._me = Me(self.owner_id, secrets.token_hex(8), self.label, yields=bool(yield_to_requests))
         self._clock = clock or Clock()
-        self._policy = self.timing
         self._prims = primitives or THREADING
         self._pid = os.getpid()
-        self._lifetime = Lifetime(self, release_at_exit, clock=self._clock, primitives=self._prims)
-        self._duties = Duties(
-            scheduler,
-            store=storage,
-            key=key,
-            check_interval=self.timing.waiter_check_interval,
-            request_timeout=self.timing.request_timeout,
-            clock=self._clock,
-            # Weakly: the scheduler must not keep a lock alive (see lifetime.py); once it is gone, nothing is due.
-            hold=weakly(self, lambda lock: (lock._state, lock._lease), (IDLE, Lease())),
-            notifier=weakly(self, lambda lock: lock._notifier, None),
-            renew=weakly(self, HandoffLock._renew, None),
-            check_waiter=weakly(self, HandoffLock._check_waiter, None),
-            retry_release=weakly(self, HandoffLock._retry_release, None),
-            deadline_passed=weakly(self, HandoffLock._deadline_passed, None),
-            describe=weakly(self, repr, "a collected HandoffLock"),
-        )
-        self._fresh_parts(IDLE)
-        forking.register(self)
+        if release_at_exit is None:  # real time and real threads: yes; a simulation: no
+            release_at_exit = self._clock.timebase is Clock().timebase and self._prims is THREADING
+        self._releases_at_exit = bool(release_at_exit)
+        self._scheduler = scheduler  # None: the process-wide one, taken when the lock is first held
+        self._duties = _Duties(self, storage, key)
+        self._log_acquire = LockLog("handofflock.acquire", self)
+        self._log_renew = LockLog("handofflock.renew", self)
+        self._log_release = LockLog("handofflock.release", self)
+        self._fresh_parts(IDLE, storage, key)
+        _LOCKS.add(self)
 
-    def _fresh_parts(self, state: State) -> None:
+    def _fresh_parts(self, state: State, storage: Storage, key: str) -> None:
         """The lock's state and the parts that keep it, new: at construction, and in a forked child
         (where a mutex may have been held by a parent thread that does not exist there)."""
-        prims, duties = self._prims, self._duties
+        prims = self._prims
         self._state = state
-        self._lease = Lease()  # "Plain attributes read without locks are written atomically" (see lease.py)
-        self._io = RecordIO(
-            duties.store,
-            duties.key,
+        self._lease = Lease()  # replaced whole by each new hold; read without the mutex
+        #: Serialises this lock's storage operations and the transitions that make them.
+        self._mutex = prims.mutex()
+        self._io = RecordStore(
+            storage,
+            key,
             url=self.url,
             clock=self._clock,
-            policy=self._policy,
-            min_write_interval=self.timing.min_write_interval,
-            mutex=prims.mutex(),
+            timing=self.timing,
             interrupted=self._interrupted,
-            who=self.owner_id,
-            request_timeout=self.timing.request_timeout,
+            log=self._log_acquire,
         )
         self._cancel = prims.event()
         self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
         self._not_acquiring.set()
-        inline = lambda: self._duties.notify_inline  # noqa: E731
+        inline = lambda: self._scheduler is not None and self._scheduler.notify_inline  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
-        self._book = RequestBook(self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields)
+        self._book = RequestBook(
+            self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields, log=self._log_renew
+        )
         self._guard = ReentryGuard(prims, self._release_deferred)
 
     def _after_fork(self) -> None:
-        """In a forked child (called by :mod:`.forking`): hold nothing, do nothing, refuse every operation.
-        The token goes with the lease (the parent's: a fenced write in the child must not carry it)."""
-        self._duties.scheduler = None
-        self._fresh_parts(FORKED)
+        """In a forked child: hold nothing, do nothing, refuse every operation. The token goes with
+        the lease (the parent's: a fenced write in the child must not carry it)."""
+        self._scheduler = None
+        self._fresh_parts(FORKED, self._io.storage, self._io.key)
+
+    # -- what a caller reads, without I/O and without the mutex -----------------------------------
+
+    @property
+    def storage(self) -> Storage:
+        """The store holding the lock object (fenced objects beside the lock live there too)."""
+        return self._io.storage
+
+    @property
+    def key(self) -> str:
+        """The lock object's key inside :attr:`storage`."""
+        return self._io.key
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current (or last) hold; None before the first."""
+        return self._lease.token
+
+    @property
+    def release_requested(self) -> bool:
+        """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
+        return self._book.release_requested
+
+    @property
+    def release_request(self) -> ReleaseRequest | None:
+        """The most urgent request that stands (earliest deadline), or None."""
+        return self._book.release_request
+
+    @property
+    def give_up_budget(self) -> float:
+        """How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
+        and an urgent write, each allowed a retry. acquire() returns within its timeout plus this."""
+        return max(2.0, 2 * self.timing.min_write_interval + 1.0)
+
+    @property
+    def instance(self) -> str:
+        """This lock object's random id, written beside ``owner_id``: it tells twins sharing an ``owner_id`` apart."""
+        return self._me.instance or ""
+
+    @property
+    def is_held(self) -> bool:
+        """True from a successful acquire until release or loss. No I/O."""
+        return self._state is HELD
+
+    @property
+    def healthy(self) -> bool:
+        """True while the lock is held and renewed recently enough to be safe. No I/O.
+
+        False once ``renew_deadline`` has passed since the last successful renewal, even if the background
+        thread has not run yet (the process was stopped, or the host suspended): counted on the monotonic
+        clock and on one that counts a suspend, with the wall clock as a second opinion (:meth:`.Lease.healthy`).
+        """
+        return self._state is HELD and self._lease.healthy(self._clock)
+
+    @property
+    def ttl(self) -> float:
+        """The lease, in seconds (``timing.ttl``)."""
+        return self.timing.ttl
+
+    @property
+    def renew_interval(self) -> float:
+        """Seconds between renewals (``timing.renew_interval``)."""
+        return self.timing.renew_interval
+
+    @property
+    def renew_deadline(self) -> float:
+        """No successful renewal for this long, and the hold is no longer safe (``timing.renew_deadline``)."""
+        return self.timing.renew_deadline
+
+    @property
+    def waiter_ttl(self) -> float:
+        """How long a waiter's slot lasts unrefreshed (``timing.waiter_ttl``)."""
+        return self.timing.waiter_ttl
+
+    @property
+    def waiter_check_interval(self) -> float:
+        """Seconds between the owner's waiter checks (``timing.waiter_check_interval``)."""
+        return self.timing.waiter_check_interval
+
+    @property
+    def waiter_poll_interval(self) -> float:
+        """Seconds between a waiter's polls (``timing.waiter_poll_interval``)."""
+        return self.timing.waiter_poll_interval
+
+    @property
+    def max_clock_skew(self) -> float:
+        """How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``)."""
+        return self.timing.max_clock_skew
+
+    @property
+    def min_write_interval(self) -> float:
+        """Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``)."""
+        return self.timing.min_write_interval
+
+    @property
+    def release_at_exit(self) -> bool:
+        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+
+        True by default (False on an injected fake clock or injected primitives: a simulation's time
+        is not the process's); settable. With False the lock stays held at exit until its lease runs
+        out, and one collected while held is only no longer renewed. Nothing runs on ``os._exit``,
+        SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
+        """
+        return self._releases_at_exit
+
+    @release_at_exit.setter
+    def release_at_exit(self, value: bool) -> None:
+        self._releases_at_exit = bool(value)
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
+        if not self.healthy:
+            reason, deadline = self._lease.lost_reason, self.timing.renew_deadline
+            raise messages.not_healthy(self.url, self._state, reason, deadline, self._pid)
+
+    def steps(self, iterable: Iterable[T]) -> Steps[T]:
+        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:mod:`.steps`).
+
+        No I/O per step; raises :class:`LockLost` before a step if the lock is no longer safely held.
+        """
+        return Steps(self, iterable)
+
+    def request_release(
+        self,
+        reason: RequestReason | str = RequestReason.OPERATOR,
+        *,
+        requester: str | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Ask the holder of this instance to release, as a waiter would.
+
+        Safe in a signal handler: it only assigns attributes; ``on_release_requested`` is sent from
+        the scheduler thread. The most urgent request (earliest deadline) is kept. ``reason`` is a
+        :class:`RequestReason` or its value (``"manual"``, the old name of ``"operator"``, is deprecated).
+        """
+        why = checked_request(reason, deadline)
+        self._book.request(why, requester or why.value, deadline)
+
+    def cancel(self) -> None:
+        """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
+
+        Only an acquire that is running is cancelled: a cancel while none runs (or while the lock is
+        held) does nothing, so a stray one never spoils the next acquire. To stop an acquire just
+        started in another thread, call it again until that thread ends (as ``run`` and the async lock do).
+        """
+        if self._state == WAITING:
+            self._cancel.set()
+
+    def status(self, timeout: float = 30.0) -> LockStatus:
+        """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad.
+
+        ``timeout`` bounds the read's retries of transient errors (then the last one is raised).
+        Never under the I/O mutex: a status() that rides out a read outage never holds up a renewal.
+        """
+        if not timeout >= 0:  # also refuses NaN
+            raise ConfigurationError(f"timeout must be >= 0, got {timeout!r}")
+        clock = self._clock
+
+        def read() -> LockStatus:
+            record, generation = self._io.read(clock.monotonic() + timeout, interruptible=True)
+            return LockStatus.of(self.url, record, generation, clock.time(), self.timing)
+
+        return self._guarded(read)
+
+    def __enter__(self) -> HandoffLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._state not in (HELD, LOST):
+            return
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            self._log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
+
+    def __copy__(self) -> NoReturn:
+        # A copy would share this party's lease and requests but have a life of its own: collected,
+        # it would release the lock the original still holds and renews.
+        raise TypeError(
+            f"a {type(self).__name__} is one party of the lock (its id, lease and renewals): it cannot be "
+            "copied or pickled; share the instance, or make a new one for another party"
+        )
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        self.__copy__()
+
+    def __repr__(self) -> str:
+        return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"
+
+    # -- acquire ------------------------------------------------------------------------------------
 
     def acquire(
         self, blocking: bool = True, timeout: float | None = None, *, request_release: bool = True, priority: int = 0
-    ) -> Acquired[HandoffLock] | Literal[False]:
-        """Take the lock. Returns a true :class:`~.acquired.Acquired` when held, else False.
+    ) -> Acquired | Literal[False]:
+        """Take the lock. Returns a true :class:`Acquired` when held, else False.
 
         The value is also a context manager that releases, as with filelock: ``with lock.acquire(timeout=5):``.
-        It equals True, but is not ``True`` itself: test it for truth.
 
         * lock absent, free, or expired with no other live waiter: take it.
         * held by a live owner: become the single waiter; poll until the owner hands it over or its lease expires.
@@ -212,12 +439,17 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             raise messages.already_acquired(self._state, self.url, self._lease.thread, nested=self._guard.nested())
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
-        deadline = polling.deadline_of(self._clock, self.timing, blocking=blocking, timeout=timeout)
+        clock = self._clock
+        # When the acquire gives up (monotonic), or None: never. A non-blocking acquire never waits for
+        # the lock, nor forever for the store: it has ``renew_deadline`` for its reads and write.
+        deadline = None if blocking else clock.monotonic() + self.timing.renew_deadline
+        if timeout is not None:
+            deadline = clock.monotonic() + timeout
         slot_wait = self.wait_for_slot or timeout is not None or not request.asks  # else Contended raises
-        decide = functools.partial(protocol.decide_acquire, me=self._me, timing=self._policy, request=request)
+        decide = functools.partial(protocol.decide_acquire, me=self._me, timing=self.timing, request=request)
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         last: LockRecord | None = None
-        observed = Observation(self.url, self._policy)  # bounds a suspect lease (observation.py)
+        observed: tuple[object, float] = (None, 0.0)  # the owner's lease we decide on, and when we first read it
         # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
         self._cancel.clear()
         self._state = WAITING
@@ -225,37 +457,36 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         try:
             if self._cancel.is_set():  # a cancel() that came as we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
-            polled = self._clock.monotonic()
-            record, generation = self._io.read_locked(deadline)
+            polled = clock.monotonic()
+            record, generation = self._read_locked(deadline)
             while True:
                 last = record or last
                 if blocking and not waiting and protocol.registered(record, self._me):
                     waiting = True  # our registration landed though we could not confirm it
                     self._now_waiting(record)
-                mono, wall = self._clock.monotonic(), self._clock.time()
+                mono, wall = clock.monotonic(), clock.time()
+                observed = self._observe(record, wall, observed)
                 decision = decide(
-                    record,
-                    generation,
-                    now=wall,
-                    nonce=new_nonce(),
-                    waiting=waiting,
-                    observed_at=observed.at(record, wall),
+                    record, generation, now=wall, nonce=new_nonce(), waiting=waiting, observed_at=observed[1]
                 )
                 if isinstance(decision, Owned):
-                    self._became_owner(decision.record, decision.generation, True, mono, wall, settle_by=deadline)
+                    self._became_owner(
+                        decision.record, decision.generation, mono, wall, handoff=True, settle_by=deadline
+                    )
                     return True
                 if isinstance(decision, Write):
                     if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
                         return self._not_acquired(record)
                     sent = sent or decision.kind is Kind.BECOME_WAITER
                     try:
-                        written, generation, mono, wall = self._io.write_locked(decision, deadline)
+                        with self._mutex:
+                            written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
                     except PreconditionFailed:
-                        record, generation = self._io.read_to_write(deadline, interruptible=True)
+                        record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
-                        self._became_owner(record, generation, False, mono, wall, settle_by=deadline)
+                        self._became_owner(record, generation, mono, wall, handoff=False, settle_by=deadline)
                         return True
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
@@ -264,21 +495,26 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
                     return self._not_acquired(record)
                 elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
-                    raise messages.contended(LockContended, self.url, decision.record, self._clock.time())
-                pause = polling.pause(self._clock, polled, self.timing.waiter_poll_interval, deadline)  # fixed rate
-                if pause is None:
-                    return self._give_up(waiting or sent, last, timed_out=True)
+                    raise messages.contended(LockContended, self.url, decision.record, clock.time())
+                # The next read one poll interval after the last one began (a read's own duration does
+                # not stretch the period), never past the deadline.
+                pause = max(0.0, polled + self.timing.waiter_poll_interval - clock.monotonic())
+                if deadline is not None:
+                    left = deadline - clock.monotonic()
+                    if left <= 0:
+                        return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                    pause = min(pause, left)
                 if self._interrupted(pause):
-                    return self._give_up(waiting or sent, last, timed_out=False)
-                polled = self._clock.monotonic()
-                record, generation = self._io.read_locked(deadline)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=False)
+                polled = clock.monotonic()
+                record, generation = self._read_locked(deadline)
         except BaseException as exc:
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
-                    self._leave_slot(waiting or sent, last, keep=False)
+                    self._leave_slot(last, waiting=waiting or sent, keep=False)
                 except BaseException as cleanup:  # the original error is what the caller must see
-                    _log_acquire.warning(
+                    self._log_acquire.warning(
                         "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
                     )
                 if self._state == WAITING:
@@ -291,13 +527,49 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             self._cancel.clear()
             self._not_acquiring.set()
 
+    def _read_locked(self, deadline: float | None) -> tuple[LockRecord | None, int]:
+        """An acquire's poll: one interruptible read under the I/O mutex."""
+        with self._mutex:
+            return self._io.read(deadline, interruptible=True)
+
+    def _read_to_write(
+        self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False
+    ) -> tuple[LockRecord | None, int]:
+        """Read for a decision that will likely be written: our write slot first (mutex not held), then the read."""
+        self._io.wait_for_gate(deadline, urgent=urgent, interruptible=interruptible)
+        with self._mutex:
+            return self._io.read(deadline, interruptible=interruptible)
+
+    def _observe(self, record: LockRecord | None, now: float, observed: tuple[object, float]) -> tuple[object, float]:
+        """``(the owner's lease, when this acquire first read it)``, after reading ``record`` at ``now``.
+
+        client-go's ``observedTime``: a contender trusts an owner's ``expiresAt`` only as far as a lease
+        can reach, ttl (plus the skew allowance) past its first reading of that lease (the owner, its
+        token and its ``expiresAt``: a renewal starts a new observation, a waiter's writes do not). A
+        lease claiming more is suspect, and said once: it would otherwise block the lock for years.
+        """
+        lease = None if record is None else (record.owner_id, record.owner_instance, record.token, record.expires_at)
+        if lease is not None and lease == observed[0]:
+            return observed
+        if record is not None and protocol.suspect_lease(record, now, self.timing):
+            self._log_acquire.warning(
+                "lock %s: the lease of %s claims to run until %s, further ahead than its ttl (%s s) allows; "
+                "not trusted: it ends %s unless its owner renews it",
+                self.url,
+                record.owner_id,
+                when(record.expires_at, now),
+                record.ttl or self.timing.ttl,
+                when(protocol.lease_end(record, now, self.timing), now),
+            )
+        return lease, now
+
     def _interrupted(self, delay: float) -> bool:
         """Wait up to ``delay``; True if an interruptible retry must give up (cancel(), a deferred release)."""
         return self._clock.wait(self._cancel, delay) or self._guard.deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
         holder = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
-        _log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
+        self._log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
         signals.send(
             signals.waiting,
             self,
@@ -311,15 +583,15 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         earlier acquire whose give-back failed) is left, never kept or refreshed."""
         try:
             if record is not None and record.waiter_instance == self._me.instance:
-                self._leave_slot(True, record, keep=False)
+                self._leave_slot(record, waiting=True, keep=False)
         finally:
             self._state = IDLE
         return False
 
-    def _give_up(self, waiting: bool, last: LockRecord | None, *, timed_out: bool) -> bool:
+    def _give_up(self, last: LockRecord | None, *, waiting: bool, timed_out: bool) -> bool:
         """A timeout or a cancel: leave the waiter slot (maybe we were handed the lock meanwhile)."""
         try:
-            if self._leave_slot(waiting, last, keep=timed_out):
+            if self._leave_slot(last, waiting=waiting, keep=timed_out):
                 return True  # the handoff beat the timeout: keep it
         finally:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
@@ -328,8 +600,8 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             raise messages.contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
-    def _leave_slot(self, waiting: bool, last: LockRecord | None, *, keep: bool) -> bool:
-        """Clear our waiter slot (:func:`.release.give_back_slot`) within ``give_up_budget``.
+    def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool) -> bool:
+        """Clear our waiter slot within ``give_up_budget``.
 
         ``waiting``: we registered, or a registration may have reached the store (its reply unseen: a
         Ctrl-C, a lost reply): then the record is read, and the slot cleared if it names this instance.
@@ -344,13 +616,13 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
         deadline = self._clock.monotonic() + self.give_up_budget
-        handed = give_back_slot(self._io, me=self._me, clock=self._clock, policy=self._policy, deadline=deadline)
+        handed = self._give_back_slot(deadline)
         if handed is None:
             raise messages.slot_not_given_back(self.url, self.key, self.give_up_budget, self.timing.waiter_ttl)
         if not handed:
             return False
         owned, mono, wall = handed
-        self._became_owner(owned.record, owned.generation, True, mono, wall, settle_by=deadline if keep else False)
+        self._became_owner(owned.record, owned.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline)
         if keep:
             return True
         self._guard.deferred = False
@@ -358,10 +630,48 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             self._release_held(deadline)
         return False
 
+    def _give_back_slot(self, deadline: float) -> tuple[Owned, float, float] | Literal[False] | None:
+        """Clear our waiter slot with a conditional write (re-read on 412), by ``deadline``.
+
+        Returns False when the slot is clear (given back, or no longer ours); ``(owned, mono, wall)`` when
+        the owner handed us the lock meanwhile (the clocks read when the record showed it: the lease
+        counts from there); None when ``deadline`` passed first. Each read waits for our write slot
+        first, as an urgent write.
+        """
+        while self._clock.monotonic() < deadline:
+            record, generation = self._read_to_write(deadline, urgent=True)
+            mono, wall = self._clock.monotonic(), self._clock.time()
+            decision = protocol.decide_give_up_wait(
+                record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce()
+            )
+            if isinstance(decision, Owned):
+                return decision, mono, wall
+            if not isinstance(decision, Write):
+                return False
+            try:
+                with self._mutex:
+                    self._io.write(decision, deadline, urgent=True)
+                return False
+            except PreconditionFailed:
+                continue
+        return None
+
     def _became_owner(
-        self, record: LockRecord, generation: int, handoff: bool, mono: float, wall: float, *, settle_by: Settle
+        self,
+        record: LockRecord,
+        generation: int,
+        mono: float,
+        wall: float,
+        *,
+        handoff: bool,
+        settle: bool = True,
+        settle_by: float | None,
     ) -> None:
-        """We own ``record`` (stamped at ``mono``/``wall``); its lease settled before scheduler or receivers know."""
+        """We own ``record`` (stamped at ``mono``/``wall``; ``handoff``: handed to us by its owner).
+
+        With ``settle`` a handed lease too short to use is renewed by ``settle_by`` (None: within
+        ``renew_deadline``) before the scheduler or receivers know; without, it is released at once.
+        """
         if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
             wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
         # A new hold: nothing of the last one (its loss included) carries over.
@@ -372,16 +682,16 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         self._book.new_hold()  # a release request recorded while we were acquiring (a SIGTERM, say) stands
         self._state = HELD
         how = ", handed off" if handoff else ""
-        _log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, how)
+        self._log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, how)
         if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
             # A waiter already in the record we took (it registered while the lock was being handed to
             # us): our renewals write against this very generation and never meet it, so the first waiter
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
             lease.next_check = self._clock.monotonic()
-        if settle_by is not False:
+        if settle:
             self._settle_handed_lease(settle_by)
-        self._duties.schedule()
-        self._lifetime.held()
+        self._schedule()
+        _Reaper.ensure()  # started here, never in a collection
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -389,25 +699,246 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
 
         We may have seen the previous owner's write late (a slow poll, a pause); acquire() returns only with
         a lease no check can call lost before its first renewal. Conditional on the generation: safe however late.
+        The write waits for the gate and is retried until ``deadline`` (None: ``renew_deadline``).
         """
-        lease = self._lease
-        if lease.valid_until - self._clock.monotonic() >= self.timing.renew_interval:
+        lease, clock, t = self._lease, self._clock, self.timing
+        if lease.valid_until - clock.monotonic() >= t.renew_interval:
             return
-        with self._io.mutex:
+        with self._mutex:
             if self._state != HELD:
                 return
             try:
-                renewal.renew_handed(self._io, lease, deadline=deadline, **self._renewing())
+                decision = self._decide_renew(lease)
+                if not isinstance(decision, Write):  # the record says the lease is not ours to renew
+                    raise PreconditionFailed(self.key, lease.generation, url=self.url)
+                end = clock.monotonic() + t.renew_deadline
+                by = end if deadline is None else max(min(deadline, end), lease.valid_until)
+                written, generation, mono, wall = self._io.write(decision, by, urgent=True)
+                lease.set(written.record, generation, mono, wall, t, clock)
             except (StorageError, LockRecordCorrupt) as exc:
-                if lease.within(self._clock):
-                    lease.next_renew = self._clock.monotonic()  # keep it; the scheduler retries at once
+                if lease.within(clock):
+                    lease.next_renew = clock.monotonic()  # keep it; the scheduler retries at once
                     return
                 self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)
                 raise lease.lost_error from exc  # type: ignore[misc]
 
-    def _renewing(self) -> renewal.Renewer:
-        """What :mod:`.renewal` needs of this lock, besides its I/O and its lease."""
-        return renewal.Renewer(me=self._me, clock=self._clock, policy=self._policy, timing=self.timing)
+    # -- the background duties: renewal, waiter check, release retry, loss at the deadline -----------
+
+    def _decide_renew(self, lease: Lease) -> protocol.Decision:
+        """What renewing ``lease`` writes now (or that the record we know says it is lost)."""
+        return protocol.decide_renew(
+            lease.record,
+            lease.generation,
+            me=self._me,
+            token=lease.token or 0,
+            now=self._clock.time(),
+            timing=self.timing,
+            nonce=new_nonce(),
+        )
+
+    def _renew(self) -> None:
+        """A background renewal, and what its outcome means.
+
+        A transient error is counted on the lease (retried in the background until ``renew_deadline``,
+        when :meth:`_deadline_passed` marks the loss); any other storage error, or the protocol's
+        :class:`Lost`, is a loss now.
+        """
+        with self._mutex:
+            try:
+                outcome = self._renew_attempts()
+            except TransientStorageError as exc:
+                metrics.renewal_failed(self, exc)
+                delay = self._lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
+                self._log_renew.warning(
+                    "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
+                    self.url,
+                    exc,
+                    delay,
+                )
+                return
+            except (StorageError, LockRecordCorrupt) as exc:
+                metrics.renewal_failed(self, exc)
+                self._mark_lost(f"renewal failed: {exc}", exc)
+                return
+            if isinstance(outcome, Lost):
+                self._mark_lost(outcome.why, None)
+            elif outcome is not None:
+                metrics.renewed(self, outcome)
+                expires = self._lease.record.expires_at if self._lease.record is not None else None
+                self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
+
+    def _renew_attempts(self) -> float | Lost | None:
+        """Up to three renewal writes, none waiting for the gate nor sleeping; call with the mutex held.
+
+        Returns the seconds from the landed write's send to now; the protocol's :class:`Lost`; or None when
+        nothing was renewed and nothing is to be done (deferred: ``next_renew`` is when the gate opens; no
+        longer held; the read after a 412 found the lock lost; or three writes in a row met a 412).
+
+        A renewal the write spacing would delay is deferred to when the gate opens (the lease is valid
+        well past it), so the mutex is never held through a wait. After a 412 (a waiter registered,
+        refreshed or left) it reads, notes what changed, and is sent again at once: a few waiter writes
+        in a row must not run an owner at the shortest ttl past its renew deadline.
+        """
+        lease, clock = self._lease, self._clock
+        for _ in range(3):
+            if self._state != HELD:
+                return None
+            now = clock.monotonic()
+            # A 429's widened spacing holds the renewal back only while it has room to.
+            by = self.timing.backoff_until(lease.valid_until)
+            wait = self._io.gate().ready_in(now, urgent=True, by=by)
+            if wait > 0:
+                lease.next_renew = now + wait
+                return None
+            decision = self._decide_renew(lease)
+            if isinstance(decision, Lost):
+                return decision
+            assert isinstance(decision, Write)
+            try:
+                written, generation, mono, wall = self._io.write(
+                    decision, lease.valid_until, retry=False, urgent=True, send_by=by
+                )
+            except PreconditionFailed:
+                if not self._saw(*self._io.read(lease.valid_until, retry=False)):
+                    return None
+                lease.next_renew = clock.monotonic()
+                continue
+            lease.set(written.record, generation, mono, wall, self.timing, clock)
+            return clock.monotonic() - mono
+        return None
+
+    def _check_waiter(self, known_generation: int | None = None) -> None:
+        """Still ours? Someone waiting? One read, or none when a scheduler's listing says nothing changed.
+
+        The scheduler passes ``known_generation`` from a listing it just made (0: not listed) when it
+        checks many locks at once; the check then runs whether or not it was due (:meth:`.Lease.known`).
+
+        The read is made without the I/O mutex, so one that stalls never holds up a renewal; what it
+        found is applied only if the lease is as it was when the read began. A renewal (or release)
+        since then wrote on the generation it knew, and would have met whatever the read saw.
+        """
+        with self._mutex:
+            if self._state != HELD:
+                return
+            lease = self._lease
+            lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
+            known, before = lease.known(known_generation), lease.generation
+        error: BaseException | None = None
+        try:
+            record, generation = known or self._io.read(None, retry=False)
+        except TransientStorageError as exc:
+            self._log_renew.debug("waiter check of %s failed: %s", self.url, exc)
+            return
+        except (StorageError, LockRecordCorrupt) as exc:
+            error, (record, generation) = exc, (None, 0)
+        with self._mutex:
+            if self._state != HELD or self._lease is not lease or lease.generation != before:
+                return  # the hold moved on while we read: a renewal saw (or will see) the record itself
+            if error is not None:
+                self._mark_lost(f"the lock object became unreadable: {error}", error)
+                return
+            self._saw(record, generation)
+
+    def _saw(self, record: LockRecord | None, generation: int) -> bool:
+        """What an owner's read showed: False if the lock is lost (marked so); else the lease and book note it."""
+        seen = protocol.observe_as_owner(record, me=self._me, token=self.token or 0, now=self._clock.time())
+        if isinstance(seen, Lost):
+            self._mark_lost(seen.why, None)
+            return False
+        if generation != self._lease.generation:  # an equal one is the record we know
+            self._lease.seen(record, generation)
+        self._book.note_waiter(seen, record, url=self.url, noticed=functools.partial(metrics.waiter_noticed, self))
+        return True
+
+    def _deadline_passed(self) -> None:
+        """No renewal succeeded within ``renew_deadline``: the hold is lost."""
+        with self._mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
+            if self._state == HELD and not self._lease.within(self._clock):
+                self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
+
+    def _retry_release(self) -> None:
+        """Retry a release whose write failed, until it lands or the lease is over anyway."""
+        now, t = self._clock.monotonic(), self.timing
+        if now >= self._lease.valid_until + (t.ttl - t.renew_deadline):
+            with self._mutex:
+                if self._state == RELEASING:
+                    self._log_release.warning(
+                        "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
+                    )
+                    self._state = IDLE
+                    self._end_hold()
+                    self._stop_duties()
+            return
+        self._lease.next_release_try = now + min(1.0, t.renew_interval)
+        try:
+            self._release_held(now + min(t.renew_deadline, 5.0), background=True)
+        except Exception as exc:  # already logged; a permanent error ends the hold
+            self._log_release.warning("release of %s failed for good: %s", self.url, exc)
+
+    def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
+        """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
+        if self._state == LOST:
+            return
+        self._state = LOST
+        self._lease.lose(why, exc := messages.lost(self.url, why, error))
+        self._stop_duties()
+        self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
+        if not from_release:
+            self._notifier.event(signals.on_renewal_error, error=exc)
+        self._notifier.event(signals.lost, reason=why, error=exc)
+
+    def _next_due(self, *, check: bool = True) -> float:
+        """Monotonic time of the next duty (inf if none): a renewal, the end of the lease's validity (it is
+        lost then), a waiter check (unless ``check`` is False), a release retry, or signals to send (at once)."""
+        if self._notifier.unsent:
+            return -math.inf
+        state, lease = self._state, self._lease
+        if state is RELEASING:
+            return lease.next_release_try
+        if state is not HELD:
+            return math.inf
+        if not lease.within(self._clock):  # a suspend ran it out: monotonic time does not know
+            return -math.inf
+        due = min(lease.next_renew, lease.valid_until)
+        return min(due, lease.next_check) if check else due
+
+    def _next_check_at(self) -> float:
+        """When the next waiter check falls due: never while the lock is not held, when a check does nothing."""
+        return self._lease.next_check if self._state is HELD else math.inf
+
+    def _run_due(self) -> None:
+        """Do whatever is due (one of: the loss at the renew deadline, a renewal, a waiter check, a release
+        retry); then hand the signals to the notifier."""
+        now, state, lease = self._clock.monotonic(), self._state, self._lease
+        if state is HELD:
+            if not lease.within(self._clock):  # monotonic time, or boot time (a host suspend counts)
+                self._deadline_passed()
+            elif now >= lease.next_renew:
+                self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
+            elif now >= lease.next_check:
+                self._check_waiter(None)
+        elif self._state is RELEASING and now >= lease.next_release_try:
+            self._retry_release()
+        self._notifier.notify()
+
+    def _schedule(self) -> None:
+        """Have the scheduler run the duties (the process-wide scheduler unless one was given)."""
+        if self._scheduler is None:
+            self._scheduler = default_scheduler()
+        self._scheduler.add(self._duties)
+
+    def _stop_duties(self) -> None:
+        """Stop running the duties (they may still be running now)."""
+        if self._scheduler is not None:
+            self._scheduler.discard(self._duties)
+
+    def _unschedule(self) -> None:
+        """Stop the background duties as a process that dies holding the lock would: nothing is released,
+        at exit or when collected (tests use it)."""
+        self._releases_at_exit = False
+        self._stop_duties()
+
+    # -- release ------------------------------------------------------------------------------------
 
     def release(self) -> str | None:
         """Give the lock up: hand it to a live waiter in one write, or mark it free.
@@ -428,7 +959,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         if self._state == WAITING:
             self._cancel.set()
             if not self._not_acquiring.wait(self.give_up_budget + t.renew_deadline + 30.0):
-                _log_release.warning("release() of %s: the acquire it cancelled has not ended yet", self.url)
+                self._log_release.warning("release() of %s: the acquire it cancelled has not ended yet", self.url)
                 return None
             if self._state != HELD:  # the acquire gave up (and gave the slot back)
                 return None
@@ -446,20 +977,22 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
         if self._state in (HELD, LOST):
             self._guarded(self._release)
 
+    def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
+        """See :meth:`.reentry.ReentryGuard.then_after_deferred_release` (for :mod:`handofflock.os_signals`)."""
+        return self._guard.then_after_deferred_release(fn)
+
     def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
         """The release write of a held (or releasing) lock; see :meth:`release`."""
-        self._duties.unschedule()
-        with self._io.mutex:
+        self._stop_duties()
+        with self._mutex:
             if self._state not in (HELD, RELEASING):  # lost while we waited for the scheduler's I/O
                 return None if background else self._release()  # no I/O: raises LockLost
             # From here the lock is no longer ours to use: the write may land (and the heir start)
             # before its reply reaches us, so healthy/check() say no from the moment it is sent.
             self._state = RELEASING
-            self._lease.next_release_try = float("inf")  # this attempt runs now
+            self._lease.next_release_try = math.inf  # this attempt runs now
             try:
-                heir, loss = write_release(
-                    self._io, self._lease, me=self._me, clock=self._clock, policy=self._policy, deadline=deadline
-                )
+                heir, loss = self._write_release(deadline)
                 if loss is not None:
                     self._mark_lost(loss.why, loss.cause, from_release=True)
             except (TransientStorageError, PreconditionFailed) as exc:
@@ -467,8 +1000,8 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
                 # trying in the background, no longer renewing; release() may retry at once.
                 if self._state == RELEASING:
                     self._lease.next_release_try = self._clock.monotonic() + min(1.0, self.timing.renew_interval)
-                    self._duties.schedule()
-                _log_release.warning(
+                    self._schedule()
+                self._log_release.warning(
                     "release of %s failed (%s); retrying in the background until the lease runs out", self.url, exc
                 )
                 if background:
@@ -488,7 +1021,7 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
             raise loss.error
         token = self.token
-        _log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
+        self._log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
             self._notifier.event(signals.released, handed_off_to=heir, token=token)
             self._notifier.notify()
@@ -496,98 +1029,55 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
 
+    def _write_release(self, deadline: float) -> tuple[str | None, _Loss | None]:
+        """The release write (retried, re-read on 412): ``(heir, None)``, or ``(None, why it was lost)``.
+
+        Call with the mutex held. A 412 is not the end of a release: a waiter registered, refreshed or
+        left since our last read, and the protocol decides again from the record read back, knowing
+        which write it ``attempted`` (if the record shows its effect, it landed). A record that has
+        become unreadable was overwritten by someone: the hold is lost, and never rewritten by us.
+        Transient storage errors (and a 412 the retry could not resolve) are raised.
+        """
+        attempted: Write | None = None
+        lease = self._lease
+        record, generation = lease.record, lease.generation
+        while True:
+            decision = protocol.decide_release(
+                record,
+                generation,
+                me=self._me,
+                token=lease.token or 0,
+                now=self._clock.time(),
+                timing=self.timing,
+                nonce=new_nonce(),
+                attempted=attempted,
+                within_lease=lease.within(self._clock),
+            )
+            if isinstance(decision, Released):
+                return decision.handed_off_to, None
+            if isinstance(decision, Lost):
+                why = f"lock {self.url!r} was lost before release: {decision.why}; nothing was written"
+                return None, _Loss(decision.why, None, LockLost(why, url=self.url, reason=decision.why))
+            assert isinstance(decision, Write)
+            try:
+                written, _, _, _ = self._io.write(decision, deadline, urgent=True)
+            except PreconditionFailed:
+                attempted = decision
+                try:
+                    record, generation = self._io.read(deadline)
+                except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
+                    lost = LockLost(
+                        f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc
+                    )
+                    lost.__cause__ = exc
+                    return None, _Loss(f"the lock object became unreadable: {exc.reason}", exc, lost)
+                continue
+            return (written.record.owner_id if written.kind is Kind.HANDOFF else None), None
+
     def _end_hold(self) -> None:
         """A hold is over, however it ended: its requests go with it, and no release is retried."""
         self._book.end_hold()
-        self._lease.next_release_try = float("inf")
-
-    def _deadline_passed(self) -> None:
-        """No renewal succeeded within ``renew_deadline``: the hold is lost (run by :mod:`.duties` when due)."""
-        with self._io.mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
-            if self._state == HELD and not self._lease.within(self._clock):
-                self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
-
-    def _renew(self) -> None:
-        """Renew (see :mod:`.renewal`: never waits for the write gate, never sleeps between retries)."""
-        with self._io.mutex:
-            held = lambda: self._state == HELD  # noqa: E731
-            loss = renewal.renew_or_fail(self, self._io, self._lease, held=held, saw=self._saw, **self._renewing())
-            if loss is not None:
-                self._mark_lost(*loss)
-
-    def _retry_release(self) -> None:
-        """Retry a release whose write failed, until it lands or the lease is over anyway."""
-        now, t = self._clock.monotonic(), self.timing
-        if now >= self._lease.valid_until + (t.ttl - t.renew_deadline):
-            with self._io.mutex:
-                if self._state == RELEASING:
-                    _log_release.warning(
-                        "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
-                    )
-                    self._state = IDLE
-                    self._end_hold()
-                    self._duties.unschedule()
-            return
-        self._lease.next_release_try = now + min(1.0, t.renew_interval)
-        try:
-            self._release_held(now + min(t.renew_deadline, 5.0), background=True)
-        except Exception as exc:  # already logged; a permanent error ends the hold
-            _log_release.warning("release of %s failed for good: %s", self.url, exc)
-
-    def _check_waiter(self, known_generation: int | None = None) -> None:
-        """Still ours? Someone waiting? One read, or none when a scheduler's listing says nothing changed.
-
-        The scheduler passes ``known_generation`` from a listing it just made (0: not listed) when it
-        checks many locks at once; the check then runs whether or not it was due (:meth:`.Lease.known`).
-
-        The read is made without the I/O mutex, so one that stalls never holds up a renewal (issue 25);
-        what it found is applied only if the lease is as it was when the read began. A renewal (or
-        release) since then wrote on the generation it knew, and would have met whatever the read saw.
-        """
-        with self._io.mutex:
-            if self._state != HELD:
-                return
-            lease = self._lease
-            lease.next_check = self._clock.monotonic() + self.timing.waiter_check_interval
-            known, before = lease.known(known_generation), lease.generation
-        error: BaseException | None = None
-        try:
-            record, generation = known or self._io.read(None, retry=False)
-        except TransientStorageError as exc:
-            _log_renew.debug("waiter check of %s failed: %s", self.url, exc)
-            return
-        except (StorageError, LockRecordCorrupt) as exc:
-            error, (record, generation) = exc, (None, 0)
-        with self._io.mutex:
-            if self._state != HELD or self._lease is not lease or lease.generation != before:
-                return  # the hold moved on while we read: a renewal saw (or will see) the record itself
-            if error is not None:
-                self._mark_lost(f"the lock object became unreadable: {error}", error)
-                return
-            self._saw(record, generation)
-
-    def _saw(self, record: LockRecord | None, generation: int) -> bool:
-        """What an owner's read showed: False if the lock is lost (marked so); else the lease and book note it."""
-        seen = protocol.observe_as_owner(record, me=self._me, token=self.token or 0, now=self._clock.time())
-        if isinstance(seen, Lost):
-            self._mark_lost(seen.why, None)
-            return False
-        if generation != self._lease.generation:  # an equal one is the record we know
-            self._lease.seen(record, generation)
-        self._book.note_waiter(seen, record, url=self.url, noticed=functools.partial(metrics.waiter_noticed, self))
-        return True
-
-    def _mark_lost(self, why: str, error: BaseException | None, *, from_release: bool = False) -> None:
-        """Record the loss once; queue ``lost`` (and ``on_renewal_error``) for sending outside locks."""
-        if self._state == LOST:
-            return
-        self._state = LOST
-        self._lease.lose(why, exc := messages.lost(self.url, why, error))
-        self._duties.unschedule()
-        _log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
-        if not from_release:
-            self._notifier.event(signals.on_renewal_error, error=exc)
-        self._notifier.event(signals.lost, reason=why, error=exc)
+        self._lease.next_release_try = math.inf
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
@@ -595,5 +1085,213 @@ class HandoffLock(LockSurface, LockViews, TimingViews):
             raise messages.inherited(self.url, self._pid)
         return self._guard.run(fn, deferrable=deferrable)
 
+    def __del__(self) -> None:
+        # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that
+        # moment (the scheduler's, holding its mutex, say), where a release's I/O could deadlock or stall.
+        # The reaper resurrects the lock for that one release (PEP 442 calls __del__ once).
+        if self.__dict__.get("_state") is HELD and self._pid == os.getpid() and not sys.is_finalizing():
+            _Reaper.orphans.put((self, self._releases_at_exit))
+
+
+class Acquired:
+    """What a successful :meth:`HandoffLock.acquire` returns: true, and a context manager that releases.
+
+    >>> with lock.acquire(timeout=5):      # as with filelock's AcquireReturnProxy
+    ...     work()                         # released (or handed off) here
+    >>> if lock.acquire(blocking=False):   # true; a failed try returns False
+    ...     ...
+    """
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: HandoffLock) -> None:
+        #: The lock that was acquired.
+        self.lock = lock
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __enter__(self) -> HandoffLock:
+        return self.lock
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.lock.__exit__(exc_type, exc, tb)
+
     def __repr__(self) -> str:
-        return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"
+        return f"<Acquired {self.lock!r}>"
+
+
+@dataclass(frozen=True)
+class _Loss:
+    """The hold turned out lost at release: ``why`` and ``cause`` to record it, ``error`` for ``release()`` to raise."""
+
+    why: str
+    cause: BaseException | None
+    error: LockLost
+
+
+class _Duties:
+    """A lock as its scheduler sees it (:class:`~.scheduler.Scheduled`), through one weak reference.
+
+    The scheduler must never keep a lock alive: a held lock whose last reference went is released by
+    the reaper, and once collected it has nothing due. The store and key group waiter checks.
+    """
+
+    __slots__ = ("_lock", "check_interval", "key", "request_timeout", "store")
+
+    def __init__(self, lock: HandoffLock, store: Storage, key: str) -> None:
+        self._lock = weakref.ref(lock)
+        self.store, self.key = store, key
+        self.check_interval, self.request_timeout = lock.timing.waiter_check_interval, lock.timing.request_timeout
+
+    def next_due(self) -> float:
+        lock = self._lock()
+        return math.inf if lock is None else lock._next_due()
+
+    def next_due_besides_check(self) -> float:
+        lock = self._lock()
+        return math.inf if lock is None else lock._next_due(check=False)
+
+    def next_check_at(self) -> float:
+        lock = self._lock()
+        return math.inf if lock is None else lock._next_check_at()
+
+    def run_due(self) -> None:
+        lock = self._lock()
+        if lock is not None:
+            lock._run_due()
+
+    def check_against(self, generation: int) -> None:
+        lock = self._lock()
+        if lock is not None:
+            lock._check_waiter(generation)
+            lock._notifier.notify()
+
+    def __repr__(self) -> str:
+        lock = self._lock()
+        return f"<duties of {lock!r}>" if lock is not None else "<duties of a collected HandoffLock>"
+
+
+def _store_of(url: str | os.PathLike[str], storage: Storage | None, key: str | None) -> tuple[Storage, str, str]:
+    """``(storage, key, url)``: the store and key given (both, or neither), or those the URL names (no I/O)."""
+    if storage is not None:
+        if key is None:
+            raise ConfigurationError("pass key= together with storage=")
+        return storage, key, f"{getattr(storage, 'url', storage)}/{key}"
+    storage, key = open_url(url)
+    return storage, key, os.fspath(url)
+
+
+def _timing_of(storage: Storage, timing: Timing | None, given: dict[str, float]) -> Timing:
+    """The lock's timing: ``timing`` as given, or built from the timing keywords ``given`` (None left out)."""
+    if timing is not None:
+        if not isinstance(timing, Timing):
+            raise ConfigurationError(f"timing must be a handofflock.Timing, got {type(timing).__name__}")
+        if given:
+            raise ConfigurationError(f"pass timing= or the timing keywords, not both (got {', '.join(given)})")
+    else:
+        given.setdefault("min_write_interval", default_write_interval(storage))
+        timing = Timing.build(**given)
+    explicit = getattr(storage, "explicit_request_timeout", None)
+    timing.check_request_timeout(explicit, getattr(storage, "url", "the store"))
+    return timing
+
+
+def _owner_id_of(owner_id: str | None) -> str:
+    """``owner_id`` checked (it is written into the lock object), or a fresh ``host:pid:random``."""
+    if owner_id is not None and (problem := id_problem(owner_id, "owner_id")) is not None:
+        raise ConfigurationError(f"{problem}: it is written into the lock object")
+    return owner_id or default_owner_id()
+
+
+def _label_of(label: str | Label | None) -> Label:
+    """``label`` as a checked :class:`Label`; by default what :func:`detect_label` finds."""
+    if label is None:
+        label = Label(detect_label())
+    elif isinstance(label, str):
+        label = Label(label)
+    problem = label_problem(label.text, "label") if isinstance(label, Label) else "label must be a string"
+    if problem is not None:
+        raise ConfigurationError(f"{problem}: it is written into the lock object")
+    return label
+
+
+#: Every lock of this process (weakly): disarmed in a forked child, released at exit if still held.
+_LOCKS: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+
+
+def _finish(lock: HandoffLock, release: bool, why: str) -> None:
+    """The end of a lock's life: released (handed off) if ``release``, else only no longer renewed."""
+    try:
+        if release and lock.is_held:
+            heir = lock.release()
+            lock._log_release.info("released %s %s%s", lock.url, why, f", handed off to {heir}" if heir else "")
+        else:
+            lock._unschedule()  # no longer renewed: the lease runs out by itself
+    except Exception as exc:  # the end of a lock's life must not raise into the program
+        lock._log_release.warning(
+            "could not release %s %s: %s; it frees itself when its lease runs out", lock.url, why, exc
+        )
+
+
+class _Reaper:
+    """The daemon thread that releases locks collected while held (a daemon: exit never waits for it)."""
+
+    orphans: queue.SimpleQueue[tuple[HandoffLock, bool]] = queue.SimpleQueue()
+    thread: threading.Thread | None = None
+    start_mutex = threading.Lock()
+    busy = threading.Lock()
+
+    @classmethod
+    def ensure(cls) -> None:
+        if cls.thread is not None and cls.thread.is_alive():
+            return
+        with cls.start_mutex:
+            if cls.thread is None or not cls.thread.is_alive():
+                cls.thread = threading.Thread(target=quiet(cls._main), name="handofflock-reaper", daemon=True)
+                cls.thread.start()
+
+    @classmethod
+    def _main(cls) -> None:
+        while True:
+            lock, release = cls.orphans.get()
+            with cls.busy:
+                _finish(lock, release, "when its last reference went")
+            del lock  # the last reference: collected for good (its __del__ does not run twice)
+
+    @classmethod
+    def drain(cls) -> None:
+        """At exit: release what is queued here, and wait (bounded) for what the reaper is releasing."""
+        while True:
+            try:
+                lock, release = cls.orphans.get_nowait()
+            except queue.Empty:
+                break
+            _finish(lock, release, "at exit (its last reference had gone)")
+        if cls.busy.acquire(timeout=EXIT_WAIT):
+            cls.busy.release()
+
+
+def _at_exit() -> None:
+    """Release every lock of this process still held. ``atexit`` runs after ``threading`` has joined the
+    non-daemon threads and before the daemon ones stop, so the scheduler and notifiers still run; hooks
+    registered after this module was imported (a checkpoint saved at exit) run first."""
+    _Reaper.drain()
+    pid = os.getpid()
+    for lock in list(_LOCKS):
+        if lock._releases_at_exit and lock._pid == pid and lock.is_held:
+            _finish(lock, True, "at exit")
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child every inherited lock holds nothing and does nothing: the parent's lease, renewals
+    and release are the parent's, and the parent's reaper thread and its queue are not the child's."""
+    _Reaper.orphans, _Reaper.thread = queue.SimpleQueue(), None
+    _Reaper.start_mutex, _Reaper.busy = threading.Lock(), threading.Lock()
+    for lock in list(_LOCKS):
+        lock._after_fork()
+
+
+atexit.register(_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

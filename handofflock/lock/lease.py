@@ -6,11 +6,8 @@ retry fall due, how many renewals failed in a row, and why the hold was lost.
 A new hold starts from a new :class:`Lease`, and a forked child's lock gets an
 empty one, so a reset is one assignment instead of ten fields cleared one by
 one (filelock's context dataclass). Mutated in place only by the lock's
-transitions, under its I/O mutex.
-
-It is a seam because *how long a lease is safe* is a rule of its own
-(:func:`lease_until`), measured from the write that made it, and it is what a
-planted bug in the simulation changes.
+transitions, under its I/O mutex. *How long a lease is safe* is a rule of its
+own (:func:`lease_until`), measured from the write that made it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """What the lock says when it refuses or fails: its errors, built from a record or from its state.
 
-Errors tell the user what to do: who holds the lock and until when, why a
-hold was lost, what to create instead. Kept apart from the lock so that its
-transitions read as control flow, and so that every message the lock raises
-can be read (and kept consistent) in one place. Nothing here decides anything:
-:mod:`.handoff` says which error, these functions say it.
+Errors tell the user what to do: who holds the lock and until when, why a hold
+was lost, what to create instead. Nothing here decides anything: :mod:`.handoff`
+says which error, these functions say it.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from ..core.errors import AlreadyAcquired, InheritedAcrossFork, LockContended, L
 from ..core.protocol import Me
 from ..core.record import LockRecord
 from ..core.timefmt import when, who
-from .state import State
+from .types import State
 
 
 def contended(

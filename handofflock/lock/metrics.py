@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from .._version import __version__
 from ..core.errors import AcquireCancelled, LockContended, LockTimeout
 from . import events
+from .logfields import LockLog
 
 if TYPE_CHECKING:
     from ..core.clock import Clock
@@ -57,6 +58,12 @@ class Measured(Protocol):
 
     @property
     def url(self) -> str: ...
+
+    @property
+    def owner_id(self) -> str: ...
+
+    @property
+    def token(self) -> int | None: ...
 
     @property
     def is_held(self) -> bool: ...
@@ -137,17 +144,18 @@ def use_meter_provider(provider: Any = None) -> None:
     _failed.clear()  # new instruments: their first failure is worth a traceback again
 
 
-def _instrument_failed(hook: str) -> None:
+def _instrument_failed(hook: str, lock: Measured) -> None:
     """Called in an ``except`` block: an instrument raised in ``hook``. Logged, never raised into the lock.
 
     With its traceback the first time per hook, at DEBUG after that: a broken
     exporter fails on every renewal, and the log must not drown in it.
     """
+    log = LockLog(_log.name, lock)  # the lock's fields on the record, as on every record of a lock
     if hook in _failed:
-        _log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+        log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
         return
     _failed.add(hook)
-    _log.error(
+    log.error(
         "metrics hook %s raised; ignored, the lock goes on (later failures of this hook are logged at DEBUG)",
         hook,
         exc_info=True,
@@ -204,7 +212,7 @@ def _record_acquire(lock: Measured, clock: Clock, started: float, outcome: str) 
     try:
         instruments.acquire_duration.record(max(0.0, clock.monotonic() - started), {**_attrs(lock), "outcome": outcome})
     except Exception:
-        _instrument_failed("timed_acquire")
+        _instrument_failed("timed_acquire", lock)
 
 
 def renewed(lock: Measured, latency: float) -> None:
@@ -217,7 +225,7 @@ def renewed(lock: Measured, latency: float) -> None:
         instruments.renewals.add(1, attrs)
         instruments.renewal_duration.record(max(0.0, latency), attrs)
     except Exception:
-        _instrument_failed("renewed")
+        _instrument_failed("renewed", lock)
 
 
 def renewal_failed(lock: Measured, error: BaseException) -> None:
@@ -228,7 +236,7 @@ def renewal_failed(lock: Measured, error: BaseException) -> None:
     try:
         instruments.renewal_errors.add(1, {**_attrs(lock), "error.type": type(error).__name__})
     except Exception:  # raised into _renew, it would keep the renewal due: a busy loop against a failing store
-        _instrument_failed("renewal_failed")
+        _instrument_failed("renewal_failed", lock)
 
 
 def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
@@ -241,7 +249,7 @@ def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
         registered = record.waiter_expires_at - slot
         instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
     except Exception:  # raised into the request book's note_waiter, it would hide the waiter from the owner for good
-        _instrument_failed("waiter_noticed")
+        _instrument_failed("waiter_noticed", lock)
 
 
 # ---------------------------------------------------------------------- from the lock's signals
@@ -255,7 +263,7 @@ def _on_acquired(sender: Any, *, handoff: bool = False, **_: Any) -> None:
     try:
         instruments.acquisitions.add(1, {**_attrs(sender), "handoff": bool(handoff)})
     except Exception:
-        _instrument_failed("acquired")
+        _instrument_failed("acquired", sender)
 
 
 def _on_released(sender: Any, *, handed_off_to: str | None = None, **_: Any) -> None:
@@ -265,7 +273,7 @@ def _on_released(sender: Any, *, handed_off_to: str | None = None, **_: Any) -> 
     try:
         instruments.handoffs.add(1, _attrs(sender))
     except Exception:
-        _instrument_failed("released")
+        _instrument_failed("released", sender)
 
 
 def _on_lost(sender: Any, **_: Any) -> None:
@@ -275,7 +283,7 @@ def _on_lost(sender: Any, **_: Any) -> None:
     try:
         instruments.losses.add(1, _attrs(sender))
     except Exception:
-        _instrument_failed("lost")
+        _instrument_failed("lost", sender)
 
 
 if _otel is not None:

@@ -8,8 +8,7 @@ waits for a receiver). A receiver that blocks (a checkpoint in an
 ``on_release_requested`` receiver is the point of it) delays only the later
 signals of the same lock, never a renewal or a waiter check of any lock.
 
-A seam because it is where the lock's threads end and user code begins;
-its mutex and its thread come from the lock's
+Its mutex and its thread come from the lock's
 :class:`~handofflock.lock.primitives.Primitives`, so a simulation runs the
 notifier as one of its own tasks.
 """

@@ -1,7 +1,7 @@
 """The concurrency primitives a lock is built from: mutexes, events, thread-locals, thread starts.
 
-A seam, as ``clock=`` is: :class:`~handofflock.lock.handoff.HandoffLock` and
-its parts create every mutex, event, thread-local and thread through one
+:class:`~handofflock.lock.handoff.HandoffLock` and its parts, as they take
+time from ``clock=``, create every mutex, event, thread-local and thread through one
 :class:`Primitives` value, whose default is the :mod:`threading` module. A
 deterministic simulation passes its own (a mutex that yields to its
 scheduler, an event whose ``wait`` parks a greenlet, a thread start that

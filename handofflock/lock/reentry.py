@@ -7,9 +7,9 @@ call only sets a flag, and the outermost call carries the release out on its
 way out; callbacks registered meanwhile (a second signal that must kill the
 process after the release) run after it.
 
-A seam because it is the one part of the lock that must work from a signal
-handler: it only assigns attributes. The depth is per thread (a thread-local
-from the lock's :class:`~handofflock.lock.primitives.Primitives`).
+It is the one part of the lock that must work from a signal handler: it only
+assigns attributes. The depth is per thread (a thread-local from the lock's
+:class:`~handofflock.lock.primitives.Primitives`).
 """
 
 from __future__ import annotations

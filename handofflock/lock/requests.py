@@ -7,10 +7,10 @@ waiter (it left, its slot expired, another took it); a signal's stays for the
 hold. Each new request and each withdrawal is handed, in order, to the
 notifier (``notice``), which sends the signals off the renewal path.
 
-A seam because requests arrive from places the state machine does not
-control (a signal handler may add one while the scheduler thread withdraws
-another): the book is written so that such a race never hides a request, and
-it never takes a lock (a signal handler calls :meth:`RequestBook.request`).
+Requests arrive from places the lock's transitions do not control (a signal
+handler may add one while the scheduler thread withdraws another): the book is
+written so that such a race never hides a request, and it never takes a lock
+(a signal handler calls :meth:`RequestBook.request`).
 A hold that ends, however it ends, takes its requests with it
 (:meth:`RequestBook.end_hold`).
 
@@ -34,8 +34,6 @@ from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
 from ..core.record import ASKING, LockRecord, WaiterRequest
 from .types import ReleaseRequest, RequestReason, Withdrawn
-
-_log_renew = logging.getLogger("handofflock.renew")
 
 
 def checked_request(reason: RequestReason | str, deadline: float | None) -> RequestReason:
@@ -92,9 +90,15 @@ class RequestBook:
     """The requests that stand for one lock. Plain attributes, each written atomically: no lock taken."""
 
     def __init__(
-        self, clock: Clock, notice: Callable[[ReleaseRequest | Withdrawn], None], *, who: str, yields: bool = True
+        self,
+        clock: Clock,
+        notice: Callable[[ReleaseRequest | Withdrawn], None],
+        *,
+        who: str,
+        yields: bool,
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
     ) -> None:
-        self._clock, self._notice, self._who, self._yields = clock, notice, who, yields
+        self._clock, self._notice, self._who, self._yields, self._log = clock, notice, who, yields, log
         self.end_hold()
         self._notified: set[str] = set()  # waiters already announced while we hold the lock
 
@@ -163,15 +167,15 @@ class RequestBook:
             self._waiter = None
             self._notified.discard(standing[0][0])  # should it come back, it is announced again
             gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
-            _log_renew.info("%s: waiter %s %s; its release request is withdrawn", self._who, standing[0][0], gone)
+            self._log.info("%s: waiter %s %s; its release request is withdrawn", self._who, standing[0][0], gone)
             self.withdraw(standing[1])
         if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
             self._notified.add(seen.waiter_id)
             noticed(record, self._clock.time())
             if not self._yields:
-                _log_renew.info(
+                self._log.info(
                     "%s: %s asks for %s; declined (this holder does not yield)", self._who, seen.waiter_id, url
                 )
                 return
-            _log_renew.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
+            self._log.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
             self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))

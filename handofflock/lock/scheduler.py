@@ -33,9 +33,6 @@ skips one check.
 In money a listing is not a read: GCS bills ``objects.list`` as a Class A
 operation, like a write, at about 12.5 times a read (Class B). Grouping saves
 requests from two locks on, and money from about thirteen.
-
-Slightly over 400 lines, a fifth of them the :class:`Scheduled` protocol that
-is its contract with the locks it runs.
 """
 
 from __future__ import annotations
@@ -61,8 +58,8 @@ class Scheduled(Protocol):
     """What a :class:`Scheduler` runs: one lock's background duties. This is the whole contract.
 
     Times are on the scheduler's clock (monotonic seconds). A lock hands the
-    scheduler an object of this shape (``HandoffLock`` keeps one); the
-    scheduler touches nothing else of the lock.
+    scheduler an object of this shape that reaches it through a weak reference
+    (a scheduler never keeps a lock alive); the scheduler touches nothing else of the lock.
     """
 
     @property
@@ -243,7 +240,7 @@ class Scheduler:
                     continue
                 if not grouped and id(lock) not in self._checking:
                     # The waiter check is a job of its own: its read may stall, and a renewal that
-                    # falls due meanwhile runs beside it instead of waiting for it (issue 25).
+                    # falls due meanwhile runs beside it instead of waiting for it.
                     check = lock.next_check_at()
                     if check <= now:
                         if track:

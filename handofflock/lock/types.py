@@ -1,4 +1,4 @@
-"""What a lock reports: release requests and their reasons, status snapshots, owner ids.
+"""What a lock reports: its state, release requests and their reasons, status snapshots, owner ids.
 
 Plain values, apart from :class:`~handofflock.lock.handoff.HandoffLock`, so that code
 reading them (the CLI, the runner, the async lock, receivers) need not read the lock.
@@ -21,6 +21,25 @@ from ..core.timing import Timing
 def default_owner_id() -> str:
     """``host:pid:random``: unique per lock instance, readable in ``status``."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class State(str, enum.Enum):
+    """Where a lock instance is in its life. A ``str`` (``State.HELD == "held"``): ``repr(lock)`` and logs show it.
+
+    ``IDLE`` holds nothing, acquires nothing. ``WAITING``: an ``acquire()`` runs (reading, waiting
+    as the single waiter). ``HELD``: renewed and checked in the background. ``RELEASING``: a release
+    whose write failed transiently, retried in the background (and by ``release()``) until it lands
+    or the lease runs out; not renewed, not held for the user. ``LOST``: the hold was lost;
+    ``release()`` or ``acquire()`` ends it. ``FORKED``: inherited across ``fork()``, it holds nothing
+    and does nothing in the child.
+    """
+
+    IDLE = "idle"
+    WAITING = "waiting"
+    HELD = "held"
+    RELEASING = "releasing"
+    LOST = "lost"
+    FORKED = "forked"
 
 
 class RequestReason(str, enum.Enum):
@@ -96,15 +115,14 @@ class LockStatus:
 
     @classmethod
     def of(
-        cls, url: str, record: LockRecord | None, generation: int, now: float, policy: Timing | None = None
+        cls, url: str, record: LockRecord | None, generation: int, now: float, timing: Timing | None = None
     ) -> LockStatus:
         """What a read of ``url`` that found ``record`` at ``generation`` says, judged at wall time ``now``.
 
-        ``policy`` (the reader's ttl and skew allowance; default 60 s and 2 s) judges a suspect lease.
+        ``timing`` (the reader's ttl and skew allowance; default :meth:`Timing.build`'s) judges a suspect lease.
         """
         if record is None:
             return cls(url, False, 0, read_at=now)
-        policy = policy or Timing.build()
         return cls(
             url,
             True,
@@ -124,7 +142,7 @@ class LockStatus:
             record.request.asks,
             record.request.priority,
             record.declined,
-            suspect_lease(record, now, policy),
+            suspect_lease(record, now, timing or Timing.build()),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -139,7 +139,7 @@ def bench_counts(backend: Backend) -> dict[str, Any]:
         step(stepped, thread)
         if noticed:
             record("waiter takes the handed-off lock", diff(before, cw.snapshot()))
-        if result != [True]:
+        if [bool(r) for r in result] != [True]:
             raise RuntimeError(f"the counted handoff did not complete: {result}")
         waiter.release()
         so.close()

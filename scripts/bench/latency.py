@@ -50,7 +50,7 @@ def peer_main(conn: Any, backend: dict[str, Any], key: str, options: dict[str, A
             # A waiter's polls run at a fixed rate from its first read, which begins right after this.
             send("started", time.monotonic())
             ok = lock.acquire(timeout=60)
-            send("acquired", time.monotonic(), ok)
+            send("acquired", time.monotonic(), bool(ok))
         except Exception as exc:
             send("error", repr(exc))
 

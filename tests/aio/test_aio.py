@@ -489,11 +489,12 @@ async def test_bad_input_raises_the_sync_locks_typed_errors(anyio_backend, reque
 
 
 def test_the_async_lock_takes_exactly_the_keywords_of_the_sync_lock():
-    """``AsyncHandoffLock(url, **options)`` is typed by LockOptions, which must name HandoffLock's keywords."""
-    import inspect
+    """``AsyncHandoffLock(url, **options)`` hands its keywords to HandoffLock, which checks them."""
+    from handofflock import AsyncHandoffLock, ConfigurationError, HandoffLock
 
-    from handofflock.lock.handoff import HandoffLock as SyncLock
-    from handofflock.lock.options import LockOptions
-
-    keywords = [p.name for p in inspect.signature(SyncLock).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    assert list(LockOptions.__annotations__) == keywords
+    lock = AsyncHandoffLock("memory://aio-keywords/l.json", ttl=12.0, owner_id="same")
+    assert isinstance(lock.sync, HandoffLock) and lock.ttl == 12.0 and lock.owner_id == "same"
+    with pytest.raises(TypeError, match="no_such_keyword"):
+        AsyncHandoffLock("memory://aio-keywords/l.json", no_such_keyword=1)
+    with pytest.raises(ConfigurationError):
+        AsyncHandoffLock("memory://aio-keywords/l.json", ttl=-1.0)

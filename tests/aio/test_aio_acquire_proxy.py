@@ -2,9 +2,9 @@
 
 import anyio
 import pytest
+from lockutil import raw_read, url_for
 
 from handofflock import AsyncHandoffLock
-from lockutil import raw_read, url_for
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -18,7 +18,7 @@ async def test_async_with_await_acquire_releases_at_the_end_of_the_block(anyio_b
     lock = AsyncHandoffLock(url)
     with anyio.fail_after(10):
         got = await lock.acquire(timeout=5)
-        assert got and got == True  # noqa: E712
+        assert got and bool(got) is True and got.lock is lock
         async with got as held:
             assert held is lock and lock.is_held
             assert raw_read(url)[0].owner_id == lock.owner_id

@@ -26,6 +26,7 @@ from simworld import (
 )
 
 from handofflock import (
+from handofflock.lock import Acquired
     AcquireCancelled,
     AlreadyAcquired,
     ConfigurationError,
@@ -229,13 +230,13 @@ def test_an_exception_in_the_block_releases_and_is_not_masked(store):
     assert not lock.is_held and _record(store, "locks/proxy.json").owner_id is None
 
 
-def test_a_successful_acquire_is_true_and_equals_true_and_a_failed_one_is_plain_false(world):
+def test_a_successful_acquire_is_true_and_names_its_lock_and_a_failed_one_is_plain_false(world):
     owner, other = world.lock("O"), world.lock("W")
     got = owner.acquire()
-    assert got and got == True and bool(got) is True and hash(got) == hash(True)  # noqa: E712
-    assert got != False and sorted([got, False]) == [False, True] and sum([got, True]) == 2  # noqa: E712
+    assert got and bool(got) is True and got.lock is owner
     assert other.acquire(blocking=False) is False
-    assert pickle.loads(pickle.dumps(got)) is True  # to another process it is the plain True
+    with pytest.raises(TypeError, match="cannot be copied or pickled"):
+        pickle.dumps(got)  # it holds the lock, which stays in this process
     owner.release()
 
 
@@ -304,7 +305,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
     sim.run_for(0.5)  # a few renewals of whoever holds it
     both = first.healthy and twin.healthy
     assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
-    assert twin.is_held and boxes["twin"].get("value") == True, boxes  # noqa: E712
+    assert twin.is_held and bool(boxes["twin"].get("value")), boxes
     # The first has a timeout, which waits for a slot held by another job; a slot taken
     # by its own newer incarnation is not that: it defers at once (Contended.superseded).
     assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
@@ -445,7 +446,7 @@ def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(sim):
     sim.run_for(FAST["ttl"] + FAST["max_clock_skew"] + 0.2)
     b, c = sim.lock("b", **FAST), sim.lock("c", **FAST)
     results = race(sim, [lambda: b.acquire(blocking=False), lambda: c.acquire(blocking=False)])
-    assert sorted(results) == [False, True], results
+    assert sorted(map(bool, results)) == [False, True], results
     winner = b if results[0] else c
     record, _ = sim.read()
     assert record.owner_id == winner.owner_id and winner.token > dead.token
@@ -533,12 +534,12 @@ def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(sim)
     assert a.release_request.requester == "q"
     assert sim.call(a.release) == "q"
     sim.run_until(lambda: bq.done)
-    assert bq.result == True  # noqa: E712
+    assert isinstance(bq.result, Acquired)
     sim.run_until(waiter_is(sim, "p"), what="p waits again, now for q")
     assert not q.release_requested  # p is patient with q too
     sim.call(q.release)
     sim.run_until(lambda: bp.done)
-    assert bp.result == True, bp  # noqa: E712
+    assert isinstance(bp.result, Acquired), bp
 
 
 def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to(sim):
@@ -628,12 +629,12 @@ def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_withou
     assert not b1, f"the displaced waiter gave up: {b1}"
     assert sim.call(o.release) == "w2"
     sim.run_until(lambda: b2.done)
-    assert b2.result == True  # noqa: E712 (an Acquired, equal to True)
+    assert isinstance(b2.result, Acquired)
     sim.run_until(lambda: waiter_is(sim, "w1")() or b1, what="w1 waits again, now for w2")
     assert not b1, b1
     sim.call(w2.release)
     sim.run_until(lambda: b1.done)
-    assert b1.result == True and w1.is_held, b1  # noqa: E712 (an Acquired, equal to True)
+    assert isinstance(b1.result, Acquired) and w1.is_held, b1
 
 
 def test_giving_up_the_slot_clears_the_request_and_the_decline():

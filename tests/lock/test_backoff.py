@@ -7,7 +7,7 @@ import pytest
 from handofflock import ConfigurationError
 from handofflock.core.backoff import LAST_TRY_MARGIN, RETRY, Backoff
 from handofflock.core.clock import FakeClock
-from handofflock.storage.cas import Retries
+from handofflock.storage.records import Retries
 
 
 def test_draws_cover_zero_to_the_doubling_ceiling_and_stop_growing_at_the_cap():

@@ -11,6 +11,7 @@ from lockutil import eventually, make_lock, raw_read
 from simworld import KEY
 
 from handofflock import (
+from handofflock.lock import Acquired
     FakeClock,
     HandoffLock,
     Scheduler,
@@ -259,7 +260,7 @@ def test_a_patient_waiter_is_never_announced_and_still_gets_the_lock_at_release(
     assert "waits for the holder to finish" in status_text(sim.call(a.status))
     assert sim.call(a.release) == "b"
     sim.run_until(lambda: box.done)
-    assert box.result == True and b.is_held  # noqa: E712  (an Acquired, == True)
+    assert isinstance(box.result, Acquired) and b.is_held
 
 
 def test_the_release_hands_the_lock_to_a_patient_waiter():

@@ -24,9 +24,8 @@ from handofflock import (
     signals,
 )
 from handofflock.storage import MemoryStorage
-from handofflock.storage.cas import write_resolving
 from handofflock.storage.gcs import GCSStorage
-from handofflock.storage.pacing import gate_for
+from handofflock.storage.records import gate_for, write_resolving
 from handofflock.testing.faultproxy import FaultProxy
 
 GCS_SPACING = 1.0
@@ -382,8 +381,8 @@ def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(wo
     assert world.clock.monotonic() == started and world.writes == writes, "the renewal waited"
     # private: when the renewal is next due; no public name says it
     assert a._lease.next_renew >= throttled_at + 3.0 - 1e-6, "deferred to when the gate opens"
-    assert a._io.mutex.acquire(blocking=False), "the renewal holds the I/O mutex"  # private: it must be free
-    a._io.mutex.release()
+    assert a._mutex.acquire(blocking=False), "the renewal holds the I/O mutex"  # private: it must be free
+    a._mutex.release()
     assert a.status().owner_id == "A" and a.is_held
 
 

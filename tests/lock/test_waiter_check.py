@@ -10,6 +10,7 @@ from lockutil import FAST
 from simworld import KEY
 
 from handofflock import (
+from handofflock.lock import Acquired
     AcquireCancelled,
     FakeClock,
     HandoffLock,
@@ -166,7 +167,7 @@ def test_a_holder_that_does_not_yield_declines_in_the_record_and_is_not_asked(si
     assert "asked by " in text and "(b), declined" in text, text
     assert sim.call(a.release) == "b"  # it still hands the lock on when it is done
     sim.run_until(lambda: box.done)
-    assert box.result == True  # noqa: E712
+    assert isinstance(box.result, Acquired)
 
 
 def test_a_waiter_that_leaves_withdraws_its_request_and_the_holder_keeps_the_lock(sim):
@@ -278,7 +279,7 @@ def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold(sim):
     # an operator clears the lock: the waiter takes it, the owner finds out
     sim.call(lambda: force_release(sim.lock("operator", **FAST)))
     sim.run_until(lambda: w.done, limit=20)
-    assert w.result == True and waiter.is_held  # noqa: E712 (an Acquired, equal to True)
+    assert isinstance(w.result, Acquired) and waiter.is_held
     # private: "lost" has no public flag of its own (is_held is False after a release too)
     sim.run_until(lambda: owner._state == "lost", what="the owner notices its loss")
     sim.call(waiter.release)

@@ -15,7 +15,7 @@ such fault, for every transition:
   bytes, nonce included, and fails its precondition against itself);
 * no false LockLost, no double handoff, no lost waiter.
 
-Without the read-back (``handofflock.storage.cas._landed`` answering "not landed")
+Without the read-back (``handofflock.storage.records._landed`` answering "not landed")
 every one of these tests fails on the first point at least; the docstrings say
 what else would break. ``test_..._catches_a_lock_without_the_read_back`` runs
 the scenarios on such a lock to prove it.
@@ -23,7 +23,7 @@ the scenarios on such a lock to prove it.
 
 from __future__ import annotations
 
-from handofflock.storage import cas
+from handofflock.storage import records as cas
 
 import threading
 import time
@@ -221,7 +221,7 @@ def scenario_become_waiter(actor, bucket) -> None:
     assert len(b.named("waiting")) == 1
     assert a.lock.release() == "B"
     t.join(10)
-    assert box.get("value") == True, box
+    assert bool(box.get("value")), box
     handed = [rec for rec in a.landed() if rec.owner_id == "B"]
     assert len(handed) == 1 and b.lock.token == handed[0].token
     assert b.named("acquired") == [{"token": handed[0].token, "handoff": True}]
@@ -244,7 +244,7 @@ def scenario_refresh_waiter(actor, bucket) -> None:
     assert t.is_alive(), f"B stopped waiting: {box}"
     assert a.lock.release() == "B"
     t.join(10)
-    assert box.get("value") == True and b.lock.is_held
+    assert bool(box.get("value")) and b.lock.is_held
     assert_carried_on(a, b)
 
 
@@ -277,7 +277,7 @@ def scenario_handoff(actor, bucket) -> None:
     assert a.lock.release() == "B"
     t.join(10)
     handoff = dropped(a)
-    assert box.get("value") == True and b.lock.token == handoff.token
+    assert bool(box.get("value")) and b.lock.token == handoff.token
     assert len([rec for rec, _ in a.writes() if rec.owner_id == "B" and rec.nonce == handoff.nonce]) == 1, "the handoff sent once"
     assert [rec for rec in a.landed() if rec.owner_id == "B"] == [handoff], "exactly one handoff landed"
     assert a.named("released") == [{"handed_off_to": "B", "token": a.lock.token}]
@@ -315,7 +315,7 @@ def scenario_give_up_wait(actor, bucket) -> None:
     eventually(lambda: c.named("waiting"), timeout=2, what="C became the waiter at once")
     assert a.lock.release() == "C"
     t.join(10)
-    assert box.get("value") == True
+    assert bool(box.get("value"))
     assert_carried_on(a, b, c)
 
 
@@ -364,7 +364,7 @@ def test_a_handoff_whose_reply_was_lost_is_not_reported_lost_when_the_heir_renew
     a.proxy.inject("delay", method="GET", delay=0.6, when=lambda ex: drop.fired)  # B renews at once after a handoff
     assert a.lock.release() == "B"
     t.join(10)
-    assert box.get("value") == True
+    assert bool(box.get("value"))
     handoff = dropped(a)
     stored = raw_read(url(bucket))[0]
     assert stored.owner_id == "B" and stored.token == handoff.token and stored.nonce != handoff.nonce
@@ -403,7 +403,7 @@ def test_a_waiter_whose_registration_reply_was_lost_accepts_the_handoff_when_the
     time.sleep(0.3 + 0.1)  # the read-back (A's renewal by then) and one more poll
     assert a.lock.release() == "B"
     t.join(10)
-    assert box.get("value") == True
+    assert bool(box.get("value"))
     handed = [rec for rec in a.landed() if rec.owner_id == "B"]
     assert len(handed) == 1 and b.lock.token == handed[0].token
     assert len(b.named("waiting")) == 1
@@ -434,7 +434,7 @@ def test_a_release_whose_reply_was_lost_is_not_reported_lost_when_another_proces
     finally:
         stop.set()
         t.join(5)
-    assert box.get("value") == True, "C should have taken the freed lock"
+    assert bool(box.get("value")), "C should have taken the freed lock"
     assert raw_read(url(bucket))[0].owner_id == "C"
     assert a.named("lost") == []
 

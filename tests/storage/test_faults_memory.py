@@ -21,7 +21,7 @@ simulated time and runs the scheduler, so the interleavings are deterministic.
 
 from __future__ import annotations
 
-from handofflock.storage import cas
+from handofflock.storage import records as cas
 
 import itertools
 from dataclasses import dataclass
@@ -39,7 +39,7 @@ from handofflock import (
     TransientStorageError,
     signals,
 )
-from handofflock.storage import pacing
+from handofflock.storage import records as pacing
 from handofflock.core.record import new_nonce
 from handofflock.storage import MemoryStorage
 

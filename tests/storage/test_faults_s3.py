@@ -22,7 +22,7 @@ import pytest
 import test_faults_gcs as gcs_faults
 from handofflock import HandoffLock, LockLost, StorageError, TransientStorageError, signals
 from handofflock.core.timing import Timing
-from handofflock.storage import cas
+from handofflock.storage import records as cas
 from handofflock.storage.s3 import S3Storage
 from handofflock.testing.faultproxy import FaultProxy
 from lockutil import FAST, eventually, raw_read

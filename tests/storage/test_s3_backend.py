@@ -30,7 +30,7 @@ from handofflock.core.errors import (
     TransientStorageError,
 )
 from handofflock.storage import open_url, s3_format
-from handofflock.storage.pacing import default_write_interval
+from handofflock.storage.records import default_write_interval
 from handofflock.storage.s3 import S3Storage
 from handofflock.testing.faultproxy import FaultProxy
 

@@ -14,8 +14,8 @@ from handofflock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.timing import RETRY_SPACINGS, Timing
 from handofflock.storage import MemoryStorage
-from handofflock.storage.cas import write_resolving
-from handofflock.storage.pacing import WriteGate
+from handofflock.storage.records import write_resolving
+from handofflock.storage.records import WriteGate
 
 GCS_SPACING = 1.0
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
 from ...core.record import LockRecord
 from ...fencing import decode_fence
-from ...lock.acquired import Acquired
+from ...lock.handoff import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
 from .parties import Party
 

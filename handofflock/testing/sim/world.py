@@ -34,8 +34,7 @@ from ...core.errors import (
 )
 from ...fencing import FencedObject
 from ...lock import events as signals
-from ...lock.acquired import Acquired
-from ...lock.handoff import HandoffLock
+from ...lock.handoff import Acquired, HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
 from .aio_party import run_async_party

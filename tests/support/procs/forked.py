@@ -97,7 +97,7 @@ def held(url: str) -> dict:
                 except InheritedAcrossFork:
                     seen[name] = "InheritedAcrossFork"
             own = HandoffLock(url + ".child", ttl=5, owner_id="child")
-            seen["own"] = own.acquire(timeout=10)
+            seen["own"] = bool(own.acquire(timeout=10))
             time.sleep(1.5)  # renewed by the child's own scheduler meanwhile
             seen["own_healthy"] = own.healthy
             own.release()

@@ -1,0 +1,569 @@
+"""The record store: the lock object read, decoded strictly, and written conditionally, paced and resolved.
+
+Everything the lock says to its store goes through :class:`RecordStore`, above the
+backends' small contract (:mod:`.base`); :mod:`handofflock.fencing` and
+:mod:`handofflock.repair` use the two functions under it. Three parts, one job:
+
+* **Pacing.** GCS sustains about one write per second to a single object; faster
+  writes earn 429s. Every lock of this process that writes the same object (on
+  the same clock) shares one :class:`WriteGate`, which keeps writes to one per
+  ``min_interval`` on average, lets a release through at once, and widens the
+  spacing after a 429 (shrinking it back after successes). A 429 asks for
+  backoff, but the lease comes first: an urgent write (a renewal) passes ``by``,
+  the latest time it can be held back and still keep its promise; past that it
+  waits only the store's own spacing. A 429 applies nothing, so one more write at
+  GCS's documented rate costs at most another 429, while waiting out a doubled
+  spacing past the renew deadline costs the lock.
+* **Writes whose reply was lost** (:func:`write_resolving`). A write whose reply
+  is lost (a timeout or reset after the request went out) may or may not have
+  been applied, and a retry would fail its precondition against its own result.
+  So every write carries a nonce the caller recognises in the stored bytes, and
+  after an ambiguous failure the object is read back: it carries our nonce (the
+  write landed); its generation is still the one we matched (it did not: retry);
+  someone else wrote and the bytes show ours is not among the writes since
+  (:class:`PreconditionFailed`: read again, decide again); or the bytes cannot
+  tell (a fenced object keeps only its last writes' nonces): an ambiguous
+  :class:`TransientStorageError`, never PreconditionFailed, whose caller would
+  take it for "nothing written".
+* **The lock's record** (:class:`RecordStore`): reads decoded strictly, each
+  write stamped at the send of each attempt (a lease counts from the write that
+  made it), every request bounded by the lock's ``request_timeout``.
+
+It never decides what to write (:mod:`handofflock.core.protocol` does) nor what a
+result means for the lock (:mod:`handofflock.lock.handoff` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+
+from ..core import protocol
+from ..core.backoff import RETRY, Backoff
+from ..core.clock import Clock
+from ..core.errors import PreconditionFailed, TransientStorageError
+from ..core.protocol import Write
+from ..core.record import LockRecord, new_nonce
+from ..core.timing import Timing
+from . import outages
+from .base import MAX_RECORD_BYTES, Storage
+
+# Gates live as long as their store: keyed by the store object itself (weakly),
+# not by id(), which a new store can reuse after the old one is collected and so
+# inherit its spacing and its booked slots.
+_GATES: weakref.WeakKeyDictionary[object, dict[tuple[str, object], WriteGate]] = weakref.WeakKeyDictionary()
+_UNWEAKABLE: dict[int, tuple[object, dict[tuple[str, object], WriteGate]]] = {}
+_GATES_LOCK = threading.Lock()
+
+#: Longest spacing a run of 429s can push writes to one object to.
+MAX_PENALTY_INTERVAL = 8.0
+#: Writes the bucket of a gate holds: an urgent write may follow an ordinary one at once.
+BURST = 2
+#: A wait this short is no wait: a write may go (float dust in the bucket arithmetic).
+_TOLERANCE = 1e-9
+
+
+class WriteGate:
+    """Spacing of writes to one object from this process: a token bucket on one clock.
+
+    The bucket holds at most :data:`BURST` writes and refills one write per
+    ``interval`` (``min_interval``, widened after a 429). An ordinary write
+    (a renewal, a waiter's registration) needs the bucket full and leaves one
+    write in it; an ``urgent`` one (a release or handoff, giving a waiter slot
+    back) needs just one. So writes average at most one per ``interval``, and
+    a release never waits behind the renewal that went out a moment before it.
+
+    Nothing is booked ahead: :meth:`ready_in` says how long until a write of
+    its class could go, and :meth:`take` spends a write only at the moment it
+    is sent. A writer that gives up costs the others nothing.
+
+    A gate belongs to one clock: times passed to it are that clock's
+    ``monotonic()`` readings (see :func:`gate_for`).
+    """
+
+    def __init__(self, min_interval: float) -> None:
+        self.min_interval = min_interval
+        self.interval = min_interval
+        self._tokens = float(BURST)
+        self._stamp = float("-inf")  # when _tokens was last brought up to date
+        self._sent = float("-inf")  # when the last write was let through
+        self._lock = threading.Lock()
+
+    def _capacity(self) -> float:
+        # While a 429's penalty lasts there is no burst: every write waits its full spacing.
+        return float(BURST) if self.interval <= self.min_interval else 1.0
+
+    def _refill(self, now: float) -> float:
+        """Bring the bucket up to ``now``; return what a write of the asking class needs."""
+        cap = self._capacity()
+        if self.interval <= 0:
+            self._tokens = cap
+        elif now > self._stamp:
+            gained = (now - self._stamp) / self.interval if self._stamp != float("-inf") else cap
+            self._tokens = min(cap, self._tokens + gained)
+        self._tokens = min(cap, self._tokens)
+        self._stamp = max(self._stamp, now)
+        return cap
+
+    def _wait(self, now: float, urgent: bool, by: float | None) -> float:
+        """Seconds until a write of this class may go (call with ``_lock`` held)."""
+        need = 1.0 if urgent else self._refill(now)
+        if urgent:
+            self._refill(now)
+        wait = 0.0 if self.interval <= 0 else max(0.0, (need - self._tokens) * self.interval)
+        if urgent and wait > 0 and self.interval > self.min_interval and by is not None and now + wait > by:
+            # A 429's widening would hold this write past the last moment it can wait: it goes
+            # at the store's own spacing instead (the lease comes first; see the module docstring).
+            wait = min(wait, max(0.0, self._sent + self.min_interval - now))
+        return wait
+
+    def ready_in(self, now: float, *, urgent: bool = False, by: float | None = None) -> float:
+        """Seconds until a write of this class could be sent; nothing is booked.
+
+        ``by`` (urgent writes only): the latest time this write may be held
+        back by the spacing a 429 widened. If the widened spacing would pass
+        it, the write waits only ``min_interval`` after the previous write sent
+        to the object. Without ``by`` the widened spacing holds urgent writes too.
+
+        A read whose result decides a write should come after this wait, not
+        before, or the write may go out on a stale generation.
+        """
+        with self._lock:
+            wait = self._wait(now, urgent, by)
+        # Below the tolerance take() allows, a write may go now. Float dust (1e-13 s) left as a wait
+        # would put the next try at ``now + wait == now``: a renewal deferred to the instant it was
+        # deferred at, again and again, wherever time does not move between tries (the simulation).
+        return 0.0 if wait <= _TOLERANCE else wait
+
+    def take(self, now: float, *, urgent: bool = False, by: float | None = None) -> bool:
+        """Spend one write now if its class may go (``by`` as for :meth:`ready_in`); False (nothing spent) if not."""
+        with self._lock:
+            if self._wait(now, urgent, by) > _TOLERANCE:
+                return False
+            self._tokens = max(0.0, self._tokens - 1.0)
+            self._sent = max(self._sent, now)
+            return True
+
+    def refund(self, now: float) -> None:
+        """A write was refused on its precondition (412): it changed nothing, so it costs nothing.
+
+        GCS's rate limit is on updates of the object; a refused write is none. An
+        owner whose renewal lost the race with a waiter's write retries at once.
+        """
+        with self._lock:
+            cap = self._refill(now)
+            self._tokens = min(cap, self._tokens + 1.0)
+
+    def throttled(self, retry_after: float | None = None) -> None:
+        """The store answered 429: empty the bucket and refill it more slowly."""
+        with self._lock:
+            widened = max(self.interval * 2, self.min_interval, 1.0)
+            if retry_after:
+                widened = max(widened, retry_after)
+            self.interval = min(widened, MAX_PENALTY_INTERVAL)
+            self._tokens = 0.0
+
+    def succeeded(self) -> None:
+        """A write went through: let the spacing relax back toward the minimum."""
+        with self._lock:
+            if self.interval > self.min_interval:
+                relaxed = self.interval * 0.75
+                # Close enough to the minimum is the minimum (0.75**n never reaches 0).
+                self.interval = self.min_interval if relaxed < self.min_interval + 0.05 else relaxed
+
+
+def default_write_interval(storage: object) -> float:
+    """The write spacing a store asks for (``min_write_interval``: 1 s on GCS), else 0."""
+    return float(getattr(storage, "min_write_interval", 0.0))
+
+
+def gate_for(storage: object, key: str, min_interval: float, clock: object = None) -> WriteGate:
+    """The process-wide gate for ``key`` in ``storage`` on ``clock`` (the strictest minimum wins).
+
+    Writers on different clocks get different gates: a gate compares times of
+    one clock only (a fake clock's monotonic time has nothing to do with the real one).
+    """
+    with _GATES_LOCK:
+        try:
+            gates = _GATES.setdefault(storage, {})
+        except TypeError:  # not weak-referenceable or unhashable: keep it alive with its gates
+            gates = _UNWEAKABLE.setdefault(id(storage), (storage, {}))[1]
+        slot = (key, getattr(clock, "timebase", clock))
+        gate = gates.get(slot)
+        if gate is None:
+            gate = gates[slot] = WriteGate(min_interval)
+        elif min_interval > gate.min_interval:
+            gate.min_interval = min_interval
+            gate.interval = max(gate.interval, min_interval)
+        return gate
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: new mutexes for the gates (a parent thread may have held one at the fork)."""
+    global _GATES_LOCK
+    _GATES_LOCK = threading.Lock()
+    for gates in [*_GATES.values(), *(held for _, held in _UNWEAKABLE.values())]:
+        for gate in gates.values():
+            gate._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class Retries:
+    """The retries of one operation: :data:`~handofflock.core.backoff.RETRY` delays bounded by a deadline.
+
+    The deadline is monotonic, or None for none. The policy is
+    :meth:`Backoff.delay_within <handofflock.core.backoff.Backoff.delay_within>`:
+    the last try goes just before the deadline, never past it.
+    """
+
+    def __init__(self, clock: Clock, deadline: float | None, policy: Backoff = RETRY) -> None:
+        self._clock = clock
+        self._deadline = deadline
+        self._policy = policy
+        self._attempt = 0
+
+    def next_delay(self) -> float | None:
+        """Seconds to wait before the next try, or None when there is none."""
+        delay = self._policy.delay_within(self._attempt, now=self._clock.monotonic(), deadline=self._deadline)
+        self._attempt += 1
+        return delay
+
+
+def read_retrying(
+    storage: Storage,
+    key: str,
+    *,
+    clock: Clock,
+    deadline: float | None,
+    max_bytes: int,
+    retry: bool = True,
+    sleep: Callable[[float], bool] | None = None,
+    timeout: float | None = None,
+) -> tuple[bytes, int] | None:
+    """One read, its transient errors retried with backoff until ``deadline`` (monotonic).
+
+    ``retry`` and ``sleep`` as for :func:`write_resolving`. Every read that
+    decides a write goes through here (the lock's, the fence's, a force-release's).
+    """
+    retries = Retries(clock, deadline)
+    while True:
+        try:
+            found = storage.read(key, max_bytes=max_bytes, timeout=timeout)
+        except TransientStorageError as exc:
+            delay = retries.next_delay()
+            if not retry or delay is None:
+                raise
+            outages.failed(storage, exc)  # said once per outage: a long wait is never silent
+            if sleep is None:
+                clock.sleep(delay)
+            elif not sleep(delay):
+                raise
+        else:
+            outages.answered(storage)
+            return found
+
+
+def write_resolving(
+    storage: Storage,
+    key: str,
+    data: bytes | Callable[[], bytes],
+    *,
+    if_generation_match: int,
+    is_ours: Callable[[bytes], bool | None],
+    clock: Clock,
+    deadline: float | None,
+    max_bytes: int,
+    gate: WriteGate | None = None,
+    urgent: bool = False,
+    send_by: float | None = None,
+    retry: bool = True,
+    sleep: Callable[[float], bool] | None = None,
+    timeout: float | None = None,
+) -> tuple[int, bytes | None]:
+    """Write ``data`` if the object is at ``if_generation_match``; return ``(generation, read_back)``.
+
+    ``data`` may be a function called just before each attempt is sent (after
+    any wait for the write gate), so what it stamps (a lease's ``expiresAt``)
+    dates from the send; ``is_ours`` must then recognise every attempt's bytes.
+    ``gate`` spaces the writes; ``urgent`` as for :meth:`WriteGate.take`, and
+    ``send_by`` is its ``by``: the latest time (monotonic) a 429's widened
+    spacing may hold this urgent write back (a renewal passes
+    :meth:`Timing.backoff_until <handofflock.core.timing.Timing.backoff_until>`).
+
+    ``is_ours(bytes)`` says whether stored bytes show our write: True, False
+    (they prove it is not among the writes they reflect), or None (they cannot
+    tell). After a write that may have landed, bytes at a later generation for
+    which it says None end the write with an ambiguous
+    :class:`TransientStorageError`: the outcome is lost, and no retry can find it.
+
+    ``read_back`` is None when the store answered the write, else the bytes read
+    back that proved it landed (they may be a later write that kept our nonce in
+    view: compare them with ``data`` before trusting ``generation`` as ours).
+    Transient errors are retried with backoff until ``deadline`` (monotonic);
+    the last one is raised after it. With ``retry=False`` the first transient
+    error is raised (after one read-back if the write may have landed).
+    ``sleep(seconds)`` waits between retries and returns False to stop early
+    (a cancelled acquire); the default just sleeps. Raises
+    :class:`PreconditionFailed` when the object moved on, and any permanent
+    :class:`StorageError` at once.
+    """
+    retries = Retries(clock, deadline)
+    maybe_landed = False
+    failed: TransientStorageError | None = None
+
+    def pause() -> bool:
+        """Sleep before the next try; False when there is no next try."""
+        delay = retries.next_delay()
+        if not retry or delay is None:
+            return False
+        if sleep is None:
+            clock.sleep(delay)
+            return True
+        return sleep(delay)
+
+    while True:
+        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
+            wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
+            if deadline is not None and clock.monotonic() + wait >= deadline:
+                # The spacing (widened by 429s) would carry the write past the deadline:
+                # give up now rather than sleep there. Nothing was booked, so giving up
+                # costs the other writers of the object nothing.
+                raise failed or TransientStorageError(
+                    f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
+                    url=getattr(storage, "url", None),
+                    key=key,
+                    ambiguous=False,
+                )
+            clock.sleep(max(wait, 0.001))
+        body = data() if callable(data) else data
+        try:
+            generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=timeout)
+        except PreconditionFailed:
+            if gate is not None:
+                gate.refund(clock.monotonic())
+            if maybe_landed:  # our own earlier attempt may be what moved the generation
+                while True:  # only a read can tell; a failed one is no answer, so read again
+                    try:
+                        landed = _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
+                        break
+                    except TransientStorageError:
+                        if not pause():
+                            raise
+                    except _OutcomeLost:
+                        raise _outcome_lost(storage, key, if_generation_match) from None
+                if landed is not None:
+                    return landed
+            raise
+        except TransientStorageError as exc:
+            failed = exc
+            if exc.status == 429 and gate is not None:
+                gate.throttled(exc.retry_after)
+            if exc.ambiguous:
+                maybe_landed = True
+                try:
+                    landed = _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
+                except TransientStorageError:
+                    landed = None  # cannot tell yet; the retry's precondition will
+                except _OutcomeLost:
+                    raise _outcome_lost(storage, key, if_generation_match) from exc
+                if landed is not None:
+                    return landed
+            if not pause():
+                raise
+            outages.failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
+        else:
+            if gate is not None:
+                gate.succeeded()
+            outages.answered(storage)
+            return generation, None
+
+
+def _landed(
+    storage: Storage,
+    key: str,
+    expected: int,
+    is_ours: Callable[[bytes], bool | None],
+    max_bytes: int,
+    timeout: float | None,
+) -> tuple[int, bytes] | None:
+    """After a write that may have landed: ``(generation, bytes)`` if it did, None if it did not yet.
+
+    Raises :class:`PreconditionFailed` if someone else wrote and ours is proven
+    absent, and :class:`_OutcomeLost` if someone else wrote and the bytes cannot
+    tell. Not a :class:`TransientStorageError`: the callers retry those.
+    """
+    found = storage.read(key, max_bytes=max_bytes, timeout=timeout)
+    if found is None:
+        if expected != 0:
+            raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+        return None
+    data, generation = found
+    try:
+        ours = is_ours(data)
+    except Exception:  # unreadable bytes are not ours; the caller's own read will report them
+        ours = False
+    if ours:
+        return generation, data
+    if generation == expected:
+        return None
+    if ours is None:
+        raise _OutcomeLost()
+    raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+
+
+class _OutcomeLost(Exception):
+    """Raised by :func:`_landed`: the object moved on, and its bytes no longer show whether our write landed."""
+
+
+def _outcome_lost(storage: Storage, key: str, expected: int) -> TransientStorageError:
+    return TransientStorageError(
+        f"write to {key!r} in {getattr(storage, 'url', storage)}: no reply came, and others have written since "
+        f"generation {expected} so often that the object no longer shows whether this write is among theirs: "
+        "it may have landed (read the object to see where things stand)",
+        url=getattr(storage, "url", None),
+        key=key,
+        ambiguous=True,
+    )
+
+
+def list_within(storage: Storage, prefix: str, seconds: float | None) -> dict[str, int]:
+    """``storage.list(prefix)``, the request ending within ``seconds`` (the scheduler's grouped check)."""
+    return storage.list(prefix, timeout=seconds)
+
+
+class RecordStore:
+    """Reads and conditional writes of one lock object, each request bounded by the lock's ``request_timeout``.
+
+    ``interrupted(delay)`` waits up to ``delay`` seconds and says whether an
+    interruptible retry must give up (a ``cancel()``, a deferred release).
+    Needs no mutex of its own: the lock serialises its writes.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        key: str,
+        *,
+        url: str,
+        clock: Clock,
+        timing: Timing,
+        interrupted: Callable[[float], bool],
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self.storage, self.key, self.url = storage, key, url
+        self._clock, self._timing, self._interrupted, self._log = clock, timing, interrupted, log
+        self._gate: WriteGate | None = None
+
+    def gate(self) -> WriteGate:
+        """The store's write gate for this object (shared with every lock of this process on it)."""
+        if self._gate is None:
+            self._gate = gate_for(self.storage, self.key, self._timing.min_write_interval, self._clock)
+        return self._gate
+
+    def read(
+        self, deadline: float | None, *, retry: bool = True, interruptible: bool = False
+    ) -> tuple[LockRecord | None, int]:
+        """One read (retried on transient errors until ``deadline``), decoded strictly."""
+        found = read_retrying(
+            self.storage,
+            self.key,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            retry=retry,
+            sleep=lambda delay: self._sleep(delay, interruptible),
+            timeout=self._timing.request_timeout,
+        )
+        if found is None:
+            return None, 0
+        data, generation = found
+        return LockRecord.decode(data, key=self.key, generation=generation, url=self.url), generation
+
+    def wait_for_gate(self, deadline: float | None, *, urgent: bool = False, interruptible: bool = False) -> None:
+        """Before a read whose decision will likely be written: wait for our write slot first.
+
+        Reading and then waiting out the per-object write spacing would send the
+        write on a generation that has had a second to go stale; against a busy
+        object that can lose every time.
+        """
+        wait = self.gate().ready_in(self._clock.monotonic(), urgent=urgent)
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - self._clock.monotonic()))
+        if wait > 0:
+            self._sleep(wait, interruptible)
+
+    def write(
+        self,
+        write: Write,
+        deadline: float | None,
+        *,
+        retry: bool = True,
+        urgent: bool = False,
+        send_by: float | None = None,
+        interruptible: bool = False,
+    ) -> tuple[Write, int, float, float]:
+        """Make ``write``, its lease or slot stamped at the send of each attempt.
+
+        Returns ``(the attempt that landed, new generation, monotonic and wall
+        time of its send)``: a lease is counted from the send of the write that
+        made it, never from when the operation began (a wait for the write
+        gate, or retries after a 503 or a 429, come before the stamp).
+        ``send_by`` (monotonic): past it, a 429's widened spacing no longer holds
+        an urgent write back (see :meth:`~handofflock.core.timing.Timing.backoff_until`).
+        Raises PreconditionFailed when the record moved on (the caller reads and decides again).
+        """
+        attempts: dict[str, tuple[Write, float, float]] = {}
+        sent: list[str] = []
+
+        def stamp() -> bytes:
+            mono, wall = self._clock.monotonic(), self._clock.time()
+            attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), timing=self._timing)
+            assert attempt.record.nonce is not None
+            attempts[attempt.record.nonce] = (attempt, mono, wall)
+            sent.append(attempt.record.nonce)
+            return attempt.record.encode()
+
+        def is_ours(data: bytes) -> bool:
+            return LockRecord.decode(data, key=self.key, url=self.url).nonce in attempts
+
+        generation, read_back = write_resolving(
+            self.storage,
+            self.key,
+            stamp,
+            if_generation_match=write.if_generation_match,
+            is_ours=is_ours,
+            clock=self._clock,
+            deadline=deadline,
+            max_bytes=MAX_RECORD_BYTES,
+            gate=self.gate(),
+            urgent=urgent,
+            send_by=send_by,
+            retry=retry,
+            sleep=lambda delay: self._sleep(delay, interruptible),
+            timeout=self._timing.request_timeout,
+        )
+        landed = attempts[sent[-1]]
+        if read_back is not None:
+            landed = attempts.get(LockRecord.decode(read_back, key=self.key, url=self.url).nonce or "", landed)
+            self._log.info("a write whose reply was lost had landed (%s)", write.kind.value)
+        attempt, mono, wall = landed
+        return attempt, generation, mono, wall
+
+    def _sleep(self, delay: float, interruptible: bool) -> bool:
+        """Sleep ``delay`` before a retry; False to give up.
+
+        ``interruptible`` retries (an acquire's polling, ``status()``) give up
+        on ``cancel()`` or a deferred release. The others (a release, giving
+        the waiter slot back) carry on to their deadline whatever arrives: they
+        are what a cancel or a signal wants done.
+        """
+        if not interruptible:
+            self._clock.sleep(delay)
+            return True
+        return not self._interrupted(delay)
