@@ -58,8 +58,8 @@ from simclock import SimClock  # noqa: E402
 
 import handofflock  # noqa: E402
 from handofflock import HandoffLock, Scheduler, TransientStorageError, signals  # noqa: E402
-from handofflock.storage.records import RecordStore  # noqa: E402
 from handofflock.storage import MemoryStorage  # noqa: E402
+from handofflock.storage.records import RecordStore  # noqa: E402
 
 KEY = "locks/job.json"
 SPACING = 1.0

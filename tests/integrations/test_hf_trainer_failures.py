@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from ranksutil import ROOT
 
 HERE = Path(__file__).resolve().parent

@@ -10,9 +10,9 @@ import subprocess
 import time
 
 import pytest
+from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 from handofflock import HandoffLock
-from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 
 @pytest.mark.timeout(150)

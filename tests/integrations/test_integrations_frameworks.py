@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import torch
+from ranksutil import EXAMPLES, ROOT, check_handoff_timeline, torchrun
 
 from handofflock import HandoffLock
-from ranksutil import EXAMPLES, ROOT, check_handoff_timeline, torchrun
 
 STEPS = 60
 # Job B is started as A takes the lock and A's 60 steps last at least 3 s: B (a new interpreter) must

@@ -15,10 +15,10 @@ import time
 
 import pytest
 import torch
+from ranksutil import EXAMPLES, TORCHRUN, Lines, check_handoff_timeline, free_port, rank_env, stop_torchrun, torchrun
 
 from handofflock import HandoffLock, LockLost, force_release
 from handofflock.integrations import RankLock, any_of_two, local_agree
-from ranksutil import EXAMPLES, TORCHRUN, Lines, check_handoff_timeline, free_port, rank_env, stop_torchrun, torchrun
 
 EXAMPLE = EXAMPLES / "torchrun_yield.py"
 

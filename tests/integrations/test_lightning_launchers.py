@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from ranksutil import ROOT, TORCHRUN, Lines, free_port
 
 from handofflock import HandoffLock
-from ranksutil import ROOT, TORCHRUN, Lines, free_port
 
 JOB = Path(__file__).resolve().parent / "lightning_job.py"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))

@@ -10,9 +10,9 @@ import time
 
 import pytest
 import torch
+from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 from handofflock import HandoffLock
-from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 
 @pytest.mark.timeout(150)

@@ -9,8 +9,8 @@ import urllib.request
 import uuid
 
 import pytest
-
 from fake_metadata import FakeMetadataServer
+
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler, signals
 from handofflock.preemption import DEFAULT_METADATA_HOST, METADATA_IP, PreemptionWatcher
 from handofflock.storage import MemoryStorage

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from ranksutil import ROOT
 
 from handofflock import HandoffLock
 from handofflock.core.identity import stable_job_id
 from handofflock.integrations.ranks import RankLock, StopDecision, local_agree
 from handofflock.integrations.torch import agree_device
-from ranksutil import ROOT, torchrun
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,11 +13,11 @@ import time
 import uuid
 
 import pytest
+from jobsutil import shared_url  # noqa: F401
 
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
 from handofflock.os_signals import DEFAULT_GRACE, install_signal_handlers, parse_signal
 from handofflock.storage import MemoryStorage
-from jobsutil import shared_url  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 

@@ -16,9 +16,9 @@ import time
 
 import pytest
 import torch
+from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 from handofflock import HandoffLock
-from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 EXAMPLE = EXAMPLES / "torchrun_yield.py"
 TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)

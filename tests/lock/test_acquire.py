@@ -26,7 +26,6 @@ from simworld import (
 )
 
 from handofflock import (
-from handofflock.lock import Acquired
     AcquireCancelled,
     AlreadyAcquired,
     ConfigurationError,
@@ -45,6 +44,7 @@ from handofflock.core.protocol import Me, Write
 from handofflock.core.record import ASKING, MAX_TOKEN, Holder, Waiter, WaiterRequest
 from handofflock.core.timing import Timing
 from handofflock.fencing import FencedObject
+from handofflock.lock import Acquired
 from handofflock.storage import MemoryStorage
 
 

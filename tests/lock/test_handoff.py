@@ -11,7 +11,6 @@ from lockutil import eventually, make_lock, raw_read
 from simworld import KEY
 
 from handofflock import (
-from handofflock.lock import Acquired
     FakeClock,
     HandoffLock,
     Scheduler,
@@ -22,6 +21,7 @@ from handofflock.core import protocol
 from handofflock.core.protocol import Kind, Me, Write
 from handofflock.core.record import ASKING, Holder, Label, LockRecord, Waiter, WaiterRequest
 from handofflock.core.timing import Timing
+from handofflock.lock import Acquired
 from handofflock.storage import MemoryStorage
 
 TTL = 10.0

@@ -10,7 +10,6 @@ from lockutil import FAST
 from simworld import KEY
 
 from handofflock import (
-from handofflock.lock import Acquired
     AcquireCancelled,
     FakeClock,
     HandoffLock,
@@ -24,6 +23,7 @@ from handofflock.core import protocol
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.protocol import Me, WaiterSeen
 from handofflock.core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.lock import Acquired
 from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
 

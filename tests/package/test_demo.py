@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from jobsutil import ROOT, child_env
 
 LINE = re.compile(r"^\s*(?P<t>\d+\.\d\d)s  (?P<who>[AB])\s+(?P<token>\d+|-)\s+(?P<what>.*)$")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from handofflock import HandoffLock
 from jobsutil import shared_url  # noqa: F401
 from test_examples import example, read_until
+
+from handofflock import HandoffLock
 
 
 @pytest.mark.timeout(90)

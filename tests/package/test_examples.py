@@ -9,10 +9,10 @@ import sys
 import time
 
 import pytest
-
 from fake_metadata import FakeMetadataServer
-from handofflock import HandoffLock
 from jobsutil import CONSOLE_SCRIPT, ROOT, child_env, shared_url  # noqa: F401
+
+from handofflock import HandoffLock
 
 EXAMPLES = ROOT / "examples"
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from lockutil import url_for
 
 PROCS = Path(__file__).resolve().parents[1] / "support" / "procs"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from lockutil import eventually, raw_read, url_for
 
 from handofflock import HandoffLock
-from lockutil import eventually, raw_read, url_for
 
 PROCS = Path(__file__).resolve().parents[1] / "support" / "procs"
 

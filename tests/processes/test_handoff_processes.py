@@ -9,7 +9,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from lockutil import url_for
 
 PROC = Path(__file__).resolve().parents[1] / "support" / "procs" / "lockproc.py"

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from lockutil import url_for
 
 from handofflock.fencing import FencedObject
 from handofflock.storage import open_url
-from lockutil import url_for
 
 PROC = Path(__file__).resolve().parents[1] / "support" / "procs" / "pauseproc.py"
 TTL = 2.0  # pauseproc's timing

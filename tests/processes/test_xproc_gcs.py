@@ -30,10 +30,10 @@ from typing import Any
 
 import orjson
 import pytest
-
-from handofflock.testing.faultproxy import FaultProxy
-from handofflock.core.record import LockRecord
 from lockutil import raw_read, url_for
+
+from handofflock.core.record import LockRecord
+from handofflock.testing.faultproxy import FaultProxy
 
 PROC = Path(__file__).resolve().parents[1] / "support" / "procs" / "xproc.py"
 

@@ -8,7 +8,6 @@ error escaping acquire or release); on S3 no write spacing applies by default.
 from __future__ import annotations
 
 import pytest
-
 from lockutil import url_for
 from test_xproc_gcs import assert_history, procs  # noqa: F401  (procs is a fixture)
 

@@ -13,10 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
+from lockutil import eventually, make_lock, raw_read, raw_write
 
 from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
-from handofflock.core.record import Holder, Waiter
 from handofflock.cli import main
+from handofflock.core.record import Holder, Waiter
 from handofflock.exit_codes import (
     EXIT_CANNOT_EXECUTE,
     EXIT_CONFIG,
@@ -30,8 +32,6 @@ from handofflock.exit_codes import (
     EXIT_USAGE,
 )
 from handofflock.storage import MemoryStorage, open_url
-from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
-from lockutil import eventually, make_lock, raw_read, raw_write
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "procs" / "job.py"
 PY = sys.executable

@@ -13,14 +13,14 @@ import time
 import uuid
 
 import pytest
+from jobsutil import CONSOLE_SCRIPT, child_env, popen
+from lockutil import make_lock, raw_read
+from test_cli import run_cmd
 
 from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import main
 from handofflock.exit_codes import EXIT_CORRUPT
 from handofflock.storage import open_url
-from jobsutil import CONSOLE_SCRIPT, child_env, popen
-from lockutil import make_lock, raw_read
-from test_cli import run_cmd
 
 pytestmark = pytest.mark.s3
 

@@ -13,11 +13,12 @@ import socket
 import subprocess
 import time
 
+from jobsutil import CONSOLE_SCRIPT, child_env
+
 from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
 from handofflock.core.errors import TransientStorageError
 from handofflock.exit_codes import EXIT_STORAGE
 from handofflock.storage import MemoryStorage
-from jobsutil import CONSOLE_SCRIPT, child_env
 
 
 def closed_port() -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 from handofflock.exit_codes import EXIT_CONFIG
-from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import eventually, raw_read
 

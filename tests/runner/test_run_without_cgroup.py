@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from jobsutil import CONSOLE_SCRIPT, child_env
 from lockutil import eventually, raw_read
 

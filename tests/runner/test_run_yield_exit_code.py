@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import raw_read
 

@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-
 from jobsutil import CONSOLE_SCRIPT, child_env
 
 #: How long the binary may outlive its parent: the guard polls its pipe every 0.2 s, then

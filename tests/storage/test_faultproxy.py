@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from handofflock.core.errors import StorageError, TransientStorageError
-from handofflock.testing.faultproxy import FaultProxy, multipart_data
 from handofflock.storage.gcs import GCSStorage
+from handofflock.testing.faultproxy import FaultProxy, multipart_data
 
 
 @pytest.fixture

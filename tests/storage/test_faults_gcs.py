@@ -23,8 +23,6 @@ the scenarios on such a lock to prove it.
 
 from __future__ import annotations
 
-from handofflock.storage import records as cas
-
 import threading
 import time
 import uuid
@@ -32,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from lockutil import FAST, eventually, raw_read, raw_write
 
 from handofflock import (
     HandoffLock,
@@ -41,10 +40,10 @@ from handofflock import (
     TransientStorageError,
     signals,
 )
-from handofflock.testing.faultproxy import Exchange, FaultProxy
 from handofflock.core.record import Holder, LockRecord
+from handofflock.storage import records as cas
 from handofflock.storage.gcs import GCSStorage
-from lockutil import FAST, eventually, raw_read, raw_write
+from handofflock.testing.faultproxy import Exchange, FaultProxy
 
 KEY = "locks/a.json"
 

@@ -21,29 +21,24 @@ simulated time and runs the scheduler, so the interleavings are deterministic.
 
 from __future__ import annotations
 
-from handofflock.storage import records as cas
-
-import itertools
 from dataclasses import dataclass
 from typing import Callable
 
 import pytest
+from simworld import KEY, World  # noqa: F401  (the world fixture is in conftest.py)
 
 from handofflock import (
     HandoffLock,
     HandoffLockError,
-    LockRecord,
     LockTimeout,
-    Scheduler,
     StorageError,
     TransientStorageError,
     signals,
 )
-from handofflock.storage import records as pacing
 from handofflock.core.record import new_nonce
 from handofflock.storage import MemoryStorage
-
-from simworld import KEY, World  # noqa: F401  (the world fixture is in conftest.py)
+from handofflock.storage import records as cas
+from handofflock.storage import records as pacing
 
 
 @dataclass(frozen=True)

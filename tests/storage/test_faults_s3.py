@@ -18,15 +18,15 @@ import uuid
 from typing import Any
 
 import pytest
-
 import test_faults_gcs as gcs_faults
+from lockutil import FAST, eventually, raw_read
+from test_faults_gcs import KEY, SCENARIOS, Actor
+
 from handofflock import HandoffLock, LockLost, StorageError, TransientStorageError, signals
 from handofflock.core.timing import Timing
 from handofflock.storage import records as cas
 from handofflock.storage.s3 import S3Storage
 from handofflock.testing.faultproxy import FaultProxy
-from lockutil import FAST, eventually, raw_read
-from test_faults_gcs import KEY, SCENARIOS, Actor
 
 pytestmark = pytest.mark.s3
 

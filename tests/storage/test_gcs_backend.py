@@ -28,9 +28,9 @@ from urllib.parse import quote
 
 import google.auth.exceptions
 import pytest
+import requests
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as google_storage
-import requests
 
 from handofflock import HandoffLock
 from handofflock.core.errors import (
@@ -41,9 +41,9 @@ from handofflock.core.errors import (
     StorageError,
     TransientStorageError,
 )
-from handofflock.testing.faultproxy import FaultProxy
 from handofflock.storage import deadline, open_url
 from handofflock.storage.gcs import GCSStorage
+from handofflock.testing.faultproxy import FaultProxy
 
 PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))

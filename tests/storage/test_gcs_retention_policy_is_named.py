@@ -14,8 +14,7 @@ import pytest
 import requests
 
 from handofflock import HandoffLock, StorageError
-from handofflock.storage.gcs import GCSStorage
-from handofflock.storage.gcs import says_retained
+from handofflock.storage.gcs import GCSStorage, says_retained
 from handofflock.testing.faultproxy import FaultProxy
 
 KEY = "locks/job.json"

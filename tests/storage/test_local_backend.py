@@ -29,10 +29,8 @@ from handofflock.core.errors import (
     StorageError,
     TransientStorageError,
 )
-from handofflock.storage import open_url
-from handofflock.storage import local
-from handofflock.storage.local import LocalStorage
-from handofflock.storage.local import MAGIC, RESERVED_PREFIX, sidecar_name
+from handofflock.storage import local, open_url
+from handofflock.storage.local import MAGIC, RESERVED_PREFIX, LocalStorage, sidecar_name
 
 CTX = multiprocessing.get_context("spawn")
 PROCS = 4

@@ -6,16 +6,16 @@ import json
 
 import orjson
 import pytest
+from conftest import BACKENDS, make_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handofflock.core.clock import FakeClock
 from handofflock import HandoffLock, LockLost, LockRecord, LockRecordCorrupt, Scheduler, force_release, signals
+from handofflock.core.clock import FakeClock
 from handofflock.core.errors import PreconditionFailed
 from handofflock.core.protocol import next_token
 from handofflock.core.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL, Holder, Waiter
 from handofflock.storage import MAX_RECORD_BYTES, MemoryStorage
-from conftest import BACKENDS, make_store
 
 KEY = "locks/job.json"
 DROP = object()

@@ -33,11 +33,11 @@ from typing import Any
 
 import pytest
 from botocore.credentials import Credentials, RefreshableCredentials
+from lockutil import eventually
 
 from handofflock import HandoffLock, TransientStorageError, signals
 from handofflock.storage.s3 import S3Storage
 from handofflock.storage.s3_credentials import life_left
-from lockutil import eventually
 
 pytestmark = pytest.mark.s3
 KEY = "locks/job.json"

@@ -14,8 +14,7 @@ from handofflock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.timing import RETRY_SPACINGS, Timing
 from handofflock.storage import MemoryStorage
-from handofflock.storage.records import write_resolving
-from handofflock.storage.records import WriteGate
+from handofflock.storage.records import WriteGate, write_resolving
 
 GCS_SPACING = 1.0
 

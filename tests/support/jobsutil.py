@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from lockutil import url_for
 
 SHARED_BACKENDS = ["local", "gcs"]
