@@ -411,7 +411,7 @@ def test_a_provider_whose_every_instrument_raises_still_hands_the_lock_over(rais
     sim.run_for(0.5)  # a few renewals (every 0.2 s), each through the raising hook
     assert sim.call(owner.release) == waiter.owner_id
     sim.run_until(lambda: t.done, limit=15)
-    assert [t.result] == [True] and waiter.is_held
+    assert [bool(t.result)] == [True] and waiter.is_held
     sim.call(waiter.release)
     errors = metrics_errors(caplog)
     assert len(errors) == len(set(errors)), f"a hook logged its error twice: {errors}"
