@@ -330,7 +330,7 @@ def read_status(url: str, *, within: float = STATUS_READ_SECONDS) -> LockStatus:
     text = os.fspath(url)
     if found is None:
         store.list(key)  # raises on a missing bucket, with what to do
-        return LockStatus(text, False, 0, read_at=now)
+        return LockStatus(text, read_at=now)
     data, generation = found
     record = LockRecord.decode(data, key=key, generation=generation, url=text)
     return LockStatus.of(text, record, generation, now)  # the lock's own snapshot, every field included

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.protocol import suspect_lease
-from ..core.record import Label, LockRecord
+from ..core.record import Holder, Label, LockRecord, Waiter
 from ..core.timing import Timing
 
 
@@ -86,29 +86,16 @@ class Withdrawn:
 
 @dataclass(frozen=True)
 class LockStatus:
-    """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`."""
+    """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`: the record, and when it was read.
+
+    The named attributes read the record (None or False while the lock object is absent);
+    ``owner_live`` and ``waiter_live`` are judged at ``read_at``.
+    """
 
     url: str
-    exists: bool
-    generation: int
-    owner_id: str | None = None
-    expires_at: float | None = None
-    waiter_id: str | None = None
-    waiter_expires_at: float | None = None
-    token: int = 0
-    ttl: float | None = None
-    read_at: float = 0.0
-    owner_live: bool = False
-    waiter_live: bool = False
+    generation: int = 0
     record: LockRecord | None = None
-    owner_label: Label | None = None
-    waiter_label: Label | None = None
-    #: False for a patient waiter: it waits without asking the holder to leave.
-    waiter_asks: bool = True
-    #: The waiter's priority for the single slot (0 unless it said).
-    waiter_priority: int = 0
-    #: The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``).
-    declined: bool = False
+    read_at: float = 0.0
     #: ``expiresAt`` lies further ahead than the record's ttl plus the skew allowance: not trusted.
     #: Contenders count the lease as ending ttl after they first read this version of the record.
     lease_suspect: bool = False
@@ -122,28 +109,75 @@ class LockStatus:
         ``timing`` (the reader's ttl and skew allowance; default :meth:`Timing.build`'s) judges a suspect lease.
         """
         if record is None:
-            return cls(url, False, 0, read_at=now)
-        return cls(
-            url,
-            True,
-            generation,
-            record.owner_id,
-            record.expires_at,
-            record.waiting_owner_id,
-            record.waiter_expires_at,
-            record.token,
-            record.ttl,
-            now,
-            record.owner_live(now),
-            record.waiter_live(now),
-            record,
-            record.owner_label,
-            record.waiter_label,
-            record.request.asks,
-            record.request.priority,
-            record.declined,
-            suspect_lease(record, now, timing or Timing.build()),
-        )
+            return cls(url, read_at=now)
+        return cls(url, generation, record, now, suspect_lease(record, now, timing or Timing.build()))
+
+    @property
+    def exists(self) -> bool:
+        return self.record is not None
+
+    @property
+    def _owner(self) -> Holder | None:
+        return None if self.record is None else self.record.owner
+
+    @property
+    def _waiter(self) -> Waiter | None:
+        return None if self.record is None else self.record.waiter
+
+    @property
+    def owner_id(self) -> str | None:
+        return None if self._owner is None else self._owner.id
+
+    @property
+    def expires_at(self) -> float | None:
+        return None if self._owner is None else self._owner.expires_at
+
+    @property
+    def owner_label(self) -> Label | None:
+        return None if self._owner is None else self._owner.label
+
+    @property
+    def owner_live(self) -> bool:
+        return self._owner is not None and self._owner.live(self.read_at)
+
+    @property
+    def waiter_id(self) -> str | None:
+        return None if self._waiter is None else self._waiter.id
+
+    @property
+    def waiter_expires_at(self) -> float | None:
+        return None if self._waiter is None else self._waiter.expires_at
+
+    @property
+    def waiter_label(self) -> Label | None:
+        return None if self._waiter is None else self._waiter.label
+
+    @property
+    def waiter_live(self) -> bool:
+        return self._waiter is not None and self._waiter.live(self.read_at)
+
+    @property
+    def waiter_asks(self) -> bool:
+        """False for a patient waiter: it waits without asking the holder to leave."""
+        return self._waiter is None or self._waiter.request.asks
+
+    @property
+    def waiter_priority(self) -> int:
+        """The waiter's priority for the single slot (0 unless it said)."""
+        return 0 if self._waiter is None else self._waiter.request.priority
+
+    @property
+    def token(self) -> int:
+        return 0 if self.record is None else self.record.token
+
+    @property
+    def ttl(self) -> float | None:
+        return None if self.record is None else self.record.ttl
+
+    @property
+    def declined(self) -> bool:
+        """The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``)."""
+        return self.record is not None and self.record.declined
 
     def to_json(self) -> dict[str, Any]:
         return {
