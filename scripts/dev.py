@@ -127,9 +127,9 @@ def main(argv: list[str]) -> int:
     if rest:  # pytest arguments: a partial run, not CI's
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env).returncode
     # The whole suite on WORKERS pytest-xdist workers. Most tests wait on servers, clocks and child
-    # processes rather than compute, so three share two cores; the ones that compute (the framework
-    # jobs; the simulation, torture runs and package builds) run one after another within their
-    # group (tests/conftest.py). About 25 minutes in one process, about 11 on three.
+    # processes rather than compute, so three share two cores; the ones that compute run one after
+    # another within their group (the framework jobs, the simulation, the builds), each group on a
+    # worker of its own (tests/conftest.py's HEAVY).
     args = [str(python), "-m", "pytest", "-n", str(WORKERS), "--dist", "loadgroup"]
     # The whole suite: the static checks run beside the tests (mypy takes a minute from cold, on one
     # core, while the tests mostly wait on servers and clocks) and fail the command, but never stop

@@ -101,12 +101,32 @@ def s3_server():
 
 
 #: Under pytest-xdist (``scripts/dev.py test`` runs the whole suite on several workers with
-#: ``--dist loadgroup``), the tests that keep the CPUs busy run one after another, each folder's
-#: on one worker: the framework jobs (torchrun with its ranks) on one, the simulation, the torture
-#: runs and the package builds on another. The rest mostly wait on servers and clocks and are
-#: spread one test at a time. (Our own scheduler, not ``xdist_group`` marks: xdist 3.8 names a
-#: test's group by rewriting ``item._nodeid``, which pytest 9 no longer reads.)
-HEAVY = {"integrations": "frameworks", "sim": "cpu", "package": "cpu"}
+#: ``--dist loadgroup``), the tests that keep the CPUs busy run one after another within their group,
+#: each group on one worker: the framework jobs (torchrun with its ranks, Lightning, transformers),
+#: the simulation and torture runs, and the builds (the wheel, the docs site, the bench, whose runs a
+#: module shares). Three groups of a few minutes each, so that no single one is the run's critical path.
+#: The rest mostly wait on servers, clocks and child processes and are spread one test at a time
+#: (the in-process preemption and signal-handler tests beside the framework jobs, the examples and the
+#: layer checks beside the builds). Keys are path prefixes under tests/. (Our own scheduler, not
+#: ``xdist_group`` marks: xdist 3.8 names a test's group by rewriting ``item._nodeid``, which pytest 9
+#: no longer reads.)
+HEAVY = {
+    "integrations/test_hf_": "frameworks",
+    "integrations/test_integrations_": "frameworks",
+    "integrations/test_lightning_": "frameworks",
+    "integrations/test_rank_decisions.py": "frameworks",
+    "integrations/test_torchrun_": "frameworks",
+    "sim/": "simulation",
+    "package/test_package.py": "builds",
+    "package/test_docs_site.py": "builds",
+    "package/test_bench.py": "builds",
+}
+
+
+def heavy_group(nodeid: str) -> str | None:
+    """The group a test runs in, one after another (None: a unit of its own)."""
+    path = nodeid.split("::", 1)[0].removeprefix("tests/")
+    return next((group for prefix, group in HEAVY.items() if path.startswith(prefix)), None)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -116,11 +136,10 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class HeavyTogether(LoadScopeScheduling):
-        """Each heavy folder is one unit of work (largest first); every other test is a unit of its own."""
+        """Each heavy group is one unit of work (largest first); every other test is a unit of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("/")
-            return HEAVY.get(parts[1], nodeid) if len(parts) > 2 and parts[0] == "tests" else nodeid
+            return heavy_group(nodeid) or nodeid
 
     return HeavyTogether(config, log)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-import time
 import warnings
 from typing import Any
 
 import anyio
+import greenlet
 import pytest
 from lockutil import FAST, make_lock, raw_read, raw_write, url_for
 
@@ -29,8 +29,6 @@ from handofflock import (
     LockTimeout,
     signals,
 )
-from handofflock.core.record import LockRecord
-from handofflock.storage import MemoryStorage
 
 #: lockutil's short intervals with the store's default write pacing (0 on memory and local).
 QUICK = {k: v for k, v in FAST.items() if k != "min_write_interval"}
@@ -261,40 +259,38 @@ async def test_a_handoff_that_lands_as_the_acquire_is_cancelled_is_passed_on_not
     await lock.release()
 
 
-async def test_fail_after_around_acquire_acts_like_timeout(anyio_backend, request, tmp_path):
-    url = url_for("local", request, tmp_path)
-    holder = make_lock(url)
-    holder.acquire()
-    lock = AsyncHandoffLock(url, **QUICK)
+def test_fail_after_around_acquire_acts_like_timeout(sim):
+    holder, lock = sim.lock("holder", **QUICK), sim.aio("async-waiter", **QUICK)
+    sim.call(holder.acquire)
     registered: list[str] = []
 
     def on_waiting(sender, **kw):
         registered.append(sender.owner_id)
 
     signals.waiting.connect(on_waiting, sender=lock)
-    started = time.monotonic()
-    with pytest.raises(TimeoutError):
-        with anyio.fail_after(2.0):  # room to register first on a loaded machine
-            await lock.acquire()
-    assert registered == [lock.owner_id]  # it was the waiter ...
-    assert waiter_of(url) is None  # ... and gave the slot back
-    assert time.monotonic() - started < 2.0 + lock.sync.give_up_budget + 1.0
 
-    with pytest.raises(LockTimeout) as timed_out:  # timeout= does the same, with the sync lock's error
-        await lock.acquire(timeout=0.5)
-    assert isinstance(timed_out.value, TimeoutError) and timed_out.value.owner_id == holder.owner_id
-    assert registered == [lock.owner_id] * 2 and waiter_of(url) is None
-    holder.release()
+    async def main() -> None:
+        started = sim.monotonic()
+        with pytest.raises(TimeoutError):
+            with anyio.fail_after(2.0):
+                await lock.acquire()
+        assert registered == [lock.owner_id]  # it was the waiter ...
+        assert sim.record().waiting_owner_id is None  # ... and gave the slot back
+        assert sim.monotonic() - started < 2.0 + lock.sync.give_up_budget + 1.0
+
+        with pytest.raises(LockTimeout) as timed_out:  # timeout= does the same, with the sync lock's error
+            await lock.acquire(timeout=0.5)
+        assert isinstance(timed_out.value, TimeoutError) and timed_out.value.owner_id == holder.owner_id
+        assert registered == [lock.owner_id] * 2 and sim.record().waiting_owner_id is None
+
+    sim.run_async(main, on=lock)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_asyncio_timeout_and_task_cancel_around_acquire_give_the_slot_back(anyio_backend, request, tmp_path):
+def test_asyncio_timeout_and_task_cancel_around_acquire_give_the_slot_back(sim):
     import asyncio
 
-    url = url_for("memory", request, tmp_path)
-    holder = make_lock(url)
-    holder.acquire()
-    lock = AsyncHandoffLock(url, **QUICK)
+    holder, lock = sim.lock("holder", **QUICK), sim.aio("async-waiter", **QUICK)
+    sim.call(holder.acquire)
     registered: list[str] = []
 
     def on_waiting(sender, **kw):
@@ -302,23 +298,25 @@ async def test_asyncio_timeout_and_task_cancel_around_acquire_give_the_slot_back
 
     signals.waiting.connect(on_waiting, sender=lock)
 
-    task = asyncio.ensure_future(lock.acquire())
-    await until(lambda: waiter_of(url) == lock.owner_id)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert waiter_of(url) is None and not lock.is_held
+    async def main() -> None:
+        task = asyncio.ensure_future(lock.acquire())
+        await until(lambda: sim.record().waiting_owner_id == lock.owner_id)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sim.record().waiting_owner_id is None and not lock.is_held
 
-    timeout = getattr(asyncio, "timeout", None)  # Python 3.11+; wait_for before
-    with pytest.raises(TimeoutError):
-        if timeout is not None:
-            async with timeout(0.6):
-                await lock.acquire()
-        else:  # pragma: no cover - Python 3.10
-            await asyncio.wait_for(lock.acquire(), 0.6)
-    assert registered == [lock.owner_id] * 2  # it was the waiter both times, and gave the slot back
-    assert waiter_of(url) is None and not lock.is_held
-    holder.release()
+        timeout = getattr(asyncio, "timeout", None)  # Python 3.11+; wait_for before
+        with pytest.raises(TimeoutError):
+            if timeout is not None:
+                async with timeout(0.6):
+                    await lock.acquire()
+            else:  # pragma: no cover - Python 3.10
+                await asyncio.wait_for(lock.acquire(), 0.6)
+        assert registered == [lock.owner_id] * 2  # it was the waiter both times, and gave the slot back
+        assert sim.record().waiting_owner_id is None and not lock.is_held
+
+    sim.run_async(main, on=lock)
 
 
 @pytest.mark.parametrize("with_waiter", [True, False], ids=["waiter", "no-waiter"])
@@ -382,69 +380,75 @@ async def test_waiters_blocked_in_acquire_never_starve_a_release_of_a_worker_thr
 # --------------------------------------------------------------------------- the loop is never needed, never blocked
 
 
-async def test_a_blocked_loop_does_not_cost_the_lease(anyio_backend, request, tmp_path):
-    url = url_for("local", request, tmp_path)
-    lock = AsyncHandoffLock(url, **QUICK)  # ttl 1.5 s, renew every 0.2 s, renew_deadline 0.8 s
-    await lock.acquire()
-    _, generation = raw_read(url)
-    asker = make_lock(url)
-    asker_thread = threading.Thread(target=lambda: asker.acquire(timeout=20), daemon=True)
-    blocked_at = time.time()
-    asker_thread.start()  # it registers as waiter while the loop is blocked
-    time.sleep(2.5)  # the loop is blocked for > 12 renew intervals, and longer than the ttl
-    record, now_generation = raw_read(url)
-    assert record.owner_id == lock.owner_id
-    assert now_generation >= generation + 4, "renewals went on while the loop was blocked"
-    assert record.expires_at > blocked_at + 2.5  # renewed during the block, and still valid
-    assert lock.healthy
-    await lock.check()
-    assert record.waiting_owner_id == asker.owner_id
-    # The notice arrived while the loop was blocked; it is delivered now that it runs again.
-    with anyio.fail_after(5):
-        request_ = await lock.wait_release_requested()
-    assert request_.requester == asker.owner_id
-    assert await lock.release() == asker.owner_id
-    await anyio.to_thread.run_sync(asker_thread.join, 10)
-    assert asker.is_held
-    asker.release()
+def test_a_blocked_loop_does_not_cost_the_lease(sim):
+    lock = sim.aio("async-owner", **QUICK)  # ttl 1.5 s, renew every 0.2 s, renew_deadline 0.8 s
+    asker = sim.lock("asker", **QUICK)
+    asking: list[Any] = []
+
+    async def main() -> None:
+        await lock.acquire()
+        _, generation = sim.read()
+        asking.append(sim.start(lambda: asker.acquire(timeout=20)))  # it registers as waiter while the loop is blocked
+        blocked_at = sim.time()
+        sim.sleep(2.5)  # the loop's thread is held for > 12 renew intervals, and longer than the ttl
+        record, now_generation = sim.read()
+        assert record.owner_id == lock.owner_id
+        assert now_generation >= generation + 4, "renewals went on while the loop was blocked"
+        assert record.expires_at > blocked_at + 2.5  # renewed during the block, and still valid
+        assert lock.healthy
+        await lock.check()
+        assert record.waiting_owner_id == asker.owner_id
+        # The notice arrived while the loop was blocked; it is delivered now that it runs again.
+        with anyio.fail_after(5):
+            request_ = await lock.wait_release_requested()
+        assert request_.requester == asker.owner_id
+        assert await lock.release() == asker.owner_id
+
+    sim.run_async(main, on=lock)
+    sim.run_until(lambda: asking[0], 10, what="the asker's acquire to return")
+    assert asking[0].result and asker.is_held
 
 
-async def test_no_storage_call_ever_runs_on_the_event_loop_thread(anyio_backend, request, tmp_path):
-    store = MemoryStorage()
-    loop = threading.get_ident()
-    threads: list[int] = []
+def test_no_storage_call_ever_runs_on_the_event_loop_thread(sim):
+    lock = sim.aio("async-owner", **QUICK)
+    other = sim.aio("async-other", beside=lock, **QUICK)
+    threads: list[int] = []  # the simulated threads (greenlets) that called the store
+    loop: list[int] = []
     looking = False  # the test's own reads, on the loop, are not the lock's
 
     def note(op, key):
-        if not (looking and threading.get_ident() == loop):
-            threads.append(threading.get_ident())
+        if not looking:
+            threads.append(id(greenlet.getcurrent()))
 
     def waiter() -> str | None:
         nonlocal looking
         looking = True
         try:
-            return LockRecord.decode(store.read("locks/a.json")[0]).waiting_owner_id
+            return sim.record().waiting_owner_id
         finally:
             looking = False
 
-    store.faults.before("*", note)
-    lock = AsyncHandoffLock(storage=store, key="locks/a.json", **QUICK)
-    other = AsyncHandoffLock(storage=store, key="locks/a.json", **QUICK)
+    sim.store.faults.before("*", note)
     noticed: list[object] = []
     signals.on_release_requested.connect(lambda sender, request, **kw: noticed.append(request), sender=lock, weak=False)
-    async with lock:
-        await lock.status()
-        await anyio.sleep(0.5)  # renewals and waiter checks
-        with anyio.move_on_after(0.5):
-            await other.acquire()  # becomes the waiter, then is cancelled (its request is then withdrawn)
-        await until(lambda: noticed)  # it was noticed
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(other.acquire)
-            await until(lambda: waiter() == other.owner_id)
-            assert await lock.release() == other.owner_id
-    assert other.is_held
-    await other.release()
-    assert len(threads) > 10 and loop not in threads
+
+    async def main() -> None:
+        loop.append(id(greenlet.getcurrent()))
+        async with lock:
+            await lock.status()
+            await anyio.sleep(0.5)  # renewals and waiter checks
+            with anyio.move_on_after(0.5):
+                await other.acquire()  # becomes the waiter, then is cancelled (its request is then withdrawn)
+            await until(lambda: noticed)  # it was noticed
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other.acquire)
+                await until(lambda: waiter() == other.owner_id)
+                assert await lock.release() == other.owner_id
+        assert other.is_held
+        await other.release()
+
+    sim.run_async(main, on=lock)
+    assert len(threads) > 10 and loop[0] not in threads
 
 
 # --------------------------------------------------------------------------- bad input: the sync lock's errors

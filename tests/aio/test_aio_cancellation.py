@@ -163,8 +163,8 @@ def test_the_async_lock_sends_again_every_signal_of_the_sync_lock():
     assert not missing, f"signals an AsyncHandoffLock does not send again as itself: {missing}"
 
 
-async def test_receivers_of_the_async_lock_hear_a_release_request_withdrawn(url):
-    lock = AsyncHandoffLock(url, **QUICK)
+def test_receivers_of_the_async_lock_hear_a_release_request_withdrawn(sim):
+    lock, waiter = sim.aio("async-owner", **QUICK), sim.lock("waiter", **QUICK)
     heard: list[tuple[str, object]] = []
 
     def requested(sender, **kw):
@@ -175,18 +175,16 @@ async def test_receivers_of_the_async_lock_hear_a_release_request_withdrawn(url)
 
     signals.on_release_requested.connect(requested, sender=lock)
     signals.on_release_withdrawn.connect(withdrawn, sender=lock)
-    waiter = make_lock(url)
-    try:
+
+    async def main() -> None:
         await lock.acquire()
         with anyio.fail_after(20):
             # the waiter registers, is noticed, then gives up (its timeout)
-            with pytest.raises(TimeoutError):
-                await anyio.to_thread.run_sync(lambda: waiter.acquire(timeout=1.0))
-            while ("withdrawn", lock) not in heard:
+            giving_up = sim.start(lambda: waiter.acquire(timeout=1.0))
+            while not giving_up or ("withdrawn", lock) not in heard:
                 await anyio.sleep(0.02)
+        assert isinstance(giving_up.error, TimeoutError)
         assert heard == [("requested", lock), ("withdrawn", lock)]
         assert not lock.release_requested and lock.release_request is None
-    finally:
-        signals.on_release_requested.disconnect(requested, sender=lock)
-        signals.on_release_withdrawn.disconnect(withdrawn, sender=lock)
-        cleanup(lock, waiter)
+
+    sim.run_async(main, on=lock)

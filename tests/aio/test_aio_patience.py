@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from lockutil import FAST, raw_read, url_for
+from lockutil import FAST, url_for
 
 from handofflock import AsyncHandoffLock
 
@@ -19,25 +19,28 @@ def anyio_backend(request):
     return request.param
 
 
-async def test_an_async_patient_waiter_is_never_announced_and_gets_the_lock_at_release(anyio_backend, request, tmp_path):
-    url = url_for("local", request, tmp_path)
-    owner, waiter = AsyncHandoffLock(url, **QUICK), AsyncHandoffLock(url, **QUICK)
+def test_an_async_patient_waiter_is_never_announced_and_gets_the_lock_at_release(sim):
+    owner = sim.aio("async-owner", **QUICK)
+    waiter = sim.aio("async-waiter", beside=owner, **QUICK)
     got: list[bool] = []
 
     async def wait_patiently() -> None:
         got.append(await waiter.acquire(request_release=False, timeout=30))
 
-    async with owner:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait_patiently)
-            with anyio.fail_after(10):
-                while (raw_read(url)[0].waiting_owner_id or "") != waiter.owner_id:
-                    await anyio.sleep(0.01)
-            await anyio.sleep(0.5)  # five waiter checks
-            assert not owner.release_requested
-            assert await owner.release() == waiter.owner_id
-    assert [bool(g) for g in got] == [True] and waiter.is_held
-    await waiter.release()
+    async def main() -> None:
+        async with owner:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_patiently)
+                with anyio.fail_after(10):
+                    while (sim.record().waiting_owner_id or "") != waiter.owner_id:
+                        await anyio.sleep(0.01)
+                await anyio.sleep(0.5)  # five waiter checks
+                assert not owner.release_requested
+                assert await owner.release() == waiter.owner_id
+        assert [bool(g) for g in got] == [True] and waiter.is_held
+        await waiter.release()
+
+    sim.run_async(main, on=owner)
 
 
 async def test_cancelling_an_async_acquire_at_once_still_stops_it(anyio_backend, request, tmp_path):

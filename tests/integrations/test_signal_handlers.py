@@ -273,7 +273,12 @@ THREADS_CHILD = textwrap.dedent(
 
     lock = HandoffLock(sys.argv[1], ttl=10.0, owner_id="threads")
     lock.acquire()
-    time.sleep(2.5)  # the scheduler loop and an I/O worker (a renewal) are running by now
+    deadline = time.monotonic() + 20  # until the scheduler loop and an I/O worker (a renewal) are running
+    while time.monotonic() < deadline:
+        names = [thread.name for thread in threading.enumerate()]
+        if any(n.endswith("-scheduler") for n in names) and any("-io" in n for n in names):
+            break
+        time.sleep(0.05)
     blocked = {}
     for thread in threading.enumerate():
         with open(f"/proc/self/task/{thread.native_id}/status") as status:

@@ -14,6 +14,7 @@ lower module is how such a circle is broken.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
@@ -38,22 +39,30 @@ def _layer(module: str) -> str:
     return "edges"
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
 def _runtime_imports(path: Path, *, type_checking: bool = False) -> set[str]:
     """Modules of this package that ``path`` imports when it runs (TYPE_CHECKING blocks excluded).
 
     With ``type_checking``, imports under ``if TYPE_CHECKING:`` count too.
     """
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parsed(path)
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
+    # Imports are statements: walk the statements alone (not the expressions inside them), leaving out the
+    # bodies of ``if TYPE_CHECKING:`` unless asked.
+    blocks = (ast.stmt, ast.excepthandler, ast.match_case)
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
             continue
+        pending.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, blocks))
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "handofflock")
         elif isinstance(node, ast.ImportFrom):
@@ -71,6 +80,7 @@ def _runtime_imports(path: Path, *, type_checking: bool = False) -> set[str]:
     return found
 
 
+@functools.cache  # the package does not change during a run: parse it once per kind, not once per test
 def _graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     return {_module_name(p): _runtime_imports(p, type_checking=type_checking) for p in sorted(PACKAGE.rglob("*.py"))}
 

@@ -15,14 +15,9 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as the shells report cat
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 
-def handofflock(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CONSOLE_SCRIPT), *args], capture_output=True, text=True, env=child_env(), timeout=60,
-                          **kw)
-
-
 @pytest.mark.parametrize("flag", ["-w", "--wait", "--timeout"])
-def test_run_takes_flocks_w_and_wait_for_its_timeout(flag, tmp_path):
-    done = handofflock("run", flag, "5", "-q", str(tmp_path / "lock.json"), "--", "touch", str(tmp_path / "ran"))
+def test_run_takes_flocks_w_and_wait_for_its_timeout(flag, tmp_path, capfd):
+    done = in_process(["run", flag, "5", "-q", str(tmp_path / "lock.json"), "--", "touch", str(tmp_path / "ran")], capfd)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ran").exists()
 

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
 from handofflock.core.errors import TransientStorageError
@@ -69,21 +69,18 @@ def test_status_of_a_store_that_cannot_be_reached_fails_within_seconds_with_the_
     assert took < 15.0, f"status took {took:.1f} s to fail"
 
 
-def test_status_of_a_missing_bucket_is_an_error_as_run_finds_it(gcs_emulator, tmp_path):
+def test_status_of_a_missing_bucket_is_an_error_as_run_finds_it(gcs_emulator, capfd):
     url = f"gs://no-such-bucket-{os.getpid()}/locks/x.json"
-    status = subprocess.run([str(CONSOLE_SCRIPT), "status", url], capture_output=True, text=True, env=child_env(),
-                            timeout=60)
+    status = in_process(["status", url], capfd)
     assert status.returncode == EXIT_STORAGE, status.stdout + status.stderr
     assert "does not exist" in status.stderr
     assert "absent" not in status.stdout
-    run = subprocess.run([str(CONSOLE_SCRIPT), "run", "-q", url, "--", "true"], capture_output=True, text=True,
-                         env=child_env(), timeout=60)
+    run = in_process(["run", "-q", url, "--", "true"], capfd)
     assert run.returncode == EXIT_STORAGE, run.stderr
 
 
-def test_status_of_an_absent_lock_in_an_existing_bucket_is_still_absent(gcs_emulator):
-    done = subprocess.run([str(CONSOLE_SCRIPT), "status", "gs://handofflock-test/never/made.json"],
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+def test_status_of_an_absent_lock_in_an_existing_bucket_is_still_absent(gcs_emulator, capfd):
+    done = in_process(["status", "gs://handofflock-test/never/made.json"], capfd)
     assert done.returncode == 0, done.stderr
     assert "absent" in done.stdout
 

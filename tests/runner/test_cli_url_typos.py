@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, in_process
+from jobsutil import in_process
 
 from handofflock.exit_codes import EXIT_CONFIG
 
@@ -27,10 +25,7 @@ def test_status_refuses_a_relative_file_url(tmp_path, capsys):
     assert "file:///" in done.stderr
 
 
-def test_run_takes_a_file_url_without_an_authority(tmp_path):
-    done = subprocess.run(
-        [str(CONSOLE_SCRIPT), "run", "-q", f"file:{tmp_path}/lock.json", "--", "touch", "ran"],
-        cwd=tmp_path, capture_output=True, text=True, env=child_env(), timeout=60,
-    )
+def test_run_takes_a_file_url_without_an_authority(tmp_path, capfd):
+    done = in_process(["run", "-q", f"file:{tmp_path}/lock.json", "--", "touch", "ran"], capfd, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "lock.json").exists() and (tmp_path / "ran").exists()

@@ -57,9 +57,8 @@ def test_a_command_killed_after_the_grace_keeps_its_own_status(tmp_path):
     assert code == 137, err
 
 
-def test_a_command_that_exits_by_itself_keeps_its_status(tmp_path):
-    done = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--yield-exit-code", "0",
-                           "--", "sh", "-c", "exit 3"], capture_output=True, text=True, env=child_env(), timeout=60)
+def test_a_command_that_exits_by_itself_keeps_its_status(tmp_path, capfd):
+    done = in_process(["run", str(tmp_path / "lock.json"), "--yield-exit-code", "0", "--", "sh", "-c", "exit 3"], capfd)
     assert done.returncode == 3, done.stderr
 
 

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from handofflock import FakeClock, HandoffLock, LockRecord, Scheduler
+from handofflock import AsyncHandoffLock, FakeClock, HandoffLock, LockRecord, Scheduler
 from handofflock.storage import MemoryStorage
+from handofflock.testing.sim.aio_party import SimLoop, SimThreads
 from handofflock.testing.sim.hub import MONO0, WALL0, Hub, Proc, SimClock, sim_primitives
 
 KEY = "locks/job.json"
@@ -122,6 +123,34 @@ class Sim:
         self.locks.append(lock)
         self._processes[id(lock)] = (proc, clock, prims, sched)
         return lock
+
+    def aio(self, owner: str, *, beside: AsyncHandoffLock | None = None, **kwargs) -> AsyncHandoffLock:
+        """An async lock in a process of its own (or in the process of ``beside``), its worker threads
+        greenlets of that process; run the coroutines that use it with :meth:`run_async`."""
+        lock = self.lock(owner, beside=None if beside is None else beside.sync, **kwargs)
+        return AsyncHandoffLock(lock=lock, threads=SimThreads(self.hub, self._processes[id(lock)][0]))
+
+    def run_async(self, main: Callable[[], Any], on: AsyncHandoffLock, limit: float = 120.0) -> Any:
+        """Run ``await main()`` on an asyncio event loop on simulated time, the main thread of ``on``'s process,
+        until it returns (its result) or raises (raised here). A blocking call in it (:meth:`sleep`) blocks the loop."""
+        proc, clock, _, _ = self._processes[id(on.sync)]
+        loop = SimLoop(self.hub, proc, clock)
+        call = Call()
+
+        def run() -> None:
+            try:
+                call.result = loop.run_until_complete(main())
+            except Exception as exc:
+                call.error = exc
+            finally:
+                call.done = True
+                loop.close()
+
+        self.hub.spawn(f"{proc.name}-loop", run, proc)
+        self.run_until(lambda: call.done, limit, what="the event loop's main to return")
+        if call.error is not None:
+            raise call.error
+        return call.result
 
     def time(self) -> float:
         """Wall time, as a process without skew reads it."""
