@@ -405,6 +405,8 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     }[state]
     lines.append(f"  state       {owner}")
     lines.append(f"  owner       {who_of(st.owner_id, st.owner_label) if st.owner_id else '-'}")
+    if st.held_since is not None:
+        lines.append(f"  held since  {when(st.held_since, now)}")
     if st.expires_at is not None:
         lines.append(f"  expires     {when(st.expires_at, now)}")
     if st.lease_suspect:

@@ -54,7 +54,7 @@ class Me:
 
     def as_owner(self, now: float, ttl: float) -> Holder:
         """Me in the owner's place, with a lease of ``ttl`` from ``now``."""
-        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label)
+        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label, since=now)
 
     def as_waiter(self, now: float, timing: Timing, request: WaiterRequest) -> Waiter:
         """Me in the waiter's place, for ``timing.waiter_ttl`` from ``now``, wanting a lease of ``timing.ttl``."""
@@ -188,7 +188,8 @@ def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     r = write.record.replace(nonce=nonce)
     if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
         assert r.owner is not None and r.ttl is not None
-        r = r.replace(owner=replace(r.owner, expires_at=now + r.ttl))
+        since = r.owner.since if write.kind is Kind.RENEW else now  # a new hold begins as its write is sent
+        r = r.replace(owner=replace(r.owner, expires_at=now + r.ttl, since=since))
     elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
         assert r.waiter is not None
         r = r.replace(waiter=replace(r.waiter, expires_at=now + timing.waiter_ttl))
@@ -418,7 +419,7 @@ def decide_release(
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
         ttl = waiter.ttl or timing.ttl
-        heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
+        heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label, since=now)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
         handed = _owned_by(record, heir_holder, ttl, token, nonce)
         return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))

@@ -16,7 +16,8 @@ dataclass below adds an optional field to the format.
 Optional fields, written only when set: ``ownerInstance`` and
 ``waiterInstance`` (a random id of the lock instance in that place, so two
 processes that share a stable owner id are never confused), ``waiterTtl`` (the
-lease the waiter wants). ``ownerLabel`` and ``waiterLabel`` say who the owner
+lease the waiter wants), ``heldSince`` (when the current hold began: the
+write that took the lock or handed it over). ``ownerLabel`` and ``waiterLabel`` say who the owner
 and the waiter are, for people: ``{"text": "host=gpu-3 pid=4242 pod=ml/train-0",
 "instance": ..., "id": ...}`` with an optional ``"grace"`` (seconds the
 holder allows its work to stop once asked). ``waiterRequest`` (``{"asks":
@@ -368,6 +369,8 @@ class Holder:
     expires_at: float = wire("expiresAt", _timestamp, always=True, default=MISSING)
     instance: str | None = wire("ownerInstance", _instance)
     label: Label | None = wire("ownerLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
+    #: When this hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
+    since: float | None = wire("heldSince", _timestamp)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the lease is unexpired at ``now`` (with ``skew`` grace)."""

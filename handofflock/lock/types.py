@@ -137,6 +137,11 @@ class LockStatus:
         return None if self._owner is None else self._owner.label
 
     @property
+    def held_since(self) -> float | None:
+        """When the current hold began (wall clock), or None if the record does not say."""
+        return None if self._owner is None else self._owner.since
+
+    @property
     def owner_live(self) -> bool:
         return self._owner is not None and self._owner.live(self.read_at)
 
@@ -186,6 +191,7 @@ class LockStatus:
             "generation": self.generation,
             "ownerId": self.owner_id,
             "expiresAt": self.expires_at,
+            "heldSince": self.held_since,
             "waitingOwnerId": self.waiter_id,
             "waiterExpiresAt": self.waiter_expires_at,
             "token": self.token,

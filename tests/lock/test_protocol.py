@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 
 from handofflock.core import protocol
@@ -357,3 +358,20 @@ def test_renew_writes_the_decline_table(name, record, yields, declined):
     assert isinstance(d, Write) and d.kind is Kind.RENEW
     assert d.record.declined is declined
     assert LockRecord.decode(d.record.encode()).declined is declined  # and it survives the wire
+
+
+def test_a_hold_records_when_it_began_and_renewals_keep_it():
+    """``heldSince``: set to the send time by every write that starts a hold, kept by renewals."""
+    taken = protocol.decide_acquire(rec(), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert isinstance(taken, Write) and taken.kind is Kind.TAKE and taken.record.owner.since == NOW
+    sent = protocol.restamp(taken, now=NOW + 3, nonce="n2", timing=TIMING)
+    assert sent.record.owner.since == NOW + 3  # the hold begins as its write is sent
+    held = LockRecord.decode(sent.record.encode())
+    assert held.owner.since == NOW + 3 and orjson.loads(sent.record.encode())["heldSince"] == NOW + 3
+    renewed = protocol.decide_renew(held, GEN, me=Me("me"), token=held.token, now=NOW + 40, timing=TIMING, nonce="n3")
+    assert isinstance(renewed, Write) and renewed.record.owner.since == NOW + 3
+    assert protocol.restamp(renewed, now=NOW + 41, nonce="n4", timing=TIMING).record.owner.since == NOW + 3
+    waited = held.replace(waiter=Waiter("w", NOW + 70))
+    handed = protocol.decide_release(waited, GEN, me=Me("me"), token=held.token, now=NOW + 60, timing=TIMING, nonce="n5")
+    assert isinstance(handed, Write) and handed.kind is Kind.HANDOFF
+    assert handed.record.owner.id == "w" and handed.record.owner.since == NOW + 60  # the heir's hold is new

@@ -75,13 +75,22 @@ def test_status_names_owner_waiter_token_generation_and_time_left(url, capsys):
     assert "trainer-B (live" in out and "1234" in out and "generation" in out
 
 
+def test_status_says_since_when_the_lock_is_held(url, capsys):
+    now = time.time()
+    put(url, LockRecord(Holder("trainer-A", now + 42, since=now - 100), ttl=60.0, token=3).encode())
+    assert main(["status", url]) == 0
+    assert "held since  " in capsys.readouterr().out
+    assert main(["status", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["heldSince"] == pytest.approx(now - 100, abs=0.01)
+
+
 def test_status_json_has_stable_keys_for_scripts(url, capsys):
     now = time.time()
     gen = put(url, LockRecord(Holder("trainer-A", now + 42), ttl=60.0, token=7).encode())
     assert main(["status", url, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {
-        "url", "exists", "generation", "ownerId", "expiresAt", "waitingOwnerId", "waiterExpiresAt",
+        "url", "exists", "generation", "ownerId", "expiresAt", "heldSince", "waitingOwnerId", "waiterExpiresAt",
         "token", "ttl", "readAt", "ownerLive", "waiterLive", "state", "expiresIn", "waiterExpiresIn",
         # labels, the release request, and every time as ISO 8601 too
         "ownerLabel", "waiterLabel", "ownerGrace", "leaseSuspect", "expiresAtIso", "waiterExpiresAtIso", "readAtIso",
