@@ -548,16 +548,19 @@ class HandoffLock:
         token and its ``expiresAt``: a renewal starts a new observation, a waiter's writes do not). A
         lease claiming more is suspect, and said once: it would otherwise block the lock for years.
         """
-        lease = None if record is None else (record.owner_id, record.owner_instance, record.token, record.expires_at)
-        if lease is not None and lease == observed[0]:
+        if record is None:
+            return None, now
+        owner = record.owner
+        lease = (None, record.token) if owner is None else (owner.id, owner.instance, record.token, owner.expires_at)
+        if lease == observed[0]:
             return observed
-        if record is not None and protocol.suspect_lease(record, now, self.timing):
+        if owner is not None and protocol.suspect_lease(record, now, self.timing):
             self._log_acquire.warning(
                 "lock %s: the lease of %s claims to run until %s, further ahead than its ttl (%s s) allows; "
                 "not trusted: it ends %s unless its owner renews it",
                 self.url,
-                record.owner_id,
-                when(record.expires_at, now),
+                owner.id,
+                when(owner.expires_at, now),
                 record.ttl or self.timing.ttl,
                 when(protocol.lease_end(record, now, self.timing), now),
             )
@@ -568,21 +571,23 @@ class HandoffLock:
         return self._clock.wait(self._cancel, delay) or self._guard.deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
-        holder = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
+        owner, waiter = record.owner, record.waiter
+        owner_id, label = (None, None) if owner is None else (owner.id, owner.label)
+        holder = who(owner_id, None if label is None else label.text)
         self._log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
         signals.send(
             signals.waiting,
             self,
-            owner_id=record.owner_id,
-            owner_label=record.owner_label,
-            waiter_expires_at=record.waiter_expires_at,
+            owner_id=owner_id,
+            owner_label=label,
+            waiter_expires_at=None if waiter is None else waiter.expires_at,
         )
 
     def _not_acquired(self, record: LockRecord | None) -> bool:
         """A non-blocking acquire that did not get the lock; a slot of this instance's (leaked by an
         earlier acquire whose give-back failed) is left, never kept or refreshed."""
         try:
-            if record is not None and record.waiter_instance == self._me.instance:
+            if record is not None and record.waiter is not None and record.waiter.instance == self._me.instance:
                 self._leave_slot(record, waiting=True, keep=False)
         finally:
             self._state = IDLE
@@ -611,7 +616,7 @@ class HandoffLock:
         """
         # ``waiting`` is False if our registration's reply was lost and the record moved
         # on before we could see our nonce; the record naming us still says the slot is ours.
-        if not (waiting or (last is not None and last.waiting_owner_id == self.owner_id)):
+        if not (waiting or (last is not None and last.waiter is not None and last.waiter.id == self.owner_id)):
             return False
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
@@ -672,8 +677,8 @@ class HandoffLock:
         With ``settle`` a handed lease too short to use is renewed by ``settle_by`` (None: within
         ``renew_deadline``) before the scheduler or receivers know; without, it is released at once.
         """
-        if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
-            wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
+        if handoff and record.owner is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
+            wall = record.owner.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
         # A new hold: nothing of the last one (its loss included) carries over.
         lease = Lease(token=record.token, thread=threading.get_ident())
         lease.set(record, generation, mono, wall, self.timing, self._clock)
@@ -683,7 +688,11 @@ class HandoffLock:
         self._state = HELD
         how = ", handed off" if handoff else ""
         self._log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, how)
-        if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
+        if (
+            record.waiter is not None
+            and record.waiter.live(self._clock.time())
+            and record.waiter.instance != self._me.instance
+        ):
             # A waiter already in the record we took (it registered while the lock was being handed to
             # us): our renewals write against this very generation and never meet it, so the first waiter
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
@@ -764,7 +773,8 @@ class HandoffLock:
                 self._mark_lost(outcome.why, None)
             elif outcome is not None:
                 metrics.renewed(self, outcome)
-                expires = self._lease.record.expires_at if self._lease.record is not None else None
+                owner = self._lease.record.owner if self._lease.record is not None else None
+                expires = None if owner is None else owner.expires_at
                 self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
 
     def _renew_attempts(self) -> float | Lost | None:
@@ -1072,7 +1082,7 @@ class HandoffLock:
                     lost.__cause__ = exc
                     return None, _Loss(f"the lock object became unreadable: {exc.reason}", exc, lost)
                 continue
-            return (written.record.owner_id if written.kind is Kind.HANDOFF else None), None
+            return (written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None), None
 
     def _end_hold(self) -> None:
         """A hold is over, however it ended: its requests go with it, and no release is retried."""

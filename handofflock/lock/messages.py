@@ -11,7 +11,7 @@ import threading
 
 from ..core.errors import AlreadyAcquired, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
 from ..core.protocol import Me
-from ..core.record import LockRecord
+from ..core.record import Holder, LockRecord, Waiter
 from ..core.timefmt import when, who
 from .types import State
 
@@ -22,18 +22,21 @@ def contended(
     """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
     :class:`LockTimeout` saying also whether the slot we gave back was ours."""
     r = record or LockRecord()
-    message = None if timed_out is None else timeout_message(url, r, timed_out, now)
-    owner, waiter = (None if label is None else label.text for label in (r.owner_label, r.waiter_label))
+    owner, waiter = r.owner, r.waiter
     return cls(
-        message,
+        None if timed_out is None else timeout_message(url, r, timed_out, now),
         url=url,
-        owner_id=r.owner_id,
-        owner_expires_at=r.expires_at,
-        waiter_id=r.waiting_owner_id,
-        waiter_expires_at=r.waiter_expires_at,
-        owner_label=owner,
-        waiter_label=waiter,
+        owner_id=owner.id if owner else None,
+        owner_expires_at=owner.expires_at if owner else None,
+        waiter_id=waiter.id if waiter else None,
+        waiter_expires_at=waiter.expires_at if waiter else None,
+        owner_label=_label_text(owner),
+        waiter_label=_label_text(waiter),
     )
+
+
+def _label_text(place: Holder | Waiter | None) -> str | None:
+    return None if place is None or place.label is None else place.label.text
 
 
 def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
@@ -42,21 +45,20 @@ def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
     Never "until T" for a live lease: its holder renews it, so its expiry says
     nothing of when the lock comes free.
     """
-    ours = record.waiting_owner_id == me.owner_id and record.waiter_instance in (None, me.instance)
-    owner = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
-    waiter = who(record.waiting_owner_id, None if record.waiter_label is None else record.waiter_label.text)
-    if record.owner_id is None:
+    owner, waiter = record.owner, record.waiter
+    if owner is None:
         held = "it was free, but the waiter slot was taken"
-    elif record.owner_live(now):
-        held = f"held by {owner}, a live lease its holder keeps renewing"
+    elif owner.live(now):
+        held = f"held by {who(owner.id, _label_text(owner))}, a live lease its holder keeps renewing"
     else:
-        held = f"held by {owner}, whose lease ran out {when(record.expires_at, now)}"
-    if record.waiting_owner_id is None or not record.waiter_live(now):
+        ran_out = when(owner.expires_at, now)
+        held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
+    if waiter is None or not waiter.live(now):
         slot = "; nobody else waits"
-    elif ours:
+    elif waiter.id == me.owner_id and waiter.instance in (None, me.instance):
         slot = "; we held the waiter slot, and gave it back"
     else:
-        slot = f"; the waiter slot is {waiter}'s"
+        slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"
     return f"timed out acquiring {url!r}: {held}{slot}"
 
 
