@@ -34,6 +34,7 @@ from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
     ConfigurationError,
+    InheritedAcrossFork,
     LockContended,
     LockLost,
     LockNotHeld,
@@ -623,7 +624,13 @@ class HandoffLock:
         deadline = self._clock.monotonic() + self.give_up_budget
         handed = self._give_back_slot(deadline)
         if handed is None:
-            raise messages.slot_not_given_back(self.url, self.key, self.give_up_budget, self.timing.waiter_ttl)
+            raise TransientStorageError(
+                f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
+                f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
+                url=self.url,
+                key=self.key,
+                ambiguous=False,
+            )
         if not handed:
             return False
         owned, mono, wall = handed
@@ -890,16 +897,19 @@ class HandoffLock:
         if self._state == LOST:
             return
         self._state = LOST
-        self._lease.lose(why, exc := messages.lost(self.url, why, error))
+        exc = LockLost(f"lock {self.url!r} lost: {why}", url=self.url, reason=why, cause=error)
+        if error is not None:
+            exc.__cause__ = error
+        self._lease.lose(why, exc)
         self._stop_duties()
         self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
         self._notifier.event(signals.lost, reason=why, error=exc)
 
-    def _next_due(self, *, check: bool = True) -> float:
-        """Monotonic time of the next duty (inf if none): a renewal, the end of the lease's validity (it is
-        lost then), a waiter check (unless ``check`` is False), a release retry, or signals to send (at once)."""
+    def _next_due(self) -> float:
+        """Monotonic time of the next duty but the waiter check (inf if none): a renewal, the end of the
+        lease's validity (it is lost then), a release retry, or signals to send (at once)."""
         if self._notifier.unsent:
             return -math.inf
         state, lease = self._state, self._lease
@@ -909,8 +919,7 @@ class HandoffLock:
             return math.inf
         if not lease.within(self._clock):  # a suspend ran it out: monotonic time does not know
             return -math.inf
-        due = min(lease.next_renew, lease.valid_until)
-        return min(due, lease.next_check) if check else due
+        return min(lease.next_renew, lease.valid_until)
 
     def _next_check_at(self) -> float:
         """When the next waiter check falls due: never while the lock is not held, when a check does nothing."""
@@ -977,7 +986,10 @@ class HandoffLock:
         if self._state == LOST:
             self._state = IDLE
             self._end_hold()
-            raise messages.had_been_lost(self.url, self._lease.lost_reason)
+            why = self._lease.lost_reason
+            raise LockLost(
+                f"lock {self.url!r} had been lost ({why}); nothing was written", url=self.url, reason=why or "lost"
+            )
         if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
@@ -1092,7 +1104,10 @@ class HandoffLock:
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
         if self._state == FORKED:
-            raise messages.inherited(self.url, self._pid)
+            raise InheritedAcrossFork(
+                f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
+                "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
+            )
         return self._guard.run(fn, deferrable=deferrable)
 
     def __del__(self) -> None:
@@ -1154,13 +1169,9 @@ class _Duties:
         self.store, self.key = store, key
         self.check_interval, self.request_timeout = lock.timing.waiter_check_interval, lock.timing.request_timeout
 
-    def next_due(self) -> float:
-        lock = self._lock()
-        return math.inf if lock is None else lock._next_due()
-
     def next_due_besides_check(self) -> float:
         lock = self._lock()
-        return math.inf if lock is None else lock._next_due(check=False)
+        return math.inf if lock is None else lock._next_due()
 
     def next_check_at(self) -> float:
         lock = self._lock()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from ..core.errors import AlreadyAcquired, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
+from ..core.errors import AlreadyAcquired, LockContended, LockLost
 from ..core.protocol import Me
 from ..core.record import Holder, LockRecord, Waiter
 from ..core.timefmt import when, who
@@ -82,19 +82,6 @@ def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline:
     return LockLost(f"lock {url!r} is not held by this instance", url=url, reason="not held")
 
 
-def lost(url: str, why: str, error: BaseException | None) -> LockLost:
-    """The :class:`LockLost` a loss is recorded with (sent with the ``lost`` signal), chained to ``error``."""
-    exc = LockLost(f"lock {url!r} lost: {why}", url=url, reason=why, cause=error)
-    if error is not None:
-        exc.__cause__ = error
-    return exc
-
-
-def had_been_lost(url: str, why: str | None) -> LockLost:
-    """What ``release()`` raises for a hold lost before it was called: nothing was written."""
-    return LockLost(f"lock {url!r} had been lost ({why}); nothing was written", url=url, reason=why or "lost")
-
-
 def already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
     """The error of an ``acquire()`` on an instance that holds, acquires or releases already.
 
@@ -123,22 +110,3 @@ def already_acquired(state: State, url: str, holder: int | None, *, nested: bool
             f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
         )
     return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
-
-
-def inherited(url: str, pid: int) -> InheritedAcrossFork:
-    """An operation on an instance inherited across ``fork()``."""
-    return InheritedAcrossFork(
-        f"this HandoffLock for {url!r} was created in process {pid}, which this process was "
-        "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
-    )
-
-
-def slot_not_given_back(url: str, key: str, budget: float, waiter_ttl: float) -> TransientStorageError:
-    """A waiter could not clear its slot within ``give_up_budget``: say that the slot expires by itself."""
-    return TransientStorageError(
-        f"could not give back the waiter slot of {url!r} within {budget:.1f} s; "
-        f"it expires by itself within waiter_ttl ({waiter_ttl} s)",
-        url=url,
-        key=key,
-        ambiguous=False,
-    )
