@@ -882,7 +882,6 @@ class HandoffLock:
                     self._log_release.warning(
                         "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
                     )
-                    self._state = IDLE
                     self._end_hold()
                     self._stop_duties()
             return
@@ -984,7 +983,6 @@ class HandoffLock:
                 return None
             # The acquire got the lock just before it saw the cancel: release that hold.
         if self._state == LOST:
-            self._state = IDLE
             self._end_hold()
             why = self._lease.lost_reason
             raise LockLost(
@@ -1030,13 +1028,11 @@ class HandoffLock:
                     return None
                 raise
             except BaseException:
-                self._state = IDLE
                 self._end_hold()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
-            self._state = IDLE
-        self._end_hold()
+            self._end_hold()
         if loss is not None:
             if background:
                 return None
@@ -1097,7 +1093,9 @@ class HandoffLock:
             return (written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None), None
 
     def _end_hold(self) -> None:
-        """A hold is over, however it ended: its requests go with it, and no release is retried."""
+        """A hold is over, however it ended: the lock is idle, the hold's requests go with it, and no
+        release is retried."""
+        self._state = IDLE
         self._book.end_hold()
         self._lease.next_release_try = math.inf
 
