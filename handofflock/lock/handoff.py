@@ -34,6 +34,7 @@ from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
     ConfigurationError,
+    InheritedAcrossFork,
     LockContended,
     LockLost,
     LockNotHeld,
@@ -548,16 +549,19 @@ class HandoffLock:
         token and its ``expiresAt``: a renewal starts a new observation, a waiter's writes do not). A
         lease claiming more is suspect, and said once: it would otherwise block the lock for years.
         """
-        lease = None if record is None else (record.owner_id, record.owner_instance, record.token, record.expires_at)
-        if lease is not None and lease == observed[0]:
+        if record is None:
+            return None, now
+        owner = record.owner
+        lease = (None, record.token) if owner is None else (owner.id, owner.instance, record.token, owner.expires_at)
+        if lease == observed[0]:
             return observed
-        if record is not None and protocol.suspect_lease(record, now, self.timing):
+        if owner is not None and protocol.suspect_lease(record, now, self.timing):
             self._log_acquire.warning(
                 "lock %s: the lease of %s claims to run until %s, further ahead than its ttl (%s s) allows; "
                 "not trusted: it ends %s unless its owner renews it",
                 self.url,
-                record.owner_id,
-                when(record.expires_at, now),
+                owner.id,
+                when(owner.expires_at, now),
                 record.ttl or self.timing.ttl,
                 when(protocol.lease_end(record, now, self.timing), now),
             )
@@ -568,21 +572,23 @@ class HandoffLock:
         return self._clock.wait(self._cancel, delay) or self._guard.deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
-        holder = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
+        owner, waiter = record.owner, record.waiter
+        owner_id, label = (None, None) if owner is None else (owner.id, owner.label)
+        holder = who(owner_id, None if label is None else label.text)
         self._log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
         signals.send(
             signals.waiting,
             self,
-            owner_id=record.owner_id,
-            owner_label=record.owner_label,
-            waiter_expires_at=record.waiter_expires_at,
+            owner_id=owner_id,
+            owner_label=label,
+            waiter_expires_at=None if waiter is None else waiter.expires_at,
         )
 
     def _not_acquired(self, record: LockRecord | None) -> bool:
         """A non-blocking acquire that did not get the lock; a slot of this instance's (leaked by an
         earlier acquire whose give-back failed) is left, never kept or refreshed."""
         try:
-            if record is not None and record.waiter_instance == self._me.instance:
+            if record is not None and record.waiter is not None and record.waiter.instance == self._me.instance:
                 self._leave_slot(record, waiting=True, keep=False)
         finally:
             self._state = IDLE
@@ -611,14 +617,20 @@ class HandoffLock:
         """
         # ``waiting`` is False if our registration's reply was lost and the record moved
         # on before we could see our nonce; the record naming us still says the slot is ours.
-        if not (waiting or (last is not None and last.waiting_owner_id == self.owner_id)):
+        if not (waiting or (last is not None and last.waiter is not None and last.waiter.id == self.owner_id)):
             return False
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
         deadline = self._clock.monotonic() + self.give_up_budget
         handed = self._give_back_slot(deadline)
         if handed is None:
-            raise messages.slot_not_given_back(self.url, self.key, self.give_up_budget, self.timing.waiter_ttl)
+            raise TransientStorageError(
+                f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
+                f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
+                url=self.url,
+                key=self.key,
+                ambiguous=False,
+            )
         if not handed:
             return False
         owned, mono, wall = handed
@@ -672,8 +684,8 @@ class HandoffLock:
         With ``settle`` a handed lease too short to use is renewed by ``settle_by`` (None: within
         ``renew_deadline``) before the scheduler or receivers know; without, it is released at once.
         """
-        if handoff and record.expires_at is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
-            wall = record.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
+        if handoff and record.owner is not None and buggify.on(buggify.HEIR_LEASE_FROM_ITS_READ):
+            wall = record.owner.expires_at - (record.ttl or self.timing.ttl)  # as if the lease began at our read
         # A new hold: nothing of the last one (its loss included) carries over.
         lease = Lease(token=record.token, thread=threading.get_ident())
         lease.set(record, generation, mono, wall, self.timing, self._clock)
@@ -683,7 +695,11 @@ class HandoffLock:
         self._state = HELD
         how = ", handed off" if handoff else ""
         self._log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, how)
-        if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
+        if (
+            record.waiter is not None
+            and record.waiter.live(self._clock.time())
+            and record.waiter.instance != self._me.instance
+        ):
             # A waiter already in the record we took (it registered while the lock was being handed to
             # us): our renewals write against this very generation and never meet it, so the first waiter
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
@@ -764,7 +780,8 @@ class HandoffLock:
                 self._mark_lost(outcome.why, None)
             elif outcome is not None:
                 metrics.renewed(self, outcome)
-                expires = self._lease.record.expires_at if self._lease.record is not None else None
+                owner = self._lease.record.owner if self._lease.record is not None else None
+                expires = None if owner is None else owner.expires_at
                 self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
 
     def _renew_attempts(self) -> float | Lost | None:
@@ -865,7 +882,6 @@ class HandoffLock:
                     self._log_release.warning(
                         "gave up releasing %s: its lease has run out, so it is free for others anyway", self.url
                     )
-                    self._state = IDLE
                     self._end_hold()
                     self._stop_duties()
             return
@@ -880,16 +896,19 @@ class HandoffLock:
         if self._state == LOST:
             return
         self._state = LOST
-        self._lease.lose(why, exc := messages.lost(self.url, why, error))
+        exc = LockLost(f"lock {self.url!r} lost: {why}", url=self.url, reason=why, cause=error)
+        if error is not None:
+            exc.__cause__ = error
+        self._lease.lose(why, exc)
         self._stop_duties()
         self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
         self._notifier.event(signals.lost, reason=why, error=exc)
 
-    def _next_due(self, *, check: bool = True) -> float:
-        """Monotonic time of the next duty (inf if none): a renewal, the end of the lease's validity (it is
-        lost then), a waiter check (unless ``check`` is False), a release retry, or signals to send (at once)."""
+    def _next_due(self) -> float:
+        """Monotonic time of the next duty but the waiter check (inf if none): a renewal, the end of the
+        lease's validity (it is lost then), a release retry, or signals to send (at once)."""
         if self._notifier.unsent:
             return -math.inf
         state, lease = self._state, self._lease
@@ -899,8 +918,7 @@ class HandoffLock:
             return math.inf
         if not lease.within(self._clock):  # a suspend ran it out: monotonic time does not know
             return -math.inf
-        due = min(lease.next_renew, lease.valid_until)
-        return min(due, lease.next_check) if check else due
+        return min(lease.next_renew, lease.valid_until)
 
     def _next_check_at(self) -> float:
         """When the next waiter check falls due: never while the lock is not held, when a check does nothing."""
@@ -965,9 +983,11 @@ class HandoffLock:
                 return None
             # The acquire got the lock just before it saw the cancel: release that hold.
         if self._state == LOST:
-            self._state = IDLE
             self._end_hold()
-            raise messages.had_been_lost(self.url, self._lease.lost_reason)
+            why = self._lease.lost_reason
+            raise LockLost(
+                f"lock {self.url!r} had been lost ({why}); nothing was written", url=self.url, reason=why or "lost"
+            )
         if self._state not in (HELD, RELEASING):
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
@@ -1008,13 +1028,11 @@ class HandoffLock:
                     return None
                 raise
             except BaseException:
-                self._state = IDLE
                 self._end_hold()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
-            self._state = IDLE
-        self._end_hold()
+            self._end_hold()
         if loss is not None:
             if background:
                 return None
@@ -1072,17 +1090,22 @@ class HandoffLock:
                     lost.__cause__ = exc
                     return None, _Loss(f"the lock object became unreadable: {exc.reason}", exc, lost)
                 continue
-            return (written.record.owner_id if written.kind is Kind.HANDOFF else None), None
+            return (written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None), None
 
     def _end_hold(self) -> None:
-        """A hold is over, however it ended: its requests go with it, and no release is retried."""
+        """A hold is over, however it ended: the lock is idle, the hold's requests go with it, and no
+        release is retried."""
+        self._state = IDLE
         self._book.end_hold()
         self._lease.next_release_try = math.inf
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
         if self._state == FORKED:
-            raise messages.inherited(self.url, self._pid)
+            raise InheritedAcrossFork(
+                f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
+                "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
+            )
         return self._guard.run(fn, deferrable=deferrable)
 
     def __del__(self) -> None:
@@ -1144,13 +1167,9 @@ class _Duties:
         self.store, self.key = store, key
         self.check_interval, self.request_timeout = lock.timing.waiter_check_interval, lock.timing.request_timeout
 
-    def next_due(self) -> float:
-        lock = self._lock()
-        return math.inf if lock is None else lock._next_due()
-
     def next_due_besides_check(self) -> float:
         lock = self._lock()
-        return math.inf if lock is None else lock._next_due(check=False)
+        return math.inf if lock is None else lock._next_due()
 
     def next_check_at(self) -> float:
         lock = self._lock()

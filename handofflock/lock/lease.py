@@ -33,11 +33,12 @@ def lease_until(record: LockRecord, mono: float, wall: float, timing: Timing) ->
     Others take the lock only ``max_clock_skew`` after ``expiresAt`` by
     their clocks, which is where the skew allowance is.
     """
-    assert record.expires_at is not None
+    assert record.owner is not None
+    left = record.owner.expires_at - wall
     if buggify.on(buggify.LEASE_PAST_ITS_MARGIN):
-        return mono + (record.expires_at - wall) + timing.max_clock_skew
+        return mono + left + timing.max_clock_skew
     length = record.ttl or timing.ttl
-    return mono + (record.expires_at - wall) - length * (1 - timing.renew_deadline / timing.ttl)
+    return mono + left - length * (1 - timing.renew_deadline / timing.ttl)
 
 
 @dataclass

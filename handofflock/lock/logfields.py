@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 #: Every logger of the package (docs/observability.md says what each logs, at which level).
 LOGGERS = (
@@ -40,20 +40,9 @@ LOGGERS = (
 FIELDS = ("lock_url", "owner_id", "token")
 
 
-class Described(Protocol):
-    """What the fields are read from: a :class:`~handofflock.HandoffLock`."""
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def owner_id(self) -> str: ...
-
-    @property
-    def token(self) -> int | None: ...
-
-
 if TYPE_CHECKING:
+    from .handoff import HandoffLock
+
     _Adapter = logging.LoggerAdapter[logging.Logger]
 else:
     _Adapter = logging.LoggerAdapter
@@ -62,7 +51,7 @@ else:
 class LockLog(_Adapter):
     """The logger ``name``, speaking for ``lock``: each record carries :data:`FIELDS`, read as it is logged."""
 
-    def __init__(self, name: str, lock: Described) -> None:
+    def __init__(self, name: str, lock: HandoffLock) -> None:
         super().__init__(logging.getLogger(name), {})
         self.lock = lock
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 
-from ..core.errors import AlreadyAcquired, InheritedAcrossFork, LockContended, LockLost, TransientStorageError
+from ..core.errors import AlreadyAcquired, LockContended, LockLost
 from ..core.protocol import Me
-from ..core.record import LockRecord
+from ..core.record import Holder, LockRecord, Waiter
 from ..core.timefmt import when, who
 from .types import State
 
@@ -22,18 +22,21 @@ def contended(
     """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
     :class:`LockTimeout` saying also whether the slot we gave back was ours."""
     r = record or LockRecord()
-    message = None if timed_out is None else timeout_message(url, r, timed_out, now)
-    owner, waiter = (None if label is None else label.text for label in (r.owner_label, r.waiter_label))
+    owner, waiter = r.owner, r.waiter
     return cls(
-        message,
+        None if timed_out is None else timeout_message(url, r, timed_out, now),
         url=url,
-        owner_id=r.owner_id,
-        owner_expires_at=r.expires_at,
-        waiter_id=r.waiting_owner_id,
-        waiter_expires_at=r.waiter_expires_at,
-        owner_label=owner,
-        waiter_label=waiter,
+        owner_id=owner.id if owner else None,
+        owner_expires_at=owner.expires_at if owner else None,
+        waiter_id=waiter.id if waiter else None,
+        waiter_expires_at=waiter.expires_at if waiter else None,
+        owner_label=_label_text(owner),
+        waiter_label=_label_text(waiter),
     )
+
+
+def _label_text(place: Holder | Waiter | None) -> str | None:
+    return None if place is None or place.label is None else place.label.text
 
 
 def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
@@ -42,21 +45,20 @@ def timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
     Never "until T" for a live lease: its holder renews it, so its expiry says
     nothing of when the lock comes free.
     """
-    ours = record.waiting_owner_id == me.owner_id and record.waiter_instance in (None, me.instance)
-    owner = who(record.owner_id, None if record.owner_label is None else record.owner_label.text)
-    waiter = who(record.waiting_owner_id, None if record.waiter_label is None else record.waiter_label.text)
-    if record.owner_id is None:
+    owner, waiter = record.owner, record.waiter
+    if owner is None:
         held = "it was free, but the waiter slot was taken"
-    elif record.owner_live(now):
-        held = f"held by {owner}, a live lease its holder keeps renewing"
+    elif owner.live(now):
+        held = f"held by {who(owner.id, _label_text(owner))}, a live lease its holder keeps renewing"
     else:
-        held = f"held by {owner}, whose lease ran out {when(record.expires_at, now)}"
-    if record.waiting_owner_id is None or not record.waiter_live(now):
+        ran_out = when(owner.expires_at, now)
+        held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
+    if waiter is None or not waiter.live(now):
         slot = "; nobody else waits"
-    elif ours:
+    elif waiter.id == me.owner_id and waiter.instance in (None, me.instance):
         slot = "; we held the waiter slot, and gave it back"
     else:
-        slot = f"; the waiter slot is {waiter}'s"
+        slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"
     return f"timed out acquiring {url!r}: {held}{slot}"
 
 
@@ -78,19 +80,6 @@ def not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline:
             reason="inherited across fork",
         )
     return LockLost(f"lock {url!r} is not held by this instance", url=url, reason="not held")
-
-
-def lost(url: str, why: str, error: BaseException | None) -> LockLost:
-    """The :class:`LockLost` a loss is recorded with (sent with the ``lost`` signal), chained to ``error``."""
-    exc = LockLost(f"lock {url!r} lost: {why}", url=url, reason=why, cause=error)
-    if error is not None:
-        exc.__cause__ = error
-    return exc
-
-
-def had_been_lost(url: str, why: str | None) -> LockLost:
-    """What ``release()`` raises for a hold lost before it was called: nothing was written."""
-    return LockLost(f"lock {url!r} had been lost ({why}); nothing was written", url=url, reason=why or "lost")
 
 
 def already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
@@ -121,22 +110,3 @@ def already_acquired(state: State, url: str, holder: int | None, *, nested: bool
             f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
         )
     return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
-
-
-def inherited(url: str, pid: int) -> InheritedAcrossFork:
-    """An operation on an instance inherited across ``fork()``."""
-    return InheritedAcrossFork(
-        f"this HandoffLock for {url!r} was created in process {pid}, which this process was "
-        "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
-    )
-
-
-def slot_not_given_back(url: str, key: str, budget: float, waiter_ttl: float) -> TransientStorageError:
-    """A waiter could not clear its slot within ``give_up_budget``: say that the slot expires by itself."""
-    return TransientStorageError(
-        f"could not give back the waiter slot of {url!r} within {budget:.1f} s; "
-        f"it expires by itself within waiter_ttl ({waiter_ttl} s)",
-        url=url,
-        key=key,
-        ambiguous=False,
-    )

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..core.errors import AcquireCancelled, LockContended, LockTimeout
@@ -51,28 +51,8 @@ from .logfields import LockLog
 if TYPE_CHECKING:
     from ..core.clock import Clock
     from ..core.record import LockRecord
+    from .handoff import HandoffLock
 
-
-class Measured(Protocol):
-    """What the hooks read of a lock (a :class:`~handofflock.lock.handoff.HandoffLock`, which imports this module)."""
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def owner_id(self) -> str: ...
-
-    @property
-    def token(self) -> int | None: ...
-
-    @property
-    def is_held(self) -> bool: ...
-
-    @property
-    def waiter_ttl(self) -> float: ...
-
-
-T = TypeVar("T")
 
 _log = logging.getLogger("handofflock.lock.metrics")
 
@@ -119,7 +99,7 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 #: Locks that were held at some point, for the ``locks.held`` gauge (weak: a dropped lock is no series).
-_locks: weakref.WeakSet[Measured] = weakref.WeakSet()
+_locks: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
 #: The hooks whose instruments raised since the instruments were made (each logged in full once).
 _failed: set[str] = set()
 
@@ -144,26 +124,29 @@ def use_meter_provider(provider: Any = None) -> None:
     _failed.clear()  # new instruments: their first failure is worth a traceback again
 
 
-def _instrument_failed(hook: str, lock: Measured) -> None:
-    """Called in an ``except`` block: an instrument raised in ``hook``. Logged, never raised into the lock.
+def _record(hook: str, lock: HandoffLock, measure: Callable[[_Instruments, dict[str, Any]], object]) -> None:
+    """Apply ``measure`` to the instruments, with the lock's attributes; an instrument that raises is logged,
+    never raised into the lock.
 
     With its traceback the first time per hook, at DEBUG after that: a broken
     exporter fails on every renewal, and the log must not drown in it.
     """
-    log = LockLog(_log.name, lock)  # the lock's fields on the record, as on every record of a lock
-    if hook in _failed:
-        log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+    instruments = _instruments
+    if instruments is None:
         return
-    _failed.add(hook)
-    log.error(
-        "metrics hook %s raised; ignored, the lock goes on (later failures of this hook are logged at DEBUG)",
-        hook,
-        exc_info=True,
-    )
-
-
-def _attrs(lock: Measured) -> dict[str, Any]:
-    return {"lock.url": lock.url}
+    try:
+        measure(instruments, {"lock.url": lock.url})
+    except Exception:
+        log = LockLog(_log.name, lock)  # the lock's fields on the record, as on every record of a lock
+        if hook in _failed:
+            log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+            return
+        _failed.add(hook)
+        log.error(
+            "metrics hook %s raised; ignored, the lock goes on (later failures of this hook are logged at DEBUG)",
+            hook,
+            exc_info=True,
+        )
 
 
 def _observe_held(options: Any) -> Iterable[Any]:
@@ -176,7 +159,7 @@ def _observe_held(options: Any) -> Iterable[Any]:
 # ---------------------------------------------------------------------- hooks (the lock calls these)
 
 
-def timed_acquire(lock: Measured, clock: Clock, acquire: Callable[[], bool]) -> bool:
+def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) -> bool:
     """Run ``acquire`` and record how long it took (on ``clock``) and how it ended.
 
     Returns or raises exactly what ``acquire`` did: a lock taken is never
@@ -200,56 +183,45 @@ def timed_acquire(lock: Measured, clock: Clock, acquire: Callable[[], bool]) -> 
     except (AcquireCancelled, KeyboardInterrupt):
         outcome = "cancelled"
         raise
-    finally:
-        _record_acquire(lock, clock, started, outcome)
+    finally:  # a measurement that raised here would replace the acquire's own result: _record logs it
+        _record(
+            "timed_acquire",
+            lock,
+            lambda m, attrs: m.acquire_duration.record(
+                max(0.0, clock.monotonic() - started), {**attrs, "outcome": outcome}
+            ),
+        )
 
 
-def _record_acquire(lock: Measured, clock: Clock, started: float, outcome: str) -> None:
-    # Runs in timed_acquire's ``finally``: whatever it raised would replace the acquire's own result.
-    instruments = _instruments
-    if instruments is None:
-        return
-    try:
-        instruments.acquire_duration.record(max(0.0, clock.monotonic() - started), {**_attrs(lock), "outcome": outcome})
-    except Exception:
-        _instrument_failed("timed_acquire", lock)
-
-
-def renewed(lock: Measured, latency: float) -> None:
+def renewed(lock: HandoffLock, latency: float) -> None:
     """A renewal landed, ``latency`` seconds after its write was sent."""
-    instruments = _instruments
-    if instruments is None:
-        return
-    try:
-        attrs = _attrs(lock)
-        instruments.renewals.add(1, attrs)
-        instruments.renewal_duration.record(max(0.0, latency), attrs)
-    except Exception:
-        _instrument_failed("renewed", lock)
+
+    def measure(m: _Instruments, attrs: dict[str, Any]) -> None:
+        m.renewals.add(1, attrs)
+        m.renewal_duration.record(max(0.0, latency), attrs)
+
+    _record("renewed", lock, measure)
 
 
-def renewal_failed(lock: Measured, error: BaseException) -> None:
-    """A renewal attempt failed (transient: retried; otherwise the lock is lost)."""
-    instruments = _instruments
-    if instruments is None:
-        return
-    try:
-        instruments.renewal_errors.add(1, {**_attrs(lock), "error.type": type(error).__name__})
-    except Exception:  # raised into _renew, it would keep the renewal due: a busy loop against a failing store
-        _instrument_failed("renewal_failed", lock)
+def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
+    """A renewal attempt failed (transient: retried; otherwise the lock is lost).
+
+    Never raises: raised into the renewal, it would keep the renewal due, a busy loop against a failing store.
+    """
+    _record(
+        "renewal_failed", lock, lambda m, attrs: m.renewal_errors.add(1, {**attrs, "error.type": type(error).__name__})
+    )
 
 
-def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
-    """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began."""
-    instruments = _instruments
-    if instruments is None or record.waiter_expires_at is None:
-        return
-    try:
-        slot = record.waiter_ttl or lock.waiter_ttl
-        registered = record.waiter_expires_at - slot
-        instruments.notice_latency.record(max(0.0, now - registered), _attrs(lock))
-    except Exception:  # raised into the request book's note_waiter, it would hide the waiter from the owner for good
-        _instrument_failed("waiter_noticed", lock)
+def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
+    """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began.
+
+    Never raises: raised into the request book, it would hide the waiter from the owner for good.
+    """
+    waiter = record.waiter
+    if waiter is not None:
+        registered = waiter.expires_at - (waiter.ttl or lock.waiter_ttl)
+        _record("waiter_noticed", lock, lambda m, attrs: m.notice_latency.record(max(0.0, now - registered), attrs))
 
 
 # ---------------------------------------------------------------------- from the lock's signals
@@ -257,33 +229,16 @@ def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
 
 def _on_acquired(sender: Any, *, handoff: bool = False, **_: Any) -> None:
     _locks.add(sender)
-    instruments = _instruments
-    if instruments is None:
-        return
-    try:
-        instruments.acquisitions.add(1, {**_attrs(sender), "handoff": bool(handoff)})
-    except Exception:
-        _instrument_failed("acquired", sender)
+    _record("acquired", sender, lambda m, attrs: m.acquisitions.add(1, {**attrs, "handoff": bool(handoff)}))
 
 
 def _on_released(sender: Any, *, handed_off_to: str | None = None, **_: Any) -> None:
-    instruments = _instruments
-    if instruments is None or handed_off_to is None:
-        return
-    try:
-        instruments.handoffs.add(1, _attrs(sender))
-    except Exception:
-        _instrument_failed("released", sender)
+    if handed_off_to is not None:
+        _record("released", sender, lambda m, attrs: m.handoffs.add(1, attrs))
 
 
 def _on_lost(sender: Any, **_: Any) -> None:
-    instruments = _instruments
-    if instruments is None:
-        return
-    try:
-        instruments.losses.add(1, _attrs(sender))
-    except Exception:
-        _instrument_failed("lost", sender)
+    _record("lost", sender, lambda m, attrs: m.losses.add(1, attrs))
 
 
 if _otel is not None:

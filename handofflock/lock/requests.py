@@ -160,7 +160,7 @@ class RequestBook:
         """
         if record is None:
             return
-        waiter = (seen.waiter_id, record.waiter_instance) if seen is not None else None
+        waiter = (seen.waiter_id, record.waiter.instance if record.waiter else None) if seen is not None else None
         standing = self._waiter
         if standing is not None and standing[0] != waiter:
             # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.

@@ -1,9 +1,10 @@
 """One background thread that renews and checks every lock of the process.
 
-The scheduler asks each registered lock when its next duty is due
-(``lock.next_due()``) and runs the due ones (``lock.run_due()``) on a small fixed
-pool of I/O workers, so a slow request for one lock does not hold up the
-others, and the thread count does not grow with the number of locks. A duty
+The scheduler asks each registered lock when its next duties are due
+(``lock.next_due_besides_check()``, ``lock.next_check_at()``) and runs the
+due ones (``lock.run_due()``) on a small fixed pool of I/O workers, so a
+slow request for one lock does not hold up the others, and the thread count
+does not grow with the number of locks. A duty
 that raises is logged and the loop goes on; a lock whose duty is still running
 is not started again until it returns.
 
@@ -82,12 +83,11 @@ class Scheduled(Protocol):
         """The lock object's key in :attr:`store`."""
         ...
 
-    def next_due(self) -> float:
-        """When the next duty (renewal, waiter check, release retry, loss, signals) falls due; inf if none."""
-        ...
-
     def next_due_besides_check(self) -> float:
-        """Like :meth:`next_due` without the waiter check, which a group beat may do for many locks at once."""
+        """When the next duty but the waiter check (renewal, release retry, loss, signals) falls due; inf if none.
+
+        The waiter check is asked apart (:meth:`next_check_at`): a group beat may do it for many locks at once.
+        """
         ...
 
     def next_check_at(self) -> float:
@@ -342,22 +342,28 @@ class Scheduler:
                 # duty may come before the loop wakes anyway (within MAX_IDLE): with many locks,
                 # planning after every finished renewal would cost more than the renewals.
                 # (A grouped lock's waiter check is the group's beat, which the loop has planned.)
-                due = lock.next_due_besides_check() if grouped else lock.next_due()
+                due = lock.next_due_besides_check() if grouped else _next_due(lock)
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
     def _check_one(self, lock: Scheduled, track: bool = True) -> None:
-        """A lone lock's waiter check: one read, made while its renewals go on."""
+        """A lone lock's waiter check: one read."""
         try:
-            lock.check_against(0)
+            self._check(lock, 0, track)
+        finally:
+            if track and _next_due(lock) <= self._clock.monotonic() + MAX_IDLE:
+                self._wake.set()
+
+    def _check(self, lock: Scheduled, generation: int, track: bool) -> None:
+        """A waiter check against a listing's ``generation`` (0: read it), made while the lock's renewals go on."""
+        try:
+            lock.check_against(generation)
         except Exception:
             _log.exception("waiter check of %r raised; carrying on", lock)
         finally:
             if track:
                 with self._mutex:
                     self._checking.discard(id(lock))
-                if lock.next_due() <= self._clock.monotonic() + MAX_IDLE:
-                    self._wake.set()
 
     def _check_group(self, gkey: tuple[int, str], group: _Group, batch: list[Scheduled], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
@@ -404,14 +410,7 @@ class Scheduler:
                         continue
                     if track:  # checking, not running: a renewal due during its read runs beside it
                         self._checking.add(id(lock))
-                try:
-                    lock.check_against(listing.get(lock.key, 0))
-                except Exception:
-                    _log.exception("waiter check of %r raised; carrying on", lock)
-                finally:
-                    if track:
-                        with self._mutex:
-                            self._checking.discard(id(lock))
+                self._check(lock, listing.get(lock.key, 0), track)
         finally:
             if track:
                 with self._mutex:
@@ -458,6 +457,11 @@ class _Group:
     next_at: float
     members: set[int] = field(default_factory=set)
     busy: bool = False  # a beat is running
+
+
+def _next_due(lock: Scheduled) -> float:
+    """When ``lock``'s next duty, the waiter check included, falls due."""
+    return min(lock.next_due_besides_check(), lock.next_check_at())
 
 
 def _group_key(lock: Scheduled) -> tuple[int, str] | None:
