@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 #: Every logger of the package (docs/observability.md says what each logs, at which level).
 LOGGERS = (
@@ -40,9 +40,20 @@ LOGGERS = (
 FIELDS = ("lock_url", "owner_id", "token")
 
 
-if TYPE_CHECKING:
-    from .handoff import HandoffLock
+class Described(Protocol):
+    """What the fields are read from: a :class:`~handofflock.HandoffLock`."""
 
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def owner_id(self) -> str: ...
+
+    @property
+    def token(self) -> int | None: ...
+
+
+if TYPE_CHECKING:
     _Adapter = logging.LoggerAdapter[logging.Logger]
 else:
     _Adapter = logging.LoggerAdapter
@@ -51,7 +62,7 @@ else:
 class LockLog(_Adapter):
     """The logger ``name``, speaking for ``lock``: each record carries :data:`FIELDS`, read as it is logged."""
 
-    def __init__(self, name: str, lock: HandoffLock) -> None:
+    def __init__(self, name: str, lock: Described) -> None:
         super().__init__(logging.getLogger(name), {})
         self.lock = lock
 

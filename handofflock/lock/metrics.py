@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._version import __version__
 from ..core.errors import AcquireCancelled, LockContended, LockTimeout
@@ -51,8 +51,28 @@ from .logfields import LockLog
 if TYPE_CHECKING:
     from ..core.clock import Clock
     from ..core.record import LockRecord
-    from .handoff import HandoffLock
 
+
+class Measured(Protocol):
+    """What the hooks read of a lock (a :class:`~handofflock.lock.handoff.HandoffLock`, which imports this module)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def owner_id(self) -> str: ...
+
+    @property
+    def token(self) -> int | None: ...
+
+    @property
+    def is_held(self) -> bool: ...
+
+    @property
+    def waiter_ttl(self) -> float: ...
+
+
+T = TypeVar("T")
 
 _log = logging.getLogger("handofflock.lock.metrics")
 
@@ -99,7 +119,7 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 #: Locks that were held at some point, for the ``locks.held`` gauge (weak: a dropped lock is no series).
-_locks: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+_locks: weakref.WeakSet[Measured] = weakref.WeakSet()
 #: The hooks whose instruments raised since the instruments were made (each logged in full once).
 _failed: set[str] = set()
 
@@ -124,7 +144,7 @@ def use_meter_provider(provider: Any = None) -> None:
     _failed.clear()  # new instruments: their first failure is worth a traceback again
 
 
-def _record(hook: str, lock: HandoffLock, measure: Callable[[_Instruments, dict[str, Any]], object]) -> None:
+def _record(hook: str, lock: Measured, measure: Callable[[_Instruments, dict[str, Any]], object]) -> None:
     """Apply ``measure`` to the instruments, with the lock's attributes; an instrument that raises is logged,
     never raised into the lock.
 
@@ -159,7 +179,7 @@ def _observe_held(options: Any) -> Iterable[Any]:
 # ---------------------------------------------------------------------- hooks (the lock calls these)
 
 
-def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) -> bool:
+def timed_acquire(lock: Measured, clock: Clock, acquire: Callable[[], bool]) -> bool:
     """Run ``acquire`` and record how long it took (on ``clock``) and how it ended.
 
     Returns or raises exactly what ``acquire`` did: a lock taken is never
@@ -193,7 +213,7 @@ def timed_acquire(lock: HandoffLock, clock: Clock, acquire: Callable[[], bool]) 
         )
 
 
-def renewed(lock: HandoffLock, latency: float) -> None:
+def renewed(lock: Measured, latency: float) -> None:
     """A renewal landed, ``latency`` seconds after its write was sent."""
 
     def measure(m: _Instruments, attrs: dict[str, Any]) -> None:
@@ -203,7 +223,7 @@ def renewed(lock: HandoffLock, latency: float) -> None:
     _record("renewed", lock, measure)
 
 
-def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
+def renewal_failed(lock: Measured, error: BaseException) -> None:
     """A renewal attempt failed (transient: retried; otherwise the lock is lost).
 
     Never raises: raised into the renewal, it would keep the renewal due, a busy loop against a failing store.
@@ -213,7 +233,7 @@ def renewal_failed(lock: HandoffLock, error: BaseException) -> None:
     )
 
 
-def waiter_noticed(lock: HandoffLock, record: LockRecord, now: float) -> None:
+def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
     """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began.
 
     Never raises: raised into the request book, it would hide the waiter from the owner for good.

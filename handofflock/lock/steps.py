@@ -22,14 +22,23 @@ the item after it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .types import ReleaseRequest
 
-if TYPE_CHECKING:
-    from .handoff import HandoffLock
-
 T = TypeVar("T")
+
+
+class Checked(Protocol):
+    """What :class:`Steps` asks of a lock before each step (a :class:`~handofflock.lock.handoff.HandoffLock`)."""
+
+    def check(self) -> None: ...
+
+    @property
+    def release_requested(self) -> bool: ...
+
+    @property
+    def release_request(self) -> ReleaseRequest | None: ...
 
 
 class Steps(Generic[T]):
@@ -52,7 +61,7 @@ class Steps(Generic[T]):
 
     __slots__ = ("_items", "count", "last", "lock", "request", "stopped")
 
-    def __init__(self, lock: HandoffLock, iterable: Iterable[T]) -> None:
+    def __init__(self, lock: Checked, iterable: Iterable[T]) -> None:
         self.lock = lock
         self.last: T | None = None
         self.count = 0
