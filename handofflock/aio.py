@@ -280,6 +280,9 @@ class _View(Generic[T]):
     def __get__(self, lock: AsyncHandoffLock | None, owner: type | None = None) -> T | _View[T]:
         return self if lock is None else getattr(lock.sync, self.name)
 
+    def __set__(self, lock: AsyncHandoffLock, value: object) -> None:
+        raise AttributeError(f"{self.name} is read-only (it is the sync lock's)")
+
 
 class AsyncHandoffLock:
     """The async twin of :class:`~handofflock.HandoffLock`: same protocol, storage and errors.

@@ -52,6 +52,8 @@ from typing import Any, TypeVar
 
 from blinker import ANY, NamedSignal, Signal
 
+from .logfields import LockLog
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -92,15 +94,16 @@ async_runners: weakref.WeakKeyDictionary[Any, Callable[[Callable[..., Any], Any,
 
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
-    """Send ``signal``; a receiver that raises is logged and the rest still run."""
+    """Send ``signal``; a receiver that raises is logged (with the lock's fields) and the rest still run."""
     if not signal.receivers:
         return
+    log: Any = LockLog(_log.name, sender) if all(hasattr(sender, a) for a in ("url", "owner_id", "token")) else _log
     for receiver in list(signal.receivers_for(sender)):
         try:
             if inspect.iscoroutinefunction(receiver):
                 runner = async_runners.get(sender)
                 if runner is None:
-                    _log.warning(
+                    log.warning(
                         "async receiver %r of handofflock signal %r skipped: only an AsyncHandoffLock "
                         "awaits async receivers",
                         receiver,
@@ -111,6 +114,6 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
             else:
                 receiver(sender, **kwargs)
         except Exception:
-            _log.exception(
+            log.exception(
                 "receiver %r of handofflock signal %r raised; carrying on", receiver, getattr(signal, "name", signal)
             )

@@ -194,7 +194,7 @@ class HandoffLock:
         self._cancel = prims.event()
         self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
         self._not_acquiring.set()
-        inline = lambda: self._scheduler is not None and self._scheduler.notify_inline  # noqa: E731
+        inline = lambda: bool(getattr(self._scheduler, "notify_inline", False))  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
         self._book = RequestBook(
             self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields, log=self._log_renew

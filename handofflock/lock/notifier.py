@@ -21,10 +21,9 @@ from typing import Any, TypeVar
 
 from ..core.threads import take_signals_again
 from . import events as signals
+from .logfields import LockLog
 from .primitives import Primitives
 from .types import ReleaseRequest, Withdrawn
-
-_log_renew = logging.getLogger("handofflock.renew")
 
 T = TypeVar("T")
 
@@ -47,6 +46,9 @@ class Notifier:
 
     def __init__(self, lock: Any, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
         self.lock = lock
+        self._log = (
+            LockLog("handofflock.renew", lock) if hasattr(lock, "owner_id") else logging.getLogger("handofflock.renew")
+        )
         self._notices: list[ReleaseRequest | Withdrawn] = []
         self._events: list[tuple[Any, dict[str, Any]]] = []
         self._mutex = primitives.mutex()
@@ -90,7 +92,7 @@ class Notifier:
             try:
                 self.flush()
             except Exception:  # signals.send already isolates receivers; this is a last resort
-                _log_renew.exception("sending the signals of %s failed", getattr(self.lock, "url", self.lock))
+                self._log.exception("sending the signals of %s failed", getattr(self.lock, "url", self.lock))
             with self._mutex:
                 if not (self._notices or self._events):
                     self._running = False

@@ -502,3 +502,11 @@ def test_the_async_lock_takes_exactly_the_keywords_of_the_sync_lock():
         AsyncHandoffLock("memory://aio-keywords/l.json", no_such_keyword=1)
     with pytest.raises(ConfigurationError):
         AsyncHandoffLock("memory://aio-keywords/l.json", ttl=-1.0)
+
+
+@pytest.mark.parametrize("name", ["is_held", "token", "ttl", "healthy"])
+def test_the_async_locks_views_of_the_sync_lock_are_read_only(name):
+    lock = AsyncHandoffLock("memory://aio-views/l.json", owner_id="A", ttl=10.0)
+    with pytest.raises(AttributeError, match="read-only"):
+        setattr(lock, name, 5)
+    assert getattr(lock, name) == getattr(lock.sync, name)

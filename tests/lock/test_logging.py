@@ -13,6 +13,7 @@ from pathlib import Path
 from lockutil import eventually, make_lock
 
 import handofflock
+from handofflock import HandoffLock, signals
 from handofflock.lock import logfields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,3 +83,30 @@ def test_fields_passed_with_extra_are_kept_and_records_without_a_lock_get_none()
     assert (records[0].lock_url, records[0].owner_id, records[0].token) == ("gs://b/k.json", "me", 7)
     assert not hasattr(records[1], "lock_url")
     assert handofflock.__version__
+
+
+def test_a_receiver_that_raises_is_logged_with_the_lock_it_was_sent_for():
+    """The events logger speaks for the lock that sent the signal: its record carries the lock's fields."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(logging.DEBUG)
+    events_log = logging.getLogger("handofflock.lock.events")
+    events_log.addHandler(keep)
+    lock = HandoffLock("memory://logfields-events/l.json", owner_id="A", ttl=10.0, release_at_exit=False)
+
+    def boom(sender, **kw):
+        raise RuntimeError("receiver fails")
+
+    signals.acquired.connect(boom, sender=lock)
+    try:
+        assert lock.acquire()
+        lock.release()
+    finally:
+        signals.acquired.disconnect(boom, sender=lock)
+        events_log.removeHandler(keep)
+    raised = [r for r in records if "raised" in r.getMessage()]
+    assert raised and all((r.lock_url, r.owner_id) == (lock.url, "A") for r in raised)

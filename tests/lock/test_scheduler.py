@@ -602,3 +602,26 @@ def test_a_write_gate_never_asks_for_a_wait_that_take_would_not_honour():
     almost = 101.0 - 1e-13  # one write refilled, short by float dust only
     assert gate.ready_in(almost, urgent=True) == 0.0
     assert gate.take(almost, urgent=True)
+
+
+def test_a_scheduler_with_only_add_and_discard_serves_a_release_request():
+    """``scheduler=`` needs ``add`` and ``discard``; ``notify_inline`` is optional (a signal handler's request_release)."""
+
+    class AddDiscard:
+        def __init__(self) -> None:
+            self.duties: set = set()
+
+        def add(self, duties) -> None:
+            self.duties.add(duties)
+
+        def discard(self, duties) -> None:
+            self.duties.discard(duties)
+
+    sched = AddDiscard()
+    lock = HandoffLock("memory://duck-scheduler/l.json", owner_id="A", ttl=10.0, scheduler=sched, release_at_exit=False)
+    assert lock.acquire()
+    lock.request_release("operator")
+    for duties in list(sched.duties):
+        duties.run_due()
+    assert lock.release_requested
+    lock.release()
