@@ -54,7 +54,7 @@ class Me:
 
     def as_owner(self, now: float, ttl: float) -> Holder:
         """Me in the owner's place, with a lease of ``ttl`` from ``now``."""
-        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label, since=now)
+        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label)
 
     def as_waiter(self, now: float, timing: Timing, request: WaiterRequest) -> Waiter:
         """Me in the waiter's place, for ``timing.waiter_ttl`` from ``now``, wanting a lease of ``timing.ttl``."""
@@ -151,9 +151,9 @@ def next_token(record: LockRecord | None, now: float) -> int:
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 
-def _owned_by(record: LockRecord, owner: Holder, ttl: float, token: int, nonce: str) -> LockRecord:
-    """``record`` with ``owner`` in the owner's place (a lease of ``ttl``) and the waiter's place empty."""
-    return record.replace(owner=owner, waiter=None, ttl=ttl, token=token, nonce=nonce, declined=False)
+def _owned_by(record: LockRecord, owner: Holder, now: float, ttl: float, token: int, nonce: str) -> LockRecord:
+    """``record`` with ``owner`` in the owner's place (a hold beginning ``now``, a lease of ``ttl``), no waiter."""
+    return record.replace(owner=owner, waiter=None, ttl=ttl, token=token, nonce=nonce, declined=False, held_since=now)
 
 
 _Place = TypeVar("_Place", Holder, Waiter)
@@ -188,8 +188,8 @@ def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     r = write.record.replace(nonce=nonce)
     if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
         assert r.owner is not None and r.ttl is not None
-        since = r.owner.since if write.kind is Kind.RENEW else now  # a new hold begins as its write is sent
-        r = r.replace(owner=replace(r.owner, expires_at=now + r.ttl, since=since))
+        since = r.held_since if write.kind is Kind.RENEW else now  # a new hold begins as its write is sent
+        r = r.replace(owner=replace(r.owner, expires_at=now + r.ttl), held_since=since)
     elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
         assert r.waiter is not None
         r = r.replace(waiter=replace(r.waiter, expires_at=now + timing.waiter_ttl))
@@ -257,7 +257,9 @@ def decide_acquire(
     """
     ttl, skew = timing.ttl, timing.max_clock_skew
     if record is None:
-        return Write(Kind.CREATE, _owned_by(LockRecord(), me.as_owner(now, ttl), ttl, next_token(None, now), nonce), 0)
+        return Write(
+            Kind.CREATE, _owned_by(LockRecord(), me.as_owner(now, ttl), now, ttl, next_token(None, now), nonce), 0
+        )
 
     owner, waiter = record.owner, record.waiter
     if owner is not None and owner.id == me.owner_id:
@@ -267,7 +269,7 @@ def decide_acquire(
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me.as_owner(now, ttl), ttl, next_token(record, now), nonce)
+        taken = _owned_by(record, me.as_owner(now, ttl), now, ttl, next_token(record, now), nonce)
         if record.waiter_live(now, skew) and not _is(waiter, me):
             taken = taken.replace(waiter=waiter)
         return Write(Kind.RETAKE, taken, generation)
@@ -288,7 +290,7 @@ def decide_acquire(
         if other_waiter_live:
             return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
         return Write(
-            Kind.TAKE, _owned_by(record, me.as_owner(now, ttl), ttl, next_token(record, now), nonce), generation
+            Kind.TAKE, _owned_by(record, me.as_owner(now, ttl), now, ttl, next_token(record, now), nonce), generation
         )
 
     # A live owner holds it.
@@ -419,12 +421,12 @@ def decide_release(
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
         ttl = waiter.ttl or timing.ttl
-        heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label, since=now)
+        heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
-        handed = _owned_by(record, heir_holder, ttl, token, nonce)
+        handed = _owned_by(record, heir_holder, now, ttl, token, nonce)
         return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
     kept = waiter if record.waiter_live(now, timing.max_clock_skew) else None
-    freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce)
+    freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce, held_since=None)
     return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
 
 

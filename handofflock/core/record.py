@@ -16,8 +16,9 @@ dataclass below adds an optional field to the format.
 Optional fields, written only when set: ``ownerInstance`` and
 ``waiterInstance`` (a random id of the lock instance in that place, so two
 processes that share a stable owner id are never confused), ``waiterTtl`` (the
-lease the waiter wants), ``heldSince`` (when the current hold began: the
-write that took the lock or handed it over). ``ownerLabel`` and ``waiterLabel`` say who the owner
+lease the waiter wants), ``heldSince`` (``{"at": ..., "token": ...}``: when
+the current hold began, the write that took the lock or handed it over; it
+counts only while the token it names is the record's). ``ownerLabel`` and ``waiterLabel`` say who the owner
 and the waiter are, for people: ``{"text": "host=gpu-3 pid=4242 pod=ml/train-0",
 "instance": ..., "id": ...}`` with an optional ``"grace"`` (seconds the
 holder allows its work to stop once asked). ``waiterRequest`` (``{"asks":
@@ -279,6 +280,21 @@ def _label_json(label: Label | None, place: Holder | Waiter) -> dict[str, Any] |
     return doc
 
 
+def _held_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
+    obj = _object(value, name, corrupt, "at token")
+    if obj is None:
+        return None
+    at, token = _timestamp(obj["at"], f"{name}.at", corrupt), _token(obj["token"], f"{name}.token", corrupt)
+    if at is None:
+        raise corrupt(f"'{name}.at' must be a number, got null")
+    # An older writer that took the lock (a new token) kept this as an unknown field: it is not this hold's.
+    return at if seen["owner"] is not None and token == seen["token"] else None
+
+
+def _held_since_json(at: float, record: LockRecord) -> dict[str, Any]:
+    return {"at": at, "token": record.token}
+
+
 def _request(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> WaiterRequest | None:
     obj = _object(value, name, corrupt, "asks priority id instance")
     if obj is None:
@@ -369,8 +385,6 @@ class Holder:
     expires_at: float = wire("expiresAt", _timestamp, always=True, default=MISSING)
     instance: str | None = wire("ownerInstance", _instance)
     label: Label | None = wire("ownerLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
-    #: When this hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
-    since: float | None = wire("heldSince", _timestamp)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the lease is unexpired at ``now`` (with ``skew`` grace)."""
@@ -425,6 +439,8 @@ class LockRecord:
     waiter: Waiter | None = None
     ttl: float | None = wire("ttl", _ttl, always=True)
     token: int = wire("token", _token, always=True, default=0)
+    #: When the current hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
+    held_since: float | None = wire("heldSince", _held_since, _held_since_json)
     nonce: str | None = wire("nonce", _nonce, always=True)
     declined: bool = wire("declinedWaiter", _declined, _declined_json, default=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)

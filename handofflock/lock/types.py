@@ -139,7 +139,7 @@ class LockStatus:
     @property
     def held_since(self) -> float | None:
         """When the current hold began (wall clock), or None if the record does not say."""
-        return None if self._owner is None else self._owner.since
+        return None if self.record is None or self._owner is None else self.record.held_since
 
     @property
     def owner_live(self) -> bool:

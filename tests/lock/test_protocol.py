@@ -361,17 +361,29 @@ def test_renew_writes_the_decline_table(name, record, yields, declined):
 
 
 def test_a_hold_records_when_it_began_and_renewals_keep_it():
-    """``heldSince``: set to the send time by every write that starts a hold, kept by renewals."""
+    """``heldSince``: set to the send time by every write that starts a hold, kept by renewals, bound to its token."""
     taken = protocol.decide_acquire(rec(), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
-    assert isinstance(taken, Write) and taken.kind is Kind.TAKE and taken.record.owner.since == NOW
+    assert isinstance(taken, Write) and taken.kind is Kind.TAKE and taken.record.held_since == NOW
     sent = protocol.restamp(taken, now=NOW + 3, nonce="n2", timing=TIMING)
-    assert sent.record.owner.since == NOW + 3  # the hold begins as its write is sent
+    assert sent.record.held_since == NOW + 3  # the hold begins as its write is sent
     held = LockRecord.decode(sent.record.encode())
-    assert held.owner.since == NOW + 3 and orjson.loads(sent.record.encode())["heldSince"] == NOW + 3
+    assert held.held_since == NOW + 3
+    assert orjson.loads(sent.record.encode())["heldSince"] == {"at": NOW + 3, "token": held.token}
     renewed = protocol.decide_renew(held, GEN, me=Me("me"), token=held.token, now=NOW + 40, timing=TIMING, nonce="n3")
-    assert isinstance(renewed, Write) and renewed.record.owner.since == NOW + 3
-    assert protocol.restamp(renewed, now=NOW + 41, nonce="n4", timing=TIMING).record.owner.since == NOW + 3
+    assert isinstance(renewed, Write) and renewed.record.held_since == NOW + 3
+    assert protocol.restamp(renewed, now=NOW + 41, nonce="n4", timing=TIMING).record.held_since == NOW + 3
     waited = held.replace(waiter=Waiter("w", NOW + 70))
     handed = protocol.decide_release(waited, GEN, me=Me("me"), token=held.token, now=NOW + 60, timing=TIMING, nonce="n5")
     assert isinstance(handed, Write) and handed.kind is Kind.HANDOFF
-    assert handed.record.owner.id == "w" and handed.record.owner.since == NOW + 60  # the heir's hold is new
+    assert handed.record.owner.id == "w" and handed.record.held_since == NOW + 60  # the heir's hold is new
+    freed = protocol.decide_release(held, GEN, me=Me("me"), token=held.token, now=NOW + 60, timing=TIMING, nonce="n6")
+    assert isinstance(freed, Write) and freed.kind is Kind.FREE and "heldSince" not in freed.record.to_json()
+
+
+def test_a_held_since_left_by_a_writer_that_did_not_know_it_names_no_hold():
+    """An older writer keeps ``heldSince`` as an unknown field when it takes the lock (a new token): not its hold."""
+    doc = orjson.loads(rec("old-writer", NOW + 30, token=9).encode())
+    doc["heldSince"] = {"at": NOW - 500, "token": 7}  # the earlier holder's
+    assert LockRecord.decode(orjson.dumps(doc)).held_since is None
+    doc["heldSince"]["token"] = 9
+    assert LockRecord.decode(orjson.dumps(doc)).held_since == NOW - 500

@@ -77,7 +77,7 @@ def test_status_names_owner_waiter_token_generation_and_time_left(url, capsys):
 
 def test_status_says_since_when_the_lock_is_held(url, capsys):
     now = time.time()
-    put(url, LockRecord(Holder("trainer-A", now + 42, since=now - 100), ttl=60.0, token=3).encode())
+    put(url, LockRecord(Holder("trainer-A", now + 42), ttl=60.0, token=3, held_since=now - 100).encode())
     assert main(["status", url]) == 0
     assert "held since  " in capsys.readouterr().out
     assert main(["status", url, "--json"]) == 0
