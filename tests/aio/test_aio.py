@@ -358,12 +358,15 @@ async def test_cancelling_the_body_of_async_with_still_releases_or_hands_off(any
 async def test_waiters_blocked_in_acquire_never_starve_a_release_of_a_worker_thread(anyio_backend, request, tmp_path):
     # anyio's default thread limiter has 40 tokens; every call of ours brings its own.
     n = 42
+    # 86 locks renewed by one scheduler thread: leases of 10 s, so a loaded machine's pauses cost none
+    # (this test is about worker-thread tokens, not about timing).
+    roomy = {**QUICK, "ttl": 10.0, "renew_interval": None, "renew_deadline": None, "waiter_ttl": 5.0}
     urls = [url_for("memory", request, tmp_path, name=f"l{i}.json") for i in range(n)]
-    holders = [make_lock(u) for u in urls]
+    holders = [make_lock(u, **roomy) for u in urls]
     for h in holders:
         h.acquire()
-    waiters = [AsyncHandoffLock(u, **QUICK) for u in urls]
-    mine = AsyncHandoffLock(url_for("memory", request, tmp_path), **QUICK)
+    waiters = [AsyncHandoffLock(u, **roomy) for u in urls]
+    mine = AsyncHandoffLock(url_for("memory", request, tmp_path), **roomy)
     await mine.acquire()
     async with anyio.create_task_group() as tg:
         for w in waiters:
