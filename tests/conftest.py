@@ -187,3 +187,15 @@ def sim():
     s = Sim()
     yield s
     s.end()
+
+
+@pytest.fixture
+def env():
+    """A memory store, a fake clock and a scheduler run by hand: ``(name, clock, scheduler, store)``."""
+    from handofflock import FakeClock, Scheduler
+
+    name = f"timing-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock()
+    sched = Scheduler(clock, autostart=False)
+    yield name, clock, sched, MemoryStorage.named(name)
+    MemoryStorage.forget(name)

@@ -20,6 +20,7 @@ import threading
 import uuid
 
 import pytest
+from lockparts import held
 from lockutil import FAST, eventually, make_lock, raw_read, url_for
 from simworld import (
     KEY,  # noqa: F401  (the world fixture is in conftest.py)
@@ -41,7 +42,7 @@ from handofflock import (
 )
 from handofflock.core import errors, protocol
 from handofflock.core.protocol import Me, Write
-from handofflock.core.record import ASKING, MAX_TOKEN, Holder, Waiter, WaiterRequest
+from handofflock.core.record import MAX_TOKEN, Holder, Waiter, WaiterRequest
 from handofflock.core.timing import Timing
 from handofflock.fencing import FencedObject
 from handofflock.lock import Acquired
@@ -120,14 +121,6 @@ DECIDING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 GEN = 42
 
 PATIENT = WaiterRequest(asks=False)
-
-
-def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
-    return LockRecord(
-        Holder("a", owner_expires, "ia"),
-        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
-        ttl=60.0, token=7, nonce="old", **kw,
-    )
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+from lockparts import held
 from lockutil import eventually, make_lock, raw_read
 from simworld import KEY
 
@@ -19,7 +20,7 @@ from handofflock import (
 from handofflock.cli import status_text
 from handofflock.core import protocol
 from handofflock.core.protocol import Kind, Me, Write
-from handofflock.core.record import ASKING, Holder, Label, LockRecord, Waiter, WaiterRequest
+from handofflock.core.record import Label, LockRecord, WaiterRequest
 from handofflock.core.timing import Timing
 from handofflock.lock import Acquired
 from handofflock.storage import MemoryStorage
@@ -52,14 +53,6 @@ DECIDING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 GEN = 42
 
 PATIENT = WaiterRequest(asks=False)
-
-
-def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
-    return LockRecord(
-        Holder("a", owner_expires, "ia"),
-        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
-        ttl=60.0, token=7, nonce="old", **kw,
-    )
 
 
 def test_a_deadline_check_that_waited_for_the_settling_renewal_does_not_mark_the_lock_lost():

@@ -6,6 +6,7 @@ import dataclasses
 
 import orjson
 import pytest
+from lockparts import held
 
 from handofflock.core import protocol
 from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Released, Wait, WaiterSeen, Write
@@ -308,13 +309,6 @@ HIGH, LOW = WaiterRequest(priority=5), WaiterRequest(priority=-5)
 
 HIGH_PATIENT = WaiterRequest(asks=False, priority=5)
 
-
-def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
-    return LockRecord(
-        Holder("a", owner_expires, "ia"),
-        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
-        ttl=60.0, token=7, nonce="old", **kw,
-    )
 
 # (name, record, our request, expected outcome, expected kind)
 SLOT_TABLE = [

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from lockparts import held
 from lockutil import make_lock
 
 from handofflock import (
@@ -23,7 +24,7 @@ from handofflock import (
 )
 from handofflock.core import protocol
 from handofflock.core.protocol import Kind, Me
-from handofflock.core.record import ASKING, Holder, Label, Waiter, WaiterRequest
+from handofflock.core.record import ASKING, Holder, Label, WaiterRequest
 from handofflock.core.timing import Timing
 from handofflock.storage import MemoryStorage, open_url
 
@@ -74,13 +75,6 @@ TIMING = Timing.build(ttl=60.0, waiter_ttl=30.0, max_clock_skew=2.0)
 
 HIGH_PATIENT = WaiterRequest(asks=False, priority=5)
 
-
-def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
-    return LockRecord(
-        Holder("a", owner_expires, "ia"),
-        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
-        ttl=60.0, token=7, nonce="old", **kw,
-    )
 
 PATIENT = WaiterRequest(asks=False)
 

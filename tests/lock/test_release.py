@@ -15,16 +15,13 @@ import uuid
 
 import orjson
 import pytest
+from lockparts import new_lock, owner_and_waiter, wait_in_thread
 from lockutil import FAST, make_lock, raw_read, raw_write
 from simworld import KEY, Sim
 
 from handofflock import (
     AcquireCancelled,
-    FakeClock,
-    HandoffLock,
     LockLost,
-    LockTimeout,
-    Scheduler,
     TransientStorageError,
     signals,
 )
@@ -140,21 +137,6 @@ def url():
     MemoryStorage.forget(name)
 
 
-@pytest.fixture
-def env():
-    name = f"timing-{uuid.uuid4().hex[:8]}"
-    clock = FakeClock()
-    sched = Scheduler(clock, autostart=False)
-    yield name, clock, sched, MemoryStorage.named(name)
-    MemoryStorage.forget(name)
-
-
-def new_lock(name, clock, sched, **kw):
-    opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
-    opts.update(kw)
-    return HandoffLock(f"memory://{name}/train.json", **opts)
-
-
 class _YieldingMutex:
     """A mutex that, once released, lets a thread queued on it run before its releaser goes on."""
 
@@ -168,45 +150,6 @@ class _YieldingMutex:
     def __exit__(self, *exc) -> None:
         self._mutex.release()
         time.sleep(0.1)
-
-
-class Heard:
-    """What one lock's request signals said, in order."""
-
-    def __init__(self, lock: HandoffLock) -> None:
-        self.events: list[tuple[str, object]] = []
-        self._hold = (self._requested, self._withdrawn)  # blinker keeps weak references
-        signals.on_release_requested.connect(self._requested, sender=lock)
-        signals.on_release_withdrawn.connect(self._withdrawn, sender=lock)
-
-    def _requested(self, sender, request, **kw):
-        self.events.append(("requested", request))
-
-    def _withdrawn(self, sender, request, requester, reason, **kw):
-        assert (requester, reason) == (request.requester, "waiter")
-        self.events.append(("withdrawn", request))
-
-    def kinds(self) -> list[tuple[str, str]]:
-        return [(kind, req.requester) for kind, req in self.events]
-
-
-def owner_and_waiter(sim, **waiter_kw):
-    a = sim.lock("a", **FAST)
-    b = sim.lock("b", **{**FAST, **waiter_kw})
-    sim.call(a.acquire)
-    return a, b, Heard(a)
-
-
-def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
-    """``lock.acquire(timeout=...)`` in a simulated thread; AcquireCancelled and LockTimeout end it quietly."""
-
-    def go():
-        try:
-            lock.acquire(timeout=timeout)
-        except (AcquireCancelled, LockTimeout):
-            pass
-
-    return sim.start(go)
 
 
 def _race_once(i: int) -> str:

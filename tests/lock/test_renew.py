@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+from lockparts import new_lock
 from lockutil import FAST, raw_read, raw_write
 from simworld import KEY
 
@@ -19,7 +20,6 @@ from handofflock import (
     FakeClock,
     HandoffLock,
     LockLost,
-    Scheduler,
     TransientStorageError,
     signals,
 )
@@ -107,21 +107,6 @@ def _held_through_a_stalled_read(lock: HandoffLock, arm_stall) -> list[dict]:
         finally:
             lock.release()
     return lost
-
-
-@pytest.fixture
-def env():
-    name = f"timing-{uuid.uuid4().hex[:8]}"
-    clock = FakeClock()
-    sched = Scheduler(clock, autostart=False)
-    yield name, clock, sched, MemoryStorage.named(name)
-    MemoryStorage.forget(name)
-
-
-def new_lock(name, clock, sched, **kw):
-    opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
-    opts.update(kw)
-    return HandoffLock(f"memory://{name}/train.json", **opts)
 
 
 @pytest.mark.parametrize("ttl", [5.0, 6.0])

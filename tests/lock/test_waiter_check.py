@@ -6,15 +6,14 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from lockparts import held, new_lock, owner_and_waiter, wait_in_thread
 from lockutil import FAST
 from simworld import KEY
 
 from handofflock import (
-    AcquireCancelled,
     FakeClock,
     HandoffLock,
     LockLost,
-    LockTimeout,
     Scheduler,
     signals,
 )
@@ -22,27 +21,13 @@ from handofflock.cli import status_text
 from handofflock.core import protocol
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.protocol import Me, WaiterSeen
-from handofflock.core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.core.record import WaiterRequest
 from handofflock.lock import Acquired
 from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
 
 CHECK = 2.0
 
-
-@pytest.fixture
-def env():
-    name = f"timing-{uuid.uuid4().hex[:8]}"
-    clock = FakeClock()
-    sched = Scheduler(clock, autostart=False)
-    yield name, clock, sched, MemoryStorage.named(name)
-    MemoryStorage.forget(name)
-
-
-def new_lock(name, clock, sched, **kw):
-    opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
-    opts.update(kw)
-    return HandoffLock(f"memory://{name}/train.json", **opts)
 
 TIMING = dict(
     ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
@@ -53,55 +38,9 @@ def lock_for(sim, owner, **kw):
     return sim.lock(owner, **{**TIMING, **kw})
 
 
-class Heard:
-    """What one lock's request signals said, in order."""
-
-    def __init__(self, lock: HandoffLock) -> None:
-        self.events: list[tuple[str, object]] = []
-        self._hold = (self._requested, self._withdrawn)  # blinker keeps weak references
-        signals.on_release_requested.connect(self._requested, sender=lock)
-        signals.on_release_withdrawn.connect(self._withdrawn, sender=lock)
-
-    def _requested(self, sender, request, **kw):
-        self.events.append(("requested", request))
-
-    def _withdrawn(self, sender, request, requester, reason, **kw):
-        assert (requester, reason) == (request.requester, "waiter")
-        self.events.append(("withdrawn", request))
-
-    def kinds(self) -> list[tuple[str, str]]:
-        return [(kind, req.requester) for kind, req in self.events]
-
-
-def owner_and_waiter(sim, **waiter_kw):
-    a = sim.lock("a", **FAST)
-    b = sim.lock("b", **{**FAST, **waiter_kw})
-    sim.call(a.acquire)
-    return a, b, Heard(a)
-
-
-def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
-    """``lock.acquire(timeout=...)`` in a simulated thread; AcquireCancelled and LockTimeout end it quietly."""
-
-    def go():
-        try:
-            lock.acquire(timeout=timeout)
-        except (AcquireCancelled, LockTimeout):
-            pass
-
-    return sim.start(go)
-
 NOW = 1_700_000_000.0
 
 PATIENT = WaiterRequest(asks=False)
-
-
-def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
-    return LockRecord(
-        Holder("a", owner_expires, "ia"),
-        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
-        ttl=60.0, token=7, nonce="old", **kw,
-    )
 
 
 def test_a_lock_held_again_beside_a_neighbour_still_releasing_is_checked_for_waiters():

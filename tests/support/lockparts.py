@@ -1,0 +1,64 @@
+"""What the lock's behaviour tests share: a decided record with a waiter, a lock on a fake clock, and
+the request signals one lock heard."""
+
+from __future__ import annotations
+
+from lockutil import FAST
+
+from handofflock import AcquireCancelled, HandoffLock, LockTimeout, signals
+from handofflock.core.record import ASKING, Holder, LockRecord, Waiter
+
+NOW = 1_700_000_000.0
+
+
+def held(waiter_request=None, waiter="w", waiter_expires=NOW + 20, owner_expires=NOW + 30, **kw) -> LockRecord:
+    return LockRecord(
+        Holder("a", owner_expires, "ia"),
+        Waiter(waiter, waiter_expires, instance="iw", request=waiter_request or ASKING) if waiter else None,
+        ttl=60.0, token=7, nonce="old", **kw,
+    )
+
+
+def new_lock(name, clock, sched, **kw):
+    opts = dict(ttl=60.0, waiter_check_interval=2.0, waiter_poll_interval=1.0, clock=clock, scheduler=sched)
+    opts.update(kw)
+    return HandoffLock(f"memory://{name}/train.json", **opts)
+
+
+class Heard:
+    """What one lock's request signals said, in order."""
+
+    def __init__(self, lock: HandoffLock) -> None:
+        self.events: list[tuple[str, object]] = []
+        self._hold = (self._requested, self._withdrawn)  # blinker keeps weak references
+        signals.on_release_requested.connect(self._requested, sender=lock)
+        signals.on_release_withdrawn.connect(self._withdrawn, sender=lock)
+
+    def _requested(self, sender, request, **kw):
+        self.events.append(("requested", request))
+
+    def _withdrawn(self, sender, request, requester, reason, **kw):
+        assert (requester, reason) == (request.requester, "waiter")
+        self.events.append(("withdrawn", request))
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return [(kind, req.requester) for kind, req in self.events]
+
+
+def owner_and_waiter(sim, **waiter_kw):
+    a = sim.lock("a", **FAST)
+    b = sim.lock("b", **{**FAST, **waiter_kw})
+    sim.call(a.acquire)
+    return a, b, Heard(a)
+
+
+def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
+    """``lock.acquire(timeout=...)`` in a simulated thread; AcquireCancelled and LockTimeout end it quietly."""
+
+    def go():
+        try:
+            lock.acquire(timeout=timeout)
+        except (AcquireCancelled, LockTimeout):
+            pass
+
+    return sim.start(go)
