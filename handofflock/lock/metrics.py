@@ -46,24 +46,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from .._version import __version__
 from ..core.errors import AcquireCancelled, LockContended, LockTimeout
 from . import events
-from .logfields import LockLog
+from .logfields import Described, LockLog
 
 if TYPE_CHECKING:
     from ..core.clock import Clock
     from ..core.record import LockRecord
 
 
-class Measured(Protocol):
+class Measured(Described, Protocol):
     """What the hooks read of a lock (a :class:`~handofflock.lock.handoff.HandoffLock`, which imports this module)."""
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def owner_id(self) -> str: ...
-
-    @property
-    def token(self) -> int | None: ...
 
     @property
     def is_held(self) -> bool: ...
