@@ -20,7 +20,8 @@ import threading
 import uuid
 
 import pytest
-from lockparts import held
+from lockparts import PACED as TIMING
+from lockparts import held, lock_for, waiter_is
 from lockutil import FAST, eventually, make_lock, raw_read, url_for
 from simworld import (
     KEY,  # noqa: F401  (the world fixture is in conftest.py)
@@ -102,17 +103,6 @@ def _acquire_outcome(lock: HandoffLock) -> str:
     except Exception as exc:  # noqa: BLE001 - reported by the assertion
         return repr(exc)
 
-TIMING = dict(
-    ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
-)
-
-
-def lock_for(sim, owner, **kw):
-    return sim.lock(owner, **{**TIMING, **kw})
-
-
-def waiter_is(sim, who):
-    return lambda: (sim.record() and sim.record().waiting_owner_id == who)
 
 NOW = 1_700_000_000.0
 

@@ -7,7 +7,7 @@ import time
 import uuid
 
 import pytest
-from lockparts import held
+from lockparts import held, lock_for, waiter_is
 from lockutil import eventually, make_lock, raw_read
 from simworld import KEY
 
@@ -34,17 +34,6 @@ def url():
     yield f"memory://{name}/locks/train.json"
     MemoryStorage.forget(name)
 
-TIMING = dict(
-    ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0
-)
-
-
-def lock_for(sim, owner, **kw):
-    return sim.lock(owner, **{**TIMING, **kw})
-
-
-def waiter_is(sim, who):
-    return lambda: (sim.record() and sim.record().waiting_owner_id == who)
 
 NOW = 1_700_000_000.0
 

@@ -62,3 +62,15 @@ def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
             pass
 
     return sim.start(go)
+
+
+#: A lock on the simulated clock at GCS's pacing (one write a second per object) with a long lease.
+PACED = dict(ttl=16.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, max_clock_skew=0.5, min_write_interval=1.0)
+
+
+def lock_for(sim, owner, **kw):
+    return sim.lock(owner, **{**PACED, **kw})
+
+
+def waiter_is(sim, who):
+    return lambda: (sim.record() and sim.record().waiting_owner_id == who)
