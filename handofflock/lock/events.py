@@ -93,17 +93,21 @@ async_runners: weakref.WeakKeyDictionary[Any, Callable[[Callable[..., Any], Any,
 )
 
 
+def _log_for(sender: Any) -> Any:
+    """The events logger, speaking for ``sender`` when it is a lock (its records carry the lock's fields)."""
+    return LockLog(_log.name, sender) if all(hasattr(sender, a) for a in ("url", "owner_id", "token")) else _log
+
+
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a receiver that raises is logged (with the lock's fields) and the rest still run."""
     if not signal.receivers:
         return
-    log: Any = LockLog(_log.name, sender) if all(hasattr(sender, a) for a in ("url", "owner_id", "token")) else _log
     for receiver in list(signal.receivers_for(sender)):
         try:
             if inspect.iscoroutinefunction(receiver):
                 runner = async_runners.get(sender)
                 if runner is None:
-                    log.warning(
+                    _log_for(sender).warning(
                         "async receiver %r of handofflock signal %r skipped: only an AsyncHandoffLock "
                         "awaits async receivers",
                         receiver,
@@ -114,6 +118,6 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
             else:
                 receiver(sender, **kwargs)
         except Exception:
-            log.exception(
+            _log_for(sender).exception(
                 "receiver %r of handofflock signal %r raised; carrying on", receiver, getattr(signal, "name", signal)
             )
