@@ -90,6 +90,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="fraction of pauses aimed at a holder in its work or past its final check")
     p.add_argument("--aim-write", type=float, default=0.7,
                    help="of the aimed pauses, the fraction aimed past the final check (the rest: in the work)")
+    p.add_argument("--late-writes", type=int, default=0,
+                   help="make the first N pauses hold a worker past its final check until another worker has "
+                        "claimed the journal, so that its write is certainly late (a run that must test the fence)")
     p.add_argument("--sabotage", choices=["check"],
                    help="run broken workers on purpose: 'check' makes lock.check() never raise (the run must FAIL)")
     p.add_argument("--json", type=Path, help="write the results here")
@@ -232,11 +235,13 @@ class Run:
         with open(self.dir / "phases", "rb") as f:
             phases = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         names = sorted(self.procs)
+        late_left = a.late_writes
         while not self.done.wait(rng.expovariate(1.0 / a.pause_every)):
-            aimed = rng.random() < a.aimed_pauses
+            make_late = late_left > 0
+            aimed = make_late or rng.random() < a.aimed_pauses
             name = None
             if aimed:
-                target = WRITING if rng.random() < a.aim_write else WORKING
+                target = WRITING if make_late or rng.random() < a.aim_write else WORKING
                 give_up = time.monotonic() + 2.0
                 while name is None and time.monotonic() < give_up and not self.done.is_set():
                     in_phase = [n for i, n in enumerate(names) if phases[i] == target]
@@ -248,7 +253,7 @@ class Run:
                     continue
             else:
                 name = rng.choice(names)
-            long = rng.random() < a.long_pauses
+            long = make_late or rng.random() < a.long_pauses
             # Long pauses outlast the lease with room for the next holder to take it and claim the journal.
             seconds = rng.uniform(1.6 * a.ttl, 3.0 * a.ttl) if long else rng.uniform(0.02, 0.4 * a.ttl)
             pid = self.procs[name].pid
@@ -259,6 +264,16 @@ class Run:
                 self.paused.add(name)
             began = time.time()
             self.done.wait(seconds)
+            if make_late:
+                # Hold it until another worker is in its work: its claim, with a higher token, is in the
+                # journal, so the paused worker's section write is certainly stale (bounded: a stuck run).
+                others = [i for i, n in enumerate(names) if n != name]
+                give_up = time.monotonic() + 10 * a.ttl
+                while not any(phases[i] == WORKING for i in others) and time.monotonic() < give_up:
+                    if self.done.wait(0.005):
+                        break
+                if any(phases[i] == WORKING for i in others):
+                    late_left -= 1
             with self.pause_lock:
                 if name in self.paused:
                     os.kill(pid, signal.SIGCONT)
