@@ -11,7 +11,7 @@ import logging as _logging
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .core.clock import Clock, FakeClock
+from .core.clock import Clock
 from .core.errors import (
     AcquireCancelled,
     AgreementFailed,
@@ -45,6 +45,7 @@ from .lock import events as signals
 from .os_signals import SignalHandlers, install_signal_handlers
 from .preemption import PreemptionWatcher
 from .repair import ForcedRelease, force_release
+from .testing.clock import FakeClock
 
 # A library configures no logging of its own: records go nowhere until the application
 # configures logging (docs/observability.md lists the loggers and their fields).

@@ -5,7 +5,7 @@
 - :class:`FaultProxy` (:mod:`handofflock.testing.faultproxy`) goes between a client and the emulator
   and injects faults (worded as GCS's or, with ``dialect="s3"``, as S3's errors).
 - :class:`MotoS3Server` (:mod:`handofflock.testing.s3server`) runs moto's S3 server on 127.0.0.1.
-- :class:`~handofflock.core.clock.FakeClock` is the clock for deterministic tests.
+- :class:`FakeClock` (:mod:`handofflock.testing.clock`) is the clock for deterministic tests.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..core.clock import FakeClock
+from .clock import FakeClock
 
 if TYPE_CHECKING:
     from .emulator import ExternalEmulator, FakeGCSServer

@@ -6,7 +6,7 @@ import pytest
 
 from handofflock import ConfigurationError
 from handofflock.core.backoff import LAST_TRY_MARGIN, RETRY, Backoff
-from handofflock.core.clock import FakeClock
+from handofflock.testing.clock import FakeClock
 from handofflock.storage.records import Retries
 
 

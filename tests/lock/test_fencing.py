@@ -26,7 +26,7 @@ from handofflock import (
     TransientStorageError,
     fencing,
 )
-from handofflock.core.clock import FakeClock
+from handofflock.testing.clock import FakeClock
 from handofflock.fencing import RECENT_NONCES
 from handofflock.storage import MemoryStorage
 

@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 
 from handofflock import HandoffLock, HandoffLockError, signals
 from handofflock.core.buggify import planted
-from handofflock.core.clock import FakeClock
+from handofflock.testing.clock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.record import LockRecord
 from handofflock.lock.scheduler import Scheduler

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handofflock import HandoffLock, LockLost, LockRecord, LockRecordCorrupt, Scheduler, force_release, signals
-from handofflock.core.clock import FakeClock
+from handofflock.testing.clock import FakeClock
 from handofflock.core.errors import PreconditionFailed
 from handofflock.core.protocol import next_token
 from handofflock.core.record import MAX_EXTRA_BYTES, MAX_TIMESTAMP, MAX_TOKEN, MAX_TTL, Holder, Waiter
