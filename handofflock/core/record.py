@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field
@@ -83,6 +82,8 @@ Corrupt = Callable[[str], LockRecordCorrupt]
 Reader = Callable[[Any, str, Corrupt, dict[str, Any]], Any]
 #: ``write(value, whole)``: the JSON of ``value``, a field of ``whole``; None writes nothing.
 Writer = Callable[[Any, Any], Any]
+#: ``problem(value, name)``: why ``value`` cannot be the field ``name``, or None if it can.
+Problem = Callable[[Any, str], "str | None"]
 
 
 def new_nonce() -> str:
@@ -133,6 +134,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
 def id_problem(value: Any, name: str) -> str | None:
     """Why ``value`` cannot be an owner or writer id, or None if it can.
 
@@ -158,137 +163,118 @@ def _text_problem(value: Any, name: str, longest: int, control: Callable[[int], 
     return None
 
 
-def _grace_problem(value: Any, name: str) -> str | None:
-    """Why ``value`` cannot be a label's grace (seconds, or None), or None if it can."""
-    if value is None or (_is_number(value) and math.isfinite(value) and 0 <= value <= MAX_TTL):
+def _must(
+    kind: str, is_kind: Callable[[Any], bool], fits: Callable[[Any], bool] | None = None, within: str | None = None
+) -> Problem:
+    """A :data:`Problem`: the value must be ``kind`` (``is_kind``), and then ``within`` (``kind`` if not given) what
+    ``fits`` accepts. A number that does not fit is shown in the reason; a string is not (it may be long)."""
+
+    def problem(value: Any, name: str) -> str | None:
+        if not is_kind(value):
+            return f"'{name}' must be {kind}, got {_json_type(value)}"
+        if fits is not None and not fits(value):
+            return f"'{name}' must be {within or kind}" + ("" if isinstance(value, str) else f", got {value}")
         return None
-    return f"{name} must be a number of seconds in [0, {MAX_TTL:.0f}] (a week), got {_json_type(value)}"
+
+    return problem
 
 
-def _id(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise corrupt(f"'{name}' must be a string or null, got {_json_type(value)}")
-    problem = id_problem(value, name)
-    if problem is not None:
-        raise corrupt(problem)
-    return value
+def _or_null(problem: Problem) -> Problem:
+    return lambda value, name: None if value is None else problem(value, name)
 
 
-def _instance(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_NONCE_LENGTH
-        or not value.isascii()
-        or not value.isalnum()
-    ):
-        raise corrupt(f"'{name}' must be 1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null")
-    return value
+def _id(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        return f"'{name}' must be a string or null, got {_json_type(value)}"
+    return None if value is None else id_problem(value, name)
 
 
-def _timestamp(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> float | None:
-    if value is None:
-        return None
-    if not _is_number(value):
-        raise corrupt(f"'{name}' must be a number or null, got {_json_type(value)}")
-    if not math.isfinite(value):
-        raise corrupt(f"'{name}' must be finite")
-    if not 0 <= value <= MAX_TIMESTAMP:
-        raise corrupt(f"'{name}' must be a Unix time between 0 and year 3000, got {value}")
-    return float(value)
+_INSTANCE = f"1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null"
+_instance = _or_null(
+    _must(_INSTANCE, _is_str, lambda v: 0 < len(v) <= MAX_NONCE_LENGTH and v.isascii() and v.isalnum())
+)
+_YEAR_3000 = "a Unix time between 0 and year 3000"
+_timestamp = _or_null(_must("a number or null", _is_number, lambda v: 0 <= v <= MAX_TIMESTAMP, _YEAR_3000))
+_ttl = _or_null(_must("a finite number", _is_number, lambda v: 0 < v <= MAX_TTL, f"in (0, {MAX_TTL:.0f}] seconds"))
+_token = _or_null(_must("an integer", _is_int, lambda v: 0 <= v <= MAX_TOKEN, "in [0, 2**63-1]"))
+_nonce = _or_null(
+    _must(f"a string of 1-{MAX_NONCE_LENGTH} characters", _is_str, lambda v: 0 < len(v) <= MAX_NONCE_LENGTH)
+)
+_grace = _or_null(_must(f"a number of seconds in [0, {MAX_TTL:.0f}] (a week)", _is_number, lambda v: 0 <= v <= MAX_TTL))
+_priority = _must("an integer in [-2**31, 2**31-1]", _is_int, lambda v: MIN_PRIORITY <= v <= MAX_PRIORITY)
+_asks = _must("true or false", lambda v: isinstance(v, bool))
 
 
-def _ttl(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> float | None:
-    if value is None:
-        return None
-    if not _is_number(value) or not math.isfinite(value):
-        raise corrupt(f"'{name}' must be a finite number, got {_json_type(value)}")
-    if not 0 < value <= MAX_TTL:
-        raise corrupt(f"'{name}' must be in (0, {MAX_TTL:.0f}] seconds, got {value}")
-    return float(value)
+def _at(value: Any, name: str) -> str | None:
+    return f"'{name}' must be a number, got null" if value is None else _timestamp(value, name)
 
 
-def _token(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> int:
-    if value is None:
-        return 0
-    if not _is_int(value):
-        raise corrupt(f"'{name}' must be an integer, got {_json_type(value)}")
-    if not 0 <= value <= MAX_TOKEN:
-        raise corrupt(f"'{name}' must be in [0, 2**63-1], got {value}")
-    return int(value)
+def _reader(problem: Problem, convert: Callable[[Any], Any] = lambda v: v, null: Any = None) -> Reader:
+    """A :data:`Reader` of a field that ``problem`` checks: ``null`` for null, else ``convert(value)``."""
+
+    def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Any:
+        if (why := problem(value, name)) is not None:
+            raise corrupt(why)
+        return null if value is None else convert(value)
+
+    return read
 
 
-def _nonce(value: Any, name: str, corrupt: Corrupt, seen: object = None) -> str | None:
-    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_NONCE_LENGTH):
-        raise corrupt(f"'{name}' must be a string of 1-{MAX_NONCE_LENGTH} characters")
-    return value
-
-
-def _object(value: Any, name: str, corrupt: Corrupt, keys: str, optional: str = "") -> dict[str, Any] | None:
-    """``value`` as an object with each of ``keys`` and nothing but ``optional`` besides; None for null."""
+def _object(value: Any, name: str, corrupt: Corrupt, keys: dict[str, Problem], optional: str = "") -> Any:
+    """``value`` as an object with ``keys`` (but ``optional``) and no others, each checked; None for null."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
-    need, may = keys.split(), optional.split()
-    if not set(need) <= value.keys() <= {*need, *may}:
-        also = f" (and optionally {_listing(may)})" if may else ""
-        raise corrupt(f"'{name}' must have {_listing(need)}{also}, got keys {sorted(value)}")
+    need = [key for key in keys if key != optional]
+    if not set(need) <= value.keys() <= keys.keys():
+        quoted = [f"'{key}'" for key in need]
+        listing = ", ".join(quoted[:-1]) + " and " + quoted[-1]
+        also = f" (and optionally '{optional}')" if optional else ""
+        raise corrupt(f"'{name}' must have {listing}{also}, got keys {sorted(value)}")
+    for key, problem in keys.items():
+        if (why := problem(value.get(key), f"{name}.{key}")) is not None:
+            raise corrupt(why)
     return value
 
 
-def _listing(keys: list[str]) -> str:
-    quoted = [f"'{k}'" for k in keys]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
-
-
-def _names(obj: dict[str, Any], name: str, corrupt: Corrupt, place: tuple[Any, Any], id_key: str = "id") -> bool:
-    """Whether the id and instance ``obj`` names (checked strictly) are those of ``place`` (id, instance), filled.
+def _names(obj: dict[str, Any], place: tuple[str | None, str | None], prefix: str = "") -> bool:
+    """Whether ``obj`` names ``place`` (id, instance; under the keys ``prefix`` and ``prefixInstance``), filled.
 
     A label, request or decline counts only while the place it was written for is still the one in
     place: an older writer that replaced that owner or waiter kept it as an unknown field.
     """
-    instance_key = "instance" if id_key == "id" else f"{id_key}Instance"
-    named = (
-        _id(obj[id_key], f"{name}.{id_key}", corrupt),
-        _instance(obj[instance_key], f"{name}.{instance_key}", corrupt),
-    )
-    return place[0] is not None and named == place
+    return place[0] is not None and (obj[prefix or "id"], obj[f"{prefix}Instance" if prefix else "instance"]) == place
+
+
+def _of(place: Holder | Waiter | None) -> tuple[str | None, str | None]:
+    return (None, None) if place is None else (place.id, place.instance)
 
 
 def _label(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Label | None:
-    obj = _object(value, name, corrupt, "text instance id", "grace")
-    if obj is None:
+    obj = _object(
+        value,
+        name,
+        corrupt,
+        {"text": label_problem, "grace": _grace, "instance": _instance, "id": _id},
+        optional="grace",
+    )
+    if obj is None or not _names(obj, (seen["id"], seen["instance"])):
         return None
-    grace = obj.get("grace")
-    problem = label_problem(obj["text"], f"{name}.text") or _grace_problem(grace, f"'{name}.grace'")
-    if problem is not None:
-        raise corrupt(problem)
-    placed = _names(obj, name, corrupt, (seen["id"], seen["instance"]))
-    return Label(obj["text"], None if grace is None else float(grace)) if placed else None
+    return Label(obj["text"], None if obj.get("grace") is None else float(obj["grace"]))
 
 
-def _label_json(label: Label | None, place: Holder | Waiter) -> dict[str, Any] | None:
-    if label is None:
-        return None
-    doc: dict[str, Any] = {"text": label.text, "instance": place.instance, "id": place.id}
-    if label.grace is not None:
-        doc["grace"] = label.grace
-    return doc
+def _label_json(label: Label, place: Holder | Waiter) -> dict[str, Any]:
+    grace = {} if label.grace is None else {"grace": label.grace}
+    return {"text": label.text, "instance": place.instance, "id": place.id, **grace}
 
 
 def _held_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
-    obj = _object(value, name, corrupt, "at token")
-    if obj is None:
-        return None
-    at, token = _timestamp(obj["at"], f"{name}.at", corrupt), _token(obj["token"], f"{name}.token", corrupt)
-    if at is None:
-        raise corrupt(f"'{name}.at' must be a number, got null")
+    obj = _object(value, name, corrupt, {"at": _at, "token": _token})
     # An older writer that took the lock (a new token) kept this as an unknown field: it is not this hold's.
-    return at if seen["owner"] is not None and token == seen["token"] else None
+    if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
+        return None
+    return float(obj["at"])
 
 
 def _held_since_json(at: float, record: LockRecord) -> dict[str, Any]:
@@ -296,16 +282,10 @@ def _held_since_json(at: float, record: LockRecord) -> dict[str, Any]:
 
 
 def _request(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> WaiterRequest | None:
-    obj = _object(value, name, corrupt, "asks priority id instance")
-    if obj is None:
+    obj = _object(value, name, corrupt, {"asks": _asks, "priority": _priority, "id": _id, "instance": _instance})
+    if obj is None or not _names(obj, (seen["id"], seen["instance"])):
         return None
-    if not isinstance(obj["asks"], bool):
-        raise corrupt(f"'{name}.asks' must be true or false, got {_json_type(obj['asks'])}")
-    priority = obj["priority"]
-    if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise corrupt(f"'{name}.priority' must be an integer in [-2**31, 2**31-1], got {_json_type(priority)}")
-    placed = _names(obj, name, corrupt, (seen["id"], seen["instance"]))
-    return WaiterRequest(obj["asks"], priority) if placed else None
+    return WaiterRequest(obj["asks"], obj["priority"])
 
 
 def _request_json(request: WaiterRequest, waiter: Waiter) -> dict[str, Any] | None:
@@ -315,13 +295,8 @@ def _request_json(request: WaiterRequest, waiter: Waiter) -> dict[str, Any] | No
 
 
 def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
-    obj = _object(value, name, corrupt, "id instance owner ownerInstance")
-    if obj is None:
-        return False
-    owner, waiter = seen["owner"], seen["waiter"]
-    to_waiter = _names(obj, name, corrupt, (waiter.id, waiter.instance) if waiter else (None, None))
-    by_owner = _names(obj, name, corrupt, (owner.id, owner.instance) if owner else (None, None), "owner")
-    return to_waiter and by_owner
+    obj = _object(value, name, corrupt, {"id": _id, "instance": _instance, "owner": _id, "ownerInstance": _instance})
+    return obj is not None and _names(obj, _of(seen["waiter"])) and _names(obj, _of(seen["owner"]), "owner")
 
 
 def _declined_json(declined: bool, record: LockRecord) -> dict[str, Any] | None:
@@ -347,7 +322,7 @@ class Label:
     grace: float | None = None
 
     def __post_init__(self) -> None:
-        problem = label_problem(self.text, "label") or _grace_problem(self.grace, "a label's grace")
+        problem = label_problem(self.text, "label") or _grace(self.grace, "grace")
         if problem is not None:
             raise ConfigurationError(problem)
 
@@ -381,9 +356,9 @@ ASKING = WaiterRequest()
 class Holder:
     """The owner in place: its id, when its lease ends (wall clock), its instance and its label."""
 
-    id: str = wire("ownerId", _id, always=True, default=MISSING)
-    expires_at: float = wire("expiresAt", _timestamp, always=True, default=MISSING)
-    instance: str | None = wire("ownerInstance", _instance)
+    id: str = wire("ownerId", _reader(_id), always=True, default=MISSING)
+    expires_at: float = wire("expiresAt", _reader(_timestamp, float), always=True, default=MISSING)
+    instance: str | None = wire("ownerInstance", _reader(_instance))
     label: Label | None = wire("ownerLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
@@ -395,10 +370,10 @@ class Holder:
 class Waiter:
     """The waiter in place: its id, when its slot ends, the lease it wants (``ttl``), who it is, what it asks."""
 
-    id: str = wire("waitingOwnerId", _id, always=True, default=MISSING)
-    expires_at: float = wire("waiterExpiresAt", _timestamp, always=True, default=MISSING)
-    ttl: float | None = wire("waiterTtl", _ttl)
-    instance: str | None = wire("waiterInstance", _instance)
+    id: str = wire("waitingOwnerId", _reader(_id), always=True, default=MISSING)
+    expires_at: float = wire("waiterExpiresAt", _reader(_timestamp, float), always=True, default=MISSING)
+    ttl: float | None = wire("waiterTtl", _reader(_ttl, float))
+    instance: str | None = wire("waiterInstance", _reader(_instance))
     label: Label | None = wire("waiterLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
     request: WaiterRequest = wire("waiterRequest", _request, _request_json, default=ASKING)  # noqa: RUF009 (a frozen value)
 
@@ -437,11 +412,11 @@ class LockRecord:
 
     owner: Holder | None = None
     waiter: Waiter | None = None
-    ttl: float | None = wire("ttl", _ttl, always=True)
-    token: int = wire("token", _token, always=True, default=0)
+    ttl: float | None = wire("ttl", _reader(_ttl, float), always=True)
+    token: int = wire("token", _reader(_token, null=0), always=True, default=0)
     #: When the current hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
     held_since: float | None = wire("heldSince", _held_since, _held_since_json)
-    nonce: str | None = wire("nonce", _nonce, always=True)
+    nonce: str | None = wire("nonce", _reader(_nonce), always=True)
     declined: bool = wire("declinedWaiter", _declined, _declined_json, default=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
