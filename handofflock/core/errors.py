@@ -44,8 +44,7 @@ class StorageError(HandoffLockError):
 
     def __init__(self, message: str, *, url: str | None = None, key: str | None = None) -> None:
         super().__init__(message)
-        self.url = url
-        self.key = key
+        self.url, self.key = url, key
 
 
 class PreconditionFailed(StorageError):
@@ -106,9 +105,7 @@ class TransientStorageError(StorageError):
         retry_after: float | None = None,
     ) -> None:
         super().__init__(message, url=url, key=key)
-        self.status = status
-        self.ambiguous = ambiguous
-        self.retry_after = retry_after
+        self.status, self.ambiguous, self.retry_after = status, ambiguous, retry_after
 
 
 # --------------------------------------------------------------------------- configuration
@@ -144,10 +141,7 @@ class LockRecordCorrupt(HandoffLockError, ValueError):
             f"lock record {where!r} is corrupt: {reason}. Nothing was overwritten; "
             f"inspect the object, then clear it with `handofflock release {where} --force`"
         )
-        self.key = key
-        self.url = url
-        self.reason = reason
-        self.generation = generation
+        self.key, self.url, self.reason, self.generation = key, url, reason, generation
 
 
 # --------------------------------------------------------------------------- the lock
@@ -193,14 +187,10 @@ class LockContended(HandoffLockError):
                 "or wait_for_slot=True (run --wait-for-slot), or try again later"
             )
         super().__init__(message)
-        self.url = url
-        self.owner_id = owner_id
-        self.owner_expires_at = owner_expires_at
-        self.waiter_id = waiter_id
-        self.waiter_expires_at = waiter_expires_at
+        self.url, self.owner_id, self.owner_expires_at = url, owner_id, owner_expires_at
+        self.waiter_id, self.waiter_expires_at = waiter_id, waiter_expires_at
         #: Who the owner and the waiter are, for people (their labels' text), as ``status`` shows them.
-        self.owner_label = owner_label
-        self.waiter_label = waiter_label
+        self.owner_label, self.waiter_label = owner_label, waiter_label
 
 
 class LockTimeout(LockContended, TimeoutError):
@@ -220,9 +210,7 @@ class LockLost(HandoffLockError):
 
     def __init__(self, message: str, *, url: str | None = None, reason: str = "lost", cause: Any = None) -> None:
         super().__init__(message)
-        self.url = url
-        self.reason = reason
-        self.cause = cause
+        self.url, self.reason, self.cause = url, reason, cause
 
 
 class AlreadyAcquired(HandoffLockError, RuntimeError):
@@ -270,11 +258,7 @@ class StaleToken(HandoffLockError):
         else:
             message = f"write to {key!r} refused: token {token} is stale, the resource already accepted token {highest}"
         super().__init__(message)
-        self.key = key
-        self.token = token
-        self.highest = highest
-        self.writer_id = writer_id
-        self.holder_id = holder_id
+        self.key, self.token, self.highest, self.writer_id, self.holder_id = key, token, highest, writer_id, holder_id
 
 
 class FencedObjectCorrupt(HandoffLockError, ValueError):
@@ -290,37 +274,29 @@ class FencedObjectCorrupt(HandoffLockError, ValueError):
             f"fenced object {where!r} is corrupt: {reason}. Nothing was overwritten; inspect it, then repair "
             "it by hand keeping highestToken at least as high as any token in use (see docs/fencing.md)"
         )
-        self.key = key
-        self.url = url
-        self.reason = reason
-        self.generation = generation
+        self.key, self.url, self.reason, self.generation = key, url, reason, generation
 
 
 class FencedObjectFull(HandoffLockError):
     """A fenced write would make the object larger than its ``max_bytes``; nothing was written."""
 
+    _says = (
+        "fenced object {key!r} would grow to {size} bytes, over its limit of {max_bytes}; "
+        "nothing was written: start a new object (a new journal key) or raise max_bytes"
+    )
+
     def __init__(self, key: str, size: int, max_bytes: int) -> None:
-        super().__init__(
-            f"fenced object {key!r} would grow to {size} bytes, over its limit of {max_bytes}; "
-            "nothing was written: start a new object (a new journal key) or raise max_bytes"
-        )
-        self.key = key
-        self.size = size
-        self.max_bytes = max_bytes
+        super().__init__(self._says.format(key=key, size=size, max_bytes=max_bytes))
+        self.key, self.size, self.max_bytes = key, size, max_bytes
 
 
 class FencedObjectTooLarge(FencedObjectFull):
     """A fenced object is larger than this reader's ``max_bytes``. It is not corrupt: raise ``max_bytes``."""
 
-    def __init__(self, key: str, size: int, max_bytes: int) -> None:
-        HandoffLockError.__init__(
-            self,
-            f"fenced object {key!r} holds more than {max_bytes} bytes, this instance's max_bytes: it is not "
-            "corrupt, only larger than this reader accepts. Nothing was written; pass a larger max_bytes",
-        )
-        self.key = key
-        self.size = size
-        self.max_bytes = max_bytes
+    _says = (
+        "fenced object {key!r} holds more than {max_bytes} bytes, this instance's max_bytes: it is not "
+        "corrupt, only larger than this reader accepts. Nothing was written; pass a larger max_bytes"
+    )
 
 
 class AgreementFailed(HandoffLockError, RuntimeError):
