@@ -6,7 +6,8 @@ would be made, as ``if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN)``. All are off
 by default; nothing in the library turns one on. Off, a spot costs one
 membership test of an empty frozenset. The simulation
 (:mod:`handofflock.testing.sim`) and its model check turn one on with
-:func:`planted` and must then report a violation.
+:func:`planted` and must then report a violation; what each one breaks is
+listed in :data:`handofflock.testing.sim.bugs.BUGS`.
 
 The spots are few and one line each; ``grep -n buggify handofflock`` lists them.
 A write "without a generation match" is a write whose precondition is
@@ -34,32 +35,6 @@ HEIR_LEASE_FROM_ITS_READ = "heir-lease-from-its-read"
 CANCELLED_KEEPS_HANDED_LOCK = "cancelled-keeps-handed-lock"
 HANDOFF_TO_EXPIRED_SLOT = "handoff-to-expired-slot"
 
-#: Every planted bug: name -> what goes wrong, and where the switch is read.
-BUGS: dict[str, str] = {
-    TRUST_A_READ: "an owner never notices it lost the lock: any record is still ours (protocol._check_still_mine)",
-    STILL_MINE_BY_ID: "'still mine' by owner id alone, token and instance unchecked (protocol._check_still_mine)",
-    KEEP_SLOT_ON_TIMEOUT: "a waiter that gives up leaves its slot in the record (HandoffLock._leave_slot)",
-    UNCONDITIONAL_HANDOFF: "the handoff and release write skips the generation match (protocol.decide_release)",
-    UNCONDITIONAL_RENEWAL: "a renewal overwrites whatever is there (protocol.decide_renew)",
-    GIVE_UP_WITHOUT_MATCH: "a waiter's give-up is written without a generation match (protocol.decide_give_up_wait)",
-    LEASE_PAST_ITS_MARGIN: "the owner counts itself safe until expiresAt + skew, no margin (lease.lease_until)",
-    HEIR_KEEPS_OLD_TOKEN: "a handoff gives the heir the old owner's token (protocol.decide_release)",
-    HEIR_LEASE_FROM_ITS_READ: "the heir counts its lease from its own read of the handoff (HandoffLock._became_owner)",
-    CANCELLED_KEEPS_HANDED_LOCK: "a cancelled acquire keeps a lock handed to it meanwhile (HandoffLock._leave_slot)",
-    HANDOFF_TO_EXPIRED_SLOT: "the owner hands off to a waiter whose slot has expired (protocol.decide_release)",
-}
-
-#: Bugs whose switch sits in the pure protocol: the model check can find these.
-PROTOCOL_BUGS = (
-    TRUST_A_READ,
-    STILL_MINE_BY_ID,
-    UNCONDITIONAL_HANDOFF,
-    UNCONDITIONAL_RENEWAL,
-    GIVE_UP_WITHOUT_MATCH,
-    HEIR_KEEPS_OLD_TOKEN,
-    HANDOFF_TO_EXPIRED_SLOT,
-)
-
 _active: frozenset[str] = frozenset()
 
 
@@ -75,11 +50,11 @@ def match(name: str, generation: int) -> int:
 
 @contextmanager
 def planted(*names: str) -> Iterator[None]:
-    """Plant the named bugs for the duration of the block (the simulation runs one seed inside it)."""
+    """Plant the named bugs for the duration of the block (the simulation runs one seed inside it).
+
+    :func:`handofflock.testing.sim.bugs.planted` checks the names against the catalogue first.
+    """
     global _active
-    unknown = [n for n in names if n not in BUGS]
-    if unknown:
-        raise ValueError(f"unknown planted bug(s) {unknown}; known: {sorted(BUGS)}")
     before = _active
     _active = before | frozenset(names)
     try:

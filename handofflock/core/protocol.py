@@ -156,6 +156,11 @@ def _owned_by(record: LockRecord, owner: Holder, now: float, ttl: float, token: 
     return record.replace(owner=owner, waiter=None, ttl=ttl, token=token, nonce=nonce, declined=False, held_since=now)
 
 
+def _taken(record: LockRecord | None, me: Me, now: float, ttl: float, nonce: str) -> LockRecord:
+    """``record`` (or a new one) with ``me`` as its new owner, under the next token."""
+    return _owned_by(record or LockRecord(), me.as_owner(now, ttl), now, ttl, next_token(record, now), nonce)
+
+
 _Place = TypeVar("_Place", Holder, Waiter)
 
 
@@ -257,9 +262,7 @@ def decide_acquire(
     """
     ttl, skew = timing.ttl, timing.max_clock_skew
     if record is None:
-        return Write(
-            Kind.CREATE, _owned_by(LockRecord(), me.as_owner(now, ttl), now, ttl, next_token(None, now), nonce), 0
-        )
+        return Write(Kind.CREATE, _taken(None, me, now, ttl, nonce), 0)
 
     owner, waiter = record.owner, record.waiter
     if owner is not None and owner.id == me.owner_id:
@@ -269,7 +272,7 @@ def decide_acquire(
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _owned_by(record, me.as_owner(now, ttl), now, ttl, next_token(record, now), nonce)
+        taken = _taken(record, me, now, ttl, nonce)
         if record.waiter_live(now, skew) and not _is(waiter, me):
             taken = taken.replace(waiter=waiter)
         return Write(Kind.RETAKE, taken, generation)
@@ -289,9 +292,7 @@ def decide_acquire(
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
-        return Write(
-            Kind.TAKE, _owned_by(record, me.as_owner(now, ttl), now, ttl, next_token(record, now), nonce), generation
-        )
+        return Write(Kind.TAKE, _taken(record, me, now, ttl, nonce), generation)
 
     # A live owner holds it.
     if mine and _is(waiter, me):
@@ -403,13 +404,11 @@ def decide_release(
     record that is no longer ours is never touched.
     """
     if attempted is not None and record is not None:
-        landed, owner_now = attempted.record, _id_of(record.owner)
-        heir = _id_of(landed.owner) if attempted.kind is Kind.HANDOFF else None
-        if attempted.kind is Kind.HANDOFF and owner_now == heir and record.token == landed.token:
-            return Released(handed_off_to=heir)
-        if attempted.kind is Kind.FREE and owner_now is None and record.token == landed.token:
-            return Released(handed_off_to=heir)
-        if within_lease and owner_now != me.owner_id and record.token >= landed.token:
+        # The heir named by a handoff, None for a free: the owner the record shows if that write landed.
+        landed, heir, owner_now = attempted.record, _id_of(attempted.record.owner), _id_of(record.owner)
+        if (owner_now == heir and record.token == landed.token) or (
+            within_lease and owner_now != me.owner_id and record.token >= landed.token
+        ):
             return Released(handed_off_to=heir)
     lost = _check_still_mine(record, me, token)
     if lost is not None:

@@ -38,13 +38,13 @@ from hypothesis.stateful import (
 )
 
 from handofflock import HandoffLock, HandoffLockError, signals
-from handofflock.core.buggify import planted
-from handofflock.testing.clock import FakeClock
 from handofflock.core.errors import TransientStorageError
 from handofflock.core.record import LockRecord
 from handofflock.lock.scheduler import Scheduler
 from handofflock.repair import force_release
 from handofflock.storage import MemoryStorage
+from handofflock.testing.clock import FakeClock
+from handofflock.testing.sim.bugs import planted
 
 KEY = "locks/stateful.json"
 #: Fast timing without pacing (a ttl of 3 s, which GCS's one write per second cannot serve): the

@@ -23,9 +23,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from ...core import protocol as p
-from ...core.buggify import planted
 from ...core.record import LockRecord
 from ...core.timing import Timing
+from .bugs import planted
 
 TTL, RENEW_DEADLINE, HORIZON = 3.0, 2.0, 8.0
 TIMING = Timing.build(ttl=TTL, waiter_ttl=TTL, max_clock_skew=0.0)

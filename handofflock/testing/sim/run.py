@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ...core.buggify import planted
+from .bugs import planted
 from .hub import Violation
 from .world import Config, World
 
