@@ -11,11 +11,11 @@ parties that failed together, which is what contending lock holders do.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .timing import seconds
 
 #: A retry the draw would put past the deadline goes this long before it instead: one last try.
 LAST_TRY_MARGIN = 0.05
@@ -32,9 +32,7 @@ class Backoff:
 
     def __post_init__(self) -> None:
         for name in ("base", "cap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ConfigurationError(f"backoff {name} must be a positive finite number of seconds, got {value!r}")
+            seconds(f"backoff {name}", getattr(self, name))
         if self.cap < self.base:
             raise ConfigurationError(f"backoff cap ({self.cap}) must be at least its base ({self.base})")
 

@@ -76,16 +76,13 @@ def detect_label(
 
     pod = env.get("POD_NAME") or (env.get("HOSTNAME") if env.get("KUBERNETES_SERVICE_HOST") else None)
     if pod:
-        namespace = env.get("POD_NAMESPACE") or _read_first_line(namespace_file)
+        namespace = _namespace(env, namespace_file)
         words.append(f"pod={namespace}/{pod}" if namespace else f"pod={pod}")
     if host and host != pod:
         words.insert(0, f"host={host}")
     words.append(f"pid={os.getpid() if pid is None else pid}")
 
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    if job:
+    if job := _slurm_job(env):
         words.append(f"slurm={job}")
     if env.get("RANK") and (env.get("LOCAL_RANK") is not None or env.get("TORCHELASTIC_RUN_ID")):
         words.append(f"rank={env['RANK']}")
@@ -99,12 +96,10 @@ def stable_job_id(
     env = os.environ if environ is None else environ
     if own := env.get("HANDOFFLOCK_JOB_ID", "").strip():
         return _fit(f"job:{own}")
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return _fit(f"slurm:{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}")
-    if job := env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"):
+    if job := _slurm_job(env):
         return _fit(f"slurm:{job}")
     if name := env.get("KUBERNETES_JOB_NAME", "").strip():
-        namespace = env.get("POD_NAMESPACE") or _read_first_line(namespace_file) or "default"
+        namespace = _namespace(env, namespace_file) or "default"
         index = env.get("JOB_COMPLETION_INDEX")
         return _fit(f"k8s:{namespace}/{name}" + (f"/{index}" if index else ""))
     run = env.get("TORCHELASTIC_RUN_ID", "").strip()
@@ -124,9 +119,19 @@ def clean_label(text: str) -> str:
     return text[:MAX_LABEL_LENGTH] or "unknown"
 
 
-def _read_first_line(path: str) -> str | None:
+def _slurm_job(env: Mapping[str, str]) -> str | None:
+    """The Slurm job: ``ARRAYJOB_TASK`` for an array task, else the job id; None outside Slurm."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+
+
+def _namespace(env: Mapping[str, str], namespace_file: str) -> str | None:
+    """The pod's namespace: ``POD_NAMESPACE``, else the first line of the service account's namespace file."""
+    if env.get("POD_NAMESPACE"):
+        return env["POD_NAMESPACE"]
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(namespace_file, encoding="utf-8", errors="replace") as f:
             return f.readline().strip() or None
     except OSError:
         return None

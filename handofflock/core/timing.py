@@ -73,8 +73,7 @@ class Timing:
         that default, and an error about it is phrased as one about ``ttl``.
         """
         for f in fields(self):  # seconds as floats, each checked for its kind
-            check = _non_negative if f.name in ("min_write_interval", "max_clock_skew") else _positive
-            object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+            object.__setattr__(self, f.name, seconds(f.name, getattr(self, f.name)))
         ttl, ri, rd, wttl = self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl
         spacing, poll = self.min_write_interval, self.waiter_poll_interval
         if ttl > MAX_TTL or wttl > MAX_TTL:
@@ -139,7 +138,7 @@ class Timing:
         min_write_interval: float = 0.0,
     ) -> Timing:
         """A :class:`Timing` with the defaults applied to what is not given (None: derived from ``ttl``)."""
-        ttl, spacing = _positive("ttl", ttl), _non_negative("min_write_interval", min_write_interval)
+        ttl, spacing = seconds("ttl", ttl), seconds("min_write_interval", min_write_interval)
         return cls(
             ttl,
             max(ttl / 8, spacing) if renew_interval is None else renew_interval,
@@ -199,13 +198,12 @@ def min_ttl(spacing: float) -> float:
     return (1 + RETRY_SPACINGS) * 2 * spacing
 
 
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def _non_negative(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+def seconds(name: str, value: Any) -> float:
+    """``value`` as float seconds, or a :class:`ConfigurationError` naming ``name``: a finite number above 0
+    (or at 0: ``min_write_interval`` and ``max_clock_skew`` may be none at all)."""
+    zero_ok = name in ("min_write_interval", "max_clock_skew")
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not number or not (value >= 0 if zero_ok else value > 0):
+        kind = "a finite number of seconds >= 0" if zero_ok else "a positive finite number of seconds"
+        raise ConfigurationError(f"{name} must be {kind}, got {value!r}")
     return float(value)
