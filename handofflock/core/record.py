@@ -251,22 +251,24 @@ def _of(place: Holder | Waiter | None) -> tuple[str | None, str | None]:
     return (None, None) if place is None else (place.id, place.instance)
 
 
-def _label(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Label | None:
-    obj = _object(
-        value,
-        name,
-        corrupt,
-        {"text": label_problem, "grace": _grace, "instance": _instance, "id": _id},
-        optional="grace",
-    )
-    if obj is None or not _names(obj, (seen["id"], seen["instance"])):
+def _bound(cls: type[Label | WaiterRequest], keys: dict[str, Problem], optional: str = "") -> Reader:
+    """A reader of a ``cls`` of the owner or the waiter, written with the id and instance of that place
+    (:func:`_bound_json`); None once another owner or waiter is in place (see :func:`_names`)."""
+
+    def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Any:
+        obj = _object(value, name, corrupt, {**keys, "instance": _instance, "id": _id}, optional)
+        if obj is None or not _names(obj, (seen["id"], seen["instance"])):
+            return None
+        return cls(**{key: obj[key] for key in keys if key in obj})
+
+    return read
+
+
+def _bound_json(value: Label | WaiterRequest, place: Holder | Waiter) -> dict[str, Any] | None:
+    """``value`` as its place writes it, with the place's id and instance; nothing for a request that only asks."""
+    if value == ASKING:
         return None
-    return Label(obj["text"], None if obj.get("grace") is None else float(obj["grace"]))
-
-
-def _label_json(label: Label, place: Holder | Waiter) -> dict[str, Any]:
-    grace = {} if label.grace is None else {"grace": label.grace}
-    return {"text": label.text, "instance": place.instance, "id": place.id, **grace}
+    return {**{k: v for k, v in vars(value).items() if v is not None}, "instance": place.instance, "id": place.id}
 
 
 def _held_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
@@ -279,19 +281,6 @@ def _held_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -
 
 def _held_since_json(at: float, record: LockRecord) -> dict[str, Any]:
     return {"at": at, "token": record.token}
-
-
-def _request(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> WaiterRequest | None:
-    obj = _object(value, name, corrupt, {"asks": _asks, "priority": _priority, "id": _id, "instance": _instance})
-    if obj is None or not _names(obj, (seen["id"], seen["instance"])):
-        return None
-    return WaiterRequest(obj["asks"], obj["priority"])
-
-
-def _request_json(request: WaiterRequest, waiter: Waiter) -> dict[str, Any] | None:
-    if request == ASKING:
-        return None
-    return {"asks": request.asks, "priority": request.priority, "id": waiter.id, "instance": waiter.instance}
 
 
 def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
@@ -350,6 +339,8 @@ class WaiterRequest:
 
 #: What a waiter without a ``waiterRequest`` wants (every waiter of older versions): it asks, at priority 0.
 ASKING = WaiterRequest()
+_label = _bound(Label, {"text": label_problem, "grace": _grace}, optional="grace")
+_request = _bound(WaiterRequest, {"asks": _asks, "priority": _priority})
 
 
 @dataclass(frozen=True)
@@ -359,7 +350,7 @@ class Holder:
     id: str = wire("ownerId", _reader(_id), always=True, default=MISSING)
     expires_at: float = wire("expiresAt", _reader(_timestamp, float), always=True, default=MISSING)
     instance: str | None = wire("ownerInstance", _reader(_instance))
-    label: Label | None = wire("ownerLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
+    label: Label | None = wire("ownerLabel", _label, _bound_json)  # noqa: RUF009 (a frozen value)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the lease is unexpired at ``now`` (with ``skew`` grace)."""
@@ -374,8 +365,8 @@ class Waiter:
     expires_at: float = wire("waiterExpiresAt", _reader(_timestamp, float), always=True, default=MISSING)
     ttl: float | None = wire("waiterTtl", _reader(_ttl, float))
     instance: str | None = wire("waiterInstance", _reader(_instance))
-    label: Label | None = wire("waiterLabel", _label, _label_json)  # noqa: RUF009 (a frozen value)
-    request: WaiterRequest = wire("waiterRequest", _request, _request_json, default=ASKING)  # noqa: RUF009 (a frozen value)
+    label: Label | None = wire("waiterLabel", _label, _bound_json)  # noqa: RUF009 (a frozen value)
+    request: WaiterRequest = wire("waiterRequest", _request, _bound_json, default=ASKING)  # noqa: RUF009 (a frozen value)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the slot is unexpired at ``now`` (with ``skew`` grace)."""
@@ -506,8 +497,8 @@ class LockRecord:
             raise corrupt(f"missing field(s) {', '.join(missing)}")
         legacy = "version" not in doc
         version = RECORD_VERSION if legacy else doc["version"]
-        if not _is_int(version):
-            raise corrupt(f"'version' must be an integer, got {_json_type(version)}")
+        if (problem := _must("an integer", _is_int)(version, "version")) is not None:
+            raise corrupt(problem)
         if version != RECORD_VERSION:
             raise corrupt(
                 f"unsupported format version {version} (this handofflock reads version {RECORD_VERSION}); "
@@ -548,16 +539,9 @@ class _DuplicateKey(ValueError):
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(key)
-            seen.add(key)
+        keys = [key for key, _ in pairs]
+        raise _DuplicateKey(next(key for i, key in enumerate(keys) if key in keys[:i]))
     return doc
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _parse(data: Any, corrupt: Corrupt) -> dict[str, Any]:
@@ -570,8 +554,8 @@ def _parse(data: Any, corrupt: Corrupt) -> dict[str, Any]:
     if not data.strip():
         raise corrupt("object is empty")
     try:
-        orjson.loads(data)  # strict about syntax and UTF-8; then read for what orjson cannot check
-        doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        orjson.loads(data)  # strict about syntax, UTF-8 and NaN; then read for the duplicates orjson lets pass
+        doc = json.loads(data, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as exc:
         raise corrupt(f"duplicate key {exc.args[0]!r}: readers could disagree on its value") from exc
     except orjson.JSONDecodeError as exc:
@@ -610,10 +594,8 @@ def _check_extra(extra: dict[str, Any], corrupt: Corrupt) -> None:
 
 def _depth(value: Any, level: int = 0) -> int:
     """How deeply ``value`` nests (orjson writes at most 254 levels; we stay under that)."""
-    if level > 260:
+    if level > 260 or not isinstance(value, (dict, list)):
         return level
-    if isinstance(value, dict):
-        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
-    if isinstance(value, list):
-        return max((_depth(v, level + 1) for v in value), default=level + 1)
-    return level
+    return max(
+        (_depth(v, level + 1) for v in (value.values() if isinstance(value, dict) else value)), default=level + 1
+    )
