@@ -56,13 +56,6 @@ class Me:
         """Me in the owner's place, with a lease of ``ttl`` from ``now``."""
         return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label)
 
-    def as_waiter(self, now: float, timing: Timing, request: WaiterRequest) -> Waiter:
-        """Me in the waiter's place, for ``timing.waiter_ttl`` from ``now``, wanting a lease of ``timing.ttl``."""
-        slot_ends = now + timing.waiter_ttl
-        return Waiter(
-            self.owner_id, slot_ends, ttl=timing.ttl, instance=self.instance, label=self.label, request=request
-        )
-
 
 class Kind(str, enum.Enum):
     """Why a write is made. Stable strings: they appear in logs and history."""
@@ -305,7 +298,9 @@ def decide_acquire(
     # The slot is empty or expired, ours outranks the live waiter's request, or we reclaim an earlier
     # incarnation's slot: write ourselves, our request and a fresh slot into it. A displaced waiter
     # finds the slot taken at its next poll and waits for it again.
-    slot = me.as_waiter(now, timing, request)
+    slot = Waiter(
+        me.owner_id, now + timing.waiter_ttl, ttl=timing.ttl, instance=me.instance, label=me.label, request=request
+    )
     return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation)
 
 

@@ -378,7 +378,7 @@ _T = TypeVar("_T")
 
 
 class _Flat(Generic[_T]):
-    """``record.<place>.<attr>`` under one flat name, None while that place is empty."""
+    """``record.<place>.<attr>`` under one flat, read-only name, None while that place is empty."""
 
     def __init__(self, place: str, attr: str) -> None:
         self.place, self.attr = place, attr
@@ -434,7 +434,8 @@ class LockRecord:
             changes.setdefault("extra", {k: v for k, v in self.extra.items() if k not in written})
         return dataclasses.replace(self, legacy=False, **changes)
 
-    # -- flat views, kept while callers move to .owner/.waiter ------------------
+    # The original design's flat names for the places' fields: read-only views, None while the place is
+    # empty. replace() takes them as well.
     owner_id = _Flat[str]("owner", "id")
     expires_at = _Flat[float]("owner", "expires_at")
     owner_instance = _Flat[str]("owner", "instance")
