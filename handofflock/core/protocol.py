@@ -52,10 +52,6 @@ class Me:
     label: Label | None = None
     yields: bool = True
 
-    def as_owner(self, now: float, ttl: float) -> Holder:
-        """Me in the owner's place, with a lease of ``ttl`` from ``now``."""
-        return Holder(self.owner_id, now + ttl, instance=self.instance, label=self.label)
-
 
 class Kind(str, enum.Enum):
     """Why a write is made. Stable strings: they appear in logs and history."""
@@ -150,8 +146,9 @@ def _owned_by(record: LockRecord, owner: Holder, now: float, ttl: float, token: 
 
 
 def _taken(record: LockRecord | None, me: Me, now: float, ttl: float, nonce: str) -> LockRecord:
-    """``record`` (or a new one) with ``me`` as its new owner, under the next token."""
-    return _owned_by(record or LockRecord(), me.as_owner(now, ttl), now, ttl, next_token(record, now), nonce)
+    """``record`` (or a new one) with ``me`` as its new owner, a lease of ``ttl`` from ``now``, the next token."""
+    mine = Holder(me.owner_id, now + ttl, instance=me.instance, label=me.label)
+    return _owned_by(record or LockRecord(), mine, now, ttl, next_token(record, now), nonce)
 
 
 _Place = TypeVar("_Place", Holder, Waiter)

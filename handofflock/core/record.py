@@ -412,10 +412,6 @@ class LockRecord:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
 
-    def owner_live(self, now: float, skew: float = 0.0) -> bool:
-        """Whether an owner holds an unexpired lease at ``now`` (with ``skew`` grace)."""
-        return self.owner is not None and self.owner.live(now, skew)
-
     def waiter_live(self, now: float, skew: float = 0.0) -> bool:
         """Whether a waiter holds an unexpired slot at ``now`` (with ``skew`` grace)."""
         return self.waiter is not None and self.waiter.live(now, skew)
