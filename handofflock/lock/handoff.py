@@ -53,7 +53,7 @@ from ..core.timing import Timing
 from ..storage import Storage, open_url
 from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
-from . import messages, metrics
+from . import messages
 from .lease import Lease
 from .logfields import LockLog
 from .notifier import Notifier
@@ -430,7 +430,7 @@ class HandoffLock:
         write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
-        got = metrics.timed_acquire(
+        got = signals.observer.timed_acquire(
             self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
         )
         return Acquired(self) if got else False
@@ -763,7 +763,7 @@ class HandoffLock:
             try:
                 outcome = self._renew_attempts()
             except TransientStorageError as exc:
-                metrics.renewal_failed(self, exc)
+                signals.observer.renewal_failed(self, exc)
                 delay = self._lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
                 self._log_renew.warning(
                     "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
@@ -773,13 +773,13 @@ class HandoffLock:
                 )
                 return
             except (StorageError, LockRecordCorrupt) as exc:
-                metrics.renewal_failed(self, exc)
+                signals.observer.renewal_failed(self, exc)
                 self._mark_lost(f"renewal failed: {exc}", exc)
                 return
             if isinstance(outcome, Lost):
                 self._mark_lost(outcome.why, None)
             elif outcome is not None:
-                metrics.renewed(self, outcome)
+                signals.observer.renewed(self, outcome)
                 owner = self._lease.record.owner if self._lease.record is not None else None
                 expires = None if owner is None else owner.expires_at
                 self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
@@ -864,7 +864,9 @@ class HandoffLock:
             return False
         if generation != self._lease.generation:  # an equal one is the record we know
             self._lease.seen(record, generation)
-        self._book.note_waiter(seen, record, url=self.url, noticed=functools.partial(metrics.waiter_noticed, self))
+        self._book.note_waiter(
+            seen, record, url=self.url, noticed=functools.partial(signals.observer.waiter_noticed, self)
+        )
         return True
 
     def _deadline_passed(self) -> None:
