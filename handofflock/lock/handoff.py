@@ -5,7 +5,7 @@ performs it through its record store (:mod:`handofflock.storage.records`) under 
 mutex, and keeps what the result means. ``acquire()`` runs in the caller's thread; the
 renewal, the waiter check and a release retry run on the scheduler (:mod:`.scheduler`),
 which sees the lock through one weak reference (:class:`_Duties`); ``release()`` runs in
-any thread, even a signal handler's (:mod:`.reentry` defers it to the outer call).
+any thread, even a signal handler's (:meth:`HandoffLock._guarded` defers it to the outer call).
 
 Beside the class: what ``acquire()`` returns (:class:`Acquired`), and the end of a lock's
 life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
@@ -25,14 +25,15 @@ import secrets
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
+    AlreadyAcquired,
     ConfigurationError,
     InheritedAcrossFork,
     LockContended,
@@ -46,22 +47,19 @@ from ..core.errors import (
 )
 from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
-from ..core.record import Label, LockRecord, WaiterRequest, id_problem, label_problem, new_nonce
+from ..core.record import Holder, Label, LockRecord, Waiter, WaiterRequest, id_problem, label_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
 from ..core.timing import Timing
 from ..storage import Storage, open_url
 from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
-from . import messages
 from .lease import Lease
 from .logfields import LockLog
 from .notifier import Notifier
 from .primitives import THREADING, Primitives
-from .reentry import ReentryGuard
 from .requests import RequestBook, acquire_request, checked_request
 from .scheduler import Scheduler, default_scheduler
-from .steps import Steps
 from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
 T = TypeVar("T")
@@ -199,7 +197,11 @@ class HandoffLock:
         self._book = RequestBook(
             self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields, log=self._log_renew
         )
-        self._guard = ReentryGuard(prims, self._release_deferred)
+        # How deep this thread is in the lock's public operations (``depth`` of a thread-local).
+        self._depth = prims.local()
+        #: A release was asked for from inside the library (a signal handler); the outermost call carries it out.
+        self._deferred = False
+        self._after_deferred: list[Callable[[], Any]] = []
 
     def _after_fork(self) -> None:
         """In a forked child: hold nothing, do nothing, refuse every operation. The token goes with
@@ -319,7 +321,7 @@ class HandoffLock:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
         if not self.healthy:
             reason, deadline = self._lease.lost_reason, self.timing.renew_deadline
-            raise messages.not_healthy(self.url, self._state, reason, deadline, self._pid)
+            raise _not_healthy(self.url, self._state, reason, deadline, self._pid)
 
     def steps(self, iterable: Iterable[T]) -> Steps[T]:
         """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:mod:`.steps`).
@@ -437,7 +439,7 @@ class HandoffLock:
 
     def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
-            raise messages.already_acquired(self._state, self.url, self._lease.thread, nested=self._guard.nested())
+            raise _already_acquired(self._state, self.url, self._lease.thread, nested=getattr(self._depth, "n", 0) > 1)
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
         clock = self._clock
@@ -496,7 +498,7 @@ class HandoffLock:
                     return self._not_acquired(record)
                 elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
-                    raise messages.contended(LockContended, self.url, decision.record, clock.time())
+                    raise _contended(LockContended, self.url, decision.record, clock.time())
                 # The next read one poll interval after the last one began (a read's own duration does
                 # not stretch the period), never past the deadline.
                 pause = max(0.0, polled + self.timing.waiter_poll_interval - clock.monotonic())
@@ -520,7 +522,7 @@ class HandoffLock:
                     )
                 if self._state == WAITING:
                     self._state = IDLE
-                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._guard.deferred):
+                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
             raise
@@ -569,7 +571,7 @@ class HandoffLock:
 
     def _interrupted(self, delay: float) -> bool:
         """Wait up to ``delay``; True if an interruptible retry must give up (cancel(), a deferred release)."""
-        return self._clock.wait(self._cancel, delay) or self._guard.deferred
+        return self._clock.wait(self._cancel, delay) or self._deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
         owner, waiter = record.owner, record.waiter
@@ -603,7 +605,7 @@ class HandoffLock:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
                 self._state = IDLE
         if timed_out:
-            raise messages.contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
+            raise _contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool) -> bool:
@@ -637,7 +639,7 @@ class HandoffLock:
         self._became_owner(owned.record, owned.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline)
         if keep:
             return True
-        self._guard.deferred = False
+        self._deferred = False
         if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
             self._release_held(deadline)
         return False
@@ -1000,8 +1002,15 @@ class HandoffLock:
             self._guarded(self._release)
 
     def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """See :meth:`.reentry.ReentryGuard.then_after_deferred_release` (for :mod:`handofflock.os_signals`)."""
-        return self._guard.then_after_deferred_release(fn)
+        """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
+
+        For a handler that must act after the release (a second signal that kills the process,
+        :mod:`handofflock.os_signals`): called from the handler, in the thread it interrupted.
+        """
+        if not self._deferred:
+            return False
+        self._after_deferred.append(fn)
+        return True
 
     def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
         """The release write of a held (or releasing) lock; see :meth:`release`."""
@@ -1102,13 +1111,36 @@ class HandoffLock:
         self._lease.next_release_try = math.inf
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
-        """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
+        """Run a public operation; a re-entrant ``deferrable`` one (a release) is deferred, not deadlocked.
+
+        ``release()`` may be called from a signal handler that interrupted this very thread inside the
+        library (inside ``acquire()``, holding the I/O mutex, even inside an Event's own lock): taking any
+        lock there could deadlock. Such a call only sets a flag, and the outermost call carries the release
+        out on its way out (a blocking acquire sees the flag after its current poll); callbacks registered
+        meanwhile run after it.
+        """
         if self._state == FORKED:
             raise InheritedAcrossFork(
                 f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
                 "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
             )
-        return self._guard.run(fn, deferrable=deferrable)
+        depth = getattr(self._depth, "n", 0)
+        if depth and deferrable:
+            self._deferred = True  # only an assignment: safe in a signal handler
+            return None  # type: ignore[return-value]
+        self._depth.n = depth + 1
+        try:
+            return fn()
+        finally:
+            self._depth.n = depth
+            if depth == 0 and self._deferred:
+                self._deferred = False
+                try:
+                    self._release_deferred()
+                finally:
+                    then, self._after_deferred = self._after_deferred, []
+                    for callback in then:
+                        callback()
 
     def __del__(self) -> None:
         # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that
@@ -1144,6 +1176,58 @@ class Acquired:
 
     def __repr__(self) -> str:
         return f"<Acquired {self.lock!r}>"
+
+
+class Steps(Generic[T]):
+    """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: the yield-to-checkpoint idiom.
+
+    A training loop asks two questions before each step: may I still work, and does anybody want
+    the lock? A :class:`Steps` asks both without I/O and without taking a lock (well under a
+    microsecond per step); the background scheduler keeps the answers fresh. The loop ends after
+    the step in progress, never in the middle of one: the next owner resumes after ``last``.
+
+    Before handing out each item it calls ``lock.check()``, which raises
+    :class:`~handofflock.LockLost` if the lock is no longer safely held (work
+    done past that point is unprotected), then stops, without taking the
+    item, as soon as ``lock.release_requested`` is True.
+
+    After the loop:
+
+    * ``last``: the last item handed out (so, the last step completed), or
+      None if none was;
+    * ``count``: how many items were handed out;
+    * ``stopped``: True if the loop ended because a release was requested,
+      False if the iterable ran out;
+    * ``request``: the :class:`~handofflock.ReleaseRequest` that stopped it.
+    """
+
+    __slots__ = ("_items", "count", "last", "lock", "request", "stopped")
+
+    def __init__(self, lock: HandoffLock, iterable: Iterable[T]) -> None:
+        self.lock = lock
+        self.last: T | None = None
+        self.count = 0
+        self.stopped = False
+        self.request: ReleaseRequest | None = None
+        self._items = iter(iterable)
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        lock = self.lock
+        lock.check()  # raises LockLost: never start a step without the lock
+        if lock.release_requested:
+            self.stopped = True
+            self.request = lock.release_request
+            raise StopIteration
+        item = next(self._items)  # StopIteration here means the work is done
+        self.last = item
+        self.count += 1
+        return item
+
+    def __repr__(self) -> str:
+        return f"<Steps last={self.last!r} count={self.count} stopped={self.stopped}>"
 
 
 @dataclass(frozen=True)
@@ -1316,3 +1400,99 @@ def _after_fork_in_child() -> None:
 atexit.register(_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _contended(
+    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: Me | None = None
+) -> LockContended:
+    """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
+    :class:`LockTimeout` saying also whether the slot we gave back was ours."""
+    r = record or LockRecord()
+    owner, waiter = r.owner, r.waiter
+    return cls(
+        None if timed_out is None else _timeout_message(url, r, timed_out, now),
+        url=url,
+        owner_id=owner.id if owner else None,
+        owner_expires_at=owner.expires_at if owner else None,
+        waiter_id=waiter.id if waiter else None,
+        waiter_expires_at=waiter.expires_at if waiter else None,
+        owner_label=_label_text(owner),
+        waiter_label=_label_text(waiter),
+    )
+
+
+def _label_text(place: Holder | Waiter | None) -> str | None:
+    return None if place is None or place.label is None else place.label.text
+
+
+def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
+    """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
+
+    Never "until T" for a live lease: its holder renews it, so its expiry says
+    nothing of when the lock comes free.
+    """
+    owner, waiter = record.owner, record.waiter
+    if owner is None:
+        held = "it was free, but the waiter slot was taken"
+    elif owner.live(now):
+        held = f"held by {who(owner.id, _label_text(owner))}, a live lease its holder keeps renewing"
+    else:
+        ran_out = when(owner.expires_at, now)
+        held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
+    if waiter is None or not waiter.live(now):
+        slot = "; nobody else waits"
+    elif waiter.id == me.owner_id and waiter.instance in (None, me.instance):
+        slot = "; we held the waiter slot, and gave it back"
+    else:
+        slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"
+    return f"timed out acquiring {url!r}: {held}{slot}"
+
+
+def _not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:
+    """Why :meth:`HandoffLock.check` refuses a lock in ``state`` that is not held and healthy."""
+    if state is State.HELD:
+        return LockLost(
+            f"lock {url!r} was not renewed within renew_deadline ({renew_deadline:.1f} s); "
+            "treat it as lost (was the process paused, or the host suspended?)",
+            url=url,
+            reason="renew deadline passed",
+        )
+    if state is State.LOST:
+        return LockLost(f"lock {url!r} was lost: {lost_reason}", url=url, reason=lost_reason or "lost")
+    if state is State.FORKED:
+        return LockLost(
+            f"lock {url!r} belongs to process {pid}; this is a child forked from it",
+            url=url,
+            reason="inherited across fork",
+        )
+    return LockLost(f"lock {url!r} is not held by this instance", url=url, reason="not held")
+
+
+def _already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
+    """The error of an ``acquire()`` on an instance that holds, acquires or releases already.
+
+    One instance is one party (one owner id, one waiter slot): it is not
+    reentrant, and threads do not queue on it (see :class:`AlreadyAcquired`).
+    """
+    per_thread = (
+        "threads do not queue on one instance (it is one party: one owner id, one waiter slot); give each "
+        "thread its own HandoffLock, and the second then waits as the waiter and asks the holder to hand over"
+    )
+    if state is State.HELD and (holder == threading.get_ident() or nested):
+        return AlreadyAcquired(
+            f"this HandoffLock instance already holds {url!r}, acquired in this very thread: it is not "
+            "reentrant (the end of a nested block would hand the lock over in the middle of the outer one); "
+            "use the hold you have"
+        )
+    if state is State.HELD:
+        return AlreadyAcquired(f"this HandoffLock instance already holds {url!r} (in another thread); {per_thread}")
+    if state is State.WAITING and nested:
+        return AlreadyAcquired(
+            f"acquire() of {url!r} called from inside this instance's own acquire() (a signal handler or a "
+            "receiver): it is not reentrant"
+        )
+    if state is State.WAITING:
+        return AlreadyAcquired(
+            f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
+        )
+    return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
