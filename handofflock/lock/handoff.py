@@ -195,7 +195,7 @@ class HandoffLock:
         inline = lambda: bool(getattr(self._scheduler, "notify_inline", False))  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
         self._book = RequestBook(
-            self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields, log=self._log_renew
+            self._clock, self._notifier.event, who=self.owner_id, yields=self._me.yields, log=self._log_renew
         )
         # How deep this thread is in the lock's public operations (``depth`` of a thread-local).
         self._depth = prims.local()

@@ -4,8 +4,8 @@ A release request comes from a waiter (the owner's check saw it), a signal
 handler, a preemption notice or an operator; several may stand at once, and
 ``release_request`` is the most urgent. A waiter's request goes away with the
 waiter (it left, its slot expired, another took it); a signal's stays for the
-hold. Each new request and each withdrawal is handed, in order, to the
-notifier (``notice``), which sends the signals off the renewal path.
+hold. Each new request and each withdrawal is queued, in order, as a signal
+(``queue``: the notifier's, which sends them off the renewal path).
 
 Requests arrive from places the lock's transitions do not control (a signal
 handler may add one while the scheduler thread withdraws another): the book is
@@ -33,7 +33,8 @@ from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
 from ..core.record import ASKING, LockRecord, WaiterRequest
-from .types import ReleaseRequest, RequestReason, Withdrawn
+from . import events as signals
+from .types import ReleaseRequest, RequestReason
 
 
 def checked_request(reason: RequestReason | str, deadline: float | None) -> RequestReason:
@@ -92,13 +93,13 @@ class RequestBook:
     def __init__(
         self,
         clock: Clock,
-        notice: Callable[[ReleaseRequest | Withdrawn], None],
+        queue: Callable[..., None],
         *,
         who: str,
         yields: bool,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
     ) -> None:
-        self._clock, self._notice, self._who, self._yields, self._log = clock, notice, who, yields, log
+        self._clock, self._queue, self._who, self._yields, self._log = clock, queue, who, yields, log
         self.end_hold()
         self._notified: set[str] = set()  # waiters already announced while we hold the lock
 
@@ -121,7 +122,14 @@ class RequestBook:
         if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
             self.release_request = request
         self.release_requested = True
-        self._notice(request)
+        self._queue(
+            signals.on_release_requested,
+            request=request,
+            requester=requester,
+            reason=reason,
+            deadline=deadline,
+            waiter_id=requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
+        )
         return request
 
     def withdraw(self, request: ReleaseRequest) -> None:
@@ -141,7 +149,7 @@ class RequestBook:
             self.release_requested = bool(standing)
             if len(self._requests) == len(standing):
                 break
-        self._notice(Withdrawn(request))
+        self._queue(signals.on_release_withdrawn, request=request, requester=request.requester, reason=request.reason)
 
     def note_waiter(
         self,
