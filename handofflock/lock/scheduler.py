@@ -63,25 +63,13 @@ class Scheduled(Protocol):
     (a scheduler never keeps a lock alive); the scheduler touches nothing else of the lock.
     """
 
-    @property
-    def check_interval(self) -> float:
-        """Seconds between waiter checks: the beat of a group of locks checked together."""
-        ...
-
-    @property
-    def request_timeout(self) -> float:
-        """Seconds one request for the lock may take (a listing for its group is held to the shortest)."""
-        ...
-
-    @property
-    def store(self) -> Storage:
-        """The store the lock's object lives in (listed once per group beat)."""
-        ...
-
-    @property
-    def key(self) -> str:
-        """The lock object's key in :attr:`store`."""
-        ...
+    #: Seconds between waiter checks: the beat of a group of locks checked together.
+    check_interval: float
+    #: Seconds one request for the lock may take (a listing for its group is held to the shortest).
+    request_timeout: float
+    #: The store the lock's object lives in (listed once per group beat), and the object's key there.
+    store: Storage
+    key: str
 
     def next_due_besides_check(self) -> float:
         """When the next duty but the waiter check (renewal, release retry, loss, signals) falls due; inf if none.
@@ -245,7 +233,7 @@ class Scheduler:
                     if check <= now:
                         if track:
                             self._checking.add(id(lock))
-                        jobs.append((lambda track=True, lock=lock: self._check_one(lock, track), [lock]))
+                        jobs.append((lambda track=True, lock=lock: self._check(lock, 0, track), [lock]))
                         check = math.inf
                     due = min(due, check)
                 next_due = min(next_due, due)
@@ -346,16 +334,10 @@ class Scheduler:
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
-    def _check_one(self, lock: Scheduled, track: bool = True) -> None:
-        """A lone lock's waiter check: one read."""
-        try:
-            self._check(lock, 0, track)
-        finally:
-            if track and _next_due(lock) <= self._clock.monotonic() + MAX_IDLE:
-                self._wake.set()
-
-    def _check(self, lock: Scheduled, generation: int, track: bool) -> None:
-        """A waiter check against a listing's ``generation`` (0: read it), made while the lock's renewals go on."""
+    def _check(self, lock: Scheduled, generation: int = 0, track: bool = True) -> None:
+        """A waiter check against a listing's ``generation`` (0: a lone lock's: read it), made while the
+        lock's renewals go on. A lone lock's check wakes the loop if its next duty is near (a group's
+        beat wakes it as the beat ends)."""
         try:
             lock.check_against(generation)
         except Exception:
@@ -364,6 +346,8 @@ class Scheduler:
             if track:
                 with self._mutex:
                     self._checking.discard(id(lock))
+                if not generation and _next_due(lock) <= self._clock.monotonic() + MAX_IDLE:
+                    self._wake.set()
 
     def _check_group(self, gkey: tuple[int, str], group: _Group, batch: list[Scheduled], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""
