@@ -26,7 +26,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from ..core import buggify, protocol
@@ -1015,6 +1014,7 @@ class HandoffLock:
     def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
         """The release write of a held (or releasing) lock; see :meth:`release`."""
         self._stop_duties()
+        lost: LockLost | None = None
         with self._mutex:
             if self._state not in (HELD, RELEASING):  # lost while we waited for the scheduler's I/O
                 return None if background else self._release()  # no I/O: raises LockLost
@@ -1023,9 +1023,7 @@ class HandoffLock:
             self._state = RELEASING
             self._lease.next_release_try = math.inf  # this attempt runs now
             try:
-                heir, loss = self._write_release(deadline)
-                if loss is not None:
-                    self._mark_lost(loss.why, loss.cause, from_release=True)
+                heir = self._write_release(deadline)
             except (TransientStorageError, PreconditionFailed) as exc:
                 # Not idle: the record still names us (perhaps with a waiter waiting). Keep
                 # trying in the background, no longer renewing; release() may retry at once.
@@ -1038,17 +1036,19 @@ class HandoffLock:
                 if background:
                     return None
                 raise
+            except LockLost as exc:  # marked lost by the write
+                lost = exc
             except BaseException:
                 self._end_hold()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
             self._end_hold()
-        if loss is not None:
+        if lost is not None:
             if background:
                 return None
             self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
-            raise loss.error
+            raise lost
         token = self.token
         self._log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
@@ -1058,8 +1058,9 @@ class HandoffLock:
             signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
 
-    def _write_release(self, deadline: float) -> tuple[str | None, _Loss | None]:
-        """The release write (retried, re-read on 412): ``(heir, None)``, or ``(None, why it was lost)``.
+    def _write_release(self, deadline: float) -> str | None:
+        """The release write (retried, re-read on 412): returns the heir; raises :class:`LockLost`, the hold
+        marked lost, if the record says it is not ours.
 
         Call with the mutex held. A 412 is not the end of a release: a waiter registered, refreshed or
         left since our last read, and the protocol decides again from the record read back, knowing
@@ -1083,10 +1084,11 @@ class HandoffLock:
                 within_lease=lease.within(self._clock),
             )
             if isinstance(decision, Released):
-                return decision.handed_off_to, None
+                return decision.handed_off_to
             if isinstance(decision, Lost):
+                self._mark_lost(decision.why, None, from_release=True)
                 why = f"lock {self.url!r} was lost before release: {decision.why}; nothing was written"
-                return None, _Loss(decision.why, None, LockLost(why, url=self.url, reason=decision.why))
+                raise LockLost(why, url=self.url, reason=decision.why)
             assert isinstance(decision, Write)
             try:
                 written, _, _, _ = self._io.write(decision, deadline, urgent=True)
@@ -1095,13 +1097,11 @@ class HandoffLock:
                 try:
                     record, generation = self._io.read(deadline)
                 except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
-                    lost = LockLost(
-                        f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc
-                    )
-                    lost.__cause__ = exc
-                    return None, _Loss(f"the lock object became unreadable: {exc.reason}", exc, lost)
+                    self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
+                    why = f"lock {self.url!r} was lost before release: {exc}"
+                    raise LockLost(why, url=self.url, reason="corrupt", cause=exc) from exc
                 continue
-            return (written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None), None
+            return written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None
 
     def _end_hold(self) -> None:
         """A hold is over, however it ended: the lock is idle, the hold's requests go with it, and no
@@ -1228,15 +1228,6 @@ class Steps(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<Steps last={self.last!r} count={self.count} stopped={self.stopped}>"
-
-
-@dataclass(frozen=True)
-class _Loss:
-    """The hold turned out lost at release: ``why`` and ``cause`` to record it, ``error`` for ``release()`` to raise."""
-
-    why: str
-    cause: BaseException | None
-    error: LockLost
 
 
 class _Duties:
