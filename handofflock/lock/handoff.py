@@ -385,19 +385,13 @@ class HandoffLock:
                 raise
             self._log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
 
-    def __copy__(self) -> NoReturn:
-        # A copy would share this party's lease and requests but have a life of its own: collected,
-        # it would release the lock the original still holds and renews.
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        # What copy.copy, copy.deepcopy and pickle all ask. A copy would share this party's lease and
+        # requests but have a life of its own: collected, it would release the lock the original holds.
         raise TypeError(
             f"a {type(self).__name__} is one party of the lock (its id, lease and renewals): it cannot be "
             "copied or pickled; share the instance, or make a new one for another party"
         )
-
-    def __deepcopy__(self, memo: object) -> NoReturn:
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol: object) -> NoReturn:
-        self.__copy__()
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"
@@ -623,43 +617,23 @@ class HandoffLock:
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
         deadline = self._clock.monotonic() + self.give_up_budget
-        handed = self._give_back_slot(deadline)
-        if handed is None:
-            raise TransientStorageError(
-                f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
-                f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
-                url=self.url,
-                key=self.key,
-                ambiguous=False,
-            )
-        if not handed:
-            return False
-        owned, mono, wall = handed
-        self._became_owner(owned.record, owned.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline)
-        if keep:
-            return True
-        self._deferred = False
-        if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
-            self._release_held(deadline)
-        return False
-
-    def _give_back_slot(self, deadline: float) -> tuple[Owned, float, float] | Literal[False] | None:
-        """Clear our waiter slot with a conditional write (re-read on 412), by ``deadline``.
-
-        Returns False when the slot is clear (given back, or no longer ours); ``(owned, mono, wall)`` when
-        the owner handed us the lock meanwhile (the clocks read when the record showed it: the lease
-        counts from there); None when ``deadline`` passed first. Each read waits for our write slot
-        first, as an urgent write.
-        """
-        while self._clock.monotonic() < deadline:
-            record, generation = self._read_to_write(deadline, urgent=True)
+        while self._clock.monotonic() < deadline:  # a conditional write, re-read on 412
+            record, generation = self._read_to_write(deadline, urgent=True)  # our write slot first, as urgent
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
                 record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce()
             )
-            if isinstance(decision, Owned):
-                return decision, mono, wall
-            if not isinstance(decision, Write):
+            if isinstance(decision, Owned):  # handed to us meanwhile: the lease counts from this read
+                self._became_owner(
+                    decision.record, decision.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline
+                )
+                if keep:
+                    return True
+                self._deferred = False
+                if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
+                    self._release_held(deadline)
+                return False
+            if not isinstance(decision, Write):  # the slot is no longer ours
                 return False
             try:
                 with self._mutex:
@@ -667,7 +641,13 @@ class HandoffLock:
                 return False
             except PreconditionFailed:
                 continue
-        return None
+        raise TransientStorageError(
+            f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
+            f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
+            url=self.url,
+            key=self.key,
+            ambiguous=False,
+        )
 
     def _became_owner(
         self,
@@ -757,7 +737,7 @@ class HandoffLock:
         """A background renewal, and what its outcome means.
 
         A transient error is counted on the lease (retried in the background until ``renew_deadline``,
-        when :meth:`_deadline_passed` marks the loss); any other storage error, or the protocol's
+        when :meth:`_run_due` marks the loss); any other storage error, or the protocol's
         :class:`Lost`, is a loss now.
         """
         with self._mutex:
@@ -870,12 +850,6 @@ class HandoffLock:
         )
         return True
 
-    def _deadline_passed(self) -> None:
-        """No renewal succeeded within ``renew_deadline``: the hold is lost."""
-        with self._mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
-            if self._state == HELD and not self._lease.within(self._clock):
-                self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
-
     def _retry_release(self) -> None:
         """Retry a release whose write failed, until it lands or the lease is over anyway."""
         now, t = self._clock.monotonic(), self.timing
@@ -923,17 +897,15 @@ class HandoffLock:
             return -math.inf
         return min(lease.next_renew, lease.valid_until)
 
-    def _next_check_at(self) -> float:
-        """When the next waiter check falls due: never while the lock is not held, when a check does nothing."""
-        return self._lease.next_check if self._state is HELD else math.inf
-
     def _run_due(self) -> None:
         """Do whatever is due (one of: the loss at the renew deadline, a renewal, a waiter check, a release
         retry); then hand the signals to the notifier."""
         now, state, lease = self._clock.monotonic(), self._state, self._lease
         if state is HELD:
             if not lease.within(self._clock):  # monotonic time, or boot time (a host suspend counts)
-                self._deadline_passed()
+                with self._mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
+                    if self._state == HELD and not self._lease.within(self._clock):
+                        self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
             elif now >= lease.next_renew:
                 self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
             elif now >= lease.next_check:
@@ -1249,8 +1221,8 @@ class _Duties:
         return math.inf if lock is None else lock._next_due()
 
     def next_check_at(self) -> float:
-        lock = self._lock()
-        return math.inf if lock is None else lock._next_check_at()
+        lock = self._lock()  # never while the lock is not held, when a check does nothing
+        return lock._lease.next_check if lock is not None and lock._state is HELD else math.inf
 
     def run_due(self) -> None:
         lock = self._lock()
