@@ -158,7 +158,6 @@ class Scheduler:
         self._stop = self._prims.event()
         self._thread: _LoopThread | None = None
         self._pool: Pool | None = None
-        self._gkeys: dict[int, tuple[int, str] | None] = {}
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
 
@@ -167,7 +166,6 @@ class Scheduler:
     def add(self, lock: Scheduled) -> None:
         with self._mutex:
             self._locks[id(lock)] = lock
-            self._gkeys[id(lock)] = _group_key(lock)
         if self._autostart:
             self._ensure_thread()
         self._wake.set()
@@ -175,7 +173,6 @@ class Scheduler:
     def discard(self, lock: Scheduled) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
-            self._gkeys.pop(id(lock), None)
 
     def __len__(self) -> int:
         return len(self._locks)
@@ -209,8 +206,8 @@ class Scheduler:
         jobs: list[tuple[Callable[..., None], list[Scheduled]]] = []
         next_due = math.inf
         members: dict[tuple[int, str] | None, list[Scheduled]] = {}
-        for key, lock in self._locks.items():
-            members.setdefault(self._gkeys[key], []).append(lock)
+        for lock in self._locks.values():
+            members.setdefault(_group_key(lock), []).append(lock)
 
         def start(job: Callable[..., None], locks: list[Scheduled]) -> None:
             if track:
@@ -325,7 +322,7 @@ class Scheduler:
             if track:
                 with self._mutex:
                     self._running.discard(id(lock))
-                    grouped = self._gkeys.get(id(lock)) in self._groups
+                    grouped = _group_key(lock) in self._groups
                 # The loop planned its sleep without this lock. Wake it only if the lock's next
                 # duty may come before the loop wakes anyway (within MAX_IDLE): with many locks,
                 # planning after every finished renewal would cost more than the renewals.
