@@ -15,13 +15,12 @@ notifier as one of its own tasks.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..core.threads import take_signals_again
 from . import events as signals
-from .logfields import LockLog
+from .logfields import Described, LockLog
 from .primitives import Primitives
 
 
@@ -33,11 +32,9 @@ class Notifier:
     a scheduler run by hand (tests, simulations) wants runs to be deterministic.
     """
 
-    def __init__(self, lock: Any, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
+    def __init__(self, lock: Described, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
         self.lock = lock
-        self._log = (
-            LockLog("handofflock.renew", lock) if hasattr(lock, "owner_id") else logging.getLogger("handofflock.renew")
-        )
+        self._log = LockLog("handofflock.renew", lock)
         self._queue: list[tuple[Any, dict[str, Any]]] = []
         self._mutex = primitives.mutex()
         self._start_thread = primitives.start_thread
@@ -76,7 +73,7 @@ class Notifier:
             try:
                 self.flush()
             except Exception:  # signals.send already isolates receivers; this is a last resort
-                self._log.exception("sending the signals of %s failed", getattr(self.lock, "url", self.lock))
+                self._log.exception("sending the signals of %s failed", self.lock.url)
             with self._mutex:
                 if not self._queue:
                     self._running = False
