@@ -323,7 +323,7 @@ class HandoffLock:
             raise _not_healthy(self.url, self._state, reason, deadline, self._pid)
 
     def steps(self, iterable: Iterable[T]) -> Steps[T]:
-        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:mod:`.steps`).
+        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:class:`Steps`).
 
         No I/O per step; raises :class:`LockLost` before a step if the lock is no longer safely held.
         """
