@@ -1,10 +1,9 @@
 """Metrics through the OpenTelemetry API: the optional extra ``handofflock[otel]``.
 
-Without ``opentelemetry-api`` installed every hook here is one global read
-and a return. With it installed, the instruments come from the global meter
-provider: a no-op until the application configures one
-(``opentelemetry.metrics.set_meter_provider``), which is the OpenTelemetry
-convention for libraries. :func:`use_meter_provider` binds them to a given
+Without ``opentelemetry-api`` installed nothing here is hooked to the lock. With
+it installed, the instruments come from the global meter provider: a no-op until
+the application configures one (``opentelemetry.metrics.set_meter_provider``),
+which is the OpenTelemetry convention for libraries. :func:`use_meter_provider` binds them to a given
 provider instead (tests, or an application that keeps its provider local).
 
 | instrument | kind | unit | what |
@@ -28,10 +27,10 @@ that saw it: the waiter's registration, or its latest refresh if the owner
 first saw the slot after a refresh. Clock skew between the two hosts is in it;
 a negative value (the waiter's clock ahead) counts as 0.
 
-The hooks are the lock's :class:`~handofflock.lock.events.Observer`, installed on import
-when the API is (importing :mod:`handofflock` imports this module), and receivers of its
-``acquired``, ``released`` and ``lost`` signals. They run on the lock's own paths (acquire, the renewal, the waiter
-check). A meter provider is a plug-in point that may fail (a full exporter
+The hooks are the locks' :class:`~handofflock.lock.events.Observer` and receivers of their
+``acquired``, ``released`` and ``lost`` signals, connected as this module is imported (importing
+:mod:`handofflock` imports it). They run on the lock's own paths (acquire, the renewal, the
+waiter check). A meter provider is a plug-in point that may fail (a full exporter
 queue, a bad configuration): an instrument that raises is logged on
 ``handofflock.lock.metrics`` (with its traceback the first time per hook, at
 DEBUG after that) and never reaches the lock. ``timed_acquire`` returns or
