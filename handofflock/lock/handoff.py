@@ -7,8 +7,9 @@ renewal, the waiter check and a release retry run on the scheduler (:mod:`.sched
 which sees the lock through one weak reference (:class:`_Duties`); ``release()`` runs in
 any thread, even a signal handler's (:meth:`HandoffLock._guarded` defers it to the outer call).
 
-Beside the class: what ``acquire()`` returns (:class:`Acquired`), and the end of a lock's
-life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
+Beside the class: what ``acquire()`` and ``steps()`` return (:class:`Acquired`,
+:class:`Steps`), the errors it raises, worded from the record or its state, and the end
+of a lock's life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
 a lock still held at interpreter exit is released then (handed to a waiter), and one
 garbage-collected while held is released by a daemon thread; a forked child's inherited
 locks hold nothing and do nothing.
@@ -1284,85 +1285,7 @@ def _label_of(label: str | Label | None) -> Label:
     return label
 
 
-#: Every lock of this process (weakly): disarmed in a forked child, released at exit if still held.
-_LOCKS: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
-
-
-def _finish(lock: HandoffLock, release: bool, why: str) -> None:
-    """The end of a lock's life: released (handed off) if ``release``, else only no longer renewed."""
-    try:
-        if release and lock.is_held:
-            heir = lock.release()
-            lock._log_release.info("released %s %s%s", lock.url, why, f", handed off to {heir}" if heir else "")
-        else:
-            lock._unschedule()  # no longer renewed: the lease runs out by itself
-    except Exception as exc:  # the end of a lock's life must not raise into the program
-        lock._log_release.warning(
-            "could not release %s %s: %s; it frees itself when its lease runs out", lock.url, why, exc
-        )
-
-
-class _Reaper:
-    """The daemon thread that releases locks collected while held (a daemon: exit never waits for it)."""
-
-    orphans: queue.SimpleQueue[tuple[HandoffLock, bool]] = queue.SimpleQueue()
-    thread: threading.Thread | None = None
-    start_mutex = threading.Lock()
-    busy = threading.Lock()
-
-    @classmethod
-    def ensure(cls) -> None:
-        if cls.thread is not None and cls.thread.is_alive():
-            return
-        with cls.start_mutex:
-            if cls.thread is None or not cls.thread.is_alive():
-                cls.thread = threading.Thread(target=quiet(cls._main), name="handofflock-reaper", daemon=True)
-                cls.thread.start()
-
-    @classmethod
-    def _main(cls) -> None:
-        while True:
-            lock, release = cls.orphans.get()
-            with cls.busy:
-                _finish(lock, release, "when its last reference went")
-            del lock  # the last reference: collected for good (its __del__ does not run twice)
-
-    @classmethod
-    def drain(cls) -> None:
-        """At exit: release what is queued here, and wait (bounded) for what the reaper is releasing."""
-        while True:
-            try:
-                lock, release = cls.orphans.get_nowait()
-            except queue.Empty:
-                break
-            _finish(lock, release, "at exit (its last reference had gone)")
-        if cls.busy.acquire(timeout=EXIT_WAIT):
-            cls.busy.release()
-
-
-def _at_exit() -> None:
-    """Release every lock of this process still held. ``atexit`` runs after ``threading`` has joined the
-    non-daemon threads and before the daemon ones stop, so the scheduler and notifiers still run; hooks
-    registered after this module was imported (a checkpoint saved at exit) run first."""
-    _Reaper.drain()
-    pid = os.getpid()
-    for lock in list(_LOCKS):
-        if lock._releases_at_exit and lock._pid == pid and lock.is_held:
-            _finish(lock, True, "at exit")
-
-
-def _after_fork_in_child() -> None:
-    """In a forked child every inherited lock holds nothing and does nothing: the parent's lease, renewals
-    and release are the parent's, and the parent's reaper thread and its queue are not the child's."""
-    _Reaper.orphans, _Reaper.thread = queue.SimpleQueue(), None
-    _Reaper.start_mutex, _Reaper.busy = threading.Lock(), threading.Lock()
-    for lock in list(_LOCKS):
-        lock._after_fork()
-
-
-atexit.register(_at_exit)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+# -- what the lock says when it refuses or fails: who holds it, until when, what to do -----------------
 
 
 def _contended(
@@ -1459,3 +1382,84 @@ def _already_acquired(state: State, url: str, holder: int | None, *, nested: boo
             f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
         )
     return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
+
+
+#: Every lock of this process (weakly): disarmed in a forked child, released at exit if still held.
+_LOCKS: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+
+
+def _finish(lock: HandoffLock, release: bool, why: str) -> None:
+    """The end of a lock's life: released (handed off) if ``release``, else only no longer renewed."""
+    try:
+        if release and lock.is_held:
+            heir = lock.release()
+            lock._log_release.info("released %s %s%s", lock.url, why, f", handed off to {heir}" if heir else "")
+        else:
+            lock._unschedule()  # no longer renewed: the lease runs out by itself
+    except Exception as exc:  # the end of a lock's life must not raise into the program
+        lock._log_release.warning(
+            "could not release %s %s: %s; it frees itself when its lease runs out", lock.url, why, exc
+        )
+
+
+class _Reaper:
+    """The daemon thread that releases locks collected while held (a daemon: exit never waits for it)."""
+
+    orphans: queue.SimpleQueue[tuple[HandoffLock, bool]] = queue.SimpleQueue()
+    thread: threading.Thread | None = None
+    start_mutex = threading.Lock()
+    busy = threading.Lock()
+
+    @classmethod
+    def ensure(cls) -> None:
+        if cls.thread is not None and cls.thread.is_alive():
+            return
+        with cls.start_mutex:
+            if cls.thread is None or not cls.thread.is_alive():
+                cls.thread = threading.Thread(target=quiet(cls._main), name="handofflock-reaper", daemon=True)
+                cls.thread.start()
+
+    @classmethod
+    def _main(cls) -> None:
+        while True:
+            lock, release = cls.orphans.get()
+            with cls.busy:
+                _finish(lock, release, "when its last reference went")
+            del lock  # the last reference: collected for good (its __del__ does not run twice)
+
+    @classmethod
+    def drain(cls) -> None:
+        """At exit: release what is queued here, and wait (bounded) for what the reaper is releasing."""
+        while True:
+            try:
+                lock, release = cls.orphans.get_nowait()
+            except queue.Empty:
+                break
+            _finish(lock, release, "at exit (its last reference had gone)")
+        if cls.busy.acquire(timeout=EXIT_WAIT):
+            cls.busy.release()
+
+
+def _at_exit() -> None:
+    """Release every lock of this process still held. ``atexit`` runs after ``threading`` has joined the
+    non-daemon threads and before the daemon ones stop, so the scheduler and notifiers still run; hooks
+    registered after this module was imported (a checkpoint saved at exit) run first."""
+    _Reaper.drain()
+    pid = os.getpid()
+    for lock in list(_LOCKS):
+        if lock._releases_at_exit and lock._pid == pid and lock.is_held:
+            _finish(lock, True, "at exit")
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child every inherited lock holds nothing and does nothing: the parent's lease, renewals
+    and release are the parent's, and the parent's reaper thread and its queue are not the child's."""
+    _Reaper.orphans, _Reaper.thread = queue.SimpleQueue(), None
+    _Reaper.start_mutex, _Reaper.busy = threading.Lock(), threading.Lock()
+    for lock in list(_LOCKS):
+        lock._after_fork()
+
+
+atexit.register(_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
