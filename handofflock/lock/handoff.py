@@ -735,76 +735,62 @@ class HandoffLock:
         )
 
     def _renew(self) -> None:
-        """A background renewal, and what its outcome means.
+        """A background renewal: up to three writes, none waiting for the gate nor sleeping.
+
+        A renewal the write spacing would delay is deferred to when the gate opens (``next_renew``; the
+        lease is valid well past it), so the mutex is never held through a wait. After a 412 (a waiter
+        registered, refreshed or left) it reads, notes what changed, and is sent again at once: a few
+        waiter writes in a row must not run an owner at the shortest ttl past its renew deadline.
 
         A transient error is counted on the lease (retried in the background until ``renew_deadline``,
         when :meth:`_run_due` marks the loss); any other storage error, or the protocol's
         :class:`Lost`, is a loss now.
         """
         with self._mutex:
+            lease, clock = self._lease, self._clock
             try:
-                outcome = self._renew_attempts()
+                for _ in range(3):
+                    if self._state != HELD:
+                        return
+                    now = clock.monotonic()
+                    # A 429's widened spacing holds the renewal back only while it has room to.
+                    by = self.timing.backoff_until(lease.valid_until)
+                    wait = self._io.gate().ready_in(now, urgent=True, by=by)
+                    if wait > 0:
+                        lease.next_renew = now + wait
+                        return
+                    decision = self._decide_renew(lease)
+                    if isinstance(decision, Lost):
+                        self._mark_lost(decision.why, None)
+                        return
+                    assert isinstance(decision, Write)
+                    try:
+                        written, generation, mono, wall = self._io.write(
+                            decision, lease.valid_until, retry=False, urgent=True, send_by=by
+                        )
+                    except PreconditionFailed:
+                        if not self._saw(*self._io.read(lease.valid_until, retry=False)):
+                            return  # lost
+                        lease.next_renew = clock.monotonic()
+                        continue
+                    lease.set(written.record, generation, mono, wall, self.timing, clock)
+                    signals.observer.renewed(self, clock.monotonic() - mono)
+                    owner = written.record.owner
+                    expires = None if owner is None else owner.expires_at
+                    self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
+                    return
             except TransientStorageError as exc:
                 signals.observer.renewal_failed(self, exc)
-                delay = self._lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
+                delay = lease.renewal_failed(clock.monotonic(), self.timing.renew_interval)
                 self._log_renew.warning(
                     "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
                     self.url,
                     exc,
                     delay,
                 )
-                return
             except (StorageError, LockRecordCorrupt) as exc:
                 signals.observer.renewal_failed(self, exc)
                 self._mark_lost(f"renewal failed: {exc}", exc)
-                return
-            if isinstance(outcome, Lost):
-                self._mark_lost(outcome.why, None)
-            elif outcome is not None:
-                signals.observer.renewed(self, outcome)
-                owner = self._lease.record.owner if self._lease.record is not None else None
-                expires = None if owner is None else owner.expires_at
-                self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
-
-    def _renew_attempts(self) -> float | Lost | None:
-        """Up to three renewal writes, none waiting for the gate nor sleeping; call with the mutex held.
-
-        Returns the seconds from the landed write's send to now; the protocol's :class:`Lost`; or None when
-        nothing was renewed and nothing is to be done (deferred: ``next_renew`` is when the gate opens; no
-        longer held; the read after a 412 found the lock lost; or three writes in a row met a 412).
-
-        A renewal the write spacing would delay is deferred to when the gate opens (the lease is valid
-        well past it), so the mutex is never held through a wait. After a 412 (a waiter registered,
-        refreshed or left) it reads, notes what changed, and is sent again at once: a few waiter writes
-        in a row must not run an owner at the shortest ttl past its renew deadline.
-        """
-        lease, clock = self._lease, self._clock
-        for _ in range(3):
-            if self._state != HELD:
-                return None
-            now = clock.monotonic()
-            # A 429's widened spacing holds the renewal back only while it has room to.
-            by = self.timing.backoff_until(lease.valid_until)
-            wait = self._io.gate().ready_in(now, urgent=True, by=by)
-            if wait > 0:
-                lease.next_renew = now + wait
-                return None
-            decision = self._decide_renew(lease)
-            if isinstance(decision, Lost):
-                return decision
-            assert isinstance(decision, Write)
-            try:
-                written, generation, mono, wall = self._io.write(
-                    decision, lease.valid_until, retry=False, urgent=True, send_by=by
-                )
-            except PreconditionFailed:
-                if not self._saw(*self._io.read(lease.valid_until, retry=False)):
-                    return None
-                lease.next_renew = clock.monotonic()
-                continue
-            lease.set(written.record, generation, mono, wall, self.timing, clock)
-            return clock.monotonic() - mono
-        return None
 
     def _check_waiter(self, known_generation: int | None = None) -> None:
         """Still ours? Someone waiting? One read, or none when a scheduler's listing says nothing changed.
