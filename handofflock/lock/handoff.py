@@ -954,11 +954,6 @@ class HandoffLock:
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
 
-    def _release_deferred(self) -> None:
-        """The release a signal handler asked for from inside the library, carried out by the outer call."""
-        if self._state in (HELD, LOST):
-            self._guarded(self._release)
-
     def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
 
@@ -1095,7 +1090,8 @@ class HandoffLock:
             if depth == 0 and self._deferred:
                 self._deferred = False
                 try:
-                    self._release_deferred()
+                    if self._state in (HELD, LOST):  # the release a signal handler asked for
+                        self._guarded(self._release)
                 finally:
                     then, self._after_deferred = self._after_deferred, []
                     for callback in then:
