@@ -194,9 +194,7 @@ class HandoffLock:
         self._not_acquiring.set()
         inline = lambda: bool(getattr(self._scheduler, "notify_inline", False))  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
-        self._book = RequestBook(
-            self._clock, self._notifier.event, who=self.owner_id, yields=self._me.yields, log=self._log_renew
-        )
+        self._book = RequestBook(self, self._clock, self._notifier.event, yields=self._me.yields)
         # How deep this thread is in the lock's public operations (``depth`` of a thread-local).
         self._depth = prims.local()
         #: A release was asked for from inside the library (a signal handler); the outermost call carries it out.
@@ -832,9 +830,7 @@ class HandoffLock:
             return False
         if generation != self._lease.generation:  # an equal one is the record we know
             self._lease.seen(record, generation)
-        self._book.note_waiter(
-            seen, record, url=self.url, noticed=functools.partial(signals.observer.waiter_noticed, self)
-        )
+        self._book.note_waiter(seen, record)
         return True
 
     def _retry_release(self) -> None:
