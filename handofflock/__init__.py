@@ -10,6 +10,7 @@ import importlib.util as _importlib_util
 import logging as _logging
 from typing import TYPE_CHECKING, Any
 
+from . import metrics  # noqa: F401  (installs the OpenTelemetry hooks where the API is installed)
 from ._version import __version__
 from .core.clock import Clock
 from .core.errors import (

@@ -25,7 +25,7 @@ MODE, CYCLES = sys.argv[1], int(sys.argv[2])
 if MODE == "no-otel":
     sys.modules["opentelemetry"] = None
 from handofflock import HandoffLock
-from handofflock.lock import metrics
+from handofflock import metrics
 if MODE == "sdk":
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -4,9 +4,8 @@ Built on :mod:`handofflock.storage` and :mod:`handofflock.core`; knows nothing o
 edges (runner, CLI, OS signal handlers, preemption, fencing, integrations).
 """
 
-from .handoff import Acquired, HandoffLock
+from .handoff import Acquired, HandoffLock, Steps
 from .scheduler import Scheduler
-from .steps import Steps
 from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
 __all__ = [

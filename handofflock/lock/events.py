@@ -48,11 +48,15 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import ANY, NamedSignal, Signal
 
 from .logfields import LockLog
+
+if TYPE_CHECKING:
+    from ..core.clock import Clock
+    from ..core.record import LockRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -91,6 +95,31 @@ _log = logging.getLogger("handofflock.lock.events")
 async_runners: weakref.WeakKeyDictionary[Any, Callable[[Callable[..., Any], Any, dict[str, Any]], None]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+class Observer:
+    """Watches a lock's own paths inline: acquire, the renewal, the waiter check. The default does nothing.
+
+    Unlike a receiver it runs on the path that keeps the lock, so it must be quick and never raise;
+    :mod:`handofflock.metrics` installs one when the OpenTelemetry API is installed.
+    """
+
+    def timed_acquire(self, lock: Any, clock: Clock, acquire: Callable[[], bool]) -> bool:
+        """Run ``acquire`` and return or raise exactly what it did."""
+        return acquire()
+
+    def renewed(self, lock: Any, latency: float) -> None:
+        """A renewal landed, ``latency`` seconds after its write was sent."""
+
+    def renewal_failed(self, lock: Any, error: BaseException) -> None:
+        """A renewal attempt failed (transient: retried; otherwise the lock is lost)."""
+
+    def waiter_noticed(self, lock: Any, record: LockRecord, now: float) -> None:
+        """The owner saw a new waiter in ``record`` at wall time ``now``."""
+
+
+#: The observer of every lock of the process.
+observer = Observer()
 
 
 def _log_for(sender: Any) -> Any:

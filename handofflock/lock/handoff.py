@@ -5,10 +5,11 @@ performs it through its record store (:mod:`handofflock.storage.records`) under 
 mutex, and keeps what the result means. ``acquire()`` runs in the caller's thread; the
 renewal, the waiter check and a release retry run on the scheduler (:mod:`.scheduler`),
 which sees the lock through one weak reference (:class:`_Duties`); ``release()`` runs in
-any thread, even a signal handler's (:mod:`.reentry` defers it to the outer call).
+any thread, even a signal handler's (:meth:`HandoffLock._guarded` defers it to the outer call).
 
-Beside the class: what ``acquire()`` returns (:class:`Acquired`), and the end of a lock's
-life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
+Beside the class: what ``acquire()`` and ``steps()`` return (:class:`Acquired`,
+:class:`Steps`), the errors it raises, worded from the record or its state, and the end
+of a lock's life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
 a lock still held at interpreter exit is released then (handed to a waiter), and one
 garbage-collected while held is released by a daemon thread; a forked child's inherited
 locks hold nothing and do nothing.
@@ -25,14 +26,14 @@ import secrets
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
     AcquireCancelled,
+    AlreadyAcquired,
     ConfigurationError,
     InheritedAcrossFork,
     LockContended,
@@ -46,22 +47,19 @@ from ..core.errors import (
 )
 from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
-from ..core.record import Label, LockRecord, WaiterRequest, id_problem, label_problem, new_nonce
+from ..core.record import Holder, Label, LockRecord, Waiter, WaiterRequest, id_problem, label_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
 from ..core.timing import Timing
 from ..storage import Storage, open_url
 from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
-from . import messages, metrics
 from .lease import Lease
 from .logfields import LockLog
 from .notifier import Notifier
 from .primitives import THREADING, Primitives
-from .reentry import ReentryGuard
 from .requests import RequestBook, acquire_request, checked_request
 from .scheduler import Scheduler, default_scheduler
-from .steps import Steps
 from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
 T = TypeVar("T")
@@ -196,10 +194,12 @@ class HandoffLock:
         self._not_acquiring.set()
         inline = lambda: bool(getattr(self._scheduler, "notify_inline", False))  # noqa: E731
         self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
-        self._book = RequestBook(
-            self._clock, self._notifier.notice, who=self.owner_id, yields=self._me.yields, log=self._log_renew
-        )
-        self._guard = ReentryGuard(prims, self._release_deferred)
+        self._book = RequestBook(self, self._clock, self._notifier.event, yields=self._me.yields)
+        # How deep this thread is in the lock's public operations (``depth`` of a thread-local).
+        self._depth = prims.local()
+        #: A release was asked for from inside the library (a signal handler); the outermost call carries it out.
+        self._deferred = False
+        self._after_deferred: list[Callable[[], Any]] = []
 
     def _after_fork(self) -> None:
         """In a forked child: hold nothing, do nothing, refuse every operation. The token goes with
@@ -319,10 +319,10 @@ class HandoffLock:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
         if not self.healthy:
             reason, deadline = self._lease.lost_reason, self.timing.renew_deadline
-            raise messages.not_healthy(self.url, self._state, reason, deadline, self._pid)
+            raise _not_healthy(self.url, self._state, reason, deadline, self._pid)
 
     def steps(self, iterable: Iterable[T]) -> Steps[T]:
-        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:mod:`.steps`).
+        """Iterate ``iterable`` until a release is requested: the yield-to-checkpoint idiom (:class:`Steps`).
 
         No I/O per step; raises :class:`LockLost` before a step if the lock is no longer safely held.
         """
@@ -384,19 +384,13 @@ class HandoffLock:
                 raise
             self._log_release.warning("lock %s had been lost; not masking the exception in flight", self.url)
 
-    def __copy__(self) -> NoReturn:
-        # A copy would share this party's lease and requests but have a life of its own: collected,
-        # it would release the lock the original still holds and renews.
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        # What copy.copy, copy.deepcopy and pickle all ask. A copy would share this party's lease and
+        # requests but have a life of its own: collected, it would release the lock the original holds.
         raise TypeError(
             f"a {type(self).__name__} is one party of the lock (its id, lease and renewals): it cannot be "
             "copied or pickled; share the instance, or make a new one for another party"
         )
-
-    def __deepcopy__(self, memo: object) -> NoReturn:
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol: object) -> NoReturn:
-        self.__copy__()
 
     def __repr__(self) -> str:
         return f"<HandoffLock {self.url!r} owner_id={self.owner_id!r} state={self._state.value} token={self.token}>"
@@ -430,14 +424,14 @@ class HandoffLock:
         write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
-        got = metrics.timed_acquire(
+        got = signals.observer.timed_acquire(
             self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
         )
         return Acquired(self) if got else False
 
     def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
-            raise messages.already_acquired(self._state, self.url, self._lease.thread, nested=self._guard.nested())
+            raise _already_acquired(self._state, self.url, self._lease.thread, nested=getattr(self._depth, "n", 0) > 1)
         if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
             self._end_hold()
         clock = self._clock
@@ -496,7 +490,7 @@ class HandoffLock:
                     return self._not_acquired(record)
                 elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
-                    raise messages.contended(LockContended, self.url, decision.record, clock.time())
+                    raise _contended(LockContended, self.url, decision.record, clock.time())
                 # The next read one poll interval after the last one began (a read's own duration does
                 # not stretch the period), never past the deadline.
                 pause = max(0.0, polled + self.timing.waiter_poll_interval - clock.monotonic())
@@ -520,7 +514,7 @@ class HandoffLock:
                     )
                 if self._state == WAITING:
                     self._state = IDLE
-                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._guard.deferred):
+                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
             raise
@@ -569,7 +563,7 @@ class HandoffLock:
 
     def _interrupted(self, delay: float) -> bool:
         """Wait up to ``delay``; True if an interruptible retry must give up (cancel(), a deferred release)."""
-        return self._clock.wait(self._cancel, delay) or self._guard.deferred
+        return self._clock.wait(self._cancel, delay) or self._deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
         owner, waiter = record.owner, record.waiter
@@ -603,7 +597,7 @@ class HandoffLock:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
                 self._state = IDLE
         if timed_out:
-            raise messages.contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
+            raise _contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool) -> bool:
@@ -622,43 +616,23 @@ class HandoffLock:
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
         deadline = self._clock.monotonic() + self.give_up_budget
-        handed = self._give_back_slot(deadline)
-        if handed is None:
-            raise TransientStorageError(
-                f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
-                f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
-                url=self.url,
-                key=self.key,
-                ambiguous=False,
-            )
-        if not handed:
-            return False
-        owned, mono, wall = handed
-        self._became_owner(owned.record, owned.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline)
-        if keep:
-            return True
-        self._guard.deferred = False
-        if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
-            self._release_held(deadline)
-        return False
-
-    def _give_back_slot(self, deadline: float) -> tuple[Owned, float, float] | Literal[False] | None:
-        """Clear our waiter slot with a conditional write (re-read on 412), by ``deadline``.
-
-        Returns False when the slot is clear (given back, or no longer ours); ``(owned, mono, wall)`` when
-        the owner handed us the lock meanwhile (the clocks read when the record showed it: the lease
-        counts from there); None when ``deadline`` passed first. Each read waits for our write slot
-        first, as an urgent write.
-        """
-        while self._clock.monotonic() < deadline:
-            record, generation = self._read_to_write(deadline, urgent=True)
+        while self._clock.monotonic() < deadline:  # a conditional write, re-read on 412
+            record, generation = self._read_to_write(deadline, urgent=True)  # our write slot first, as urgent
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
                 record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce()
             )
-            if isinstance(decision, Owned):
-                return decision, mono, wall
-            if not isinstance(decision, Write):
+            if isinstance(decision, Owned):  # handed to us meanwhile: the lease counts from this read
+                self._became_owner(
+                    decision.record, decision.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline
+                )
+                if keep:
+                    return True
+                self._deferred = False
+                if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
+                    self._release_held(deadline)
+                return False
+            if not isinstance(decision, Write):  # the slot is no longer ours
                 return False
             try:
                 with self._mutex:
@@ -666,7 +640,13 @@ class HandoffLock:
                 return False
             except PreconditionFailed:
                 continue
-        return None
+        raise TransientStorageError(
+            f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
+            f"it expires by itself within waiter_ttl ({self.timing.waiter_ttl} s)",
+            url=self.url,
+            key=self.key,
+            ambiguous=False,
+        )
 
     def _became_owner(
         self,
@@ -753,76 +733,62 @@ class HandoffLock:
         )
 
     def _renew(self) -> None:
-        """A background renewal, and what its outcome means.
+        """A background renewal: up to three writes, none waiting for the gate nor sleeping.
+
+        A renewal the write spacing would delay is deferred to when the gate opens (``next_renew``; the
+        lease is valid well past it), so the mutex is never held through a wait. After a 412 (a waiter
+        registered, refreshed or left) it reads, notes what changed, and is sent again at once: a few
+        waiter writes in a row must not run an owner at the shortest ttl past its renew deadline.
 
         A transient error is counted on the lease (retried in the background until ``renew_deadline``,
-        when :meth:`_deadline_passed` marks the loss); any other storage error, or the protocol's
+        when :meth:`_run_due` marks the loss); any other storage error, or the protocol's
         :class:`Lost`, is a loss now.
         """
         with self._mutex:
+            lease, clock = self._lease, self._clock
             try:
-                outcome = self._renew_attempts()
+                for _ in range(3):
+                    if self._state != HELD:
+                        return
+                    now = clock.monotonic()
+                    # A 429's widened spacing holds the renewal back only while it has room to.
+                    by = self.timing.backoff_until(lease.valid_until)
+                    wait = self._io.gate().ready_in(now, urgent=True, by=by)
+                    if wait > 0:
+                        lease.next_renew = now + wait
+                        return
+                    decision = self._decide_renew(lease)
+                    if isinstance(decision, Lost):
+                        self._mark_lost(decision.why, None)
+                        return
+                    assert isinstance(decision, Write)
+                    try:
+                        written, generation, mono, wall = self._io.write(
+                            decision, lease.valid_until, retry=False, urgent=True, send_by=by
+                        )
+                    except PreconditionFailed:
+                        if not self._saw(*self._io.read(lease.valid_until, retry=False)):
+                            return  # lost
+                        lease.next_renew = clock.monotonic()
+                        continue
+                    lease.set(written.record, generation, mono, wall, self.timing, clock)
+                    signals.observer.renewed(self, clock.monotonic() - mono)
+                    owner = written.record.owner
+                    expires = None if owner is None else owner.expires_at
+                    self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
+                    return
             except TransientStorageError as exc:
-                metrics.renewal_failed(self, exc)
-                delay = self._lease.renewal_failed(self._clock.monotonic(), self.timing.renew_interval)
+                signals.observer.renewal_failed(self, exc)
+                delay = lease.renewal_failed(clock.monotonic(), self.timing.renew_interval)
                 self._log_renew.warning(
                     "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
                     self.url,
                     exc,
                     delay,
                 )
-                return
             except (StorageError, LockRecordCorrupt) as exc:
-                metrics.renewal_failed(self, exc)
+                signals.observer.renewal_failed(self, exc)
                 self._mark_lost(f"renewal failed: {exc}", exc)
-                return
-            if isinstance(outcome, Lost):
-                self._mark_lost(outcome.why, None)
-            elif outcome is not None:
-                metrics.renewed(self, outcome)
-                owner = self._lease.record.owner if self._lease.record is not None else None
-                expires = None if owner is None else owner.expires_at
-                self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
-
-    def _renew_attempts(self) -> float | Lost | None:
-        """Up to three renewal writes, none waiting for the gate nor sleeping; call with the mutex held.
-
-        Returns the seconds from the landed write's send to now; the protocol's :class:`Lost`; or None when
-        nothing was renewed and nothing is to be done (deferred: ``next_renew`` is when the gate opens; no
-        longer held; the read after a 412 found the lock lost; or three writes in a row met a 412).
-
-        A renewal the write spacing would delay is deferred to when the gate opens (the lease is valid
-        well past it), so the mutex is never held through a wait. After a 412 (a waiter registered,
-        refreshed or left) it reads, notes what changed, and is sent again at once: a few waiter writes
-        in a row must not run an owner at the shortest ttl past its renew deadline.
-        """
-        lease, clock = self._lease, self._clock
-        for _ in range(3):
-            if self._state != HELD:
-                return None
-            now = clock.monotonic()
-            # A 429's widened spacing holds the renewal back only while it has room to.
-            by = self.timing.backoff_until(lease.valid_until)
-            wait = self._io.gate().ready_in(now, urgent=True, by=by)
-            if wait > 0:
-                lease.next_renew = now + wait
-                return None
-            decision = self._decide_renew(lease)
-            if isinstance(decision, Lost):
-                return decision
-            assert isinstance(decision, Write)
-            try:
-                written, generation, mono, wall = self._io.write(
-                    decision, lease.valid_until, retry=False, urgent=True, send_by=by
-                )
-            except PreconditionFailed:
-                if not self._saw(*self._io.read(lease.valid_until, retry=False)):
-                    return None
-                lease.next_renew = clock.monotonic()
-                continue
-            lease.set(written.record, generation, mono, wall, self.timing, clock)
-            return clock.monotonic() - mono
-        return None
 
     def _check_waiter(self, known_generation: int | None = None) -> None:
         """Still ours? Someone waiting? One read, or none when a scheduler's listing says nothing changed.
@@ -864,14 +830,8 @@ class HandoffLock:
             return False
         if generation != self._lease.generation:  # an equal one is the record we know
             self._lease.seen(record, generation)
-        self._book.note_waiter(seen, record, url=self.url, noticed=functools.partial(metrics.waiter_noticed, self))
+        self._book.note_waiter(seen, record)
         return True
-
-    def _deadline_passed(self) -> None:
-        """No renewal succeeded within ``renew_deadline``: the hold is lost."""
-        with self._mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
-            if self._state == HELD and not self._lease.within(self._clock):
-                self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
 
     def _retry_release(self) -> None:
         """Retry a release whose write failed, until it lands or the lease is over anyway."""
@@ -920,17 +880,15 @@ class HandoffLock:
             return -math.inf
         return min(lease.next_renew, lease.valid_until)
 
-    def _next_check_at(self) -> float:
-        """When the next waiter check falls due: never while the lock is not held, when a check does nothing."""
-        return self._lease.next_check if self._state is HELD else math.inf
-
     def _run_due(self) -> None:
         """Do whatever is due (one of: the loss at the renew deadline, a renewal, a waiter check, a release
         retry); then hand the signals to the notifier."""
         now, state, lease = self._clock.monotonic(), self._state, self._lease
         if state is HELD:
             if not lease.within(self._clock):  # monotonic time, or boot time (a host suspend counts)
-                self._deadline_passed()
+                with self._mutex:  # a renewal may have landed while we waited for it (a handed lease settled)
+                    if self._state == HELD and not self._lease.within(self._clock):
+                        self._mark_lost(f"no successful renewal for {self.renew_deadline:.1f} s (renew_deadline)", None)
             elif now >= lease.next_renew:
                 self._renew()  # never waits for the write gate: a deferred renewal leaves the check due next
             elif now >= lease.next_check:
@@ -992,18 +950,21 @@ class HandoffLock:
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
 
-    def _release_deferred(self) -> None:
-        """The release a signal handler asked for from inside the library, carried out by the outer call."""
-        if self._state in (HELD, LOST):
-            self._guarded(self._release)
-
     def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """See :meth:`.reentry.ReentryGuard.then_after_deferred_release` (for :mod:`handofflock.os_signals`)."""
-        return self._guard.then_after_deferred_release(fn)
+        """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
+
+        For a handler that must act after the release (a second signal that kills the process,
+        :mod:`handofflock.os_signals`): called from the handler, in the thread it interrupted.
+        """
+        if not self._deferred:
+            return False
+        self._after_deferred.append(fn)
+        return True
 
     def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
         """The release write of a held (or releasing) lock; see :meth:`release`."""
         self._stop_duties()
+        lost: LockLost | None = None
         with self._mutex:
             if self._state not in (HELD, RELEASING):  # lost while we waited for the scheduler's I/O
                 return None if background else self._release()  # no I/O: raises LockLost
@@ -1012,9 +973,7 @@ class HandoffLock:
             self._state = RELEASING
             self._lease.next_release_try = math.inf  # this attempt runs now
             try:
-                heir, loss = self._write_release(deadline)
-                if loss is not None:
-                    self._mark_lost(loss.why, loss.cause, from_release=True)
+                heir = self._write_release(deadline)
             except (TransientStorageError, PreconditionFailed) as exc:
                 # Not idle: the record still names us (perhaps with a waiter waiting). Keep
                 # trying in the background, no longer renewing; release() may retry at once.
@@ -1027,17 +986,19 @@ class HandoffLock:
                 if background:
                     return None
                 raise
+            except LockLost as exc:  # marked lost by the write
+                lost = exc
             except BaseException:
                 self._end_hold()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
             self._end_hold()
-        if loss is not None:
+        if lost is not None:
             if background:
                 return None
             self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
-            raise loss.error
+            raise lost
         token = self.token
         self._log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
@@ -1047,8 +1008,9 @@ class HandoffLock:
             signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
 
-    def _write_release(self, deadline: float) -> tuple[str | None, _Loss | None]:
-        """The release write (retried, re-read on 412): ``(heir, None)``, or ``(None, why it was lost)``.
+    def _write_release(self, deadline: float) -> str | None:
+        """The release write (retried, re-read on 412): returns the heir; raises :class:`LockLost`, the hold
+        marked lost, if the record says it is not ours.
 
         Call with the mutex held. A 412 is not the end of a release: a waiter registered, refreshed or
         left since our last read, and the protocol decides again from the record read back, knowing
@@ -1072,10 +1034,11 @@ class HandoffLock:
                 within_lease=lease.within(self._clock),
             )
             if isinstance(decision, Released):
-                return decision.handed_off_to, None
+                return decision.handed_off_to
             if isinstance(decision, Lost):
+                self._mark_lost(decision.why, None, from_release=True)
                 why = f"lock {self.url!r} was lost before release: {decision.why}; nothing was written"
-                return None, _Loss(decision.why, None, LockLost(why, url=self.url, reason=decision.why))
+                raise LockLost(why, url=self.url, reason=decision.why)
             assert isinstance(decision, Write)
             try:
                 written, _, _, _ = self._io.write(decision, deadline, urgent=True)
@@ -1084,13 +1047,11 @@ class HandoffLock:
                 try:
                     record, generation = self._io.read(deadline)
                 except LockRecordCorrupt as exc:  # overwritten by someone: lost, and never rewritten
-                    lost = LockLost(
-                        f"lock {self.url!r} was lost before release: {exc}", url=self.url, reason="corrupt", cause=exc
-                    )
-                    lost.__cause__ = exc
-                    return None, _Loss(f"the lock object became unreadable: {exc.reason}", exc, lost)
+                    self._mark_lost(f"the lock object became unreadable: {exc.reason}", exc, from_release=True)
+                    why = f"lock {self.url!r} was lost before release: {exc}"
+                    raise LockLost(why, url=self.url, reason="corrupt", cause=exc) from exc
                 continue
-            return (written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None), None
+            return written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None
 
     def _end_hold(self) -> None:
         """A hold is over, however it ended: the lock is idle, the hold's requests go with it, and no
@@ -1100,13 +1061,37 @@ class HandoffLock:
         self._lease.next_release_try = math.inf
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
-        """Run a public operation; a re-entrant release (signal handler) is deferred, not deadlocked."""
+        """Run a public operation; a re-entrant ``deferrable`` one (a release) is deferred, not deadlocked.
+
+        ``release()`` may be called from a signal handler that interrupted this very thread inside the
+        library (inside ``acquire()``, holding the I/O mutex, even inside an Event's own lock): taking any
+        lock there could deadlock. Such a call only sets a flag, and the outermost call carries the release
+        out on its way out (a blocking acquire sees the flag after its current poll); callbacks registered
+        meanwhile run after it.
+        """
         if self._state == FORKED:
             raise InheritedAcrossFork(
                 f"this HandoffLock for {self.url!r} was created in process {self._pid}, which this process was "
                 "forked from; the lock and its renewals are that process's. Create a new HandoffLock here."
             )
-        return self._guard.run(fn, deferrable=deferrable)
+        depth = getattr(self._depth, "n", 0)
+        if depth and deferrable:
+            self._deferred = True  # only an assignment: safe in a signal handler
+            return None  # type: ignore[return-value]
+        self._depth.n = depth + 1
+        try:
+            return fn()
+        finally:
+            self._depth.n = depth
+            if depth == 0 and self._deferred:
+                self._deferred = False
+                try:
+                    if self._state in (HELD, LOST):  # the release a signal handler asked for
+                        self._guarded(self._release)
+                finally:
+                    then, self._after_deferred = self._after_deferred, []
+                    for callback in then:
+                        callback()
 
     def __del__(self) -> None:
         # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that
@@ -1144,13 +1129,56 @@ class Acquired:
         return f"<Acquired {self.lock!r}>"
 
 
-@dataclass(frozen=True)
-class _Loss:
-    """The hold turned out lost at release: ``why`` and ``cause`` to record it, ``error`` for ``release()`` to raise."""
+class Steps(Generic[T]):
+    """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: the yield-to-checkpoint idiom.
 
-    why: str
-    cause: BaseException | None
-    error: LockLost
+    A training loop asks two questions before each step: may I still work, and does anybody want
+    the lock? A :class:`Steps` asks both without I/O and without taking a lock (well under a
+    microsecond per step); the background scheduler keeps the answers fresh. The loop ends after
+    the step in progress, never in the middle of one: the next owner resumes after ``last``.
+
+    Before handing out each item it calls ``lock.check()``, which raises
+    :class:`~handofflock.LockLost` if the lock is no longer safely held (work
+    done past that point is unprotected), then stops, without taking the
+    item, as soon as ``lock.release_requested`` is True.
+
+    After the loop:
+
+    * ``last``: the last item handed out (so, the last step completed), or
+      None if none was;
+    * ``count``: how many items were handed out;
+    * ``stopped``: True if the loop ended because a release was requested,
+      False if the iterable ran out;
+    * ``request``: the :class:`~handofflock.ReleaseRequest` that stopped it.
+    """
+
+    __slots__ = ("_items", "count", "last", "lock", "request", "stopped")
+
+    def __init__(self, lock: HandoffLock, iterable: Iterable[T]) -> None:
+        self.lock = lock
+        self.last: T | None = None
+        self.count = 0
+        self.stopped = False
+        self.request: ReleaseRequest | None = None
+        self._items = iter(iterable)
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        lock = self.lock
+        lock.check()  # raises LockLost: never start a step without the lock
+        if lock.release_requested:
+            self.stopped = True
+            self.request = lock.release_request
+            raise StopIteration
+        item = next(self._items)  # StopIteration here means the work is done
+        self.last = item
+        self.count += 1
+        return item
+
+    def __repr__(self) -> str:
+        return f"<Steps last={self.last!r} count={self.count} stopped={self.stopped}>"
 
 
 class _Duties:
@@ -1172,8 +1200,8 @@ class _Duties:
         return math.inf if lock is None else lock._next_due()
 
     def next_check_at(self) -> float:
-        lock = self._lock()
-        return math.inf if lock is None else lock._next_check_at()
+        lock = self._lock()  # never while the lock is not held, when a check does nothing
+        return lock._lease.next_check if lock is not None and lock._state is HELD else math.inf
 
     def run_due(self) -> None:
         lock = self._lock()
@@ -1233,6 +1261,105 @@ def _label_of(label: str | Label | None) -> Label:
     if problem is not None:
         raise ConfigurationError(f"{problem}: it is written into the lock object")
     return label
+
+
+# -- what the lock says when it refuses or fails: who holds it, until when, what to do -----------------
+
+
+def _contended(
+    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: Me | None = None
+) -> LockContended:
+    """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
+    :class:`LockTimeout` saying also whether the slot we gave back was ours."""
+    r = record or LockRecord()
+    owner, waiter = r.owner, r.waiter
+    return cls(
+        None if timed_out is None else _timeout_message(url, r, timed_out, now),
+        url=url,
+        owner_id=owner.id if owner else None,
+        owner_expires_at=owner.expires_at if owner else None,
+        waiter_id=waiter.id if waiter else None,
+        waiter_expires_at=waiter.expires_at if waiter else None,
+        owner_label=_label_text(owner),
+        waiter_label=_label_text(waiter),
+    )
+
+
+def _label_text(place: Holder | Waiter | None) -> str | None:
+    return None if place is None or place.label is None else place.label.text
+
+
+def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
+    """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
+
+    Never "until T" for a live lease: its holder renews it, so its expiry says
+    nothing of when the lock comes free.
+    """
+    owner, waiter = record.owner, record.waiter
+    if owner is None:
+        held = "it was free, but the waiter slot was taken"
+    elif owner.live(now):
+        held = f"held by {who(owner.id, _label_text(owner))}, a live lease its holder keeps renewing"
+    else:
+        ran_out = when(owner.expires_at, now)
+        held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
+    if waiter is None or not waiter.live(now):
+        slot = "; nobody else waits"
+    elif waiter.id == me.owner_id and waiter.instance in (None, me.instance):
+        slot = "; we held the waiter slot, and gave it back"
+    else:
+        slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"
+    return f"timed out acquiring {url!r}: {held}{slot}"
+
+
+def _not_healthy(url: str, state: State, lost_reason: str | None, renew_deadline: float, pid: int) -> LockLost:
+    """Why :meth:`HandoffLock.check` refuses a lock in ``state`` that is not held and healthy."""
+    if state is State.HELD:
+        return LockLost(
+            f"lock {url!r} was not renewed within renew_deadline ({renew_deadline:.1f} s); "
+            "treat it as lost (was the process paused, or the host suspended?)",
+            url=url,
+            reason="renew deadline passed",
+        )
+    if state is State.LOST:
+        return LockLost(f"lock {url!r} was lost: {lost_reason}", url=url, reason=lost_reason or "lost")
+    if state is State.FORKED:
+        return LockLost(
+            f"lock {url!r} belongs to process {pid}; this is a child forked from it",
+            url=url,
+            reason="inherited across fork",
+        )
+    return LockLost(f"lock {url!r} is not held by this instance", url=url, reason="not held")
+
+
+def _already_acquired(state: State, url: str, holder: int | None, *, nested: bool) -> AlreadyAcquired:
+    """The error of an ``acquire()`` on an instance that holds, acquires or releases already.
+
+    One instance is one party (one owner id, one waiter slot): it is not
+    reentrant, and threads do not queue on it (see :class:`AlreadyAcquired`).
+    """
+    per_thread = (
+        "threads do not queue on one instance (it is one party: one owner id, one waiter slot); give each "
+        "thread its own HandoffLock, and the second then waits as the waiter and asks the holder to hand over"
+    )
+    if state is State.HELD and (holder == threading.get_ident() or nested):
+        return AlreadyAcquired(
+            f"this HandoffLock instance already holds {url!r}, acquired in this very thread: it is not "
+            "reentrant (the end of a nested block would hand the lock over in the middle of the outer one); "
+            "use the hold you have"
+        )
+    if state is State.HELD:
+        return AlreadyAcquired(f"this HandoffLock instance already holds {url!r} (in another thread); {per_thread}")
+    if state is State.WAITING and nested:
+        return AlreadyAcquired(
+            f"acquire() of {url!r} called from inside this instance's own acquire() (a signal handler or a "
+            "receiver): it is not reentrant"
+        )
+    if state is State.WAITING:
+        return AlreadyAcquired(
+            f"this HandoffLock instance is already acquiring {url!r} in another thread: {per_thread}"
+        )
+    return AlreadyAcquired(f"this HandoffLock instance is still releasing {url!r}; call acquire() once it has ended")
 
 
 #: Every lock of this process (weakly): disarmed in a forked child, released at exit if still held.

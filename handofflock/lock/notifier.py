@@ -15,63 +15,44 @@ notifier as one of its own tasks.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ..core.threads import take_signals_again
 from . import events as signals
-from .logfields import LockLog
+from .logfields import Described, LockLog
 from .primitives import Primitives
-from .types import ReleaseRequest, Withdrawn
-
-T = TypeVar("T")
-
-
-def _pop_first(items: list[T]) -> T | None:
-    """Remove and return the first item, or None if there is none (atomic: one list.pop)."""
-    try:
-        return items.pop(0)
-    except IndexError:
-        return None
 
 
 class Notifier:
-    """Queues a lock's signals and sends them off the thread that queued them.
+    """Queues a lock's signals and sends them, in the order queued, off the thread that queued them.
 
     ``lock`` is the signals' sender (and what log records of this thread are
     about). ``inline()`` says whether to send in the caller's thread instead:
     a scheduler run by hand (tests, simulations) wants runs to be deterministic.
     """
 
-    def __init__(self, lock: Any, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
+    def __init__(self, lock: Described, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
         self.lock = lock
-        self._log = (
-            LockLog("handofflock.renew", lock) if hasattr(lock, "owner_id") else logging.getLogger("handofflock.renew")
-        )
-        self._notices: list[ReleaseRequest | Withdrawn] = []
-        self._events: list[tuple[Any, dict[str, Any]]] = []
+        self._log = LockLog("handofflock.renew", lock)
+        self._queue: list[tuple[Any, dict[str, Any]]] = []
         self._mutex = primitives.mutex()
         self._start_thread = primitives.start_thread
         self._running = False
         self._inline, self._name = inline, name
 
-    def notice(self, item: ReleaseRequest | Withdrawn) -> None:
-        """Queue ``on_release_requested`` (or, for a :class:`Withdrawn`, ``on_release_withdrawn``)."""
-        self._notices.append(item)
-
     def event(self, signal: Any, **kwargs: Any) -> None:
-        """Queue ``signal`` with ``kwargs``: sent after the notices queued before it."""
-        self._events.append((signal, kwargs))
+        """Queue ``signal`` with ``kwargs`` (only an append: a signal handler may queue)."""
+        self._queue.append((signal, kwargs))
 
     @property
     def unsent(self) -> bool:
         """Something is queued and no notifier thread is on its way to send it."""
-        return bool(self._notices or self._events) and not self._running
+        return bool(self._queue) and not self._running
 
     def notify(self) -> None:
         """Have the queued signals sent by this lock's notifier thread, never by the thread that renews."""
-        if not (self._notices or self._events):
+        if not self._queue:
             return
         if self._inline():
             self.flush()  # a scheduler run by hand (tests, simulations): deterministic, in its caller
@@ -92,34 +73,17 @@ class Notifier:
             try:
                 self.flush()
             except Exception:  # signals.send already isolates receivers; this is a last resort
-                self._log.exception("sending the signals of %s failed", getattr(self.lock, "url", self.lock))
+                self._log.exception("sending the signals of %s failed", self.lock.url)
             with self._mutex:
-                if not (self._notices or self._events):
+                if not self._queue:
                     self._running = False
                     return
 
     def flush(self) -> None:
         """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
-        # Two threads may flush at once (a release and the notifier): pop, never test then pop.
-        while (req := _pop_first(self._notices)) is not None:
-            if isinstance(req, Withdrawn):
-                signals.send(
-                    signals.on_release_withdrawn,
-                    self.lock,
-                    request=req.request,
-                    requester=req.request.requester,
-                    reason=req.request.reason,
-                )
-                continue
-            signals.send(
-                signals.on_release_requested,
-                self.lock,
-                request=req,
-                requester=req.requester,
-                reason=req.reason,
-                deadline=req.deadline,
-                waiter_id=req.requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
-            )
-        while (event := _pop_first(self._events)) is not None:
-            signal, kwargs = event
+        while True:
+            try:  # two threads may flush at once (a release and the notifier): pop, never test then pop
+                signal, kwargs = self._queue.pop(0)
+            except IndexError:
+                return
             signals.send(signal, self.lock, **kwargs)

@@ -4,8 +4,8 @@ A release request comes from a waiter (the owner's check saw it), a signal
 handler, a preemption notice or an operator; several may stand at once, and
 ``release_request`` is the most urgent. A waiter's request goes away with the
 waiter (it left, its slot expired, another took it); a signal's stays for the
-hold. Each new request and each withdrawal is handed, in order, to the
-notifier (``notice``), which sends the signals off the renewal path.
+hold. Each new request and each withdrawal is queued, in order, as a signal
+(``queue``: the notifier's, which sends them off the renewal path).
 
 Requests arrive from places the lock's transitions do not control (a signal
 handler may add one while the scheduler thread withdraws another): the book is
@@ -24,7 +24,6 @@ notice's or an operator's request is this process's own and still stands.
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -33,7 +32,9 @@ from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
 from ..core.record import ASKING, LockRecord, WaiterRequest
-from .types import ReleaseRequest, RequestReason, Withdrawn
+from . import events as signals
+from .logfields import Described, LockLog
+from .types import ReleaseRequest, RequestReason
 
 
 def checked_request(reason: RequestReason | str, deadline: float | None) -> RequestReason:
@@ -87,18 +88,14 @@ def most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
 
 
 class RequestBook:
-    """The requests that stand for one lock. Plain attributes, each written atomically: no lock taken."""
+    """The requests that stand for ``lock``. Plain attributes, each written atomically: no lock taken.
 
-    def __init__(
-        self,
-        clock: Clock,
-        notice: Callable[[ReleaseRequest | Withdrawn], None],
-        *,
-        who: str,
-        yields: bool,
-        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
-    ) -> None:
-        self._clock, self._notice, self._who, self._yields, self._log = clock, notice, who, yields, log
+    ``queue`` queues a signal of the lock (its notifier's); ``yields``: whether a waiter's request stands.
+    """
+
+    def __init__(self, lock: Described, clock: Clock, queue: Callable[..., None], *, yields: bool) -> None:
+        self._lock, self._clock, self._queue, self._yields = lock, clock, queue, yields
+        self._log = LockLog("handofflock.renew", lock)
         self.end_hold()
         self._notified: set[str] = set()  # waiters already announced while we hold the lock
 
@@ -121,7 +118,14 @@ class RequestBook:
         if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
             self.release_request = request
         self.release_requested = True
-        self._notice(request)
+        self._queue(
+            signals.on_release_requested,
+            request=request,
+            requester=requester,
+            reason=reason,
+            deadline=deadline,
+            waiter_id=requester,  # deprecated: the requester, whatever the reason (see CHANGELOG)
+        )
         return request
 
     def withdraw(self, request: ReleaseRequest) -> None:
@@ -141,22 +145,15 @@ class RequestBook:
             self.release_requested = bool(standing)
             if len(self._requests) == len(standing):
                 break
-        self._notice(Withdrawn(request))
+        self._queue(signals.on_release_withdrawn, request=request, requester=request.requester, reason=request.reason)
 
-    def note_waiter(
-        self,
-        seen: WaiterSeen | None,
-        record: LockRecord | None,
-        *,
-        url: str,
-        noticed: Callable[[LockRecord, float], None],
-    ) -> None:
+    def note_waiter(self, seen: WaiterSeen | None, record: LockRecord | None) -> None:
         """The owner's read of ``record`` saw ``seen`` (or no waiter): announce a new one, withdraw one that has gone.
 
         A waiter is its id and its instance as the record names it (a waiter
-        replaced by another instance under the same id has gone). ``noticed``
-        runs with the record and the wall time when a waiter is announced,
-        before its request is noted. No record (nothing was read) changes nothing.
+        replaced by another instance under the same id has gone). The observer
+        hears of a waiter as it is announced, before its request is noted. No
+        record (nothing was read) changes nothing.
         """
         if record is None:
             return
@@ -167,15 +164,20 @@ class RequestBook:
             self._waiter = None
             self._notified.discard(standing[0][0])  # should it come back, it is announced again
             gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
-            self._log.info("%s: waiter %s %s; its release request is withdrawn", self._who, standing[0][0], gone)
+            self._log.info(
+                "%s: waiter %s %s; its release request is withdrawn", self._lock.owner_id, standing[0][0], gone
+            )
             self.withdraw(standing[1])
         if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
             self._notified.add(seen.waiter_id)
-            noticed(record, self._clock.time())
+            signals.observer.waiter_noticed(self._lock, record, self._clock.time())
             if not self._yields:
                 self._log.info(
-                    "%s: %s asks for %s; declined (this holder does not yield)", self._who, seen.waiter_id, url
+                    "%s: %s asks for %s; declined (this holder does not yield)",
+                    self._lock.owner_id,
+                    seen.waiter_id,
+                    self._lock.url,
                 )
                 return
-            self._log.info("%s: %s is waiting for %s", self._who, seen.waiter_id, url)
+            self._log.info("%s: %s is waiting for %s", self._lock.owner_id, seen.waiter_id, self._lock.url)
             self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))

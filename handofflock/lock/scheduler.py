@@ -63,25 +63,13 @@ class Scheduled(Protocol):
     (a scheduler never keeps a lock alive); the scheduler touches nothing else of the lock.
     """
 
-    @property
-    def check_interval(self) -> float:
-        """Seconds between waiter checks: the beat of a group of locks checked together."""
-        ...
-
-    @property
-    def request_timeout(self) -> float:
-        """Seconds one request for the lock may take (a listing for its group is held to the shortest)."""
-        ...
-
-    @property
-    def store(self) -> Storage:
-        """The store the lock's object lives in (listed once per group beat)."""
-        ...
-
-    @property
-    def key(self) -> str:
-        """The lock object's key in :attr:`store`."""
-        ...
+    #: Seconds between waiter checks: the beat of a group of locks checked together.
+    check_interval: float
+    #: Seconds one request for the lock may take (a listing for its group is held to the shortest).
+    request_timeout: float
+    #: The store the lock's object lives in (listed once per group beat), and the object's key there.
+    store: Storage
+    key: str
 
     def next_due_besides_check(self) -> float:
         """When the next duty but the waiter check (renewal, release retry, loss, signals) falls due; inf if none.
@@ -170,7 +158,6 @@ class Scheduler:
         self._stop = self._prims.event()
         self._thread: _LoopThread | None = None
         self._pool: Pool | None = None
-        self._gkeys: dict[int, tuple[int, str] | None] = {}
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
 
@@ -179,7 +166,6 @@ class Scheduler:
     def add(self, lock: Scheduled) -> None:
         with self._mutex:
             self._locks[id(lock)] = lock
-            self._gkeys[id(lock)] = _group_key(lock)
         if self._autostart:
             self._ensure_thread()
         self._wake.set()
@@ -187,7 +173,6 @@ class Scheduler:
     def discard(self, lock: Scheduled) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
-            self._gkeys.pop(id(lock), None)
 
     def __len__(self) -> int:
         return len(self._locks)
@@ -221,8 +206,8 @@ class Scheduler:
         jobs: list[tuple[Callable[..., None], list[Scheduled]]] = []
         next_due = math.inf
         members: dict[tuple[int, str] | None, list[Scheduled]] = {}
-        for key, lock in self._locks.items():
-            members.setdefault(self._gkeys[key], []).append(lock)
+        for lock in self._locks.values():
+            members.setdefault(_group_key(lock), []).append(lock)
 
         def start(job: Callable[..., None], locks: list[Scheduled]) -> None:
             if track:
@@ -245,7 +230,7 @@ class Scheduler:
                     if check <= now:
                         if track:
                             self._checking.add(id(lock))
-                        jobs.append((lambda track=True, lock=lock: self._check_one(lock, track), [lock]))
+                        jobs.append((lambda track=True, lock=lock: self._check(lock, 0, track), [lock]))
                         check = math.inf
                     due = min(due, check)
                 next_due = min(next_due, due)
@@ -337,7 +322,7 @@ class Scheduler:
             if track:
                 with self._mutex:
                     self._running.discard(id(lock))
-                    grouped = self._gkeys.get(id(lock)) in self._groups
+                    grouped = _group_key(lock) in self._groups
                 # The loop planned its sleep without this lock. Wake it only if the lock's next
                 # duty may come before the loop wakes anyway (within MAX_IDLE): with many locks,
                 # planning after every finished renewal would cost more than the renewals.
@@ -346,16 +331,10 @@ class Scheduler:
                 if due <= self._clock.monotonic() + MAX_IDLE:
                     self._wake.set()
 
-    def _check_one(self, lock: Scheduled, track: bool = True) -> None:
-        """A lone lock's waiter check: one read."""
-        try:
-            self._check(lock, 0, track)
-        finally:
-            if track and _next_due(lock) <= self._clock.monotonic() + MAX_IDLE:
-                self._wake.set()
-
-    def _check(self, lock: Scheduled, generation: int, track: bool) -> None:
-        """A waiter check against a listing's ``generation`` (0: read it), made while the lock's renewals go on."""
+    def _check(self, lock: Scheduled, generation: int = 0, track: bool = True) -> None:
+        """A waiter check against a listing's ``generation`` (0: a lone lock's: read it), made while the
+        lock's renewals go on. A lone lock's check wakes the loop if its next duty is near (a group's
+        beat wakes it as the beat ends)."""
         try:
             lock.check_against(generation)
         except Exception:
@@ -364,6 +343,8 @@ class Scheduler:
             if track:
                 with self._mutex:
                     self._checking.discard(id(lock))
+                if not generation and _next_due(lock) <= self._clock.monotonic() + MAX_IDLE:
+                    self._wake.set()
 
     def _check_group(self, gkey: tuple[int, str], group: _Group, batch: list[Scheduled], track: bool = True) -> None:
         """One beat of a group: list the prefix once, then let each lock check against the listing."""

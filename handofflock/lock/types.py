@@ -75,16 +75,6 @@ class ReleaseRequest:
 
 
 @dataclass(frozen=True)
-class Withdrawn:
-    """A queued ``on_release_withdrawn`` (it travels with the notices, so it is sent after its request).
-
-    Internal to the lock (its request book queues it, its notifier sends it); not exported.
-    """
-
-    request: ReleaseRequest
-
-
-@dataclass(frozen=True)
 class LockStatus:
     """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`: the record, and when it was read.
 

@@ -19,7 +19,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.core.errors import AcquireCancelled, LockTimeout, TransientStorageError
-from handofflock.lock import metrics
+from handofflock import metrics
 from handofflock.storage import MemoryStorage
 
 
@@ -174,7 +174,7 @@ def test_without_opentelemetry_installed_the_hooks_are_no_ops():
         import sys
         sys.modules["opentelemetry"] = None   # as if the otel extra were not installed
         from handofflock import HandoffLock
-        from handofflock.lock import metrics
+        from handofflock import metrics
         lock = HandoffLock("memory://bare/train.json")
         assert lock.acquire(); lock.release()
         print(metrics.enabled())

@@ -35,7 +35,7 @@ def test_the_site_builds_in_strict_mode_with_a_reference_for_the_public_api(tmp_
         "repair": ["handofflock.force_release"],
         "errors": ["handofflock.core.errors.LockLost", "handofflock.core.errors.LockContended"],
         "storage": ["handofflock.storage.open_url"],
-        "metrics": ["handofflock.lock.metrics.use_meter_provider", "handofflock.lock.logfields.LOGGERS"],
+        "metrics": ["handofflock.metrics.use_meter_provider", "handofflock.lock.logfields.LOGGERS"],
         "testing": ["handofflock.testing.emulator.FakeGCSServer", "handofflock.testing.faultproxy.FaultProxy"],
     }
     for page, ids in wanted.items():

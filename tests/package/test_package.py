@@ -35,7 +35,7 @@ def test_the_wheel_and_sdist_build_pass_twine_check_and_run_from_a_clean_venv(tm
 
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("handofflock/py.typed", "handofflock/_watchdog.py",
-                   "handofflock/lock/metrics.py", f"handofflock-{__version__}.dist-info/entry_points.txt"):
+                   "handofflock/metrics.py", f"handofflock-{__version__}.dist-info/entry_points.txt"):
         assert needed in names, f"{needed} is missing from the wheel"
     assert not any(name.startswith("tests/") for name in names)
     metadata = zipfile.ZipFile(wheel).read(f"handofflock-{__version__}.dist-info/METADATA").decode()

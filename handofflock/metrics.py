@@ -1,10 +1,9 @@
 """Metrics through the OpenTelemetry API: the optional extra ``handofflock[otel]``.
 
-Without ``opentelemetry-api`` installed every hook here is one global read
-and a return. With it installed, the instruments come from the global meter
-provider: a no-op until the application configures one
-(``opentelemetry.metrics.set_meter_provider``), which is the OpenTelemetry
-convention for libraries. :func:`use_meter_provider` binds them to a given
+Without ``opentelemetry-api`` installed nothing here is hooked to the lock. With
+it installed, the instruments come from the global meter provider: a no-op until
+the application configures one (``opentelemetry.metrics.set_meter_provider``),
+which is the OpenTelemetry convention for libraries. :func:`use_meter_provider` binds them to a given
 provider instead (tests, or an application that keeps its provider local).
 
 | instrument | kind | unit | what |
@@ -28,8 +27,10 @@ that saw it: the waiter's registration, or its latest refresh if the owner
 first saw the slot after a refresh. Clock skew between the two hosts is in it;
 a negative value (the waiter's clock ahead) counts as 0.
 
-The hooks run on the lock's own paths (acquire, the renewal, the waiter
-check). A meter provider is a plug-in point that may fail (a full exporter
+The hooks are the locks' :class:`~handofflock.lock.events.Observer` and receivers of their
+``acquired``, ``released`` and ``lost`` signals, connected as this module is imported (importing
+:mod:`handofflock` imports it). They run on the lock's own paths (acquire, the renewal, the
+waiter check). A meter provider is a plug-in point that may fail (a full exporter
 queue, a bad configuration): an instrument that raises is logged on
 ``handofflock.lock.metrics`` (with its traceback the first time per hook, at
 DEBUG after that) and never reaches the lock. ``timed_acquire`` returns or
@@ -43,18 +44,18 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .._version import __version__
-from ..core.errors import AcquireCancelled, LockContended, LockTimeout
-from . import events
-from .logfields import Described, LockLog
+from ._version import __version__
+from .core.errors import AcquireCancelled, LockContended, LockTimeout
+from .lock import events
+from .lock.logfields import Described, LockLog
 
 if TYPE_CHECKING:
-    from ..core.clock import Clock
-    from ..core.record import LockRecord
+    from .core.clock import Clock
+    from .core.record import LockRecord
 
 
 class Measured(Described, Protocol):
-    """What the hooks read of a lock (a :class:`~handofflock.lock.handoff.HandoffLock`, which imports this module)."""
+    """What the hooks read of a lock (a :class:`~handofflock.lock.handoff.HandoffLock`)."""
 
     @property
     def is_held(self) -> bool: ...
@@ -65,7 +66,7 @@ class Measured(Described, Protocol):
 
 T = TypeVar("T")
 
-_log = logging.getLogger("handofflock.lock.metrics")
+_log = logging.getLogger("handofflock.lock.metrics")  # the name docs/observability.md lists
 
 try:
     from opentelemetry import metrics as _otel
@@ -127,7 +128,7 @@ def use_meter_provider(provider: Any = None) -> None:
     """
     global _instruments
     if _otel is None:
-        from ..core.errors import ConfigurationError
+        from .core.errors import ConfigurationError
 
         raise ConfigurationError("metrics need the OpenTelemetry API: pip install 'handofflock[otel]'")
     meter = (_otel.get_meter if provider is None else provider.get_meter)(METER_NAME, __version__)
@@ -167,72 +168,71 @@ def _observe_held(options: Any) -> Iterable[Any]:
     return [_otel.Observation(count, {"lock.url": url}) for url, count in held.items()]
 
 
-# ---------------------------------------------------------------------- hooks (the lock calls these)
+class _Metrics(events.Observer):
+    """The hooks the lock calls on its own paths: each records on the instruments, and never raises."""
 
+    def timed_acquire(self, lock: Measured, clock: Clock, acquire: Callable[[], bool]) -> bool:
+        """Run ``acquire`` and record how long it took (on ``clock``) and how it ended.
 
-def timed_acquire(lock: Measured, clock: Clock, acquire: Callable[[], bool]) -> bool:
-    """Run ``acquire`` and record how long it took (on ``clock``) and how it ended.
+        Returns or raises exactly what ``acquire`` did: a lock taken is never
+        reported as an error because its measurement failed (``with lock:`` would
+        then never release it).
+        """
+        if _instruments is None:
+            return acquire()
+        started = clock.monotonic()
+        outcome = "error"
+        try:
+            got = acquire()
+            outcome = "acquired" if got else "not_acquired"
+            return got
+        except LockTimeout:
+            outcome = "timeout"
+            raise
+        except LockContended:
+            outcome = "contended"
+            raise
+        except (AcquireCancelled, KeyboardInterrupt):
+            outcome = "cancelled"
+            raise
+        finally:  # a measurement that raised here would replace the acquire's own result: _record logs it
+            _record(
+                "timed_acquire",
+                lock,
+                lambda m, attrs: m.acquire_duration.record(
+                    max(0.0, clock.monotonic() - started), {**attrs, "outcome": outcome}
+                ),
+            )
 
-    Returns or raises exactly what ``acquire`` did: a lock taken is never
-    reported as an error because its measurement failed (``with lock:`` would
-    then never release it).
-    """
-    if _instruments is None:
-        return acquire()
-    started = clock.monotonic()
-    outcome = "error"
-    try:
-        got = acquire()
-        outcome = "acquired" if got else "not_acquired"
-        return got
-    except LockTimeout:
-        outcome = "timeout"
-        raise
-    except LockContended:
-        outcome = "contended"
-        raise
-    except (AcquireCancelled, KeyboardInterrupt):
-        outcome = "cancelled"
-        raise
-    finally:  # a measurement that raised here would replace the acquire's own result: _record logs it
+    def renewed(self, lock: Measured, latency: float) -> None:
+        """A renewal landed, ``latency`` seconds after its write was sent."""
+
+        def measure(m: _Instruments, attrs: dict[str, Any]) -> None:
+            m.renewals.add(1, attrs)
+            m.renewal_duration.record(max(0.0, latency), attrs)
+
+        _record("renewed", lock, measure)
+
+    def renewal_failed(self, lock: Measured, error: BaseException) -> None:
+        """A renewal attempt failed (transient: retried; otherwise the lock is lost).
+
+        Never raises: raised into the renewal, it would keep the renewal due, a busy loop against a failing store.
+        """
         _record(
-            "timed_acquire",
+            "renewal_failed",
             lock,
-            lambda m, attrs: m.acquire_duration.record(
-                max(0.0, clock.monotonic() - started), {**attrs, "outcome": outcome}
-            ),
+            lambda m, attrs: m.renewal_errors.add(1, {**attrs, "error.type": type(error).__name__}),
         )
 
+    def waiter_noticed(self, lock: Measured, record: LockRecord, now: float) -> None:
+        """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began.
 
-def renewed(lock: Measured, latency: float) -> None:
-    """A renewal landed, ``latency`` seconds after its write was sent."""
-
-    def measure(m: _Instruments, attrs: dict[str, Any]) -> None:
-        m.renewals.add(1, attrs)
-        m.renewal_duration.record(max(0.0, latency), attrs)
-
-    _record("renewed", lock, measure)
-
-
-def renewal_failed(lock: Measured, error: BaseException) -> None:
-    """A renewal attempt failed (transient: retried; otherwise the lock is lost).
-
-    Never raises: raised into the renewal, it would keep the renewal due, a busy loop against a failing store.
-    """
-    _record(
-        "renewal_failed", lock, lambda m, attrs: m.renewal_errors.add(1, {**attrs, "error.type": type(error).__name__})
-    )
-
-
-def waiter_noticed(lock: Measured, record: LockRecord, now: float) -> None:
-    """The owner saw a new waiter in ``record`` at wall time ``now``: how long after the slot began.
-
-    Never raises: raised into the request book, it would hide the waiter from the owner for good.
-    """
-    waiter = record.waiter
-    if waiter is not None:
-        registered = waiter.expires_at - (waiter.ttl or lock.waiter_ttl)
-        _record("waiter_noticed", lock, lambda m, attrs: m.notice_latency.record(max(0.0, now - registered), attrs))
+        Never raises: raised into the request book, it would hide the waiter from the owner for good.
+        """
+        waiter = record.waiter
+        if waiter is not None:
+            registered = waiter.expires_at - (waiter.ttl or lock.waiter_ttl)
+            _record("waiter_noticed", lock, lambda m, attrs: m.notice_latency.record(max(0.0, now - registered), attrs))
 
 
 # ---------------------------------------------------------------------- from the lock's signals
@@ -257,3 +257,4 @@ if _otel is not None:
     events.acquired.connect(_on_acquired, weak=False)
     events.released.connect(_on_released, weak=False)
     events.lost.connect(_on_lost, weak=False)
+    events.observer = _Metrics()
