@@ -58,16 +58,13 @@ from ..core.errors import (
     TransientStorageError,
 )
 from . import deadline
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
+from .base import checked_delete, checked_read, checked_write, validate_prefix, validate_timeout
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
     import google_crc32c
 except ImportError:  # pragma: no cover
     google_crc32c = None  # type: ignore[assignment]
 
-# GCS bucket names: 3-63 characters (up to 222 with dots), lowercase letters,
-# digits, '-', '_' and '.', starting and ending with a letter or digit.
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
@@ -77,19 +74,16 @@ _LIST_FIELDS = "items(name,generation),nextPageToken"
 _EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
 
-class GCSStorage:
+class GCSStorage(deadline.HTTPStore[gcs.Client]):
     """The objects of one GCS bucket, with generation-matched writes and deletes.
 
     No I/O happens in the constructor: the ``google.cloud.storage.Client`` is
     created on first use, with the default credentials, or anonymously against
     an emulator when ``STORAGE_EMULATOR_HOST`` is set. Pass ``client`` to use
-    your own (it is then yours to close). ``timeout`` is ``(connect, read)`` in
-    seconds and applies to every request: how long to wait for a connection,
-    and for each read from the socket. ``request_timeout`` bounds each request
-    as a whole, from sending it to the last byte of its reply (default: connect
-    plus read timeout); past it the request is cut off and fails with a
-    :class:`~handofflock.core.errors.TransientStorageError`; a call's
-    ``timeout`` shortens it for that call. It is enforced by
+    your own (it is then yours to close). ``timeout`` and ``request_timeout``
+    as for :class:`~handofflock.storage.deadline.HTTPStore`: past the latter a
+    request is cut off and fails with a
+    :class:`~handofflock.core.errors.TransientStorageError`. It is enforced by
     shutting the connection down, on the HTTP session of a client this store
     creates; a ``client`` you pass keeps its session as it is, and only
     ``timeout`` bounds its requests. ``user_project`` names the project billed
@@ -102,6 +96,9 @@ class GCSStorage:
     (b'{}', generation)
     """
 
+    scheme, bucket_rule = "gs", "GCS bucket name (3-63 lowercase letters, digits, '-', '_' or '.')"
+    # 3-63 characters (up to 222 with dots), starting and ending with a letter or digit.
+    bucket_re = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
     #: Objects per listing page (the JSON API's maximum).
     _LIST_PAGE_SIZE = 1000
     #: Seconds between writes to one object from this process, unless a lock or fence is told
@@ -117,20 +114,10 @@ class GCSStorage:
         request_timeout: float | None = None,
         user_project: str | None = None,
     ) -> None:
-        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket) or ".." in bucket:
-            raise ConfigurationError(
-                f"{bucket!r} is not a valid GCS bucket name (3-63 lowercase letters, digits, '-', '_' or '.')"
-            )
-        self.bucket = bucket
-        self.url = f"gs://{bucket}"
-        self._timeout = deadline.checked_timeout(timeout)
-        self._request_timeout = deadline.checked_request_timeout(request_timeout, self._timeout)
-        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
-        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
+        super().__init__(bucket, client=client, timeout=timeout, request_timeout=request_timeout)
         self.user_project = _checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
-        self._clients = deadline.ClientSlot(client, self._make_client, repr(self))
 
     @classmethod
     def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
@@ -142,27 +129,10 @@ class GCSStorage:
         key = (cls, bucket, os.environ.get(_EMULATOR_ENV), user_project)
         return deadline.shared(key, lambda: cls(bucket, user_project=user_project))
 
-    @property
-    def client(self) -> gcs.Client:
-        """The ``google.cloud.storage.Client`` in use, created on first access."""
-        return self._clients.get()
-
-    def close(self) -> None:
-        """Close the HTTP session of a client this store created.
-
-        The store stays usable: the next operation creates a fresh client.
-        A client passed to the constructor is left open for its owner.
-        """
-        client = self._clients.release()
-        if client is not None:
-            client.close()
-
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        validate_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
+        checked_read(key, max_bytes, timeout)
         headers = {
             # Never let the server or requests transform the bytes: a Range then
             # counts stored bytes and the checksum covers what we return.
@@ -187,12 +157,8 @@ class GCSStorage:
             return cast("tuple[bytes, int] | None", found)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        body, content_type = _multipart_upload(key, bytes(data))
+        data = checked_write(key, data, if_generation_match, timeout)
+        body, content_type = _multipart_upload(key, data)
         with (
             self._mapped("write", key),
             self._request(
@@ -222,9 +188,7 @@ class GCSStorage:
                 ) from exc
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
         params = {"ifGenerationMatch": str(if_generation_match)}
         with (
             self._mapped("delete", key),
@@ -311,8 +275,7 @@ class GCSStorage:
 
         The deadline is ``request_timeout``, or the call's ``timeout`` if shorter.
         """
-        seconds = deadline.limit(self._request_timeout, timeout)
-        with deadline.bounded(seconds, op, key, url=self.url):
+        with self.bounded(op, key, timeout) as bound:
             client = self.client
             # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session
             # on _http; we send our own requests (one per operation, no SDK retries), so we need both
@@ -332,7 +295,7 @@ class GCSStorage:
                 headers=all_headers,
                 data=data,
                 # The deadline cannot cut a connection that is still being made: never wait longer for one.
-                timeout=(min(self._timeout[0], seconds), self._timeout[1]),
+                timeout=(min(self._timeout[0], bound.seconds), self._timeout[1]),
                 stream=stream,
                 allow_redirects=False,  # one request per operation, always
             )
@@ -507,9 +470,6 @@ class GCSStorage:
             url=self.url,
             key=key,
         )
-
-    def __repr__(self) -> str:
-        return f"GCSStorage({self.bucket!r})"
 
 
 # --------------------------------------------------------------------------- the wire

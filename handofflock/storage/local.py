@@ -54,12 +54,13 @@ from .base import (
     MAX_HEADER,
     MAX_KEY_BYTES,
     Header,
+    checked_delete,
+    checked_read,
+    checked_write,
     encode_header,
     next_generation,
     parse_header,
-    validate_generation,
     validate_key,
-    validate_max_bytes,
     validate_prefix,
     validate_timeout,
 )
@@ -155,9 +156,8 @@ class LocalStorage:
         is one complete version. A file without our header is returned whole,
         as data, at its mtime in microseconds (see ``docs/local-backend.md``).
         """
-        self._check_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
+        checked_read(key, max_bytes, timeout)
+        self._check_reserved(key)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             found = None if dir_fd is None else self._open_object(stack, dir_fd, name, key)
@@ -176,11 +176,8 @@ class LocalStorage:
         Returns the new generation, ``max(previous + 1, now in microseconds)``,
         where a tombstone's generation counts as previous.
         """
-        self._check_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        data = checked_write(key, data, if_generation_match, timeout)
+        self._check_reserved(key)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=True)
             assert dir_fd is not None
@@ -190,14 +187,13 @@ class LocalStorage:
             generation = next_generation(floor, time.time_ns() // 1000)
             if generation is None:
                 raise StorageError(f"generation of {key!r} would pass 2**63-1", url=self.url, key=key)
-            self._replace(dir_fd, name, key, encode_header(MAGIC, generation, len(data)) + bytes(data))
+            self._replace(dir_fd, name, key, encode_header(MAGIC, generation, len(data)) + data)
             return generation
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         """Delete if the generation matches, leaving a tombstone that keeps the generation."""
-        self._check_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
+        self._check_reserved(key)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             if dir_fd is None or not _mode(dir_fd, name):  # absent: no need to make it a lock file
@@ -242,8 +238,7 @@ class LocalStorage:
 
     # -- paths ----------------------------------------------------------------
 
-    def _check_key(self, key: str) -> None:
-        validate_key(key)
+    def _check_reserved(self, key: str) -> None:
         if any(part.startswith(RESERVED_PREFIX) for part in key.split("/")):
             raise InvalidKey(f"object key {key!r} uses {RESERVED_PREFIX!r}, reserved for the local backend's own files")
 

@@ -49,7 +49,6 @@ import botocore.exceptions
 from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool
 
 from ..core.errors import (
-    ConfigurationError,
     HandoffLockError,
     LockingUnsupported,
     NotFound,
@@ -58,10 +57,7 @@ from ..core.errors import (
     TransientStorageError,
 )
 from . import deadline, s3_credentials, s3_format
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
-
-#: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
-BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+from .base import checked_delete, checked_read, checked_write, validate_key, validate_prefix, validate_timeout
 
 #: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
 _ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
@@ -91,7 +87,7 @@ class _Refused(Exception):
     """A conditional PUT was refused: 412, or 404 for an ``If-Match`` on a missing object."""
 
 
-class S3Storage:
+class S3Storage(deadline.HTTPStore[Any]):
     """The objects of one S3 bucket, with generation-matched writes and deletes.
 
     No I/O happens in the constructor: the boto3 client is created on first
@@ -102,15 +98,12 @@ class S3Storage:
     ``client`` to use your own boto3 S3 client (it is then yours to close, and
     its retry settings are yours too: ours are off).
 
-    ``timeout`` is ``(connect, read)`` in seconds: how long to wait for a
-    connection and for each read from the socket. ``request_timeout`` bounds
-    each request as a whole, from sending it to the last byte of its reply
-    (default: connect plus read timeout; a call's ``timeout`` shortens it);
-    past it the connection is shut down (:mod:`.deadline`) and the request
-    fails with a :class:`~handofflock.core.errors.TransientStorageError`. It is
-    enforced on the client this store creates; a ``client`` you pass keeps its
-    connection pools, and only its own timeouts bound it. Each request is sent
-    once (botocore's retries are off).
+    ``timeout`` and ``request_timeout`` as for :class:`~handofflock.storage.deadline.HTTPStore`:
+    past the latter the connection is shut down and the request fails with a
+    :class:`~handofflock.core.errors.TransientStorageError`. It is enforced on
+    the client this store creates; a ``client`` you pass keeps its connection
+    pools, and only its own timeouts bound it. Each request is sent once
+    (botocore's retries are off).
 
     >>> store = S3Storage("my-bucket")
     >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
@@ -118,6 +111,9 @@ class S3Storage:
     (b'{}', generation)
     """
 
+    scheme, bucket_rule = "s3", "S3 bucket name (3-63 lowercase letters, digits, '.' or '-')"
+    #: Starting and ending with a letter or digit.
+    bucket_re = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
     #: S3 has no one-write-per-second limit per object (GCS has): writes are not spaced by default.
     min_write_interval = 0.0
 
@@ -132,20 +128,8 @@ class S3Storage:
         timeout: tuple[float, float] = (5.0, 15.0),
         request_timeout: float | None = None,
     ) -> None:
-        if not isinstance(bucket, str) or not BUCKET_RE.match(bucket) or ".." in bucket:
-            raise ConfigurationError(
-                f"{bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, '.' or '-')"
-            )
-        self.bucket = bucket
-        self.url = f"s3://{bucket}"
-        self._timeout = deadline.checked_timeout(timeout)
-        self._request_timeout = deadline.checked_request_timeout(request_timeout, self._timeout)
-        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
-        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
-        self._endpoint_url = endpoint_url
-        self._profile = profile
-        self._region = region
-        self._clients: deadline.ClientSlot[Any] = deadline.ClientSlot(client, self._make_client, repr(self))
+        super().__init__(bucket, client=client, timeout=timeout, request_timeout=request_timeout)
+        self._endpoint_url, self._profile, self._region = endpoint_url, profile, region
         self._seen: dict[str, _Version] = {}
         self._seen_lock = threading.Lock()
         self._probed = False  # the store honours If-Match and If-None-Match, once known
@@ -161,24 +145,10 @@ class S3Storage:
         key = (cls, bucket, *(os.environ.get(name) for name in _ENV))
         return deadline.shared(key, lambda: cls(bucket))
 
-    @property
-    def client(self) -> Any:
-        """The boto3 S3 client in use, created on first access."""
-        return self._clients.get()
-
-    def close(self) -> None:
-        """Close the connections of a client this store created; the next operation makes a new one."""
-        client = self._clients.release()
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        validate_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
+        checked_read(key, max_bytes, timeout)
         with self._mapped("read", key):
             self._check_conditions(key, timeout)
             found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes, timeout)
@@ -193,12 +163,7 @@ class S3Storage:
         return data, version.generation
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        data = bytes(data)
+        data = checked_write(key, data, if_generation_match, timeout)
         expected = if_generation_match
         with self._mapped("write", key):
             self._check_conditions(key, timeout)
@@ -227,9 +192,7 @@ class S3Storage:
             raise AssertionError("unreachable")  # pragma: no cover
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
         expected = if_generation_match
         with self._mapped("delete", key):
             self._check_conditions(key, timeout)
@@ -463,8 +426,7 @@ class S3Storage:
         (0.2 s, up to 1.8 s on a loaded 2-core machine), and the request has yet to start.
         """
         _ = self.client
-        seconds = deadline.limit(self._request_timeout, timeout)
-        with deadline.bounded(seconds, op, key, url=self.url, replies=(botocore.exceptions.ClientError,)):
+        with self.bounded(op, key, timeout, (botocore.exceptions.ClientError,)):
             yield
 
     # -- errors ---------------------------------------------------------------
@@ -561,9 +523,6 @@ class S3Storage:
             )
         return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
 
-    def __repr__(self) -> str:
-        return f"S3Storage({self.bucket!r})"
-
 
 # --------------------------------------------------------------------------- replies and connections
 
@@ -616,23 +575,10 @@ def _no_expect_continue(request: Any, **_: Any) -> None:
     request.headers.pop("Expect", None)
 
 
-class _RememberingAWSHTTPConnection(deadline.RememberingConnection, AWSHTTPConnection):  # type: ignore[misc]  # botocore is untyped
-    pass
-
-
-class _RememberingAWSHTTPSConnection(deadline.RememberingConnection, AWSHTTPSConnection):  # type: ignore[misc]  # botocore is untyped
-    pass
-
-
-class _WatchedAWSHTTPConnectionPool(deadline.WatchedPool, AWSHTTPConnectionPool):  # type: ignore[misc]  # botocore is untyped
-    ConnectionCls = _RememberingAWSHTTPConnection
-
-
-class _WatchedAWSHTTPSConnectionPool(deadline.WatchedPool, AWSHTTPSConnectionPool):  # type: ignore[misc]  # botocore is untyped
-    ConnectionCls = _RememberingAWSHTTPSConnection
-
-
-_WATCHED_POOLS = {"http": _WatchedAWSHTTPConnectionPool, "https": _WatchedAWSHTTPSConnectionPool}
+_WATCHED_POOLS = {
+    "http": deadline.watched(AWSHTTPConnectionPool, AWSHTTPConnection),
+    "https": deadline.watched(AWSHTTPSConnectionPool, AWSHTTPSConnection),
+}
 
 
 def _watch_connections(client: Any) -> bool:
