@@ -38,7 +38,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 import google.auth.exceptions
@@ -69,9 +69,6 @@ _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
 _LIST_FIELDS = "items(name,generation),nextPageToken"
-
-#: What :meth:`GCSStorage._download` returns for a 416 without a generation.
-_EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
 
 class GCSStorage(deadline.HTTPStore[gcs.Client]):
@@ -133,28 +130,9 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         checked_read(key, max_bytes, timeout)
-        headers = {
-            # Never let the server or requests transform the bytes: a Range then
-            # counts stored bytes and the checksum covers what we return.
-            "Accept-Encoding": "identity",
-        }
-        if max_bytes is not None:
-            # At most max_bytes + 1 bytes travel, so the caller can tell
-            # "too big" from "fits" without reading a huge object.
-            headers["Range"] = f"bytes=0-{max_bytes}"
         limit = None if max_bytes is None else max_bytes + 1
         with self._mapped("read", key):
-            found = self._download(key, headers, limit, timeout)
-            if found is _EMPTY_AT_UNKNOWN_GENERATION:
-                # A 416 for a Range on an empty object that did not say which
-                # generation it saw (the emulator does say; GCS may not): ask once
-                # more without a Range. Only an empty object, never a lock record,
-                # costs this second request.
-                del headers["Range"]
-                found = self._download(key, headers, limit, timeout)
-                if found is _EMPTY_AT_UNKNOWN_GENERATION:  # pragma: no cover - no Range, no 416
-                    raise StorageError(f"read {key!r} in {self.url}: GCS answered 416 to a read without a Range")
-            return cast("tuple[bytes, int] | None", found)
+            return self._download(key, limit, timeout, ranged=limit is not None)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         data = checked_write(key, data, if_generation_match, timeout)
@@ -226,7 +204,17 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
 
     # -- requests -------------------------------------------------------------
 
-    def _download(self, key: str, headers: dict[str, str], limit: int | None, timeout: float | None) -> Any:
+    def _download(
+        self, key: str, limit: int | None, timeout: float | None, *, ranged: bool
+    ) -> tuple[bytes, int] | None:
+        """One media download, of at most ``limit`` bytes; with ``ranged``, only they travel."""
+        # Never let the server or requests transform the bytes: a Range then
+        # counts stored bytes and the checksum covers what we return.
+        headers = {"Accept-Encoding": "identity"}
+        if ranged and limit is not None:
+            # At most max_bytes + 1 bytes travel, so the caller can tell
+            # "too big" from "fits" without reading a huge object.
+            headers["Range"] = f"bytes=0-{limit - 1}"
         with self._request(
             "read",
             key,
@@ -244,18 +232,21 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
                 if _says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 return None
-            if response.status_code == 416:  # a Range on an empty object
-                stated = response.headers.get("x-goog-generation")
-                if stated is None:
-                    return _EMPTY_AT_UNKNOWN_GENERATION
+            stated = response.headers.get("x-goog-generation")
+            if response.status_code != 416 or not ranged:
+                self._check(response, "read", key)
+                generation = _parse_generation(stated, "the x-goog-generation header")
+                data, complete = _read_body(response, limit)
+                if complete:
+                    _check_length(response, data, key, self.url)
+                    _verify_crc32c(response, data, key, self.url)
+                return data, generation
+            if stated is not None:  # a Range on an empty object
                 return b"", _parse_generation(stated, "the x-goog-generation header")
-            self._check(response, "read", key)
-            generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
-            data, complete = _read_body(response, limit)
-            if complete:
-                _check_length(response, data, key, self.url)
-                _verify_crc32c(response, data, key, self.url)
-            return data, generation
+        # A 416 for a Range on an empty object that did not say which generation it saw (the
+        # emulator does say; GCS may not): ask once more without a Range. Only an empty object,
+        # never a lock record, costs this second request.
+        return self._download(key, limit, timeout, ranged=False)
 
     @contextlib.contextmanager
     def _request(
@@ -497,25 +488,14 @@ def _multipart_upload(key: str, data: bytes) -> tuple[bytes, str]:
     """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
     metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
     while True:
-        boundary = f"handofflock-{uuid.uuid4().hex}"
-        if boundary.encode() not in data:
+        boundary = f"handofflock-{uuid.uuid4().hex}".encode()
+        if boundary not in data:
             break
-    delimiter = b"--" + boundary.encode()
-    body = b"".join(
-        [
-            delimiter,
-            b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n",
-            metadata,
-            b"\r\n",
-            delimiter,
-            b"\r\nContent-Type: application/json\r\n\r\n",
-            data,
-            b"\r\n",
-            delimiter,
-            b"--\r\n",
-        ]
-    )
-    return body, f'multipart/related; boundary="{boundary}"'
+    body = (
+        b"--%s\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n%s\r\n"
+        b"--%s\r\nContent-Type: application/json\r\n\r\n%s\r\n--%s--\r\n"
+    ) % (boundary, metadata, boundary, data, boundary)
+    return body, f'multipart/related; boundary="{boundary.decode()}"'
 
 
 def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
@@ -611,16 +591,13 @@ def _error_body(response: requests.Response) -> bytes:
         body = next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
     except Exception:  # a reply cut off while explaining an error still has a status to go by
         body = b""
-    # our own name on requests' Response: read once, the body is gone, and both callers need it
+    # our own name on requests' Response: read once, the body is gone, and every explanation needs it
     response._handofflock_body = body  # type: ignore[attr-defined]
     return body
 
 
 def _error_message(response: requests.Response) -> str:
     """The server's explanation of an error: the JSON API's message, or the start of the body."""
-    cached = getattr(response, "_handofflock_message", None)
-    if cached is not None:
-        return str(cached)
     body = _error_body(response)
     message = ""
     try:
@@ -628,10 +605,7 @@ def _error_message(response: requests.Response) -> str:
         message = str(error.get("message") or "")
     except (orjson.JSONDecodeError, AttributeError):
         message = body.decode("utf-8", "replace").strip()
-    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
-    # our own name on requests' Response, as above
-    response._handofflock_message = message  # type: ignore[attr-defined]
-    return message
+    return " ".join(message.split())[:300] or (response.reason or "no explanation")
 
 
 def _error_reasons(response: requests.Response) -> tuple[str, ...]:

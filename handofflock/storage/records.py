@@ -432,11 +432,6 @@ def _outcome_lost(storage: Storage, key: str, expected: int) -> TransientStorage
     )
 
 
-def list_within(storage: Storage, prefix: str, seconds: float | None) -> dict[str, int]:
-    """``storage.list(prefix)``, the request ending within ``seconds`` (the scheduler's grouped check)."""
-    return storage.list(prefix, timeout=seconds)
-
-
 class RecordStore:
     """Reads and conditional writes of one lock object, each request bounded by the lock's ``request_timeout``.
 
