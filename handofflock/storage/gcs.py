@@ -405,7 +405,13 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         if status == 412 and key is not None and expected is not None:
             raise PreconditionFailed(key, expected, url=url)
         message = _error_message(response)
-        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+            return TransientStorageError(
+                f"{where}: {what}", url=url, key=key, status=status, ambiguous=ambiguous, retry_after=retry_after
+            )
+
         if status == 409 and key is not None and expected is not None:
             # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
             # conflicting concurrent change to the same resource. The request can be retried, though
@@ -414,23 +420,9 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             # status-codes, 409 Conflict). Our writes and deletes always carry ifGenerationMatch, so
             # a retry can never replace a change made meanwhile: it fails with 412 instead. Not
             # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
-            raise TransientStorageError(
-                f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after,
-            )
+            raise transient(f"GCS answered 409, a conflicting concurrent change ({message})", False)
         if status in (408, 429) or status >= 500:
-            raise TransientStorageError(
-                f"{where}: GCS answered {status} ({message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=status != 429,  # 429: refused before it was applied
-                retry_after=retry_after,
-            )
+            raise transient(f"GCS answered {status} ({message})", status != 429)  # 429: refused, not applied
         if status == 401:
             hint = (
                 f"GCS rejected the credentials (401: {message}); check that they are valid and "

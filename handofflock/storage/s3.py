@@ -437,6 +437,10 @@ class S3Storage(deadline.HTTPStore[Any]):
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = op in ("write", "delete")
         applied = _MAY_HAVE_APPLIED if mutation else ""
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            return TransientStorageError(f"{where}: {what}", url=self.url, key=key, ambiguous=ambiguous)
+
         try:
             yield
         except HandoffLockError:
@@ -446,13 +450,9 @@ class S3Storage(deadline.HTTPStore[Any]):
         except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError) as exc:
             # EndpointConnectionError is raised when no connection could be made (refused,
             # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
-            raise TransientStorageError(
-                f"{where}: could not connect ({exc}); nothing was sent", url=self.url, key=key, ambiguous=False
-            ) from exc
+            raise transient(f"could not connect ({exc}); nothing was sent", False) from exc
         except botocore.exceptions.ReadTimeoutError as exc:
-            raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s{applied}", url=self.url, key=key, ambiguous=mutation
-            ) from exc
+            raise transient(f"no reply within {self._timeout[1]}s{applied}", mutation) from exc
         except (
             botocore.exceptions.NoCredentialsError,
             botocore.exceptions.PartialCredentialsError,
@@ -471,9 +471,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
-            raise TransientStorageError(
-                f"{where}: the connection failed ({exc!r}){applied}", url=self.url, key=key, ambiguous=mutation
-            ) from exc
+            raise transient(f"the connection failed ({exc!r}){applied}", mutation) from exc
 
     def _client_error(self, exc: Any, where: str, key: str | None, mutation: bool) -> StorageError:
         """The error an S3 error reply (botocore's ``ClientError``) maps to: transient or not, ambiguous or not."""
