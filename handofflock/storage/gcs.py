@@ -115,6 +115,8 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         self.user_project = _checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
+        #: The path of the bucket's objects in the JSON API, under its base URL.
+        self._objects = f"/storage/v1/b/{quote(bucket, safe='')}/o"
 
     @classmethod
     def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
@@ -131,25 +133,15 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         checked_read(key, max_bytes, timeout)
         limit = None if max_bytes is None else max_bytes + 1
-        with self._mapped("read", key):
-            return self._download(key, limit, timeout, ranged=limit is not None)
+        return self._download(key, limit, timeout, ranged=limit is not None)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         data = checked_write(key, data, if_generation_match, timeout)
-        body, content_type = _multipart_upload(key, data)
-        with (
-            self._mapped("write", key),
-            self._request(
-                "write",
-                key,
-                "POST",
-                f"{self._base()}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o",
-                {"uploadType": "multipart", "ifGenerationMatch": str(if_generation_match), "fields": "generation"},
-                timeout,
-                headers={"Content-Type": content_type},
-                data=body,
-            ) as response,
-        ):
+        body, headers = _multipart_upload(key, data)
+        params = {"uploadType": "multipart", "ifGenerationMatch": str(if_generation_match), "fields": "generation"}
+        with self._request(
+            "write", key, "POST", "/upload" + self._objects, params, timeout, headers=headers, data=body
+        ) as response:
             if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
                 raise self._bucket_missing(key, response)
             self._check(response, "write", key, if_generation_match)
@@ -168,10 +160,9 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         checked_delete(key, if_generation_match, timeout)
         params = {"ifGenerationMatch": str(if_generation_match)}
-        with (
-            self._mapped("delete", key),
-            self._request("delete", key, "DELETE", self._object_url(key), params, timeout) as response,
-        ):
+        with self._request(
+            "delete", key, "DELETE", f"{self._objects}/{quote(key, safe='')}", params, timeout
+        ) as response:
             if response.status_code == 404:
                 if _says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
@@ -183,24 +174,23 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         validate_timeout(timeout)
         found: dict[str, int] = {}
         page_token: str | None = None
-        with self._mapped("list", None):
-            while True:
-                params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
-                if page_token:
-                    params["pageToken"] = page_token
-                with self._request("list", None, "GET", self._bucket_url() + "/o", params, timeout) as response:
-                    if response.status_code == 404:  # a listing has no object to miss
-                        raise self._bucket_missing(None, response)
-                    self._check(response, "list", None)
-                    page = _reply_json(response)
-                for item in page.get("items") or ():
-                    name = item.get("name") if isinstance(item, dict) else None
-                    if not isinstance(name, str):
-                        raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
-                    found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
-                page_token = page.get("nextPageToken")
-                if not page_token:
-                    return found
+        while True:
+            params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
+            if page_token:
+                params["pageToken"] = page_token
+            with self._request("list", None, "GET", self._objects, params, timeout) as response:
+                if response.status_code == 404:  # a listing has no object to miss
+                    raise self._bucket_missing(None, response)
+                self._check(response, "list", None)
+                page = _reply_json(response)
+            for item in page.get("items") or ():
+                name = item.get("name") if isinstance(item, dict) else None
+                if not isinstance(name, str):
+                    raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
+                found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
+            page_token = page.get("nextPageToken")
+            if not page_token:
+                return found
 
     # -- requests -------------------------------------------------------------
 
@@ -219,7 +209,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             "read",
             key,
             "GET",
-            f"{self._base()}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
+            f"/download{self._objects}/{quote(key, safe='')}",
             {"alt": "media"},
             timeout,
             headers=headers,
@@ -254,7 +244,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         op: str,
         key: str | None,
         method: str,
-        url: str,
+        path: str,
         params: dict[str, str],
         timeout: float | None,
         *,
@@ -262,11 +252,14 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         data: bytes | None = None,
         stream: bool = False,
     ) -> Iterator[requests.Response]:
-        """One request, its reply read and closed inside the block, all within the request's deadline.
+        """One request to ``path`` under the API's base URL, its reply read and closed inside the block.
 
-        The deadline is ``request_timeout``, or the call's ``timeout`` if shorter.
+        Within the request's deadline (``request_timeout``, or the call's
+        ``timeout`` if shorter), every error raised inside mapped (:meth:`_mapped`).
         """
-        with self.bounded(op, key, timeout) as bound:
+        with self._mapped(op, key), contextlib.ExitStack() as stack:
+            url = self._base() + path  # the client is made here, before the request's deadline starts
+            bound = stack.enter_context(self.bounded(op, key, timeout))
             client = self.client
             # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session
             # on _http; we send our own requests (one per operation, no SDK retries), so we need both
@@ -290,8 +283,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
                 stream=stream,
                 allow_redirects=False,  # one request per operation, always
             )
-            with contextlib.closing(response):
-                yield response
+            yield stack.enter_context(contextlib.closing(response))
 
     def _base(self) -> str:
         # private (google-cloud-storage's): as in _request
@@ -301,12 +293,6 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
             base = "http://" + base
         return base
-
-    def _bucket_url(self) -> str:
-        return f"{self._base()}/storage/v1/b/{quote(self.bucket, safe='')}"
-
-    def _object_url(self, key: str) -> str:
-        return f"{self._bucket_url()}/o/{quote(key, safe='')}"
 
     def _make_client(self) -> gcs.Client:
         """A client whose own HTTP session enforces request_timeout (made under the slot's lock)."""
@@ -476,7 +462,7 @@ def _checked_user_project(value: object) -> str | None:
     return value
 
 
-def _multipart_upload(key: str, data: bytes) -> tuple[bytes, str]:
+def _multipart_upload(key: str, data: bytes) -> tuple[bytes, dict[str, str]]:
     """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
     metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
     while True:
@@ -487,7 +473,7 @@ def _multipart_upload(key: str, data: bytes) -> tuple[bytes, str]:
         b"--%s\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n%s\r\n"
         b"--%s\r\nContent-Type: application/json\r\n\r\n%s\r\n--%s--\r\n"
     ) % (boundary, metadata, boundary, data, boundary)
-    return body, f'multipart/related; boundary="{boundary.decode()}"'
+    return body, {"Content-Type": f'multipart/related; boundary="{boundary.decode()}"'}
 
 
 def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
