@@ -154,10 +154,8 @@ class _Watchdog:
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
 
-    def arm(self, deadline: Deadline) -> None:
-        self._push(deadline.at, deadline)
-
-    def _push(self, at: float, deadline: Deadline) -> None:
+    def arm(self, deadline: Deadline, at: float) -> None:
+        """Expire ``deadline`` at ``at`` (monotonic)."""
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._seq), deadline))
             if self._thread is None:
@@ -170,19 +168,15 @@ class _Watchdog:
         while True:
             with self._cond:
                 while True:
-                    if self._heap and self._heap[0][2]._done:
+                    while self._heap and self._heap[0][2]._done:
                         heapq.heappop(self._heap)
-                        continue
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    left = self._heap[0][0] - time.monotonic()
-                    if left <= 0:
+                    left = self._heap[0][0] - time.monotonic() if self._heap else None
+                    if left is not None and left <= 0:
                         deadline = heapq.heappop(self._heap)[2]
                         break
                     self._cond.wait(left)
             if deadline._expire():
-                self._push(time.monotonic() + _RECHECK, deadline)
+                self.arm(deadline, time.monotonic() + _RECHECK)
 
 
 _watchdog = _Watchdog()
@@ -351,7 +345,7 @@ def bounded(
     """
     deadline, previous = Deadline(seconds), getattr(_current, "deadline", None)
     _current.deadline = deadline
-    _watchdog.arm(deadline)
+    _watchdog.arm(deadline, deadline.at)
     try:
         try:
             yield deadline
