@@ -19,9 +19,11 @@ have been applied). A connection goes back to the pool only after its
 deadline has let go of it, so a late watchdog never cuts another request's
 connection.
 
-A store's SDK client sits in a :class:`ClientSlot`, which never lets a
-forked child use its parent's connections; :func:`shared` keeps one store per
-bucket and settings, so locks on one bucket share one connection pool.
+Both stores are :class:`HTTPStore`\ s: the bucket, the timeouts, the SDK
+client and each request's deadline (:meth:`HTTPStore.bounded`). The client
+sits in a :class:`ClientSlot`, which never lets a forked child use its
+parent's connections; :func:`shared` keeps one store per bucket and settings,
+so locks on one bucket share one connection pool.
 
 Imports requests and urllib3, nothing of Google's or Amazon's SDKs.
 """

@@ -2,8 +2,13 @@
 
 The only module of handofflock that imports ``google.cloud.storage`` or
 ``google.auth``. Every error the SDK or the transport can raise is mapped
-here, at the boundary, into :mod:`handofflock.core.errors`; every request ends
-within its deadline (:mod:`.deadline`).
+here, at the boundary, into :mod:`handofflock.core.errors`. Every request ends
+within its deadline: when ``request_timeout`` (or the call's shorter
+``timeout``) passes, its connection is shut down and it fails as a
+:class:`~handofflock.core.errors.TransientStorageError`, ambiguous for a write
+(:class:`.deadline.HTTPStore`, shared with S3). Nothing here retries or paces:
+:mod:`.records` does, above every backend, and reads back a write whose reply
+was lost.
 
 The ``google.cloud.storage.Client`` provides credentials, the endpoint (it
 honours ``STORAGE_EMULATOR_HOST``) and its authorized HTTP session; the requests
