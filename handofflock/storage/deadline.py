@@ -19,7 +19,7 @@ have been applied). A connection goes back to the pool only after its
 deadline has let go of it, so a late watchdog never cuts another request's
 connection.
 
-Both stores are an :class:`HTTPStore`: the bucket, the timeouts, the SDK
+Each is an :class:`HTTPStore`: the bucket, the timeouts, the SDK
 client and each request's deadline (:meth:`HTTPStore.bounded`). The client
 sits in a :class:`ClientSlot`, which never lets a forked child use its
 parent's connections; :func:`shared` keeps one store per bucket and settings,

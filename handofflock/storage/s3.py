@@ -40,7 +40,6 @@ import re
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -70,9 +69,6 @@ _IMPOSSIBLE_ETAG = '"00000000000000000000000000000000-0"'
 
 #: Said of a write or delete whose reply never came.
 _MAY_HAVE_APPLIED = "; the request may have been applied"
-
-#: Every live store, so that a forked child can give each a fresh lock on what it has seen.
-_STORES: weakref.WeakSet[S3Storage] = weakref.WeakSet()
 
 
 class _Version(NamedTuple):
@@ -130,11 +126,11 @@ class S3Storage(deadline.HTTPStore[Any]):
     ) -> None:
         super().__init__(bucket, client=client, timeout=timeout, request_timeout=request_timeout)
         self._endpoint_url, self._profile, self._region = endpoint_url, profile, region
+        # What each key was last seen at: hints for the next PUT's If-Match, each get, set or pop one
+        # atomic dict operation. A stale or dropped hint costs a refused PUT or one more read, never a write.
         self._seen: dict[str, _Version] = {}
-        self._seen_lock = threading.Lock()
         self._probed = False  # the store honours If-Match and If-None-Match, once known
         self._probe_lock = threading.Lock()
-        _STORES.add(self)
 
     @classmethod
     def shared(cls, bucket: str) -> S3Storage:
@@ -167,7 +163,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         expected = if_generation_match
         with self._mapped("write", key):
             self._check_conditions(key, timeout)
-            seen = self._recall(key)
+            seen = self._seen.get(key)
             if expected == 0 and (seen is None or not seen.deleted):
                 try:
                     return self._put(key, data, timeout, previous=0, etag=None)
@@ -197,7 +193,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         with self._mapped("delete", key):
             self._check_conditions(key, timeout)
             for attempt in range(2):
-                seen = self._recall(key) if attempt == 0 else None
+                seen = self._seen.get(key) if attempt == 0 else None
                 if seen is None or seen.generation != expected or seen.deleted:
                     seen = self._current(key, timeout)
                 if seen is None or seen.deleted:
@@ -227,7 +223,7 @@ class S3Storage(deadline.HTTPStore[Any]):
                     page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
-                    seen = self._recall(key)
+                    seen = self._seen.get(key)
                     if seen is None or _bare(seen.etag) != _bare(item.get("ETag", "")):
                         try:
                             validate_key(key)
@@ -258,7 +254,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 404 and code != "NoSuchBucket":
-                self._forget(key)
+                self._seen.pop(key, None)
                 return None
             if status == 416 and limit is not None:  # a Range on an empty (so foreign) object
                 return self._get(key, None, timeout)
@@ -318,14 +314,14 @@ class S3Storage(deadline.HTTPStore[Any]):
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 412 or (status == 404 and code == "NoSuchKey"):
-                self._forget(key)
+                self._seen.pop(key, None)
                 raise _Refused() from exc
             raise
         new_etag = reply.get("ETag")
         if new_etag:
             self._remember(key, _Version(generation, new_etag, deleted))
         else:
-            self._forget(key)
+            self._seen.pop(key, None)
         return generation
 
     def _check_conditions(self, key: str, timeout: float | None) -> None:
@@ -381,19 +377,10 @@ class S3Storage(deadline.HTTPStore[Any]):
                 )
             self._probed = True
 
-    def _recall(self, key: str) -> _Version | None:
-        with self._seen_lock:
-            return self._seen.get(key)
-
     def _remember(self, key: str, version: _Version) -> None:
-        with self._seen_lock:
-            if len(self._seen) >= _SEEN_LIMIT and key not in self._seen:
-                self._seen.clear()
-            self._seen[key] = version
-
-    def _forget(self, key: str) -> None:
-        with self._seen_lock:
-            self._seen.pop(key, None)
+        if len(self._seen) >= _SEEN_LIMIT and key not in self._seen:
+            self._seen.clear()
+        self._seen[key] = version
 
     def _make_client(self) -> Any:
         config = botocore.config.Config(
@@ -595,13 +582,3 @@ def _watch_connections(client: Any) -> bool:
     except AttributeError:  # pragma: no cover - a botocore that keeps its pools elsewhere
         return False
     return True
-
-
-def _fresh_locks_after_fork() -> None:
-    """In a forked child: a fresh lock on what each store has seen (a parent's thread may have held it)."""
-    for store in list(_STORES):
-        store._seen_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_after_fork)
