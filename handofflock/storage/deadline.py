@@ -274,6 +274,8 @@ class HTTPStore(Generic[_T]):
     scheme: str
     bucket_re: re.Pattern[str]
     bucket_rule: str
+    #: The SDK's exceptions for an error reply (the server's answer, unless a deadline's cut made it).
+    replies: tuple[type[BaseException], ...] = ()
 
     def __init__(self, bucket: str, *, client: _T | None, timeout: object, request_timeout: object) -> None:
         if not isinstance(bucket, str) or not self.bucket_re.match(bucket) or ".." in bucket:
@@ -308,12 +310,15 @@ class HTTPStore(Generic[_T]):
             with contextlib.suppress(Exception):
                 client.close()
 
-    def bounded(
-        self, op: str, key: str | None, timeout: float | None, replies: tuple[type[BaseException], ...] = ()
-    ) -> contextlib.AbstractContextManager[Deadline]:
-        """:func:`bounded` for one request: within ``request_timeout``, or the call's ``timeout`` if shorter."""
+    def bounded(self, op: str, key: str | None, timeout: float | None) -> contextlib.AbstractContextManager[Deadline]:
+        """:func:`bounded` for one request: within ``request_timeout``, or the call's ``timeout`` if shorter.
+
+        The client is made first, outside the deadline: that is the SDK's own work, no I/O
+        (0.2 s, up to 1.8 s on a loaded 2-core machine), and the request has yet to start.
+        """
+        _ = self.client
         seconds = self._request_timeout if timeout is None else min(self._request_timeout, timeout)
-        return bounded(seconds, op, key, url=self.url, replies=replies)
+        return bounded(seconds, op, key, url=self.url, replies=self.replies)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.bucket!r})"

@@ -262,9 +262,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         Within the request's deadline (``request_timeout``, or the call's
         ``timeout`` if shorter), every error raised inside mapped (:meth:`_mapped`).
         """
-        with self._mapped(op, key), contextlib.ExitStack() as stack:
-            url = self._base() + path  # the client is made here, before the request's deadline starts
-            bound = stack.enter_context(self.bounded(op, key, timeout))
+        with self._mapped(op, key), self.bounded(op, key, timeout) as bound:
             client = self.client
             # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session
             # on _http; we send our own requests (one per operation, no SDK retries), so we need both
@@ -279,7 +277,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
                 params = {**params, "userProject": self.user_project}
             response: requests.Response = client._http.request(  # private: as above
                 method,
-                url,
+                self._base() + path,
                 params=params,
                 headers=all_headers,
                 data=data,
@@ -288,7 +286,8 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
                 stream=stream,
                 allow_redirects=False,  # one request per operation, always
             )
-            yield stack.enter_context(contextlib.closing(response))
+            with contextlib.closing(response):
+                yield response
 
     def _base(self) -> str:
         # private (google-cloud-storage's): as in _request

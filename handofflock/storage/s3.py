@@ -110,6 +110,7 @@ class S3Storage(deadline.HTTPStore[Any]):
     scheme, bucket_rule = "s3", "S3 bucket name (3-63 lowercase letters, digits, '.' or '-')"
     #: Starting and ending with a letter or digit.
     bucket_re = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    replies = (botocore.exceptions.ClientError,)
     #: S3 has no one-write-per-second limit per object (GCS has): writes are not spaced by default.
     min_write_interval = 0.0
 
@@ -219,7 +220,7 @@ class S3Storage(deadline.HTTPStore[Any]):
                 params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
                 if token:
                     params["ContinuationToken"] = token
-                with self._deadline("list", None, timeout):
+                with self.bounded("list", None, timeout):
                     page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
@@ -247,7 +248,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         if limit is not None:
             params["Range"] = f"bytes=0-{limit}"
         try:
-            with self._deadline("read", key, timeout):
+            with self.bounded("read", key, timeout):
                 reply = self.client.get_object(**params)
                 with contextlib.closing(reply["Body"]):
                     body = reply["Body"].read()
@@ -309,7 +310,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         else:
             params["IfMatch"] = s3_format.normalize_etag(etag)
         try:
-            with self._deadline("write", key, timeout):
+            with self.bounded("write", key, timeout):
                 reply = self.client.put_object(**params)
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
@@ -342,7 +343,7 @@ class S3Storage(deadline.HTTPStore[Any]):
 
             def applied(**condition: str) -> bool:
                 try:
-                    with self._deadline("write", key, timeout):
+                    with self.bounded("write", key, timeout):
                         self.client.put_object(
                             Bucket=self.bucket,
                             Key=scratch,
@@ -364,7 +365,7 @@ class S3Storage(deadline.HTTPStore[Any]):
                 elif applied(IfNoneMatch="*") and applied(IfNoneMatch="*"):
                     ignored = "If-None-Match"
             finally:
-                with contextlib.suppress(Exception), self._deadline("write", key, timeout):
+                with contextlib.suppress(Exception), self.bounded("write", key, timeout):
                     self.client.delete_object(Bucket=self.bucket, Key=scratch)
             if ignored is not None:
                 raise LockingUnsupported(
@@ -404,17 +405,6 @@ class S3Storage(deadline.HTTPStore[Any]):
         client.meta.events.register("before-send.s3.PutObject", _no_expect_continue)
         _watch_connections(client)
         return client
-
-    @contextlib.contextmanager
-    def _deadline(self, op: str, key: str | None, timeout: float | None) -> Iterator[None]:
-        """One request, its reply read inside the block, within ``request_timeout`` (or ``timeout`` if shorter).
-
-        The client is made first, outside the deadline: that is the SDK's own work, no I/O
-        (0.2 s, up to 1.8 s on a loaded 2-core machine), and the request has yet to start.
-        """
-        _ = self.client
-        with self.bounded(op, key, timeout, (botocore.exceptions.ClientError,)):
-            yield
 
     # -- errors ---------------------------------------------------------------
 
