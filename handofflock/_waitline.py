@@ -33,7 +33,7 @@ from typing import IO, Any
 from .core.errors import HandoffLockError
 from .core.threads import quiet
 from .core.timefmt import age, iso
-from .storage import outages
+from .storage import records
 
 
 class WaitLine:
@@ -112,7 +112,7 @@ class WaitLine:
         """The status line as it stands."""
         waited = age(self._clock() - self.started)
         # Any store of this process: `run`'s is its only one. "held by ?" would read as contention.
-        for why in outages.down().values():
+        for why in records.down().values():
             return f"waiting {waited} for {self.lock.url}: cannot reach the store: {why} (retrying)"
         holder = self._holder or "?"
         line = (

@@ -70,10 +70,8 @@ def open_url(url: str | os.PathLike[str]) -> tuple[Storage, str]:
         )
     if parts.fragment or (parts.query and scheme != "gs"):
         raise InvalidLockURL(f"lock URL {text!r} must not have a query or fragment")
-    if scheme == "gs":
-        return _open_gcs(parts.netloc, parts.path, parts.query, original=text)
-    if scheme == "s3":
-        return _open_s3(parts.netloc, parts.path, original=text)
+    if scheme in ("gs", "s3"):
+        return _open_bucket(scheme, parts.netloc, parts.path, parts.query, original=text)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidLockURL(f"file URL {text!r} names host {parts.netloc!r}; use file:///absolute/path.json")
@@ -159,38 +157,31 @@ def _gcs_options(query: str, original: str) -> dict[str, str]:
     return options
 
 
-def _open_gcs(bucket: str, path: str, query: str, *, original: str) -> tuple[Storage, str]:
+def _open_bucket(scheme: str, bucket: str, path: str, query: str, *, original: str) -> tuple[Storage, str]:
+    kind = "GCS" if scheme == "gs" else "S3"
     if not bucket:
-        raise InvalidLockURL(f"GCS URL {original!r} has no bucket: use gs://bucket/path/name.json")
+        raise InvalidLockURL(f"{kind} URL {original!r} has no bucket: use {scheme}://bucket/path/name.json")
     key = unquote(path.lstrip("/"))
     if not key or key.endswith("/"):
-        raise InvalidLockURL(f"GCS URL {original!r} names no object: use gs://{bucket}/path/name.json")
+        raise InvalidLockURL(f"{kind} URL {original!r} names no object: use {scheme}://{bucket}/path/name.json")
     options = _gcs_options(query, original)
-    from .gcs import GCSStorage  # the only place google.cloud.storage is imported
+    try:  # the bucket's name is checked by the store
+        if scheme == "gs":
+            from .gcs import GCSStorage  # the only place google.cloud.storage is imported
 
-    try:  # the bucket's name is checked there
-        store = GCSStorage.shared(bucket, **options)
-    except ConfigurationError as exc:
-        raise InvalidLockURL(f"GCS URL {original!r}: {exc}") from exc
-    return store, _checked_key(key, original)
+            store: Storage = GCSStorage.shared(bucket, **options)
+        else:
+            from .s3 import S3Storage  # the only place boto3 is imported
 
-
-def _open_s3(bucket: str, path: str, *, original: str) -> tuple[Storage, str]:
-    if not bucket:
-        raise InvalidLockURL(f"S3 URL {original!r} has no bucket: use s3://bucket/path/name.json")
-    key = unquote(path.lstrip("/"))
-    if not key or key.endswith("/"):
-        raise InvalidLockURL(f"S3 URL {original!r} names no object: use s3://{bucket}/path/name.json")
-    try:
-        from .s3 import S3Storage  # the only place boto3 is imported
+            store = S3Storage.shared(bucket)
     except ImportError as exc:
+        if scheme == "gs":  # google-cloud-storage is no extra: a broken install, said as it is
+            raise
         raise InvalidLockURL(
             f"S3 URL {original!r} needs boto3, which is not installed: pip install 'handofflock[s3]' ({exc})"
         ) from exc
-    try:
-        store = S3Storage.shared(bucket)
     except ConfigurationError as exc:
-        raise InvalidLockURL(f"S3 URL {original!r}: {exc}") from exc
+        raise InvalidLockURL(f"{kind} URL {original!r}: {exc}") from exc
     return store, _checked_key(key, original)
 
 

@@ -143,6 +143,28 @@ def validate_timeout(timeout: object) -> float | None:
     return timeout
 
 
+def checked_read(key: object, max_bytes: object, timeout: object) -> None:
+    """Check the arguments of :meth:`Storage.read`."""
+    validate_key(key)
+    validate_max_bytes(max_bytes)
+    validate_timeout(timeout)
+
+
+def checked_write(key: object, data: object, if_generation_match: object, timeout: object) -> bytes:
+    """Check the arguments of :meth:`Storage.write`; return ``data`` as bytes."""
+    checked_delete(key, if_generation_match, timeout)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, got {type(data).__name__}")
+    return bytes(data)
+
+
+def checked_delete(key: object, if_generation_match: object, timeout: object) -> None:
+    """Check the arguments of :meth:`Storage.delete`."""
+    validate_key(key)
+    validate_generation(if_generation_match)
+    validate_timeout(timeout)
+
+
 # --------------------------------------------------------------------------- the envelope of the file and S3 stores
 
 #: Generations stay within int64, like GCS's.

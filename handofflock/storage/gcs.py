@@ -2,8 +2,13 @@
 
 The only module of handofflock that imports ``google.cloud.storage`` or
 ``google.auth``. Every error the SDK or the transport can raise is mapped
-here, at the boundary, into :mod:`handofflock.core.errors`; every request ends
-within its deadline (:mod:`.deadline`).
+here, at the boundary, into :mod:`handofflock.core.errors`. Every request ends
+within its deadline: when ``request_timeout`` (or the call's shorter
+``timeout``) passes, its connection is shut down and it fails as a
+:class:`~handofflock.core.errors.TransientStorageError`, ambiguous for a write
+(:class:`.deadline.HTTPStore`, shared with S3). Nothing here retries or paces:
+:mod:`.records` does, above every backend, and reads back a write whose reply
+was lost.
 
 The ``google.cloud.storage.Client`` provides credentials, the endpoint (it
 honours ``STORAGE_EMULATOR_HOST``) and its authorized HTTP session; the requests
@@ -38,7 +43,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 import google.auth.exceptions
@@ -58,38 +63,29 @@ from ..core.errors import (
     TransientStorageError,
 )
 from . import deadline
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
+from .base import checked_delete, checked_read, checked_write, validate_prefix, validate_timeout
 
 try:  # a dependency of google-cloud-storage; without it reads are simply not checksummed
     import google_crc32c
 except ImportError:  # pragma: no cover
     google_crc32c = None  # type: ignore[assignment]
 
-# GCS bucket names: 3-63 characters (up to 222 with dots), lowercase letters,
-# digits, '-', '_' and '.', starting and ending with a letter or digit.
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 #: The project used with an emulator, which needs one for nothing we do.
 _EMULATOR_PROJECT = "handofflock-emulator"
 _LIST_FIELDS = "items(name,generation),nextPageToken"
 
-#: What :meth:`GCSStorage._download` returns for a 416 without a generation.
-_EMPTY_AT_UNKNOWN_GENERATION: Any = object()
 
-
-class GCSStorage:
+class GCSStorage(deadline.HTTPStore[gcs.Client]):
     """The objects of one GCS bucket, with generation-matched writes and deletes.
 
     No I/O happens in the constructor: the ``google.cloud.storage.Client`` is
     created on first use, with the default credentials, or anonymously against
     an emulator when ``STORAGE_EMULATOR_HOST`` is set. Pass ``client`` to use
-    your own (it is then yours to close). ``timeout`` is ``(connect, read)`` in
-    seconds and applies to every request: how long to wait for a connection,
-    and for each read from the socket. ``request_timeout`` bounds each request
-    as a whole, from sending it to the last byte of its reply (default: connect
-    plus read timeout); past it the request is cut off and fails with a
-    :class:`~handofflock.core.errors.TransientStorageError`; a call's
-    ``timeout`` shortens it for that call. It is enforced by
+    your own (it is then yours to close). ``timeout`` and ``request_timeout``
+    as for :class:`~handofflock.storage.deadline.HTTPStore`: past the latter a
+    request is cut off and fails with a
+    :class:`~handofflock.core.errors.TransientStorageError`. It is enforced by
     shutting the connection down, on the HTTP session of a client this store
     creates; a ``client`` you pass keeps its session as it is, and only
     ``timeout`` bounds its requests. ``user_project`` names the project billed
@@ -102,6 +98,9 @@ class GCSStorage:
     (b'{}', generation)
     """
 
+    scheme, bucket_rule = "gs", "GCS bucket name (3-63 lowercase letters, digits, '-', '_' or '.')"
+    # 3-63 characters (up to 222 with dots), starting and ending with a letter or digit.
+    bucket_re = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
     #: Objects per listing page (the JSON API's maximum).
     _LIST_PAGE_SIZE = 1000
     #: Seconds between writes to one object from this process, unless a lock or fence is told
@@ -117,20 +116,12 @@ class GCSStorage:
         request_timeout: float | None = None,
         user_project: str | None = None,
     ) -> None:
-        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket) or ".." in bucket:
-            raise ConfigurationError(
-                f"{bucket!r} is not a valid GCS bucket name (3-63 lowercase letters, digits, '-', '_' or '.')"
-            )
-        self.bucket = bucket
-        self.url = f"gs://{bucket}"
-        self._timeout = deadline.checked_timeout(timeout)
-        self._request_timeout = deadline.checked_request_timeout(request_timeout, self._timeout)
-        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
-        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
+        super().__init__(bucket, client=client, timeout=timeout, request_timeout=request_timeout)
         self.user_project = _checked_user_project(user_project)
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
-        self._clients = deadline.ClientSlot(client, self._make_client, repr(self))
+        #: The path of the bucket's objects in the JSON API, under its base URL.
+        self._objects = f"/storage/v1/b/{quote(bucket, safe='')}/o"
 
     @classmethod
     def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
@@ -142,70 +133,20 @@ class GCSStorage:
         key = (cls, bucket, os.environ.get(_EMULATOR_ENV), user_project)
         return deadline.shared(key, lambda: cls(bucket, user_project=user_project))
 
-    @property
-    def client(self) -> gcs.Client:
-        """The ``google.cloud.storage.Client`` in use, created on first access."""
-        return self._clients.get()
-
-    def close(self) -> None:
-        """Close the HTTP session of a client this store created.
-
-        The store stays usable: the next operation creates a fresh client.
-        A client passed to the constructor is left open for its owner.
-        """
-        client = self._clients.release()
-        if client is not None:
-            client.close()
-
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        validate_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
-        headers = {
-            # Never let the server or requests transform the bytes: a Range then
-            # counts stored bytes and the checksum covers what we return.
-            "Accept-Encoding": "identity",
-        }
-        if max_bytes is not None:
-            # At most max_bytes + 1 bytes travel, so the caller can tell
-            # "too big" from "fits" without reading a huge object.
-            headers["Range"] = f"bytes=0-{max_bytes}"
+        checked_read(key, max_bytes, timeout)
         limit = None if max_bytes is None else max_bytes + 1
-        with self._mapped("read", key):
-            found = self._download(key, headers, limit, timeout)
-            if found is _EMPTY_AT_UNKNOWN_GENERATION:
-                # A 416 for a Range on an empty object that did not say which
-                # generation it saw (the emulator does say; GCS may not): ask once
-                # more without a Range. Only an empty object, never a lock record,
-                # costs this second request.
-                del headers["Range"]
-                found = self._download(key, headers, limit, timeout)
-                if found is _EMPTY_AT_UNKNOWN_GENERATION:  # pragma: no cover - no Range, no 416
-                    raise StorageError(f"read {key!r} in {self.url}: GCS answered 416 to a read without a Range")
-            return cast("tuple[bytes, int] | None", found)
+        return self._download(key, limit, timeout, ranged=limit is not None)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        body, content_type = _multipart_upload(key, bytes(data))
-        with (
-            self._mapped("write", key),
-            self._request(
-                "write",
-                key,
-                "POST",
-                f"{self._base()}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o",
-                {"uploadType": "multipart", "ifGenerationMatch": str(if_generation_match), "fields": "generation"},
-                timeout,
-                headers={"Content-Type": content_type},
-                data=body,
-            ) as response,
-        ):
+        data = checked_write(key, data, if_generation_match, timeout)
+        body, headers = _multipart_upload(key, data)
+        params = {"uploadType": "multipart", "ifGenerationMatch": str(if_generation_match), "fields": "generation"}
+        with self._request(
+            "write", key, "POST", "/upload" + self._objects, params, timeout, headers=headers, data=body
+        ) as response:
             if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
                 raise self._bucket_missing(key, response)
             self._check(response, "write", key, if_generation_match)
@@ -222,14 +163,11 @@ class GCSStorage:
                 ) from exc
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
         params = {"ifGenerationMatch": str(if_generation_match)}
-        with (
-            self._mapped("delete", key),
-            self._request("delete", key, "DELETE", self._object_url(key), params, timeout) as response,
-        ):
+        with self._request(
+            "delete", key, "DELETE", f"{self._objects}/{quote(key, safe='')}", params, timeout
+        ) as response:
             if response.status_code == 404:
                 if _says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
@@ -241,33 +179,42 @@ class GCSStorage:
         validate_timeout(timeout)
         found: dict[str, int] = {}
         page_token: str | None = None
-        with self._mapped("list", None):
-            while True:
-                params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
-                if page_token:
-                    params["pageToken"] = page_token
-                with self._request("list", None, "GET", self._bucket_url() + "/o", params, timeout) as response:
-                    if response.status_code == 404:  # a listing has no object to miss
-                        raise self._bucket_missing(None, response)
-                    self._check(response, "list", None)
-                    page = _reply_json(response)
-                for item in page.get("items") or ():
-                    name = item.get("name") if isinstance(item, dict) else None
-                    if not isinstance(name, str):
-                        raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
-                    found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
-                page_token = page.get("nextPageToken")
-                if not page_token:
-                    return found
+        while True:
+            params = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(self._LIST_PAGE_SIZE)}
+            if page_token:
+                params["pageToken"] = page_token
+            with self._request("list", None, "GET", self._objects, params, timeout) as response:
+                if response.status_code == 404:  # a listing has no object to miss
+                    raise self._bucket_missing(None, response)
+                self._check(response, "list", None)
+                page = _reply_json(response)
+            for item in page.get("items") or ():
+                name = item.get("name") if isinstance(item, dict) else None
+                if not isinstance(name, str):
+                    raise StorageError(f"list in {self.url}: GCS listed an item without a name: {item!r}")
+                found[name] = _parse_generation(item.get("generation"), f"the listing of {name!r}")
+            page_token = page.get("nextPageToken")
+            if not page_token:
+                return found
 
     # -- requests -------------------------------------------------------------
 
-    def _download(self, key: str, headers: dict[str, str], limit: int | None, timeout: float | None) -> Any:
+    def _download(
+        self, key: str, limit: int | None, timeout: float | None, *, ranged: bool
+    ) -> tuple[bytes, int] | None:
+        """One media download, of at most ``limit`` bytes; with ``ranged``, only they travel."""
+        # Never let the server or requests transform the bytes: a Range then
+        # counts stored bytes and the checksum covers what we return.
+        headers = {"Accept-Encoding": "identity"}
+        if ranged and limit is not None:
+            # At most max_bytes + 1 bytes travel, so the caller can tell
+            # "too big" from "fits" without reading a huge object.
+            headers["Range"] = f"bytes=0-{limit - 1}"
         with self._request(
             "read",
             key,
             "GET",
-            f"{self._base()}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
+            f"/download{self._objects}/{quote(key, safe='')}",
             {"alt": "media"},
             timeout,
             headers=headers,
@@ -280,18 +227,21 @@ class GCSStorage:
                 if _says_bucket_missing(response):
                     raise self._bucket_missing(key, response)
                 return None
-            if response.status_code == 416:  # a Range on an empty object
-                stated = response.headers.get("x-goog-generation")
-                if stated is None:
-                    return _EMPTY_AT_UNKNOWN_GENERATION
+            stated = response.headers.get("x-goog-generation")
+            if response.status_code != 416 or not ranged:
+                self._check(response, "read", key)
+                generation = _parse_generation(stated, "the x-goog-generation header")
+                data, complete = _read_body(response, limit)
+                if complete:
+                    _check_length(response, data, key, self.url)
+                    _verify_crc32c(response, data, key, self.url)
+                return data, generation
+            if stated is not None:  # a Range on an empty object
                 return b"", _parse_generation(stated, "the x-goog-generation header")
-            self._check(response, "read", key)
-            generation = _parse_generation(response.headers.get("x-goog-generation"), "the x-goog-generation header")
-            data, complete = _read_body(response, limit)
-            if complete:
-                _check_length(response, data, key, self.url)
-                _verify_crc32c(response, data, key, self.url)
-            return data, generation
+        # A 416 for a Range on an empty object that did not say which generation it saw (the
+        # emulator does say; GCS may not): ask once more without a Range. Only an empty object,
+        # never a lock record, costs this second request.
+        return self._download(key, limit, timeout, ranged=False)
 
     @contextlib.contextmanager
     def _request(
@@ -299,7 +249,7 @@ class GCSStorage:
         op: str,
         key: str | None,
         method: str,
-        url: str,
+        path: str,
         params: dict[str, str],
         timeout: float | None,
         *,
@@ -307,12 +257,12 @@ class GCSStorage:
         data: bytes | None = None,
         stream: bool = False,
     ) -> Iterator[requests.Response]:
-        """One request, its reply read and closed inside the block, all within the request's deadline.
+        """One request to ``path`` under the API's base URL, its reply read and closed inside the block.
 
-        The deadline is ``request_timeout``, or the call's ``timeout`` if shorter.
+        Within the request's deadline (``request_timeout``, or the call's
+        ``timeout`` if shorter), every error raised inside mapped (:meth:`_mapped`).
         """
-        seconds = deadline.limit(self._request_timeout, timeout)
-        with deadline.bounded(seconds, op, key, url=self.url):
+        with self._mapped(op, key), self.bounded(op, key, timeout) as bound:
             client = self.client
             # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session
             # on _http; we send our own requests (one per operation, no SDK retries), so we need both
@@ -327,12 +277,12 @@ class GCSStorage:
                 params = {**params, "userProject": self.user_project}
             response: requests.Response = client._http.request(  # private: as above
                 method,
-                url,
+                self._base() + path,
                 params=params,
                 headers=all_headers,
                 data=data,
                 # The deadline cannot cut a connection that is still being made: never wait longer for one.
-                timeout=(min(self._timeout[0], seconds), self._timeout[1]),
+                timeout=(min(self._timeout[0], bound.seconds), self._timeout[1]),
                 stream=stream,
                 allow_redirects=False,  # one request per operation, always
             )
@@ -347,12 +297,6 @@ class GCSStorage:
         if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
             base = "http://" + base
         return base
-
-    def _bucket_url(self) -> str:
-        return f"{self._base()}/storage/v1/b/{quote(self.bucket, safe='')}"
-
-    def _object_url(self, key: str) -> str:
-        return f"{self._bucket_url()}/o/{quote(key, safe='')}"
 
     def _make_client(self) -> gcs.Client:
         """A client whose own HTTP session enforces request_timeout (made under the slot's lock)."""
@@ -451,7 +395,13 @@ class GCSStorage:
         if status == 412 and key is not None and expected is not None:
             raise PreconditionFailed(key, expected, url=url)
         message = _error_message(response)
-        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+            return TransientStorageError(
+                f"{where}: {what}", url=url, key=key, status=status, ambiguous=ambiguous, retry_after=retry_after
+            )
+
         if status == 409 and key is not None and expected is not None:
             # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
             # conflicting concurrent change to the same resource. The request can be retried, though
@@ -460,23 +410,9 @@ class GCSStorage:
             # status-codes, 409 Conflict). Our writes and deletes always carry ifGenerationMatch, so
             # a retry can never replace a change made meanwhile: it fails with 412 instead. Not
             # applied ("failed to commit"), so not ambiguous: the retry needs no read-back.
-            raise TransientStorageError(
-                f"{where}: GCS answered 409, a conflicting concurrent change ({message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=False,
-                retry_after=retry_after,
-            )
+            raise transient(f"GCS answered 409, a conflicting concurrent change ({message})", False)
         if status in (408, 429) or status >= 500:
-            raise TransientStorageError(
-                f"{where}: GCS answered {status} ({message})",
-                url=url,
-                key=key,
-                status=status,
-                ambiguous=status != 429,  # 429: refused before it was applied
-                retry_after=retry_after,
-            )
+            raise transient(f"GCS answered {status} ({message})", status != 429)  # 429: refused, not applied
         if status == 401:
             hint = (
                 f"GCS rejected the credentials (401: {message}); check that they are valid and "
@@ -508,9 +444,6 @@ class GCSStorage:
             key=key,
         )
 
-    def __repr__(self) -> str:
-        return f"GCSStorage({self.bucket!r})"
-
 
 # --------------------------------------------------------------------------- the wire
 
@@ -533,29 +466,18 @@ def _checked_user_project(value: object) -> str | None:
     return value
 
 
-def _multipart_upload(key: str, data: bytes) -> tuple[bytes, str]:
+def _multipart_upload(key: str, data: bytes) -> tuple[bytes, dict[str, str]]:
     """A ``multipart/related`` upload body: the object's metadata, then its bytes."""
     metadata = orjson.dumps({"name": key, "contentType": "application/json", "cacheControl": "no-store"})
     while True:
-        boundary = f"handofflock-{uuid.uuid4().hex}"
-        if boundary.encode() not in data:
+        boundary = f"handofflock-{uuid.uuid4().hex}".encode()
+        if boundary not in data:
             break
-    delimiter = b"--" + boundary.encode()
-    body = b"".join(
-        [
-            delimiter,
-            b"\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n",
-            metadata,
-            b"\r\n",
-            delimiter,
-            b"\r\nContent-Type: application/json\r\n\r\n",
-            data,
-            b"\r\n",
-            delimiter,
-            b"--\r\n",
-        ]
-    )
-    return body, f'multipart/related; boundary="{boundary}"'
+    body = (
+        b"--%s\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n%s\r\n"
+        b"--%s\r\nContent-Type: application/json\r\n\r\n%s\r\n--%s--\r\n"
+    ) % (boundary, metadata, boundary, data, boundary)
+    return body, {"Content-Type": f'multipart/related; boundary="{boundary.decode()}"'}
 
 
 def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
@@ -651,16 +573,13 @@ def _error_body(response: requests.Response) -> bytes:
         body = next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
     except Exception:  # a reply cut off while explaining an error still has a status to go by
         body = b""
-    # our own name on requests' Response: read once, the body is gone, and both callers need it
+    # our own name on requests' Response: read once, the body is gone, and every explanation needs it
     response._handofflock_body = body  # type: ignore[attr-defined]
     return body
 
 
 def _error_message(response: requests.Response) -> str:
     """The server's explanation of an error: the JSON API's message, or the start of the body."""
-    cached = getattr(response, "_handofflock_message", None)
-    if cached is not None:
-        return str(cached)
     body = _error_body(response)
     message = ""
     try:
@@ -668,10 +587,7 @@ def _error_message(response: requests.Response) -> str:
         message = str(error.get("message") or "")
     except (orjson.JSONDecodeError, AttributeError):
         message = body.decode("utf-8", "replace").strip()
-    message = " ".join(message.split())[:300] or (response.reason or "no explanation")
-    # our own name on requests' Response, as above
-    response._handofflock_message = message  # type: ignore[attr-defined]
-    return message
+    return " ".join(message.split())[:300] or (response.reason or "no explanation")
 
 
 def _error_reasons(response: requests.Response) -> tuple[str, ...]:

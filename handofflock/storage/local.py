@@ -54,12 +54,13 @@ from .base import (
     MAX_HEADER,
     MAX_KEY_BYTES,
     Header,
+    checked_delete,
+    checked_read,
+    checked_write,
     encode_header,
     next_generation,
     parse_header,
-    validate_generation,
     validate_key,
-    validate_max_bytes,
     validate_prefix,
     validate_timeout,
 )
@@ -155,9 +156,8 @@ class LocalStorage:
         is one complete version. A file without our header is returned whole,
         as data, at its mtime in microseconds (see ``docs/local-backend.md``).
         """
-        self._check_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
+        checked_read(key, max_bytes, timeout)
+        self._check_reserved(key)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             found = None if dir_fd is None else self._open_object(stack, dir_fd, name, key)
@@ -176,11 +176,8 @@ class LocalStorage:
         Returns the new generation, ``max(previous + 1, now in microseconds)``,
         where a tombstone's generation counts as previous.
         """
-        self._check_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        data = checked_write(key, data, if_generation_match, timeout)
+        self._check_reserved(key)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=True)
             assert dir_fd is not None
@@ -190,14 +187,13 @@ class LocalStorage:
             generation = next_generation(floor, time.time_ns() // 1000)
             if generation is None:
                 raise StorageError(f"generation of {key!r} would pass 2**63-1", url=self.url, key=key)
-            self._replace(dir_fd, name, key, encode_header(MAGIC, generation, len(data)) + bytes(data))
+            self._replace(dir_fd, name, key, encode_header(MAGIC, generation, len(data)) + data)
             return generation
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         """Delete if the generation matches, leaving a tombstone that keeps the generation."""
-        self._check_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
+        self._check_reserved(key)
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             if dir_fd is None or not _mode(dir_fd, name):  # absent: no need to make it a lock file
@@ -242,8 +238,7 @@ class LocalStorage:
 
     # -- paths ----------------------------------------------------------------
 
-    def _check_key(self, key: str) -> None:
-        validate_key(key)
+    def _check_reserved(self, key: str) -> None:
         if any(part.startswith(RESERVED_PREFIX) for part in key.split("/")):
             raise InvalidKey(f"object key {key!r} uses {RESERVED_PREFIX!r}, reserved for the local backend's own files")
 
@@ -403,15 +398,11 @@ class LocalStorage:
         """Take the key's lock (the sidecar's ``flock``), or say why it cannot be taken."""
         lock_name = sidecar_name(name, "lock")
         lock_rel = os.path.join(os.path.dirname(key), lock_name)
-        try:  # a lock file made beside an existing object takes its mode and owner, as a replacement does
-            obj = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            obj = None
+        # a lock file made beside an existing object takes its mode and owner, as a replacement does
+        obj = _stat(dir_fd, name)
         like = obj if obj is not None and stat.S_ISREG(obj.st_mode) else None
         try:
-            fd = _open_sidecar(
-                dir_fd, lock_name, _new_file_mode(dir_fd) if like is None else stat.S_IMODE(like.st_mode) & 0o777
-            )
+            fd = _open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd, like))
         except OSError as exc:
             if exc.errno in _REFUSED:
                 self._refuse(dir_fd, lock_name, lock_rel, exc)
@@ -443,16 +434,13 @@ class LocalStorage:
             os.unlink(tmp, dir_fd=dir_fd)  # a crash's leftover, or anything planted (unlink never follows)
         except FileNotFoundError:
             pass
-        try:
-            old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            old = None
+        old = _stat(dir_fd, name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, _FILE_MODE, dir_fd=dir_fd)
         try:
             # The umask may have taken bits from the mode above; and a file that is replaced keeps
             # its mode and owner, so that a write by another user (root's `release --force`) does
             # not take the lock away from the users who share it.
-            os.fchmod(fd, _new_file_mode(dir_fd) if old is None else stat.S_IMODE(old.st_mode) & 0o777)
+            os.fchmod(fd, _new_file_mode(dir_fd, old))
             if old is not None:
                 _keep_owner(fd, old)
             view = memoryview(content)
@@ -511,8 +499,11 @@ class LocalStorage:
         return StorageError(f"{what} ({hint}); nothing was changed", url=self.url, key=key)
 
 
-def _new_file_mode(dir_fd: int) -> int:
-    """``0o600``; ``0o660`` in a group-writable directory (a lock directory shared by a group)."""
+def _new_file_mode(dir_fd: int, like: os.stat_result | None) -> int:
+    """The permission bits of ``like``, the file replaced; without one ``0o600``, and ``0o660``
+    in a group-writable directory (a lock directory shared by a group)."""
+    if like is not None:
+        return stat.S_IMODE(like.st_mode) & 0o777
     return _FILE_MODE | 0o060 if os.fstat(dir_fd).st_mode & stat.S_IWGRP else _FILE_MODE
 
 
@@ -537,12 +528,18 @@ def _keep_owner(fd: int, old: os.stat_result) -> None:
             continue
 
 
+def _stat(dir_fd: int, name: str) -> os.stat_result | None:
+    """``name``'s status, symlinks not followed; None if it does not exist."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
 def _mode(dir_fd: int, name: str) -> int:
     """``name``'s file type and mode, symlinks not followed; 0 if it does not exist."""
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return 0
+    st = _stat(dir_fd, name)
+    return 0 if st is None else st.st_mode
 
 
 def _pread(fd: int, n: int, offset: int) -> bytes:

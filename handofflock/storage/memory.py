@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..core.errors import NotFound, PreconditionFailed, TransientStorageError
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
+from .base import checked_delete, checked_read, checked_write, validate_prefix, validate_timeout
 
 _REGISTRY: dict[str, MemoryStorage] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -161,9 +161,7 @@ class MemoryStorage:
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        validate_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
+        checked_read(key, max_bytes, timeout)
         fault = self._before("read", key)
         with self._lock:
             found = self._objects.get(key)
@@ -173,11 +171,7 @@ class MemoryStorage:
         return found
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        data = checked_write(key, data, if_generation_match, timeout)
         fault = self._before("write", key)
         with self._lock:
             current = self._objects.get(key)
@@ -185,15 +179,13 @@ class MemoryStorage:
             if current_generation != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
             self._counter += 1
-            self._objects[key] = (bytes(data), self._counter)
+            self._objects[key] = (data, self._counter)
             generation = self._counter
         self.faults.leave(fault, "write", key, generation)
         return generation
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
         fault = self._before("delete", key)
         with self._lock:
             current = self._objects.get(key)

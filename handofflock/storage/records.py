@@ -28,6 +28,13 @@ backends' small contract (:mod:`.base`); :mod:`handofflock.fencing` and
 * **The lock's record** (:class:`RecordStore`): reads decoded strictly, each
   write stamped at the send of each attempt (a lease counts from the write that
   made it), every request bounded by the lock's ``request_timeout``.
+* **Outages said once.** The retry loops retry a store's transient errors
+  silently until their deadline, which for a blocking ``acquire()`` is none: a
+  store that is down (a wrong ``STORAGE_EMULATOR_HOST``, no network) would leave
+  a waiting process silent for as long as it waits. So the first retried failure
+  of a store logs a WARNING on ``handofflock.storage`` with its cause, and the
+  first success after it logs at INFO: once per process, however many of its
+  locks wait on that store (:func:`failed`, :func:`answered`, :func:`down`).
 
 It never decides what to write (:mod:`handofflock.core.protocol` does) nor what a
 result means for the lock (:mod:`handofflock.lock.handoff` does).
@@ -48,7 +55,6 @@ from ..core.errors import PreconditionFailed, TransientStorageError
 from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
 from ..core.timing import Timing
-from . import outages
 from .base import MAX_RECORD_BYTES, Storage
 
 # Gates live as long as their store: keyed by the store object itself (weakly),
@@ -64,6 +70,61 @@ MAX_PENALTY_INTERVAL = 8.0
 BURST = 2
 #: A wait this short is no wait: a write may go (float dust in the bucket arithmetic).
 _TOLERANCE = 1e-9
+
+
+# --------------------------------------------------------------------------- outages, said once
+
+_storage_log = logging.getLogger("handofflock.storage")
+_down: weakref.WeakKeyDictionary[Storage, str] = weakref.WeakKeyDictionary()  # each store down, and why
+_down_lock = threading.Lock()
+
+
+def failed(storage: Storage, exc: TransientStorageError) -> None:
+    """A transient failure of ``storage`` that is about to be retried: say so if it starts an outage."""
+    why = _cause(exc)
+    try:
+        with _down_lock:
+            first = storage not in _down
+            _down[storage] = why
+    except TypeError:  # a store that cannot be referred to weakly: every failure is news
+        first = True
+    if first:
+        _storage_log.warning("cannot reach the store %s: %s (retrying)", getattr(storage, "url", storage), why)
+
+
+def answered(storage: Storage) -> None:
+    """``storage`` answered: if it was down, say that it is back."""
+    try:
+        with _down_lock:
+            was_down = _down.pop(storage, None) is not None
+    except TypeError:
+        return
+    if was_down:
+        _storage_log.info("the store %s answers again", getattr(storage, "url", storage))
+
+
+def down() -> dict[str, str]:
+    """The stores of this process that cannot be reached now: ``{store url: why}``."""
+    with _down_lock:
+        return {str(getattr(store, "url", store)): why for store, why in _down.items()}
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong, in a few words where the exception chain says it ("connection refused")."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain of a requests or botocore error is a few links long
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    if "connection refused" in text.lower():
+        return f"connection refused ({text})"
+    return text
+
+
+# --------------------------------------------------------------------------- pacing
 
 
 class WriteGate:
@@ -259,13 +320,13 @@ def read_retrying(
             delay = retries.next_delay()
             if not retry or delay is None:
                 raise
-            outages.failed(storage, exc)  # said once per outage: a long wait is never silent
+            failed(storage, exc)  # said once per outage: a long wait is never silent
             if sleep is None:
                 clock.sleep(delay)
             elif not sleep(delay):
                 raise
         else:
-            outages.answered(storage)
+            answered(storage)
             return found
 
 
@@ -315,7 +376,7 @@ def write_resolving(
     """
     retries = Retries(clock, deadline)
     maybe_landed = False
-    failed: TransientStorageError | None = None
+    last_failure: TransientStorageError | None = None
 
     def pause() -> bool:
         """Sleep before the next try; False when there is no next try."""
@@ -334,7 +395,7 @@ def write_resolving(
                 # The spacing (widened by 429s) would carry the write past the deadline:
                 # give up now rather than sleep there. Nothing was booked, so giving up
                 # costs the other writers of the object nothing.
-                raise failed or TransientStorageError(
+                raise last_failure or TransientStorageError(
                     f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
                     url=getattr(storage, "url", None),
                     key=key,
@@ -361,7 +422,7 @@ def write_resolving(
                     return landed
             raise
         except TransientStorageError as exc:
-            failed = exc
+            last_failure = exc
             if exc.status == 429 and gate is not None:
                 gate.throttled(exc.retry_after)
             if exc.ambiguous:
@@ -376,11 +437,11 @@ def write_resolving(
                     return landed
             if not pause():
                 raise
-            outages.failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
+            failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
         else:
             if gate is not None:
                 gate.succeeded()
-            outages.answered(storage)
+            answered(storage)
             return generation, None
 
 
@@ -430,11 +491,6 @@ def _outcome_lost(storage: Storage, key: str, expected: int) -> TransientStorage
         key=key,
         ambiguous=True,
     )
-
-
-def list_within(storage: Storage, prefix: str, seconds: float | None) -> dict[str, int]:
-    """``storage.list(prefix)``, the request ending within ``seconds`` (the scheduler's grouped check)."""
-    return storage.list(prefix, timeout=seconds)
 
 
 class RecordStore:

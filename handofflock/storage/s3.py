@@ -40,7 +40,6 @@ import re
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -49,7 +48,6 @@ import botocore.exceptions
 from botocore.awsrequest import AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool
 
 from ..core.errors import (
-    ConfigurationError,
     HandoffLockError,
     LockingUnsupported,
     NotFound,
@@ -58,10 +56,7 @@ from ..core.errors import (
     TransientStorageError,
 )
 from . import deadline, s3_credentials, s3_format
-from .base import validate_generation, validate_key, validate_max_bytes, validate_prefix, validate_timeout
-
-#: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit.
-BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+from .base import checked_delete, checked_read, checked_write, validate_key, validate_prefix, validate_timeout
 
 #: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
 _ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
@@ -74,9 +69,6 @@ _IMPOSSIBLE_ETAG = '"00000000000000000000000000000000-0"'
 
 #: Said of a write or delete whose reply never came.
 _MAY_HAVE_APPLIED = "; the request may have been applied"
-
-#: Every live store, so that a forked child can give each a fresh lock on what it has seen.
-_STORES: weakref.WeakSet[S3Storage] = weakref.WeakSet()
 
 
 class _Version(NamedTuple):
@@ -91,7 +83,7 @@ class _Refused(Exception):
     """A conditional PUT was refused: 412, or 404 for an ``If-Match`` on a missing object."""
 
 
-class S3Storage:
+class S3Storage(deadline.HTTPStore[Any]):
     """The objects of one S3 bucket, with generation-matched writes and deletes.
 
     No I/O happens in the constructor: the boto3 client is created on first
@@ -102,15 +94,12 @@ class S3Storage:
     ``client`` to use your own boto3 S3 client (it is then yours to close, and
     its retry settings are yours too: ours are off).
 
-    ``timeout`` is ``(connect, read)`` in seconds: how long to wait for a
-    connection and for each read from the socket. ``request_timeout`` bounds
-    each request as a whole, from sending it to the last byte of its reply
-    (default: connect plus read timeout; a call's ``timeout`` shortens it);
-    past it the connection is shut down (:mod:`.deadline`) and the request
-    fails with a :class:`~handofflock.core.errors.TransientStorageError`. It is
-    enforced on the client this store creates; a ``client`` you pass keeps its
-    connection pools, and only its own timeouts bound it. Each request is sent
-    once (botocore's retries are off).
+    ``timeout`` and ``request_timeout`` as for :class:`~handofflock.storage.deadline.HTTPStore`:
+    past the latter the connection is shut down and the request fails with a
+    :class:`~handofflock.core.errors.TransientStorageError`. It is enforced on
+    the client this store creates; a ``client`` you pass keeps its connection
+    pools, and only its own timeouts bound it. Each request is sent once
+    (botocore's retries are off).
 
     >>> store = S3Storage("my-bucket")
     >>> generation = store.write("locks/train.json", b"{}", if_generation_match=0)
@@ -118,6 +107,10 @@ class S3Storage:
     (b'{}', generation)
     """
 
+    scheme, bucket_rule = "s3", "S3 bucket name (3-63 lowercase letters, digits, '.' or '-')"
+    #: Starting and ending with a letter or digit.
+    bucket_re = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    replies = (botocore.exceptions.ClientError,)
     #: S3 has no one-write-per-second limit per object (GCS has): writes are not spaced by default.
     min_write_interval = 0.0
 
@@ -132,25 +125,13 @@ class S3Storage:
         timeout: tuple[float, float] = (5.0, 15.0),
         request_timeout: float | None = None,
     ) -> None:
-        if not isinstance(bucket, str) or not BUCKET_RE.match(bucket) or ".." in bucket:
-            raise ConfigurationError(
-                f"{bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, '.' or '-')"
-            )
-        self.bucket = bucket
-        self.url = f"s3://{bucket}"
-        self._timeout = deadline.checked_timeout(timeout)
-        self._request_timeout = deadline.checked_request_timeout(request_timeout, self._timeout)
-        #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
-        self.explicit_request_timeout: float | None = self._request_timeout if request_timeout is not None else None
-        self._endpoint_url = endpoint_url
-        self._profile = profile
-        self._region = region
-        self._clients: deadline.ClientSlot[Any] = deadline.ClientSlot(client, self._make_client, repr(self))
+        super().__init__(bucket, client=client, timeout=timeout, request_timeout=request_timeout)
+        self._endpoint_url, self._profile, self._region = endpoint_url, profile, region
+        # What each key was last seen at: hints for the next PUT's If-Match, each get, set or pop one
+        # atomic dict operation. A stale or dropped hint costs a refused PUT or one more read, never a write.
         self._seen: dict[str, _Version] = {}
-        self._seen_lock = threading.Lock()
         self._probed = False  # the store honours If-Match and If-None-Match, once known
         self._probe_lock = threading.Lock()
-        _STORES.add(self)
 
     @classmethod
     def shared(cls, bucket: str) -> S3Storage:
@@ -161,24 +142,10 @@ class S3Storage:
         key = (cls, bucket, *(os.environ.get(name) for name in _ENV))
         return deadline.shared(key, lambda: cls(bucket))
 
-    @property
-    def client(self) -> Any:
-        """The boto3 S3 client in use, created on first access."""
-        return self._clients.get()
-
-    def close(self) -> None:
-        """Close the connections of a client this store created; the next operation makes a new one."""
-        client = self._clients.release()
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        validate_key(key)
-        validate_max_bytes(max_bytes)
-        validate_timeout(timeout)
+        checked_read(key, max_bytes, timeout)
         with self._mapped("read", key):
             self._check_conditions(key, timeout)
             found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes, timeout)
@@ -193,16 +160,11 @@ class S3Storage:
         return data, version.generation
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be bytes, got {type(data).__name__}")
-        data = bytes(data)
+        data = checked_write(key, data, if_generation_match, timeout)
         expected = if_generation_match
         with self._mapped("write", key):
             self._check_conditions(key, timeout)
-            seen = self._recall(key)
+            seen = self._seen.get(key)
             if expected == 0 and (seen is None or not seen.deleted):
                 try:
                     return self._put(key, data, timeout, previous=0, etag=None)
@@ -227,14 +189,12 @@ class S3Storage:
             raise AssertionError("unreachable")  # pragma: no cover
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
-        validate_key(key)
-        validate_generation(if_generation_match)
-        validate_timeout(timeout)
+        checked_delete(key, if_generation_match, timeout)
         expected = if_generation_match
         with self._mapped("delete", key):
             self._check_conditions(key, timeout)
             for attempt in range(2):
-                seen = self._recall(key) if attempt == 0 else None
+                seen = self._seen.get(key) if attempt == 0 else None
                 if seen is None or seen.generation != expected or seen.deleted:
                     seen = self._current(key, timeout)
                 if seen is None or seen.deleted:
@@ -260,11 +220,11 @@ class S3Storage:
                 params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
                 if token:
                     params["ContinuationToken"] = token
-                with self._deadline("list", None, timeout):
+                with self.bounded("list", None, timeout):
                     page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
-                    seen = self._recall(key)
+                    seen = self._seen.get(key)
                     if seen is None or _bare(seen.etag) != _bare(item.get("ETag", "")):
                         try:
                             validate_key(key)
@@ -288,14 +248,14 @@ class S3Storage:
         if limit is not None:
             params["Range"] = f"bytes=0-{limit}"
         try:
-            with self._deadline("read", key, timeout):
+            with self.bounded("read", key, timeout):
                 reply = self.client.get_object(**params)
                 with contextlib.closing(reply["Body"]):
                     body = reply["Body"].read()
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 404 and code != "NoSuchBucket":
-                self._forget(key)
+                self._seen.pop(key, None)
                 return None
             if status == 416 and limit is not None:  # a Range on an empty (so foreign) object
                 return self._get(key, None, timeout)
@@ -350,19 +310,19 @@ class S3Storage:
         else:
             params["IfMatch"] = s3_format.normalize_etag(etag)
         try:
-            with self._deadline("write", key, timeout):
+            with self.bounded("write", key, timeout):
                 reply = self.client.put_object(**params)
         except botocore.exceptions.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 412 or (status == 404 and code == "NoSuchKey"):
-                self._forget(key)
+                self._seen.pop(key, None)
                 raise _Refused() from exc
             raise
         new_etag = reply.get("ETag")
         if new_etag:
             self._remember(key, _Version(generation, new_etag, deleted))
         else:
-            self._forget(key)
+            self._seen.pop(key, None)
         return generation
 
     def _check_conditions(self, key: str, timeout: float | None) -> None:
@@ -383,7 +343,7 @@ class S3Storage:
 
             def applied(**condition: str) -> bool:
                 try:
-                    with self._deadline("write", key, timeout):
+                    with self.bounded("write", key, timeout):
                         self.client.put_object(
                             Bucket=self.bucket,
                             Key=scratch,
@@ -405,7 +365,7 @@ class S3Storage:
                 elif applied(IfNoneMatch="*") and applied(IfNoneMatch="*"):
                     ignored = "If-None-Match"
             finally:
-                with contextlib.suppress(Exception), self._deadline("write", key, timeout):
+                with contextlib.suppress(Exception), self.bounded("write", key, timeout):
                     self.client.delete_object(Bucket=self.bucket, Key=scratch)
             if ignored is not None:
                 raise LockingUnsupported(
@@ -418,19 +378,10 @@ class S3Storage:
                 )
             self._probed = True
 
-    def _recall(self, key: str) -> _Version | None:
-        with self._seen_lock:
-            return self._seen.get(key)
-
     def _remember(self, key: str, version: _Version) -> None:
-        with self._seen_lock:
-            if len(self._seen) >= _SEEN_LIMIT and key not in self._seen:
-                self._seen.clear()
-            self._seen[key] = version
-
-    def _forget(self, key: str) -> None:
-        with self._seen_lock:
-            self._seen.pop(key, None)
+        if len(self._seen) >= _SEEN_LIMIT and key not in self._seen:
+            self._seen.clear()
+        self._seen[key] = version
 
     def _make_client(self) -> Any:
         config = botocore.config.Config(
@@ -455,18 +406,6 @@ class S3Storage:
         _watch_connections(client)
         return client
 
-    @contextlib.contextmanager
-    def _deadline(self, op: str, key: str | None, timeout: float | None) -> Iterator[None]:
-        """One request, its reply read inside the block, within ``request_timeout`` (or ``timeout`` if shorter).
-
-        The client is made first, outside the deadline: that is the SDK's own work, no I/O
-        (0.2 s, up to 1.8 s on a loaded 2-core machine), and the request has yet to start.
-        """
-        _ = self.client
-        seconds = deadline.limit(self._request_timeout, timeout)
-        with deadline.bounded(seconds, op, key, url=self.url, replies=(botocore.exceptions.ClientError,)):
-            yield
-
     # -- errors ---------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -475,6 +414,10 @@ class S3Storage:
         where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
         mutation = op in ("write", "delete")
         applied = _MAY_HAVE_APPLIED if mutation else ""
+
+        def transient(what: str, ambiguous: bool) -> TransientStorageError:
+            return TransientStorageError(f"{where}: {what}", url=self.url, key=key, ambiguous=ambiguous)
+
         try:
             yield
         except HandoffLockError:
@@ -484,13 +427,9 @@ class S3Storage:
         except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError) as exc:
             # EndpointConnectionError is raised when no connection could be made (refused,
             # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
-            raise TransientStorageError(
-                f"{where}: could not connect ({exc}); nothing was sent", url=self.url, key=key, ambiguous=False
-            ) from exc
+            raise transient(f"could not connect ({exc}); nothing was sent", False) from exc
         except botocore.exceptions.ReadTimeoutError as exc:
-            raise TransientStorageError(
-                f"{where}: no reply within {self._timeout[1]}s{applied}", url=self.url, key=key, ambiguous=mutation
-            ) from exc
+            raise transient(f"no reply within {self._timeout[1]}s{applied}", mutation) from exc
         except (
             botocore.exceptions.NoCredentialsError,
             botocore.exceptions.PartialCredentialsError,
@@ -509,9 +448,7 @@ class S3Storage:
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
-            raise TransientStorageError(
-                f"{where}: the connection failed ({exc!r}){applied}", url=self.url, key=key, ambiguous=mutation
-            ) from exc
+            raise transient(f"the connection failed ({exc!r}){applied}", mutation) from exc
 
     def _client_error(self, exc: Any, where: str, key: str | None, mutation: bool) -> StorageError:
         """The error an S3 error reply (botocore's ``ClientError``) maps to: transient or not, ambiguous or not."""
@@ -560,9 +497,6 @@ class S3Storage:
                 key=key,
             )
         return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
-
-    def __repr__(self) -> str:
-        return f"S3Storage({self.bucket!r})"
 
 
 # --------------------------------------------------------------------------- replies and connections
@@ -616,23 +550,10 @@ def _no_expect_continue(request: Any, **_: Any) -> None:
     request.headers.pop("Expect", None)
 
 
-class _RememberingAWSHTTPConnection(deadline.RememberingConnection, AWSHTTPConnection):  # type: ignore[misc]  # botocore is untyped
-    pass
-
-
-class _RememberingAWSHTTPSConnection(deadline.RememberingConnection, AWSHTTPSConnection):  # type: ignore[misc]  # botocore is untyped
-    pass
-
-
-class _WatchedAWSHTTPConnectionPool(deadline.WatchedPool, AWSHTTPConnectionPool):  # type: ignore[misc]  # botocore is untyped
-    ConnectionCls = _RememberingAWSHTTPConnection
-
-
-class _WatchedAWSHTTPSConnectionPool(deadline.WatchedPool, AWSHTTPSConnectionPool):  # type: ignore[misc]  # botocore is untyped
-    ConnectionCls = _RememberingAWSHTTPSConnection
-
-
-_WATCHED_POOLS = {"http": _WatchedAWSHTTPConnectionPool, "https": _WatchedAWSHTTPSConnectionPool}
+_WATCHED_POOLS = {
+    "http": deadline.watched(AWSHTTPConnectionPool, AWSHTTPConnection),
+    "https": deadline.watched(AWSHTTPSConnectionPool, AWSHTTPSConnection),
+}
 
 
 def _watch_connections(client: Any) -> bool:
@@ -651,13 +572,3 @@ def _watch_connections(client: Any) -> bool:
     except AttributeError:  # pragma: no cover - a botocore that keeps its pools elsewhere
         return False
     return True
-
-
-def _fresh_locks_after_fork() -> None:
-    """In a forked child: a fresh lock on what each store has seen (a parent's thread may have held it)."""
-    for store in list(_STORES):
-        store._seen_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_after_fork)

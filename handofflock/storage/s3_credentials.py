@@ -70,20 +70,8 @@ def boto3_session(url: str, *, profile: str | None, region: str | None) -> Any:
 
     # botocore's session asks its "credential_provider" component to load_credentials() once, and
     # signs every request of its clients with what that returns (a public component name).
-    session.register_component("credential_provider", _Provider(load, url))
+    session.register_component("credential_provider", BoundedCredentials(load, url))
     return boto3.session.Session(botocore_session=session, profile_name=profile, region_name=region)
-
-
-class _Provider:
-    def __init__(self, load: Callable[[], Any], url: str) -> None:
-        self._load = load
-        self._url = url
-
-    def load_credentials(self) -> BoundedCredentials:
-        # botocore asks as it makes a client: the load starts now, beside the rest of that work.
-        credentials = BoundedCredentials(self._load, self._url)
-        credentials.load_soon()
-        return credentials
 
 
 class _Refresh:
@@ -145,11 +133,16 @@ class BoundedCredentials:
             raise refresh.error
         return refresh.frozen
 
-    def load_soon(self) -> None:
-        """Start the first load, if nothing has started it, without waiting for it."""
+    def load_credentials(self) -> BoundedCredentials:
+        """Start the first load, if nothing has started it, without waiting for it.
+
+        botocore asks its credential provider (this object) as it makes a client:
+        the load starts then, beside the rest of that work.
+        """
         with self._lock:
             if self._refresh is None and self._frozen is None:
                 self._refresh = self._start()
+        return self
 
     def get_deferred_property(self, name: str) -> Callable[[], Any]:
         """botocore asks for ``account_id`` this way, for endpoints that name the account."""

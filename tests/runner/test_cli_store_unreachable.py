@@ -96,17 +96,17 @@ class _Lock:
 def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_someone(monkeypatch):
     import weakref
 
-    from handofflock.storage import outages
+    from handofflock.storage import records
 
-    monkeypatch.setattr(outages, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
+    monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
     store = MemoryStorage()
     refused = TransientStorageError("could not connect")
     refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
-    outages.failed(store, refused)
+    records.failed(store, refused)
     try:
         text = WaitLine(_Lock(), stream=open(os.devnull, "w")).text()
     finally:
-        outages.answered(store)
+        records.answered(store)
     assert "cannot reach the store: connection refused (retrying)" in text
     assert "held by" not in text
     assert "held by ?" in WaitLine(_Lock(), stream=open(os.devnull, "w")).text()  # once it answers, as before
