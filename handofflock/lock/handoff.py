@@ -220,6 +220,11 @@ class HandoffLock:
         return self._io.key
 
     @property
+    def clock(self) -> Clock:
+        """The clock the lock keeps time by (wall time for records, monotonic for intervals)."""
+        return self._clock
+
+    @property
     def token(self) -> int | None:
         """The fencing token of the current (or last) hold; None before the first."""
         return self._lease.token
@@ -997,8 +1002,9 @@ class HandoffLock:
         if self._state in (HELD, LOST):
             self._guarded(self._release)
 
-    def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """See :meth:`.reentry.ReentryGuard.then_after_deferred_release` (for :mod:`handofflock.os_signals`)."""
+    def then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
+        """For a signal handler: True if a release it asked for waits for the call it interrupted, and ``fn``
+        then runs after it (see :meth:`.reentry.ReentryGuard.then_after_deferred_release`)."""
         return self._guard.then_after_deferred_release(fn)
 
     def _release_held(self, deadline: float, *, background: bool = False) -> str | None:
