@@ -67,17 +67,7 @@ UNUSABLE_STOP_SIGNALS = (signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.
 #: The signals ``--signal`` accepts: each asks a process to end and can be caught, so the command
 #: can checkpoint first; none is sent by the system for another reason (CHLD, WINCH, PIPE, SEGV...),
 #: which ``run`` would otherwise take for a request to stop.
-STOP_SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGALRM,
-    signal.SIGRTMIN,
-    signal.SIGRTMAX,
-)
+STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 
 #: After the command's own process exits, how long the rest of its group gets before SIGKILL
 #: when no grace is running yet (the command left helpers behind).
@@ -448,8 +438,7 @@ class CommandRunner:
 
     def _named(self, ident: str) -> str:
         """``label (id)`` for a waiter whose label a read showed, as ``status`` names it; else the id."""
-        label = self._labels.get(ident)
-        return f"{label} ({ident})" if label else ident
+        return who(ident, self._labels.get(ident))
 
     def _send(self, procs: _CommandProcesses, sig: int, *, passed_on_with: float | None = None) -> None:
         """Send the polite ``sig``; ``passed_on_with``: a signal to run passed on, with that much grace left."""
