@@ -371,7 +371,7 @@ def release_requested(st: LockStatus, now: float) -> bool:
 
 def who_of(ident: str | None, label: Label | None) -> str:
     """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
-    return who(ident, label and label.text)
+    return who(ident, None if label is None else label.text)
 
 
 def state_of(st: LockStatus, now: float) -> str:

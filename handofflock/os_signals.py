@@ -90,16 +90,23 @@ def catchable(signals: Iterable[SignalLike]) -> tuple[signal.Signals, ...]:
 class CaughtSignals:
     """Handlers for ``wanted``: the first signal asks for a stop, a later one means "now".
 
-    Subclasses say what each means (:meth:`_first`, :meth:`_again`). A signal
-    found ignored (SIG_IGN) at install stays ignored; in a forked child, which
-    inherited the handler but not the lock, a signal does what it would have
-    done had we never been installed (a worker told to stop must stop).
-    ``signals``: the signals handled; ``received``: names of the signals
-    received so far, in order.
+    Subclasses say what each means (:meth:`_ask`, :meth:`_now`). At the first
+    signal, the handler found at install runs too if it is a Python function
+    and the signal is one of ``chain`` (default: all). A signal within
+    ``repeat_window`` seconds of the first is that one arriving again, not a
+    second one. A signal found ignored (SIG_IGN) at install stays ignored; in
+    a forked child, which inherited the handler but not the lock, a signal
+    does what it would have done had we never been installed (a worker told
+    to stop must stop). ``signals``: the signals handled; ``received``: names
+    of the signals received so far, in order.
     """
 
-    def __init__(self, signals: Iterable[SignalLike]) -> None:
+    repeat_window = 0.0
+
+    def __init__(self, signals: Iterable[SignalLike], *, chain: Iterable[SignalLike] | None = None) -> None:
         self.wanted = catchable(signals)
+        self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
+        self._first_at = 0.0
         self.received: list[str] = []
         self.signals: tuple[signal.Signals, ...] = ()
         self._previous: dict[signal.Signals, Handler] = {}
@@ -141,22 +148,21 @@ class CaughtSignals:
             act_as_before(sig, frame, previous)
             return
         self.received.append(sig.name)
-        if len(self.received) == 1 or self._repeat():
-            if len(self.received) == 1:
-                self._first(sig, frame, previous)  # attributes only: no I/O, whatever the main thread was doing
-            return
-        self.uninstall()
-        self._again(sig, lambda: act_as_before(sig, frame, previous))
+        if len(self.received) == 1:
+            self._first_at = time.monotonic()
+            self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
+            if sig in self.chain and is_python_handler(previous):
+                previous(signum, frame)
+        elif time.monotonic() - self._first_at >= self.repeat_window:
+            self.uninstall()
+            self._now(sig, lambda: act_as_before(sig, frame, previous))
 
-    def _repeat(self) -> bool:
-        """Whether a signal after the first is that one arriving again (ignored) rather than a second one."""
-        return False
-
-    def _first(self, sig: signal.Signals, frame: FrameType | None, previous: Handler) -> None:
+    def _ask(self, sig: signal.Signals) -> None:
+        """The first signal: ask for a stop."""
         raise NotImplementedError
 
-    def _again(self, sig: signal.Signals, act: Callable[[], None]) -> None:
-        """A later signal: give the lock up now, then ``act()``: what the signal would have done without us."""
+    def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
+        """A second signal: give the lock up now, then ``act()``: what the signal would have done without us."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -182,7 +188,7 @@ class SignalHandlers(CaughtSignals):
     def skipped(self) -> tuple[signal.Signals, ...]:
         return tuple(sig for sig in self.wanted if sig not in self.signals)
 
-    def install(self: CaughtT) -> CaughtT:
+    def install(self) -> SignalHandlers:
         super().install()
         if self.release_at_exit:
             atexit.unregister(self._release_at_exit)
@@ -194,12 +200,10 @@ class SignalHandlers(CaughtSignals):
         atexit.unregister(self._release_at_exit)
         super().uninstall()
 
-    def _first(self, sig: signal.Signals, frame: FrameType | None, previous: Handler) -> None:
+    def _ask(self, sig: signal.Signals) -> None:
         self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
-        if is_python_handler(previous):
-            previous(sig, frame)
 
-    def _again(self, sig: signal.Signals, act: Callable[[], None]) -> None:
+    def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         if self.lock.is_held:
             try:
                 heir = self.lock.release()
@@ -226,10 +230,6 @@ class SignalHandlers(CaughtSignals):
             _log.info("released %s at exit%s", self.lock.url, f", handed off to {heir}" if heir else "")
         except HandoffLockError as exc:
             _log.warning("could not release %s at exit: %s", self.lock.url, exc)
-
-    def __repr__(self) -> str:
-        names = ",".join(s.name for s in self.signals)
-        return f"<SignalHandlers {names} grace={self.grace} received={self.received}>"
 
 
 def install_signal_handlers(

@@ -47,14 +47,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
-from ..os_signals import CaughtSignals, Handler, SignalLike, is_python_handler, parse_signal
+from ..os_signals import CaughtSignals, SignalLike
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
@@ -523,6 +522,8 @@ class RankSignals(CaughtSignals):
       (a DataLoader worker) gets the signal's own behaviour, not ours.
     """
 
+    repeat_window = REPEAT_WINDOW
+
     def __init__(
         self,
         ranks: RankLock,
@@ -530,21 +531,13 @@ class RankSignals(CaughtSignals):
         *,
         chain: Iterable[SignalLike] = (signal.SIGUSR1,),
     ) -> None:
-        super().__init__(signals)
+        super().__init__(signals, chain=chain)
         self.ranks = ranks
-        self.chain = frozenset(parse_signal(s) for s in chain)
-        self._first_at = 0.0
 
-    def _first(self, sig: signal.Signals, frame: FrameType | None, previous: Handler) -> None:
-        self._first_at = time.monotonic()
+    def _ask(self, sig: signal.Signals) -> None:
         self.ranks.request_stop("exit", cause=sig.name)
-        if sig in self.chain and is_python_handler(previous):
-            previous(sig, frame)
 
-    def _repeat(self) -> bool:
-        return time.monotonic() - self._first_at < REPEAT_WINDOW
-
-    def _again(self, sig: signal.Signals, act: Callable[[], None]) -> None:
+    def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         """No meeting (the other ranks may be gone): the holder lets the lock go, then the signal acts."""
         self.ranks.abandon()
         _log.warning("rank %s: second signal (%s): released without a checkpoint", self.ranks.rank, sig.name)
