@@ -61,18 +61,9 @@ def processes() -> list[tuple[int, bytes, int, int, int]]:
     return found
 
 
-def session_members(sid: int, *, outside_group: int | None = None) -> list[int]:
-    """Live processes of session ``sid``, including those in process groups of their own.
-
-    With ``outside_group``, only those not in that process group (already
-    signalled through it: a second copy of a signal is not harmless; a second
-    SIGINT means "abort now" to many programs).
-    """
-    return [
-        pid
-        for pid, state, _, group, session in processes()
-        if session == sid and state != b"Z" and group != outside_group
-    ]
+def session_members(sid: int) -> list[int]:
+    """Live processes of session ``sid``, including those in process groups of their own."""
+    return [pid for pid, state, _, _, session in processes() if session == sid and state != b"Z"]
 
 
 def cgroup_members(cgroup: str | None) -> list[int]:

@@ -52,7 +52,7 @@ from .aio_threads import ANYIO_THREADS, Threads
 from .core.errors import ConfigurationError
 from .lock import events as signals
 from .lock.handoff import Acquired, HandoffLock
-from .lock.types import LockStatus, ReleaseRequest, RequestReason
+from .lock.types import LockStatus, ReleaseRequest
 
 if TYPE_CHECKING:
     from .core.timing import Timing
@@ -355,16 +355,8 @@ class AsyncHandoffLock:
     healthy: _View[bool] = _View()
     release_requested: _View[bool] = _View()
     release_request: _View[ReleaseRequest | None] = _View()
-
-    def request_release(
-        self,
-        reason: RequestReason | str = RequestReason.OPERATOR,
-        *,
-        requester: str | None = None,
-        deadline: float | None = None,
-    ) -> None:
-        """Ask the holder to release, as a waiter would (see :meth:`HandoffLock.request_release`)."""
-        self._sync.request_release(reason, requester=requester, deadline=deadline)
+    #: Ask the holder to release, as a waiter would: :meth:`HandoffLock.request_release` (no I/O, not awaited).
+    request_release: _View[Callable[..., None]] = _View()
 
     # ------------------------------------------------------------------ acquire / release
 

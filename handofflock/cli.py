@@ -54,8 +54,8 @@ from .core.errors import (
     StorageError,
     TransientStorageError,
 )
-from .core.record import LockRecord
-from .core.timefmt import iso, when
+from .core.record import Label, LockRecord
+from .core.timefmt import iso, when, who
 from .exit_codes import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
@@ -369,11 +369,9 @@ def release_requested(st: LockStatus, now: float) -> bool:
     )
 
 
-def who_of(ident: str | None, label: Any) -> str:
-    """``label (id)``, or the id alone when there is no label."""
-    if ident is None:
-        return "-"
-    return f"{label.text} ({ident})" if label is not None else ident
+def who_of(ident: str | None, label: Label | None) -> str:
+    """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
+    return who(ident, None if label is None else label.text)
 
 
 def state_of(st: LockStatus, now: float) -> str:

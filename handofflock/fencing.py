@@ -180,8 +180,7 @@ class FencedObject:
         key = validate_key(key)
         if key == lock.key:
             raise ConfigurationError(f"a fenced object cannot be the lock object itself ({key!r})")
-        # private (HandoffLock's): a fence beside the lock reads the lock's clock, and the lock has no public one
-        kwargs.setdefault("clock", lock._clock)
+        kwargs.setdefault("clock", lock.clock)
         kwargs.setdefault("writer_id", lock.owner_id)
         kwargs.setdefault("min_write_interval", lock.min_write_interval)
         return cls(lock.storage, key, _lock=lock, **kwargs)

@@ -52,6 +52,7 @@ DEFAULT_GRACE = 25.0
 
 SignalLike = int | str | signal.Signals
 SignalT = TypeVar("SignalT", bound=int)
+CaughtT = TypeVar("CaughtT", bound="CaughtSignals")
 #: A signal handler as ``signal.getsignal`` returns it.
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
@@ -77,80 +78,132 @@ def parse_signal(value: SignalLike) -> signal.Signals:
     raise ConfigurationError(f"a signal is a name or a number, got {type(value).__name__}")
 
 
-class SignalHandlers:
-    """What :func:`install_signal_handlers` installed; :meth:`uninstall` puts things back.
+def catchable(signals: Iterable[SignalLike]) -> tuple[signal.Signals, ...]:
+    """``signals`` parsed, each once, in order; :class:`ConfigurationError` for one that no process can catch."""
+    wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
+    for sig in wanted:
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigurationError(f"{sig.name} cannot be caught; no process gets a chance to release on it")
+    return wanted
 
-    ``signals``: the signals handled; ``skipped``: those left alone because they
-    were ignored (SIG_IGN) when installing; ``received``: names of the signals
-    received so far, in order. Also a context manager that uninstalls on exit.
+
+class CaughtSignals:
+    """Handlers for ``wanted``: the first signal asks for a stop, a later one means "now".
+
+    Subclasses say what each means (:meth:`_ask`, :meth:`_now`). At the first
+    signal, the handler found at install runs too if it is a Python function
+    and the signal is one of ``chain`` (default: all). A signal within
+    ``repeat_window`` seconds of the first is that one arriving again, not a
+    second one. A signal found ignored (SIG_IGN) at install stays ignored; in
+    a forked child, which inherited the handler but not the lock, a signal
+    does what it would have done had we never been installed (a worker told
+    to stop must stop). ``signals``: the signals handled; ``received``: names
+    of the signals received so far, in order.
     """
 
-    def __init__(self, lock: HandoffLock, *, grace: float, release_at_exit: bool) -> None:
-        self.lock = lock
-        self.grace = grace
-        self.release_at_exit = release_at_exit
+    repeat_window = 0.0
+
+    def __init__(self, signals: Iterable[SignalLike], *, chain: Iterable[SignalLike] | None = None) -> None:
+        self.wanted = catchable(signals)
+        self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
+        self._first_at = 0.0
         self.received: list[str] = []
-        self.skipped: tuple[signal.Signals, ...] = ()
         self.signals: tuple[signal.Signals, ...] = ()
         self._previous: dict[signal.Signals, Handler] = {}
-        self._installed = False
         self._pid = os.getpid()
 
-    # -- installing -----------------------------------------------------------
+    def install(self: CaughtT) -> CaughtT:
+        """Install on this process's main thread (Python runs handlers only there).
 
-    def _install(self, wanted: tuple[signal.Signals, ...]) -> None:
-        self.signals = take_over(wanted, self._handle, self._previous)
-        self.skipped = tuple(sig for sig in wanted if sig not in self.signals)
-        if self.release_at_exit:
-            atexit.register(self._release_at_exit)
-        self._installed = True
+        Called again, it takes back any signal whose handler was replaced since
+        (a framework installed its own), chaining to or restoring that one.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigurationError(
+                "signal handlers must be installed from the main thread (Python runs signal handlers only there)"
+            )
+        self.signals = take_over(self.wanted, self._handle, self._previous)
+        return self
 
     def uninstall(self) -> None:
-        """Restore the handlers found when installing (and drop the atexit hook). Idempotent.
+        """Put back the handlers found at install. Idempotent; a handler replaced after ours is left to its owner."""
+        for sig in self.signals:
+            previous = self._previous.get(sig)
+            if signal.getsignal(sig) != self._handle:
+                _log.warning("%s's handler was replaced after ours was installed; leaving it", sig.name)
+            else:  # a handler installed from C reads back as None and cannot be restored: default it
+                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self.signals, self._previous = (), {}
 
-        A signal whose handler was replaced after ours is left to its new owner.
-        """
-        if not self._installed:
-            return
-        self._installed = False
-        if self.release_at_exit:
-            atexit.unregister(self._release_at_exit)
-        for signum, previous in self._previous.items():
-            if signal.getsignal(signum) != self._handle:
-                _log.warning("%s's handler was replaced after install_signal_handlers(); leaving it", signum.name)
-                continue
-            # A handler installed from C reads back as None and cannot be restored; default it.
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-
-    def __enter__(self) -> SignalHandlers:
+    def __enter__(self: CaughtT) -> CaughtT:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.uninstall()
 
-    # -- the handler ----------------------------------------------------------
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
+        previous = self._previous.get(sig)
         if os.getpid() != self._pid:
-            # A forked child inherited the handler, not the lock: the signal does what it would
-            # have done had we never been installed (a worker told to stop must stop).
-            act_as_before(sig, frame, self._previous.get(sig))
+            act_as_before(sig, frame, previous)
             return
         self.received.append(sig.name)
         if len(self.received) == 1:
-            # Attributes only: no I/O, no lock, whatever the main thread was doing.
-            self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
-            previous = self._previous.get(sig)
-            if is_python_handler(previous):
+            self._first_at = time.monotonic()
+            self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
+            if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
-            return
-        self._escalate(sig, frame)
+        elif time.monotonic() - self._first_at >= self.repeat_window:
+            self.uninstall()
+            self._now(sig, lambda: act_as_before(sig, frame, previous))
 
-    def _escalate(self, sig: signal.Signals, frame: FrameType | None) -> None:
-        """Second signal: hand the lock over now, then behave as if we had never been installed."""
-        previous = self._previous.get(sig)
-        self.uninstall()
+    def _ask(self, sig: signal.Signals) -> None:
+        """The first signal: ask for a stop."""
+        raise NotImplementedError
+
+    def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
+        """A second signal: give the lock up now, then ``act()``: what the signal would have done without us."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {','.join(s.name for s in self.signals)} received={self.received}>"
+
+
+class SignalHandlers(CaughtSignals):
+    """What :func:`install_signal_handlers` installed; :meth:`uninstall` puts things back.
+
+    ``skipped``: the signals left alone because they were ignored (SIG_IGN)
+    when installing. Also a context manager that uninstalls on exit.
+    """
+
+    def __init__(
+        self, lock: HandoffLock, signals: Iterable[SignalLike], *, grace: float, release_at_exit: bool
+    ) -> None:
+        super().__init__(signals)
+        self.lock = lock
+        self.grace = grace
+        self.release_at_exit = release_at_exit
+
+    @property
+    def skipped(self) -> tuple[signal.Signals, ...]:
+        return tuple(sig for sig in self.wanted if sig not in self.signals)
+
+    def install(self) -> SignalHandlers:
+        super().install()
+        if self.release_at_exit:
+            atexit.unregister(self._release_at_exit)
+            atexit.register(self._release_at_exit)
+        return self
+
+    def uninstall(self) -> None:
+        """Restore the handlers found when installing (and drop the atexit hook). Idempotent."""
+        atexit.unregister(self._release_at_exit)
+        super().uninstall()
+
+    def _ask(self, sig: signal.Signals) -> None:
+        self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
+
+    def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         if self.lock.is_held:
             try:
                 heir = self.lock.release()
@@ -159,7 +212,7 @@ class SignalHandlers:
             else:
                 # The signal interrupted the library itself (a status() or release() in this
                 # thread): the release runs when that call returns, and the signal acts after it.
-                if self.lock._then_after_deferred_release(lambda: act_as_before(sig, frame, previous)):
+                if self.lock.then_after_deferred_release(act):
                     _log.warning(
                         "second %s: releasing %s as soon as the call in progress returns", sig.name, self.lock.url
                     )
@@ -167,7 +220,7 @@ class SignalHandlers:
                 _log.warning(
                     "second %s: released %s%s", sig.name, self.lock.url, f", handed off to {heir}" if heir else ""
                 )
-        act_as_before(sig, frame, previous)
+        act()
 
     def _release_at_exit(self) -> None:
         if os.getpid() != self._pid or not self.lock.is_held:
@@ -177,10 +230,6 @@ class SignalHandlers:
             _log.info("released %s at exit%s", self.lock.url, f", handed off to {heir}" if heir else "")
         except HandoffLockError as exc:
             _log.warning("could not release %s at exit: %s", self.lock.url, exc)
-
-    def __repr__(self) -> str:
-        names = ",".join(s.name for s in self.signals)
-        return f"<SignalHandlers {names} grace={self.grace} received={self.received}>"
 
 
 def install_signal_handlers(
@@ -214,21 +263,12 @@ def install_signal_handlers(
 
     Must be called from the main thread: Python runs signal handlers there.
     """
-    if threading.current_thread() is not threading.main_thread():
-        raise ConfigurationError(
-            "install_signal_handlers() must be called from the main thread (Python runs signal handlers only there)"
-        )
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0 or not math.isfinite(grace):
         raise ConfigurationError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
-    wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
-    if not wanted:
+    handlers = SignalHandlers(lock, signals, grace=float(grace), release_at_exit=bool(release_at_exit))
+    if not handlers.wanted:
         raise ConfigurationError("install_signal_handlers() needs at least one signal")
-    for sig in wanted:
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigurationError(f"{sig.name} cannot be caught; no process gets a chance to release on it")
-    handlers = SignalHandlers(lock, grace=float(grace), release_at_exit=bool(release_at_exit))
-    handlers._install(wanted)
-    return handlers
+    return handlers.install()
 
 
 def take_over(signals: Iterable[SignalT], handler: Handler, previous: dict[SignalT, Handler]) -> tuple[SignalT, ...]:

@@ -65,7 +65,7 @@ AWS_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 AWS_REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 AZURE_NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
-#: Seconds from the notice to the deadline where the cloud names no time (GCE gives about 30 s).
+#: Seconds from the notice to the deadline where the cloud names no time and none is given (GCE gives about 30 s).
 DEFAULT_NOTICE_GRACE = 30.0
 PROVIDERS = ("gce", "aws", "azure")
 #: The token's life asked of AWS; it is fetched again a minute before it ends.
@@ -270,11 +270,12 @@ class PreemptionWatcher:
     ``host:port``; for "gce" it defaults to ``$GCE_METADATA_HOST`` or
     ``metadata.google.internal``, for the others to ``169.254.169.254``.
 
-    ``notice_grace``: seconds from the notice to the deadline put in the
-    request where the cloud names no time (GCE, an AWS rebalance
-    recommendation; default 30). Where it names one (AWS ``time``, Azure
-    ``NotBefore``) that time is the deadline, and ``notice_grace``, if given,
-    brings it forward to at most that many seconds after the notice.
+    ``notice_grace``: the most seconds from the notice to the deadline put
+    in the request. The deadline is the time the cloud names (AWS ``time``,
+    Azure ``NotBefore``), brought forward to at most ``notice_grace`` after
+    the notice; where the cloud names none (GCE, an AWS rebalance
+    recommendation) it is ``notice_grace`` after the notice. None (the
+    default): the cloud's own time, and 30 s where it names none.
 
     ``poll_timeout``: how long GCE may hold one long poll (whole seconds).
     ``poll_interval``: seconds between polls of AWS and Azure, which have no
@@ -341,8 +342,7 @@ class PreemptionWatcher:
         if "/" in self.host:
             raise ConfigurationError(f"metadata host must be host or host:port, got {self.host!r}")
         self.target = target
-        self.notice_grace = DEFAULT_NOTICE_GRACE if notice_grace is None else float(notice_grace)
-        self._grace_caps = notice_grace is not None
+        self.notice_grace = None if notice_grace is None else float(notice_grace)
         self.poll_timeout = poll_timeout
         self.poll_interval = float(poll_interval)
         self.request_timeout = float(request_timeout)
@@ -459,10 +459,11 @@ class PreemptionWatcher:
 
     def _noticed(self, notice: PreemptionNotice) -> None:
         now = time.time()
-        deadline = now + self.notice_grace
-        if notice.at is not None:
-            deadline = min(notice.at, deadline) if self._grace_caps else notice.at
-            deadline = max(deadline, now)  # a time already past (hibernation, skew): release now
+        latest = now + (DEFAULT_NOTICE_GRACE if self.notice_grace is None else self.notice_grace)
+        if notice.at is None:
+            deadline = latest
+        else:  # a time already past (hibernation, skew): release now
+            deadline = max(now, notice.at if self.notice_grace is None else min(notice.at, latest))
         self.preempted, self.notice, self.noticed_at, self.deadline = True, notice, now, deadline
         target = getattr(self.target, "url", None) or repr(self.target)
         _log.warning(

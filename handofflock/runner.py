@@ -67,17 +67,7 @@ UNUSABLE_STOP_SIGNALS = (signal.SIGKILL, signal.SIGSTOP, signal.SIGTSTP, signal.
 #: The signals ``--signal`` accepts: each asks a process to end and can be caught, so the command
 #: can checkpoint first; none is sent by the system for another reason (CHLD, WINCH, PIPE, SEGV...),
 #: which ``run`` would otherwise take for a request to stop.
-STOP_SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGALRM,
-    signal.SIGRTMIN,
-    signal.SIGRTMAX,
-)
+STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 
 #: After the command's own process exits, how long the rest of its group gets before SIGKILL
 #: when no grace is running yet (the command left helpers behind).
@@ -261,7 +251,7 @@ class CommandRunner:
             )
         # Orphans of the command's tree come back to run (the subreaper), which follows them.
         # Every child run has now (the watchdog) is not the command's: left out of that tree.
-        others = [pid for pid, _, ppid, _, _ in _watchdog.processes() if ppid == os.getpid()]
+        others = [pid for pid, _ in _children()]
         self._subreaper_was = _set_subreaper(on=True)
         try:
             child = subprocess.Popen(
@@ -448,8 +438,7 @@ class CommandRunner:
 
     def _named(self, ident: str) -> str:
         """``label (id)`` for a waiter whose label a read showed, as ``status`` names it; else the id."""
-        label = self._labels.get(ident)
-        return f"{label} ({ident})" if label else ident
+        return who(ident, self._labels.get(ident))
 
     def _send(self, procs: _CommandProcesses, sig: int, *, passed_on_with: float | None = None) -> None:
         """Send the polite ``sig``; ``passed_on_with``: a signal to run passed on, with that much grace left."""
@@ -592,24 +581,10 @@ def _set_subreaper(*, on: bool) -> bool | None:
         return None
 
 
-def _descendants(
-    root: int, *, but: Collection[int] = (), processes: list[tuple[int, bytes, int, int, int]] | None = None
-) -> dict[int, tuple[bytes, int]]:
-    """``{pid: (state, process group)}`` of every descendant of ``root`` (zombies included), by parent pid.
-
-    The processes in ``but``, and theirs, are left out. One pass over /proc (or over ``processes``).
-    """
-    children: dict[int, list[tuple[int, bytes, int]]] = {}
-    for pid, state, ppid, group, _ in _watchdog.processes() if processes is None else processes:
-        children.setdefault(ppid, []).append((pid, state, group))
-    found: dict[int, tuple[bytes, int]] = {}
-    todo = [root]
-    while todo:
-        for pid, state, group in children.get(todo.pop(), ()):
-            if pid not in but and pid not in found:
-                found[pid] = (state, group)
-                todo.append(pid)
-    return found
+def _children() -> list[tuple[int, bytes]]:
+    """``(pid, state)`` of each child of ``run``, zombies included, from one pass over /proc."""
+    me = os.getpid()
+    return [(pid, state) for pid, state, ppid, _, _ in _watchdog.processes() if ppid == me]
 
 
 class _CommandProcesses:
@@ -634,7 +609,16 @@ class _CommandProcesses:
         """``{pid: (state, process group)}`` of every process of the command: its session, cgroup and
         tree, zombies included, from one pass over /proc."""
         processes = _watchdog.processes()
-        found = _descendants(self.root, but=self.others, processes=processes)
+        children: dict[int, list[tuple[int, bytes, int]]] = {}
+        for pid, state, ppid, group, _ in processes:
+            children.setdefault(ppid, []).append((pid, state, group))
+        found: dict[int, tuple[bytes, int]] = {}
+        todo = [self.root]  # run's descendants, but the others and theirs, by parent pid
+        while todo:
+            for pid, state, group in children.get(todo.pop(), ()):
+                if pid not in self.others and pid not in found:
+                    found[pid] = (state, group)
+                    todo.append(pid)
         for pid, state, _, group, session in processes:
             if session == self.pid and pid not in found:  # a session member that is not ours (rare)
                 found[pid] = (state, group)
@@ -680,12 +664,7 @@ class _CommandProcesses:
     def orphans(self) -> list[int]:
         """The command's live processes that are ``run``'s children but the command itself: orphaned
         by its tree, and come back to ``run`` (the subreaper)."""
-        me = os.getpid()
-        return [
-            pid
-            for pid, state, ppid, _, _ in _watchdog.processes()
-            if ppid == me and state != b"Z" and pid != self.pid and pid not in self.others
-        ]
+        return [pid for pid, state in _children() if state != b"Z" and pid != self.pid and pid not in self.others]
 
     def live(self) -> bool:
         """Whether a live (not zombie) process of the command is left."""
@@ -733,9 +712,8 @@ class _CommandProcesses:
                 os.waitpid(info.si_pid, os.WNOHANG)
             except ChildProcessError:
                 return
-        me = os.getpid()
-        for pid, state, ppid, _, _ in _watchdog.processes():
-            if ppid == me and state == b"Z" and pid not in self.others and (everything or pid != self.pid):
+        for pid, state in _children():
+            if state == b"Z" and pid not in self.others and (everything or pid != self.pid):
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:

@@ -70,7 +70,6 @@ Importing this module imports lightning.
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -78,8 +77,8 @@ from typing import Any
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
-from .ranks import Agree, RankLock, StopDecision, local_agree
-from .torch import rank_lock, tensor_agree
+from .ranks import Agree, local_agree
+from .torch import RankHold, tensor_agree
 
 __all__ = ["HandoffLockCallback", "strategy_agree"]
 
@@ -115,35 +114,21 @@ def _relaunched_by_lightning() -> bool:
     return env.get("LOCAL_RANK", "0") != "0" or env.get("NODE_RANK", "0") != "0"
 
 
-class HandoffLockCallback(Callback):
+class HandoffLockCallback(RankHold, Callback):
     """Hold a :class:`~handofflock.HandoffLock` for ``trainer.fit`` on one rank; yield on all ranks together.
 
-    ``url`` and ``lock_kwargs`` open the lock on ``holder_rank``; ``every`` is
-    the number of batches between agreements; ``checkpoint`` the file the
-    yield writes (and :attr:`resume_path` names once it exists).
+    ``url`` and the other keywords open the lock on ``holder_rank`` (see
+    :class:`~handofflock.integrations.torch.RankHold`); ``every`` is the number
+    of batches between agreements; ``checkpoint`` the file the yield writes
+    (and :attr:`resume_path` names once it exists).
 
     After a fit: ``yielded`` is True if it ended because the lock was asked
     for, and ``yield_step`` is the ``trainer.global_step`` the checkpoint holds.
     """
 
-    def __init__(
-        self,
-        url: str | os.PathLike[str],
-        *,
-        checkpoint: str | os.PathLike[str],
-        holder_rank: int = 0,
-        every: int = 1,
-        poll: float = 1.0,
-        **lock_kwargs: Any,
-    ) -> None:
-        super().__init__()
+    def __init__(self, url: str | os.PathLike[str], *, checkpoint: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(url, **options)
         self.checkpoint = Path(checkpoint)
-        self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
-        self.ranks: RankLock | None = None
-        self.yielded = False
-        self.yield_step: int | None = None
-        #: What the ranks agreed when the fit last stopped early (exit or yield); None after a full fit.
-        self.decision: StopDecision | None = None
         self._trainer: Any = None
         self._lifted: tuple[Any, Any] | None = None
         #: A rank Lightning relaunched: it joins the hold in setup instead of acquiring before fit.
@@ -176,13 +161,7 @@ class HandoffLockCallback(Callback):
             self._joins = True
             self.yielded, self.yield_step, self.decision = False, None, None
             return
-        if self.ranks is None:
-            self.ranks = self._open()
-        if self.ranks.signals is not None:
-            self.ranks.signals.install()  # a signal while waiting ends the wait
-        if not self.ranks.held:
-            self.ranks.acquire()
-        self.yielded, self.yield_step, self.decision = False, None, None
+        super().acquire()
 
     # ------------------------------------------------------------------ hooks
 
@@ -249,7 +228,7 @@ class HandoffLockCallback(Callback):
 
     def _stop(self, trainer: Any) -> None:
         assert self.ranks is not None
-        self.yielded, self.yield_step, self.decision = True, trainer.global_step, self.ranks.decision
+        self._stopped(trainer.global_step)
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(self.checkpoint)  # every rank calls it; Lightning writes once and barriers
         # Lightning ignores should_stop until min_steps/min_epochs are met: lift them for this fit.
@@ -259,11 +238,10 @@ class HandoffLockCallback(Callback):
         trainer.should_stop = True  # the epoch loop ends before the next batch
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        ranks, decision = self.ranks, self.decision
-        lock = ranks.lock if ranks is not None else None
+        lock = self.ranks.lock if self.ranks is not None else None
         checkpoint["handofflock"] = {
             "token": lock.token if lock is not None else None,  # known on the holder (rank 0 writes the file)
-            "decision": None if decision is None else {"action": decision.action, "cause": decision.cause},
+            "decision": self._decision_json(),
         }
 
     def _restore_limits(self, trainer: Any) -> None:

@@ -45,17 +45,15 @@ itself fails (a rank died), the adapter raises
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
-from ..os_signals import Handler, SignalLike, act_as_before, is_python_handler, parse_signal, take_over
+from ..os_signals import CaughtSignals, SignalLike
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
@@ -496,7 +494,7 @@ DEFAULT_RANK_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 REPEAT_WINDOW = 1.0
 
 
-class RankSignals:
+class RankSignals(CaughtSignals):
     """Signal handlers that turn signals into an agreed exit of all ranks; :meth:`uninstall` puts things back.
 
     ``rank_lock`` installs these on every rank (torchrun sends each worker the
@@ -522,9 +520,9 @@ class RankSignals:
       the checkpoint).
     * A signal ignored (SIG_IGN) at install time stays ignored; a forked child
       (a DataLoader worker) gets the signal's own behaviour, not ours.
-
-    ``received``: names of the signals received so far, in order.
     """
+
+    repeat_window = REPEAT_WINDOW
 
     def __init__(
         self,
@@ -533,58 +531,14 @@ class RankSignals:
         *,
         chain: Iterable[SignalLike] = (signal.SIGUSR1,),
     ) -> None:
+        super().__init__(signals, chain=chain)
         self.ranks = ranks
-        self.wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
-        self.chain = frozenset(parse_signal(s) for s in chain)
-        for sig in self.wanted:
-            if sig in (signal.SIGKILL, signal.SIGSTOP):
-                raise ConfigurationError(f"{sig.name} cannot be caught")
-        self.received: list[str] = []
-        self.signals: tuple[signal.Signals, ...] = ()
-        self._previous: dict[signal.Signals, Handler] = {}
-        self._first_at: float | None = None
-        self._pid = os.getpid()
 
-    def install(self) -> RankSignals:
-        """Install on this process's main thread (Python runs handlers only there).
+    def _ask(self, sig: signal.Signals) -> None:
+        self.ranks.request_stop("exit", cause=sig.name)
 
-        Idempotent; called again, it takes back any signal whose handler was replaced
-        since (a framework installed its own), chaining to or restoring that one.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            raise ConfigurationError("RankSignals.install() must be called from the main thread")
-        self.signals = take_over(self.wanted, self._handle, self._previous)
-        return self
-
-    def uninstall(self) -> None:
-        """Put back the handlers found at install (a handler replaced after ours is left to its owner)."""
-        for sig in self.signals:
-            if signal.getsignal(sig) == self._handle:
-                previous = self._previous.get(sig)
-                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
-        self.signals, self._previous = (), {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        sig = signal.Signals(signum)
-        previous = self._previous.get(sig)
-        if os.getpid() != self._pid:  # a forked child inherited the handler, not the job
-            act_as_before(sig, frame, previous)
-            return
-        now = time.monotonic()
-        self.received.append(sig.name)
-        if self._first_at is None or now - self._first_at < REPEAT_WINDOW:
-            if self._first_at is None:
-                self._first_at = now
-                # Attributes only: no I/O, no collective, whatever the main thread was doing.
-                self.ranks.request_stop("exit", cause=sig.name)
-                if sig in self.chain and is_python_handler(previous):
-                    previous(signum, frame)
-            return
-        # A second signal: now. No meeting; the holder lets the lock go, then the signal acts.
-        self.uninstall()
+    def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
+        """No meeting (the other ranks may be gone): the holder lets the lock go, then the signal acts."""
         self.ranks.abandon()
         _log.warning("rank %s: second signal (%s): released without a checkpoint", self.ranks.rank, sig.name)
-        act_as_before(sig, frame, previous)
-
-    def __repr__(self) -> str:
-        return f"<RankSignals {','.join(s.name for s in self.signals)} received={self.received}>"
+        act()

@@ -24,6 +24,7 @@ Importing this module imports torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -35,12 +36,12 @@ import torch.distributed as dist
 from ..core.errors import AgreementFailed, ConfigurationError
 from ..core.identity import stable_job_id
 from ..os_signals import SignalLike
-from .ranks import DEFAULT_RANK_SIGNALS, Agree, RankLock, RankSignals, local_agree
+from .ranks import DEFAULT_RANK_SIGNALS, Agree, RankLock, RankSignals, StopDecision, local_agree
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
 
-__all__ = ["agree_device", "rank_lock", "tensor_agree", "torch_agree"]
+__all__ = ["RankHold", "agree_device", "rank_lock", "tensor_agree", "torch_agree"]
 
 
 def torch_agree(group: Any = None, device: torch.device | str | None = None) -> Agree:
@@ -156,3 +157,48 @@ def rank_lock(
     if wanted and threading.current_thread() is threading.main_thread():
         ranks.signals = RankSignals(ranks, wanted).install()
     return ranks
+
+
+class RankHold:
+    """What the framework callbacks share: the job's :class:`RankLock`, opened on first use, and how a run ended.
+
+    ``url``, ``holder_rank``, ``every``, ``poll`` and ``lock_kwargs`` go to
+    :func:`rank_lock`. After a run: ``yielded`` is True if it ended because
+    the ranks agreed to stop, ``yield_step`` is the step of the checkpoint it
+    saved, and ``decision`` what the ranks agreed (exit or yield); None after
+    a full run.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        holder_rank: int = 0,
+        every: int = 1,
+        poll: float = 1.0,
+        **lock_kwargs: Any,
+    ) -> None:
+        self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
+        self.ranks: RankLock | None = None
+        self.yielded = False
+        self.yield_step: int | None = None
+        self.decision: StopDecision | None = None
+
+    def acquire(self) -> None:
+        """Take the lock for the job (call on every rank). A no-op while it is held."""
+        if self.ranks is None:
+            self.ranks = self._open()
+        if self.ranks.signals is not None:
+            self.ranks.signals.install()  # a signal while waiting ends the wait
+        if not self.ranks.held:
+            self.ranks.acquire()
+        self.yielded, self.yield_step, self.decision = False, None, None
+
+    def _stopped(self, step: int) -> None:
+        """The ranks agreed to stop after ``step``."""
+        assert self.ranks is not None
+        self.yielded, self.yield_step, self.decision = True, step, self.ranks.decision
+
+    def _decision_json(self) -> dict[str, str] | None:
+        decision = self.decision
+        return None if decision is None else {"action": decision.action, "cause": decision.cause}

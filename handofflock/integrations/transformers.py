@@ -56,36 +56,24 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
-from .ranks import RankLock, StopDecision
-from .torch import rank_lock
+from .ranks import StopDecision
+from .torch import RankHold
 
 __all__ = ["HandoffLockTrainerCallback"]
 
 _log = logging.getLogger("handofflock.ranks")
 
 
-class HandoffLockTrainerCallback(TrainerCallback):
+class HandoffLockTrainerCallback(RankHold, TrainerCallback):
     """Hold a :class:`~handofflock.HandoffLock` for ``trainer.train`` on one rank; yield on all ranks together.
 
+    The arguments are :class:`~handofflock.integrations.torch.RankHold`'s.
     After a run: ``yielded`` is True if it ended because the lock was asked
     for, and ``yield_step`` is the ``state.global_step`` of the checkpoint it saved.
     """
 
-    def __init__(
-        self,
-        url: str | os.PathLike[str],
-        *,
-        holder_rank: int = 0,
-        every: int = 1,
-        poll: float = 1.0,
-        **lock_kwargs: Any,
-    ) -> None:
-        self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
-        self.ranks: RankLock | None = None
-        self.yielded = False
-        self.yield_step: int | None = None
-        #: What the ranks agreed when training last stopped early (exit or yield); None after a full run.
-        self.decision: StopDecision | None = None
+    def __init__(self, url: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(url, **options)
         #: Whether a Trainer's ``train`` was guarded (:meth:`guard`); else on_train_begin warns, once.
         self._guarding = False
         self._warned = False
@@ -117,14 +105,6 @@ class HandoffLockTrainerCallback(TrainerCallback):
             return None
         last: str | None = get_last_checkpoint(os.fspath(output_dir))  # type: ignore[no-untyped-call]
         return last
-
-    def acquire(self) -> None:
-        """Take the lock for the job (call on every rank). A no-op while it is held."""
-        if self.ranks is None:
-            self.ranks = self._open()
-        if not self.ranks.held:
-            self.ranks.acquire()
-        self.yielded, self.yield_step, self.decision = False, None, None
 
     def guard(self, trainer: Any) -> None:
         """Make ``trainer.train()`` let the lock go when it raises (``on_init_end`` does it for you).
@@ -175,7 +155,7 @@ class HandoffLockTrainerCallback(TrainerCallback):
         # After the optimizer step (gradient accumulation is inside the step): the Trainer's own boundary.
         assert self.ranks is not None
         if not self.yielded and self.ranks.should_stop():  # raises LockLost on every rank at once
-            self.yielded, self.yield_step, self.decision = True, state.global_step, self.ranks.decision
+            self._stopped(state.global_step)
             control.should_save = True  # the Trainer saves checkpoint-<global_step> (all ranks take part)
             control.should_training_stop = True
         return control
@@ -186,12 +166,11 @@ class HandoffLockTrainerCallback(TrainerCallback):
             return
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         if os.path.isdir(folder):  # the fencing token beside the checkpoint, as docs/fencing.md recommends
-            decision = self.decision
             meta = {
                 "token": ranks.lock.token,
                 "owner_id": ranks.lock.owner_id,
                 "step": state.global_step,
-                "decision": None if decision is None else {"action": decision.action, "cause": decision.cause},
+                "decision": self._decision_json(),
             }
             with open(os.path.join(folder, "handofflock.json"), "w", encoding="utf-8") as f:
                 json.dump(meta, f)

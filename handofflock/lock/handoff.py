@@ -220,6 +220,11 @@ class HandoffLock:
         return self._io.key
 
     @property
+    def clock(self) -> Clock:
+        """The clock the lock keeps time by (wall time for records, monotonic for intervals)."""
+        return self._clock
+
+    @property
     def token(self) -> int | None:
         """The fencing token of the current (or last) hold; None before the first."""
         return self._lease.token
@@ -950,8 +955,8 @@ class HandoffLock:
             raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
 
-    def _then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
+    def then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
+        """For a signal handler: run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
 
         For a handler that must act after the release (a second signal that kills the process,
         :mod:`handofflock.os_signals`): called from the handler, in the thread it interrupted.
