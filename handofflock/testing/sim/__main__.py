@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 
-from .bugs import BUGS, PROTOCOL_BUGS
+from ...core.buggify import BUGS, PROTOCOL_BUGS
 
 DEFAULT_SEEDS = 2000
 

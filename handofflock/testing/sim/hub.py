@@ -187,26 +187,22 @@ class SimMutex:
     """A mutex for greenlets (``threading.Lock``'s shape): a contender gives way until it is free."""
 
     def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.held = False
-        self._free = threading.Event()
+        self._free = SimEvent(hub)
         self._free.set()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        while self.held:
+        while not self._free.is_set():
             if not blocking:
                 return False
-            self.hub.park(math.inf, self._free)
-        self.held = True
+            self._free.wait()
         self._free.clear()
         return True
 
     def release(self) -> None:
-        self.held = False
         self._free.set()
 
     def locked(self) -> bool:
-        return self.held
+        return not self._free.is_set()
 
     def __enter__(self) -> bool:
         return self.acquire()

@@ -33,7 +33,6 @@ class Party:
     finish: bool = False  # the job ends: release at the next look
     letting_go_at: float = math.inf  # asked to release: when its checkpoint is done
     loop: Any = None  # an async party's event loop
-    ops: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property

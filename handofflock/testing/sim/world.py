@@ -110,12 +110,9 @@ class World:
         )
         self.checker = Checker(self.hub, rules, self.parties)
         self.backend = MemoryStorage(f"sim-{seed}")
-        self.net = Net(self.hub, self.rng, f, self.backend, self._applied)
+        self.net = Net(self.hub, self.rng, f, self.backend, self.checker.on_applied)
         self.hub.on_step = self.checker.check
         self._ids = 0
-
-    def _applied(self, party: Any, key: str, data: bytes, generation: int) -> None:
-        self.checker.on_applied(party, key, data, generation)
 
     # ------------------------------------------------------------------ parties
 
@@ -183,7 +180,6 @@ class World:
         r, hub, lock, c = self.rng, self.hub, party.lock, self.config
         ttl = c.ttl
         while self.net.chaos and party.alive:
-            party.ops += 1
             choice = r.random()
             if lock.is_held:
                 if choice < 0.03 and not c.gentle:
