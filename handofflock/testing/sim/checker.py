@@ -14,13 +14,16 @@ loop, which ends the run with the seed and the trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
 from ...core.record import LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
-from .parties import Party
+
+if TYPE_CHECKING:
+    from .world import Party
 
 #: What an operation may end with, by the lock's documentation: outcomes, never violations.
 EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
