@@ -583,7 +583,6 @@ class FaultProxy:
                 keep_alive = headers.get("connection", "").lower() != "close"
 
                 if rule is not None and kind in _ANSWERED:
-                    self._count(answered=True)
                     ex.status = _ANSWERS[self.dialect, rule.kind][0]
                     close = self._replying(state, close=not keep_alive)
                     client.sendall(_error_reply(self.dialect, rule, close=close))
@@ -605,7 +604,8 @@ class FaultProxy:
                 reply_head = ubuf.read_to(b"\r\n\r\n")
                 status, reply_headers = parse_reply_head(reply_head)
                 reply_body, upstream_done = ubuf.read_reply_body(reply_headers, status, method)
-                self._count(forwarded=True)
+                with self._mutex:
+                    self._stats.forwarded += 1
                 if upstream_done or reply_headers.get("connection", "").lower() == "close":
                     upstream.close()
                     upstream = None
@@ -638,7 +638,9 @@ class FaultProxy:
                     upstream.close()
 
     def _decide(self, ex: Exchange) -> Rule | None:
-        """The first rule that matches ``ex`` (it fires), else a draw of chaos; kept as ``ex.fault``, counted."""
+        """The first rule that matches ``ex`` (it fires), else a draw of chaos; kept as ``ex.fault``, counted.
+
+        A fault the proxy answers itself counts as answered here, before its reply is sent."""
         with self._mutex:
             self._stats.requests += 1
             rule = next((r for r in self._rules if r.matches(ex)), None)
@@ -650,13 +652,9 @@ class FaultProxy:
             if rule is not None:
                 ex.fault = rule.kind
                 self._stats.faults[rule.kind] += 1
+                self._stats.answered += rule.kind in _ANSWERED
             self.history.append(ex)
             return rule
-
-    def _count(self, *, forwarded: bool = False, answered: bool = False) -> None:
-        with self._mutex:
-            self._stats.forwarded += forwarded
-            self._stats.answered += answered
 
     def _replying(self, state: list[bool], *, close: bool) -> bool:
         """About to send a reply: whether to close after it; else the connection counts as idle.

@@ -181,8 +181,9 @@ class World:
         store.party = party
         party.slow_receiver = self.rng.choice([0.0, 0.0, 0.0, c.ttl])
         self.parties.append(party)
-        if party.slow_receiver:
-            signals.on_release_requested.connect(self._slow_receiver(party), sender=lock, weak=False)
+        if party.slow_receiver:  # a checkpoint before letting go
+            checkpoint = lambda sender, **kw: party.clock.sleep(party.slow_receiver)  # noqa: E731
+            signals.on_release_requested.connect(checkpoint, sender=lock, weak=False)
         if c.asynchronous and self._ids == 1:
             hub.spawn(f"{proc.name}-main", lambda: self._async_main(party), proc)
         else:
@@ -191,13 +192,6 @@ class World:
             hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
         hub.note(f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else ""))
         return party
-
-    @staticmethod
-    def _slow_receiver(party: Party) -> Callable[..., None]:
-        def receive(sender: object, **kw: object) -> None:
-            party.clock.sleep(party.slow_receiver)  # a checkpoint before letting go
-
-        return receive
 
     def _side_actor(self, party: Party) -> None:
         """A second lock under the same prefix: held on and off, so the scheduler's waiter checks form a group."""
