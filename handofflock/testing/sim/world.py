@@ -181,8 +181,11 @@ class World:
         store.party = party
         party.slow_receiver = self.rng.choice([0.0, 0.0, 0.0, c.ttl])
         self.parties.append(party)
-        if party.slow_receiver:  # a checkpoint before letting go
-            checkpoint = lambda sender, **kw: party.clock.sleep(party.slow_receiver)  # noqa: E731
+
+        def checkpoint(sender: object, **kw: object) -> None:  # a slow receiver: a checkpoint before letting go
+            party.clock.sleep(party.slow_receiver)
+
+        if party.slow_receiver:
             signals.on_release_requested.connect(checkpoint, sender=lock, weak=False)
         if c.asynchronous and self._ids == 1:
             hub.spawn(f"{proc.name}-main", lambda: self._async_main(party), proc)
