@@ -14,16 +14,13 @@ loop, which ends the run with the seed and the trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
 from ...core.record import LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
-
-if TYPE_CHECKING:
-    from .world import Party
+from .parties import Party
 
 #: What an operation may end with, by the lock's documentation: outcomes, never violations.
 EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)

@@ -1,0 +1,50 @@
+"""A party: one simulated process with its own lock, clock, store connection and scheduler."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...fencing import FencedObject
+from ...lock.handoff import HandoffLock
+from ...lock.scheduler import Scheduler
+from .faults import SimStore
+from .hub import Proc, SimClock, SimLoop
+
+
+@dataclass(eq=False)
+class Party:
+    """One process: a lock instance on the shared key (and maybe a side lock beside it in one scheduler)."""
+
+    proc: Proc
+    owner_id: str
+    clock: SimClock
+    store: SimStore
+    scheduler: Scheduler
+    lock: HandoffLock
+    fence: FencedObject
+    side: HandoffLock | None = None  # another lock under the same prefix, in the same scheduler
+    twin_of: str | None = None  # the party whose stable owner id it shares, alive at the same time
+    slow_receiver: float = 0.0
+    in_acquire: bool = False
+    left_wait_at: float = -math.inf
+    busy_until: float = -math.inf  # a long job: no release of its own accord before this
+    finish: bool = False  # the job ends: release at the next look
+    letting_go_at: float = math.inf  # asked to release: when its checkpoint is done
+    loop: SimLoop | None = None  # an async party's event loop
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.proc.name
+
+    @property
+    def alive(self) -> bool:
+        return not self.proc.crashed
+
+    @property
+    def faults_seen(self) -> int:
+        return self.store.faults_seen
+
+    def forgive_faults(self) -> None:
+        self.store.faults_seen = 0
