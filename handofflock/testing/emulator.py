@@ -87,16 +87,16 @@ class ServerProcess:
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
-    def host_port(self) -> str:
-        """``127.0.0.1:PORT``."""
-        if self.port is None:
-            raise RuntimeError(f"the {self.name} is not running; call start() first")
-        return f"{HOST}:{self.port}"
-
-    @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT``."""
-        return f"http://{self.host_port}"
+        if self.port is None:
+            raise RuntimeError(f"the {self.name} is not running; call start() first")
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def host_port(self) -> str:
+        """``127.0.0.1:PORT``."""
+        return self.url.split("://", 1)[1]
 
     @property
     def running(self) -> bool:
@@ -286,10 +286,6 @@ class ExternalEmulator(FakeGCSServer):
     @property
     def url(self) -> str:
         return self._url
-
-    @property
-    def host_port(self) -> str:
-        return self._url.split("://", 1)[1]
 
     @property
     def running(self) -> bool:

@@ -56,6 +56,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import http
 import json
 import os
 import random
@@ -68,91 +69,50 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from ..storage import s3_format
-from ._http11 import Buffer, Closed, multipart_data, parse_reply_head, parse_request_head, with_connection_close
+from ._http11 import Buffer, Closed, edit_head, multipart_data, parse_reply_head, parse_request_head
 
 __all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule", "multipart_data"]
 
-#: Every fault the proxy can inject.
-FAULT_KINDS = (
-    "refuse",
-    "delay",
-    "reset",
-    "drop_reply",
-    "429",
-    "503",
-    "403",
-    "409",
-    "retention",
-    "trickle",
-    "trickle_head",
-    "strip_conditions",
-)
-#: The faults that act on one request (``refuse`` acts on connections).
-REQUEST_FAULTS = FAULT_KINDS[1:]
 #: The faults the proxy answers itself, without forwarding the request.
 _ANSWERED = ("429", "503", "403", "409", "retention")
-#: The request headers ``strip_conditions`` removes.
-_CONDITIONS = (b"if-match", b"if-none-match")
 #: The faults that send the reply slowly, one byte at a time.
 _TRICKLES = ("trickle", "trickle_head")
+#: The faults that act on one request (``refuse`` acts on connections).
+REQUEST_FAULTS = ("delay", "reset", "drop_reply", *_ANSWERED, *_TRICKLES, "strip_conditions")
+#: Every fault the proxy can inject.
+FAULT_KINDS = ("refuse", *REQUEST_FAULTS)
+#: The request headers ``strip_conditions`` removes.
+_CONDITIONS = (b"if-match", b"if-none-match")
 
-#: The replies the proxy gives itself, by dialect: (status, reason, error code, message).
+#: The replies the proxy gives itself, by dialect and fault: (status, error code, message). GCS's are worded as
+#: its JSON API words them (cloud.google.com/storage/docs/json_api/v1/status-codes; a retention policy's refusal
+#: as seen in the wild), S3's as docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html words them.
 _ANSWERS = {
-    "gcs": {
-        "429": (
-            429,
-            "Too Many Requests",
-            "rateLimitExceeded",
-            "The object exceeded the rate limit for object mutation operations (injected by FaultProxy).",
-        ),
-        "503": (503, "Service Unavailable", "backendError", "Backend Error (injected by FaultProxy)."),
-        "403": (
-            403,
-            "Forbidden",
-            "forbidden",
-            "injected@faultproxy does not have storage.objects.create access (injected by FaultProxy).",
-        ),
-        # Worded as GCS documents reason "conflict" (cloud.google.com/storage/docs/json_api/v1/status-codes).
-        "409": (
-            409,
-            "Conflict",
-            "conflict",
-            "The change failed to commit due to a conflicting concurrent change to the same resource "
-            "(injected by FaultProxy).",
-        ),
-        # As GCS words it (seen in the wild: reason "retentionPolicyNotMet", or "forbidden" in older replies).
-        "retention": (
-            403,
-            "Forbidden",
-            "retentionPolicyNotMet",
-            "Object 'bucket/locks/job.json' is subject to bucket's retention policy or object retention and cannot be "
-            "deleted or overwritten until 2031-09-20T12:18:15.93713-07:00 (injected by FaultProxy)",
-        ),
-    },
-    # The same faults worded as S3 words them (docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html).
-    "s3": {
-        "429": (
-            429,
-            "Too Many Requests",
-            "TooManyRequests",
-            "Please reduce your request rate (injected by FaultProxy).",
-        ),
-        "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate. (injected by FaultProxy)"),
-        "403": (403, "Forbidden", "AccessDenied", "Access Denied (injected by FaultProxy)"),
-        "retention": (
-            403,
-            "Forbidden",
-            "AccessDenied",
-            "Access Denied because object protected by object lock. (injected by FaultProxy)",
-        ),
-        "409": (
-            409,
-            "Conflict",
-            "ConditionalRequestConflict",
-            "A conflicting operation occurred. If using PutObject you can retry the request. (injected by FaultProxy)",
-        ),
-    },
+    ("gcs", "429"): (429, "rateLimitExceeded", "The object exceeded the rate limit for object mutation operations."),
+    ("gcs", "503"): (503, "backendError", "Backend Error."),
+    ("gcs", "403"): (403, "forbidden", "injected@faultproxy does not have storage.objects.create access."),
+    ("gcs", "409"): (
+        409,
+        "conflict",
+        "The change failed to commit due to a conflicting concurrent change to the same resource.",
+    ),
+    ("gcs", "retention"): (
+        403,
+        "retentionPolicyNotMet",
+        "Object 'bucket/locks/job.json' is subject to bucket's retention policy or object retention and cannot be "
+        "deleted or overwritten until 2031-09-20T12:18:15.93713-07:00",
+    ),
+    ("s3", "429"): (429, "TooManyRequests", "Please reduce your request rate."),
+    ("s3", "503"): (503, "SlowDown", "Please reduce your request rate."),
+    ("s3", "403"): (403, "AccessDenied", "Access Denied"),
+    ("s3", "retention"): (403, "AccessDenied", "Access Denied because object protected by object lock."),
+    ("s3", "409"): (
+        409,
+        "ConditionalRequestConflict",
+        "A conflicting operation occurred. If using PutObject you can retry the request.",
+    ),
 }
+_DIALECTS = ("gcs", "s3")
 
 
 @dataclasses.dataclass
@@ -177,6 +137,14 @@ class Exchange:
             return None if header is None or header.deleted else self.body[header.offset :]
         return multipart_data(self.body, self.content_type)
 
+    def aimed_at(self, method: str | None, path: str | None, *, probes: bool) -> bool:
+        """Whether this request has ``method`` (any if None) and ``path`` in its path; a probe only if ``probes``."""
+        return (
+            (probes or s3_format.PROBE_MARK not in self.path)
+            and (method is None or self.method == method.upper())
+            and (path is None or path in self.path)
+        )
+
 
 @dataclasses.dataclass
 class Rule:
@@ -194,17 +162,12 @@ class Rule:
     fired: int = 0
 
     def matches(self, ex: Exchange) -> bool:
-        if self.spent:
-            return False
-        if not self.probes and s3_format.PROBE_MARK in ex.path:
-            return False
-        if self.method is not None and ex.method != self.method.upper():
-            return False
-        if self.path is not None and self.path not in ex.path:
-            return False
-        if self.body is not None and self.body not in ex.body:
-            return False
-        return self.when is None or bool(self.when(ex))
+        return (
+            not self.spent
+            and ex.aimed_at(self.method, self.path, probes=self.probes)
+            and (self.body is None or self.body in ex.body)
+            and (self.when is None or bool(self.when(ex)))
+        )
 
     @property
     def spent(self) -> bool:
@@ -222,6 +185,19 @@ class _Chaos:
     refuse_rate: float
     refuse_window: tuple[float, float]
 
+    def draw(self, ex: Exchange) -> Rule | None:
+        """A fault for ``ex`` drawn from the rates (probes are left alone), with its pause or its Retry-After."""
+        if not ex.aimed_at(self.method, self.path, probes=False):
+            return None
+        draw = self.rng.random()
+        for kind, p in self.rates.items():
+            if draw < p:
+                delay = self.rng.uniform(*self.delay) if kind in ("delay", *_TRICKLES) else 0.0
+                retry_after = round(self.rng.uniform(*self.retry_after), 1) if kind in ("429", "503") else None
+                return Rule(kind, delay=delay, retry_after=retry_after)
+            draw -= p
+        return None
+
 
 @dataclasses.dataclass
 class _Stats:
@@ -233,45 +209,9 @@ class _Stats:
     refused_seconds: float = 0.0
 
 
-def _choose(rules: list[Rule], chaos: _Chaos | None, ex: Exchange) -> Rule | None:
-    """Set ``ex.fault``: from the first of ``rules`` that matches (counted as fired; returned), else
-    from a draw of ``chaos`` (None returned). Probes are left alone by chaos."""
-    for rule in rules:
-        if rule.matches(ex):
-            rule.fired += 1
-            ex.fault = rule.kind
-            return rule
-    if (
-        ex.fault is None
-        and chaos is not None
-        and s3_format.PROBE_MARK not in ex.path
-        and (chaos.method is None or ex.method == chaos.method)
-        and (chaos.path is None or chaos.path in ex.path)
-    ):
-        draw = chaos.rng.random()
-        for kind, p in chaos.rates.items():
-            if draw < p:
-                ex.fault = kind
-                break
-            draw -= p
-    return None
-
-
-def _exchange(method: str, target: str, headers: dict[str, str], body: bytes) -> Exchange:
-    parts = urlsplit(target)
-    return Exchange(
-        method=method,
-        path=parts.path,
-        query=dict(parse_qsl(parts.query, keep_blank_values=True)),
-        body=body,
-        content_type=headers.get("content-type", ""),
-        started=time.time(),
-        headers=dict(headers),
-    )
-
-
-def _error_reply(kind: str, retry_after: float | None, *, close: bool, dialect: str) -> bytes:
-    status, reason, code, message = _ANSWERS[dialect][kind]
+def _error_reply(dialect: str, rule: Rule, *, close: bool) -> bytes:
+    status, code, message = _ANSWERS[dialect, rule.kind]
+    message += " (injected by FaultProxy)"
     if dialect == "s3":
         body = (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
@@ -279,33 +219,19 @@ def _error_reply(kind: str, retry_after: float | None, *, close: bool, dialect: 
         ).encode()
         content_type = "application/xml"
     else:
-        body = json.dumps(
-            {
-                "error": {
-                    "code": status,
-                    "message": message,
-                    "errors": [{"message": message, "domain": "global", "reason": code}],
-                }
-            }
-        ).encode()
+        errors = [{"message": message, "domain": "global", "reason": code}]
+        body = json.dumps({"error": {"code": status, "message": message, "errors": errors}}).encode()
         content_type = "application/json; charset=UTF-8"
     lines = [
-        f"HTTP/1.1 {status} {reason}",
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
         f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
     ]
-    if retry_after is not None and kind in ("429", "503"):
-        lines.append(f"Retry-After: {retry_after:g}")
+    if rule.retry_after is not None and rule.kind in ("429", "503"):
+        lines.append(f"Retry-After: {rule.retry_after:g}")
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def _without_headers(head: bytes, names: tuple[bytes, ...]) -> bytes:
-    """A request head without the header lines called ``names`` (lowercase)."""
-    lines = head.split(b"\r\n")
-    kept = [line for line in lines if line.split(b":", 1)[0].strip().lower() not in names]
-    return b"\r\n".join(kept)
 
 
 _HOST = "127.0.0.1"
@@ -363,8 +289,8 @@ class FaultProxy:
             raise ValueError(f"the proxy only forwards to loopback, not {parts.hostname!r}")
         if not lifetime > 0:
             raise ValueError(f"lifetime must be > 0, got {lifetime}")
-        if dialect not in _ANSWERS:
-            raise ValueError(f"dialect must be one of {sorted(_ANSWERS)}, got {dialect!r}")
+        if dialect not in _DIALECTS:
+            raise ValueError(f"dialect must be one of {sorted(_DIALECTS)}, got {dialect!r}")
         self.upstream = (_HOST, parts.port)
         #: How the proxy words the errors it answers itself: "gcs" (JSON API) or "s3" (S3's XML).
         self.dialect = dialect
@@ -470,17 +396,8 @@ class FaultProxy:
             )
         if kind in ("delay", *_TRICKLES) and not delay > 0:
             raise ValueError(f"a {kind} fault needs delay > 0")
-        rule = Rule(
-            kind,
-            method,
-            path,
-            body.encode() if isinstance(body, str) else body,
-            when,
-            times,
-            delay,
-            retry_after,
-            probes,
-        )
+        body = body.encode() if isinstance(body, str) else body
+        rule = Rule(kind, method, path, body, when, times=times, delay=delay, retry_after=retry_after, probes=probes)
         with self._mutex:
             self._rules.append(rule)
         return rule
@@ -516,16 +433,8 @@ class FaultProxy:
         per_request = {k: float(v) for k, v in rates.items() if k != "refuse" and v > 0}
         if sum(per_request.values()) > 1:
             raise ValueError("the per-request fault probabilities add up to more than 1")
-        chaos = _Chaos(
-            random.Random(self._seed if seed is None else seed),
-            per_request,
-            method and method.upper(),
-            path,
-            delay,
-            retry_after,
-            float(rates.get("refuse", 0.0)),
-            refuse_window,
-        )
+        rng, refuse_rate = random.Random(self._seed if seed is None else seed), float(rates.get("refuse", 0.0))
+        chaos = _Chaos(rng, per_request, method, path, delay, retry_after, refuse_rate, refuse_window)
         with self._mutex:
             self._chaos = chaos
         if chaos.refuse_rate > 0:
@@ -570,13 +479,7 @@ class FaultProxy:
         :meth:`inject`) is left out unless ``probes``; :attr:`history` has everything.
         """
         with self._mutex:
-            return [
-                e
-                for e in self.history
-                if (method is None or e.method == method.upper())
-                and (path is None or path in e.path)
-                and (probes or s3_format.PROBE_MARK not in e.path)
-            ]
+            return [e for e in self.history if e.aimed_at(method, path, probes=probes)]
 
     def __repr__(self) -> str:
         where = self.url if self.port is not None and not self._stop.is_set() else "stopped"
@@ -664,45 +567,45 @@ class FaultProxy:
                         return
                     state[0] = True
                 try:
-                    head = cbuf.read_head()
+                    request_head = cbuf.read_to(b"\r\n\r\n")
                 except Closed:
                     return
                 state[0] = False
-                method, target, headers, request_head = parse_request_head(head)
+                method, target, headers = parse_request_head(request_head)
                 body = cbuf.read_body(headers)
-                ex = _exchange(method, target, headers, body)
-                kind, rule = self._decide(ex)
+                url = urlsplit(target)
+                query = dict(parse_qsl(url.query, keep_blank_values=True))
+                ex = Exchange(
+                    method, url.path, query, body, headers.get("content-type", ""), time.time(), headers=headers
+                )
+                rule = self._decide(ex)
+                kind, pause = (rule.kind, rule.delay) if rule is not None else (None, 0.0)
                 keep_alive = headers.get("connection", "").lower() != "close"
 
-                if kind in _ANSWERED:
-                    self._count(answered=True)
-                    ex.status = _ANSWERS[self.dialect][kind][0]
+                if rule is not None and kind in _ANSWERED:
+                    ex.status = _ANSWERS[self.dialect, rule.kind][0]
                     close = self._replying(state, close=not keep_alive)
-                    client.sendall(
-                        _error_reply(kind, self._chaos_retry_after(kind, rule), close=close, dialect=self.dialect)
-                    )
+                    client.sendall(_error_reply(self.dialect, rule, close=close))
                     if close:
                         return
                     continue
                 if kind == "reset":
-                    self._count()
                     _reset(client)
                     return
-                if kind == "delay":
-                    pause = rule.delay if rule is not None else self._chaos_delay()
-                    if self._stop.wait(pause):
-                        return
+                if kind == "delay" and self._stop.wait(pause):
+                    return
                 if upstream is None:
                     upstream = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     ubuf = Buffer(upstream)
                 if kind == "strip_conditions":
-                    request_head = _without_headers(request_head, _CONDITIONS)
+                    request_head = edit_head(request_head, _CONDITIONS)
                 upstream.sendall(request_head + body)
-                reply_head = ubuf.read_head()
+                reply_head = ubuf.read_to(b"\r\n\r\n")
                 status, reply_headers = parse_reply_head(reply_head)
                 reply_body, upstream_done = ubuf.read_reply_body(reply_headers, status, method)
-                self._count(forwarded=True)
+                with self._mutex:
+                    self._stats.forwarded += 1
                 if upstream_done or reply_headers.get("connection", "").lower() == "close":
                     upstream.close()
                     upstream = None
@@ -712,13 +615,15 @@ class FaultProxy:
                 ex.status = status
                 close = self._replying(state, close=not keep_alive or upstream_done)
                 if close:
-                    reply_head = with_connection_close(reply_head)
-                if kind in _TRICKLES:
-                    pause = rule.delay if rule is not None else self._chaos_delay()
-                    if not self._trickle(client, reply_head, reply_body, pause, whole=kind == "trickle_head"):
+                    reply_head = edit_head(reply_head, (b"connection",), b"Connection: close")
+                reply = reply_head + reply_body
+                # A trickle sends the head at once (trickle_head: not even that), then a byte per pause.
+                sent = {"trickle": len(reply_head), "trickle_head": 0}.get(kind or "", len(reply))
+                client.sendall(reply[:sent])
+                for i in range(sent, len(reply)):
+                    if self._stop.wait(pause):
                         return
-                else:
-                    client.sendall(reply_head + reply_body)
+                    client.sendall(reply[i : i + 1])
                 if close:
                     return
         except (OSError, Closed, ValueError):
@@ -732,31 +637,24 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     upstream.close()
 
-    def _trickle(self, client: socket.socket, reply_head: bytes, body: bytes, pause: float, *, whole: bool) -> bool:
-        """Send a reply one byte per ``pause`` seconds, its head at once unless ``whole``; False if stopped."""
-        reply = reply_head + body
-        sent = 0 if whole else len(reply_head)
-        client.sendall(reply[:sent])
-        for i in range(sent, len(reply)):
-            if self._stop.wait(pause):
-                return False
-            client.sendall(reply[i : i + 1])
-        return True
+    def _decide(self, ex: Exchange) -> Rule | None:
+        """The first rule that matches ``ex`` (it fires), else a draw of chaos; kept as ``ex.fault``, counted.
 
-    def _decide(self, ex: Exchange) -> tuple[str | None, Rule | None]:
+        A fault the proxy answers itself counts as answered here, before its reply is sent."""
         with self._mutex:
             self._stats.requests += 1
-            rule = _choose(self._rules, self._chaos, ex)
+            rule = next((r for r in self._rules if r.matches(ex)), None)
+            if rule is not None:
+                rule.fired += 1
+            elif self._chaos is not None:
+                rule = self._chaos.draw(ex)
             self._rules = [r for r in self._rules if not r.spent]
-            if ex.fault is not None:
-                self._stats.faults[ex.fault] += 1
+            if rule is not None:
+                ex.fault = rule.kind
+                self._stats.faults[rule.kind] += 1
+                self._stats.answered += rule.kind in _ANSWERED
             self.history.append(ex)
-            return ex.fault, rule
-
-    def _count(self, *, forwarded: bool = False, answered: bool = False) -> None:
-        with self._mutex:
-            self._stats.forwarded += forwarded
-            self._stats.answered += answered
+            return rule
 
     def _replying(self, state: list[bool], *, close: bool) -> bool:
         """About to send a reply: whether to close after it; else the connection counts as idle.
@@ -772,20 +670,6 @@ class FaultProxy:
 
     def _refusing(self) -> bool:
         return time.monotonic() < self._refused_until
-
-    def _chaos_delay(self) -> float:
-        with self._mutex:
-            chaos = self._chaos
-            return chaos.rng.uniform(*chaos.delay) if chaos else 0.0
-
-    def _chaos_retry_after(self, kind: str, rule: Rule | None) -> float | None:
-        if rule is not None:
-            return rule.retry_after
-        if kind not in ("429", "503"):
-            return None
-        with self._mutex:
-            chaos = self._chaos
-            return round(chaos.rng.uniform(*chaos.retry_after), 1) if chaos else None
 
 
 def _reset(sock: socket.socket) -> None:

@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from handofflock.testing.sim import model
 from handofflock.testing.sim.bugs import BUGS, PROTOCOL_BUGS
+from handofflock.testing.sim import model
 from handofflock.testing.sim.run import coverage_line, run_seed, run_seeds
 
 SEEDS = 80

@@ -22,8 +22,7 @@ from typing import Any
 
 from handofflock import AsyncHandoffLock, FakeClock, HandoffLock, LockRecord, Scheduler
 from handofflock.storage import MemoryStorage
-from handofflock.testing.sim.aio_party import SimLoop, SimThreads
-from handofflock.testing.sim.hub import MONO0, WALL0, Hub, Proc, SimClock, sim_primitives
+from handofflock.testing.sim.hub import MONO0, WALL0, Hub, Proc, SimClock, SimLoop, SimThreads, sim_primitives
 
 KEY = "locks/job.json"
 _names = itertools.count()

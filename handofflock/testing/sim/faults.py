@@ -43,11 +43,6 @@ class Faults:
     slow_read_max: float = 0.0
     max_latency: float = 0.05
 
-    @property
-    def gentle(self) -> bool:
-        """Only the faults a healthy owner must survive: throttling at GCS's rate and slow reads."""
-        return self.fail == 0 and self.lost_reply == 0 and self.throttle == 0
-
 
 @dataclass
 class Net:

@@ -6,26 +6,36 @@ a real thread could be overtaken by another process: a clock wait or sleep, a
 storage request, a contended mutex. When none is runnable the hub moves time to
 the next deadline. The parts a lock is built from are named after what they
 replace: :class:`SimClock` (a :class:`~handofflock.core.clock.Clock`),
-:class:`SimMutex` and :class:`SimEvent` (``threading``'s), and
-:func:`sim_primitives` (a :class:`~handofflock.lock.primitives.Primitives`).
-greenlet is a test dependency, imported here only.
+:class:`SimMutex` and :class:`SimEvent` (``threading``'s),
+:func:`sim_primitives` (a :class:`~handofflock.lock.primitives.Primitives`),
+:class:`SimLoop` (an asyncio event loop on a process's monotonic clock, whose
+``select`` parks until its next timer or a call from another thread) and
+:class:`SimThreads` (the async lock's :class:`~handofflock.aio_threads.Threads`:
+a worker thread is a greenlet of the process, and a call back to the loop is a
+callback scheduled on it, waited for by parking). anyio runs on a SimLoop as
+on any asyncio loop. greenlet is a test dependency, imported here only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
 from asyncio import events as asyncio_events
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import greenlet
+from anyio.lowlevel import EventLoopToken
 
+from ...aio_threads import Threads
 from ...core.clock import Clock
 from ...lock.primitives import Primitives
+
+T = TypeVar("T")
 
 MONO0, WALL0 = 1000.0, 1_700_000_000.0
 
@@ -187,26 +197,22 @@ class SimMutex:
     """A mutex for greenlets (``threading.Lock``'s shape): a contender gives way until it is free."""
 
     def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.held = False
-        self._free = threading.Event()
+        self._free = SimEvent(hub)
         self._free.set()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        while self.held:
+        while not self._free.is_set():
             if not blocking:
                 return False
-            self.hub.park(math.inf, self._free)
-        self.held = True
+            self._free.wait()
         self._free.clear()
         return True
 
     def release(self) -> None:
-        self.held = False
         self._free.set()
 
     def locked(self) -> bool:
-        return self.held
+        return not self._free.is_set()
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -312,3 +318,130 @@ def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
         leave_signals=lambda: None,
         perf_counter=lambda: 0.0,
     )
+
+
+#: ``select(0)`` calls in a row after which a loop that never parks is a livelock.
+_MAX_SPINS = 100_000
+
+
+class _SimSelector:
+    """What asyncio's loop waits in: parks until the loop's next timer (``timeout``) or a threadsafe call."""
+
+    def __init__(self, loop: SimLoop) -> None:
+        self.loop = loop
+        self.spins = 0
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        loop = self.loop
+        if loop.wake.is_set() or timeout == 0:
+            self.spins += 1
+            if self.spins > _MAX_SPINS:
+                raise Violation(f"livelock: the event loop of {loop.proc.name} ran {_MAX_SPINS} rounds without waiting")
+        else:
+            self.spins = 0
+            loop.clock.wait(loop.wake, timeout)
+        loop.wake.clear()
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class SimLoop(asyncio.BaseEventLoop):
+    """An asyncio event loop on one simulated process's monotonic clock."""
+
+    def __init__(self, hub: Hub, proc: Proc, clock: SimClock) -> None:
+        super().__init__()
+        self.hub, self.proc, self.clock = hub, proc, clock
+        self.wake = SimEvent(hub)
+        self._selector = _SimSelector(self)
+
+    def time(self) -> float:
+        return self.clock.monotonic()
+
+    def _write_to_self(self) -> None:  # call_soon_threadsafe's wake-up
+        self.wake.set()
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        pass
+
+
+class SimThreads(Threads):
+    """The async lock's threads in one simulated process: greenlets, and calls to the loop that park."""
+
+    def __init__(self, hub: Hub, proc: Proc) -> None:
+        super().__init__(sim_primitives(hub, proc))
+        self.hub, self.proc = hub, proc
+        self._awaiting: set[asyncio.Future[None]] = set()
+
+    def ident(self) -> int:
+        return id(greenlet.getcurrent())
+
+    async def run_sync(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, error: BaseException | None) -> None:
+            if done.done():  # the awaiting task was cancelled: the call is abandoned
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                result = fn()
+            except BaseException as exc:  # handed to the awaiting task
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        self.start(work, f"{self.proc.name}-aio-worker")
+        return await done
+
+    def start(self, fn: Callable[[], None], name: str) -> None:
+        self.hub.spawn(name, fn, self.proc)
+
+    def _on_loop(self, token: EventLoopToken, run: Callable[[Callable[[], None]], None]) -> None:
+        loop = token.native_token
+        assert isinstance(loop, SimLoop)
+        ended, box = SimEvent(self.hub), {}
+
+        def finished(error: BaseException | None = None) -> None:
+            box["error"] = error
+            ended.set()
+
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        loop.call_soon_threadsafe(run, finished)
+        ended.wait()
+        if box.get("error") is not None:
+            raise box["error"]  # type: ignore[misc]
+
+    def call_on_loop(self, token: EventLoopToken, fn: Callable[..., Any], *args: Any) -> None:
+        def run(finished: Callable[..., None]) -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:
+                finished(exc)
+            else:
+                finished()
+
+        self._on_loop(token, run)
+
+    def await_on_loop(self, token: EventLoopToken, fn: Callable[[], Awaitable[Any]]) -> None:
+        def run(finished: Callable[..., None]) -> None:
+            async def main() -> None:
+                try:
+                    await fn()
+                except BaseException as exc:
+                    finished(exc)
+                else:
+                    finished()
+
+            task = asyncio.ensure_future(main())
+            self._awaiting.add(task)  # a task nobody references may be collected before it ends
+            task.add_done_callback(self._awaiting.discard)
+
+        self._on_loop(token, run)

@@ -18,6 +18,7 @@ latency inside a step. The simulation covers those.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -89,71 +90,63 @@ def _held(party: Party, rec: LockRecord, gen: int, valid_until: float) -> Party:
 
 def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
     out: list[tuple[str, State]] = []
+
+    def step(i: int, what: str, party: Party, state: State = s) -> None:
+        """``what`` happens: the store is ``state``, and party ``i`` becomes ``party``."""
+        out.append((f"{party.me.instance} {what}", _set(state, i, party)))
+
     if s.now < HORIZON:
         out.append(("tick", replace(s, now=s.now + 1)))
     for i, party in enumerate(s.parties):
         name, me, t = party.me.instance, party.me, s.now
         if party.phase == "idle" and party.starts < max_starts:
-            out.append((f"{name} starts acquire", _set(s, i, replace(party, phase="acquire", starts=party.starts + 1))))
+            step(i, "starts acquire", replace(party, phase="acquire", starts=party.starts + 1))
         elif party.phase in ("acquire", "give_up") and party.view is None:
-            out.append((f"{name} reads", _set(s, i, replace(party, view=(s.record, s.generation)))))
+            step(i, "reads", replace(party, view=(s.record, s.generation)))
             if party.phase == "acquire" and party.waiting:
-                out.append((f"{name} gives up", _set(s, i, replace(party, phase="give_up"))))
+                step(i, "gives up", replace(party, phase="give_up"))
         elif party.phase == "acquire" and party.view is not None:
             rec, gen = party.view
             d = p.decide_acquire(rec, gen, me=me, now=t, timing=TIMING, nonce=NONCE, waiting=party.waiting)
             if isinstance(d, p.Owned):
                 assert d.record.owner is not None
                 valid_until = d.record.owner.expires_at - (TTL - RENEW_DEADLINE)
-                out.append(
-                    (
-                        f"{name} finds the lock handed to it",
-                        _set(s, i, _held(party, d.record, d.generation, valid_until)),
-                    )
-                )
+                step(i, "finds the lock handed to it", _held(party, d.record, d.generation, valid_until))
             elif isinstance(d, p.Write):
                 s2, ok = _write(s, d, i)
                 if not ok:
-                    out.append((f"{name} {d.kind.value}: 412", _set(s, i, replace(party, view=None))))
+                    step(i, f"{d.kind.value}: 412", replace(party, view=None))
                 elif d.kind in (p.Kind.CREATE, p.Kind.TAKE, p.Kind.RETAKE):
-                    out.append(
-                        (
-                            f"{name} {d.kind.value}s token {d.record.token}",
-                            _set(s2, i, _held(party, d.record, s2.generation, t + RENEW_DEADLINE)),
-                        )
-                    )
+                    held = _held(party, d.record, s2.generation, t + RENEW_DEADLINE)
+                    step(i, f"{d.kind.value}s token {d.record.token}", held, s2)
                 else:
-                    out.append((f"{name} {d.kind.value}", _set(s2, i, replace(party, view=None, waiting=True))))
+                    step(i, d.kind.value, replace(party, view=None, waiting=True), s2)
             elif isinstance(d, p.Contended):
-                out.append((f"{name} contended", _set(s, i, replace(party, phase="idle", view=None, waiting=False))))
+                step(i, "contended", replace(party, phase="idle", view=None, waiting=False))
             else:
-                out.append((f"{name} waits", _set(s, i, replace(party, view=None))))
+                step(i, "waits", replace(party, view=None))
         elif party.phase == "give_up" and party.view is not None:
             rec, gen = party.view
             d = p.decide_give_up_wait(rec, gen, me=me, now=t, timing=TIMING, nonce=NONCE)
             if isinstance(d, p.Owned):  # a cancel that was handed the lock releases it
                 release = replace(_held(party, d.record, d.generation, -1.0), phase="release")
-                out.append((f"{name} was handed the lock; releases it", _set(s, i, release)))
+                step(i, "was handed the lock; releases it", release)
             elif isinstance(d, p.Write):
                 s2, ok = _write(s, d, i)
                 after = replace(party, view=None) if not ok else replace(party, phase="idle", view=None, waiting=False)
-                out.append((f"{name} {d.kind.value}" + ("" if ok else ": 412"), _set(s2, i, after)))
+                step(i, d.kind.value + ("" if ok else ": 412"), after, s2)
             else:
-                out.append((f"{name} gave up", _set(s, i, replace(party, phase="idle", view=None, waiting=False))))
+                step(i, "gave up", replace(party, phase="idle", view=None, waiting=False))
         elif party.phase in ("held", "release") and party.known is not None:
             rec, gen = party.known
             if party.phase == "held":
-                out.append((f"{name} releases", _set(s, i, replace(party, phase="release"))))
+                step(i, "releases", replace(party, phase="release"))
                 seen = p.observe_as_owner(s.record, me=me, token=party.token, now=t)
                 stale = not (_owner(s.record)[1] == name and s.record is not None and s.record.token == party.token)
                 if isinstance(seen, p.Lost):
-                    out.append(
-                        (f"{name} checks: lost", _set(s, i, replace(party, phase="idle", known=None, valid_until=-1.0)))
-                    )
+                    step(i, "checks: lost", replace(party, phase="idle", known=None, valid_until=-1.0))
                 else:
-                    out.append(
-                        (f"{name} checks", _set(s, i, replace(party, known=(s.record, s.generation), stale=stale)))
-                    )
+                    step(i, "checks", replace(party, known=(s.record, s.generation), stale=stale))
                 d = p.decide_renew(rec, gen, me=me, token=party.token, now=t, timing=TIMING, nonce=NONCE)
             else:
                 d = p.decide_release(rec, gen, me=me, token=party.token, now=t, timing=TIMING, nonce=NONCE)
@@ -161,17 +154,13 @@ def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
             if isinstance(d, p.Write):
                 s2, ok = _write(s, d, i)
                 if not ok:
-                    out.append(
-                        (f"{name} {what}: 412, reads", _set(s, i, replace(party, known=(s.record, s.generation))))
-                    )
+                    step(i, f"{what}: 412, reads", replace(party, known=(s.record, s.generation)))
                 elif party.phase == "held":
-                    out.append(
-                        (f"{name} renews", _set(s2, i, _held(party, d.record, s2.generation, t + RENEW_DEADLINE)))
-                    )
+                    step(i, "renews", _held(party, d.record, s2.generation, t + RENEW_DEADLINE), s2)
                 else:
-                    out.append((f"{name} {d.kind.value}", _set(s2, i, Party(me, starts=party.starts))))
+                    step(i, d.kind.value, Party(me, starts=party.starts), s2)
             else:
-                out.append((f"{name} {what}: {type(d).__name__}", _set(s, i, Party(me, starts=party.starts))))
+                step(i, f"{what}: {type(d).__name__}", Party(me, starts=party.starts))
     return out
 
 
@@ -232,7 +221,7 @@ def check_all(*, bug: str | None = None, long: bool = False) -> int:
     failed, total, deepest = False, 0, 0
     for parties, depth in configs:
         started = time.monotonic()
-        with planted(bug) if bug else _nothing():
+        with planted(bug) if bug else contextlib.nullcontext():
             states, example, reached = explore(parties, depth)
         took = time.monotonic() - started
         label = f"{parties} parties" + (f", bug {bug!r} planted" if bug else "")
@@ -249,11 +238,3 @@ def check_all(*, bug: str | None = None, long: bool = False) -> int:
     if not failed:
         print(f"model check: {total} states, depth {deepest}, 0 violations")
     return 1 if failed else 0
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

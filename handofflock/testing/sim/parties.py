@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...fencing import FencedObject
 from ...lock.handoff import HandoffLock
 from ...lock.scheduler import Scheduler
 from .faults import SimStore
-from .hub import Proc, SimClock
+from .hub import Proc, SimClock, SimLoop
 
 
 @dataclass(eq=False)
@@ -32,8 +31,7 @@ class Party:
     busy_until: float = -math.inf  # a long job: no release of its own accord before this
     finish: bool = False  # the job ends: release at the next look
     letting_go_at: float = math.inf  # asked to release: when its checkpoint is done
-    loop: Any = None  # an async party's event loop
-    ops: int = 0
+    loop: SimLoop | None = None  # an async party's event loop
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -32,15 +32,17 @@ def run_seed(seed: int, *, bug: str | None = None, strict_suspend: bool = False,
     with planted(bug) if bug else contextlib.nullcontext():
         world = World(seed)
         world.checker.strict_suspend = strict_suspend
+        violation = None
         try:
             world.run()
-            return Outcome(seed, None, list(world.hub.trace[-trace:]), world.hub.steps, world.config, world.coverage)
         except Violation as exc:
-            return Outcome(
-                seed, str(exc), list(world.hub.trace[-trace:]), world.hub.steps, world.config, world.coverage
+            violation = str(exc)
+        finally:  # what the run did, before close() unwinds what is left of it
+            outcome = Outcome(
+                seed, violation, list(world.hub.trace[-trace:]), world.hub.steps, world.config, world.coverage
             )
-        finally:
             world.close()
+        return outcome
 
 
 def run_seeds(

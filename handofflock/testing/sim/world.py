@@ -12,7 +12,7 @@ wall clock jumps), kills parties at any moment, and starts twins (a second
 process under a live party's stable owner id). In some worlds every party has
 a second lock under the same prefix in the same scheduler, so its waiter
 checks are grouped into listings. In some the first party drives the async
-lock from an event loop (:mod:`.aio_party`). A director aims at two moments:
+lock from an event loop (:class:`~.hub.SimLoop`). A director aims at two moments:
 an heir stopped as it is handed the lock, and an owner's job that ends over
 an expired waiter slot. Every party runs the real scheduler loop.
 """
@@ -25,7 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
+from ...aio import AsyncHandoffLock
 from ...core.errors import (
+    AcquireCancelled,
     AlreadyAcquired,
     HandoffLockError,
     LockLost,
@@ -37,10 +41,9 @@ from ...lock import events as signals
 from ...lock.handoff import Acquired, HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
-from .aio_party import run_async_party
 from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Rules
 from .faults import Faults, Net, SimStore
-from .hub import MONO0, Hub, Proc, SimClock, Violation, sim_primitives
+from .hub import MONO0, Hub, Proc, SimClock, SimLoop, SimThreads, Violation, sim_primitives
 from .parties import Party
 
 
@@ -110,12 +113,9 @@ class World:
         )
         self.checker = Checker(self.hub, rules, self.parties)
         self.backend = MemoryStorage(f"sim-{seed}")
-        self.net = Net(self.hub, self.rng, f, self.backend, self._applied)
+        self.net = Net(self.hub, self.rng, f, self.backend, self.checker.on_applied)
         self.hub.on_step = self.checker.check
         self._ids = 0
-
-    def _applied(self, party: Any, key: str, data: bytes, generation: int) -> None:
-        self.checker.on_applied(party, key, data, generation)
 
     # ------------------------------------------------------------------ parties
 
@@ -144,23 +144,20 @@ class World:
         store.party = party
         party.slow_receiver = self.rng.choice([0.0, 0.0, 0.0, c.ttl])
         self.parties.append(party)
+
+        def checkpoint(sender: object, **kw: object) -> None:  # a slow receiver: a checkpoint before letting go
+            party.clock.sleep(party.slow_receiver)
+
         if party.slow_receiver:
-            signals.on_release_requested.connect(self._slow_receiver(party), sender=lock, weak=False)
+            signals.on_release_requested.connect(checkpoint, sender=lock, weak=False)
         if c.asynchronous and self._ids == 1:
-            hub.spawn(f"{proc.name}-main", lambda: run_async_party(self, party), proc)
+            hub.spawn(f"{proc.name}-main", lambda: self._async_main(party), proc)
         else:
             hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
         if side is not None:
             hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
         hub.note(f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else ""))
         return party
-
-    @staticmethod
-    def _slow_receiver(party: Party) -> Callable[..., None]:
-        def receive(sender: object, **kw: object) -> None:
-            party.clock.sleep(party.slow_receiver)  # a checkpoint before letting go
-
-        return receive
 
     def _side_actor(self, party: Party) -> None:
         """A second lock under the same prefix: held on and off, so the scheduler's waiter checks form a group."""
@@ -183,7 +180,6 @@ class World:
         r, hub, lock, c = self.rng, self.hub, party.lock, self.config
         ttl = c.ttl
         while self.net.chaos and party.alive:
-            party.ops += 1
             choice = r.random()
             if lock.is_held:
                 if choice < 0.03 and not c.gentle:
@@ -217,6 +213,55 @@ class World:
             # is not taken over at once, and an owner may come to hand off over one that expired.
             rest = r.uniform(1.0, 4.0) * ttl if r.random() < 0.25 else r.uniform(0.0, ttl / 2)
             hub.park(hub.now + rest)
+
+    def _async_main(self, party: Party) -> None:
+        """An async party's main thread: an event loop running :meth:`_async_actor` until the chaos stops."""
+        loop = party.loop = SimLoop(self.hub, party.proc, party.clock)
+        alock = AsyncHandoffLock(lock=party.lock, threads=SimThreads(self.hub, party.proc))
+        try:
+            loop.run_until_complete(self._async_actor(party, alock))
+        finally:
+            if not loop.is_running():
+                loop.close()
+
+    async def _async_actor(self, party: Party, alock: AsyncHandoffLock) -> None:
+        """Acquire (some acquires cancelled by a deadline on the task), hold a while, release: an async program."""
+        r, hub, checker, ttl = self.rng, self.hub, self.checker, self.config.ttl
+        while self.net.chaos and party.alive:
+            if alock.is_held:
+                await anyio.sleep(r.uniform(0.0, ttl / 4))
+                if alock.release_requested or r.random() < 0.3:
+                    party.notes.append("released")
+                    try:
+                        hub.note(f"{party.name} async release -> {await alock.release()!r}")
+                    except (*EXPECTED, AlreadyAcquired) as exc:
+                        hub.note(f"{party.name} async release raised {type(exc).__name__}")
+                elif not alock.is_held:
+                    checker.lost_while_gentle(party, "the async lock was lost while held")
+                continue
+            cancel_after = r.uniform(0.05, 2.0) * ttl if r.random() < 0.5 else math.inf
+            timeout = r.uniform(0.5, 4.0) * ttl
+            result: object = None
+            party.in_acquire = True
+            try:
+                with anyio.move_on_after(cancel_after) as scope:
+                    got = await alock.acquire(timeout=timeout, request_release=r.random() < 0.8)
+                    result = bool(got)
+                if scope.cancelled_caught:
+                    result = AcquireCancelled("the task was cancelled")
+                    checker.count("async_cancels")
+            except AlreadyAcquired:  # still releasing (a release being retried): the API says no
+                await anyio.sleep(r.uniform(0.0, ttl / 2))
+                continue
+            except EXPECTED as exc:
+                result = exc
+            finally:
+                party.in_acquire = False
+                party.left_wait_at = hub.now
+            checker.count("async")
+            hub.note(f"{party.name} async acquire -> {result!r}")
+            self.acquire_ended(party, result)
+            await anyio.sleep(r.uniform(0.0, ttl / 2))
 
     def acquire_once(self, party: Party) -> None:
         r, hub, lock, ttl = self.rng, self.hub, party.lock, self.config.ttl
@@ -414,10 +459,6 @@ class World:
                 for receiver in list(sig.receivers_for(p.lock)):
                     sig.disconnect(receiver, sender=p.lock)
         MemoryStorage.forget(self.backend.name)
-
-    @property
-    def ttl(self) -> float:
-        return self.config.ttl
 
     @property
     def coverage(self) -> dict[str, int]:
