@@ -92,17 +92,28 @@ def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, v
 # --------------------------------------------------------------------------- labels
 
 
-def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path):
+def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path, capsys):
     url = (tmp_path / "lock.json").as_uri()
-    holder = holder_run(url, tmp_path, "--grace", "12")
-    try:
-        proc = subprocess.run([str(CONSOLE_SCRIPT), "status", url, "--json"], check=False, capture_output=True, text=True,
-                              env=child_env(), timeout=60)
-        doc = json.loads(proc.stdout)
-        assert (doc["ownerId"], doc["ownerLabel"], doc["ownerGrace"]) == ("holder-job", "pod=ml/train-0", 12.0)
-        assert doc["releaseRequested"] is False
-    finally:
-        kill_run(holder)
+    looked = tmp_path / "looked"
+    asked = []
+
+    def status_while_held():  # `status --json` from a thread while run, in this process, holds the lock
+        try:
+            eventually(lambda: raw_read(url)[0] is not None, what="run acquired")
+            asked.append(main(["status", url, "--json"]))
+        finally:
+            looked.touch()
+
+    thread = threading.Thread(target=status_while_held)
+    thread.start()
+    code = main(["run", url, "--owner-id", "holder-job", "--label", "pod=ml/train-0", "--grace", "12", "--",
+                 "sh", "-c", f"while [ ! -e {looked} ]; do sleep 0.01; done"])
+    thread.join(30)
+    out, err = capsys.readouterr()
+    assert code == 0 and asked == [0], err
+    doc = json.loads(out)
+    assert (doc["ownerId"], doc["ownerLabel"], doc["ownerGrace"]) == ("holder-job", "pod=ml/train-0", 12.0)
+    assert doc["releaseRequested"] is False
 
 
 # --------------------------------------------------------------------------- requests that go away
