@@ -21,7 +21,7 @@ import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen
 from lockutil import eventually, raw_read
 
-from handofflock import HandoffLock
+from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import main
 from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
@@ -58,26 +58,29 @@ def holder_run(url: str, tmp_path: Path, *extra: str, job: tuple[str, ...] = ())
 # --------------------------------------------------------------------------- the command and --signal, checked first
 
 
-def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
+def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path, capsys):
     url = (tmp_path / "lock.json").as_uri()
-    holder = holder_run(url, tmp_path, "--grace", "10")
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, autostart=False)
+    holder = HandoffLock(url, owner_id="holder-job", waiter_check_interval=0.2, clock=clock, scheduler=sched)
+    assert holder.acquire()
     try:
         notexec = tmp_path / "train.sh"
         notexec.write_text("#!/bin/sh\n")
         for command, code, says in (("pyhton", EXIT_NOT_FOUND, "command not found: pyhton"),
                                     (str(notexec), EXIT_CANNOT_EXECUTE, "is not executable"),
                                     (str(tmp_path), EXIT_CANNOT_EXECUTE, "is a directory")):
-            proc = subprocess.run([str(CONSOLE_SCRIPT), "run", url, "--", command, "train.py"],
-                                  check=False, capture_output=True, text=True, env=child_env(), timeout=60)
+            proc = in_process(["run", url, "--", command, "train.py"], capsys)
             assert proc.returncode == code, proc.stderr
             assert says in proc.stderr and "the lock was not asked for" in proc.stderr
         record, _ = raw_read(url)
         assert record.owner_id == "holder-job" and record.waiting_owner_id is None
-        time.sleep(0.6)  # three of the holder's checks: nobody asked it for anything
-        assert holder.poll() is None
+        for _ in range(3):  # three of the holder's checks: nobody asked it for anything
+            clock.advance(0.2)
+            sched.run_pending()
+        assert holder.is_held and not holder.release_requested
     finally:
-        kill_run(holder)
-    assert "asks for" not in holder.stderr.read()
+        holder.release()
 
 
 @pytest.mark.parametrize("value", ["KILL", "9", "STOP", "CHLD", "SEGV", "WINCH", "0", "65", "TERMINATE"])
