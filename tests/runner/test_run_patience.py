@@ -1,4 +1,5 @@
-"""``handofflock run --no-request`` and ``--no-yield``, and ``--timeout`` behind another waiter, through the real command (the runs that only refuse, and `status`, in this process)."""
+"""``handofflock run --no-request`` and ``--no-yield``, and ``--timeout`` behind another waiter, through the real
+command (``status``, and the runs that only wait and refuse, through the cli in this process)."""
 
 from __future__ import annotations
 
