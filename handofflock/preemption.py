@@ -42,7 +42,6 @@ import math
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -51,6 +50,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from .core.backoff import Backoff
+from .core.clock import Clock
 from .core.errors import ConfigurationError
 from .core.threads import quiet
 
@@ -147,12 +147,12 @@ class _Aws:
         self.token_until = 0.0
 
     def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
-        if self.token is None or time.monotonic() >= self.token_until:
+        if self.token is None or ch.clock.monotonic() >= self.token_until:
             ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(_AWS_TOKEN_TTL)}
             reply = ch._request("PUT", AWS_TOKEN_PATH, ttl, limit=1024)
             if reply.status != 200 or not reply.body.strip():
                 raise _NotMetadata(f"no IMDSv2 token (HTTP {reply.status})")
-            self.token, self.token_until = reply.body.strip(), time.monotonic() + _AWS_TOKEN_TTL - 60
+            self.token, self.token_until = reply.body.strip(), ch.clock.monotonic() + _AWS_TOKEN_TTL - 60
         notice = self._get(ch, AWS_ACTION_PATH, "action", "time")
         if notice is None and self.rebalance:
             notice = self._get(ch, AWS_REBALANCE_PATH, "noticeTime", None)
@@ -205,7 +205,7 @@ class _Azure:
             resources = event.get("Resources") or []
             if resources and self.vm_name not in resources:
                 continue
-            at = time.time() if event.get("EventStatus") == "Started" else _http_time(event.get("NotBefore"))
+            at = ch.clock.time() if event.get("EventStatus") == "Started" else _http_time(event.get("NotBefore"))
             return PreemptionNotice("azure", str(event["EventType"]), at)
         return None
 
@@ -284,7 +284,8 @@ class PreemptionWatcher:
     off from ``backoff_initial`` to ``backoff_max`` seconds (with jitter).
     ``aws_rebalance``: treat AWS's rebalance recommendation as a notice.
     ``azure_events``: the Azure EventTypes that count (add "Reboot" or
-    "Redeploy" to yield before maintenance too).
+    "Redeploy" to yield before maintenance too). ``clock``: where the times
+    and waits come from (tests pass a :class:`~handofflock.FakeClock`).
 
     After the notice: ``preempted`` is True, ``notice`` says what the cloud
     said, ``noticed_at`` is the Unix time, ``deadline`` what was passed on,
@@ -306,6 +307,7 @@ class PreemptionWatcher:
         backoff_max: float = 60.0,
         aws_rebalance: bool = False,
         azure_events: Sequence[str] = ("Preempt", "Terminate"),
+        clock: Clock | None = None,
     ) -> None:
         if not callable(getattr(target, "request_release", None)):
             raise ConfigurationError(
@@ -342,6 +344,7 @@ class PreemptionWatcher:
         if "/" in self.host:
             raise ConfigurationError(f"metadata host must be host or host:port, got {self.host!r}")
         self.target = target
+        self.clock = clock or Clock()
         self.notice_grace = None if notice_grace is None else float(notice_grace)
         self.poll_timeout = poll_timeout
         self.poll_interval = float(poll_interval)
@@ -413,7 +416,7 @@ class PreemptionWatcher:
     def _run(self) -> None:
         failures = 0
         while not self._stop.is_set():
-            started = time.monotonic()
+            started = self.clock.monotonic()
             cloud = self._cloud
             try:
                 if cloud is None:
@@ -431,7 +434,7 @@ class PreemptionWatcher:
                 level = logging.INFO if failures == 1 else logging.DEBUG
                 what = f"{cloud.name} metadata server at" if cloud is not None else "looking for a metadata server at"
                 _log.log(level, "%s %s: %s; retrying in %.1f s", what, self.host, _why(exc), delay)
-                self._stop.wait(delay)
+                self.clock.wait(self._stop, delay)
                 continue
             if failures:
                 _log.info("%s metadata server at %s answers again", cloud.name, self.host)
@@ -439,7 +442,7 @@ class PreemptionWatcher:
             if notice is not None:
                 self._noticed(notice)
                 return
-            self._stop.wait(max(0.0, cloud.pace(self) - (time.monotonic() - started)))
+            self.clock.wait(self._stop, max(0.0, cloud.pace(self) - (self.clock.monotonic() - started)))
 
     def _detect(self) -> tuple[_Cloud, PreemptionNotice | None]:
         """Probe each cloud's dialect at ``host`` in turn; the first believable answer decides."""
@@ -458,7 +461,7 @@ class PreemptionWatcher:
         raise _NotMetadata("no GCE, AWS or Azure metadata server there (" + "; ".join(refused) + ")")
 
     def _noticed(self, notice: PreemptionNotice) -> None:
-        now = time.time()
+        now = self.clock.time()
         latest = now + (DEFAULT_NOTICE_GRACE if self.notice_grace is None else self.notice_grace)
         if notice.at is None:
             deadline = latest

@@ -9,7 +9,7 @@ import urllib.request
 import uuid
 
 import pytest
-from fake_metadata import FakeMetadataServer
+from fake_metadata import FakeMetadataServer, let_run
 
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler, signals
 from handofflock.preemption import DEFAULT_METADATA_HOST, METADATA_IP, PreemptionWatcher
@@ -94,8 +94,10 @@ def test_a_reply_without_the_metadata_flavor_header_is_not_believed(lock):
 
 def test_no_server_means_backing_off_not_a_flood_of_requests(lock):
     port = free_port()  # nothing listens there: connection refused
-    watcher = PreemptionWatcher(lock, host=f"127.0.0.1:{port}", backoff_initial=0.05, backoff_max=0.2).start()
-    time.sleep(1.0)
+    clock = FakeClock()
+    watcher = PreemptionWatcher(lock, host=f"127.0.0.1:{port}", backoff_initial=0.05, backoff_max=0.2, clock=clock)
+    watcher.start()
+    let_run(clock, 1.0)
     watcher.stop()
     assert not watcher.running
     # Without backoff this would be thousands. With 0.05 s doubling to a 0.2 s cap and full jitter (a draw
@@ -107,8 +109,12 @@ def test_no_server_means_backing_off_not_a_flood_of_requests(lock):
 
 def test_a_server_that_never_answers_costs_bounded_timeouts(lock):
     with FakeMetadataServer(hang=True) as server:
-        watcher = PreemptionWatcher(lock, host=server.host, request_timeout=0.3, backoff_initial=0.05, backoff_max=0.1).start()
-        time.sleep(1.5)
+        # Backoffs pass at once on the fake clock, so only the requests' own timeouts (5 fit in the sleep) space them.
+        clock = FakeClock(step=0.01)
+        watcher = PreemptionWatcher(
+            lock, host=server.host, request_timeout=0.06, backoff_initial=0.05, backoff_max=0.1, clock=clock
+        ).start()
+        time.sleep(0.3)
         assert 2 <= watcher.attempts <= 6, watcher.attempts
         assert isinstance(watcher.last_error, (socket.timeout, TimeoutError))
         started = time.monotonic()

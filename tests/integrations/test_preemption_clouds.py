@@ -10,7 +10,7 @@ import time
 import uuid
 
 import pytest
-from fake_metadata import FakeAwsMetadataServer, FakeAzureMetadataServer, FakeMetadataServer
+from fake_metadata import FakeAwsMetadataServer, FakeAzureMetadataServer, FakeMetadataServer, let_run
 
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
 from handofflock.preemption import PreemptionWatcher
@@ -162,8 +162,9 @@ def test_azure_an_event_already_started_is_due_now(lock):
 
 @pytest.mark.parametrize("provider", ["aws", "azure"])
 def test_a_server_that_is_down_means_backing_off_not_a_flood_and_no_request(lock, provider):
-    watcher = PreemptionWatcher(lock, provider=provider, host=f"127.0.0.1:{free_port()}", **FAST).start()
-    time.sleep(1.0)
+    clock = FakeClock()
+    watcher = PreemptionWatcher(lock, provider=provider, host=f"127.0.0.1:{free_port()}", clock=clock, **FAST).start()
+    let_run(clock, 1.0)
     watcher.stop()
     assert not watcher.running
     assert 2 <= watcher.attempts <= 40, watcher.attempts  # see test_preemption's GCE twin for the arithmetic
@@ -174,10 +175,17 @@ def test_a_server_that_is_down_means_backing_off_not_a_flood_and_no_request(lock
 @pytest.mark.parametrize("provider", ["aws", "azure", "auto"])
 def test_a_server_that_never_answers_costs_bounded_timeouts(lock, provider):
     with SERVERS.get(provider, FakeAwsMetadataServer)(hang=True) as server:
+        # Backoffs pass at once on the fake clock, so only the requests' own timeouts (5 fit in the sleep) space them.
         watcher = PreemptionWatcher(
-            lock, provider=provider, host=server.host, request_timeout=0.3, backoff_initial=0.05, backoff_max=0.1
+            lock,
+            provider=provider,
+            host=server.host,
+            request_timeout=0.06,
+            backoff_initial=0.05,
+            backoff_max=0.1,
+            clock=FakeClock(step=0.01),
         ).start()
-        time.sleep(1.5)
+        time.sleep(0.3)
         assert 2 <= watcher.attempts <= 6, watcher.attempts  # "auto": a timeout ends the round, no three probes
         assert isinstance(watcher.last_error, (socket.timeout, TimeoutError))
         started = time.monotonic()
@@ -210,8 +218,9 @@ def test_auto_hears_a_notice_already_there_at_start(lock, cloud):
 
 
 def test_auto_off_the_cloud_finds_nothing_backs_off_and_stops_at_once(lock):
-    watcher = PreemptionWatcher(lock, host=f"127.0.0.1:{free_port()}", **FAST).start()
-    time.sleep(1.0)
+    clock = FakeClock()
+    watcher = PreemptionWatcher(lock, host=f"127.0.0.1:{free_port()}", clock=clock, **FAST).start()
+    let_run(clock, 1.0)
     started = time.monotonic()
     watcher.stop()
     assert time.monotonic() - started < 3.0 and not watcher.running  # a bound a loaded machine meets

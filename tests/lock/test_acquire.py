@@ -11,16 +11,14 @@ import copy
 import gc
 import logging
 import math
-import os
 import pickle
 import re
-import subprocess
-import sys
 import threading
 import uuid
 
 import pytest
 from lockparts import PACED as TIMING
+from jobsutil import in_process
 from lockparts import held, lock_for, waiter_is
 from lockutil import FAST, eventually, make_lock, raw_read, url_for
 from simworld import (
@@ -391,18 +389,12 @@ def test_lock_timeout_names_the_owner_by_label(request, tmp_path):
         owner.release()
 
 
-def test_run_nonblock_names_the_holder_by_label(request, tmp_path):
+def test_run_nonblock_names_the_holder_by_label(request, tmp_path, capsys):
     url = url_for("local", request, tmp_path)
     owner = HandoffLock(url, owner_id="O", label=OWNER)
     assert owner.acquire()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "handofflock", "run", "--nonblock", url, "--", "true"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=dict(os.environ),
-        )
+        done = in_process(["run", "--nonblock", url, "--", "true"], capsys)
         assert done.returncode == 75, done.stderr
         assert f"held by {OWNER} (O)" in done.stderr, done.stderr
     finally:

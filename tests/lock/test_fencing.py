@@ -352,7 +352,7 @@ def test_on_every_backend_a_stale_token_changes_nothing_and_a_corrupt_object_is_
             fence(any_store, writer).write("a", token=token)
     assert any_store.read(KEY) == before
     any_store.write("jobs/other.json", SOMEONES_DATA, if_generation_match=0)
-    other = FencedObject(any_store, "jobs/other.json", writer_id="A", clock=FakeClock(step=0.25), min_write_interval=0.0)
+    other = FencedObject(any_store, "jobs/other.json", writer_id="A", clock=FakeClock(step=0.25))
     with pytest.raises(FencedObjectCorrupt, match="not a fence document"):
         other.write("x", token=99)
     assert any_store.read("jobs/other.json")[0] == SOMEONES_DATA

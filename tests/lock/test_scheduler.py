@@ -222,9 +222,9 @@ def test_a_scheduler_whose_stop_timed_out_never_runs_two_loops():
     assert parked.wait(5)
     sched.stop(timeout=0.05)  # the loop is parked: the join times out
     assert loop.is_alive()
-    threading.Timer(0.3, gate.set).start()
+    threading.Timer(0.1, gate.set).start()
     sched._ensure_thread()  # must not start a second loop beside the one still running
-    time.sleep(0.5)  # the old loop is free again: had it been told to go on, it would still run
+    time.sleep(0.3)  # the old loop is free again: had it been told to go on, it would still run
     alive = [t for t in threading.enumerate() if t.name == "stop-test-scheduler"]
     assert len(alive) == 1, f"{len(alive)} scheduler loops running"
     sched.stop()

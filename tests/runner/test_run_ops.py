@@ -21,7 +21,7 @@ import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen
 from lockutil import eventually, raw_read
 
-from handofflock import HandoffLock
+from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import main
 from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
@@ -58,26 +58,29 @@ def holder_run(url: str, tmp_path: Path, *extra: str, job: tuple[str, ...] = ())
 # --------------------------------------------------------------------------- the command and --signal, checked first
 
 
-def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path):
+def test_a_typo_in_the_command_never_evicts_the_holder(tmp_path, capsys):
     url = (tmp_path / "lock.json").as_uri()
-    holder = holder_run(url, tmp_path, "--grace", "10")
+    clock = FakeClock(start=time.time())
+    sched = Scheduler(clock, autostart=False)
+    holder = HandoffLock(url, owner_id="holder-job", waiter_check_interval=0.2, clock=clock, scheduler=sched)
+    assert holder.acquire()
     try:
         notexec = tmp_path / "train.sh"
         notexec.write_text("#!/bin/sh\n")
         for command, code, says in (("pyhton", EXIT_NOT_FOUND, "command not found: pyhton"),
                                     (str(notexec), EXIT_CANNOT_EXECUTE, "is not executable"),
                                     (str(tmp_path), EXIT_CANNOT_EXECUTE, "is a directory")):
-            proc = subprocess.run([str(CONSOLE_SCRIPT), "run", url, "--", command, "train.py"],
-                                  check=False, capture_output=True, text=True, env=child_env(), timeout=60)
+            proc = in_process(["run", url, "--", command, "train.py"], capsys)
             assert proc.returncode == code, proc.stderr
             assert says in proc.stderr and "the lock was not asked for" in proc.stderr
         record, _ = raw_read(url)
         assert record.owner_id == "holder-job" and record.waiting_owner_id is None
-        time.sleep(0.6)  # three of the holder's checks: nobody asked it for anything
-        assert holder.poll() is None
+        for _ in range(3):  # three of the holder's checks: nobody asked it for anything
+            clock.advance(0.2)
+            sched.run_pending()
+        assert holder.is_held and not holder.release_requested
     finally:
-        kill_run(holder)
-    assert "asks for" not in holder.stderr.read()
+        holder.release()
 
 
 @pytest.mark.parametrize("value", ["KILL", "9", "STOP", "CHLD", "SEGV", "WINCH", "0", "65", "TERMINATE"])
@@ -92,17 +95,28 @@ def test_every_signal_value_is_checked_up_front_with_a_clean_exit_64(tmp_path, v
 # --------------------------------------------------------------------------- labels
 
 
-def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path):
+def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path, capsys):
     url = (tmp_path / "lock.json").as_uri()
-    holder = holder_run(url, tmp_path, "--grace", "12")
-    try:
-        proc = subprocess.run([str(CONSOLE_SCRIPT), "status", url, "--json"], check=False, capture_output=True, text=True,
-                              env=child_env(), timeout=60)
-        doc = json.loads(proc.stdout)
-        assert (doc["ownerId"], doc["ownerLabel"], doc["ownerGrace"]) == ("holder-job", "pod=ml/train-0", 12.0)
-        assert doc["releaseRequested"] is False
-    finally:
-        kill_run(holder)
+    looked = tmp_path / "looked"
+    asked = []
+
+    def status_while_held():  # `status --json` from a thread while run, in this process, holds the lock
+        try:
+            eventually(lambda: raw_read(url)[0] is not None, what="run acquired")
+            asked.append(main(["status", url, "--json"]))
+        finally:
+            looked.touch()
+
+    thread = threading.Thread(target=status_while_held)
+    thread.start()
+    code = main(["run", url, "--owner-id", "holder-job", "--label", "pod=ml/train-0", "--grace", "12", "--",
+                 "sh", "-c", f"while [ ! -e {looked} ]; do sleep 0.01; done"])
+    thread.join(30)
+    out, err = capsys.readouterr()
+    assert code == 0 and asked == [0], err
+    doc = json.loads(out)
+    assert (doc["ownerId"], doc["ownerLabel"], doc["ownerGrace"]) == ("holder-job", "pod=ml/train-0", 12.0)
+    assert doc["releaseRequested"] is False
 
 
 # --------------------------------------------------------------------------- requests that go away

@@ -1,13 +1,13 @@
-"""``handofflock run --no-request`` and ``--no-yield``, and ``--timeout`` behind another waiter, through the real command."""
+"""``handofflock run --no-request`` and ``--no-yield``, and ``--timeout`` behind another waiter, through the real
+command (``status``, and the runs that only wait and refuse, through the cli in this process)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
+from jobsutil import CONSOLE_SCRIPT, in_process, popen, shared_url  # noqa: F401
 from lockutil import eventually, raw_read
 
 from handofflock.exit_codes import EXIT_CONTENDED, EXIT_TIMEOUT
@@ -41,16 +41,14 @@ def test_run_no_request_waits_for_the_holder_to_finish_without_signalling_it(sha
     assert patient.wait(timeout=30) == 0, patient.stderr.read()
 
 
-def test_run_no_yield_declines_and_status_says_so(shared_url):
+def test_run_no_yield_declines_and_status_says_so(shared_url, capsys):
     holder = holding(shared_url, "--no-yield", seconds=6)
     asking = popen(run(shared_url, "--timeout", "60", "--owner-id", "asker"))
     eventually(lambda: waiter(shared_url) == "asker", timeout=20, what="the asker registered")
     shown = {}
 
-    def declined():
-        shown["out"] = subprocess.run(
-            [str(CONSOLE_SCRIPT), "status", shared_url], capture_output=True, text=True, env=child_env(), timeout=30
-        ).stdout
+    def declined():  # `status` in this process: a read a poll, not an interpreter's start
+        shown["out"] = in_process(["status", shared_url], capsys).stdout
         return "(asker), declined" in shown["out"]
 
     eventually(declined, timeout=20, interval=0.3, what="status shows the decline")
@@ -60,16 +58,16 @@ def test_run_no_yield_declines_and_status_says_so(shared_url):
     assert asking.wait(timeout=30) == 0, asking.stderr.read()
 
 
-def test_run_with_a_timeout_behind_another_waiter_waits_and_without_one_names_the_option(shared_url):
+def test_run_with_a_timeout_behind_another_waiter_waits_and_without_one_names_the_option(shared_url, capfd):
     holder = holding(shared_url, "--no-yield", seconds=30)  # asked, and not cut short
     first = popen(run(shared_url, "--owner-id", "first"))  # asking: a later asking run cannot take its slot
     try:
         eventually(lambda: waiter(shared_url) == "first", timeout=20, what="the first waiter registered")
-        now = subprocess.run(run(shared_url), capture_output=True, text=True, env=child_env(), timeout=60)
+        now = in_process(run(shared_url)[1:], capfd)  # the later runs in this process: their exit and words
         assert now.returncode == EXIT_CONTENDED, now.stderr
         assert "--wait-for-slot" in now.stderr and "--timeout" in now.stderr, now.stderr
         started = time.monotonic()
-        later = subprocess.run(run(shared_url, "--timeout", "2"), capture_output=True, text=True, env=child_env(), timeout=60)
+        later = in_process(run(shared_url, "--timeout", "2")[1:], capfd)
         assert later.returncode == EXIT_TIMEOUT, later.stderr
         assert time.monotonic() - started >= 2
     finally:

@@ -1,4 +1,4 @@
-"""``handofflock run --yield-exit-code N``, through the real command.
+"""``handofflock run --yield-exit-code N``, the holder run in this process (the command it runs is a real process).
 
 A job that yields (stops within the grace because a waiter asked for the lock)
 exited with its signal's status, 143, like a crash: cron mails it, systemd
@@ -8,34 +8,38 @@ command's own status passes through, as flock(1) does.
 
 from __future__ import annotations
 
-import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, in_process
-from lockutil import raw_read
+from jobsutil import in_process
+from lockutil import eventually, raw_read
+
+from handofflock import HandoffLock
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
 
-def _yield_to_a_waiter(tmp_path: Path, *options: str, cmd: tuple[str, ...] = ("sleep", "60")) -> tuple[int, str]:
-    """Hold the lock around ``cmd``, let a waiter ask for it; return the holder's exit status and stderr."""
+def _yield_to_a_waiter(tmp_path: Path, capsys, *options: str, cmd: tuple[str, ...] = ("sleep", "60")) -> tuple[int, str]:
+    """Hold the lock around ``cmd`` (``run`` in this process), let a waiter in a thread ask for it; return the
+    holder's exit status and stderr."""
     url = (tmp_path / "lock.json").as_uri()
-    holder = subprocess.Popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", *options, "--", *cmd],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-    try:
-        assert "acquired" in holder.stderr.readline()
-        waiter = subprocess.run([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"],
-                                capture_output=True, text=True, env=child_env(), timeout=60)
-        _, err = holder.communicate(timeout=30)
-        assert waiter.returncode == 0, waiter.stderr + err
-        assert raw_read(url)[0].owner_id is None
-        return holder.returncode, err
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(20)
+    handed = []
+
+    def waiter():
+        eventually(lambda: raw_read(url)[0] is not None, what="the holder acquired")
+        lock = HandoffLock(url, waiter_poll_interval=0.05)
+        handed.append(lock.acquire(timeout=60))
+        lock.release()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    done = in_process(["run", url, "--poll-interval", "0.05", *options, "--", *cmd], capsys)
+    thread.join(60)
+    assert [bool(h) for h in handed] == [True], done.stderr
+    assert raw_read(url)[0].owner_id is None
+    return done.returncode, done.stderr
 
 
 @pytest.mark.parametrize("options, expected", [
@@ -43,16 +47,16 @@ def _yield_to_a_waiter(tmp_path: Path, *options: str, cmd: tuple[str, ...] = ("s
     (("--yield-exit-code", "0"), 0),  # cron, a deploy: a clean handoff is a success
     (("--yield-exit-code", "75"), 75),  # a Job to be requeued: EX_TEMPFAIL, "try again later"
 ])
-def test_a_clean_yield_exits_with_the_yield_exit_code(tmp_path, options, expected):
-    code, err = _yield_to_a_waiter(tmp_path, *options)
+def test_a_clean_yield_exits_with_the_yield_exit_code(tmp_path, options, expected, capsys):
+    code, err = _yield_to_a_waiter(tmp_path, capsys, *options)
     assert code == expected, err
     if options:
         assert f"it yielded: exit {expected}" in err
 
 
-def test_a_command_killed_after_the_grace_keeps_its_own_status(tmp_path):
+def test_a_command_killed_after_the_grace_keeps_its_own_status(tmp_path, capsys):
     """A command that did not stop within the grace did not yield: SIGKILLed, it exits 137 whatever N is."""
-    code, err = _yield_to_a_waiter(tmp_path, "--yield-exit-code", "0", "--grace", "0.5",
+    code, err = _yield_to_a_waiter(tmp_path, capsys, "--yield-exit-code", "0", "--grace", "0.2",
                                    cmd=("sh", "-c", "trap '' TERM; sleep 60 & wait"))
     assert code == 137, err
 
