@@ -956,7 +956,7 @@ class HandoffLock:
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
 
     def then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:
-        """For a signal handler: run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
+        """Run ``fn`` once the release deferred by a signal handler has run; False if none is deferred.
 
         For a handler that must act after the release (a second signal that kills the process,
         :mod:`handofflock.os_signals`): called from the handler, in the thread it interrupted.
