@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
@@ -92,10 +93,15 @@ def s3_server():
     """One moto S3 server process for the whole session, with boto3 pointed at it (AWS_ENDPOINT_URL_S3).
 
     It never skips: if moto is missing or its server does not start, every test that needs it fails saying why.
+    Every store makes a botocore session of its own, which would parse the S3 models again (a fifth of a
+    second idle, per test): while the server is up, those sessions share one loader of the models.
     """
     from handofflock.testing.s3server import MotoS3Server
 
-    with MotoS3Server() as server, server.env():
+    with MotoS3Server() as server, server.env(), pytest.MonkeyPatch.context() as patch:
+        import botocore.session
+
+        patch.setattr(botocore.session, "create_loader", functools.cache(botocore.session.create_loader))
         server.create_bucket("handofflock-test")
         yield server
 

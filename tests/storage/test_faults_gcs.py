@@ -184,7 +184,7 @@ def scenario_create(actor, bucket) -> None:
     created = dropped(a)
     assert created.owner_id == "A" and a.lock.token == created.token
     assert len(a.writes()) == 1, "one create, nothing else"
-    time.sleep(0.5)  # renewals go on from the generation that write created
+    eventually(lambda: len(a.landed()) >= 3, timeout=5, what="two renewals from the generation that write created")
     assert a.lock.healthy
     assert raw_read(url(bucket))[0].token == created.token
     assert_carried_on(a)
@@ -199,7 +199,7 @@ def scenario_take(actor, bucket) -> None:
     taken = dropped(a)
     assert taken.owner_id == "A" and taken.token > 5 and a.lock.token == taken.token
     assert len(a.writes()) == 1
-    time.sleep(0.5)
+    eventually(lambda: len(a.landed()) >= 3, timeout=5, what="two renewals from the generation the take created")
     assert a.lock.healthy and raw_read(url(bucket))[0].token == taken.token
     assert_carried_on(a)
 

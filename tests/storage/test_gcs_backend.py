@@ -144,6 +144,10 @@ class CannedServer:
                     self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                if int(headers.get("Content-Length", len(body))) > len(body):
+                    # a cut reply ends with its connection, as one cut in transit does (kept open,
+                    # the client would only time out waiting for the rest)
+                    self.close_connection = True
 
             do_GET = do_POST = do_DELETE = do_PATCH = _handle
 

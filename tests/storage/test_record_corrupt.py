@@ -171,15 +171,22 @@ FIELDS = {
 }
 
 
+# Each strategy is built once, here, not on every draw: building one costs more than drawing from it.
+left_out = st.integers(0, 9)
+field_values = {name: st.one_of(st.just(VALID[name]), values) for name, values in FIELDS.items()}
+unknown_keys = st.text(max_size=6).filter(lambda k: k not in FIELDS)
+unknown_fields = st.dictionaries(unknown_keys, json_value, max_size=2)
+
+
 @st.composite
 def documents(draw) -> dict:
     """JSON-ish objects mixing valid and invalid field values, fields sometimes missing."""
     d = {}
-    for name, values in FIELDS.items():
-        if draw(st.integers(0, 9)) == 0:
+    for name, values in field_values.items():
+        if draw(left_out) == 0:
             continue  # leave the field out
-        d[name] = draw(st.one_of(st.just(VALID[name]), values))
-    d.update(draw(st.dictionaries(st.text(max_size=6).filter(lambda k: k not in FIELDS), json_value, max_size=2)))
+        d[name] = draw(values)
+    d.update(draw(unknown_fields))
     return d
 
 
@@ -217,18 +224,25 @@ def test_damaged_documents_decode_or_raise_lock_record_corrupt(document, cut):
 valid_ids = st.one_of(st.none(), st.text(min_size=1, max_size=40).filter(lambda s: not any(ord(c) < 0x20 or ord(c) == 0x7F for c in s)))
 
 
+timestamps = st.floats(min_value=0, max_value=MAX_TIMESTAMP)
+ttls = st.one_of(st.none(), st.floats(min_value=0.001, max_value=MAX_TTL))
+tokens = st.integers(0, MAX_TOKEN)
+nonces = st.one_of(st.none(), st.text(min_size=1, max_size=128))
+extras = st.dictionaries(unknown_keys, json_value, max_size=3)
+
+
 @st.composite
 def records(draw) -> LockRecord:
     owner, waiter = draw(valid_ids), draw(valid_ids)
-    expires = draw(st.floats(min_value=0, max_value=MAX_TIMESTAMP))
-    waiter_expires = draw(st.floats(min_value=0, max_value=MAX_TIMESTAMP))
+    expires = draw(timestamps)
+    waiter_expires = draw(timestamps)
     return LockRecord(
         owner=Holder(owner, expires) if owner else None,
         waiter=Waiter(waiter, waiter_expires) if waiter else None,
-        ttl=draw(st.one_of(st.none(), st.floats(min_value=0.001, max_value=MAX_TTL))),
-        token=draw(st.integers(0, MAX_TOKEN)),
-        nonce=draw(st.one_of(st.none(), st.text(min_size=1, max_size=128))),
-        extra=draw(st.dictionaries(st.text(max_size=6).filter(lambda k: k not in FIELDS), json_value, max_size=3)),
+        ttl=draw(ttls),
+        token=draw(tokens),
+        nonce=draw(nonces),
+        extra=draw(extras),
     )
 
 
