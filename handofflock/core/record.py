@@ -48,7 +48,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import orjson
 
@@ -164,17 +164,32 @@ def _text_problem(value: Any, name: str, longest: int, control: Callable[[int], 
 
 
 def _must(
-    kind: str, is_kind: Callable[[Any], bool], fits: Callable[[Any], bool] | None = None, within: str | None = None
+    kind: str,
+    is_kind: Callable[[Any], bool],
+    fits: Callable[[Any], bool] | None = None,
+    within: str | None = None,
+    *,
+    got: Literal["value", "type", "nothing"] = "value",
+    quoted: bool = True,
 ) -> Problem:
     """A :data:`Problem`: the value must be ``kind`` (``is_kind``), and then ``within`` (``kind`` if not given) what
-    ``fits`` accepts. A number that does not fit is shown in the reason; a string is not (it may be long)."""
+    ``fits`` accepts. ``got`` says what the reason shows of a bad value: its JSON type when it is not ``kind`` and
+    (``"value"``) a number that does not fit itself, a string nothing (it may be long); (``"type"``) its JSON type
+    either way; or (``"nothing"``) nothing. ``quoted``: the field's name is quoted in the reason."""
 
     def problem(value: Any, name: str) -> str | None:
+        field_name = f"'{name}'" if quoted else name
         if not is_kind(value):
-            return f"'{name}' must be {kind}, got {_json_type(value)}"
-        if fits is not None and not fits(value):
-            return f"'{name}' must be {within or kind}" + ("" if isinstance(value, str) else f", got {value}")
-        return None
+            shown = "" if got == "nothing" else f", got {_json_type(value)}"
+        elif fits is not None and not fits(value):
+            if got == "type":
+                shown = f", got {_json_type(value)}"
+            else:
+                shown = "" if got == "nothing" or isinstance(value, str) else f", got {value}"
+            return f"{field_name} must be {within or kind}{shown}"
+        else:
+            return None
+        return f"{field_name} must be {kind}{shown}"
 
     return problem
 
@@ -191,22 +206,23 @@ def _id(value: Any, name: str) -> str | None:
 
 _INSTANCE = f"1-{MAX_NONCE_LENGTH} ASCII letters or digits, or null"
 _instance = _or_null(
-    _must(_INSTANCE, _is_str, lambda v: 0 < len(v) <= MAX_NONCE_LENGTH and v.isascii() and v.isalnum())
+    _must(_INSTANCE, _is_str, lambda v: 0 < len(v) <= MAX_NONCE_LENGTH and v.isascii() and v.isalnum(), got="nothing")
 )
 _YEAR_3000 = "a Unix time between 0 and year 3000"
 _timestamp = _or_null(_must("a number or null", _is_number, lambda v: 0 <= v <= MAX_TIMESTAMP, _YEAR_3000))
 _ttl = _or_null(_must("a finite number", _is_number, lambda v: 0 < v <= MAX_TTL, f"in (0, {MAX_TTL:.0f}] seconds"))
 _token = _or_null(_must("an integer", _is_int, lambda v: 0 <= v <= MAX_TOKEN, "in [0, 2**63-1]"))
 _nonce = _or_null(
-    _must(f"a string of 1-{MAX_NONCE_LENGTH} characters", _is_str, lambda v: 0 < len(v) <= MAX_NONCE_LENGTH)
+    _must(
+        f"a string of 1-{MAX_NONCE_LENGTH} characters", _is_str, lambda v: 0 < len(v) <= MAX_NONCE_LENGTH, got="nothing"
+    )
 )
-_grace = _or_null(_must(f"a number of seconds in [0, {MAX_TTL:.0f}] (a week)", _is_number, lambda v: 0 <= v <= MAX_TTL))
-_priority = _must("an integer in [-2**31, 2**31-1]", _is_int, lambda v: MIN_PRIORITY <= v <= MAX_PRIORITY)
+_GRACE = f"a number of seconds in [0, {MAX_TTL:.0f}] (a week)"
+_grace = _or_null(_must(_GRACE, _is_number, lambda v: 0 <= v <= MAX_TTL, got="type"))
+#: A :class:`Label`'s own grace, named as the caller knows it.
+_label_grace = _or_null(_must(_GRACE, _is_number, lambda v: 0 <= v <= MAX_TTL, got="type", quoted=False))
+_priority = _must("an integer in [-2**31, 2**31-1]", _is_int, lambda v: MIN_PRIORITY <= v <= MAX_PRIORITY, got="type")
 _asks = _must("true or false", lambda v: isinstance(v, bool))
-
-
-def _at(value: Any, name: str) -> str | None:
-    return f"'{name}' must be a number, got null" if value is None else _timestamp(value, name)
 
 
 def _reader(problem: Problem, convert: Callable[[Any], Any] = lambda v: v, null: Any = None) -> Reader:
@@ -220,8 +236,11 @@ def _reader(problem: Problem, convert: Callable[[Any], Any] = lambda v: v, null:
     return read
 
 
-def _object(value: Any, name: str, corrupt: Corrupt, keys: dict[str, Problem], optional: str = "") -> Any:
-    """``value`` as an object with ``keys`` (but ``optional``) and no others, each checked; None for null."""
+def _object(
+    value: Any, name: str, corrupt: Corrupt, keys: dict[str, Problem], optional: str = "", checked: str = ""
+) -> Any:
+    """``value`` as an object with ``keys`` (but ``optional``) and no others, each checked (in the order of
+    ``checked``, a space-separated list of them, where given); None for null."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -232,8 +251,8 @@ def _object(value: Any, name: str, corrupt: Corrupt, keys: dict[str, Problem], o
         listing = ", ".join(quoted[:-1]) + " and " + quoted[-1]
         also = f" (and optionally '{optional}')" if optional else ""
         raise corrupt(f"'{name}' must have {listing}{also}, got keys {sorted(value)}")
-    for key, problem in keys.items():
-        if (why := problem(value.get(key), f"{name}.{key}")) is not None:
+    for key in checked.split() or keys:
+        if (why := keys[key](value.get(key), f"{name}.{key}")) is not None:
             raise corrupt(why)
     return value
 
@@ -251,15 +270,22 @@ def _of(place: Holder | Waiter | None) -> tuple[str | None, str | None]:
     return (None, None) if place is None else (place.id, place.instance)
 
 
-def _bound(cls: type[Label | WaiterRequest], keys: dict[str, Problem], optional: str = "") -> Reader:
-    """A reader of a ``cls`` of the owner or the waiter, written with the id and instance of that place
-    (:func:`_bound_json`); None once another owner or waiter is in place (see :func:`_names`)."""
+def _bound(
+    make: Callable[[dict[str, Any]], Label | WaiterRequest], keys: dict[str, Problem], listed: str, optional: str = ""
+) -> Reader:
+    """A reader of what ``make`` makes of the owner's or the waiter's object, written with the id and instance
+    of that place (:func:`_bound_json`); None once another owner or waiter is in place (see :func:`_names`).
+    ``listed``: the keys in the order a reason lists them (``keys``, then the id and instance, are checked in
+    that order)."""
+    every = {**keys, "instance": _instance, "id": _id}
+    listing = {key: every[key] for key in listed.split()}
+    checked = " ".join([*keys, "id", "instance"])
 
     def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Any:
-        obj = _object(value, name, corrupt, {**keys, "instance": _instance, "id": _id}, optional)
+        obj = _object(value, name, corrupt, listing, optional, checked)
         if obj is None or not _names(obj, (seen["id"], seen["instance"])):
             return None
-        return cls(**{key: obj[key] for key in keys if key in obj})
+        return make(obj)
 
     return read
 
@@ -268,11 +294,18 @@ def _bound_json(value: Label | WaiterRequest, place: Holder | Waiter) -> dict[st
     """``value`` as its place writes it, with the place's id and instance; nothing for a request that only asks."""
     if value == ASKING:
         return None
-    return {**{k: v for k, v in vars(value).items() if v is not None}, "instance": place.instance, "id": place.id}
+    if isinstance(value, Label):
+        doc: dict[str, Any] = {"text": value.text, "instance": place.instance, "id": place.id}
+        if value.grace is not None:
+            doc["grace"] = value.grace
+        return doc
+    return {"asks": value.asks, "priority": value.priority, "id": place.id, "instance": place.instance}
 
 
 def _held_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
-    obj = _object(value, name, corrupt, {"at": _at, "token": _token})
+    obj = _object(value, name, corrupt, {"at": _timestamp, "token": _token})
+    if obj is not None and obj["at"] is None:
+        raise corrupt(f"'{name}.at' must be a number, got null")
     # An older writer that took the lock (a new token) kept this as an unknown field: it is not this hold's.
     if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
         return None
@@ -311,7 +344,7 @@ class Label:
     grace: float | None = None
 
     def __post_init__(self) -> None:
-        problem = label_problem(self.text, "label") or _grace(self.grace, "grace")
+        problem = label_problem(self.text, "label") or _label_grace(self.grace, "a label's grace")
         if problem is not None:
             raise ConfigurationError(problem)
 
@@ -339,8 +372,17 @@ class WaiterRequest:
 
 #: What a waiter without a ``waiterRequest`` wants (every waiter of older versions): it asks, at priority 0.
 ASKING = WaiterRequest()
-_label = _bound(Label, {"text": label_problem, "grace": _grace}, optional="grace")
-_request = _bound(WaiterRequest, {"asks": _asks, "priority": _priority})
+_label = _bound(
+    lambda obj: Label(obj["text"], None if obj.get("grace") is None else float(obj["grace"])),
+    {"text": label_problem, "grace": _grace},
+    "text instance id grace",
+    optional="grace",
+)
+_request = _bound(
+    lambda obj: WaiterRequest(obj["asks"], obj["priority"]),
+    {"asks": _asks, "priority": _priority},
+    "asks priority id instance",
+)
 
 
 @dataclass(frozen=True)

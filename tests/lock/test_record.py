@@ -16,6 +16,7 @@ from lockparts import held
 from lockutil import make_lock
 
 from handofflock import (
+    ConfigurationError,
     FakeClock,
     HandoffLock,
     LockRecord,
@@ -250,3 +251,45 @@ def test_a_malformed_request_or_decline_is_corrupt_never_dropped(field, value):
     doc[field] = value
     with pytest.raises(LockRecordCorrupt, match=field):
         LockRecord.decode(json.dumps(doc).encode())
+
+
+_BASE = {"version": 1, "ownerId": "a", "expiresAt": 100.0, "ownerInstance": "ia", "waitingOwnerId": "w",
+         "waiterExpiresAt": 100.0, "waiterInstance": "iw", "ttl": 30.0, "token": 3, "nonce": "n"}
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("nonce", 5, "'nonce' must be a string of 1-128 characters"),
+    ("ownerInstance", 5, "'ownerInstance' must be 1-128 ASCII letters or digits, or null"),
+    ("ownerLabel", {"text": "t", "grace": -1, "id": "a", "instance": "ia"},
+     "'ownerLabel.grace' must be a number of seconds in [0, 604800] (a week), got the integer -1"),
+    ("ownerLabel", {"text": "t", "id": 5, "instance": 5},
+     "'ownerLabel.id' must be a string or null, got the integer 5"),
+    ("waiterRequest", {"asks": True, "priority": 2**40, "id": "w", "instance": "iw"},
+     "'waiterRequest.priority' must be an integer in [-2**31, 2**31-1], got the integer 1099511627776"),
+    ("waiterRequest", {"asks": True},
+     "'waiterRequest' must have 'asks', 'priority', 'id' and 'instance', got keys ['asks']"),
+    ("waiterRequest", {"asks": True, "priority": 0, "id": 3, "instance": 4},
+     "'waiterRequest.id' must be a string or null, got the integer 3"),
+    ("heldSince", {"at": None, "token": "x"}, "'heldSince.token' must be an integer, got a string"),
+])
+def test_a_corrupt_record_says_exactly_what_is_wrong(field, value, reason):
+    """The reason of each corrupt field, word for word (an operator greps logs for them)."""
+    doc = {**_BASE, field: value}
+    with pytest.raises(LockRecordCorrupt) as caught:
+        LockRecord.decode(json.dumps(doc).encode())
+    assert f"is corrupt: {reason}. Nothing was overwritten" in str(caught.value)
+
+
+def test_a_label_read_back_keeps_its_grace_a_float_and_writes_it_as_before():
+    doc = {**_BASE, "ownerLabel": {"text": "t", "grace": 5, "id": "a", "instance": "ia"}}
+    label = LockRecord.decode(json.dumps(doc).encode()).owner.label
+    assert label == Label("t", 5.0) and isinstance(label.grace, float)
+    written = LockRecord.decode(json.dumps(doc).encode()).encode()
+    assert b'"ownerLabel":{"text":"t","instance":"ia","id":"a","grace":5.0}' in written
+
+
+@pytest.mark.parametrize("grace, got", [(-1, "the integer -1"), (float("nan"), "the number nan"), ("x", "a string")])
+def test_a_bad_label_grace_is_named_as_the_caller_knows_it(grace, got):
+    with pytest.raises(ConfigurationError) as caught:
+        Label("t", grace)
+    assert str(caught.value) == f"a label's grace must be a number of seconds in [0, 604800] (a week), got {got}"
