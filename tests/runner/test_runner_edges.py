@@ -215,6 +215,17 @@ def test_a_status_line_that_cannot_be_written_never_ends_run(tmp_path, monkeypat
     assert raw_read((tmp_path / "lock.json").as_uri())[0].owner_id is None
 
 
+def test_a_status_line_that_cannot_be_written_never_ends_the_real_command(tmp_path):
+    """The same through the console script, its whole stderr on /dev/full: what the process says at exit
+    (an unflushed stderr makes the interpreter exit 120) is part of its exit status, which run in this
+    process cannot see."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([str(CONSOLE_SCRIPT), "run", str(tmp_path / "lock.json"), "--", "sh", "-c", "exit 3"],
+                              stderr=full, stdout=subprocess.PIPE, timeout=60, env=child_env())
+    assert done.returncode == 3
+    assert raw_read((tmp_path / "lock.json").as_uri())[0].owner_id is None
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
