@@ -78,12 +78,15 @@ def parse_signal(value: SignalLike) -> signal.Signals:
     raise ConfigurationError(f"a signal is a name or a number, got {type(value).__name__}")
 
 
-def catchable(signals: Iterable[SignalLike]) -> tuple[signal.Signals, ...]:
-    """``signals`` parsed, each once, in order; :class:`ConfigurationError` for one that no process can catch."""
+def catchable(
+    signals: Iterable[SignalLike], uncatchable: str = "{} cannot be caught; no process gets a chance to release on it"
+) -> tuple[signal.Signals, ...]:
+    """``signals`` parsed, each once, in order; :class:`ConfigurationError` (``uncatchable``, formatted with the
+    signal's name) for one that no process can catch."""
     wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
     for sig in wanted:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigurationError(f"{sig.name} cannot be caught; no process gets a chance to release on it")
+            raise ConfigurationError(uncatchable.format(sig.name))
     return wanted
 
 
@@ -102,9 +105,12 @@ class CaughtSignals:
     """
 
     repeat_window = 0.0
+    #: What a subclass's API says of a signal that cannot be caught, and of an install off the main thread.
+    uncatchable = "{} cannot be caught; no process gets a chance to release on it"
+    off_main_thread = "signal handlers must be installed from the main thread (Python runs signal handlers only there)"
 
     def __init__(self, signals: Iterable[SignalLike], *, chain: Iterable[SignalLike] | None = None) -> None:
-        self.wanted = catchable(signals)
+        self.wanted = catchable(signals, self.uncatchable)
         self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
         self._first_at = 0.0
         self.received: list[str] = []
@@ -119,9 +125,7 @@ class CaughtSignals:
         (a framework installed its own), chaining to or restoring that one.
         """
         if threading.current_thread() is not threading.main_thread():
-            raise ConfigurationError(
-                "signal handlers must be installed from the main thread (Python runs signal handlers only there)"
-            )
+            raise ConfigurationError(self.off_main_thread)
         self.signals = take_over(self.wanted, self._handle, self._previous)
         return self
 
@@ -176,6 +180,10 @@ class SignalHandlers(CaughtSignals):
     when installing. Also a context manager that uninstalls on exit.
     """
 
+    off_main_thread = (
+        "install_signal_handlers() must be called from the main thread (Python runs signal handlers only there)"
+    )
+
     def __init__(
         self, lock: HandoffLock, signals: Iterable[SignalLike], *, grace: float, release_at_exit: bool
     ) -> None:
@@ -183,13 +191,12 @@ class SignalHandlers(CaughtSignals):
         self.lock = lock
         self.grace = grace
         self.release_at_exit = release_at_exit
-
-    @property
-    def skipped(self) -> tuple[signal.Signals, ...]:
-        return tuple(sig for sig in self.wanted if sig not in self.signals)
+        #: The signals left alone at the last install (ignored then); kept after uninstall.
+        self.skipped: tuple[signal.Signals, ...] = ()
 
     def install(self) -> SignalHandlers:
         super().install()
+        self.skipped = tuple(sig for sig in self.wanted if sig not in self.signals)
         if self.release_at_exit:
             atexit.unregister(self._release_at_exit)
             atexit.register(self._release_at_exit)
@@ -202,6 +209,10 @@ class SignalHandlers(CaughtSignals):
 
     def _ask(self, sig: signal.Signals) -> None:
         self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
+
+    def __repr__(self) -> str:
+        names = ",".join(s.name for s in self.signals)
+        return f"<SignalHandlers {names} grace={self.grace} received={self.received}>"
 
     def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         if self.lock.is_held:
@@ -263,6 +274,8 @@ def install_signal_handlers(
 
     Must be called from the main thread: Python runs signal handlers there.
     """
+    if threading.current_thread() is not threading.main_thread():  # said first, whatever else is wrong
+        raise ConfigurationError(SignalHandlers.off_main_thread)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0 or not math.isfinite(grace):
         raise ConfigurationError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
     handlers = SignalHandlers(lock, signals, grace=float(grace), release_at_exit=bool(release_at_exit))

@@ -523,6 +523,8 @@ class RankSignals(CaughtSignals):
     """
 
     repeat_window = REPEAT_WINDOW
+    uncatchable = "{} cannot be caught"
+    off_main_thread = "RankSignals.install() must be called from the main thread"
 
     def __init__(
         self,

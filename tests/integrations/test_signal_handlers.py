@@ -305,3 +305,41 @@ def test_library_threads_leave_sigterm_to_the_main_thread(tmp_path, shared_url):
     library = {name: b for name, b in blocked.items() if name.startswith("handofflock")}
     assert any(name.endswith("-scheduler") for name in library) and any("-io" in name for name in library), blocked
     assert all(library.values()), f"library threads that would take SIGTERM: {library}"
+
+
+def test_what_was_skipped_at_install_is_still_said_after_uninstall(store_name, restore_signals):
+    lock = held_lock(store_name)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    handlers = install_signal_handlers(lock, ["USR2", "USR1"], grace=7.0)
+    assert repr(handlers) == "<SignalHandlers SIGUSR1 grace=7.0 received=[]>"
+    handlers.uninstall()
+    assert handlers.skipped == (signal.SIGUSR2,)
+    lock.release()
+
+
+def test_install_off_the_main_thread_is_refused_first_in_its_own_words(store_name):
+    lock = held_lock(store_name)
+    from handofflock.integrations.ranks import RankLock, RankSignals, local_agree
+
+    ranks = RankLock(lock, local_agree, rank=0)
+    caught: list[BaseException] = []
+
+    def install_both() -> None:
+        for install in (lambda: install_signal_handlers(lock, ["USR1"], grace=-1),
+                        lambda: RankSignals(ranks, ["USR1"]).install()):
+            try:
+                install()
+            except ConfigurationError as exc:
+                caught.append(exc)
+
+    thread = threading.Thread(target=install_both)
+    thread.start()
+    thread.join(10)
+    assert [str(e) for e in caught] == [
+        "install_signal_handlers() must be called from the main thread (Python runs signal handlers only there)",
+        "RankSignals.install() must be called from the main thread",
+    ]
+    with pytest.raises(ConfigurationError) as refused:
+        RankSignals(ranks, ["KILL"])
+    assert str(refused.value) == "SIGKILL cannot be caught"
+    lock.release()
