@@ -19,7 +19,7 @@ How the contract is met (see ``docs/storage.md``, "S3"):
 * A delete writes a tombstone with ``If-Match``: a real ``DeleteObject`` would
   forget the generation, and the next create could reuse a number.
 * Nothing here retries (botocore's retries are off): the lock's loop in
-  :mod:`.cas` owns retries and the read-back of ambiguous writes.
+  :mod:`.records` owns retries and the read-back of ambiguous writes.
 * A store that ignores ``If-Match`` or ``If-None-Match`` applies every PUT, so
   every racing writer would "win" and two owners would hold the lock at once,
   with no error anywhere. So before its first request a store is probed once,
@@ -389,7 +389,7 @@ class S3Storage(deadline.HTTPStore[Any]):
             connect_timeout=min(self._timeout[0], self._request_timeout),
             read_timeout=self._timeout[1],
             # One attempt per operation: a silently retried conditional PUT can fail against its
-            # own first attempt; the lock's loop (storage/cas.py) retries and reads back instead.
+            # own first attempt; the lock's loop (storage/records.py) retries and reads back instead.
             retries={"total_max_attempts": 1, "mode": "standard"},
             max_pool_connections=32,
             user_agent_extra="handofflock",
