@@ -33,10 +33,11 @@ def popen(args: list[str], **kw) -> subprocess.Popen:
 
 
 def in_process(args: list[str], capsys: pytest.CaptureFixture[str], cwd: Path | None = None):
-    """``handofflock ARGS`` run by ``handofflock.cli.main`` in this process, for the refusals (usage and
-    configuration errors) that end before any I/O or child process: milliseconds instead of an interpreter's
-    start. An exception that escapes ``main`` fails the test here, as its traceback would fail the real
-    command's check. The console script itself is run as a process by the rest of tests/runner."""
+    """``handofflock ARGS`` run by ``handofflock.cli.main`` in this process: milliseconds instead of an
+    interpreter's start. Used for refusals, ``status``, and ``run``s whose exit and words are what is checked
+    (``run`` puts back the signal handlers and the subreaper setting it changed). An exception that escapes
+    ``main`` fails the test here, as its traceback would fail the real command's check. What only a process
+    shows (its exit status at interpreter exit, signals sent to it) is checked through the console script."""
     from handofflock.cli import main
 
     capsys.readouterr()
