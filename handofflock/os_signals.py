@@ -112,7 +112,7 @@ class CaughtSignals:
     def __init__(self, signals: Iterable[SignalLike], *, chain: Iterable[SignalLike] | None = None) -> None:
         self.wanted = catchable(signals, self.uncatchable)
         self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
-        self._first_at = 0.0
+        self._first_at: float | None = None
         self.received: list[str] = []
         self.signals: tuple[signal.Signals, ...] = ()
         self._previous: dict[signal.Signals, Handler] = {}
@@ -151,13 +151,17 @@ class CaughtSignals:
         if os.getpid() != self._pid:
             act_as_before(sig, frame, previous)
             return
+        # The first signal is marked before anything else: a repeat that lands while this handler
+        # runs (handlers can nest between bytecodes) is then a repeat, not a second signal.
+        now, first, first_at = time.monotonic(), self._first_at is None, self._first_at
+        if first_at is None:
+            first_at = self._first_at = now
         self.received.append(sig.name)
-        if len(self.received) == 1:
-            self._first_at = time.monotonic()
+        if first:
             self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
             if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
-        elif time.monotonic() - self._first_at >= self.repeat_window:
+        elif now - first_at >= self.repeat_window:
             self.uninstall()
             self._now(sig, lambda: act_as_before(sig, frame, previous))
 
