@@ -17,6 +17,7 @@ from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
 from lockutil import eventually, make_lock, raw_read, raw_write
 
 from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
+from handofflock import cli
 from handofflock.cli import main
 from handofflock.core.record import Holder, Waiter
 from handofflock.exit_codes import (
@@ -226,24 +227,62 @@ def test_release_force_on_nothing_is_a_no_op(url, capsys):
 # --------------------------------------------------------------------------- watch
 
 
-def test_watch_prints_a_line_per_change(url, capsys):
+class WatchSteps:
+    """A story told in a thread in step with ``watch`` run in this process, instead of on sleeps: each change
+    waits for two of watch's reads to end (the second began after the change, so the change was read and
+    printed), and once the story is told, the read after one that began then is watch's Ctrl-C."""
+
+    def __init__(self, monkeypatch):
+        self.reads, self.told, self.over = 0, False, False
+        self.cond = threading.Condition()
+        real = cli.read_status
+
+        def read_status(url, **kw):
+            with self.cond:
+                if self.over:
+                    raise KeyboardInterrupt
+                told = self.told
+            status = real(url, **kw)
+            with self.cond:
+                self.reads += 1
+                self.over = told
+                self.cond.notify_all()
+            return status
+
+        monkeypatch.setattr(cli, "read_status", read_status)
+
+    def seen(self):
+        with self.cond:
+            then = self.reads
+            assert self.cond.wait_for(lambda: self.reads >= then + 2, timeout=30), "watch stopped reading"
+
+    def told_all(self):
+        with self.cond:
+            self.told = True
+
+
+def test_watch_prints_a_line_per_change(url, capsys, monkeypatch):
+    steps = WatchSteps(monkeypatch)
+
     def story():
         a = make_lock(url, owner_id="trainer-A")
         b = make_lock(url, owner_id="trainer-B")
-        time.sleep(0.3)
+        steps.seen()
         a.acquire()
-        time.sleep(0.3)
+        steps.seen()
         t = threading.Thread(target=b.acquire)
         t.start()
-        time.sleep(0.4)
+        eventually(lambda: raw_read(url)[0].waiting_owner_id == "trainer-B", what="trainer-B waits")
+        steps.seen()
         a.release()
         t.join()
-        time.sleep(0.3)
+        steps.seen()
         b.release()
+        steps.told_all()
 
     teller = threading.Thread(target=story)
     teller.start()
-    assert main(["watch", url, "--interval", "0.03", "--duration", "2.5", "--json"]) == 0
+    assert main(["watch", url, "--interval", "0.03", "--duration", "60", "--json"]) == 0
     teller.join()
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     seen = [(d["state"], d["ownerId"], d["waitingOwnerId"] if d["waiterLive"] else None) for d in lines]
