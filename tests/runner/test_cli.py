@@ -16,8 +16,7 @@ import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
 from lockutil import eventually, make_lock, raw_read, raw_write
 
-from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
-from handofflock import cli
+from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError, cli
 from handofflock.cli import main
 from handofflock.core.record import Holder, Waiter
 from handofflock.exit_codes import (

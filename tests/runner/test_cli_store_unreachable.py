@@ -18,8 +18,8 @@ from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 from handofflock import FakeClock, cli
 from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
-from handofflock.core.errors import TransientStorageError
 from handofflock.cli import STATUS_READ_SECONDS
+from handofflock.core.errors import TransientStorageError
 from handofflock.exit_codes import EXIT_STORAGE
 from handofflock.storage import MemoryStorage
 
