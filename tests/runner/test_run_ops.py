@@ -26,6 +26,7 @@ from handofflock.cli import main
 from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
 from handofflock.lock import events as lock_signals
+from handofflock.runner import CommandRunner
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
@@ -179,18 +180,31 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> s
     raise AssertionError(f"no line with {text!r} within {timeout} s; saw:\n{''.join(seen)}")
 
 
-def test_run_checks_again_before_it_signals_and_leaves_a_command_alone_when_nobody_waits(tmp_path, capfd):
+def test_run_checks_again_before_it_signals_and_leaves_a_command_alone_when_nobody_waits(
+    tmp_path, capfd, monkeypatch
+):
     """A request that is gone by the time run would act on it (the holder's flag said yes, a fresh read
-    says nobody waits) is not passed on: the command runs to its end, untouched."""
+    says nobody waits) is not passed on: the command runs to its end, untouched (it ends once run has said
+    so, or after 10 s; a SIGTERM would end it with 9)."""
     url = (tmp_path / "lock.json").as_uri()
+    flag = tmp_path / "left-alone"
+    said = CommandRunner.say
+
+    def say(self, message):
+        said(self, message)
+        if "is no longer waiting" in message:
+            flag.touch()
+
+    monkeypatch.setattr(CommandRunner, "say", say)
 
     def ghost(sender, **kw):  # a waiter's request whose waiter is already gone
         sender.request_release("waiter", requester="ghost-waiter", deadline=time.time() + 30)
 
     lock_signals.acquired.connect(ghost)
     try:
-        code = main(["run", url, "--grace", "0.5", "--", PY, "-c",
-                     "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(9)); time.sleep(1.5)"])
+        code = main(["run", url, "--grace", "0.5", "--", "sh", "-c",
+                     f"trap 'exit 9' TERM; i=0; while [ ! -e '{flag}' ] && [ $i -lt 500 ]; do "
+                     "sleep 0.02; i=$((i+1)); done"])
     finally:
         lock_signals.acquired.disconnect(ghost)
     err = capfd.readouterr().err
