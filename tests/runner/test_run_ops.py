@@ -4,6 +4,7 @@ signal, and what a long wait shows, on a terminal (a real pty) and elsewhere. Re
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import json
 import os
@@ -21,7 +22,8 @@ import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen
 from lockutil import eventually, raw_read
 
-from handofflock import FakeClock, HandoffLock, Scheduler
+from handofflock import FakeClock, HandoffLock, Scheduler, runner
+from handofflock._waitline import WaitLine  # private module: run's waiting line, on a faster clock here
 from handofflock.cli import main
 from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
@@ -287,23 +289,51 @@ def test_on_a_terminal_without_rich_run_redraws_a_plain_line(tmp_path):
     assert screen.count("\nhandofflock: waiting") == 0, "never a new line per update"
 
 
-def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path):
+class TenfoldStderr:
+    """Run's waiting line, its clock ten times as fast as the real one: each line noted with that clock."""
+
+    def __init__(self):
+        self.began = time.monotonic()
+        self.lines: list[tuple[float, str]] = []
+
+    def clock(self) -> float:
+        return self.began + (time.monotonic() - self.began) * 10
+
+    def write(self, text: str) -> int:
+        self.lines += [(self.clock(), ln) for ln in text.splitlines(keepends=True)]
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path, capfd, monkeypatch):
+    """``run`` in this process, its waiting line on a clock ten times as fast (a line every 5 s of it is
+    one every 0.5 s here), the labelled holder a lock in this process."""
     url = (tmp_path / "lock.json").as_uri()
+    stderr = TenfoldStderr()
+    monkeypatch.setattr(runner, "WaitLine", functools.partial(WaitLine, clock=stderr.clock, stream=stderr))
     holder = held_by_a_labelled_holder(url)
-    proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"])
-    lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln)) for ln in proc.stderr], daemon=True)
-    reader.start()
+
+    def let_go_once_told():
+        try:
+            eventually(lambda: any("notified yes" in ln for _, ln in stderr.lines), timeout=40,
+                       what="a line saying the holder was told")
+        finally:
+            holder.release()
+
+    thread = threading.Thread(target=let_go_once_told, daemon=True)
+    thread.start()
     try:
-        eventually(lambda: any("notified yes" in ln for _, ln in lines), timeout=40, what="a line saying the holder was told")
-        holder.release()
-        assert proc.wait(30) == 0
-        reader.join(10)
+        assert main(["run", url, "--poll-interval", "0.2", "--", "true"]) == 0
+        thread.join(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         if holder.is_held:
             holder.release()
+    lines = [*stderr.lines, *((0.0, ln) for ln in capfd.readouterr().err.splitlines(keepends=True))]
     waiting = [(t, ln) for t, ln in lines if "handofflock: waiting " in ln and "notified" in ln]
     assert waiting and "held by pod=ml/train-0; notified no" in waiting[0][1]
     assert "grace ends by 20" in waiting[-1][1]
