@@ -78,7 +78,7 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
 
     def waiter_arrives():
         eventually(lambda: lock.is_held, timeout=20, what="run holds the lock")
-        time.sleep(0.1)  # the command started
+        time.sleep(0.1)  # run settles as the holder first
         proxy._set_waiter(True)  # W registers as the waiter
 
     t = threading.Thread(target=waiter_arrives, daemon=True)
