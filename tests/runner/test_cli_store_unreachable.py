@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import weakref
 
 import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process
@@ -21,7 +22,7 @@ from handofflock._waitline import WaitLine  # private module: run's waiting line
 from handofflock.cli import STATUS_READ_SECONDS
 from handofflock.core.errors import TransientStorageError
 from handofflock.exit_codes import EXIT_STORAGE
-from handofflock.storage import MemoryStorage
+from handofflock.storage import MemoryStorage, records
 
 
 def closed_port() -> int:
@@ -70,6 +71,7 @@ def test_status_of_a_store_that_cannot_be_reached_fails_within_seconds_with_the_
         return clocks[-1]
 
     monkeypatch.setattr(cli, "Clock", clock)
+    monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # the store it finds down is not left so
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{closed_port()}")
     started = time.monotonic()
     done = in_process(["status", "gs://bkt/x.json"], capfd)
@@ -105,10 +107,6 @@ class _Lock:
 
 
 def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_someone(monkeypatch):
-    import weakref
-
-    from handofflock.storage import records
-
     monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
     store = MemoryStorage()
     refused = TransientStorageError("could not connect")

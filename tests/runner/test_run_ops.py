@@ -16,6 +16,7 @@ import sys
 import termios
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
 from handofflock.lock import events as lock_signals
 from handofflock.runner import CommandRunner
+from handofflock.storage import records
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
@@ -316,6 +318,7 @@ def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path, 
     url = (tmp_path / "lock.json").as_uri()
     stderr = TenfoldStderr()
     monkeypatch.setattr(runner, "WaitLine", functools.partial(WaitLine, clock=stderr.clock, stream=stderr))
+    monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
     holder = held_by_a_labelled_holder(url)
 
     def let_go_once_told():
