@@ -16,13 +16,14 @@ import pytest
 @pytest.mark.timeout(60)
 def test_exit_does_not_wait_for_a_receiver(tmp_path):
     script = textwrap.dedent(f"""
-        import time
+        import threading, time
         from handofflock import HandoffLock, signals
         lock = HandoffLock({str(tmp_path / 'lock.json')!r}, ttl=2.0, renew_interval=0.2, renew_deadline=1.0)
         lock.acquire()
-        signals.on_release_requested.connect(lambda s, **kw: time.sleep(60), sender=lock, weak=False)
+        running = threading.Event()
+        signals.on_release_requested.connect(lambda s, **kw: (running.set(), time.sleep(60)), sender=lock, weak=False)
         lock.request_release("manual")
-        time.sleep(0.8)  # the receiver is running
+        assert running.wait(30)  # the receiver is running
         print("exiting", flush=True)
     """)
     started = time.monotonic()

@@ -16,7 +16,7 @@ import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
 from lockutil import eventually, make_lock, raw_read, raw_write
 
-from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError
+from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError, cli
 from handofflock.cli import main
 from handofflock.core.record import Holder, Waiter
 from handofflock.exit_codes import (
@@ -226,24 +226,62 @@ def test_release_force_on_nothing_is_a_no_op(url, capsys):
 # --------------------------------------------------------------------------- watch
 
 
-def test_watch_prints_a_line_per_change(url, capsys):
+class WatchSteps:
+    """A story told in a thread in step with ``watch`` run in this process, instead of on sleeps: each change
+    waits for two of watch's reads to end (the second began after the change, so the change was read and
+    printed), and once the story is told, the read after one that began then is watch's Ctrl-C."""
+
+    def __init__(self, monkeypatch):
+        self.reads, self.told, self.over = 0, False, False
+        self.cond = threading.Condition()
+        real = cli.read_status
+
+        def read_status(url, **kw):
+            with self.cond:
+                if self.over:
+                    raise KeyboardInterrupt
+                told = self.told
+            status = real(url, **kw)
+            with self.cond:
+                self.reads += 1
+                self.over = told
+                self.cond.notify_all()
+            return status
+
+        monkeypatch.setattr(cli, "read_status", read_status)
+
+    def seen(self):
+        with self.cond:
+            then = self.reads
+            assert self.cond.wait_for(lambda: self.reads >= then + 2, timeout=30), "watch stopped reading"
+
+    def told_all(self):
+        with self.cond:
+            self.told = True
+
+
+def test_watch_prints_a_line_per_change(url, capsys, monkeypatch):
+    steps = WatchSteps(monkeypatch)
+
     def story():
         a = make_lock(url, owner_id="trainer-A")
         b = make_lock(url, owner_id="trainer-B")
-        time.sleep(0.3)
+        steps.seen()
         a.acquire()
-        time.sleep(0.3)
+        steps.seen()
         t = threading.Thread(target=b.acquire)
         t.start()
-        time.sleep(0.4)
+        eventually(lambda: raw_read(url)[0].waiting_owner_id == "trainer-B", what="trainer-B waits")
+        steps.seen()
         a.release()
         t.join()
-        time.sleep(0.3)
+        steps.seen()
         b.release()
+        steps.told_all()
 
     teller = threading.Thread(target=story)
     teller.start()
-    assert main(["watch", url, "--interval", "0.03", "--duration", "2.5", "--json"]) == 0
+    assert main(["watch", url, "--interval", "0.03", "--duration", "60", "--json"]) == 0
     teller.join()
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     seen = [(d["state"], d["ownerId"], d["waitingOwnerId"] if d["waiterLive"] else None) for d in lines]
@@ -297,7 +335,8 @@ def test_run_nonblock_on_a_held_lock_is_contended(url, capsys):
 def test_run_timeout_is_124(url, capsys):
     quiet_lock(url).acquire()
     started = time.monotonic()
-    assert main(["run", url, "-q", "--timeout", "0.5", "--poll-interval", "0.1", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
+    code = main(["run", url, "-q", "--timeout", "0.2", "--poll-interval", "0.05", "--", PY, "-c", "pass"])
+    assert code == EXIT_TIMEOUT
     assert time.monotonic() - started < 5
 
 
@@ -412,14 +451,39 @@ def test_sigterm_to_a_waiting_run_stops_it_and_gives_the_slot_back(shared_url, t
         holder.release()
 
 
+def catches_sigterm(ckpt: Path) -> bool:
+    """A job of this test (its checkpoint folder ``ckpt``) is running and has its SIGTERM handler in place."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            caught = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            continue
+        if str(JOB) in args and str(ckpt) in args and int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            return True
+    return False
+
+
 @pytest.mark.timeout(60)
-def test_a_lock_lost_under_run_stops_the_command_and_exits_70(shared_url, tmp_path):
-    a = popen([str(CONSOLE_SCRIPT), "run", shared_url, "--ttl", "5", "--grace", "10", "--",
-               PY, str(JOB), "A", str(tmp_path)])
-    assert a.stdout.readline().startswith("A start")
-    assert main(["release", shared_url, "--force", "--yes"]) == 0
-    out, err = a.communicate(timeout=30)
-    assert a.returncode == EXIT_LOST, err
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_lock_lost_under_run_stops_the_command_and_exits_70(shared_url, tmp_path, capfd):
+    """``run`` in this process around a real job; the lock is taken from it by ``release --force`` in a
+    thread once the job is ready to answer SIGTERM."""
+    released = []
+
+    def take_it():
+        eventually(lambda: catches_sigterm(tmp_path), timeout=30, what="the job started")
+        released.append(main(["release", shared_url, "--force", "--yes"]))
+
+    thread = threading.Thread(target=take_it, daemon=True)
+    thread.start()
+    ttl = "5" if shared_url.startswith("gs://") else "2"  # the loss is found by the next renewal
+    code = main(["run", shared_url, "--ttl", ttl, "--grace", "10", "--", PY, str(JOB), "A", str(tmp_path)])
+    thread.join(30)
+    out, err = capfd.readouterr()
+    assert released == [0], err
+    assert out.startswith("A start")
+    assert code == EXIT_LOST, err
     assert "LOST" in err and "on SIGTERM" in out
 
 

@@ -15,7 +15,7 @@ import uuid
 import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, popen
 from lockutil import make_lock, raw_read
-from test_cli import run_cmd
+from test_cli import WatchSteps, run_cmd
 
 from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import main
@@ -76,21 +76,24 @@ def test_release_force_on_s3_frees_a_held_lock_and_the_holder_finds_out(url, cap
     newcomer.release()
 
 
-def test_watch_on_s3_prints_a_line_per_change(url, capsys):
+def test_watch_on_s3_prints_a_line_per_change(url, capsys, monkeypatch):
     # The SDK made first (imports, credentials: seconds in a fresh venv under load, which a 1.5 s
     # watch once spent entirely on the story's acquire); the watch starts well before the acquire.
     a = make_lock(url, owner_id="trainer-A")
     a.status()
 
+    steps = WatchSteps(monkeypatch)
+
     def story():
-        time.sleep(1.0)
+        steps.seen()
         a.acquire()
-        time.sleep(0.4)
+        steps.seen()
         a.release()
+        steps.told_all()
 
     teller = threading.Thread(target=story)
     teller.start()
-    assert main(["watch", url, "--interval", "0.05", "--duration", "3.5", "--json"]) == 0
+    assert main(["watch", url, "--interval", "0.05", "--duration", "60", "--json"]) == 0
     teller.join()
     seen = [(d["state"], d["ownerId"]) for d in map(json.loads, capsys.readouterr().out.splitlines())]
     assert seen[0] == ("absent", None) and ("held", "trainer-A") in seen and seen[-1][0] == "free"

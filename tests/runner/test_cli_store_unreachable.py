@@ -1,7 +1,7 @@
 """A store that cannot be reached is said so at once, and `status` gives up within seconds (exit 69).
 
-Through the real ``handofflock`` command, pointed at a GCS "emulator" on a
-port nobody listens on.
+Pointed at a GCS "emulator" on a port nobody listens on: ``run`` as the real
+``handofflock`` command, ``status`` in this process.
 """
 
 from __future__ import annotations
@@ -12,13 +12,17 @@ import signal
 import socket
 import subprocess
 import time
+import weakref
 
+import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
+from handofflock import FakeClock, cli
 from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
+from handofflock.cli import STATUS_READ_SECONDS
 from handofflock.core.errors import TransientStorageError
 from handofflock.exit_codes import EXIT_STORAGE
-from handofflock.storage import MemoryStorage
+from handofflock.storage import MemoryStorage, records
 
 
 def closed_port() -> int:
@@ -58,15 +62,24 @@ def test_run_says_at_once_that_it_cannot_reach_the_store_and_names_no_slot_it_ne
     assert "slot" not in rest, rest  # it never was the waiter
 
 
-def test_status_of_a_store_that_cannot_be_reached_fails_within_seconds_with_the_cause():
+def test_status_of_a_store_that_cannot_be_reached_fails_within_seconds_with_the_cause(monkeypatch, capfd):
+    """``status`` in this process, its retries on a clock whose waits are the passage of time."""
+    clocks = []
+
+    def clock():
+        clocks.append(FakeClock(start=time.time(), step=0.25))
+        return clocks[-1]
+
+    monkeypatch.setattr(cli, "Clock", clock)
+    monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # the store it finds down is not left so
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{closed_port()}")
     started = time.monotonic()
-    done = subprocess.run(
-        [str(CONSOLE_SCRIPT), "status", "gs://bkt/x.json"], capture_output=True, text=True, env=nowhere(), timeout=60
-    )
+    done = in_process(["status", "gs://bkt/x.json"], capfd)
     took = time.monotonic() - started
     assert done.returncode == EXIT_STORAGE, done.stderr
     assert "Connection refused" in done.stderr
     assert took < 15.0, f"status took {took:.1f} s to fail"
+    assert [c.monotonic() - 1000.0 for c in clocks] == [pytest.approx(STATUS_READ_SECONDS, abs=1.0)]
 
 
 def test_status_of_a_missing_bucket_is_an_error_as_run_finds_it(gcs_emulator, capfd):
@@ -94,10 +107,6 @@ class _Lock:
 
 
 def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_someone(monkeypatch):
-    import weakref
-
-    from handofflock.storage import records
-
     monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
     store = MemoryStorage()
     refused = TransientStorageError("could not connect")

@@ -4,6 +4,7 @@ signal, and what a long wait shows, on a terminal (a real pty) and elsewhere. Re
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import json
 import os
@@ -15,17 +16,21 @@ import sys
 import termios
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen
 from lockutil import eventually, raw_read
 
-from handofflock import FakeClock, HandoffLock, Scheduler
+from handofflock import FakeClock, HandoffLock, Scheduler, runner
+from handofflock._waitline import WaitLine  # private module: run's waiting line, on a faster clock here
 from handofflock.cli import main
 from handofflock.core.record import Label
 from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FOUND
 from handofflock.lock import events as lock_signals
+from handofflock.runner import CommandRunner
+from handofflock.storage import records
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
@@ -179,18 +184,31 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> s
     raise AssertionError(f"no line with {text!r} within {timeout} s; saw:\n{''.join(seen)}")
 
 
-def test_run_checks_again_before_it_signals_and_leaves_a_command_alone_when_nobody_waits(tmp_path, capfd):
+def test_run_checks_again_before_it_signals_and_leaves_a_command_alone_when_nobody_waits(
+    tmp_path, capfd, monkeypatch
+):
     """A request that is gone by the time run would act on it (the holder's flag said yes, a fresh read
-    says nobody waits) is not passed on: the command runs to its end, untouched."""
+    says nobody waits) is not passed on: the command runs to its end, untouched (it ends once run has said
+    so, or after 10 s; a SIGTERM would end it with 9)."""
     url = (tmp_path / "lock.json").as_uri()
+    flag = tmp_path / "left-alone"
+    said = CommandRunner.say
+
+    def say(self, message):
+        said(self, message)
+        if "is no longer waiting" in message:
+            flag.touch()
+
+    monkeypatch.setattr(CommandRunner, "say", say)
 
     def ghost(sender, **kw):  # a waiter's request whose waiter is already gone
         sender.request_release("waiter", requester="ghost-waiter", deadline=time.time() + 30)
 
     lock_signals.acquired.connect(ghost)
     try:
-        code = main(["run", url, "--grace", "0.5", "--", PY, "-c",
-                     "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(9)); time.sleep(1.5)"])
+        code = main(["run", url, "--grace", "0.5", "--", "sh", "-c",
+                     f"trap 'exit 9' TERM; i=0; while [ ! -e '{flag}' ] && [ $i -lt 500 ]; do "
+                     "sleep 0.02; i=$((i+1)); done"])
     finally:
         lock_signals.acquired.disconnect(ghost)
     err = capfd.readouterr().err
@@ -273,23 +291,52 @@ def test_on_a_terminal_without_rich_run_redraws_a_plain_line(tmp_path):
     assert screen.count("\nhandofflock: waiting") == 0, "never a new line per update"
 
 
-def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path):
+class TenfoldStderr:
+    """Run's waiting line, its clock ten times as fast as the real one: each line noted with that clock."""
+
+    def __init__(self):
+        self.began = time.monotonic()
+        self.lines: list[tuple[float, str]] = []
+
+    def clock(self) -> float:
+        return self.began + (time.monotonic() - self.began) * 10
+
+    def write(self, text: str) -> int:
+        self.lines += [(self.clock(), ln) for ln in text.splitlines(keepends=True)]
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path, capfd, monkeypatch):
+    """``run`` in this process, its waiting line on a clock ten times as fast (a line every 5 s of it is
+    one every 0.5 s here), the labelled holder a lock in this process."""
     url = (tmp_path / "lock.json").as_uri()
+    stderr = TenfoldStderr()
+    monkeypatch.setattr(runner, "WaitLine", functools.partial(WaitLine, clock=stderr.clock, stream=stderr))
+    monkeypatch.setattr(records, "_down", weakref.WeakKeyDictionary())  # other tests' stores are none of run's
     holder = held_by_a_labelled_holder(url)
-    proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"])
-    lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln)) for ln in proc.stderr], daemon=True)
-    reader.start()
+
+    def let_go_once_told():
+        try:
+            eventually(lambda: any("notified yes" in ln for _, ln in stderr.lines), timeout=40,
+                       what="a line saying the holder was told")
+        finally:
+            holder.release()
+
+    thread = threading.Thread(target=let_go_once_told, daemon=True)
+    thread.start()
     try:
-        eventually(lambda: any("notified yes" in ln for _, ln in lines), timeout=40, what="a line saying the holder was told")
-        holder.release()
-        assert proc.wait(30) == 0
-        reader.join(10)
+        assert main(["run", url, "--poll-interval", "0.2", "--", "true"]) == 0
+        thread.join(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         if holder.is_held:
             holder.release()
+    lines = [*stderr.lines, *((0.0, ln) for ln in capfd.readouterr().err.splitlines(keepends=True))]
     waiting = [(t, ln) for t, ln in lines if "handofflock: waiting " in ln and "notified" in ln]
     assert waiting and "held by pod=ml/train-0; notified no" in waiting[0][1]
     assert "grace ends by 20" in waiting[-1][1]

@@ -23,6 +23,7 @@ import pytest
 from lockutil import eventually
 
 from handofflock import cli
+from handofflock import runner as runner_module
 from handofflock.core.record import LockRecord
 from handofflock.runner import CommandRunner
 from handofflock.storage import MemoryStorage
@@ -61,7 +62,8 @@ class GapAtRecheck:
         return self.inner.read(key, **kw)
 
 
-def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stands():
+def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stands(monkeypatch):
+    monkeypatch.setattr(runner_module, "RECHECK_TIMEOUT", 0.1)  # a declined request read again sooner (memory://)
     name = f"edge-{uuid.uuid4().hex[:8]}"
     url = f"memory://{name}/locks/l.json"
     # private: CommandRunner takes parsed arguments; cli's own parser makes them as `handofflock run` would
@@ -76,7 +78,7 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
 
     def waiter_arrives():
         eventually(lambda: lock.is_held, timeout=20, what="run holds the lock")
-        time.sleep(0.3)
+        time.sleep(0.1)  # run settles as the holder first
         proxy._set_waiter(True)  # W registers as the waiter
 
     t = threading.Thread(target=waiter_arrives, daemon=True)
