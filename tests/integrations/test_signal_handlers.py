@@ -276,13 +276,17 @@ THREADS_CHILD = textwrap.dedent(
     deadline = time.monotonic() + 20  # until the scheduler loop and an I/O worker (a renewal) are running
     while time.monotonic() < deadline:
         names = [thread.name for thread in threading.enumerate()]
-        if any(n.endswith("-scheduler") for n in names) and any("-io" in n for n in names):
+        running = all(thread.native_id is not None for thread in threading.enumerate())  # none still starting
+        if running and any(n.endswith("-scheduler") for n in names) and any("-io" in n for n in names):
             break
         time.sleep(0.05)
     blocked = {}
     for thread in threading.enumerate():
-        with open(f"/proc/self/task/{thread.native_id}/status") as status:
-            mask = int(next(l for l in status if l.startswith("SigBlk:")).split()[1], 16)
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/status") as status:
+                mask = int(next(l for l in status if l.startswith("SigBlk:")).split()[1], 16)
+        except FileNotFoundError:  # it ended since: nothing left to take a signal
+            continue
         blocked[thread.name] = bool(mask & (1 << (signal.SIGTERM - 1)))
     lock.release()
     print(json.dumps(blocked))
