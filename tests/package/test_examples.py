@@ -36,11 +36,12 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30) -> lis
 
 @pytest.mark.timeout(120)
 def test_trainer_yield_hands_over_at_a_checkpoint_and_the_next_trainer_resumes_there(shared_url, tmp_path):
-    common = ["--url", shared_url, "--checkpoints", str(tmp_path / "ckpts"), "--steps", "150",
-              "--step-time", "0.02", "--check-interval", "0.2"]
-    a = example("trainer_yield.py", "--name", "A", *common)
+    # A's steps leave B 12 s to start and ask (a busy 2-core machine took more than A's 2.5 s of 150
+    # steps); B, once it resumes, runs the rest quickly.
+    common = ["--url", shared_url, "--checkpoints", str(tmp_path / "ckpts"), "--steps", "600", "--check-interval", "0.2"]
+    a = example("trainer_yield.py", "--name", "A", *common, "--step-time", "0.02")
     seen_a = read_until(a, r"^A: step 25 ")
-    b = example("trainer_yield.py", "--name", "B", *common)
+    b = example("trainer_yield.py", "--name", "B", *common, "--step-time", "0.002")
     out_a, err_a = a.communicate(timeout=60)
     out_a = "".join(seen_a) + out_a
     out_b, err_b = b.communicate(timeout=60)
@@ -51,7 +52,7 @@ def test_trainer_yield_hands_over_at_a_checkpoint_and_the_next_trainer_resumes_t
     token_a = int(re.search(r"got the lock, token (\d+)", out_a).group(1))
     token_b, start_b = map(int, re.search(r"B: got the lock, token (\d+); resuming at step (\d+)", out_b).groups())
     assert start_b == last_a + 1 and token_b > token_a
-    assert "B: finished all 150 steps" in out_b and "B: released the lock" in out_b
+    assert "B: finished all 600 steps" in out_b and "B: released the lock" in out_b
 
 
 @pytest.mark.timeout(60)

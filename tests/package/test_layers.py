@@ -17,6 +17,8 @@ import ast
 import functools
 from pathlib import Path
 
+from sources import parse
+
 PACKAGE = Path(__file__).resolve().parents[2] / "handofflock"
 LAYERS = ["core", "storage", "lock", "edges", "testing", "demo", "package"]
 
@@ -41,7 +43,7 @@ def _layer(module: str) -> str:
 
 @functools.cache
 def _parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), str(path))
+    return parse(path)
 
 
 def _runtime_imports(path: Path, *, type_checking: bool = False) -> set[str]:

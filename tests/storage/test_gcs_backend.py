@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import google.auth.exceptions
 import pytest
+from sources import parse
 import requests
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as google_storage
@@ -942,7 +943,7 @@ def test_only_the_gcs_backend_imports_the_google_sdk_or_the_http_transport():
             continue
         wire = path.parent == PACKAGE / "storage" and path.name == "deadline.py"
         forbidden = ("google",) if wire else ("google", "requests", "urllib3")
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             names = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]

@@ -19,6 +19,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 import pytest
+from sources import parse
 
 from handofflock import HandoffLock
 from handofflock.core.errors import (
@@ -351,7 +352,7 @@ def test_only_the_s3_backend_imports_boto3_and_the_core_install_does_not_need_it
     for path in package.rglob("*.py"):
         if path in (package / "storage" / "s3.py", package / "storage" / "s3_credentials.py"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("boto3", "botocore")]
