@@ -93,12 +93,13 @@ def test_preemptible_job_without_a_metadata_server_just_runs(shared_url):
 
 @pytest.mark.timeout(120)
 def test_run_example_hands_the_lock_from_one_command_to_the_next(shared_url):
-    env = child_env(HANDOFFLOCK=str(CONSOLE_SCRIPT))
+    # 160 steps of 0.05 s give the second run 8 s to start and ask (a busy, just-booted machine took more than 3 s).
+    env = child_env(HANDOFFLOCK=str(CONSOLE_SCRIPT), STEPS="160")
     proc = subprocess.run(["bash", str(EXAMPLES / "run_example.sh"), shared_url], capture_output=True,
                           text=True, env=env, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     saved = int(re.search(r"first: saved step (\d+) \(asked to yield\)", out).group(1))
     assert "second: token" in out and f"starting at step {saved}" in out
-    assert "final step 60 of 60" in out
+    assert "final step 160 of 160" in out
     assert "sending SIGUSR1 to bash" in proc.stderr and "handed" in proc.stderr
