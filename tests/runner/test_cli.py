@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
+from lockparts import acquire_in_thread
 from lockutil import eventually, make_lock, raw_read, raw_write
 
-from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockRecord, Scheduler, StorageError, cli
+from handofflock import FakeClock, HandoffLock, LockRecord, Scheduler, StorageError, cli
 from handofflock.cli import main
 from handofflock.core.record import Holder, Waiter
 from handofflock.exit_codes import (
@@ -343,14 +344,7 @@ def test_run_timeout_is_124(url, capsys):
 def test_run_behind_another_waiter_is_contended(url, capsys):
     quiet_lock(url).acquire()
     other = make_lock(url, owner_id="other-waiter", waiter_ttl=30.0)
-    def wait_quietly():
-        try:
-            other.acquire(timeout=3)
-        except AcquireCancelled:
-            pass
-
-    t = threading.Thread(target=wait_quietly, daemon=True)
-    t.start()
+    t = acquire_in_thread(other, timeout=3)
     eventually(lambda: (raw_read(url)[0] or LockRecord()).waiting_owner_id == "other-waiter")
     assert main(["run", url, "-q", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
     assert "other-waiter" in capsys.readouterr().err

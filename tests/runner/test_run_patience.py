@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from jobsutil import CONSOLE_SCRIPT, in_process, popen, shared_url  # noqa: F401
+from lockparts import acquire_in_thread
 from lockutil import eventually, raw_read
 
-from handofflock import AcquireCancelled, FakeClock, HandoffLock, Scheduler
+from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import read_status, status_text
 from handofflock.exit_codes import EXIT_CONTENDED, EXIT_TIMEOUT
 
@@ -108,15 +109,7 @@ def test_run_with_a_timeout_behind_another_waiter_waits_and_without_one_names_th
                          scheduler=Scheduler(clock, autostart=False))
     assert holder.acquire()
     first = HandoffLock(shared_url, owner_id="first", waiter_poll_interval=0.05, waiter_ttl=60.0)
-
-    def wait_quietly():
-        try:
-            first.acquire(timeout=60)
-        except AcquireCancelled:
-            pass
-
-    thread = threading.Thread(target=wait_quietly, daemon=True)
-    thread.start()  # asking: a later asking run cannot take its slot
+    thread = acquire_in_thread(first, timeout=60)  # asking: a later asking run cannot take its slot
     try:
         eventually(lambda: waiter(shared_url) == "first", timeout=20, what="the first waiter registered")
         now = in_process(run(shared_url)[1:], capfd)  # the later runs in this process: their exit and words

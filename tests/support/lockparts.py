@@ -3,6 +3,8 @@ the request signals one lock heard."""
 
 from __future__ import annotations
 
+import threading
+
 from lockutil import FAST
 
 from handofflock import AcquireCancelled, HandoffLock, LockTimeout, signals
@@ -62,6 +64,20 @@ def wait_in_thread(sim, lock: HandoffLock, timeout: float = 30.0):
             pass
 
     return sim.start(go)
+
+
+def acquire_in_thread(lock: HandoffLock, timeout: float) -> threading.Thread:
+    """``lock.acquire(timeout=...)`` in a started daemon thread; a ``cancel()`` (AcquireCancelled) ends it quietly."""
+
+    def go():
+        try:
+            lock.acquire(timeout=timeout)
+        except AcquireCancelled:
+            pass
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
 
 
 #: A lock on the simulated clock at GCS's pacing (one write a second per object) with a long lease.
