@@ -168,10 +168,6 @@ def _is(place: _Place | None, me: Me) -> TypeGuard[_Place]:
     )
 
 
-def _id_of(place: Holder | Waiter | None) -> str | None:
-    return None if place is None else place.id
-
-
 def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
 
@@ -272,7 +268,7 @@ def decide_acquire(
     # on id alone. Only before we registered in this acquire: an instance that was waiting and
     # finds its slot taken by a same-id instance has been superseded by a newer one and defers
     # (below, Contended), so two live twins never take the slot back and forth.
-    twin = _id_of(waiter) == me.owner_id
+    twin = record.waiting_owner_id == me.owner_id
     mine = _is(waiter, me) or (twin and not waiting)
     other_waiter_live = record.waiter_live(now, skew) and not mine
     superseded = other_waiter_live and waiting and twin
@@ -308,22 +304,13 @@ def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
     a registration whose reply was lost, after which the record moved on
     before we read it back, landed all the same, and we are the waiter.
     """
-    return (
-        record is not None
-        and _id_of(record.owner) != me.owner_id
-        and record.waiter is not None
-        and (record.waiter.id, record.waiter.instance) == (me.owner_id, me.instance)
-    )
+    if record is None or record.owner_id == me.owner_id:
+        return False
+    return (record.waiting_owner_id, record.waiter_instance) == (me.owner_id, me.instance)
 
 
 def decide_give_up_wait(
-    record: LockRecord | None,
-    generation: int,
-    *,
-    me: Me,
-    now: float,
-    timing: Timing,
-    nonce: str,
+    record: LockRecord | None, generation: int, *, me: Me, now: float, timing: Timing, nonce: str
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
@@ -348,14 +335,7 @@ def decide_give_up_wait(
 
 
 def decide_renew(
-    record: LockRecord | None,
-    generation: int,
-    *,
-    me: Me,
-    token: int,
-    now: float,
-    timing: Timing,
-    nonce: str,
+    record: LockRecord | None, generation: int, *, me: Me, token: int, now: float, timing: Timing, nonce: str
 ) -> Decision:
     """Push our lease forward, keeping the waiter as read.
 
@@ -363,8 +343,7 @@ def decide_renew(
     the live asking waiter's request (``declinedWaiter``), so ``status`` can
     say so; one that yields never claims a decline.
     """
-    lost = _check_still_mine(record, me, token)
-    if lost is not None:
+    if (lost := _check_still_mine(record, me, token)) is not None:
         return lost
     assert record is not None and record.owner is not None
     declined = not me.yields and _asking_waiter(record, me, now) is not None
@@ -397,13 +376,12 @@ def decide_release(
     """
     if attempted is not None and record is not None:
         # The heir named by a handoff, None for a free: the owner the record shows if that write landed.
-        landed, heir, owner_now = attempted.record, _id_of(attempted.record.owner), _id_of(record.owner)
+        landed, heir, owner_now = attempted.record, attempted.record.owner_id, record.owner_id
         if (owner_now == heir and record.token == landed.token) or (
             within_lease and owner_now != me.owner_id and record.token >= landed.token
         ):
             return Released(handed_off_to=heir)
-    lost = _check_still_mine(record, me, token)
-    if lost is not None:
+    if (lost := _check_still_mine(record, me, token)) is not None:
         return lost
     assert record is not None
     waiter = record.waiter
@@ -436,8 +414,7 @@ def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: floa
     seen as no waiter here, so the holder is never told of it (the release
     still hands the lock to it, being the waiter).
     """
-    lost = _check_still_mine(record, me, token)
-    if lost is not None:
+    if (lost := _check_still_mine(record, me, token)) is not None:
         return lost
     assert record is not None
     return _asking_waiter(record, me, now)
