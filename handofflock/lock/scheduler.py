@@ -38,6 +38,7 @@ requests from two locks on, and money from about thirteen.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -221,7 +222,7 @@ class Scheduler:
                     continue
                 due = lock.next_due_besides_check()
                 if due <= now:
-                    start(lambda track=True, lock=lock: self._run_one(lock, track), [lock])
+                    start(functools.partial(self._run_one, lock), [lock])
                     continue
                 if not grouped and id(lock) not in self._checking:
                     # The waiter check is a job of its own: its read may stall, and a renewal that
@@ -230,7 +231,7 @@ class Scheduler:
                     if check <= now:
                         if track:
                             self._checking.add(id(lock))
-                        jobs.append((lambda track=True, lock=lock: self._check(lock, 0, track), [lock]))
+                        jobs.append((functools.partial(self._check, lock, 0), [lock]))
                         check = math.inf
                     due = min(due, check)
                 next_due = min(next_due, due)
@@ -255,12 +256,7 @@ class Scheduler:
                 # The beat covers no lock as a whole: its listing may be slow, and a member's
                 # renewal must not wait for it. Each member is busy only during its own check.
                 group.busy = track
-                start(
-                    lambda track=True, gkey=gkey, group=group, batch=batch: self._check_group(
-                        gkey, group, batch, track
-                    ),
-                    [],
-                )
+                start(functools.partial(self._check_group, gkey, group, batch), [])
             if not group.busy:  # a beat still running (a slow listing) wakes the loop as it ends
                 next_due = min(next_due, group.next_at)
         for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
