@@ -49,10 +49,10 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from .core.backoff import Backoff
 from .core.clock import Clock
 from .core.errors import ConfigurationError
 from .core.threads import quiet
+from .core.timing import Backoff
 
 _log = logging.getLogger("handofflock.preemption")
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import buggify
-from ..core.backoff import RETRY
 from ..core.clock import Clock
 from ..core.record import LockRecord
-from ..core.timing import Timing
+from ..core.timing import RETRY, Timing
 
 _INF = float("inf")
 

@@ -49,12 +49,11 @@ import weakref
 from collections.abc import Callable
 
 from ..core import protocol
-from ..core.backoff import RETRY, Backoff
 from ..core.clock import Clock
 from ..core.errors import PreconditionFailed, TransientStorageError
 from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
-from ..core.timing import Timing
+from ..core.timing import RETRY, Backoff, Timing
 from .base import MAX_RECORD_BYTES, Storage
 
 # Gates live as long as their store: keyed by the store object itself (weakly),
@@ -276,10 +275,10 @@ if hasattr(os, "register_at_fork"):
 
 
 class Retries:
-    """The retries of one operation: :data:`~handofflock.core.backoff.RETRY` delays bounded by a deadline.
+    """The retries of one operation: :data:`~handofflock.core.timing.RETRY` delays bounded by a deadline.
 
     The deadline is monotonic, or None for none. The policy is
-    :meth:`Backoff.delay_within <handofflock.core.backoff.Backoff.delay_within>`:
+    :meth:`Backoff.delay_within <handofflock.core.timing.Backoff.delay_within>`:
     the last try goes just before the deadline, never past it.
     """
 

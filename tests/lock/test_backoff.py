@@ -1,13 +1,13 @@
-"""The one retry policy (handofflock.core.backoff): full jitter, a cap, and a deadline kept."""
+"""The one retry policy (handofflock.core.timing): full jitter, a cap, and a deadline kept."""
 
 import random
 
 import pytest
 
 from handofflock import ConfigurationError
-from handofflock.core.backoff import LAST_TRY_MARGIN, RETRY, Backoff
-from handofflock.testing.clock import FakeClock
+from handofflock.core.timing import LAST_TRY_MARGIN, RETRY, Backoff
 from handofflock.storage.records import Retries
+from handofflock.testing.clock import FakeClock
 
 
 def test_draws_cover_zero_to_the_doubling_ceiling_and_stop_growing_at_the_cap():
