@@ -157,7 +157,7 @@ class Scheduler:
         self._mutex = self._prims.mutex()
         self._wake = self._prims.event()
         self._stop = self._prims.event()
-        self._thread: _LoopThread | None = None
+        self._loop_ended: threading.Event | None = None  # set once the loop thread has returned
         self._pool: Pool | None = None
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
@@ -181,7 +181,7 @@ class Scheduler:
     @property
     def threads(self) -> int:
         """Threads this scheduler currently runs (its loop plus live pool workers)."""
-        n = 1 if self._thread is not None and self._thread.is_alive() else 0
+        n = 1 if self._loop_ended is not None and not self._loop_ended.is_set() else 0
         if self._pool is not None:
             n += len(getattr(self._pool, "_threads", ()))
         return n
@@ -267,24 +267,30 @@ class Scheduler:
         return jobs, next_due
 
     def _ensure_thread(self) -> None:
+        name = f"{self._name}-scheduler"
         with self._mutex:
-            old = self._thread
-        if old is not None and old.is_alive() and self._stop.is_set():
-            # A stop() whose join timed out: that loop is on its way out. Let it finish before
-            # starting the next, never two loops at once.
-            old.join(5.0)
-            if old.is_alive():
-                _log.error("the stopped scheduler loop %s has not ended after 5 s; not starting a second one", old.name)
-                return
+            old = self._loop_ended
+        # A stop() whose join timed out: that loop is on its way out. Let it finish before
+        # starting the next, never two loops at once.
+        if old is not None and not old.is_set() and self._stop.is_set() and not old.wait(5.0):
+            _log.error("the stopped scheduler loop %s has not ended after 5 s; not starting a second one", name)
+            return
         with self._mutex:
-            if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
+            if self._loop_ended is not None and not self._loop_ended.is_set() and not self._stop.is_set():
                 return
             self._stop.clear()
             self._pool = self._pool or self._prims.pool(self._io_workers, f"{self._name}-io")
-            name = f"{self._name}-scheduler"
-            thread = _LoopThread(self._prims.event(), name)
-            self._prims.start_thread(lambda: thread.run(self._prims.leave_signals, self._loop), name)
-            self._thread = thread  # only once started: a refused start must leave the next add to try again
+            ended = self._prims.event()
+
+            def run() -> None:
+                try:
+                    self._prims.leave_signals()
+                    self._loop()
+                finally:
+                    ended.set()
+
+            self._prims.start_thread(run, name)
+            self._loop_ended = ended  # only once started: a refused start must leave the next add to try again
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -398,33 +404,11 @@ class Scheduler:
         """Stop the thread and the workers. Locks still registered stop being renewed."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if not self._thread.is_alive():  # one still running is remembered: add() must not start a twin
-                self._thread = None
+        if self._loop_ended is not None and self._loop_ended.wait(timeout):
+            self._loop_ended = None  # one still running is remembered: add() must not start a twin
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-
-class _LoopThread:
-    """The scheduler's loop, started through the primitives: alive until it has returned."""
-
-    def __init__(self, done: threading.Event, name: str) -> None:
-        self._done, self.name = done, name
-
-    def run(self, first: Callable[[], None], loop: Callable[[], None]) -> None:
-        try:
-            first()
-            loop()
-        finally:
-            self._done.set()
-
-    def is_alive(self) -> bool:
-        return not self._done.is_set()
-
-    def join(self, timeout: float | None = None) -> None:
-        self._done.wait(timeout)
 
 
 @dataclass

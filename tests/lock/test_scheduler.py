@@ -216,12 +216,13 @@ def test_a_scheduler_whose_stop_timed_out_never_runs_two_loops():
     clock.on_wait.append(park_the_first_sleep)
     sched = Scheduler(clock, name="stop-test")
     # Private (Scheduler's): starting and restarting the loop with nothing scheduled is the race
-    # under test, and only _ensure_thread does that; _thread is the loop that must not be doubled.
+    # under test, and only _ensure_thread does that; _loop_ended is set once the loop that must not be
+    # doubled has returned.
     sched._ensure_thread()
-    loop = sched._thread
+    loop_ended = sched._loop_ended
     assert parked.wait(5)
     sched.stop(timeout=0.05)  # the loop is parked: the join times out
-    assert loop.is_alive()
+    assert not loop_ended.is_set()
     threading.Timer(0.1, gate.set).start()
     sched._ensure_thread()  # must not start a second loop beside the one still running
     time.sleep(0.3)  # the old loop is free again: had it been told to go on, it would still run
