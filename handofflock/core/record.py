@@ -174,22 +174,16 @@ def _must(
 ) -> Problem:
     """A :data:`Problem`: the value must be ``kind`` (``is_kind``), and then ``within`` (``kind`` if not given) what
     ``fits`` accepts. ``got`` says what the reason shows of a bad value: its JSON type when it is not ``kind`` and
-    (``"value"``) a number that does not fit itself, a string nothing (it may be long); (``"type"``) its JSON type
-    either way; or (``"nothing"``) nothing. ``quoted``: the field's name is quoted in the reason."""
+    (``"value"``) the number itself when it does not fit; (``"type"``) its JSON type either way; or (``"nothing"``)
+    nothing. ``quoted``: the field's name is quoted in the reason."""
 
     def problem(value: Any, name: str) -> str | None:
-        field_name = f"'{name}'" if quoted else name
-        if not is_kind(value):
-            shown = "" if got == "nothing" else f", got {_json_type(value)}"
-        elif fits is not None and not fits(value):
-            if got == "type":
-                shown = f", got {_json_type(value)}"
-            else:
-                shown = "" if got == "nothing" or isinstance(value, str) else f", got {value}"
-            return f"{field_name} must be {within or kind}{shown}"
-        else:
+        right_kind = is_kind(value)
+        if right_kind and (fits is None or fits(value)):
             return None
-        return f"{field_name} must be {kind}{shown}"
+        field_name = f"'{name}'" if quoted else name
+        shown = "" if got == "nothing" else f", got {value if right_kind and got == 'value' else _json_type(value)}"
+        return f"{field_name} must be {within or kind if right_kind else kind}{shown}"
 
     return problem
 
