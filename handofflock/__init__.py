@@ -18,9 +18,6 @@ from .core.errors import (
     AgreementFailed,
     AlreadyAcquired,
     ConfigurationError,
-    FencedObjectCorrupt,
-    FencedObjectFull,
-    FencedObjectTooLarge,
     HandoffLockError,
     InheritedAcrossFork,
     InvalidKey,
@@ -33,14 +30,20 @@ from .core.errors import (
     LockTimeout,
     NotFound,
     PreconditionFailed,
-    StaleToken,
     StorageError,
     TokensExhausted,
     TransientStorageError,
 )
 from .core.record import Label, LockRecord
 from .core.timing import Timing
-from .fencing import FencedObject, FencedValue
+from .fencing import (
+    FencedObject,
+    FencedObjectCorrupt,
+    FencedObjectFull,
+    FencedObjectTooLarge,
+    FencedValue,
+    StaleToken,
+)
 from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
 from .lock import events as signals
 from .os_signals import SignalHandlers, install_signal_handlers

@@ -4,7 +4,7 @@ A lease cannot stop a paused process: it wakes up believing it still holds the
 lock while a newer holder works. What can stop it is the resource refusing its
 writes. A :class:`FencedObject` is a JSON document in the lock's store that
 remembers the highest fencing token it accepted and refuses any write with a
-lower one (:class:`~handofflock.core.errors.StaleToken`). Every check-then-write is
+lower one (:class:`StaleToken`). Every check-then-write is
 one generation-matched write, so two writers cannot both pass the check.
 
 Document (version 1)::
@@ -14,7 +14,7 @@ Document (version 1)::
 
 ``payload`` is the caller's JSON value (a list for a journal built with
 :meth:`FencedObject.append`). Unknown fields are kept. Anything else off raises
-:class:`~handofflock.core.errors.FencedObjectCorrupt`; such an object is never
+:class:`FencedObjectCorrupt`; such an object is never
 overwritten. See ``docs/fencing.md``. The document's strict decoder sits
 beside the one class that writes it, so what is accepted and what is written
 cannot drift.
@@ -34,20 +34,74 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .core.clock import Clock
-from .core.errors import (
-    ConfigurationError,
-    FencedObjectCorrupt,
-    FencedObjectFull,
-    FencedObjectTooLarge,
-    PreconditionFailed,
-    StaleToken,
-)
+from .core.errors import ConfigurationError, HandoffLockError, PreconditionFailed
 from .core.record import MAX_TOKEN, id_problem, new_nonce
 from .storage import Storage, validate_key
 from .storage.records import default_write_interval, gate_for, read_retrying, write_resolving
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
+
+
+class StaleToken(HandoffLockError):
+    """A fenced write carried a token lower than one the resource already accepted.
+
+    Also raised for a token equal to the highest accepted one when it comes from
+    a different writer: one token names one acquisition, which has one owner.
+    Stop: a newer holder of the lock has written since this one was replaced.
+    """
+
+    def __init__(
+        self, key: str, token: int, highest: int, *, writer_id: str | None = None, holder_id: str | None = None
+    ) -> None:
+        if token == highest:
+            message = (
+                f"write to {key!r} refused: token {token} was already used by writer {holder_id!r}, "
+                f"not {writer_id!r}; one token belongs to one lock holder"
+            )
+        else:
+            message = f"write to {key!r} refused: token {token} is stale, the resource already accepted token {highest}"
+        super().__init__(message)
+        self.key, self.token, self.highest, self.writer_id, self.holder_id = key, token, highest, writer_id, holder_id
+
+
+class FencedObjectCorrupt(HandoffLockError, ValueError):
+    """A fenced object exists but is not a valid fence document (see ``docs/fencing.md``).
+
+    Never overwritten on its own: it may be someone's data, and rewriting it would
+    also forget the highest token it accepted. Inspect it, then repair it by hand.
+    """
+
+    def __init__(self, key: str, reason: str, *, generation: int | None = None, url: str | None = None) -> None:
+        where = f"{url}/{key}" if url else key
+        super().__init__(
+            f"fenced object {where!r} is corrupt: {reason}. Nothing was overwritten; inspect it, then repair "
+            "it by hand keeping highestToken at least as high as any token in use (see docs/fencing.md)"
+        )
+        self.key, self.url, self.reason, self.generation = key, url, reason, generation
+
+
+class FencedObjectFull(HandoffLockError):
+    """A fenced write would make the object larger than its ``max_bytes``; nothing was written."""
+
+    _says = (
+        "fenced object {key!r} would grow to {size} bytes, over its limit of {max_bytes}; "
+        "nothing was written: start a new object (a new journal key) or raise max_bytes"
+    )
+
+    def __init__(self, key: str, size: int, max_bytes: int) -> None:
+        super().__init__(self._says.format(key=key, size=size, max_bytes=max_bytes))
+        self.key, self.size, self.max_bytes = key, size, max_bytes
+
+
+class FencedObjectTooLarge(FencedObjectFull):
+    """A fenced object is larger than this reader's ``max_bytes``. It is not corrupt: raise ``max_bytes``."""
+
+    _says = (
+        "fenced object {key!r} holds more than {max_bytes} bytes, this instance's max_bytes: it is not "
+        "corrupt, only larger than this reader accepts. Nothing was written; pass a larger max_bytes"
+    )
+
 
 #: The document format version this release reads and writes.
 FENCE_VERSION = 1

@@ -239,66 +239,6 @@ class InheritedAcrossFork(HandoffLockError, RuntimeError):
     """
 
 
-class StaleToken(HandoffLockError):
-    """A fenced write carried a token lower than one the resource already accepted.
-
-    Also raised for a token equal to the highest accepted one when it comes from
-    a different writer: one token names one acquisition, which has one owner.
-    Stop: a newer holder of the lock has written since this one was replaced.
-    """
-
-    def __init__(
-        self, key: str, token: int, highest: int, *, writer_id: str | None = None, holder_id: str | None = None
-    ) -> None:
-        if token == highest:
-            message = (
-                f"write to {key!r} refused: token {token} was already used by writer {holder_id!r}, "
-                f"not {writer_id!r}; one token belongs to one lock holder"
-            )
-        else:
-            message = f"write to {key!r} refused: token {token} is stale, the resource already accepted token {highest}"
-        super().__init__(message)
-        self.key, self.token, self.highest, self.writer_id, self.holder_id = key, token, highest, writer_id, holder_id
-
-
-class FencedObjectCorrupt(HandoffLockError, ValueError):
-    """A fenced object exists but is not a valid fence document (see ``docs/fencing.md``).
-
-    Never overwritten on its own: it may be someone's data, and rewriting it would
-    also forget the highest token it accepted. Inspect it, then repair it by hand.
-    """
-
-    def __init__(self, key: str, reason: str, *, generation: int | None = None, url: str | None = None) -> None:
-        where = f"{url}/{key}" if url else key
-        super().__init__(
-            f"fenced object {where!r} is corrupt: {reason}. Nothing was overwritten; inspect it, then repair "
-            "it by hand keeping highestToken at least as high as any token in use (see docs/fencing.md)"
-        )
-        self.key, self.url, self.reason, self.generation = key, url, reason, generation
-
-
-class FencedObjectFull(HandoffLockError):
-    """A fenced write would make the object larger than its ``max_bytes``; nothing was written."""
-
-    _says = (
-        "fenced object {key!r} would grow to {size} bytes, over its limit of {max_bytes}; "
-        "nothing was written: start a new object (a new journal key) or raise max_bytes"
-    )
-
-    def __init__(self, key: str, size: int, max_bytes: int) -> None:
-        super().__init__(self._says.format(key=key, size=size, max_bytes=max_bytes))
-        self.key, self.size, self.max_bytes = key, size, max_bytes
-
-
-class FencedObjectTooLarge(FencedObjectFull):
-    """A fenced object is larger than this reader's ``max_bytes``. It is not corrupt: raise ``max_bytes``."""
-
-    _says = (
-        "fenced object {key!r} holds more than {max_bytes} bytes, this instance's max_bytes: it is not "
-        "corrupt, only larger than this reader accepts. Nothing was written; pass a larger max_bytes"
-    )
-
-
 class AgreementFailed(HandoffLockError, RuntimeError):
     """The collective by which the ranks of one job agree to go on, yield or stop failed.
 

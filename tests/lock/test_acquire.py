@@ -39,11 +39,11 @@ from handofflock import (
     TransientStorageError,
     signals,
 )
-from handofflock.core import errors, protocol
+from handofflock.core import protocol
 from handofflock.core.protocol import Me, Write
 from handofflock.core.record import MAX_TOKEN, Holder, Waiter, WaiterRequest
 from handofflock.core.timing import Timing
-from handofflock.fencing import FencedObject
+from handofflock.fencing import FencedObject, StaleToken
 from handofflock.lock import Acquired
 from handofflock.storage import MemoryStorage
 
@@ -302,7 +302,7 @@ def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
     assert not first.healthy and not first.is_held
     fence = FencedObject(world.store, "locks/journal.json", writer_id="X", clock=world.clock)
     fence.write({"by": "twin"}, token=twin.token)
-    with pytest.raises(errors.StaleToken):
+    with pytest.raises(StaleToken):
         fence.write({"by": "first"}, token=first.token)
 
 

@@ -7,11 +7,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
+from handofflock import fencing
 from handofflock.core import errors
 
 
 def _every_error_class() -> list[type]:
-    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.HandoffLockError)]
+    defined = {**vars(errors), **vars(fencing)}  # the fenced resource's errors live beside it
+    return [c for c in defined.values() if isinstance(c, type) and issubclass(c, errors.HandoffLockError)]
 
 
 def _sample(cls: type) -> BaseException:
@@ -19,10 +21,10 @@ def _sample(cls: type) -> BaseException:
         errors.PreconditionFailed: lambda: cls("k", 3, url="gs://b/k"),
         errors.NotFound: lambda: cls("k", url="gs://b/k"),
         errors.LockRecordCorrupt: lambda: cls("k", "bad", generation=2, url="gs://b/k"),
-        errors.StaleToken: lambda: cls("k", 1, 2, writer_id="w", holder_id="h"),
-        errors.FencedObjectCorrupt: lambda: cls("k", "bad", generation=2),
-        errors.FencedObjectFull: lambda: cls("k", 10, 5),
-        errors.FencedObjectTooLarge: lambda: cls("k", 10, 5),
+        fencing.StaleToken: lambda: cls("k", 1, 2, writer_id="w", holder_id="h"),
+        fencing.FencedObjectCorrupt: lambda: cls("k", "bad", generation=2),
+        fencing.FencedObjectFull: lambda: cls("k", 10, 5),
+        fencing.FencedObjectTooLarge: lambda: cls("k", 10, 5),
     }
     for base, make in samples.items():
         if cls is base:

@@ -33,10 +33,9 @@ from ...core.errors import (
     AlreadyAcquired,
     HandoffLockError,
     LockLost,
-    StaleToken,
     TransientStorageError,
 )
-from ...fencing import FencedObject
+from ...fencing import FencedObject, StaleToken
 from ...lock import events as signals
 from ...lock.handoff import Acquired, HandoffLock
 from ...lock.scheduler import Scheduler
