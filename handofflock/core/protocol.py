@@ -18,7 +18,7 @@ Two clocks disagree by up to ``max_clock_skew``. The rules lean the safe way:
   live by the owner's own clock, so it never hands the lock to a waiter that has
   probably given up.
 * The owner judges its own safety by its monotonic clock, not by ``expiresAt``
-  (see :mod:`handofflock.lock.lease`): it considers itself lost
+  (see :class:`handofflock.lock.handoff.Lease`): it considers itself lost
   ``renew_deadline`` after its last successful renewal, which is well before
   ``expiresAt``.
 """

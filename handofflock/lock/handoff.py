@@ -27,6 +27,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from ..core import buggify, protocol
@@ -50,17 +51,16 @@ from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
 from ..core.record import Holder, Label, LockRecord, Waiter, WaiterRequest, id_problem, label_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
-from ..core.timing import Timing
+from ..core.timing import RETRY, Timing
 from ..storage import Storage, open_url
 from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
-from .lease import Lease
 from .logfields import LockLog
 from .notifier import Notifier
 from .primitives import THREADING, Primitives
 from .requests import RequestBook, acquire_request, checked_request
 from .scheduler import Scheduler, default_scheduler
-from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
+from .types import Forward, LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
 T = TypeVar("T")
 
@@ -69,6 +69,82 @@ RELEASING, LOST, FORKED = State.RELEASING, State.LOST, State.FORKED
 
 #: How long the exit hook waits for a release the reaper is in the middle of.
 EXIT_WAIT = 30.0
+
+
+def lease_until(record: LockRecord, mono: float, wall: float, timing: Timing) -> float:
+    """Monotonic time until which ``record``'s lease is safe for us, ``mono``/``wall`` read together.
+
+    The lease runs to ``expiresAt``; we stop calling it safe the usual
+    margin (``ttl - renew_deadline``, in proportion for a lease of another
+    length) before that. For a lease we wrote, stamped at its send, this is
+    exactly ``send + renew_deadline``: counted from the write that made it.
+    Others take the lock only ``max_clock_skew`` after ``expiresAt`` by
+    their clocks, which is where the skew allowance is.
+    """
+    assert record.owner is not None
+    left = record.owner.expires_at - wall
+    if buggify.on(buggify.LEASE_PAST_ITS_MARGIN):
+        return mono + left + timing.max_clock_skew
+    length = record.ttl or timing.ttl
+    return mono + left - length * (1 - timing.renew_deadline / timing.ttl)
+
+
+@dataclass
+class Lease:
+    """What this lock knows of its hold. The defaults are "holds nothing": nothing is due, nothing is valid.
+
+    The record and generation last written or read, the fencing token, until when the hold is
+    safe, when the next renewal, waiter check and release retry fall due, how many renewals
+    failed in a row, and why the hold was lost. A new hold starts from a new :class:`Lease`, and
+    a forked child's lock gets an empty one, so a reset is one assignment (filelock's context
+    dataclass). Mutated in place only by the lock's transitions, under its I/O mutex.
+    """
+
+    record: LockRecord | None = None
+    generation: int = 0
+    token: int | None = None
+    valid_until: float = -math.inf  # monotonic
+    boot_until: float = -math.inf  # the same instant by Clock.boottime(), which counts a host suspend
+    wall_until: float = -math.inf  # wall clock: the cached expiresAt less the margin
+    next_renew: float = math.inf
+    next_check: float = math.inf
+    next_release_try: float = math.inf
+    renew_failures: int = 0
+    lost_reason: str | None = None
+    lost_error: BaseException | None = None
+    thread: int | None = None  # the thread that acquired this hold (named by a second acquire's error)
+
+    def set(self, record: LockRecord, generation: int, mono: float, wall: float, timing: Timing, clock: Clock) -> None:
+        """A write of ours made ``record`` (or we were handed it): the lease runs from its stamp."""
+        self.record, self.generation = record, generation
+        self.valid_until = lease_until(record, mono, wall, timing)
+        # The same instant on the suspend-counting clock: one offset between the two, read now
+        # (each comparison later is boot time with boot time, never boot with monotonic).
+        self.boot_until = self.valid_until + (clock.boottime() - clock.monotonic())
+        self.wall_until = wall + (self.valid_until - mono)
+        # Renew when what is left of the validity falls to renew_deadline - renew_interval.
+        self.next_renew = self.valid_until - (timing.renew_deadline - timing.renew_interval)
+        self.renew_failures = 0
+
+    def known(self, listed: int | None) -> tuple[LockRecord | None, int] | None:
+        """The record and generation we know, if a listing that showed the object at generation ``listed``
+        (0: not listed) needs no read to settle what the object holds; else None.
+
+        Generations only grow, so a listed generation equal to the one we know
+        means the object holds exactly our record: deciding on that is
+        deciding on what a read would return. A listed generation below ours
+        means the listing is older than our own last write or read of the
+        object (a renewal while the group was being listed), which already
+        showed it: no read either. A higher one (someone else wrote), or 0
+        (not listed), is settled by a read, never by the listing alone.
+        """
+        if listed is not None and 0 < listed <= self.generation and self.record is not None:
+            return self.record, self.generation
+        return None
+
+    def within(self, clock: Clock) -> bool:
+        """Still safe by the clocks that count time passing: monotonic, and boot time (a suspend counts)."""
+        return clock.monotonic() < self.valid_until and clock.boottime() < self.boot_until
 
 
 class HandoffLock:
@@ -111,7 +187,7 @@ class HandoffLock:
     checks; by default one per process), ``storage`` and ``key`` (instead of a URL),
     and ``primitives``, whose factories make every mutex, event, thread-local and
     thread the lock uses (default: :mod:`threading`). ``release_at_exit``: see
-    :attr:`release_at_exit`. No I/O happens in the constructor.
+    the attribute :attr:`release_at_exit` (settable). No I/O happens in the constructor.
     """
 
     def __init__(
@@ -163,7 +239,13 @@ class HandoffLock:
         self._pid = os.getpid()
         if release_at_exit is None:  # real time and real threads: yes; a simulation: no
             release_at_exit = self._clock.timebase is Clock().timebase and self._prims is THREADING
-        self._releases_at_exit = bool(release_at_exit)
+        #: Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+        #:
+        #: True by default (False on an injected fake clock or injected primitives: a simulation's time
+        #: is not the process's); settable. With False the lock stays held at exit until its lease runs
+        #: out, and one collected while held is only no longer renewed. Nothing runs on ``os._exit``,
+        #: SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
+        self.release_at_exit = bool(release_at_exit)
         self._scheduler = scheduler  # None: the process-wide one, taken when the lock is first held
         self._duties = _Duties(self, storage, key)
         self._log_acquire = LockLog("handofflock.acquire", self)
@@ -209,35 +291,18 @@ class HandoffLock:
 
     # -- what a caller reads, without I/O and without the mutex -----------------------------------
 
-    @property
-    def storage(self) -> Storage:
-        """The store holding the lock object (fenced objects beside the lock live there too)."""
-        return self._io.storage
-
-    @property
-    def key(self) -> str:
-        """The lock object's key inside :attr:`storage`."""
-        return self._io.key
-
-    @property
-    def clock(self) -> Clock:
-        """The clock the lock keeps time by (wall time for records, monotonic for intervals)."""
-        return self._clock
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of the current (or last) hold; None before the first."""
-        return self._lease.token
-
-    @property
-    def release_requested(self) -> bool:
-        """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
-        return self._book.release_requested
-
-    @property
-    def release_request(self) -> ReleaseRequest | None:
-        """The most urgent request that stands (earliest deadline), or None."""
-        return self._book.release_request
+    #: The store holding the lock object (fenced objects beside the lock live there too).
+    storage = Forward[Storage]("_io.storage")
+    #: The lock object's key inside :attr:`storage`.
+    key = Forward[str]("_io.key")
+    #: The clock the lock keeps time by (wall time for records, monotonic for intervals).
+    clock = Forward[Clock]("_clock")
+    #: The fencing token of the current (or last) hold; None before the first.
+    token = Forward[int | None]("_lease.token")
+    #: True while a release request stands (a waiter, a signal, a preemption notice, an operator).
+    release_requested = Forward[bool]("_book.release_requested")
+    #: The most urgent request that stands (earliest deadline), or None.
+    release_request = Forward[ReleaseRequest | None]("_book.release_request")
 
     @property
     def give_up_budget(self) -> float:
@@ -261,64 +326,33 @@ class HandoffLock:
 
         False once ``renew_deadline`` has passed since the last successful renewal, even if the background
         thread has not run yet (the process was stopped, or the host suspended): counted on the monotonic
-        clock and on one that counts a suspend, with the wall clock as a second opinion (:meth:`.Lease.healthy`).
+        clock and on one that counts a suspend (:meth:`Lease.within`).
+
+        The wall clock is a second opinion: it must not have passed the cached ``expiresAt`` less the
+        margin, for a host whose boot time misses a suspend (not Linux) or a wall clock set forward:
+        either way ``check()`` fails until the next renewal, written from the wall clock as it now is,
+        moves ``expiresAt`` on. A wall clock set back never makes a lease look unhealthy (it only
+        moves further from ``expiresAt``); the monotonic and boot clocks still end it on time.
         """
-        return self._state is HELD and self._lease.healthy(self._clock)
+        lease = self._lease
+        return self._state is HELD and lease.within(self._clock) and self._clock.time() < lease.wall_until
 
-    @property
-    def ttl(self) -> float:
-        """The lease, in seconds (``timing.ttl``)."""
-        return self.timing.ttl
-
-    @property
-    def renew_interval(self) -> float:
-        """Seconds between renewals (``timing.renew_interval``)."""
-        return self.timing.renew_interval
-
-    @property
-    def renew_deadline(self) -> float:
-        """No successful renewal for this long, and the hold is no longer safe (``timing.renew_deadline``)."""
-        return self.timing.renew_deadline
-
-    @property
-    def waiter_ttl(self) -> float:
-        """How long a waiter's slot lasts unrefreshed (``timing.waiter_ttl``)."""
-        return self.timing.waiter_ttl
-
-    @property
-    def waiter_check_interval(self) -> float:
-        """Seconds between the owner's waiter checks (``timing.waiter_check_interval``)."""
-        return self.timing.waiter_check_interval
-
-    @property
-    def waiter_poll_interval(self) -> float:
-        """Seconds between a waiter's polls (``timing.waiter_poll_interval``)."""
-        return self.timing.waiter_poll_interval
-
-    @property
-    def max_clock_skew(self) -> float:
-        """How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``)."""
-        return self.timing.max_clock_skew
-
-    @property
-    def min_write_interval(self) -> float:
-        """Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``)."""
-        return self.timing.min_write_interval
-
-    @property
-    def release_at_exit(self) -> bool:
-        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
-
-        True by default (False on an injected fake clock or injected primitives: a simulation's time
-        is not the process's); settable. With False the lock stays held at exit until its lease runs
-        out, and one collected while held is only no longer renewed. Nothing runs on ``os._exit``,
-        SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
-        """
-        return self._releases_at_exit
-
-    @release_at_exit.setter
-    def release_at_exit(self, value: bool) -> None:
-        self._releases_at_exit = bool(value)
+    #: The lease, in seconds (``timing.ttl``).
+    ttl = Forward[float]("timing.ttl")
+    #: Seconds between renewals (``timing.renew_interval``).
+    renew_interval = Forward[float]("timing.renew_interval")
+    #: No successful renewal for this long, and the hold is no longer safe (``timing.renew_deadline``).
+    renew_deadline = Forward[float]("timing.renew_deadline")
+    #: How long a waiter's slot lasts unrefreshed (``timing.waiter_ttl``).
+    waiter_ttl = Forward[float]("timing.waiter_ttl")
+    #: Seconds between the owner's waiter checks (``timing.waiter_check_interval``).
+    waiter_check_interval = Forward[float]("timing.waiter_check_interval")
+    #: Seconds between a waiter's polls (``timing.waiter_poll_interval``).
+    waiter_poll_interval = Forward[float]("timing.waiter_poll_interval")
+    #: How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``).
+    max_clock_skew = Forward[float]("timing.max_clock_skew")
+    #: Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``).
+    min_write_interval = Forward[float]("timing.min_write_interval")
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
@@ -784,7 +818,10 @@ class HandoffLock:
                     return
             except TransientStorageError as exc:
                 signals.observer.renewal_failed(self, exc)
-                delay = lease.renewal_failed(clock.monotonic(), self.timing.renew_interval)
+                # The next try after a backoff, at most renew_interval and never past the end of validity.
+                lease.renew_failures += 1
+                delay = min(self.timing.renew_interval, RETRY.delay(lease.renew_failures))
+                lease.next_renew = min(clock.monotonic() + delay, lease.valid_until)
                 self._log_renew.warning(
                     "renewal of %s failed (%s); retrying in %.2f s, giving up at the renew deadline",
                     self.url,
@@ -834,7 +871,7 @@ class HandoffLock:
             self._mark_lost(seen.why, None)
             return False
         if generation != self._lease.generation:  # an equal one is the record we know
-            self._lease.seen(record, generation)
+            self._lease.record, self._lease.generation = record, generation
         self._book.note_waiter(seen, record)
         return True
 
@@ -864,7 +901,8 @@ class HandoffLock:
         exc = LockLost(f"lock {self.url!r} lost: {why}", url=self.url, reason=why, cause=error)
         if error is not None:
             exc.__cause__ = error
-        self._lease.lose(why, exc)
+        self._lease.valid_until = -math.inf  # nothing about the hold is valid any more
+        self._lease.lost_reason, self._lease.lost_error = why, exc
         self._stop_duties()
         self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
@@ -916,7 +954,7 @@ class HandoffLock:
     def _unschedule(self) -> None:
         """Stop the background duties as a process that dies holding the lock would: nothing is released,
         at exit or when collected (tests use it)."""
-        self._releases_at_exit = False
+        self.release_at_exit = False
         self._stop_duties()
 
     # -- release ------------------------------------------------------------------------------------
@@ -1103,7 +1141,7 @@ class HandoffLock:
         # moment (the scheduler's, holding its mutex, say), where a release's I/O could deadlock or stall.
         # The reaper resurrects the lock for that one release (PEP 442 calls __del__ once).
         if self.__dict__.get("_state") is HELD and self._pid == os.getpid() and not sys.is_finalizing():
-            _Reaper.orphans.put((self, self._releases_at_exit))
+            _Reaper.orphans.put((self, self.release_at_exit))
 
 
 class Acquired:
@@ -1430,7 +1468,7 @@ def _at_exit() -> None:
     _Reaper.drain()
     pid = os.getpid()
     for lock in list(_LOCKS):
-        if lock._releases_at_exit and lock._pid == pid and lock.is_held:
+        if lock.release_at_exit and lock._pid == pid and lock.is_held:
             _finish(lock, True, "at exit")
 
 

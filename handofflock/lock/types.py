@@ -11,11 +11,13 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from ..core.protocol import suspect_lease
 from ..core.record import Holder, Label, LockRecord, Waiter
 from ..core.timing import Timing
+
+T = TypeVar("T")
 
 
 def default_owner_id() -> str:
@@ -74,6 +76,39 @@ class ReleaseRequest:
     requested_at: float
 
 
+class Forward(Generic[T]):
+    """A read-only attribute that reads another object's: ``Forward("timing.ttl")`` is ``self.timing.ttl``.
+
+    Where a value along the dotted ``path`` (but the last) is None, it reads ``absent``
+    (``Forward("record.owner.id", None)``: None while there is no record, or no owner).
+    """
+
+    def __init__(self, path: str, absent: Any = None) -> None:
+        self.path, self.absent = path.split("."), absent
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Forward[T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object, owner: type | None = None) -> T | Forward[T]:
+        if obj is None:
+            return self
+        value: Any = obj
+        for name in self.path:
+            if value is None:
+                return self.absent  # type: ignore[no-any-return]
+            value = getattr(value, name)
+        return value  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(f"{self.name} is read-only")
+
+
 @dataclass(frozen=True)
 class LockStatus:
     """A fresh snapshot of the lock object, as read by :meth:`HandoffLock.status`: the record, and when it was read.
@@ -106,25 +141,22 @@ class LockStatus:
     def exists(self) -> bool:
         return self.record is not None
 
-    @property
-    def _owner(self) -> Holder | None:
-        return None if self.record is None else self.record.owner
-
-    @property
-    def _waiter(self) -> Waiter | None:
-        return None if self.record is None else self.record.waiter
-
-    @property
-    def owner_id(self) -> str | None:
-        return None if self._owner is None else self._owner.id
-
-    @property
-    def expires_at(self) -> float | None:
-        return None if self._owner is None else self._owner.expires_at
-
-    @property
-    def owner_label(self) -> Label | None:
-        return None if self._owner is None else self._owner.label
+    _owner = Forward[Holder | None]("record.owner", None)
+    _waiter = Forward[Waiter | None]("record.waiter", None)
+    owner_id = Forward[str | None]("record.owner.id", None)
+    expires_at = Forward[float | None]("record.owner.expires_at", None)
+    owner_label = Forward[Label | None]("record.owner.label", None)
+    waiter_id = Forward[str | None]("record.waiter.id", None)
+    waiter_expires_at = Forward[float | None]("record.waiter.expires_at", None)
+    waiter_label = Forward[Label | None]("record.waiter.label", None)
+    #: False for a patient waiter: it waits without asking the holder to leave.
+    waiter_asks = Forward[bool]("record.waiter.request.asks", True)
+    #: The waiter's priority for the single slot (0 unless it said).
+    waiter_priority = Forward[int]("record.waiter.request.priority", 0)
+    token = Forward[int]("record.token", 0)
+    ttl = Forward[float | None]("record.ttl", None)
+    #: The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``).
+    declined = Forward[bool]("record.declined", False)
 
     @property
     def held_since(self) -> float | None:
@@ -136,43 +168,8 @@ class LockStatus:
         return self._owner is not None and self._owner.live(self.read_at)
 
     @property
-    def waiter_id(self) -> str | None:
-        return None if self._waiter is None else self._waiter.id
-
-    @property
-    def waiter_expires_at(self) -> float | None:
-        return None if self._waiter is None else self._waiter.expires_at
-
-    @property
-    def waiter_label(self) -> Label | None:
-        return None if self._waiter is None else self._waiter.label
-
-    @property
     def waiter_live(self) -> bool:
         return self._waiter is not None and self._waiter.live(self.read_at)
-
-    @property
-    def waiter_asks(self) -> bool:
-        """False for a patient waiter: it waits without asking the holder to leave."""
-        return self._waiter is None or self._waiter.request.asks
-
-    @property
-    def waiter_priority(self) -> int:
-        """The waiter's priority for the single slot (0 unless it said)."""
-        return 0 if self._waiter is None else self._waiter.request.priority
-
-    @property
-    def token(self) -> int:
-        return 0 if self.record is None else self.record.token
-
-    @property
-    def ttl(self) -> float | None:
-        return None if self.record is None else self.record.ttl
-
-    @property
-    def declined(self) -> bool:
-        """The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``)."""
-        return self.record is not None and self.record.declined
 
     def to_json(self) -> dict[str, Any]:
         return {

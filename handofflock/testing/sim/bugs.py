@@ -30,7 +30,7 @@ BUGS: dict[str, str] = {
     UNCONDITIONAL_HANDOFF: "the handoff and release write skips the generation match (protocol.decide_release)",
     UNCONDITIONAL_RENEWAL: "a renewal overwrites whatever is there (protocol.decide_renew)",
     GIVE_UP_WITHOUT_MATCH: "a waiter's give-up is written without a generation match (protocol.decide_give_up_wait)",
-    LEASE_PAST_ITS_MARGIN: "the owner counts itself safe until expiresAt + skew, no margin (lease.lease_until)",
+    LEASE_PAST_ITS_MARGIN: "the owner counts itself safe until expiresAt + skew, no margin (handoff.lease_until)",
     HEIR_KEEPS_OLD_TOKEN: "a handoff gives the heir the old owner's token (protocol.decide_release)",
     HEIR_LEASE_FROM_ITS_READ: "the heir counts its lease from its own read of the handoff (HandoffLock._became_owner)",
     CANCELLED_KEEPS_HANDED_LOCK: "a cancelled acquire keeps a lock handed to it meanwhile (HandoffLock._leave_slot)",
