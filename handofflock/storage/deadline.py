@@ -138,12 +138,10 @@ def _shut_down(conn: Any) -> bool:
         sock = getattr(sock, "socket", None)
     if not isinstance(sock, socket.socket):
         return False
-    try:
-        # The plain socket's shutdown, also for an SSLSocket: ssl's own would unwrap it under
-        # the feet of the thread reading from it.
+    # The plain socket's shutdown, also for an SSLSocket: ssl's own would unwrap it under the feet
+    # of the thread reading from it. OSError: already shut down, or closed meanwhile.
+    with contextlib.suppress(OSError):
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:  # already shut down, or closed meanwhile
-        pass
     return True
 
 

@@ -33,7 +33,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 try:
@@ -311,11 +311,9 @@ class LocalStorage:
                 if not create and stat.S_ISREG(_mode(parent, name)):
                     return None  # an object file: nothing below it exists (a write says why it cannot)
                 self._refuse(parent, name, relpath, exc)  # a symlink is refused, never skipped
-            try:
+            with suppress(FileExistsError):  # a concurrent writer made it: open it like any other
                 os.mkdir(name, _DIR_MODE, dir_fd=parent)
                 made = True
-            except FileExistsError:
-                pass  # a concurrent writer made it; open it like any other
         if made:
             try:
                 os.fchmod(fd, _new_dir_mode(parent))
@@ -413,10 +411,8 @@ class LocalStorage:
     def _replace(self, dir_fd: int, name: str, key: str, content: bytes) -> None:
         """Atomically and durably replace ``name`` with ``content``. Call under the key's lock."""
         tmp = sidecar_name(name, "tmp")  # one per key: only the lock holder uses it; a crash leaves at most one
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dir_fd)  # a crash's leftover, or anything planted (unlink never follows)
-        except FileNotFoundError:
-            pass
         old = _stat(dir_fd, name)
         # A file that is replaced keeps its mode and owner, so that a write by another user
         # (root's `release --force`) does not take the lock away from the users who share it.
@@ -524,14 +520,13 @@ def _mode(dir_fd: int, name: str) -> int:
 
 
 def _pread(fd: int, n: int, offset: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.pread(fd, min(n - got, 1 << 20), offset + got)
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.pread(fd, min(n - len(data), 1 << 20), offset + len(data))
         if not chunk:
             break  # a hand-written file shrank under us: return what is there
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 def _fsync(fd: int) -> None:
@@ -573,10 +568,8 @@ _HELD: set[int] = set()
 
 def _close_inherited_locks() -> None:
     for fd in list(_HELD):
-        try:
+        with suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     _HELD.clear()
 
 
