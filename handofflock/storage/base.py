@@ -215,6 +215,21 @@ def parse_header(magic: bytes, head: bytes, size: int) -> Header | None:
     return Header(state == b"deleted", generation, end + 1)
 
 
+def foreign_header(stamp_us: int, etag: str = "") -> Header:
+    """How an object without our header (hand edits, other tools) is read: live, whole, as data.
+
+    Its generation is its modification time in microseconds (S3 keeps whole
+    seconds), plus a number below a second drawn from its ``etag`` where the
+    store has one: on the scale of our own generations, so a matched write that
+    replaces it keeps the sequence increasing; it changes whenever the object is
+    rewritten, and two different foreign objects written in the same second
+    almost surely differ.
+    """
+    digits = "".join(ch for ch in etag if ch in "0123456789abcdefABCDEF")[:12] or "0"
+    generation = max(1, min(stamp_us + int(digits, 16) % 1_000_000, MAX_GENERATION))
+    return Header(deleted=False, generation=generation, offset=0)
+
+
 def next_generation(previous: int, now_us: int) -> int | None:
     """The generation a write after ``previous`` gets: ``max(previous + 1, now in microseconds)``.
 

@@ -7,23 +7,22 @@ it, for as long as it likes (measured: a read of an 8-byte lock object took
 8 s, and a write whose reply trickled more than 25 s, both with
 ``timeout=(2, 2)``).
 
-So every request is sent inside :func:`bounded`, which arms a
+So every request is sent inside :meth:`HTTPStore.bounded`, which arms a
 :class:`Deadline` with one watchdog thread per process. A request's connection
 comes from a pool with the :class:`WatchedPool` hooks (mounted on a requests
 session by :func:`install`, on botocore's pools by the S3 store); the pool
 tells the deadline which connection carries the request. When the deadline
 passes, the watchdog shuts that connection's socket down: a thread blocked
 sending the request or reading the reply wakes at once with an error, which
-:func:`bounded` reports as a transient error (ambiguous for a write: it may
+:meth:`~HTTPStore.bounded` reports as a transient error (ambiguous for a write: it may
 have been applied). A connection goes back to the pool only after its
 deadline has let go of it, so a late watchdog never cuts another request's
 connection.
 
-Each is an :class:`HTTPStore`: the bucket, the timeouts, the SDK
-client and each request's deadline (:meth:`HTTPStore.bounded`). The client
-sits in a :class:`ClientSlot`, which never lets a forked child use its
-parent's connections; :func:`shared` keeps one store per bucket and settings,
-so locks on one bucket share one connection pool.
+Each is an :class:`HTTPStore`: the bucket, the timeouts, the SDK client
+(never a parent's, in a forked child) and each request's deadline
+(:meth:`HTTPStore.bounded`); :meth:`HTTPStore.shared` keeps one store per
+bucket and settings, so locks on one bucket share one connection pool.
 
 Imports requests and urllib3, nothing of Google's or Amazon's SDKs.
 """
@@ -31,6 +30,7 @@ Imports requests and urllib3, nothing of Google's or Amazon's SDKs.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import heapq
 import itertools
 import math
@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 import requests.adapters
@@ -48,7 +48,7 @@ import urllib3.connection
 import urllib3.poolmanager
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from ..core.errors import ConfigurationError, HandoffLockError, TransientStorageError
+from ..core.errors import ConfigurationError, HandoffLockError, StorageError, TransientStorageError
 from ..core.threads import quiet
 
 #: How often an expired deadline looks again for a socket to shut down (a connection still
@@ -138,12 +138,10 @@ def _shut_down(conn: Any) -> bool:
         sock = getattr(sock, "socket", None)
     if not isinstance(sock, socket.socket):
         return False
-    try:
-        # The plain socket's shutdown, also for an SSLSocket: ssl's own would unwrap it under
-        # the feet of the thread reading from it.
+    # The plain socket's shutdown, also for an SSLSocket: ssl's own would unwrap it under the feet
+    # of the thread reading from it. OSError: already shut down, or closed meanwhile.
+    with contextlib.suppress(OSError):
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:  # already shut down, or closed meanwhile
-        pass
     return True
 
 
@@ -187,76 +185,10 @@ _watchdog = _Watchdog()
 _T = TypeVar("_T")
 
 
-class ClientSlot(Generic[_T]):
-    """A store's SDK client: the one it was given, or one made by ``make`` on first use; never a parent's.
-
-    A forked child shares its parent's keep-alive connections: both would write
-    requests to the same sockets and read each other's replies (a read would
-    return another object's bytes and generation). So in a child a client this
-    slot made is dropped (and kept referenced, so that collecting it never
-    closes, or sends a TLS close on, a socket the parent still uses) and the next
-    use makes a new one; a client given is the caller's to replace, and using
-    it in the child raises. ``make`` runs under the slot's lock, once.
-    """
-
-    def __init__(self, given: _T | None, make: Callable[[], _T], owner: str) -> None:
-        self._client, self._make, self._owner = given, make, owner
-        #: Whether the client is this slot's own (made here), not given.
-        self.owned = given is None
-        self._lock = threading.Lock()
-        self._pid = os.getpid()  # where the client (and its connections) was made or given
-        self._inherited: list[_T] = []
-        _SLOTS.add(self)
-
-    @property
-    def made(self) -> bool:
-        """Whether a client is in hand (one given, or made since the last :meth:`release`)."""
-        return self._client is not None
-
-    def get(self) -> _T:
-        client = self._client
-        if client is not None and self._pid != os.getpid():
-            raise ConfigurationError(
-                f"the client passed to {self._owner} was made in process {self._pid}, which this process was "
-                "forked from: its keep-alive connections are shared with that process, and replies would reach "
-                "the wrong one. Pass a client made in this process."
-            )
-        if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._make()
-                client = self._client
-        return client
-
-    def release(self) -> _T | None:
-        """Let go of a client this slot made and return it, for the caller to close (None: none, or given)."""
-        with self._lock:
-            client = self._client if self.owned else None
-            if self.owned:
-                self._client = None
-        return client
-
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()
-        if self.owned:
-            if self._client is not None:
-                self._inherited.append(self._client)
-            self._client = None
-            self._pid = os.getpid()
-
-
-_SLOTS: weakref.WeakSet[ClientSlot[Any]] = weakref.WeakSet()
+_STORES: weakref.WeakSet[HTTPStore[Any]] = weakref.WeakSet()
 _SHARED: dict[tuple[Any, ...], Any] = {}
 _SHARED_LOCK = threading.Lock()
-
-
-def shared(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
-    """The process-wide store for ``key`` (its class, bucket and settings), made by ``make`` on first use."""
-    with _SHARED_LOCK:
-        if key not in _SHARED:
-            _SHARED[key] = make()
-        store: _T = _SHARED[key]
-        return store
+_S = TypeVar("_S", bound="HTTPStore[Any]")
 
 
 class HTTPStore(Generic[_T]):
@@ -268,6 +200,14 @@ class HTTPStore(Generic[_T]):
     last byte of its reply (default: connect plus read timeout; a call's
     ``timeout`` shortens it). ``client`` is the caller's own SDK client (then
     theirs to close), else one is made by :meth:`_make_client` on first use.
+
+    A forked child never uses its parent's client: both would write requests to
+    the same keep-alive sockets and read each other's replies (a read would
+    return another object's bytes and generation). So in a child a client this
+    store made is dropped (and kept referenced, so that collecting it never
+    closes, or sends a TLS close on, a socket the parent still uses) and the
+    next use makes a new one; a client given is the caller's to replace, and
+    using it in the child raises.
     """
 
     #: The URL scheme, the bucket names the store accepts, and how to say so.
@@ -290,35 +230,155 @@ class HTTPStore(Generic[_T]):
         self._request_timeout = sum(self._timeout) if request_timeout is None else float(request_timeout)  # type: ignore[arg-type]
         #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
         self.explicit_request_timeout = None if request_timeout is None else self._request_timeout
-        self._clients = ClientSlot(client, self._make_client, repr(self))
+        self._client = client
+        #: Whether the client is this store's own (made here), not given.
+        self._owns_client = client is None
+        self._client_lock = threading.Lock()
+        self._client_pid = os.getpid()  # where the client (and its connections) was made or given
+        self._inherited: list[_T] = []
+        _STORES.add(self)
+
+    #: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
+    shared_env: tuple[str, ...] = ()
+
+    @classmethod
+    def shared(cls: type[_S], bucket: str, **options: Any) -> _S:
+        """The process-wide store for ``bucket`` and ``options`` (and the current :attr:`shared_env`).
+
+        Locks on the same bucket share one client and connection pool this way.
+        """
+        given = tuple(sorted((name, value) for name, value in options.items() if value is not None))
+        key = (cls, bucket, given, *(os.environ.get(name) for name in cls.shared_env))
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = cls(bucket, **options)
+            store: _S = _SHARED[key]
+            return store
 
     def _make_client(self) -> _T:
         raise NotImplementedError
 
+    def _error(self, exc: Exception, op: str, key: str | None) -> StorageError | None:
+        """The handofflock error an SDK or transport error maps to; None to let it through as it is."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def mapped(self, op: str, key: str | None) -> Iterator[None]:
+        """Turn every SDK and transport error raised inside into a handofflock error (:meth:`_error`)."""
+        try:
+            yield
+        except HandoffLockError:
+            raise
+        except Exception as exc:
+            error = self._error(exc, op, key)
+            if error is None:
+                raise
+            raise error from exc
+
+    def where(self, op: str, key: str | None) -> str:
+        """How a message names one operation: ``write 'locks/a.json' in gs://bucket``."""
+        return f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+
+    def transient(self, op: str, key: str | None, what: str, *, ambiguous: bool, **reply: Any) -> TransientStorageError:
+        """A :class:`TransientStorageError` of ``op`` on ``key`` saying ``what`` happened (``reply``: its
+        ``status`` and ``retry_after``, for an error reply)."""
+        return TransientStorageError(
+            f"{self.where(op, key)}: {what}", url=self.url, key=key, ambiguous=ambiguous, **reply
+        )
+
+    def permanent(self, op: str, key: str | None, what: str) -> StorageError:
+        """A :class:`StorageError` of ``op`` on ``key``, saying ``what`` to check."""
+        return StorageError(f"{self.where(op, key)}: {what}", url=self.url, key=key)
+
     @property
     def client(self) -> _T:
-        """The SDK client in use, made on first access."""
-        return self._clients.get()
+        """The SDK client in use, made on first access (under a lock, once)."""
+        client = self._client
+        if client is not None and self._client_pid != os.getpid():
+            raise ConfigurationError(
+                f"the client passed to {self!r} was made in process {self._client_pid}, which this process was "
+                "forked from: its keep-alive connections are shared with that process, and replies would reach "
+                "the wrong one. Pass a client made in this process."
+            )
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._make_client()
+                client = self._client
+        return client
+
+    @property
+    def has_client(self) -> bool:
+        """Whether a client is in hand (one given, or made since the last :meth:`close`)."""
+        return self._client is not None
 
     def close(self) -> None:
         """Close the connections of a client this store made; the next operation makes a new one.
 
         A client passed to the constructor is left open for its owner.
         """
-        client: Any = self._clients.release()
+        with self._client_lock:
+            client: Any = self._client if self._owns_client else None
+            if self._owns_client:
+                self._client = None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
 
-    def bounded(self, op: str, key: str | None, timeout: float | None) -> contextlib.AbstractContextManager[Deadline]:
-        """:func:`bounded` for one request: within ``request_timeout``, or the call's ``timeout`` if shorter.
+    def _after_fork(self) -> None:
+        self._client_lock = threading.Lock()
+        if self._owns_client:
+            if self._client is not None:
+                self._inherited.append(self._client)
+            self._client = None
+            self._client_pid = os.getpid()
+
+    @contextlib.contextmanager
+    def bounded(self, op: str, key: str | None, timeout: float | None) -> Iterator[Deadline]:
+        """Send one request of ``op`` (``read``, ``write``, ``delete``, ``list``) and read its reply inside the block.
+
+        Within ``request_timeout``, or the call's ``timeout`` if shorter: past it
+        the connection is shut down, and whatever that breaks is raised as a
+        :class:`TransientStorageError` saying so (ambiguous for a write or a
+        delete: it may have been applied). An exception of :attr:`replies` (an
+        SDK's error reply) is the server's answer unless the cut made it. The
+        deadline is this thread's (:func:`current`) inside the block.
 
         The client is made first, outside the deadline: that is the SDK's own work, no I/O
         (0.2 s, up to 1.8 s on a loaded 2-core machine), and the request has yet to start.
         """
         _ = self.client
         seconds = self._request_timeout if timeout is None else min(self._request_timeout, timeout)
-        return bounded(seconds, op, key, url=self.url, replies=self.replies)
+
+        def past() -> TransientStorageError:
+            mutation = op in ("write", "delete")
+            outcome = "the request may have been applied" if mutation else "nothing was changed"
+            what = f"no complete reply within request_timeout ({seconds:g}s); {outcome}"
+            return self.transient(op, key, what, ambiguous=mutation)
+
+        deadline, previous = Deadline(seconds), current()
+        _current.deadline = deadline
+        _watchdog.arm(deadline, deadline.at)
+        try:
+            try:
+                yield deadline
+            except HandoffLockError:  # among them, credentials not ready in time: nothing sent
+                raise
+            except self.replies:
+                if not deadline.cut:
+                    raise
+                raise past() from None
+            except Exception as exc:
+                if not deadline.expired:
+                    raise
+                raise past() from exc
+            if deadline.cut:
+                # Done, yet its connection was shut down on the way: a reply framed by the end of the
+                # connection alone would look complete though cut short. Not to be trusted.
+                raise past()
+        finally:
+            deadline.finish()
+            _current.deadline = previous
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.bucket!r})"
@@ -330,65 +390,35 @@ def _after_fork_in_child() -> None:
     _watchdog = _Watchdog()
     _current.__dict__.clear()
     _SHARED_LOCK = threading.Lock()
-    for slot in list(_SLOTS):
-        slot._after_fork()
+    for store in list(_STORES):
+        store._after_fork()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@contextlib.contextmanager
-def bounded(
-    seconds: float, op: str, key: str | None, *, url: str, replies: tuple[type[BaseException], ...] = ()
-) -> Iterator[Deadline]:
-    """Send one request of ``op`` (``read``, ``write``, ``delete``, ``list``) and read its reply inside the block.
-
-    Past ``seconds`` the connection is shut down, and whatever that breaks is
-    raised as a :class:`TransientStorageError` saying so (ambiguous for a write
-    or a delete: it may have been applied). An exception of ``replies`` (an
-    SDK's error reply) is the server's answer unless the cut made it. The
-    deadline is this thread's (:func:`current`) inside the block.
-    """
-    deadline, previous = Deadline(seconds), getattr(_current, "deadline", None)
-    _current.deadline = deadline
-    _watchdog.arm(deadline, deadline.at)
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
     try:
+        seconds = float(value)
+    except ValueError:
         try:
-            yield deadline
-        except HandoffLockError:  # among them, credentials not ready in time: nothing sent
-            raise
-        except replies:
-            if not deadline.cut:
-                raise
-            raise _past_deadline(op, key, url, seconds) from None
-        except Exception as exc:
-            if not deadline.expired:
-                raise
-            raise _past_deadline(op, key, url, seconds) from exc
-        if deadline.cut:
-            # Done, yet its connection was shut down on the way: a reply framed by the end of the
-            # connection alone would look complete though cut short. Not to be trusted.
-            raise _past_deadline(op, key, url, seconds)
-    finally:
-        deadline.finish()
-        _current.deadline = previous
-
-
-def _past_deadline(op: str, key: str | None, url: str, seconds: float) -> TransientStorageError:
-    where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
-    mutation = op in ("write", "delete")
-    return TransientStorageError(
-        f"{where}: no complete reply within request_timeout ({seconds:g}s); "
-        + ("the request may have been applied" if mutation else "nothing was changed"),
-        url=url,
-        key=key,
-        ambiguous=mutation,
-    )
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
 
 
 def current() -> Deadline | None:
-    """The deadline of the request this thread is sending (the innermost :func:`bounded`), if any."""
+    """The deadline of the request this thread is sending (the innermost :meth:`HTTPStore.bounded`), if any."""
     return getattr(_current, "deadline", None)
 
 
@@ -398,7 +428,7 @@ class WatchedPool:
     # urllib3's private pool hooks, overridden: the one place a connection is handed out and taken back.
     def _get_conn(self, timeout: float | None = None) -> Any:
         conn = super()._get_conn(timeout)  # type: ignore[misc]
-        deadline = getattr(_current, "deadline", None)
+        deadline = current()
         if deadline is not None:
             deadline.attach(conn)
         return conn
@@ -435,7 +465,7 @@ _POOLS = {
 class DeadlineAdapter(requests.adapters.HTTPAdapter):
     """requests' adapter, with connection pools that let a :class:`Deadline` cut their connections.
 
-    Behaves exactly like ``HTTPAdapter`` for a request sent outside :func:`armed`.
+    Behaves exactly like ``HTTPAdapter`` for a request sent outside :meth:`HTTPStore.bounded`.
     Through an HTTP(S) proxy as well; not through a SOCKS proxy, whose pools
     are urllib3's own (there only ``timeout`` applies).
     """
@@ -461,8 +491,8 @@ def install(session: Any) -> bool:
     adapters = getattr(session, "adapters", None)
     if not isinstance(session, requests.Session) or adapters is None:
         return False
-    count = 0
-    for prefix in ("https://", "http://"):
+    prefixes = ("https://", "http://")
+    for prefix in prefixes:
         adapter = adapters.get(prefix)
         if type(adapter) is requests.adapters.HTTPAdapter:
             session.mount(
@@ -476,6 +506,4 @@ def install(session: Any) -> bool:
                 ),
             )
             adapter.close()
-        if isinstance(adapters.get(prefix), DeadlineAdapter):
-            count += 1
-    return count == 2
+    return all(isinstance(adapters.get(prefix), DeadlineAdapter) for prefix in prefixes)

@@ -35,12 +35,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import email.utils
-import math
 import os
 import re
 import ssl
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -56,7 +53,6 @@ from google.cloud import storage as gcs
 from .._version import __version__
 from ..core.errors import (
     ConfigurationError,
-    HandoffLockError,
     NotFound,
     PreconditionFailed,
     StorageError,
@@ -99,6 +95,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
     """
 
     scheme, bucket_rule = "gs", "GCS bucket name (3-63 lowercase letters, digits, '-', '_' or '.')"
+    shared_env = (_EMULATOR_ENV,)
     # 3-63 characters (up to 222 with dots), starting and ending with a letter or digit.
     bucket_re = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
     #: Objects per listing page (the JSON API's maximum).
@@ -123,16 +120,6 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         #: The path of the bucket's objects in the JSON API, under its base URL.
         self._objects = f"/storage/v1/b/{quote(bucket, safe='')}/o"
 
-    @classmethod
-    def shared(cls, bucket: str, *, user_project: str | None = None) -> GCSStorage:
-        """The process-wide instance for ``bucket`` and ``user_project`` (and the current
-        ``STORAGE_EMULATOR_HOST``).
-
-        Locks on the same bucket share one HTTP connection pool this way.
-        """
-        key = (cls, bucket, os.environ.get(_EMULATOR_ENV), user_project)
-        return deadline.shared(key, lambda: cls(bucket, user_project=user_project))
-
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
@@ -147,19 +134,13 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         with self._request(
             "write", key, "POST", "/upload" + self._objects, params, timeout, headers=headers, data=body
         ) as response:
-            if response.status_code == 404:  # an upload creates the object: only the bucket can be missing
-                raise self._bucket_missing(key, response)
             self._check(response, "write", key, if_generation_match)
             try:
                 return _parse_generation(_reply_json(response).get("generation"), "the upload's reply")
             except StorageError as exc:  # accepted, so almost surely applied: let the caller read back
-                raise TransientStorageError(
-                    f"write {key!r} in {self.url}: the upload was accepted ({response.status_code}) but its "
-                    f"reply cannot be read ({exc}); it has probably been applied",
-                    url=self.url,
-                    key=key,
-                    status=response.status_code,
-                    ambiguous=True,
+                what = f"the upload was accepted ({response.status_code}) but its reply cannot be read ({exc})"
+                raise self.transient(
+                    "write", key, f"{what}; it has probably been applied", ambiguous=True, status=response.status_code
                 ) from exc
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
@@ -168,11 +149,8 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         with self._request(
             "delete", key, "DELETE", f"{self._objects}/{quote(key, safe='')}", params, timeout
         ) as response:
-            if response.status_code == 404:
-                if _says_bucket_missing(response):
-                    raise self._bucket_missing(key, response)
+            if not self._check(response, "delete", key, if_generation_match):
                 raise NotFound(key, url=self.url)
-            self._check(response, "delete", key, if_generation_match)
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         validate_prefix(prefix)
@@ -184,8 +162,6 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             if page_token:
                 params["pageToken"] = page_token
             with self._request("list", None, "GET", self._objects, params, timeout) as response:
-                if response.status_code == 404:  # a listing has no object to miss
-                    raise self._bucket_missing(None, response)
                 self._check(response, "list", None)
                 page = _reply_json(response)
             for item in page.get("items") or ():
@@ -220,21 +196,15 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             headers=headers,
             stream=True,  # read no more than `limit` bytes, then drop the connection
         ) as response:
-            if response.status_code == 404:
-                # The emulator cannot tell a missing bucket from a missing object;
-                # GCS says so in the message. A missing bucket read as "no lock"
-                # is still caught: the create that follows fails with 404.
-                if _says_bucket_missing(response):
-                    raise self._bucket_missing(key, response)
-                return None
             stated = response.headers.get("x-goog-generation")
             if response.status_code != 416 or not ranged:
-                self._check(response, "read", key)
+                if not self._check(response, "read", key):
+                    return None
                 generation = _parse_generation(stated, "the x-goog-generation header")
                 data, complete = _read_body(response, limit)
-                if complete:
-                    _check_length(response, data, key, self.url)
-                    _verify_crc32c(response, data, key, self.url)
+                problem = _cut_or_corrupted(response, data) if complete else None
+                if problem:
+                    raise self.transient("read", key, problem, ambiguous=False)
                 return data, generation
             if stated is not None:  # a Range on an empty object
                 return b"", _parse_generation(stated, "the x-goog-generation header")
@@ -260,9 +230,9 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         """One request to ``path`` under the API's base URL, its reply read and closed inside the block.
 
         Within the request's deadline (``request_timeout``, or the call's
-        ``timeout`` if shorter), every error raised inside mapped (:meth:`_mapped`).
+        ``timeout`` if shorter), every error raised inside mapped (:meth:`_error`).
         """
-        with self._mapped(op, key), self.bounded(op, key, timeout) as bound:
+        with self.mapped(op, key), self.bounded(op, key, timeout) as bound:
             client = self.client
             # private (google-cloud-storage's): the API base URL and user agent live on _connection, the session
             # on _http; we send our own requests (one per operation, no SDK retries), so we need both
@@ -299,7 +269,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         return base
 
     def _make_client(self) -> gcs.Client:
-        """A client whose own HTTP session enforces request_timeout (made under the slot's lock)."""
+        """A client whose own HTTP session enforces request_timeout (made under the store's client lock)."""
         try:
             if self._emulator_host:
                 client = gcs.Client(
@@ -318,7 +288,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             ) from exc
         except Exception as exc:  # e.g. a malformed credentials file or client option
             raise StorageError(f"could not create a GCS client for {self.url}: {exc}", url=self.url) from exc
-        # The SDK makes its HTTP session lazily and without a lock: make it here, under the slot's,
+        # The SDK makes its HTTP session lazily and without a lock: make it here, under the client lock,
         # or two threads' first requests could each make one and leak the other. Give it the
         # connection pools that enforce request_timeout.
         # private (google-cloud-storage's): _http is the client's one HTTP session; it has no public name
@@ -333,74 +303,78 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
 
     # -- errors ---------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _mapped(self, op: str, key: str | None) -> Iterator[None]:
-        """Turn every transport and auth error raised inside into a handofflock error."""
-        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+    def _error(self, exc: Exception, op: str, key: str | None) -> StorageError | None:
+        """The handofflock error a transport or auth error maps to."""
+        applied = "the request may have been applied"
 
         def transient(what: str, ambiguous: bool) -> TransientStorageError:
-            return TransientStorageError(f"{where}: {what}", url=self.url, key=key, ambiguous=ambiguous)
+            return self.transient(op, key, what, ambiguous=ambiguous)
 
-        def permanent(what: str) -> StorageError:
-            return StorageError(f"{where}: {what}", url=self.url, key=key)
-
-        applied = "the request may have been applied"
-        try:
-            yield
-        except HandoffLockError:
-            raise
-        except requests.exceptions.ConnectTimeout as exc:
-            raise transient(f"could not connect within {self._timeout[0]}s; nothing was sent", False) from exc
-        except requests.exceptions.ReadTimeout as exc:
-            raise transient(f"no reply within {self._timeout[1]}s; {applied}", True) from exc
-        except requests.exceptions.SSLError as exc:
+        if isinstance(exc, requests.exceptions.ConnectTimeout):
+            return transient(f"could not connect within {self._timeout[0]}s; nothing was sent", False)
+        if isinstance(exc, requests.exceptions.ReadTimeout):
+            return transient(f"no reply within {self._timeout[1]}s; {applied}", True)
+        if isinstance(exc, requests.exceptions.SSLError):
             if _caused_by(exc, ssl.SSLCertVerificationError):
-                raise permanent(
+                return self.permanent(
+                    op,
+                    key,
                     f"the server's TLS certificate was not accepted ({_exc_reason(exc)}); check the CA "
-                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)"
-                ) from exc
-            raise transient(
-                f"the TLS connection failed ({_exc_reason(exc)}); {applied}", not _never_connected(exc)
-            ) from exc
-        except requests.exceptions.ConnectionError as exc:
+                    "bundle (REQUESTS_CA_BUNDLE, SSL_CERT_FILE) and any TLS-intercepting proxy (HTTPS_PROXY)",
+                )
+            return transient(f"the TLS connection failed ({_exc_reason(exc)}); {applied}", not _never_connected(exc))
+        if isinstance(exc, requests.exceptions.ConnectionError):
             if _never_connected(exc):
-                raise transient(f"could not connect ({_exc_reason(exc)}); nothing was sent", False) from exc
-            raise transient(
+                return transient(f"could not connect ({_exc_reason(exc)}); nothing was sent", False)
+            return transient(
                 f"the connection failed after the request was sent ({_exc_reason(exc)}); it may have been applied", True
-            ) from exc
-        except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
-            raise transient(f"the reply was cut off or garbled ({exc}); {applied}", True) from exc
-        except google.auth.exceptions.RefreshError as exc:
+            )
+        if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
+            return transient(f"the reply was cut off or garbled ({exc}); {applied}", True)
+        if isinstance(exc, google.auth.exceptions.RefreshError):
             # Credentials are refreshed before the request is sent: nothing was applied.
             if getattr(exc, "retryable", False):
-                raise transient(f"refreshing the Google credentials failed ({exc}); nothing was sent", False) from exc
-            raise permanent(
+                return transient(f"refreshing the Google credentials failed ({exc}); nothing was sent", False)
+            return self.permanent(
+                op,
+                key,
                 f"the Google credentials could not be refreshed ({exc}); run "
-                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS"
-            ) from exc
-        except google.auth.exceptions.TransportError as exc:
-            raise transient(f"could not reach the credentials server ({exc}); nothing was sent", False) from exc
-        except (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError) as exc:
+                "`gcloud auth application-default login` or check GOOGLE_APPLICATION_CREDENTIALS",
+            )
+        if isinstance(exc, google.auth.exceptions.TransportError):
+            return transient(f"could not reach the credentials server ({exc}); nothing was sent", False)
+        if isinstance(exc, (requests.exceptions.RequestException, google.auth.exceptions.GoogleAuthError)):
             # What is left is configuration: an invalid URL or header, a bad credentials file.
-            raise permanent(str(exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:  # leaked past requests: be conservative
-            raise transient(f"transport error ({exc!r}); {applied}", True) from exc
+            return self.permanent(op, key, str(exc))
+        if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):  # leaked past requests: be conservative
+            return transient(f"transport error ({exc!r}); {applied}", True)
+        return None
 
-    def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> None:
-        """Return if the response is a success; raise the mapped error otherwise."""
-        status, url, bucket = response.status_code, self.url, self.bucket
+    def _check(self, response: requests.Response, op: str, key: str | None, expected: int | None = None) -> bool:
+        """True if the response is a success, False if the object is missing; raise the mapped error otherwise."""
+        status, bucket = response.status_code, self.bucket
         if 200 <= status < 300:
-            return
-        where = f"{op} {key!r} in {url}" if key else f"{op} in {url}"
+            return True
+        if status == 404:
+            # An upload creates the object and a listing has none to miss: only the bucket can be
+            # missing. The emulator cannot tell a missing bucket from a missing object; GCS says so
+            # in the message. A missing bucket read as "no lock" is still caught: the create that
+            # follows fails with 404.
+            if op in ("write", "list") or _says_bucket_missing(response):
+                raise StorageError(
+                    f"GCS bucket {bucket!r} does not exist (404: {_error_reply(response)[0]}); create it "
+                    f"(`gcloud storage buckets create gs://{bucket}`) or check the bucket name in the lock URL",
+                    url=self.url,
+                    key=key,
+                )
+            return False
         if status == 412 and key is not None and expected is not None:
-            raise PreconditionFailed(key, expected, url=url)
-        message = _error_message(response)
+            raise PreconditionFailed(key, expected, url=self.url)
+        message = _error_reply(response)[0]
 
         def transient(what: str, ambiguous: bool) -> TransientStorageError:
-            retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
-            return TransientStorageError(
-                f"{where}: {what}", url=url, key=key, status=status, ambiguous=ambiguous, retry_after=retry_after
-            )
+            retry_after = deadline.retry_after_seconds(response.headers.get("Retry-After"))
+            return self.transient(op, key, what, ambiguous=ambiguous, status=status, retry_after=retry_after)
 
         if status == 409 and key is not None and expected is not None:
             # GCS documents 409 (reason "conflict") as a change that "failed to commit ... due to a
@@ -433,16 +407,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             )
         else:
             hint = f"GCS answered {status} ({message})"
-        raise StorageError(f"{where}: {hint}", url=url, key=key)
-
-    def _bucket_missing(self, key: str | None, response: requests.Response) -> StorageError:
-        """The error for a 404 that says the bucket is missing: which bucket, and how to create it."""
-        return StorageError(
-            f"GCS bucket {self.bucket!r} does not exist (404: {_error_message(response)}); create it "
-            f"(`gcloud storage buckets create gs://{self.bucket}`) or check the bucket name in the lock URL",
-            url=self.url,
-            key=key,
-        )
+        raise self.permanent(op, key, hint)
 
 
 # --------------------------------------------------------------------------- the wire
@@ -482,66 +447,49 @@ def _multipart_upload(key: str, data: bytes) -> tuple[bytes, dict[str, str]]:
 
 def _read_body(response: requests.Response, limit: int | None) -> tuple[bytes, bool]:
     """Read at most ``limit`` bytes of a streamed body; say whether it was read to its end."""
-    chunks: list[bytes] = []
-    size = 0
+    data = bytearray()
     for chunk in response.iter_content(chunk_size=64 * 1024):
-        chunks.append(chunk)
-        size += len(chunk)
-        if limit is not None and size >= limit:
-            data = b"".join(chunks)[:limit]
+        data += chunk
+        if limit is not None and len(data) >= limit:
             # At the limit we cannot know whether more was coming, so we do
             # not claim completeness; closing the response drops the rest.
-            return data, False
-    return b"".join(chunks), True
+            return bytes(data[:limit]), False
+    return bytes(data), True
 
 
-def _check_length(response: requests.Response, data: bytes, key: str, url: str) -> None:
-    """A body that ended before its Content-Length is a cut reply, not a short object.
+def _cut_or_corrupted(response: requests.Response, data: bytes) -> str | None:
+    """What is wrong with the body of a whole read (None: nothing): cut short, or not the object's bytes.
 
-    urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which the SDK
-    still allows, hands the short body over as if complete, and the CRC32C
-    check does not cover a ranged read.
+    A body that ended before its Content-Length is a cut reply, not a short
+    object: urllib3 2 raises on its own (IncompleteRead); urllib3 1.26, which
+    the SDK still allows, hands the short body over as if complete, and the
+    CRC32C check does not cover a ranged read. The server's CRC32C is checked
+    when it sent one for these bytes: not for partial reads (the hash covers
+    the whole object) nor for objects stored with a content encoding (the hash
+    covers the stored bytes).
     """
     declared = response.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and int(declared) != len(data):
-        raise TransientStorageError(
-            f"read {key!r} in {url}: the reply ended after {len(data)} of its {declared} bytes",
-            url=url,
-            key=key,
-            ambiguous=False,
-        )
-
-
-def _verify_crc32c(response: requests.Response, data: bytes, key: str, url: str) -> None:
-    """Check a whole-object read against the server's CRC32C, when it sent one for these bytes.
-
-    Skipped for partial reads (the hash covers the whole object) and for objects
-    stored with a content encoding (the hash covers the stored bytes).
-    """
+        return f"the reply ended after {len(data)} of its {declared} bytes"
     if google_crc32c is None:  # pragma: no cover
-        return
+        return None
     if response.headers.get("x-goog-stored-content-encoding", "identity") != "identity":
-        return
+        return None
     if response.status_code == 206:
         total = response.headers.get("Content-Range", "").rpartition("/")[2]
         if total != str(len(data)):
-            return
+            return None
     expected = None
     for part in response.headers.get("x-goog-hash", "").split(","):
         name, _, value = part.strip().partition("=")
         if name == "crc32c":
             expected = value
     if not expected:
-        return
+        return None
     actual = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()  # type: ignore[no-untyped-call]
-    if actual != expected:
-        raise TransientStorageError(
-            f"read {key!r} in {url}: the bytes received do not match the object's CRC32C "
-            f"({actual} != {expected}); the transfer was corrupted",
-            url=url,
-            key=key,
-            ambiguous=False,
-        )
+    if actual == expected:
+        return None
+    return f"the bytes received do not match the object's CRC32C ({actual} != {expected}); the transfer was corrupted"
 
 
 def _reply_json(response: requests.Response) -> dict[str, Any]:
@@ -564,39 +512,34 @@ def _parse_generation(value: object, where: str) -> int:
     return generation
 
 
-def _error_body(response: requests.Response) -> bytes:
-    """At most the first few KiB of an error reply (it may be a streamed download's); read once, then kept."""
-    cached = getattr(response, "_handofflock_body", None)
-    if cached is not None:
-        return bytes(cached)
+def _error_reply(response: requests.Response) -> tuple[str, tuple[str, ...]]:
+    """The server's explanation of an error reply (the JSON API's message, or the start of the body) and its
+    ``errors[].reason`` values ("retentionPolicyNotMet", ...).
+
+    At most the first few KiB of the reply are read (it may be a streamed download's), once: the
+    answer is kept on the response, since the body is gone and every explanation needs it.
+    """
+    explained: tuple[str, tuple[str, ...]] | None = getattr(response, "_handofflock_error", None)
+    if explained is not None:
+        return explained
     try:
         body = next(response.iter_content(_ERROR_BODY_BYTES), b"")[:_ERROR_BODY_BYTES]
     except Exception:  # a reply cut off while explaining an error still has a status to go by
         body = b""
-    # our own name on requests' Response: read once, the body is gone, and every explanation needs it
-    response._handofflock_body = body  # type: ignore[attr-defined]
-    return body
-
-
-def _error_message(response: requests.Response) -> str:
-    """The server's explanation of an error: the JSON API's message, or the start of the body."""
-    body = _error_body(response)
-    message = ""
     try:
         error = orjson.loads(body).get("error", {})
         message = str(error.get("message") or "")
     except (orjson.JSONDecodeError, AttributeError):
-        message = body.decode("utf-8", "replace").strip()
-    return " ".join(message.split())[:300] or (response.reason or "no explanation")
-
-
-def _error_reasons(response: requests.Response) -> tuple[str, ...]:
-    """The JSON API's ``errors[].reason`` values of an error reply ("retentionPolicyNotMet", ...), if any."""
-    try:
-        errors = orjson.loads(_error_body(response)).get("error", {}).get("errors", [])
-        return tuple(str(e.get("reason")) for e in errors if isinstance(e, dict) and e.get("reason"))
-    except (orjson.JSONDecodeError, AttributeError):
-        return ()
+        error, message = {}, body.decode("utf-8", "replace").strip()
+    errors = error.get("errors")
+    reasons = (
+        tuple(str(e["reason"]) for e in errors if isinstance(e, dict) and e.get("reason"))
+        if isinstance(errors, list)
+        else ()
+    )
+    explained = (" ".join(message.split())[:300] or (response.reason or "no explanation"), reasons)
+    response._handofflock_error = explained  # type: ignore[attr-defined]  # our own name on requests' Response
+    return explained
 
 
 #: Reasons GCS gives for refusing to change an object it must keep (a retention policy, object
@@ -607,9 +550,9 @@ RETENTION_WORDS = ("retention policy", "object retention", "hold")
 
 def says_retained(response: requests.Response) -> bool:
     """Whether a 403 is GCS refusing to overwrite an object it must retain, not a missing permission."""
-    if any(reason in RETENTION_REASONS for reason in _error_reasons(response)):
+    if any(reason in RETENTION_REASONS for reason in _error_reply(response)[1]):
         return True
-    message = _error_message(response).lower()
+    message = _error_reply(response)[0].lower()
     return any(word in message for word in RETENTION_WORDS) and "cannot be" in message
 
 
@@ -623,26 +566,7 @@ def _says_bucket_missing(response: requests.Response) -> bool:
     bucket as "no object" is caught by the create that follows, which fails
     with 404 on the bucket.
     """
-    return "bucket does not exist" in _error_message(response).lower()
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when is None:
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
+    return "bucket does not exist" in _error_reply(response)[0].lower()
 
 
 def _never_connected(exc: requests.exceptions.ConnectionError) -> bool:

@@ -29,10 +29,11 @@ import hashlib
 import logging
 import math
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 try:
@@ -50,7 +51,6 @@ from ..core.errors import (
     TransientStorageError,
 )
 from .base import (
-    MAX_GENERATION,
     MAX_HEADER,
     MAX_KEY_BYTES,
     Header,
@@ -58,6 +58,7 @@ from .base import (
     checked_read,
     checked_write,
     encode_header,
+    foreign_header,
     next_generation,
     parse_header,
     validate_key,
@@ -161,14 +162,11 @@ class LocalStorage:
         with self._mapped(key), ExitStack() as stack:
             dir_fd, name = self._walk(stack, key, create=False)
             found = None if dir_fd is None else self._open_object(stack, dir_fd, name, key)
-            if found is None:
+            if found is None or found[1].deleted:
                 return None
-            fd, st, header = found
-            if header is not None and header.deleted:
-                return None
-            offset = header.offset if header else 0
-            n = st.st_size - offset if max_bytes is None else min(max_bytes + 1, st.st_size - offset)
-            return _pread(fd, n, offset), header.generation if header else foreign_generation(st.st_mtime_ns)
+            fd, header, size = found
+            n = size if max_bytes is None else min(max_bytes + 1, size)
+            return _pread(fd, n, header.offset), header.generation
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         """Write ``data`` if the generation is ``if_generation_match`` (0: must be absent).
@@ -227,8 +225,22 @@ class LocalStorage:
                 try:
                     with os.scandir(fd) as entries:
                         for entry in entries:
-                            if entry.name.startswith(must_start) and not entry.name.startswith(RESERVED_PREFIX):
-                                self._list_entry(fd, entry, base + entry.name, found, pending)
+                            key = base + entry.name
+                            if not entry.name.startswith(must_start) or entry.name.startswith(RESERVED_PREFIX):
+                                continue
+                            try:
+                                validate_key(key)
+                            except InvalidKey:
+                                continue  # a name no key can have (e.g. not UTF-8): not an object
+                            if entry.is_dir(follow_symlinks=False) and len(key.encode()) < MAX_KEY_BYTES:
+                                sub = self._open_dir(fd, entry.name, key, create=False)
+                                if sub is not None:
+                                    pending.append((sub, key + "/", ""))
+                            elif entry.is_file(follow_symlinks=False):
+                                with ExitStack() as one:  # one file open at a time, however big the directory
+                                    opened = self._open_object(one, fd, entry.name, key, strict=False)
+                                if opened is not None and not opened[1].deleted:
+                                    found[key] = opened[1].generation
                 finally:
                     os.close(fd)
         return found
@@ -251,12 +263,9 @@ class LocalStorage:
         if not _POSIX_OK:
             raise StorageError("LocalStorage needs POSIX (flock, O_NOFOLLOW, dir_fd); here use gs:// or memory://")
         *parts, name = key.split("/")
-        try:
-            fd = os.open(self.root, _OPEN_ROOT)
-        except FileNotFoundError:
-            if not create:
-                return None, name
-            fd = self._make_root()
+        fd = self._open_root(self.root, create=create)
+        if fd is None:
+            return None, name
         stack.callback(os.close, fd)
         for i, part in enumerate(parts):
             sub = self._open_dir(fd, part, "/".join(parts[: i + 1]), create=create)
@@ -266,21 +275,24 @@ class LocalStorage:
             fd = sub
         return fd, name
 
-    def _make_root(self) -> int:
-        """Create the missing directories down to the root, as :meth:`_open_dir` makes them; open it."""
-        missing, path = [], self.root
-        while not os.path.lexists(path):
-            missing.append(path)
-            path = os.path.dirname(path)
-        fd = os.open(path, _OPEN_ROOT)
-        for path in reversed(missing):
-            try:
-                sub = self._open_dir(fd, os.path.basename(path), path, create=True)
-            finally:
-                os.close(fd)
-            assert sub is not None  # create=True opens or raises
-            fd = sub
-        return fd
+    def _open_root(self, path: str, *, create: bool) -> int | None:
+        """Open ``path``, the root or a directory above it, as given; None if it is missing.
+
+        With ``create``, the missing directories down to it are made as :meth:`_open_dir` makes them.
+        """
+        try:
+            return os.open(path, _OPEN_ROOT)
+        except FileNotFoundError:
+            if not create:
+                return None
+            if os.path.islink(path):  # a dangling symlink: not ours to replace (a directory made meanwhile is opened)
+                raise
+        parent = self._open_root(os.path.dirname(path), create=True)
+        assert parent is not None  # create=True opens or raises
+        try:
+            return self._open_dir(parent, os.path.basename(path), path, create=True)
+        finally:
+            os.close(parent)
 
     def _open_dir(self, parent: int, name: str, relpath: str, *, create: bool) -> int | None:
         made = False
@@ -299,11 +311,9 @@ class LocalStorage:
                 if not create and stat.S_ISREG(_mode(parent, name)):
                     return None  # an object file: nothing below it exists (a write says why it cannot)
                 self._refuse(parent, name, relpath, exc)  # a symlink is refused, never skipped
-            try:
+            with suppress(FileExistsError):  # a concurrent writer made it: open it like any other
                 os.mkdir(name, _DIR_MODE, dir_fd=parent)
                 made = True
-            except FileExistsError:
-                pass  # a concurrent writer made it; open it like any other
         if made:
             try:
                 os.fchmod(fd, _new_dir_mode(parent))
@@ -331,10 +341,11 @@ class LocalStorage:
 
     def _open_object(
         self, stack: ExitStack, dir_fd: int, name: str, key: str, *, strict: bool = True
-    ) -> tuple[int, os.stat_result, Header | None] | None:
-        """``(fd, stat, header or None if foreign)``, or None if absent.
+    ) -> tuple[int, Header, int] | None:
+        """``(fd, header, size of the data)``, or None if absent.
 
-        ``strict`` raises on a symlink or a non-regular file; listing skips them.
+        A foreign file's header says: live, at its mtime in microseconds, data from
+        the first byte. ``strict`` raises on a symlink or a non-regular file; listing skips them.
         """
         try:
             fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
@@ -349,58 +360,23 @@ class LocalStorage:
         stack.callback(os.close, fd)
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
-            return fd, st, parse_header(MAGIC, os.pread(fd, MAX_HEADER, 0), st.st_size)
+            header = parse_header(MAGIC, os.pread(fd, MAX_HEADER, 0), st.st_size) or foreign_header(
+                st.st_mtime_ns // 1000
+            )
+            return fd, header, st.st_size - header.offset
         if strict:
             self._refuse(dir_fd, name, key)
         return None
 
-    def _list_entry(
-        self,
-        fd: int,
-        entry: os.DirEntry[str],
-        key: str,
-        found: dict[str, int],
-        pending: builtins.list[tuple[int, str, str]],
-    ) -> None:
-        try:
-            validate_key(key)
-        except InvalidKey:
-            return  # a name no key can have (e.g. not UTF-8): not an object
-        if entry.is_dir(follow_symlinks=False) and len(key.encode()) < MAX_KEY_BYTES:
-            sub = self._open_dir(fd, entry.name, key, create=False)
-            if sub is not None:
-                pending.append((sub, key + "/", ""))
-        elif entry.is_file(follow_symlinks=False):
-            with ExitStack() as stack:  # one file open at a time, however big the directory
-                opened = self._open_object(stack, fd, entry.name, key, strict=False)
-            if opened is not None:
-                _, st, header = opened
-                if header is None:
-                    found[key] = foreign_generation(st.st_mtime_ns)
-                elif not header.deleted:
-                    found[key] = header.generation
-
     def _locked_state(self, stack: ExitStack, dir_fd: int, name: str, key: str) -> tuple[int, int]:
-        """Take the key's lock; return (current generation or 0 if absent, highest generation yet)."""
-        mode = _mode(dir_fd, name)
-        if mode and not stat.S_ISREG(mode):  # refuse a symlink or a FIFO before making a lock file for it
+        """Take the key's lock (the sidecar's ``flock``), or say why it cannot be taken; return
+        (current generation or 0 if absent, highest generation yet)."""
+        like = _stat(dir_fd, name)
+        if like is not None and not stat.S_ISREG(like.st_mode):  # a symlink or a FIFO: refused before locking
             self._refuse(dir_fd, name, key)
-        self._lock(stack, dir_fd, name, key)
-        found = self._open_object(stack, dir_fd, name, key)  # again: it may have changed before we locked
-        if found is None:
-            return 0, 0
-        _, st, header = found
-        if header is None:
-            return foreign_generation(st.st_mtime_ns), foreign_generation(st.st_mtime_ns)
-        return (0 if header.deleted else header.generation), header.generation
-
-    def _lock(self, stack: ExitStack, dir_fd: int, name: str, key: str) -> None:
-        """Take the key's lock (the sidecar's ``flock``), or say why it cannot be taken."""
         lock_name = sidecar_name(name, "lock")
         lock_rel = os.path.join(os.path.dirname(key), lock_name)
         # a lock file made beside an existing object takes its mode and owner, as a replacement does
-        obj = _stat(dir_fd, name)
-        like = obj if obj is not None and stat.S_ISREG(obj.st_mode) else None
         try:
             fd = _open_sidecar(dir_fd, lock_name, _new_file_mode(dir_fd, like))
         except OSError as exc:
@@ -426,21 +402,22 @@ class LocalStorage:
                 key=key,
                 ambiguous=False,
             ) from None
+        found = self._open_object(stack, dir_fd, name, key)  # again: it may have changed before we locked
+        if found is None:
+            return 0, 0
+        header = found[1]
+        return (0 if header.deleted else header.generation), header.generation
 
     def _replace(self, dir_fd: int, name: str, key: str, content: bytes) -> None:
         """Atomically and durably replace ``name`` with ``content``. Call under the key's lock."""
         tmp = sidecar_name(name, "tmp")  # one per key: only the lock holder uses it; a crash leaves at most one
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dir_fd)  # a crash's leftover, or anything planted (unlink never follows)
-        except FileNotFoundError:
-            pass
         old = _stat(dir_fd, name)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, _FILE_MODE, dir_fd=dir_fd)
+        # A file that is replaced keeps its mode and owner, so that a write by another user
+        # (root's `release --force`) does not take the lock away from the users who share it.
+        fd = _create(dir_fd, tmp, os.O_WRONLY | _NOFOLLOW | _CLOEXEC, _new_file_mode(dir_fd, old))
         try:
-            # The umask may have taken bits from the mode above; and a file that is replaced keeps
-            # its mode and owner, so that a write by another user (root's `release --force`) does
-            # not take the lock away from the users who share it.
-            os.fchmod(fd, _new_file_mode(dir_fd, old))
             if old is not None:
                 _keep_owner(fd, old)
             view = memoryview(content)
@@ -543,14 +520,13 @@ def _mode(dir_fd: int, name: str) -> int:
 
 
 def _pread(fd: int, n: int, offset: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.pread(fd, min(n - got, 1 << 20), offset + got)
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.pread(fd, min(n - len(data), 1 << 20), offset + len(data))
         if not chunk:
             break  # a hand-written file shrank under us: return what is there
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 def _fsync(fd: int) -> None:
@@ -582,15 +558,6 @@ def sidecar_name(name: str, suffix: str) -> str:
     return f"{RESERVED_PREFIX}{digest}.{suffix}"
 
 
-def foreign_generation(mtime_ns: int) -> int:
-    """The generation of a file without our header: its mtime in microseconds.
-
-    On the scale of our own generations, so the sequence keeps increasing when a
-    matched write replaces the file, and it changes whenever the file is rewritten.
-    """
-    return max(1, min(mtime_ns // 1000, MAX_GENERATION))
-
-
 # --------------------------------------------------------------------------- the sidecar lock
 
 #: Lock descriptors held (or being taken) right now. A child forked while another thread holds
@@ -601,15 +568,24 @@ _HELD: set[int] = set()
 
 def _close_inherited_locks() -> None:
     for fd in list(_HELD):
-        try:
+        with suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     _HELD.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+def _create(dir_fd: int, name: str, flags: int, mode: int) -> int:
+    """Create and open ``name`` in ``dir_fd`` (``FileExistsError`` if it exists), with ``mode`` whatever the umask."""
+    fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _open_sidecar(dir_fd: int, name: str, mode: int) -> int:
@@ -619,15 +595,9 @@ def _open_sidecar(dir_fd: int, name: str, mode: int) -> int:
     the caller checks that it got a regular file. The file is never replaced or removed.
     """
     try:
-        fd = os.open(name, _SIDECAR | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+        return _create(dir_fd, name, _SIDECAR, mode)
     except FileExistsError:
         return os.open(name, _SIDECAR, dir_fd=dir_fd)
-    try:
-        os.fchmod(fd, mode)  # the umask may have taken bits from the mode above
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _flock(fd: int, timeout: float) -> None:
@@ -662,13 +632,6 @@ def _unlock_and_close(fd: int) -> None:
 # --------------------------------------------------------------------------- NFS mounts whose locks are local
 
 
-def _unescape(field: str) -> str:
-    """/proc/mounts writes space, tab, newline and backslash in paths as octal escapes (``\\040``)."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
 def local_only_locks(path: str, mounts: str | None = None) -> str | None:
     """The mount option that makes ``flock`` under ``path`` local to this host, or None.
 
@@ -689,7 +652,9 @@ def local_only_locks(path: str, mounts: str | None = None) -> str | None:
         fields = line.split()
         if len(fields) < 4:
             continue
-        point, fstype, options = _unescape(fields[1]), fields[2], fields[3].split(",")
+        # /proc/mounts writes space, tab, newline and backslash in paths as octal escapes (\040)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])
+        fstype, options = fields[2], fields[3].split(",")
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         if inside and (best is None or len(point) >= best[0]):
             best = (len(point), fstype, options)

@@ -387,6 +387,20 @@ def write_resolving(
             return True
         return sleep(delay)
 
+    def read_back(*, patient: bool) -> tuple[int, bytes] | None:
+        """Whether a write that may have landed did (:func:`_landed`). A failed read is no answer:
+        ``patient``, read again after a pause; else None (the retry's precondition will tell)."""
+        while True:
+            try:
+                return _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
+            except TransientStorageError:
+                if not patient:
+                    return None
+                if not pause():
+                    raise
+            except _OutcomeLost:
+                raise _outcome_lost(storage, key, if_generation_match) from (None if patient else last_failure)
+
     while True:
         while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
             wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
@@ -407,18 +421,10 @@ def write_resolving(
         except PreconditionFailed:
             if gate is not None:
                 gate.refund(clock.monotonic())
-            if maybe_landed:  # our own earlier attempt may be what moved the generation
-                while True:  # only a read can tell; a failed one is no answer, so read again
-                    try:
-                        landed = _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
-                        break
-                    except TransientStorageError:
-                        if not pause():
-                            raise
-                    except _OutcomeLost:
-                        raise _outcome_lost(storage, key, if_generation_match) from None
-                if landed is not None:
-                    return landed
+            # our own earlier attempt may be what moved the generation: only a read can tell
+            landed = read_back(patient=True) if maybe_landed else None
+            if landed is not None:
+                return landed
             raise
         except TransientStorageError as exc:
             last_failure = exc
@@ -426,12 +432,7 @@ def write_resolving(
                 gate.throttled(exc.retry_after)
             if exc.ambiguous:
                 maybe_landed = True
-                try:
-                    landed = _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
-                except TransientStorageError:
-                    landed = None  # cannot tell yet; the retry's precondition will
-                except _OutcomeLost:
-                    raise _outcome_lost(storage, key, if_generation_match) from exc
+                landed = read_back(patient=False)
                 if landed is not None:
                     return landed
             if not pause():

@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
 import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import botocore.config
@@ -55,11 +53,8 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import deadline, s3_credentials, s3_format
+from . import base, deadline, s3_credentials, s3_format
 from .base import checked_delete, checked_read, checked_write, validate_key, validate_prefix, validate_timeout
-
-#: Environment that picks the endpoint and credentials: a shared store is kept per value of these.
-_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
 
 #: How many keys' last-seen versions a store remembers.
 _SEEN_LIMIT = 4096
@@ -80,7 +75,7 @@ class _Version(NamedTuple):
 
 
 class _Refused(Exception):
-    """A conditional PUT was refused: 412, or 404 for an ``If-Match`` on a missing object."""
+    """A conditional PUT was refused (:func:`_refused`)."""
 
 
 class S3Storage(deadline.HTTPStore[Any]):
@@ -111,6 +106,7 @@ class S3Storage(deadline.HTTPStore[Any]):
     #: Starting and ending with a letter or digit.
     bucket_re = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
     replies = (botocore.exceptions.ClientError,)
+    shared_env = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID")
     #: S3 has no one-write-per-second limit per object (GCS has): writes are not spaced by default.
     min_write_interval = 0.0
 
@@ -133,36 +129,22 @@ class S3Storage(deadline.HTTPStore[Any]):
         self._probed = False  # the store honours If-Match and If-None-Match, once known
         self._probe_lock = threading.Lock()
 
-    @classmethod
-    def shared(cls, bucket: str) -> S3Storage:
-        """The process-wide instance for ``bucket`` (and the current endpoint and credential settings).
-
-        Locks on the same bucket share one client and connection pool this way.
-        """
-        key = (cls, bucket, *(os.environ.get(name) for name in _ENV))
-        return deadline.shared(key, lambda: cls(bucket))
-
     # -- the contract ---------------------------------------------------------
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         checked_read(key, max_bytes, timeout)
-        with self._mapped("read", key):
+        with self.mapped("read", key):
             self._check_conditions(key, timeout)
             found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes, timeout)
-        if found is None:
+        if found is None or found[1].deleted:
             return None
-        body, version, offset = found
-        if version.deleted:
-            return None
-        data = body[offset:]
-        if max_bytes is not None:
-            data = data[: max_bytes + 1]
-        return data, version.generation
+        data, version = found
+        return (data if max_bytes is None else data[: max_bytes + 1]), version.generation
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         data = checked_write(key, data, if_generation_match, timeout)
         expected = if_generation_match
-        with self._mapped("write", key):
+        with self.mapped("write", key):
             self._check_conditions(key, timeout)
             seen = self._seen.get(key)
             if expected == 0 and (seen is None or not seen.deleted):
@@ -191,7 +173,7 @@ class S3Storage(deadline.HTTPStore[Any]):
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         checked_delete(key, if_generation_match, timeout)
         expected = if_generation_match
-        with self._mapped("delete", key):
+        with self.mapped("delete", key):
             self._check_conditions(key, timeout)
             for attempt in range(2):
                 seen = self._seen.get(key) if attempt == 0 else None
@@ -214,7 +196,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         validate_prefix(prefix)
         validate_timeout(timeout)
         found: dict[str, int] = {}
-        with self._mapped("list", None):
+        with self.mapped("list", None):
             token: str | None = None
             while True:
                 params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
@@ -224,8 +206,8 @@ class S3Storage(deadline.HTTPStore[Any]):
                     page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
-                    seen = self._seen.get(key)
-                    if seen is None or _bare(seen.etag) != _bare(item.get("ETag", "")):
+                    seen, etag = self._seen.get(key), s3_format.normalize_etag(item.get("ETag", ""))
+                    if seen is None or s3_format.normalize_etag(seen.etag) != etag:
                         try:
                             validate_key(key)
                         except HandoffLockError:
@@ -239,10 +221,10 @@ class S3Storage(deadline.HTTPStore[Any]):
 
     # -- requests -------------------------------------------------------------
 
-    def _get(self, key: str, limit: int | None, timeout: float | None) -> tuple[bytes, _Version, int] | None:
+    def _get(self, key: str, limit: int | None, timeout: float | None) -> tuple[bytes, _Version] | None:
         """GET the object (its first ``limit + 1`` bytes at most); None if absent.
 
-        Returns the bytes, the version they are, and where the data starts in them.
+        Returns the data (of a foreign object: all its bytes) and the version they are.
         """
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if limit is not None:
@@ -263,23 +245,15 @@ class S3Storage(deadline.HTTPStore[Any]):
         etag = reply.get("ETag") or ""
         size = _object_size(reply, len(body))
         if limit is None and size != len(body):
-            raise TransientStorageError(
-                f"read {key!r} in {self.url}: the reply ended after {len(body)} of its {size} bytes",
-                url=self.url,
-                key=key,
-                ambiguous=False,
-            )
+            raise self.transient("read", key, f"the reply ended after {len(body)} of its {size} bytes", ambiguous=False)
         header = s3_format.parse_header(body[: s3_format.MAX_HEADER], size)
         if header is None:
             modified = reply.get("LastModified")
             stamp = int(modified.timestamp() * 1_000_000) if isinstance(modified, _dt.datetime) else 0
-            version = _Version(s3_format.foreign_generation(stamp, etag), etag, False)
-            offset = 0
-        else:
-            version = _Version(header.generation, etag, header.deleted)
-            offset = header.offset
+            header = base.foreign_header(stamp, etag)
+        version = _Version(header.generation, etag, header.deleted)
         self._remember(key, version)
-        return body, version, offset
+        return body[header.offset :], version
 
     def _current(self, key: str, timeout: float | None) -> _Version | None:
         """The key's current version, from a read of its first bytes (None if absent)."""
@@ -298,26 +272,22 @@ class S3Storage(deadline.HTTPStore[Any]):
                 url=self.url,
                 key=key,
             )
-        params: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": key,
-            "Body": s3_format.encode(generation, data, deleted=deleted),
-            "ContentType": "application/octet-stream",
-            "CacheControl": "no-store",
-        }
-        if etag is None:
-            params["IfNoneMatch"] = "*"
-        else:
-            params["IfMatch"] = s3_format.normalize_etag(etag)
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": s3_format.normalize_etag(etag)}
         try:
             with self.bounded("write", key, timeout):
-                reply = self.client.put_object(**params)
+                reply = self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=s3_format.encode(generation, data, deleted=deleted),
+                    ContentType="application/octet-stream",
+                    CacheControl="no-store",
+                    **condition,
+                )
         except botocore.exceptions.ClientError as exc:
-            status, code = _status(exc), _code(exc)
-            if status == 412 or (status == 404 and code == "NoSuchKey"):
-                self._seen.pop(key, None)
-                raise _Refused() from exc
-            raise
+            if not _refused(exc):
+                raise
+            self._seen.pop(key, None)
+            raise _Refused() from exc
         new_etag = reply.get("ETag")
         if new_etag:
             self._remember(key, _Version(generation, new_etag, deleted))
@@ -352,8 +322,7 @@ class S3Storage(deadline.HTTPStore[Any]):
                             **condition,
                         )
                 except botocore.exceptions.ClientError as exc:
-                    status, code = _status(exc), _code(exc)
-                    if status == 412 or (status == 404 and code == "NoSuchKey") or code == "ConditionalRequestConflict":
+                    if _refused(exc) or _code(exc) == "ConditionalRequestConflict":
                         return False
                     raise
                 return True
@@ -408,61 +377,50 @@ class S3Storage(deadline.HTTPStore[Any]):
 
     # -- errors ---------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _mapped(self, op: str, key: str | None) -> Iterator[None]:
-        """Turn every SDK and transport error raised inside into a handofflock error."""
-        where = f"{op} {key!r} in {self.url}" if key else f"{op} in {self.url}"
+    def _error(self, exc: Exception, op: str, key: str | None) -> StorageError | None:
+        """The handofflock error an SDK or transport error maps to."""
         mutation = op in ("write", "delete")
         applied = _MAY_HAVE_APPLIED if mutation else ""
-
-        def transient(what: str, ambiguous: bool) -> TransientStorageError:
-            return TransientStorageError(f"{where}: {what}", url=self.url, key=key, ambiguous=ambiguous)
-
-        try:
-            yield
-        except HandoffLockError:
-            raise
-        except botocore.exceptions.ClientError as exc:
-            raise self._client_error(exc, where, key, mutation) from exc
-        except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError) as exc:
+        if isinstance(exc, botocore.exceptions.ClientError):
+            return self._client_error(exc, op, key)
+        if isinstance(exc, (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError)):
             # EndpointConnectionError is raised when no connection could be made (refused,
             # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
-            raise transient(f"could not connect ({exc}); nothing was sent", False) from exc
-        except botocore.exceptions.ReadTimeoutError as exc:
-            raise transient(f"no reply within {self._timeout[1]}s{applied}", mutation) from exc
-        except (
-            botocore.exceptions.NoCredentialsError,
-            botocore.exceptions.PartialCredentialsError,
-            botocore.exceptions.CredentialRetrievalError,
-            botocore.exceptions.TokenRetrievalError,
-            botocore.exceptions.SSOError,
-        ) as exc:
-            raise StorageError(
-                f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            return self.transient(op, key, f"could not connect ({exc}); nothing was sent", ambiguous=False)
+        if isinstance(exc, botocore.exceptions.ReadTimeoutError):
+            return self.transient(op, key, f"no reply within {self._timeout[1]}s{applied}", ambiguous=mutation)
+        if isinstance(
+            exc,
+            (
+                botocore.exceptions.NoCredentialsError,
+                botocore.exceptions.PartialCredentialsError,
+                botocore.exceptions.CredentialRetrievalError,
+                botocore.exceptions.TokenRetrievalError,
+                botocore.exceptions.SSOError,
+            ),
+        ):
+            return self.permanent(
+                op,
+                key,
+                f"no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                 "AWS_PROFILE, or run `aws sso login`",
-                url=self.url,
-                key=key,
-            ) from exc
-        except (botocore.exceptions.ParamValidationError, botocore.exceptions.NoRegionError) as exc:
-            raise StorageError(f"{where}: {exc}", url=self.url, key=key) from exc
-        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            )
+        if isinstance(exc, (botocore.exceptions.ParamValidationError, botocore.exceptions.NoRegionError)):
+            return self.permanent(op, key, str(exc))
+        if isinstance(exc, (botocore.exceptions.BotoCoreError, OSError)):
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
-            raise transient(f"the connection failed ({exc!r}){applied}", mutation) from exc
+            return self.transient(op, key, f"the connection failed ({exc!r}){applied}", ambiguous=mutation)
+        return None
 
-    def _client_error(self, exc: Any, where: str, key: str | None, mutation: bool) -> StorageError:
+    def _client_error(self, exc: Any, op: str, key: str | None) -> StorageError:
         """The error an S3 error reply (botocore's ``ClientError``) maps to: transient or not, ambiguous or not."""
         status, code, message, bucket = _status(exc), _code(exc), _message(exc), self.bucket
+        headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
 
         def transient(what: str, ambiguous: bool) -> TransientStorageError:
-            return TransientStorageError(
-                f"{where}: {what}",
-                url=self.url,
-                key=key,
-                status=status,
-                ambiguous=ambiguous,
-                retry_after=_retry_after(exc),
-            )
+            retry_after = deadline.retry_after_seconds(headers.get("retry-after"))
+            return self.transient(op, key, what, ambiguous=ambiguous, status=status, retry_after=retry_after)
 
         if status == 404 and code == "NoSuchBucket":
             return StorageError(
@@ -482,21 +440,18 @@ class S3Storage(deadline.HTTPStore[Any]):
             return transient(f"S3 asked to slow down ({status} {code}: {message})", False)
         if status >= 500 or status == 408 or code in ("RequestTimeout", "InternalError"):
             # RequestTimeout (400): the request body did not arrive in time; not applied.
-            return transient(f"S3 answered {status} {code} ({message})", mutation and status >= 500)
+            return transient(f"S3 answered {status} {code} ({message})", op in ("write", "delete") and status >= 500)
         if status == 403 or status == 401:
-            hint = (
-                "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
-                if where.startswith("read")
-                else ""
-            )
-            return StorageError(
-                f"{where}: permission denied on bucket {bucket!r} ({status} {code}: {message}); check which "
+            hint = "; a read of a key that does not exist yet also gets 403, not 404, without s3:ListBucket"
+            return self.permanent(
+                op,
+                key,
+                f"permission denied on bucket {bucket!r} ({status} {code}: {message}); check which "
                 "identity the credentials belong to (`aws sts get-caller-identity`) and that it may "
-                f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket{hint}",
-                url=self.url,
-                key=key,
+                f"s3:GetObject and s3:PutObject on the lock's key, and s3:ListBucket on the bucket"
+                + (hint if op == "read" else ""),
             )
-        return StorageError(f"{where}: S3 answered {status} {code} ({message})", url=self.url, key=key)
+        return self.permanent(op, key, f"S3 answered {status} {code} ({message})")
 
 
 # --------------------------------------------------------------------------- replies and connections
@@ -517,17 +472,9 @@ def _message(exc: Any) -> str:
     return " ".join(str(exc.response.get("Error", {}).get("Message") or "no explanation").split())[:300]
 
 
-def _retry_after(exc: Any) -> float | None:
-    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
-    try:
-        value = float(headers.get("retry-after", ""))
-    except ValueError:
-        return None
-    return value if value >= 0 else None
-
-
-def _bare(etag: str) -> str:
-    return etag.strip().removeprefix("W/").strip('"')
+def _refused(exc: Any) -> bool:
+    """Whether an error reply refuses a conditional PUT: 412, or 404 for an ``If-Match`` on a missing object."""
+    return _status(exc) == 412 or (_status(exc) == 404 and _code(exc) == "NoSuchKey")
 
 
 def _object_size(reply: dict[str, Any], received: int) -> int:

@@ -15,7 +15,8 @@ same bytes, so an ETag names exactly one generation and ``If-Match`` cannot
 match a later version. A delete writes a tombstone, which keeps the counter.
 
 Anything that is not exactly what we write is *foreign*, and reads return its
-raw bytes at a generation derived from its LastModified time and ETag.
+raw bytes at a generation derived from its LastModified time and ETag
+(:func:`.base.foreign_header`).
 """
 
 from __future__ import annotations
@@ -40,19 +41,6 @@ def encode(generation: int, data: bytes, *, deleted: bool = False) -> bytes:
 def parse_header(head: bytes, object_size: int) -> Header | None:
     """The header of a complete, well-formed object of ours (its first bytes), or None if it is foreign."""
     return _parse_header(MAGIC, head, object_size)
-
-
-def foreign_generation(last_modified_us: int, etag: str) -> int:
-    """The generation of an object without our header (one put there by other tools).
-
-    Its LastModified time in microseconds (S3 keeps whole seconds) plus a
-    number below a second drawn from its ETag: on the scale of our own
-    generations, so a matched write that replaces it keeps the sequence
-    increasing, and two different foreign objects written in the same second
-    almost surely differ.
-    """
-    digits = "".join(ch for ch in etag if ch in "0123456789abcdefABCDEF")[:12] or "0"
-    return max(1, min(last_modified_us + int(digits, 16) % 1_000_000, MAX_GENERATION))
 
 
 def normalize_etag(etag: str) -> str:

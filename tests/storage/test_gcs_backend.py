@@ -339,7 +339,7 @@ def test_the_constructor_does_no_io(monkeypatch):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{sock.getsockname()[1]}")
         store = GCSStorage("some-bucket")
         # private: no client made yet (no I/O in constructors); the public client property would make one
-        assert store.url == "gs://some-bucket" and not store._clients.made
+        assert store.url == "gs://some-bucket" and not store.has_client
 
 
 @pytest.mark.parametrize("bad", ["", "ab", "Upper", "-dash.start", "a/b", None])

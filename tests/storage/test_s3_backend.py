@@ -303,7 +303,7 @@ def test_missing_credentials_say_how_to_provide_them(s3_server, monkeypatch, tmp
 def test_the_constructor_does_no_io_and_checks_its_arguments():
     store = S3Storage("some-bucket")
     # private: no boto3 client made yet (no I/O in constructors); the public client property would make one
-    assert not store._clients.made
+    assert not store.has_client
     with pytest.raises(ConfigurationError):
         S3Storage("Bad_Bucket")
     with pytest.raises(ConfigurationError):
