@@ -171,7 +171,6 @@ class CommandRunner:
                 outcome["error"] = exc
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
-        line: WaitLine | None = None
         started = time.monotonic()
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
@@ -180,15 +179,15 @@ class CommandRunner:
                 worker.join(0.1)
                 if self.pending:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
-                elif line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
+                elif self._line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
                     # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
-                    line = self._line = WaitLine(lock, started=started)
-                if line is not None:
-                    line.tick()
+                    self._line = WaitLine(lock, started=started)
+                if self._line is not None:
+                    self._line.tick()
         finally:
             lock_signals.waiting.disconnect(on_waiting, sender=lock)
-            if line is not None:
-                line.close()
+            if self._line is not None:
+                self._line.close()
                 self._line = None
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
@@ -419,7 +418,20 @@ class CommandRunner:
             return lock.release_requested
         if not lock.release_requested:
             return False
-        st = _status_within(lock, RECHECK_TIMEOUT)
+        # Read in a helper thread: the main loop supervises the command and must not hang on a store
+        # that does not answer. A read that fails or takes longer than RECHECK_TIMEOUT settles nothing.
+        found: dict[str, LockStatus] = {}
+
+        def read() -> None:
+            try:
+                found["status"] = lock.status()
+            except HandoffLockError:
+                pass
+
+        reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
+        reader.start()
+        reader.join(RECHECK_TIMEOUT)
+        st = found.get("status")
         if st is None:
             return True
         if st.waiter_id is not None and st.waiter_label is not None:
@@ -450,25 +462,6 @@ class CommandRunner:
 #: How long ``run`` waits for the read that checks a waiter is still there before it signals or
 #: kills the command; past it (a slow or unreachable store) the request is taken to stand.
 RECHECK_TIMEOUT = 2.0
-
-
-def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
-    """``lock.status()`` read in a helper thread, or None if it failed or took longer than ``timeout``.
-
-    The main loop must not hang on a store that does not answer: it supervises the command.
-    """
-    found: dict[str, LockStatus] = {}
-
-    def read() -> None:
-        try:
-            found["status"] = lock.status()
-        except HandoffLockError:
-            pass
-
-    reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return found.get("status")
 
 
 #: Where ``--signal-to`` may send the polite signal: the command's own process (the default: a
