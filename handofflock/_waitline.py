@@ -39,20 +39,20 @@ from .storage import records
 class WaitLine:
     """The waiting status of one ``run``; :meth:`tick` it from the main loop, :meth:`close` it when done."""
 
+    #: Seconds between reads of the lock; elsewhere than on a terminal, at least ``min_spacing`` seconds
+    #: between two printed lines and at most ``heartbeat`` seconds without one.
+    read_every, min_spacing, heartbeat = 2.0, 5.0, 30.0
+
     def __init__(
         self,
         lock: Any,
         *,
         stream: IO[str] | None = None,
-        read_every: float = 2.0,
-        min_spacing: float = 5.0,
-        heartbeat: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
     ) -> None:
         self.lock = lock
         self.stream = stream if stream is not None else sys.stderr
-        self.read_every, self.min_spacing, self.heartbeat = read_every, min_spacing, heartbeat
         self._clock = clock
         self.started = clock() if started is None else started  # when the wait began (monotonic)
         self._next_read = clock()

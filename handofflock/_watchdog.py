@@ -61,11 +61,6 @@ def processes() -> list[tuple[int, bytes, int, int, int]]:
     return found
 
 
-def session_members(sid: int) -> list[int]:
-    """Live processes of session ``sid``, including those in process groups of their own."""
-    return [pid for pid, state, _, _, session in processes() if session == sid and state != b"Z"]
-
-
 def cgroup_members(cgroup: str | None) -> list[int]:
     """The processes in cgroup ``cgroup`` (a cgroup v2 directory) and in the cgroups below it, or none.
 
@@ -138,7 +133,8 @@ def kill_session(sid: int) -> None:
             os.killpg(sid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        members = session_members(sid)
+        # Live members of the session, including those in process groups of their own.
+        members = [pid for pid, state, _, _, session in processes() if session == sid and state != b"Z"]
         signal_each(members, signal.SIGKILL)
         return not members
 
@@ -186,19 +182,9 @@ def tell(watchdog: int | None, line: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    for name in (
-        "SIGINT",
-        "SIGTERM",
-        "SIGHUP",
-        "SIGQUIT",
-        "SIGTSTP",
-        "SIGTTIN",
-        "SIGTTOU",
-        "SIGUSR1",
-        "SIGUSR2",
-        "SIGPIPE",
-    ):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    ignored = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN)
+    for sig in (*ignored, signal.SIGTTOU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
     fd = int(argv[1])
     data = b""
     while chunk := os.read(fd, 4096):  # until run is gone, however it ends

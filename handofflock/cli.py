@@ -38,7 +38,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ._version import __version__
@@ -116,30 +116,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe can still be answered, not at interpreter exit
         return code
     except BrokenPipeError:
-        return _stdout_closed()
+        # The reader of our stdout went away (``handofflock status URL | head -1``): exit as ``cat`` would.
+        # As Python's documentation of SIGPIPE recommends, stdout is pointed at /dev/null so that the
+        # interpreter's final flush cannot fail again and print a traceback. The status is 141
+        # (128 + SIGPIPE), what the shell reports for any tool that SIGPIPE ends: a pipeline under
+        # ``set -o pipefail`` treats us like ``cat`` or ``git log``.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no real stdout to replace (a test's capture)
+            pass
+        return EXIT_BROKEN_PIPE
     except HandoffLockError as exc:
         said = f"{exc} (the store did not answer; try again)" if isinstance(exc, TransientStorageError) else str(exc)
         return _fail(said, next(code for kind, code in _EXIT_FOR if isinstance(exc, kind)))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
-
-
-def _stdout_closed() -> int:
-    """The reader of our stdout went away (``handofflock status URL | head -1``): exit as ``cat`` would.
-
-    As Python's documentation of SIGPIPE recommends, stdout is pointed at
-    /dev/null so that the interpreter's final flush cannot fail again and print
-    a traceback. The status is 141 (128 + SIGPIPE), what the shell reports for
-    any tool that SIGPIPE ends: a pipeline under ``set -o pipefail`` treats us
-    like ``cat`` or ``git log``.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # no real stdout to replace (a test's capture)
-        pass
-    return EXIT_BROKEN_PIPE
 
 
 #: The library's parameter names, as they appear in its ConfigurationError messages, said as the
@@ -178,7 +171,6 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it."
     )
-    p.add_argument("url")
     p.add_argument("--json", action="store_true", help="one JSON object with stable keys, for scripts")
     p.set_defaults(func=cmd_status)
 
@@ -200,7 +192,6 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=EXIT_CODES_HELP,
     )
-    p.add_argument("url")
     p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
     p.add_argument(
@@ -285,7 +276,6 @@ def _parser() -> argparse.ArgumentParser:
         "it becomes free and the next acquire takes it. Its holder, if any, "
         "finds out at its next renewal and stops.",
     )
-    p.add_argument("url")
     p.add_argument("--force", action="store_true", help="required: this overrides whoever holds the lock")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_release)
@@ -295,12 +285,12 @@ def _parser() -> argparse.ArgumentParser:
         help="show changes live until Ctrl-C",
         description="Poll the lock and print a line whenever its holder, waiter or state changes.",
     )
-    p.add_argument("url")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
     p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     p.set_defaults(func=cmd_watch)
     for subparser in sub.choices.values():
+        subparser.add_argument("url")  # listed apart from the options, wherever it is declared
         subparser.set_defaults(parser=subparser)  # its own usage for its own errors
     return parser
 
@@ -360,13 +350,9 @@ def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
 
 
 def release_requested(st: LockStatus, now: float) -> bool:
-    return (
-        state_of(st, now) == "held"
-        and st.waiter_id is not None
-        and st.waiter_expires_at is not None
-        and now <= st.waiter_expires_at
-        and st.waiter_asks
-    )
+    """Whether a live waiter that asks is registered on a held lock, judged at ``now``."""
+    waiter_until = st.waiter_expires_at  # set exactly when a waiter is
+    return state_of(st, now) == "held" and waiter_until is not None and now <= waiter_until and st.waiter_asks
 
 
 def who_of(ident: str | None, label: Label | None) -> str:
@@ -392,10 +378,9 @@ def time_left(ts: float | None, now: float) -> str:
 def status_text(st: LockStatus, now: float | None = None) -> str:
     now = st.read_at if now is None else now
     state = state_of(st, now)
-    lines = [st.url]
     if state == "absent":
-        lines.append("  state       absent: no lock object yet (the first acquire creates it)")
-        return "\n".join(lines)
+        return f"{st.url}\n  state       absent: no lock object yet (the first acquire creates it)"
+    lines = [st.url]
     owner = {
         "free": "free: nobody holds it",
         "held": f"held, lease live ({time_left(st.expires_at, now)})",
@@ -468,17 +453,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- release --force
 
 
-def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str], None] = print) -> int:
-    """Describe the lock at ``url``, ask ``confirm(description)``, then :func:`~handofflock.force_release` it.
+def cmd_release(args: argparse.Namespace) -> int:
+    """Describe the lock, ask for confirmation, then :func:`~handofflock.force_release` it; the exit code.
 
     The write is matched to the generation that was described, so a lock that
     moved on while the operator read the description is left alone (exit 75).
-    Returns an exit code.
     """
+    url = args.url
+    if not args.force:
+        return _fail(
+            "`release` only clears a lock from outside, overriding its holder: add --force. "
+            "(A holder releases by calling release() or leaving its `with` block.)",
+            EXIT_USAGE,
+        )
     store, key = open_url(url)
     found = store.read(key, max_bytes=MAX_RECORD_BYTES)
     if found is None:
-        say(f"{url}: no lock object; nothing to clear")
+        print(f"{url}: no lock object; nothing to clear")
         return EXIT_OK
     data, generation = found
     now = time.time()
@@ -489,7 +480,7 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
     else:
         owner, waiter = record.owner, record.waiter
         if owner is None and waiter is None:
-            say(f"{url}: already free; nothing to clear")
+            print(f"{url}: already free; nothing to clear")
             return EXIT_OK
         what = f"{url} (generation {generation}) is held by {owner and owner.id}"
         if owner is not None and owner.live(now):
@@ -501,8 +492,9 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
             what += ", whose lease has expired"
         if waiter is not None:
             what += f"; waiter {waiter.id} will be dropped too"
-    if not confirm(what):
-        say("nothing done")
+    print(what, file=sys.stderr)
+    if not args.yes and not _confirmed():
+        print("nothing done")
         return EXIT_DECLINED
     try:
         result = force_release(url, expected_generation=generation)
@@ -512,33 +504,21 @@ def force_clear(url: str, *, confirm: Callable[[str], bool], say: Callable[[str]
             EXIT_CONTENDED,
         )
     if result is None:
-        say(f"{url}: the lock object is gone; nothing to clear")
+        print(f"{url}: the lock object is gone; nothing to clear")
     else:
-        say(f"{url}: cleared; the next acquire takes it (the next token is above {result.token})")
+        print(f"{url}: cleared; the next acquire takes it (the next token is above {result.token})")
     return EXIT_OK
 
 
-def cmd_release(args: argparse.Namespace) -> int:
-    if not args.force:
-        return _fail(
-            "`release` only clears a lock from outside, overriding its holder: add --force. "
-            "(A holder releases by calling release() or leaving its `with` block.)",
-            EXIT_USAGE,
-        )
-
-    def confirm(description: str) -> bool:
-        print(description, file=sys.stderr)
-        if args.yes:
-            return True
-        if not sys.stdin or not sys.stdin.isatty():
-            print("handofflock: not a terminal, so not asking: add --yes to clear it", file=sys.stderr)
-            return False
-        try:
-            return input("Clear it? [y/N] ").strip().lower() in ("y", "yes")
-        except EOFError:
-            return False
-
-    return force_clear(args.url, confirm=confirm)
+def _confirmed() -> bool:
+    """Ask at the terminal whether to clear the lock; never guess "yes" where nobody can answer."""
+    if not sys.stdin or not sys.stdin.isatty():
+        print("handofflock: not a terminal, so not asking: add --yes to clear it", file=sys.stderr)
+        return False
+    try:
+        return input("Clear it? [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
 
 
 # --------------------------------------------------------------------------- watch
@@ -556,18 +536,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         while True:
             now = time.time()
-            stamp = iso(now)
             try:
                 st = read_status(url)
                 doc = status_json(st, now)
-                seen: tuple[object, ...] = (
-                    doc["state"],
-                    st.owner_id,
-                    st.owner_label,
-                    st.waiter_id if st.waiter_live else None,
-                    st.waiter_label if st.waiter_live else None,
-                    st.token,
-                )
+                waiter = (st.waiter_id, st.waiter_label) if st.waiter_live else None
+                seen: tuple[object, ...] = (doc["state"], st.owner_id, st.owner_label, waiter, st.token)
                 line = _watch_line(st, doc, now)
             except LockRecordCorrupt as exc:
                 doc = {"url": url, "state": "corrupt", "error": str(exc)}
@@ -577,7 +550,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 seen, line = ("unreadable",), f"read failed ({exc}); retrying"
             if seen != last:
                 last = seen
-                print(json.dumps({"time": now, **doc}) if args.json else f"{stamp}  {line}", flush=True)
+                print(json.dumps({"time": now, **doc}) if args.json else f"{iso(now)}  {line}", flush=True)
             if stop_at is not None and time.monotonic() >= stop_at:
                 return EXIT_OK
             time.sleep(args.interval if stop_at is None else max(0.0, min(args.interval, stop_at - time.monotonic())))
@@ -595,7 +568,7 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
     if release_requested(st, now):
         verb = "asked for by waiter {}, declined" if st.declined else "release requested by waiter {}"
         line += "; " + verb.format(who_of(st.waiter_id, st.waiter_label))
-    elif st.waiter_id is not None and st.waiter_live:
+    elif st.waiter_live:
         line += f"; waiter {who_of(st.waiter_id, st.waiter_label)} waits without asking"
     return line
 

@@ -49,33 +49,28 @@ class Timeline:
             print(f"{elapsed:6.2f}s  {who:<3}  {'-' if token is None else token:<13}  {what}", flush=True)
 
 
-class Checkpoints:
-    """Checkpoint files named by fencing token and step, and one fenced pointer to the latest.
+def resume(pointer: FencedObject) -> dict[str, Any] | None:
+    """Claim the checkpoint pointer for this holder (older tokens are refused from now on); load what it names.
 
     Each holder writes its checkpoint under a name no other holder uses (its
     token is in it), then moves the shared pointer, a :class:`FencedObject`
     beside the lock object, which refuses a holder that has been replaced.
     """
+    target = pointer.claim().payload
+    if not target or not Path(target["file"]).exists():  # none yet (or from an earlier run's temp dir)
+        return None
+    state: dict[str, Any] = json.loads(Path(target["file"]).read_text())
+    return state
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
 
-    def resume(self, pointer: FencedObject) -> dict[str, Any] | None:
-        """Claim the pointer for this holder (older tokens are refused from now on); load what it names."""
-        target = pointer.claim().payload
-        if not target or not Path(target["file"]).exists():  # none yet (or from an earlier run's temp dir)
-            return None
-        state: dict[str, Any] = json.loads(Path(target["file"]).read_text())
-        return state
-
-    def save(self, pointer: FencedObject, state: dict[str, Any], *, token: int) -> Path:
-        path = self.root / f"ckpt-{token:020d}-{state['step']:08d}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**state, "token": token}))
-        os.replace(tmp, path)  # readers never see half a checkpoint
-        pointer.write({"file": str(path), "step": state["step"], "by": state["by"]}, token)  # StaleToken if replaced
-        return path
+def save(root: Path, pointer: FencedObject, state: dict[str, Any], *, token: int) -> Path:
+    """Write ``state`` to a checkpoint file in ``root`` named by ``token`` and step, then point ``pointer`` at it."""
+    path = root / f"ckpt-{token:020d}-{state['step']:08d}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**state, "token": token}))
+    os.replace(tmp, path)  # readers never see half a checkpoint
+    pointer.write({"file": str(path), "step": state["step"], "by": state["by"]}, token)  # StaleToken if replaced
+    return path
 
 
 def sgd_step(state: dict[str, Any], rng: random.Random) -> None:
@@ -87,7 +82,7 @@ def sgd_step(state: dict[str, Any], rng: random.Random) -> None:
     state["loss"] = error * error
 
 
-def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict[str, Any]) -> None:
+def trainer(name: str, url: str, ckpts: Path, say: Timeline, shared: dict[str, Any]) -> None:
     lock = HandoffLock(url, owner_id=f"trainer-{name}", **TIMING)
 
     def on_waiting(sender: Any, owner_id: str | None = None, **kw: Any) -> None:
@@ -103,7 +98,7 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
         handoff = shared.get("a_token") is not None
         say(name, "acquired the lock" + (" (handed over by A)" if handoff else ""), lock.token)
 
-        state = ckpts.resume(pointer)
+        state = resume(pointer)
         if state is None:
             state, start = {"w": 0.0, "b": 0.0, "loss": None}, 0
             say(name, "no checkpoint: training from step 0", lock.token)
@@ -130,7 +125,7 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
                 lock.token,
             )
         last = steps.last if steps.last is not None else start - 1
-        path = ckpts.save(pointer, {**state, "step": last, "by": name}, token=lock.token or 0)
+        path = save(ckpts, pointer, {**state, "step": last, "by": name}, token=lock.token or 0)
         say(name, f"checkpointed step {last} as {path.name}; the fenced pointer names it", lock.token)
         shared[f"{name.lower()}_last"] = last
         token = lock.token
@@ -144,7 +139,8 @@ def trainer(name: str, url: str, ckpts: Checkpoints, say: Timeline, shared: dict
 
 def run(url: str, workdir: Path) -> int:
     say = Timeline()
-    ckpts = Checkpoints(workdir / "checkpoints")
+    ckpts = workdir / "checkpoints"
+    ckpts.mkdir(parents=True, exist_ok=True)
     shared: dict[str, Any] = {}
     print(f"handofflock demo: two trainers, one lock at {url}")
     print(f"{'elapsed':>7}  {'who':<3}  {'token':<13}  what")

@@ -102,16 +102,12 @@ def force_release(
         free = old.replace(owner=None, waiter=None, declined=False, token=next_token(old, now), nonce=nonce)
     else:  # continue past whatever token the broken record still shows, if any
         free = LockRecord(token=next_token(LockRecord(token=_salvage_token(data)), now), nonce=nonce)
-
-    def is_ours(raw: bytes) -> bool:
-        return LockRecord.decode(raw, key=key).nonce == nonce
-
     new_generation, _ = write_resolving(
         storage,
         key,
         free.encode(),
         if_generation_match=generation,
-        is_ours=is_ours,
+        is_ours=lambda raw: LockRecord.decode(raw, key=key).nonce == nonce,  # a lost reply's write was ours
         clock=clock,
         deadline=deadline,
         max_bytes=MAX_RECORD_BYTES,

@@ -29,6 +29,7 @@ itself is the stdlib-only script :mod:`._watchdog`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import functools
 import math
@@ -85,7 +86,6 @@ class CommandRunner:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.procs: _CommandProcesses | None = None  # where the command's processes are, once it runs
         self._subreaper_was: bool | None = None  # run's subreaper setting before the command (None: unchanged)
         self.stop_signal = stop_signal(args.signal)
         self._labels: dict[str, str] = {}  # waiter id -> its label, as read by _still_wanted
@@ -142,13 +142,9 @@ class CommandRunner:
     def run(self) -> int:
         take_over(dict.fromkeys((*RUN_SIGNALS, self.stop_signal)), self._on_signal, self._previous)
         try:
-            code = _check_command(self.args.command)  # before the lock: never evict the holder for a typo
-            if code is not None:
-                return code
-            code = self._acquire()
-            if code is not None:
-                return code
-            return self._run_child()
+            # The command is looked up before the lock: never evict the holder for a typo. Each step
+            # returns None to go on, or the exit code (never 0: a step that ends the run has failed).
+            return _check_command(self.args.command) or self._acquire() or self._run_child()
         finally:
             if self._subreaper_was is not None:
                 _set_subreaper(on=self._subreaper_was)
@@ -175,7 +171,6 @@ class CommandRunner:
                 outcome["error"] = exc
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
-        line: WaitLine | None = None
         started = time.monotonic()
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
@@ -184,15 +179,15 @@ class CommandRunner:
                 worker.join(0.1)
                 if self.pending:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
-                elif line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
+                elif self._line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
                     # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
-                    line = self._line = WaitLine(lock, started=started)
-                if line is not None:
-                    line.tick()
+                    self._line = WaitLine(lock, started=started)
+                if self._line is not None:
+                    self._line.tick()
         finally:
             lock_signals.waiting.disconnect(on_waiting, sender=lock)
-            if line is not None:
-                line.close()
+            if self._line is not None:
+                self._line.close()
                 self._line = None
         error = outcome.get("error")
         if isinstance(error, AcquireCancelled) and self.first_signal is not None:
@@ -236,16 +231,12 @@ class CommandRunner:
         take_over(job_control_signals, lambda signum, frame: self.job_control.append(signum), self._previous)
         watchdog = _watchdog.start()
         cgroup = _make_cgroup()
-        if cgroup is not None:
-            _watchdog.tell(
-                watchdog, f"cgroup {cgroup}"
-            )  # before the command exists: if run dies next, it is still found
+        if cgroup is not None:  # told before the command exists: if run dies next, it is still found
+            _watchdog.tell(watchdog, f"cgroup {cgroup}")
         if not lock.healthy:  # stopped (a background write to the terminal, Ctrl-Z) since the acquire
             _stand_down(watchdog, cgroup)
-            try:
+            with contextlib.suppress(HandoffLockError):
                 lock.release()  # a lost lock: writes nothing
-            except HandoffLockError:
-                pass
             return fail(
                 f"the lock {lock.url} was no longer safely held when {command[0]} was to start; not started", EXIT_LOST
             )
@@ -269,7 +260,7 @@ class CommandRunner:
         if cgroup is not None and child.pid not in _watchdog.cgroup_members(cgroup):
             _watchdog.kill_cgroup(cgroup)  # the command could not enter it (a hierarchy rule): the session alone, then
             cgroup = None
-        self.procs = procs = _CommandProcesses(child.pid, cgroup, others)
+        procs = _CommandProcesses(child.pid, cgroup, others)
         _watchdog.tell(watchdog, f"session {child.pid}")
         kill_at: float | None = None  # monotonic time to SIGKILL the group
         asked: ReleaseRequest | None = None  # the waiter's request the stop signal answered (None: a signal, a loss)
@@ -401,10 +392,8 @@ class CommandRunner:
         _stand_down(watchdog, procs.cgroup)  # nothing of the command is left: the watchdog finds nothing, and ends
         status = returncode if returncode >= 0 else 128 - returncode
         if lost or not lock.is_held:
-            try:
+            with contextlib.suppress(HandoffLockError):
                 lock.release()  # a lost lock: clears our state, writes nothing
-            except HandoffLockError:
-                pass
             return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
         heir = lock.release()
         # A yield: the command stopped, within the grace, because someone asked for the lock.
@@ -429,7 +418,20 @@ class CommandRunner:
             return lock.release_requested
         if not lock.release_requested:
             return False
-        st = _status_within(lock, RECHECK_TIMEOUT)
+        # Read in a helper thread: the main loop supervises the command and must not hang on a store
+        # that does not answer. A read that fails or takes longer than RECHECK_TIMEOUT settles nothing.
+        found: dict[str, LockStatus] = {}
+
+        def read() -> None:
+            try:
+                found["status"] = lock.status()
+            except HandoffLockError:
+                pass
+
+        reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
+        reader.start()
+        reader.join(RECHECK_TIMEOUT)
+        st = found.get("status")
         if st is None:
             return True
         if st.waiter_id is not None and st.waiter_label is not None:
@@ -460,25 +462,6 @@ class CommandRunner:
 #: How long ``run`` waits for the read that checks a waiter is still there before it signals or
 #: kills the command; past it (a slow or unreachable store) the request is taken to stand.
 RECHECK_TIMEOUT = 2.0
-
-
-def _status_within(lock: HandoffLock, timeout: float) -> LockStatus | None:
-    """``lock.status()`` read in a helper thread, or None if it failed or took longer than ``timeout``.
-
-    The main loop must not hang on a store that does not answer: it supervises the command.
-    """
-    found: dict[str, LockStatus] = {}
-
-    def read() -> None:
-        try:
-            found["status"] = lock.status()
-        except HandoffLockError:
-            pass
-
-    reader = threading.Thread(target=quiet(read), name="handofflock-run-recheck", daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return found.get("status")
 
 
 #: Where ``--signal-to`` may send the polite signal: the command's own process (the default: a
@@ -633,7 +616,7 @@ class _CommandProcesses:
         gets the signal that way): session, cgroup and tree."""
         return [pid for pid, (state, group) in self.states().items() if group != self.pid and state != b"Z"]
 
-    def signal(self, sig: int, *, everyone: bool | None = None, main_only: bool = False) -> None:
+    def signal(self, sig: int, *, everyone: bool = False, main_only: bool = False) -> None:
         """Send ``sig`` to the command's process group (or, ``main_only``, to the command's own process),
         and with ``everyone`` to every other process of it too.
 
@@ -642,15 +625,14 @@ class _CommandProcesses:
         inside (GNU ``timeout``, a job-control shell) relays it to the groups
         it made, and a second copy sent to them directly would be one too many
         (to many programs a second SIGINT means "abort now"). KILL, STOP and
-        CONT (``everyone``, the default for them) go to every process: the rest
+        CONT go to every process (so does any signal with ``everyone``): the rest
         of the session, the cgroup where there is one, and every descendant of
         ``run`` (a daemon that left the session and was orphaned came back to
         ``run``, the subreaper). Each process gets one copy. Nothing of the
         command outlives the hold either way: what the polite signal did not
         end is killed after the grace, and the lock moves on only once none is left.
         """
-        if everyone is None:
-            everyone = sig in TO_EVERYONE
+        everyone = everyone or sig in TO_EVERYONE
         try:
             if main_only and not everyone:
                 os.kill(self.pid, sig)
@@ -732,10 +714,8 @@ def _check_command(command: list[str]) -> int | None:
     reports a command that vanishes in between.)
     """
     name = command[0]
-    if "/" in name:
-        candidates = [name]
-    else:
-        candidates = [os.path.join(d or ".", name) for d in os.environ.get("PATH", os.defpath).split(os.pathsep)]
+    search = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    candidates = [name] if "/" in name else [os.path.join(d or ".", name) for d in search]
     found_unusable = None
     for path in candidates:
         if os.path.isfile(path) and os.access(path, os.X_OK):
