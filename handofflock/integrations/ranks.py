@@ -428,12 +428,10 @@ class RankLock:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not self._held and exc_type is None:
-            return
-        if exc_type is None:
-            self.release()
-        else:  # the others may be gone (or failing too): meeting them could hang until the group's timeout
+        if exc_type is not None:  # the others may be gone (or failing too): meeting them could hang
             self.abandon()
+        elif self._held:
+            self.release()
 
     def __repr__(self) -> str:
         role = "holder" if self.is_holder else "follower"
