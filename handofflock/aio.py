@@ -31,27 +31,22 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Generic,
-    Literal,
-    TypeVar,
-    overload,
-)
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 try:
     import anyio
-    from anyio.lowlevel import EventLoopToken
+    from anyio import from_thread, to_thread
+    from anyio.lowlevel import EventLoopToken, current_token
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
 
-from .aio_threads import ANYIO_THREADS, Threads
 from .core.errors import ConfigurationError
 from .lock import events as signals
 from .lock.handoff import Acquired, HandoffLock
+from .lock.primitives import THREADING, Primitives
 from .lock.types import LockStatus, ReleaseRequest
 
 if TYPE_CHECKING:
@@ -78,6 +73,54 @@ _NOBODY = object()
 _RECHECK = 1.0
 #: Cleanup after a cancellation polls for the worker thread's end this often (seconds).
 _POLL = 0.005
+
+
+class Threads:
+    """The threads the async lock uses, and how it crosses between them and the event loop: its seam.
+
+    Each blocking call runs in a worker thread, a cancelled call's cleanup may
+    need a thread of its own, and the lock's own threads come back to the loop
+    (to wake a waiting task, to await an ``async def`` receiver) through the
+    loop's token. Every one of those crossings goes through one ``Threads``
+    value, whose default is anyio's worker threads and loop tokens with
+    :mod:`threading`'s idents. A deterministic simulation passes its own
+    (workers that are greenlets on simulated time, an event loop that parks
+    instead of blocking in ``select``) exactly where these plug in, instead of
+    patching anyio, as FoundationDB's simulator implements the network
+    interface. ``primitives`` make the mutexes and events shared between a
+    worker thread and the loop (a call's claim and its end).
+    """
+
+    def __init__(self, primitives: Primitives = THREADING) -> None:
+        self.primitives = primitives
+
+    def ident(self) -> int:
+        """Which thread this is (compared with the loop's own, to never wait on the loop from the loop)."""
+        return threading.get_ident()
+
+    def token(self) -> EventLoopToken:
+        """The running event loop's token, for coming back to it from other threads."""
+        return current_token()
+
+    async def run_sync(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in a worker thread of its own; a cancellation of the awaiting task abandons it at once."""
+        return await to_thread.run_sync(fn, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+
+    def start(self, fn: Callable[[], None], name: str) -> None:
+        """Run ``fn`` in a new daemon thread (a call whose worker anyio gave up before it began)."""
+        threading.Thread(target=fn, name=name, daemon=True).start()
+
+    def call_on_loop(self, token: EventLoopToken, fn: Callable[..., Any], *args: Any) -> None:
+        """From another thread: run ``fn(*args)`` on the loop and wait for it. RuntimeError if the loop is gone."""
+        from_thread.run_sync(fn, *args, token=token)
+
+    def await_on_loop(self, token: EventLoopToken, fn: Callable[[], Awaitable[Any]]) -> None:
+        """From another thread: await ``fn()`` on the loop and wait for it. RuntimeError if the loop is gone."""
+        from_thread.run(fn, token=token)  # type: ignore[arg-type]
+
+
+#: The real ones: anyio's worker threads and tokens.
+ANYIO_THREADS = Threads()
 
 
 class _Loop:
@@ -169,11 +212,8 @@ class _Call(Generic[T]):
         self._started = self._dropped = False
 
     def _main(self) -> None:
-        with self._claim:  # a call the task has given up before it started never starts
-            if self._dropped or self._started:  # (started: run_to_end took it over)
-                return
-            self._started = True
-        self._run()
+        if self._take_over_unless_started():  # a call the task has given up before it started never starts
+            self._run()
 
     def _run(self) -> None:
         try:
@@ -296,7 +336,7 @@ class AsyncHandoffLock:
     they are, and so checked the same way in the constructor (no I/O there): a bad URL, a negative ttl
     or an impossible timing raise the same typed errors. Or wrap a lock you
     made: ``AsyncHandoffLock(lock=HandoffLock(...))``. ``threads`` is how it
-    reaches worker threads and the loop (:mod:`handofflock.aio_threads`; a
+    reaches worker threads and the loop (:class:`Threads`; a
     simulation passes its own).
 
     Works under asyncio and trio. Storage is only ever touched from worker
@@ -388,19 +428,14 @@ class AsyncHandoffLock:
         try:
             got = await call.run(on_cancel=sync.cancel)
         except BaseException:
-            if call.done.is_set() and call.error is None and call.result:
-                await self._release_after_cancel()
+            if call.done.is_set() and call.error is None and call.result:  # got it as the task was cancelled
+                try:
+                    await _Call(sync.release, self._threads).run_to_end()  # hand it on, shielded
+                except Exception as exc:
+                    _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
             call.error = None
             raise
         return AsyncAcquired(self) if got else False
-
-    async def _release_after_cancel(self) -> None:
-        """The acquire got the lock as its task was cancelled: hand it on, shielded."""
-        release: _Call[str | None] = _Call(self._sync.release, self._threads)
-        try:
-            await release.run_to_end()
-        except Exception as exc:
-            _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
 
     async def release(self) -> str | None:
         """Hand the lock to a live waiter, or mark it free (see :meth:`HandoffLock.release`).

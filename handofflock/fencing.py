@@ -306,7 +306,8 @@ class FencedObject:
                 if self._cached is None:
                     self._cached = self._read(deadline)
                 generation, doc = self._cached
-                self._check(doc, token)
+                if token < doc.highest or (token == doc.highest and doc.writer_id not in (None, self.writer_id)):
+                    raise StaleToken(self.key, token, doc.highest, writer_id=self.writer_id, holder_id=doc.writer_id)
                 if change is None and doc.highest == token and doc.writer_id == self.writer_id:
                     return self._value(doc, generation)  # claiming what we already hold: nothing to write
                 nonce = new_nonce()
@@ -359,10 +360,6 @@ class FencedObject:
         if isinstance(token, bool) or not isinstance(token, int) or not 1 <= token <= MAX_TOKEN:
             raise ConfigurationError(f"a fencing token is an int in [1, 2**63-1], got {token!r}")
         return token
-
-    def _check(self, doc: _Doc, token: int) -> None:
-        if token < doc.highest or (token == doc.highest and doc.writer_id not in (None, self.writer_id)):
-            raise StaleToken(self.key, token, doc.highest, writer_id=self.writer_id, holder_id=doc.writer_id)
 
     # ------------------------------------------------------------------ I/O
 

@@ -78,18 +78,6 @@ def parse_signal(value: SignalLike) -> signal.Signals:
     raise ConfigurationError(f"a signal is a name or a number, got {type(value).__name__}")
 
 
-def catchable(
-    signals: Iterable[SignalLike], uncatchable: str = "{} cannot be caught; no process gets a chance to release on it"
-) -> tuple[signal.Signals, ...]:
-    """``signals`` parsed, each once, in order; :class:`ConfigurationError` (``uncatchable``, formatted with the
-    signal's name) for one that no process can catch."""
-    wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
-    for sig in wanted:
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigurationError(uncatchable.format(sig.name))
-    return wanted
-
-
 class CaughtSignals:
     """Handlers for ``wanted``: the first signal asks for a stop, a later one means "now".
 
@@ -110,7 +98,10 @@ class CaughtSignals:
     off_main_thread = "signal handlers must be installed from the main thread (Python runs signal handlers only there)"
 
     def __init__(self, signals: Iterable[SignalLike], *, chain: Iterable[SignalLike] | None = None) -> None:
-        self.wanted = catchable(signals, self.uncatchable)
+        self.wanted = tuple(dict.fromkeys(parse_signal(s) for s in signals))
+        for sig in self.wanted:
+            if sig in (signal.SIGKILL, signal.SIGSTOP):
+                raise ConfigurationError(self.uncatchable.format(sig.name))
         self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
         self._first_at: float | None = None
         self.received: list[str] = []

@@ -103,7 +103,23 @@ class _Reply:
 # -- the clouds -----------------------------------------------------------------
 
 
-class _Gce:
+class _Cloud:
+    """One cloud's dialect: ``poll`` asks once for a notice, ``pace`` says when to ask again."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget what a failed request may have spoiled (a token, a long poll's ETag)."""
+
+    def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
+        raise NotImplementedError
+
+    def pace(self, ch: PreemptionWatcher) -> float:
+        """Seconds from the start of one poll to the next."""
+        return ch.poll_interval
+
+
+class _Gce(_Cloud):
     name = "gce"
 
     def __init__(self) -> None:
@@ -135,7 +151,7 @@ class _Gce:
         return ch.backoff_initial if self.held else 0.0
 
 
-class _Aws:
+class _Aws(_Cloud):
     name = "aws"
 
     def __init__(self, *, rebalance: bool) -> None:
@@ -171,19 +187,13 @@ class _Aws:
             return PreemptionNotice("aws", "rebalance")
         return PreemptionNotice("aws", str(doc[key]), _iso_time(doc.get(time_key)))
 
-    def pace(self, ch: PreemptionWatcher) -> float:
-        return ch.poll_interval
 
-
-class _Azure:
+class _Azure(_Cloud):
     name = "azure"
 
     def __init__(self, events: Sequence[str]) -> None:
         self.events = frozenset(events)
         self.vm_name: str | None = None
-
-    def reset(self) -> None:
-        pass
 
     def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
         headers = {"Metadata": "true"}
@@ -208,12 +218,6 @@ class _Azure:
             at = ch.clock.time() if event.get("EventStatus") == "Started" else _http_time(event.get("NotBefore"))
             return PreemptionNotice("azure", str(event["EventType"]), at)
         return None
-
-    def pace(self, ch: PreemptionWatcher) -> float:
-        return ch.poll_interval
-
-
-_Cloud = _Gce | _Aws | _Azure
 
 
 def _json_object(body: str, key: str) -> dict[str, Any]:
@@ -320,12 +324,7 @@ class PreemptionWatcher:
             ("backoff_initial", backoff_initial),
             ("backoff_max", backoff_max),
         ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not value > 0
-                or not math.isfinite(value)
-            ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
         if isinstance(poll_timeout, bool) or not isinstance(poll_timeout, int) or poll_timeout < 1:
             raise ConfigurationError(f"poll_timeout must be a whole number of seconds >= 1, got {poll_timeout!r}")
@@ -433,7 +432,8 @@ class PreemptionWatcher:
                 delay = self._backoff.delay(failures - 1)
                 level = logging.INFO if failures == 1 else logging.DEBUG
                 what = f"{cloud.name} metadata server at" if cloud is not None else "looking for a metadata server at"
-                _log.log(level, "%s %s: %s; retrying in %.1f s", what, self.host, _why(exc), delay)
+                why = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
+                _log.log(level, "%s %s: %s; retrying in %.1f s", what, self.host, why, delay)
                 self.clock.wait(self._stop, delay)
                 continue
             if failures:
@@ -508,9 +508,3 @@ class PreemptionWatcher:
     def __repr__(self) -> str:
         state = "preempted" if self.preempted else ("watching" if self.running else "stopped")
         return f"<PreemptionWatcher {self.provider or 'auto'} {self.host} {state} attempts={self.attempts}>"
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout):
-        return "timed out"
-    return str(exc) or type(exc).__name__

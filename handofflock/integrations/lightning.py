@@ -192,11 +192,7 @@ class HandoffLockCallback(RankHold, Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.ranks is not None
-        if self.yielded or not self._at_optimizer_step(trainer, batch_idx):
-            return
-        if getattr(trainer, "received_sigterm", False):  # Lightning heard it first: a vote like ours
-            self.ranks.request_stop("exit", cause="SIGTERM")
-        if not self.ranks.should_stop():  # raises LockLost on every rank at once
+        if self.yielded or not self._at_optimizer_step(trainer, batch_idx) or not self._agreed_stop(trainer):
             return
         self._stop(trainer)
 
@@ -206,9 +202,7 @@ class HandoffLockCallback(RankHold, Callback):
         ranks = self.ranks
         if ranks is None or not ranks.held or self.yielded or trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        if getattr(trainer, "received_sigterm", False):
-            ranks.request_stop("exit", cause="SIGTERM")
-        if not ranks.should_stop():  # raises LockLost on every rank at once
+        if not self._agreed_stop(trainer):
             return
         self._stop_after_validation = True
         # Lightning's evaluation loop ends on a StopIteration from its step (its hooks included), then
@@ -219,6 +213,13 @@ class HandoffLockCallback(RankHold, Callback):
         if self._stop_after_validation:
             self._stop_after_validation = False
             self._stop(trainer)
+
+    def _agreed_stop(self, trainer: Any) -> bool:
+        """Agree with every rank now: True when all must stop. Raises LockLost on every rank at once."""
+        assert self.ranks is not None
+        if getattr(trainer, "received_sigterm", False):  # Lightning heard it first: a vote like ours
+            self.ranks.request_stop("exit", cause="SIGTERM")
+        return self.ranks.should_stop()
 
     def _at_optimizer_step(self, trainer: Any, batch_idx: int) -> bool:
         """Whether this batch ended with an optimizer step (not in the middle of gradient accumulation)."""

@@ -47,12 +47,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
+from ..lock.handoff import Steps
 from ..os_signals import CaughtSignals, SignalLike
 
 if TYPE_CHECKING:
@@ -253,11 +254,7 @@ class RankLock:
 
             threading.Thread(target=take, name="handofflock-rank-acquire", daemon=True).start()
         while True:
-            if self.lock is not None:
-                done.wait(self.poll)
-                finished = done.is_set()
-            else:
-                finished = False
+            finished = self.lock is not None and done.wait(self.poll)
             ok = finished and outcome.get("ok") is True
             failed = finished and not ok
             _, cause = self._holder_votes()  # a yield asked while waiting stands for the hold
@@ -431,47 +428,38 @@ class RankLock:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not self._held and exc_type is None:
-            return
-        if exc_type is None:
-            self.release()
-        else:  # the others may be gone (or failing too): meeting them could hang until the group's timeout
+        if exc_type is not None:  # the others may be gone (or failing too): meeting them could hang
             self.abandon()
+        elif self._held:
+            self.release()
 
     def __repr__(self) -> str:
         role = "holder" if self.is_holder else "follower"
         return f"<RankLock rank={self.rank} {role} every={self.every} held={self._held}>"
 
 
-class RankSteps(Generic[T]):
+class RankSteps(Steps[T]):
     """Iterate ``iterable`` on every rank while the job holds the lock and nobody asked for it.
 
-    Like :class:`~handofflock.Steps`, for a job of many ranks: before each
-    item it calls :meth:`RankLock.should_stop` (which agrees with the other
-    ranks every ``every`` items) and stops, without taking the item, when the
-    ranks agreed to yield. Every rank hands out the same items, so after the
-    loop ``last`` is the same step on every rank.
+    A :class:`~handofflock.Steps` for a job of many ranks: before each item it
+    calls :meth:`RankLock.should_stop` (which agrees with the other ranks every
+    ``every`` items) instead of asking the lock, and stops, without taking the
+    item, when the ranks agreed to stop. Every rank hands out the same items, so
+    after the loop ``last`` is the same step on every rank.
 
-    After the loop: ``last`` (the last item handed out, or None), ``count``,
-    ``stopped`` (True if the ranks agreed to stop), ``decision`` (the
-    :class:`StopDecision`, the same on every rank: ``decision.exit`` tells
-    "exit" from "yield and wait") and ``request`` (the
-    :class:`~handofflock.ReleaseRequest`, on the holder rank only).
+    After the loop: ``last``, ``count`` and ``stopped`` as on a ``Steps``,
+    ``decision`` (the :class:`StopDecision`, the same on every rank:
+    ``decision.exit`` tells "exit" from "yield and wait") and ``request`` (the
+    :class:`~handofflock.ReleaseRequest`, on the holder rank only). ``lock`` is
+    the holder rank's lock, None on the other ranks.
     """
 
-    __slots__ = ("_items", "count", "decision", "last", "ranks", "request", "stopped")
+    __slots__ = ("decision", "ranks")
 
     def __init__(self, ranks: RankLock, iterable: Iterable[T]) -> None:
+        super().__init__(ranks.lock, iterable)  # type: ignore[arg-type]  # None off the holder; never asked here
         self.ranks = ranks
-        self.last: T | None = None
-        self.count = 0
-        self.stopped = False
         self.decision: StopDecision | None = None
-        self.request: ReleaseRequest | None = None
-        self._items = iter(iterable)
-
-    def __iter__(self) -> Iterator[T]:
-        return self
 
     def __next__(self) -> T:
         if self.ranks.should_stop():  # raises LockLost on every rank at once

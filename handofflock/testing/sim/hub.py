@@ -10,7 +10,7 @@ replace: :class:`SimClock` (a :class:`~handofflock.core.clock.Clock`),
 :func:`sim_primitives` (a :class:`~handofflock.lock.primitives.Primitives`),
 :class:`SimLoop` (an asyncio event loop on a process's monotonic clock, whose
 ``select`` parks until its next timer or a call from another thread) and
-:class:`SimThreads` (the async lock's :class:`~handofflock.aio_threads.Threads`:
+:class:`SimThreads` (the async lock's :class:`~handofflock.aio.Threads`:
 a worker thread is a greenlet of the process, and a call back to the loop is a
 callback scheduled on it, waited for by parking). anyio runs on a SimLoop as
 on any asyncio loop. greenlet is a test dependency, imported here only.
@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import greenlet
 from anyio.lowlevel import EventLoopToken
 
-from ...aio_threads import Threads
+from ...aio import Threads
 from ...core.clock import Clock
 from ...lock.primitives import Primitives
 
