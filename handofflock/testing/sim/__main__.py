@@ -19,11 +19,13 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .bugs import BUGS, PROTOCOL_BUGS, planted
-from .hub import Violation
 from .model import check_all
-from .world import Config, World
+
+if TYPE_CHECKING:
+    from .world import Config
 
 DEFAULT_SEEDS = 2000
 #: The keys every run reports, in this order; the issue's done-criterion wants each above zero.
@@ -45,6 +47,9 @@ class Outcome:
 
 def run_seed(seed: int, *, bug: str | None = None, strict_suspend: bool = False, trace: int = 60) -> Outcome:
     """Run one seed (with a planted bug if named); return what it found."""
+    from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
+    from .world import World
+
     with planted(bug) if bug else contextlib.nullcontext():
         world = World(seed)
         world.checker.strict_suspend = strict_suspend
