@@ -46,13 +46,12 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from .. import _watchdog
-from .faultproxy import FaultProxy, emulator_env
+from .faultproxy import HOST, FaultProxy, emulator_env
 
 __all__ = ["ExternalEmulator", "FakeGCSServer", "FaultProxy"]
 
 _S = TypeVar("_S", bound="ServerProcess")
 _BUCKETS = "/storage/v1/b?project=handofflock-test"
-HOST = "127.0.0.1"  # never anything else: the emulators have no authentication
 # urllib honours http_proxy & co.; a local server must be reached directly.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -106,7 +105,6 @@ class ServerProcess:
         """Start the server and wait until it answers. Returns ``self``."""
         if self._process is not None:
             raise RuntimeError(f"this {self.name} is already started")
-        self._check_installed()
         self._tmpdir = tempfile.TemporaryDirectory(prefix=f"handofflock-{self.name.replace(' ', '-')}-")
         self.log_path = Path(self._tmpdir.name) / "server.log"
         atexit.register(self.stop)
@@ -157,11 +155,9 @@ class ServerProcess:
                 f"the {self.name} refused to create bucket {bucket!r}: {exc.code} {exc.read()[:200]!r}"
             ) from exc
 
-    def _check_installed(self) -> None:
-        """Raise :class:`RuntimeError`, saying what to install, where the server is missing."""
-
     def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
-        """Start the server's process on ``self.port``, its output to ``log``."""
+        """Start the server's process on ``self.port``, its output to ``log``; RuntimeError, saying what to
+        install, where the server is missing."""
         raise NotImplementedError
 
     def _is_ours(self, answer: bytes) -> bool:
@@ -236,16 +232,13 @@ class FakeGCSServer(ServerProcess):
         headers = {"Content-Type": "application/json"}
         self._create(name, urllib.request.Request(f"{self.url}{_BUCKETS}", data=body, method="POST", headers=headers))
 
-    def _check_installed(self) -> None:
-        self._binary = _binary_path()
-        self._owner_pid = os.getpid()
-
     def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        binary, self._owner_pid = _binary_path(), os.getpid()
         options = ["-scheme", "http", "-backend", "memory", "-host", HOST, "-port", str(self.port)]
         options += ["-external-url", f"http://{HOST}:{self.port}", "-log-level", self.log_level]
         self._lifeline = _watchdog.start()
         process = subprocess.Popen(
-            [str(self._binary), *options],
+            [str(binary), *options],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

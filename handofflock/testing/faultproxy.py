@@ -234,7 +234,7 @@ def _error_reply(dialect: str, rule: Rule, *, close: bool) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-_HOST = "127.0.0.1"
+HOST = "127.0.0.1"  # never anything else: the emulators and the proxy have no authentication
 
 
 @contextlib.contextmanager
@@ -285,13 +285,13 @@ class FaultProxy:
         parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError(f"upstream must be http://HOST:PORT, got {upstream!r}")
-        if parts.hostname not in (_HOST, "localhost"):
+        if parts.hostname not in (HOST, "localhost"):
             raise ValueError(f"the proxy only forwards to loopback, not {parts.hostname!r}")
         if not lifetime > 0:
             raise ValueError(f"lifetime must be > 0, got {lifetime}")
         if dialect not in _DIALECTS:
             raise ValueError(f"dialect must be one of {sorted(_DIALECTS)}, got {dialect!r}")
-        self.upstream = (_HOST, parts.port)
+        self.upstream = (HOST, parts.port)
         #: How the proxy words the errors it answers itself: "gcs" (JSON API) or "s3" (S3's XML).
         self.dialect = dialect
         self.lifetime = float(lifetime)
@@ -317,7 +317,7 @@ class FaultProxy:
         """``http://127.0.0.1:PORT``: the value for ``STORAGE_EMULATOR_HOST``."""
         if self.port is None:
             raise RuntimeError("the fault proxy is not running; call start() first")
-        return f"http://{_HOST}:{self.port}"
+        return f"http://{HOST}:{self.port}"
 
     @contextlib.contextmanager
     def env(self) -> Iterator[FaultProxy]:
@@ -687,7 +687,7 @@ def _bound_socket(port: int) -> socket.socket:
     # SO_REUSEPORT lets the placeholder and the next listener hold the port in
     # turn, so nothing else can take it during a refusal window.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((_HOST, port))
+    sock.bind((HOST, port))
     return sock
 
 

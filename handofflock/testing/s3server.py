@@ -34,8 +34,8 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from .emulator import HOST, ServerProcess
-from .faultproxy import environ
+from .emulator import ServerProcess
+from .faultproxy import HOST, environ
 
 __all__ = ["MotoS3Server", "s3_env"]
 
@@ -77,13 +77,11 @@ class MotoS3Server(ServerProcess):
         """Create a bucket (a plain ``PUT /name``, as moto accepts it unsigned)."""
         self._create(name, urllib.request.Request(f"{self.url}/{name}", data=b"", method="PUT"))
 
-    def _check_installed(self) -> None:
+    def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
         try:
             import moto.server  # noqa: F401  (fail here, clearly, rather than in the child)
         except ImportError as exc:
             raise RuntimeError("MotoS3Server needs moto's server: pip install 'handofflock[test]'") from exc
-
-    def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "handofflock.testing.s3server", HOST, str(self.port)],
             stdin=subprocess.DEVNULL,

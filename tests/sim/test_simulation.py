@@ -14,7 +14,7 @@ import pytest
 
 from handofflock.testing.sim.bugs import BUGS, PROTOCOL_BUGS
 from handofflock.testing.sim import model
-from handofflock.testing.sim.run import coverage_line, run_seed, run_seeds
+from handofflock.testing.sim.__main__ import coverage_line, run_seed, run_seeds
 
 SEEDS = 80
 #: The first seed that finds each planted bug (scripts/simulate.py --plant-bug NAME), with room (measured

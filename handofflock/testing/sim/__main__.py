@@ -6,24 +6,98 @@
     python -m handofflock.testing.sim --plant-bug NAME    # must find it within the default seeds (exit 1 if not)
     python -m handofflock.testing.sim --model-check       # every interleaving of the pure protocol, 2 and 3 parties
 
-A failing seed reproduces exactly from its number.
+A failing seed reproduces exactly from its number: one world per seed, its verdict, its trace and what it
+explored (coverage).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .bugs import BUGS, PROTOCOL_BUGS
+from .bugs import BUGS, PROTOCOL_BUGS, planted
+from .model import check_all
+
+if TYPE_CHECKING:
+    from .world import Config
 
 DEFAULT_SEEDS = 2000
+#: The keys every run reports, in this order; the issue's done-criterion wants each above zero.
+COVERAGE_KEYS = (
+    "handoffs", "twins", "waiter_pauses", "throttled", "suspends", "grouped_checks", "slow_reads", "async",
+    "holder_pauses", "twin_overlaps", "stale_writes_refused", "suspend_awaiting_fix",
+)  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    seed: int
+    violation: str | None
+    trace: list[str]
+    steps: int
+    config: Config | None = None
+    coverage: dict[str, int] = field(default_factory=dict)
+
+
+def run_seed(seed: int, *, bug: str | None = None, strict_suspend: bool = False, trace: int = 60) -> Outcome:
+    """Run one seed (with a planted bug if named); return what it found."""
+    from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
+    from .world import World
+
+    with planted(bug) if bug else contextlib.nullcontext():
+        world = World(seed)
+        world.checker.strict_suspend = strict_suspend
+        violation = None
+        try:
+            world.run()
+        except Violation as exc:
+            violation = str(exc)
+        finally:  # what the run did, before close() unwinds what is left of it
+            outcome = Outcome(
+                seed,
+                violation,
+                list(world.hub.trace[-trace:]),
+                world.hub.steps,
+                world.config,
+                dict(world.checker.counts),
+            )
+            world.close()
+        return outcome
+
+
+def run_seeds(
+    seeds: Iterable[int], *, bug: str | None = None, stop_at_first: bool = False, strict_suspend: bool = False,
+    totals: dict[str, int] | None = None,
+) -> list[Outcome]:  # fmt: skip
+    """Run many seeds; return those that broke an invariant. ``totals`` gathers their coverage."""
+    found = []
+    for seed in seeds:
+        outcome = run_seed(seed, bug=bug, strict_suspend=strict_suspend)
+        if totals is not None:
+            for k, v in outcome.coverage.items():
+                totals[k] = totals.get(k, 0) + v
+        if outcome.violation:
+            found.append(outcome)
+            if stop_at_first:
+                break
+    return found
+
+
+def coverage_line(totals: dict[str, int]) -> str:
+    """``coverage: handoffs=N twins=N ...``: one line, so a run that explores nothing cannot pass quietly."""
+    t = dict(totals)
+    t["grouped_checks"] = t.pop("listings", 0)
+    keys = list(COVERAGE_KEYS) + sorted(k for k in t if k not in COVERAGE_KEYS)
+    return "coverage: " + " ".join(f"{k}={t.get(k, 0)}" for k in keys)
 
 
 def _simulate(a: argparse.Namespace) -> int:
-    from .run import coverage_line, run_seed, run_seeds
-
     if a.seed is not None:
         out = run_seed(a.seed, bug=a.plant_bug, strict_suspend=a.strict_suspend, trace=400 if a.trace else 40)
         print(f"seed {a.seed}: {out.steps} steps, config {out.config}")
@@ -45,12 +119,6 @@ def _simulate(a: argparse.Namespace) -> int:
     print(f"{ran} seeds, {len(found)} violations{bug} ({took:.1f} s)")
     print(coverage_line(totals))
     return 1 if found else 0  # with a planted bug, exit 1 is the checker doing its job
-
-
-def _model_check(a: argparse.Namespace) -> int:
-    from .model import check_all
-
-    return check_all(bug=a.plant_bug, long=a.long)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.plant_bug and a.plant_bug not in names:
         p.error(f"unknown bug {a.plant_bug!r}; see --list-bugs" + (" --model-check" if a.model_check else ""))
-    return _model_check(a) if a.model_check else _simulate(a)
+    return check_all(bug=a.plant_bug, long=a.long) if a.model_check else _simulate(a)
 
 
 if __name__ == "__main__":

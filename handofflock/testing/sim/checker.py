@@ -13,6 +13,7 @@ loop, which ends the run with the seed and the trace.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
@@ -46,7 +47,7 @@ class Checker:
     hub: Hub
     rules: Rules
     parties: list[Party]
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)  # what the run explored: the coverage
     record: LockRecord | None = None  # the lock object as last applied
     highest_store_token: int = 0
     issued: set[tuple[str, int]] = field(default_factory=set)  # (instance, token) the store made owner
@@ -54,9 +55,6 @@ class Checker:
     retaken_at: dict[str, float] = field(default_factory=dict)  # instance -> when a twin retook from it
     overlapped: set[str] = field(default_factory=set)
     strict_suspend: bool = False  # True once the suspend fix is merged: a late check() after a suspend fails
-
-    def count(self, key: str, n: int = 1) -> None:
-        self.counts[key] = self.counts.get(key, 0) + n
 
     def true_wall(self) -> float:
         return WALL0 + (self.hub.now - MONO0)
@@ -91,7 +89,7 @@ class Checker:
             self.retaken_at[before.instance] = self.hub.now  # a twin retook a live lease under our id
         slot = prev.waiter
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
-            self.count("handoffs")
+            self.counts["handoffs"] += 1
             wall = party.clock.time()
             if slot is None or wall > slot.expires_at + self.rules.handoff_slack:
                 raise Violation(
@@ -120,8 +118,8 @@ class Checker:
             raise Violation(f"{party.name}'s acquire ended without the lock ({result!r}) and it holds the lock")
         r = self.record
         owner = None if r is None else r.owner
-        mine = owner is not None and owner.instance == lock.instance
-        if party.faults_seen == 0 and mine and owner is not None and owner.live(self.true_wall(), self.rules.skew):
+        mine = owner is not None and owner.instance == lock.instance and owner.live(self.true_wall(), self.rules.skew)
+        if mine and not party.store.faults_seen:
             raise Violation(f"{party.name}'s acquire ended ({result!r}) and the object names it as a live owner")
 
     def lost_while_gentle(self, party: Party, why: str) -> None:
@@ -131,7 +129,7 @@ class Checker:
     def slot_left(self, party: Party) -> None:
         """An acquire that ended without the lock, with no fault on its requests, left no slot behind."""
         r = self.record
-        if party.proc.crashed or party.faults_seen or party.lock.is_held or r is None:
+        if party.proc.crashed or party.store.faults_seen or party.lock.is_held or r is None:
             return
         if party.proc.frozen_until() > party.left_wait_at - 10 * self.rules.ttl:
             return
@@ -142,7 +140,8 @@ class Checker:
     # ------------------------------------------------------------------ between steps
 
     def check(self) -> None:
-        now, _r = self.hub.now, self.record
+        """No party counts itself healthy unsoundly, and a live waiter slot names no party that left its acquire."""
+        now, r = self.hub.now, self.record
         healthy = [p for p in self.parties if p.alive and now >= p.proc.suspended_until and p.lock.healthy]
         for p in healthy:
             why = self._unsound(p)
@@ -151,12 +150,21 @@ class Checker:
             if p.proc.suspended_for and not self.strict_suspend:
                 # After a host suspend check() must raise; until the suspend fix is merged it may
                 # not: counted, the party retired, and the run goes on (see docs/reliability.md).
-                self.count("suspend_awaiting_fix")
+                self.counts["suspend_awaiting_fix"] += 1
                 self.hub.note(f"{p.name} after a suspend (awaiting the fix): {why}")
                 p.proc.crashed = True
                 continue
             raise Violation(why)
-        self._check_slot()
+        if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
+            return
+        for p in self.parties:
+            if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire or p.store.faults_seen:
+                continue
+            grace = p.lock.give_up_budget + 1.0
+            if now - p.left_wait_at > grace and now >= p.proc.frozen_until():
+                raise Violation(
+                    f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
+                )
 
     def _unsound(self, p: Party) -> str | None:
         """Why ``p`` must not count itself healthy now, or None."""
@@ -175,7 +183,7 @@ class Checker:
             if now - since <= self.rules.twin_window:
                 if me not in self.overlapped:
                     self.overlapped.add(me)
-                    self.count("twin_overlaps")
+                    self.counts["twin_overlaps"] += 1
                 return None
             return (
                 f"{p.name} still counts itself healthy {now - since:.2f} s after its twin retook the lock "
@@ -183,16 +191,3 @@ class Checker:
             )
         who = "nobody" if r is None else f"{r.owner and r.owner.id} (token {r.token})"
         return f"{p.name} counts itself healthy with token {p.lock.token}, but the object names {who}"
-
-    def _check_slot(self) -> None:
-        now, r = self.hub.now, self.record
-        if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
-            return
-        for p in self.parties:
-            if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire or p.faults_seen:
-                continue
-            grace = p.lock.give_up_budget + 1.0
-            if now - p.left_wait_at > grace and now >= p.proc.frozen_until():
-                raise Violation(
-                    f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
-                )

@@ -15,6 +15,7 @@ history, with its generation.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,12 +54,9 @@ class Net:
     faults: Faults
     backend: MemoryStorage
     on_applied: Callable[[Any, str, bytes, int], None]
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Counter[str]  # the checker's: what the run explored
     chaos: bool = True
     last_write: dict[str, float] = field(default_factory=dict)
-
-    def count(self, key: str, n: int = 1) -> None:
-        self.counts[key] = self.counts.get(key, 0) + n
 
 
 class SimStore:
@@ -71,13 +69,6 @@ class SimStore:
         self.faults_seen = 0
         self.sent_at: dict[str, float] = {}  # key -> when its last request went out
 
-    def _latency(self, op: str) -> float:
-        f, r = self.net.faults, self.net.rng
-        if op == "read" and f.slow_read and r.random() < f.slow_read:
-            self.net.count("slow_reads")
-            return r.uniform(1.0, f.slow_read_max)
-        return r.random() * f.max_latency
-
     def _hit(self, p: float) -> bool:
         hit = self.net.chaos and p > 0 and self.net.rng.random() < p
         if hit:
@@ -85,16 +76,19 @@ class SimStore:
         return hit
 
     def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool) -> T:
-        net, f = self.net, self.net.faults
-        hub = net.hub
+        net, f, hub = self.net, self.net.faults, self.net.hub
         self.sent_at[key] = hub.now
-        hub.park(hub.now + self._latency(op))
+        if op == "read" and f.slow_read and net.rng.random() < f.slow_read:
+            net.counts["slow_reads"] += 1
+            hub.park(hub.now + net.rng.uniform(1.0, f.slow_read_max))
+        else:
+            hub.park(hub.now + net.rng.random() * f.max_latency)
         if self._hit(f.fail):
             raise TransientStorageError(f"sim: 503 on {op}", status=503, ambiguous=False)
         if mutation:
             recent = hub.now - net.last_write.get(key, -1e9) < BURST_WINDOW
             if self._hit(f.throttle) or (recent and self._hit(f.gcs_rate)):
-                net.count("throttled")
+                net.counts["throttled"] += 1
                 raise TransientStorageError(f"sim: 429 on {op}", status=429, ambiguous=False, retry_after=1.0)
         result = apply()  # the store applies it at this instant
         if mutation:
@@ -126,7 +120,7 @@ class SimStore:
         self._request("delete", key, apply, mutation=True)
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
-        self.net.count("listings")
+        self.net.counts["listings"] += 1
         return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False)
 
     def close(self) -> None:

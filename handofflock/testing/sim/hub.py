@@ -324,37 +324,27 @@ def sim_primitives(hub: Hub, proc: Proc) -> Primitives:
 _MAX_SPINS = 100_000
 
 
-class _SimSelector:
-    """What asyncio's loop waits in: parks until the loop's next timer (``timeout``) or a threadsafe call."""
-
-    def __init__(self, loop: SimLoop) -> None:
-        self.loop = loop
-        self.spins = 0
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        loop = self.loop
-        if loop.wake.is_set() or timeout == 0:
-            self.spins += 1
-            if self.spins > _MAX_SPINS:
-                raise Violation(f"livelock: the event loop of {loop.proc.name} ran {_MAX_SPINS} rounds without waiting")
-        else:
-            self.spins = 0
-            loop.clock.wait(loop.wake, timeout)
-        loop.wake.clear()
-        return []
-
-    def close(self) -> None:
-        pass
-
-
 class SimLoop(asyncio.BaseEventLoop):
-    """An asyncio event loop on one simulated process's monotonic clock."""
+    """An asyncio event loop on one simulated process's monotonic clock; it is its own selector."""
 
     def __init__(self, hub: Hub, proc: Proc, clock: SimClock) -> None:
         super().__init__()
         self.hub, self.proc, self.clock = hub, proc, clock
         self.wake = SimEvent(hub)
-        self._selector = _SimSelector(self)
+        self.spins = 0
+        self._selector = self
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        """What the loop waits in: parks until its next timer (``timeout``) or a threadsafe call."""
+        if self.wake.is_set() or timeout == 0:
+            self.spins += 1
+            if self.spins > _MAX_SPINS:
+                raise Violation(f"livelock: the event loop of {self.proc.name} ran {_MAX_SPINS} rounds without waiting")
+        else:
+            self.spins = 0
+            self.clock.wait(self.wake, timeout)
+        self.wake.clear()
+        return []
 
     def time(self) -> float:
         return self.clock.monotonic()

@@ -77,12 +77,6 @@ def _owner(r: LockRecord | None) -> tuple[str | None, str | None]:
     return (None, None) if r is None or r.owner is None else (r.owner.id, r.owner.instance)
 
 
-def _set(s: State, i: int, party: Party) -> State:
-    parties = list(s.parties)
-    parties[i] = party
-    return replace(s, parties=tuple(parties))
-
-
 def _held(party: Party, rec: LockRecord, gen: int, valid_until: float) -> Party:
     return replace(party, phase="held", view=None, waiting=False, token=rec.token, valid_until=valid_until,
                    known=(rec, gen), stale=False)  # fmt: skip
@@ -93,7 +87,8 @@ def steps(s: State, max_starts: int) -> list[tuple[str, State]]:
 
     def step(i: int, what: str, party: Party, state: State = s) -> None:
         """``what`` happens: the store is ``state``, and party ``i`` becomes ``party``."""
-        out.append((f"{party.me.instance} {what}", _set(state, i, party)))
+        parties = (*state.parties[:i], party, *state.parties[i + 1 :])
+        out.append((f"{party.me.instance} {what}", replace(state, parties=parties)))
 
     if s.now < HORIZON:
         out.append(("tick", replace(s, now=s.now + 1)))

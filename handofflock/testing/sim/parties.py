@@ -41,10 +41,3 @@ class Party:
     @property
     def alive(self) -> bool:
         return not self.proc.crashed
-
-    @property
-    def faults_seen(self) -> int:
-        return self.store.faults_seen
-
-    def forgive_faults(self) -> None:
-        self.store.faults_seen = 0

@@ -112,7 +112,7 @@ class World:
         )
         self.checker = Checker(self.hub, rules, self.parties)
         self.backend = MemoryStorage(f"sim-{seed}")
-        self.net = Net(self.hub, self.rng, f, self.backend, self.checker.on_applied)
+        self.net = Net(self.hub, self.rng, f, self.backend, self.checker.on_applied, self.checker.counts)
         self.hub.on_step = self.checker.check
         self._ids = 0
 
@@ -186,12 +186,17 @@ class World:
                     return
                 if choice < 0.06 and not c.gentle:
                     party.proc.paused_until = hub.now + r.uniform(0.5, 2.5) * ttl  # a GC pause, a SIGSTOP
-                    self.checker.count("holder_pauses")
+                    self.checker.counts["holder_pauses"] += 1
                     hub.note(f"{party.name} pauses until {party.proc.paused_until - MONO0:.2f}")
                     hub.park(party.proc.paused_until)
                     continue
-                if choice < 0.5 and lock.healthy:
-                    self.fenced_write(party)
+                if choice < 0.5 and lock.healthy:  # a fenced write
+                    try:
+                        party.fence.write({"by": party.name, "at": hub.now}, token=lock.token)
+                    except StaleToken:
+                        self.checker.counts["stale_writes_refused"] += 1
+                    except TransientStorageError:
+                        pass
                 if not lock.release_requested:
                     party.letting_go_at = math.inf
                 elif party.letting_go_at == math.inf:  # asked: sometimes a checkpoint first, while the waiter may die
@@ -248,7 +253,7 @@ class World:
                     result = bool(got)
                 if scope.cancelled_caught:
                     result = AcquireCancelled("the task was cancelled")
-                    checker.count("async_cancels")
+                    checker.counts["async_cancels"] += 1
             except AlreadyAcquired:  # still releasing (a release being retried): the API says no
                 await anyio.sleep(r.uniform(0.0, ttl / 2))
                 continue
@@ -257,7 +262,7 @@ class World:
             finally:
                 party.in_acquire = False
                 party.left_wait_at = hub.now
-            checker.count("async")
+            checker.counts["async"] += 1
             hub.note(f"{party.name} async acquire -> {result!r}")
             self.acquire_ended(party, result)
             await anyio.sleep(r.uniform(0.0, ttl / 2))
@@ -302,7 +307,7 @@ class World:
         self.checker.slot_left(party)
         record = self.checker.record
         if record is None or record.waiter is None or record.waiter.instance != lock.instance:
-            party.forgive_faults()  # a slot the faults kept may outlive its acquire; once gone, it is forgiven
+            party.store.faults_seen = 0  # a slot the faults kept may outlive its acquire; once gone, it is forgiven
 
     def _later(self, party: Party, fn: Callable[[], object]) -> None:
         self.hub.park(self.hub.now + self.rng.uniform(0.0, 2.0) * self.config.ttl)
@@ -338,14 +343,6 @@ class World:
             raise Violation(f"{party.name} {what} took {hub.now - started:.2f} s (bound {limit:.2f} s)")
         return result
 
-    def fenced_write(self, party: Party) -> None:
-        try:
-            party.fence.write({"by": party.name, "at": self.hub.now}, token=party.lock.token)
-        except StaleToken:
-            self.checker.count("stale_writes_refused")
-        except TransientStorageError:
-            pass
-
     def crash(self, party: Party) -> None:
         self.hub.note(f"{party.name} crashes (held={party.lock.is_held})")
         party.proc.crashed = True
@@ -371,15 +368,15 @@ class World:
                 p, what = named[0], r.choice([0.0, 0.65])
             if what < 0.35 and p.in_acquire:
                 p.proc.paused_until = hub.now + r.uniform(0.3, 2.0) * c.ttl
-                self.checker.count("waiter_pauses")
+                self.checker.counts["waiter_pauses"] += 1
                 hub.note(f"{p.name} pauses while waiting, until {p.proc.paused_until - MONO0:.2f}")
             elif what < 0.5 and c.suspends and p.lock.is_held:
                 span = r.uniform(0.5, 3.0) * c.ttl
                 p.proc.suspended_until, p.proc.suspended_for = hub.now + span, p.proc.suspended_for + span
-                self.checker.count("suspends")
+                self.checker.counts["suspends"] += 1
                 hub.note(f"{p.name} is suspended for {span:.2f} s (its monotonic clock stands)")
             elif what < 0.6 and not c.gentle and p.twin_of is None and len(self.parties) < 12:
-                self.checker.count("twins")
+                self.checker.counts["twins"] += 1
                 self.new_party(p.owner_id, twin_of=p.name)
             elif what < 0.7 and not (c.gentle and p.lock.is_held):
                 self.crash(p)
@@ -402,7 +399,7 @@ class World:
                     heir = [q for q in self.parties if q.alive and q.in_acquire and q.lock.instance == waiter.instance]
                     if heir and hub.now >= heir[0].proc.frozen_until() and self.rng.random() < 0.5:
                         heir[0].proc.paused_until = hub.now + self.rng.uniform(0.6, 2.0) * c.ttl
-                        self.checker.count("waiter_pauses")
+                        self.checker.counts["waiter_pauses"] += 1
                         hub.note(f"{heir[0].name} pauses as it is about to be handed the lock")
                 continue
             seen = rec
@@ -411,7 +408,7 @@ class World:
             for q in self.parties:
                 if q.alive and rec.owner is not None and q.lock.instance == rec.owner.instance and q.lock.is_held:
                     q.finish = True
-                    self.checker.count("stale_slot_releases")
+                    self.checker.counts["stale_slot_releases"] += 1
                     hub.note(f"{q.name}'s job ends over the expired slot of {waiter.id}")
 
     # ------------------------------------------------------------------ running
@@ -458,10 +455,3 @@ class World:
                 for receiver in list(sig.receivers_for(p.lock)):
                     sig.disconnect(receiver, sender=p.lock)
         MemoryStorage.forget(self.backend.name)
-
-    @property
-    def coverage(self) -> dict[str, int]:
-        counts = dict(self.checker.counts)
-        for k, v in self.net.counts.items():
-            counts[k] = counts.get(k, 0) + v
-        return counts
