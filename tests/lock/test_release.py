@@ -145,7 +145,7 @@ class _YieldingMutex:
         self._state = threading.Condition()
         self.queued = self.entered = 0
 
-    def __enter__(self) -> "_YieldingMutex":
+    def __enter__(self) -> _YieldingMutex:
         with self._state:
             self.queued += 1
             self._state.notify_all()
