@@ -142,14 +142,31 @@ class _YieldingMutex:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
+        self._state = threading.Condition()
+        self.queued = self.entered = 0
 
-    def __enter__(self) -> "_YieldingMutex":
+    def __enter__(self) -> _YieldingMutex:
+        with self._state:
+            self.queued += 1
+            self._state.notify_all()
         self._mutex.acquire()
+        with self._state:
+            self.queued -= 1
+            self.entered += 1
+            self._state.notify_all()
         return self
 
     def __exit__(self, *exc) -> None:
+        with self._state:
+            queued, entered = self.queued, self.entered
         self._mutex.release()
-        time.sleep(0.1)
+        if queued:
+            with self._state:
+                assert self._state.wait_for(lambda: self.entered > entered, timeout=5), "the queued thread never got in"
+
+    def wait_until_queued(self) -> None:
+        with self._state:
+            assert self._state.wait_for(lambda: self.queued > 0, timeout=5), "nobody queued on the mutex"
 
 
 def _race_once(i: int) -> str:
@@ -278,9 +295,10 @@ def test_a_renewal_queued_behind_a_release_finds_the_lock_released_not_lost(env)
     releasing.start()
     assert in_write.wait(5)
     store.write = real_write
-    renewing = threading.Thread(target=lock._duties.run_due)  # private: the duty the scheduler had already started
+    # private: the renewal the scheduler had already started (its duty found it due while the lock was still held)
+    renewing = threading.Thread(target=lock._renew)
     renewing.start()
-    time.sleep(0.1)  # it is now waiting for the mutex the release holds
+    lock._mutex.wait_until_queued()  # private: the renewal now waits for the mutex the release holds
     writes = store.calls["write"]
     go.set()
     releasing.join(5)

@@ -294,7 +294,9 @@ def test_a_command_stopped_past_its_lease_is_killed_not_continued(tmp_path):
     proc, cmd = start_run(tmp_path / "lock.json", "sleep", "60", extra=("--ttl", "2"))
     os.kill(proc.pid, signal.SIGTSTP)
     eventually(lambda: stat(cmd)[0] == "T", timeout=10, what="the command stopped")
-    time.sleep(2.5)  # the lease runs out while both are stopped
+    # The lease runs out while both are stopped: the expiry of run's last renewal passes (its own renew deadline is earlier).
+    lease = raw_read((tmp_path / "lock.json").as_uri())[0].expires_at
+    eventually(lambda: time.time() > lease + 0.1, timeout=10, interval=0.05, what="the lease ran out")
     os.kill(proc.pid, signal.SIGCONT)
     gone([cmd])
     reap(proc)

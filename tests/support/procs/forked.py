@@ -98,8 +98,11 @@ def held(url: str) -> dict:
                     seen[name] = "InheritedAcrossFork"
             own = HandoffLock(url + ".child", ttl=5, owner_id="child")
             seen["own"] = bool(own.acquire(timeout=10))
-            time.sleep(1.5)  # renewed by the child's own scheduler meanwhile
-            seen["own_healthy"] = own.healthy
+            acquired = own.status().generation
+            until = time.monotonic() + 10
+            while own.status().generation == acquired and time.monotonic() < until:
+                time.sleep(0.05)  # until the child's own scheduler has renewed it (every ttl/8)
+            seen["own_healthy"] = own.healthy and own.status().generation != acquired
             own.release()
             os.write(w, orjson.dumps(seen))
             os.close(w)
