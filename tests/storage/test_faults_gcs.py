@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from lockutil import FAST, eventually, raw_read, raw_write
+from lockutil import FAST, eventually, moved_on, raw_read, raw_write, stepped_until
 
 from handofflock import (
+    FakeClock,
     HandoffLock,
     LockLost,
     LockTimeout,
+    Scheduler,
     StorageError,
     TransientStorageError,
     signals,
@@ -91,8 +93,18 @@ def bucket(gcs_emulator):
     return name
 
 
-@pytest.fixture
-def actor(gcs_emulator, bucket):
+def fake_time() -> dict[str, Any]:
+    """A clock and scheduler for every lock of a test: the clock moves as a lock waits, a step at a time,
+    and each step runs the locks' due renewals and waiter checks in the thread that waits. The store stays
+    real, in real time; only the locks' waits are simulated."""
+    clock = FakeClock(start=time.time(), step=0.05)
+    scheduler = Scheduler(clock, autostart=False)
+    clock.on_tick.append(scheduler.run_pending)
+    return {"clock": clock, "scheduler": scheduler}
+
+
+def actors(gcs_emulator, bucket, on_clock: dict[str, Any]):
+    """``make(name, ...)``, then the teardown of what it made; every lock made with ``on_clock`` ({}: real time)."""
     made: list[Actor] = []
 
     def make(
@@ -101,7 +113,9 @@ def actor(gcs_emulator, bucket):
         proxy = FaultProxy(gcs_emulator.url, lifetime=120).start()
         with proxy.env():
             store = GCSStorage(bucket_name or bucket, **{"timeout": (1.0, 2.0), **(store or {})})
-        lock = HandoffLock(f"gs://{bucket_name or bucket}/{key}", storage=store, key=key, owner_id=name, **{**FAST, **overrides})
+        lock = HandoffLock(
+            f"gs://{bucket_name or bucket}/{key}", storage=store, key=key, owner_id=name, **{**FAST, **on_clock, **overrides}
+        )
         a = Actor(name, lock, proxy)
         for sig in (signals.waiting, signals.acquired, signals.released, signals.lost):
             def receiver(sender, _name=sig.name, **kw):
@@ -123,6 +137,18 @@ def actor(gcs_emulator, bucket):
         for sig, receiver in a.receivers:
             sig.disconnect(receiver)
         a.proxy.stop()
+
+
+@pytest.fixture
+def actor(gcs_emulator, bucket):
+    """Actors whose locks keep real time."""
+    yield from actors(gcs_emulator, bucket, {})
+
+
+@pytest.fixture
+def fake_actor(gcs_emulator, bucket):
+    """Actors whose locks share one :func:`fake_time` clock."""
+    yield from actors(gcs_emulator, bucket, fake_time())
 
 
 def url(bucket: str) -> str:
@@ -184,7 +210,7 @@ def scenario_create(actor, bucket) -> None:
     created = dropped(a)
     assert created.owner_id == "A" and a.lock.token == created.token
     assert len(a.writes()) == 1, "one create, nothing else"
-    eventually(lambda: len(a.landed()) >= 3, timeout=5, what="two renewals from the generation that write created")
+    stepped_until(a.lock.clock, lambda: len(a.landed()) >= 3, within=5, what="two renewals from the generation that write created")
     assert a.lock.healthy
     assert raw_read(url(bucket))[0].token == created.token
     assert_carried_on(a)
@@ -199,7 +225,7 @@ def scenario_take(actor, bucket) -> None:
     taken = dropped(a)
     assert taken.owner_id == "A" and taken.token > 5 and a.lock.token == taken.token
     assert len(a.writes()) == 1
-    eventually(lambda: len(a.landed()) >= 3, timeout=5, what="two renewals from the generation the take created")
+    stepped_until(a.lock.clock, lambda: len(a.landed()) >= 3, within=5, what="two renewals from the generation the take created")
     assert a.lock.healthy and raw_read(url(bucket))[0].token == taken.token
     assert_carried_on(a)
 
@@ -239,7 +265,7 @@ def scenario_refresh_waiter(actor, bucket) -> None:
     eventually(lambda: rule.fired, timeout=5, what="B refreshed its slot")
     refreshed = dropped(b)
     assert refreshed.waiting_owner_id == "B"
-    time.sleep(0.3)
+    moved_on(b.lock.clock, 0.3)  # B's wait goes on after it
     assert t.is_alive(), f"B stopped waiting: {box}"
     assert a.lock.release() == "B"
     t.join(10)
@@ -254,10 +280,10 @@ def scenario_renew(actor, bucket) -> None:
     a = actor("A", waiter_check_interval=30.0)
     assert a.lock.acquire()
     rule = a.proxy.inject("drop_reply", method="POST")
-    eventually(lambda: rule.fired, timeout=5, what="a renewal")
+    stepped_until(a.lock.clock, lambda: rule.fired, within=5, what="a renewal")
     renewed = dropped(a)
     assert renewed.owner_id == "A" and renewed.token == a.lock.token
-    time.sleep(0.6)  # three more renewals
+    a.lock.clock.run_for(0.6)  # three more renewals
     assert a.lock.healthy and a.lock.is_held
     assert raw_read(url(bucket))[0].expires_at > renewed.expires_at
     # A is alone, so a 412 could only come from A's own renewal that landed.
@@ -280,7 +306,7 @@ def scenario_handoff(actor, bucket) -> None:
     assert len([rec for rec, _ in a.writes() if rec.owner_id == "B" and rec.nonce == handoff.nonce]) == 1, "the handoff sent once"
     assert [rec for rec in a.landed() if rec.owner_id == "B"] == [handoff], "exactly one handoff landed"
     assert a.named("released") == [{"handed_off_to": "B", "token": a.lock.token}]
-    time.sleep(0.3)
+    b.lock.clock.run_for(0.3)
     assert b.lock.healthy
     assert_carried_on(a, b)
 
@@ -332,18 +358,18 @@ SCENARIOS = {
 
 @pytest.mark.gcs
 @pytest.mark.parametrize("transition", list(SCENARIOS))
-def test_a_write_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries_on(transition, actor, bucket):
-    SCENARIOS[transition](actor, bucket)
+def test_a_write_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries_on(transition, fake_actor, bucket):
+    SCENARIOS[transition](fake_actor, bucket)
 
 
 @pytest.mark.gcs
 @pytest.mark.parametrize("transition", list(SCENARIOS))
-def test_each_scenario_catches_a_lock_without_the_read_back(transition, actor, bucket, monkeypatch):
+def test_each_scenario_catches_a_lock_without_the_read_back(transition, fake_actor, bucket, monkeypatch):
     """The scenarios above are not vacuous: on a lock that never reads back a write whose reply was
     lost, each of them fails."""
     monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes, timeout: None)
     with pytest.raises(AssertionError) as info:
-        SCENARIOS[transition](actor, bucket)
+        SCENARIOS[transition](fake_actor, bucket)
     print(f"[{transition}] without the read-back: {str(info.value).splitlines()[0]}")
 
 
@@ -650,13 +676,13 @@ def test_a_missing_bucket_is_not_retried_and_says_to_create_it(actor):
 
 
 @pytest.mark.gcs
-def test_a_renewal_refused_with_403_loses_the_lock_at_once_with_the_reason(actor, bucket):
+def test_a_renewal_refused_with_403_loses_the_lock_at_once_with_the_reason(fake_actor, bucket):
     """Permission revoked while holding: the lock does not retry a 403 until its deadline; it reports
     LockLost (with the StorageError as cause) at the next renewal."""
-    a = actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0)
+    a = fake_actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0)
     assert a.lock.acquire()
     a.proxy.inject("403", method="POST", times=100)
-    eventually(lambda: a.named("lost"), timeout=2, what="the lock to be reported lost")
+    stepped_until(a.lock.clock, lambda: a.named("lost"), within=1.0, what="the lock to be reported lost")
     with pytest.raises(LockLost) as info:
         a.lock.check()
     assert "403" in str(info.value) or "permission" in str(info.value)
