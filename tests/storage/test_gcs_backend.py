@@ -447,34 +447,35 @@ TRICKLED = [
 
 @pytest.mark.parametrize("kind, operation, mutation", TRICKLED)
 def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy, bucket, kind, operation, mutation):
-    """One byte a second never lets a read wait its 2 s read timeout, so only the request's own
-    deadline (1 s) ends it; without one each of these takes a minute or more (a read of an 8-byte
-    object took 8 s, a write's reply over 25 s before request_timeout existed). Slack for a loaded
-    machine: 2 s. A write or delete cut off this way was applied, so the error says it may have been."""
-    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
-    generation = store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject(kind, delay=1.0)
+    """A byte every quarter second never lets a read wait its 2 s read timeout, so only the request's
+    own deadline (a quarter second) ends it; without one each of these takes the whole reply's bytes
+    (a read of an 8-byte object took 8 s at a byte a second, a write's reply over 25 s before
+    request_timeout existed). Slack for a loaded machine: 2 s. A write or delete cut off this way was
+    applied, so the error says it may have been. The setup's requests are given a bound of their own."""
+    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=0.25)
+    generation = store.write("a.json", RECORD, if_generation_match=0, timeout=5.0)
+    proxy.inject(kind, delay=0.25)
     elapsed, error = finishes_within(15, lambda: operation(store, generation))
     assert isinstance(error, TransientStorageError), error
-    assert "request_timeout (1s)" in str(error) and error.ambiguous is mutation
-    assert 0.9 <= elapsed < 3.0, f"cut off after {elapsed:.2f} s"
+    assert "request_timeout (0.25s)" in str(error) and error.ambiguous is mutation
+    assert 0.25 - 0.1 <= elapsed < 0.25 + 2.0, f"cut off after {elapsed:.2f} s"
     assert proxy.stats()["faults"][kind] == 1
     if mutation:  # the request reached the store and was applied: why a write says "ambiguous"
         direct = GCSStorage(bucket)
         assert direct.read("a.json") != (RECORD, generation)
         direct.close()
     proxy.clear()
-    store.list("")  # the store goes on, on a new connection
+    store.list("", timeout=5.0)  # the store goes on, on a new connection
     store.close()
 
 
 def test_by_default_a_request_may_take_its_connect_and_read_timeouts_together(proxy, bucket):
-    store = through(proxy, bucket, timeout=(0.5, 1.0))
+    store = through(proxy, bucket, timeout=(0.25, 0.5))
     store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject("trickle_head", method="GET", delay=0.4)
+    proxy.inject("trickle_head", method="GET", delay=0.2)  # never the read timeout, a pause at a time
     elapsed, error = finishes_within(15, lambda: store.read("a.json"))
-    assert isinstance(error, TransientStorageError) and "request_timeout (1.5s)" in str(error)
-    assert 1.4 <= elapsed < 3.5
+    assert isinstance(error, TransientStorageError) and "request_timeout (0.75s)" in str(error)
+    assert 0.75 - 0.1 <= elapsed < 0.75 + 2.0
     store.close()
 
 
@@ -494,7 +495,7 @@ def test_a_deadline_that_passes_after_its_request_ended_cuts_nothing(proxy, buck
 def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
     store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
     store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject("trickle", method="GET", delay=0.01)  # 60 bytes in 0.6 s
+    proxy.inject("trickle", method="GET", delay=0.002)  # 60 bytes in 0.12 s, well within the second
     assert store.read("a.json")[0] == RECORD
     store.close()
 
