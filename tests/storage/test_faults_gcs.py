@@ -59,6 +59,8 @@ class Actor:
     proxy: FaultProxy
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     receivers: list[Any] = field(default_factory=list)
+    #: On a fake clock, its time as each write of the store was sent, in order.
+    sent_at: list[float] = field(default_factory=list)
 
     def writes(self) -> list[tuple[LockRecord, Exchange]]:
         """Every lock record this actor sent, with what became of it."""
@@ -103,6 +105,16 @@ def fake_time() -> dict[str, Any]:
     return {"clock": clock, "scheduler": scheduler}
 
 
+def stamped(write, clock: FakeClock, sent_at: list[float]):
+    """``write``, noting ``clock``'s time in ``sent_at`` as each call begins."""
+
+    def write_at(*args: Any, **kwargs: Any) -> Any:
+        sent_at.append(clock.monotonic())
+        return write(*args, **kwargs)
+
+    return write_at
+
+
 def actors(gcs_emulator, bucket, on_clock: dict[str, Any]):
     """``make(name, ...)``, then the teardown of what it made; every lock made with ``on_clock`` ({}: real time)."""
     made: list[Actor] = []
@@ -117,6 +129,8 @@ def actors(gcs_emulator, bucket, on_clock: dict[str, Any]):
             f"gs://{bucket_name or bucket}/{key}", storage=store, key=key, owner_id=name, **{**FAST, **on_clock, **overrides}
         )
         a = Actor(name, lock, proxy)
+        if on_clock:
+            store.write = stamped(store.write, on_clock["clock"], a.sent_at)
         for sig in (signals.waiting, signals.acquired, signals.released, signals.lost):
             def receiver(sender, _name=sig.name, **kw):
                 a.events.append((_name, kw))
@@ -524,14 +538,15 @@ def test_unavailable_writes_are_retried_with_jittered_exponential_backoff(actor,
 
 
 @pytest.mark.gcs
-def test_a_throttled_write_is_retried_after_retry_after_not_at_once(actor, bucket):
+def test_a_throttled_write_is_retried_after_retry_after_not_at_once(fake_actor, bucket):
     """A 429 with Retry-After: 1 on the create: the retry waits the second out (the write gate's
     widened spacing applies to the very next write), then lands. Retrying at once, as jittered backoff
     alone would (within 0.1 s), only earns another 429 from GCS."""
-    a = actor("A")
+    a = fake_actor("A")
     a.proxy.inject("429", method="POST", retry_after=1)
     assert a.lock.acquire(timeout=5)
-    (first, _), (second, _) = [(ex.started, ex.status) for _, ex in a.writes()][:2]
+    assert len(a.sent_at) == len(a.writes())
+    first, second = a.sent_at[:2]
     assert [ex.status for _, ex in a.writes()][:2] == [429, 200]
     assert second - first >= 1.0 - 0.02
     assert raw_read(url(bucket))[0].token == a.lock.token
@@ -562,18 +577,19 @@ def test_a_store_that_keeps_refusing_fails_the_acquire_within_its_deadline(actor
 
 
 @pytest.mark.gcs
-def test_a_429_widens_the_spacing_of_the_next_writes_to_the_object(actor, bucket):
+def test_a_429_widens_the_spacing_of_the_next_writes_to_the_object(fake_actor, bucket):
     """After a 429 with Retry-After: 1, the next write to the object waits at least a second, and the
     spacing relaxes back towards min_write_interval (0 here) as writes succeed. Without the WriteGate
     the renewal after the 429 would follow within renew_interval (0.2 s)."""
-    a = actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0)
+    a = fake_actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0)
     assert a.lock.acquire()
     rule = a.proxy.inject("429", method="POST", retry_after=1)
-    eventually(lambda: rule.fired, timeout=5, what="a throttled renewal")
-    time.sleep(3.0)
+    stepped_until(a.lock.clock, lambda: rule.fired, within=5, what="a throttled renewal")
+    a.lock.clock.run_for(3.0)
     writes = [ex for _, ex in a.writes()]
+    assert len(a.sent_at) == len(writes)
     i = next(i for i, ex in enumerate(writes) if ex.fault == "429")
-    after = [ex.started for ex in writes[i:]]
+    after = a.sent_at[i:]
     gaps = [later - earlier for earlier, later in zip(after, after[1:])]
     assert gaps[0] >= 1.0 - 0.02, f"the write after the 429 came {gaps[0]:.3f} s later"
     assert len(gaps) >= 3 and gaps[-1] < gaps[0], f"the spacing never relaxed: {gaps}"
