@@ -435,37 +435,41 @@ def test_a_malformed_gs_url_gets_invalid_lock_url(url):
 # A lock record of 60 bytes: its body alone, one byte a second, takes a minute to arrive.
 RECORD = b'{"ownerId": "host:1:abc", "expiresAt": 1.0, "token": 7, "n": 1}'
 
+#: The bound each trickled request is given (the call's ``timeout``, under the store's request_timeout).
+CUT = 0.25
+
 TRICKLED = [
-    pytest.param("trickle", lambda s, g: s.read("a.json"), False, id="read-body"),
-    pytest.param("trickle_head", lambda s, g: s.read("a.json"), False, id="read-head"),
-    pytest.param("trickle", lambda s, g: s.read("a.json", max_bytes=1000), False, id="read-capped-body"),
-    pytest.param("trickle", lambda s, g: s.list(""), False, id="list-body"),
-    pytest.param("trickle", lambda s, g: s.write("a.json", b"{}", if_generation_match=g), True, id="write-reply"),
-    pytest.param("trickle_head", lambda s, g: s.delete("a.json", if_generation_match=g), True, id="delete-reply"),
+    pytest.param("trickle", lambda s, g: s.read("a.json", timeout=CUT), False, id="read-body"),
+    pytest.param("trickle_head", lambda s, g: s.read("a.json", timeout=CUT), False, id="read-head"),
+    pytest.param("trickle", lambda s, g: s.read("a.json", max_bytes=1000, timeout=CUT), False, id="read-capped-body"),
+    pytest.param("trickle", lambda s, g: s.list("", timeout=CUT), False, id="list-body"),
+    pytest.param("trickle", lambda s, g: s.write("a.json", b"{}", if_generation_match=g, timeout=CUT), True, id="write-reply"),
+    pytest.param("trickle_head", lambda s, g: s.delete("a.json", if_generation_match=g, timeout=CUT), True, id="delete-reply"),
 ]
 
 
 @pytest.mark.parametrize("kind, operation, mutation", TRICKLED)
 def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy, bucket, kind, operation, mutation):
     """A byte every quarter second never lets a read wait its 2 s read timeout, so only the request's
-    own deadline (a quarter second) ends it; without one each of these takes the whole reply's bytes
-    (a read of an 8-byte object took 8 s at a byte a second, a write's reply over 25 s before
-    request_timeout existed). Slack for a loaded machine: 2 s. A write or delete cut off this way was
-    applied, so the error says it may have been. The setup's requests are given a bound of their own."""
-    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=0.25)
-    generation = store.write("a.json", RECORD, if_generation_match=0, timeout=5.0)
-    proxy.inject(kind, delay=0.25)
+    own deadline (CUT, a quarter second: the call's bound, shorter than the store's request_timeout)
+    ends it; without one each of these takes the whole reply's bytes (a read of an 8-byte object took
+    8 s at a byte a second, a write's reply over 25 s before request_timeout existed). Slack for a
+    loaded machine: 2 s. A write or delete cut off this way was applied, so the error says it may
+    have been."""
+    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
+    generation = store.write("a.json", RECORD, if_generation_match=0)
+    proxy.inject(kind, delay=CUT)
     elapsed, error = finishes_within(15, lambda: operation(store, generation))
     assert isinstance(error, TransientStorageError), error
-    assert "request_timeout (0.25s)" in str(error) and error.ambiguous is mutation
-    assert 0.25 - 0.1 <= elapsed < 0.25 + 2.0, f"cut off after {elapsed:.2f} s"
+    assert f"request_timeout ({CUT:g}s)" in str(error) and error.ambiguous is mutation
+    assert CUT - 0.1 <= elapsed < CUT + 2.0, f"cut off after {elapsed:.2f} s"
     assert proxy.stats()["faults"][kind] == 1
     if mutation:  # the request reached the store and was applied: why a write says "ambiguous"
         direct = GCSStorage(bucket)
         assert direct.read("a.json") != (RECORD, generation)
         direct.close()
     proxy.clear()
-    store.list("", timeout=5.0)  # the store goes on, on a new connection
+    store.list("")  # the store goes on, on a new connection
     store.close()
 
 
