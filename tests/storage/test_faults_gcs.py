@@ -244,11 +244,18 @@ def scenario_take(actor, bucket) -> None:
     assert_carried_on(a)
 
 
+#: The waiter's slot life where a scenario drops one of the waiter's writes: it refreshes the slot at
+#: half of it, so its next write after the dropped one comes 1.5 s of the clock later, long after the
+#: owner's release (a refresh racing the release gets a 412 that would look like a resend). The
+#: waiter's thread steps the clock as it waits, a step per poll, far faster than real time.
+SLOW_REFRESH = 3.0
+
+
 def scenario_become_waiter(actor, bucket) -> None:
     """Become the waiter, reply lost. Without the read-back: 412, and the waiter never learns it
     registered, so it never says so (no ``waiting`` signal) and, when the lock is handed to it, it
     retakes it with yet another token instead of accepting the handoff."""
-    a, b = actor("A"), actor("B")
+    a, b = actor("A"), actor("B", waiter_ttl=SLOW_REFRESH)
     assert a.lock.acquire()
     b.proxy.inject("drop_reply", method="POST")
     t, box = in_thread(lambda: b.lock.acquire(timeout=10))
@@ -271,12 +278,12 @@ def scenario_become_waiter(actor, bucket) -> None:
 def scenario_refresh_waiter(actor, bucket) -> None:
     """Refresh the waiter slot, reply lost. Without the read-back: a second write that fails with 412
     against the refresh that landed (harmless here only because the lock then re-reads)."""
-    a, b = actor("A"), actor("B")
+    a, b = actor("A"), actor("B", waiter_ttl=SLOW_REFRESH)
     assert a.lock.acquire()
     t, box = in_thread(lambda: b.lock.acquire(timeout=10))
     eventually(lambda: b.named("waiting"), what="B is the waiter")
     rule = b.proxy.inject("drop_reply", method="POST")  # B's only writes while waiting are refreshes
-    eventually(lambda: rule.fired, timeout=5, what="B refreshed its slot")
+    eventually(lambda: rule.fired, timeout=15, what="B refreshed its slot")
     refreshed = dropped(b)
     assert refreshed.waiting_owner_id == "B"
     moved_on(b.lock.clock, 0.3)  # B's wait goes on after it
