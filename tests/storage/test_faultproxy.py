@@ -110,7 +110,7 @@ def test_a_trickled_reply_arrives_whole_one_byte_per_pause(proxy, bucket, direct
     """The reply is forwarded unchanged, only slowly: the head at once (trickle) or not (trickle_head),
     then one byte per `delay`. Read with a raw socket to see when each byte comes."""
     generation = direct.write("a.json", b'{"n":1}', if_generation_match=0)
-    proxy.inject(kind, method="GET", delay=0.005)
+    proxy.inject(kind, method="GET", delay=0.001)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         started = time.monotonic()
         sock.sendall(
@@ -131,7 +131,7 @@ def test_a_trickled_reply_arrives_whole_one_byte_per_pause(proxy, bucket, direct
     else:
         assert len(first) < len(head) // 2
     trickled = len(body) if head_at_once else len(reply)
-    assert elapsed >= (trickled - 1) * 0.005 * 0.9
+    assert elapsed >= (trickled - 1) * 0.001 * 0.9
     assert proxy.stats()["faults"][kind] == 1 and proxy.stats()["forwarded"] == 1
 
 
@@ -167,8 +167,8 @@ def test_refused_connections_are_known_not_to_be_sent_and_the_port_comes_back(pr
 
 def test_a_delay_longer_than_the_read_timeout_is_an_ambiguous_timeout_that_was_applied(proxy, bucket, direct):
     with proxy.env():
-        impatient = GCSStorage(bucket, timeout=(1.0, 0.4))
-    proxy.inject("delay", method="POST", delay=0.8)
+        impatient = GCSStorage(bucket, timeout=(1.0, 0.2))
+    proxy.inject("delay", method="POST", delay=0.4)
     with pytest.raises(TransientStorageError) as info:
         impatient.write("a.json", b"{}", if_generation_match=0)
     assert info.value.ambiguous is True

@@ -435,29 +435,34 @@ def test_a_malformed_gs_url_gets_invalid_lock_url(url):
 # A lock record of 60 bytes: its body alone, one byte a second, takes a minute to arrive.
 RECORD = b'{"ownerId": "host:1:abc", "expiresAt": 1.0, "token": 7, "n": 1}'
 
+#: The bound each trickled request is given (the call's ``timeout``, under the store's request_timeout).
+CUT = 0.25
+
 TRICKLED = [
-    pytest.param("trickle", lambda s, g: s.read("a.json"), False, id="read-body"),
-    pytest.param("trickle_head", lambda s, g: s.read("a.json"), False, id="read-head"),
-    pytest.param("trickle", lambda s, g: s.read("a.json", max_bytes=1000), False, id="read-capped-body"),
-    pytest.param("trickle", lambda s, g: s.list(""), False, id="list-body"),
-    pytest.param("trickle", lambda s, g: s.write("a.json", b"{}", if_generation_match=g), True, id="write-reply"),
-    pytest.param("trickle_head", lambda s, g: s.delete("a.json", if_generation_match=g), True, id="delete-reply"),
+    pytest.param("trickle", lambda s, g: s.read("a.json", timeout=CUT), False, id="read-body"),
+    pytest.param("trickle_head", lambda s, g: s.read("a.json", timeout=CUT), False, id="read-head"),
+    pytest.param("trickle", lambda s, g: s.read("a.json", max_bytes=1000, timeout=CUT), False, id="read-capped-body"),
+    pytest.param("trickle", lambda s, g: s.list("", timeout=CUT), False, id="list-body"),
+    pytest.param("trickle", lambda s, g: s.write("a.json", b"{}", if_generation_match=g, timeout=CUT), True, id="write-reply"),
+    pytest.param("trickle_head", lambda s, g: s.delete("a.json", if_generation_match=g, timeout=CUT), True, id="delete-reply"),
 ]
 
 
 @pytest.mark.parametrize("kind, operation, mutation", TRICKLED)
 def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy, bucket, kind, operation, mutation):
-    """One byte a second never lets a read wait its 2 s read timeout, so only the request's own
-    deadline (1 s) ends it; without one each of these takes a minute or more (a read of an 8-byte
-    object took 8 s, a write's reply over 25 s before request_timeout existed). Slack for a loaded
-    machine: 2 s. A write or delete cut off this way was applied, so the error says it may have been."""
+    """A byte every quarter second never lets a read wait its 2 s read timeout, so only the request's
+    own deadline (CUT, a quarter second: the call's bound, shorter than the store's request_timeout)
+    ends it; without one each of these takes the whole reply's bytes (a read of an 8-byte object took
+    8 s at a byte a second, a write's reply over 25 s before request_timeout existed). Slack for a
+    loaded machine: 2 s. A write or delete cut off this way was applied, so the error says it may
+    have been."""
     store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
     generation = store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject(kind, delay=1.0)
+    proxy.inject(kind, delay=CUT)
     elapsed, error = finishes_within(15, lambda: operation(store, generation))
     assert isinstance(error, TransientStorageError), error
-    assert "request_timeout (1s)" in str(error) and error.ambiguous is mutation
-    assert 0.9 <= elapsed < 3.0, f"cut off after {elapsed:.2f} s"
+    assert f"request_timeout ({CUT:g}s)" in str(error) and error.ambiguous is mutation
+    assert CUT - 0.1 <= elapsed < CUT + 2.0, f"cut off after {elapsed:.2f} s"
     assert proxy.stats()["faults"][kind] == 1
     if mutation:  # the request reached the store and was applied: why a write says "ambiguous"
         direct = GCSStorage(bucket)
@@ -469,12 +474,12 @@ def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy,
 
 
 def test_by_default_a_request_may_take_its_connect_and_read_timeouts_together(proxy, bucket):
-    store = through(proxy, bucket, timeout=(0.5, 1.0))
+    store = through(proxy, bucket, timeout=(0.25, 0.5))
     store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject("trickle_head", method="GET", delay=0.4)
+    proxy.inject("trickle_head", method="GET", delay=0.2)  # never the read timeout, a pause at a time
     elapsed, error = finishes_within(15, lambda: store.read("a.json"))
-    assert isinstance(error, TransientStorageError) and "request_timeout (1.5s)" in str(error)
-    assert 1.4 <= elapsed < 3.5
+    assert isinstance(error, TransientStorageError) and "request_timeout (0.75s)" in str(error)
+    assert 0.75 - 0.1 <= elapsed < 0.75 + 2.0
     store.close()
 
 
@@ -494,7 +499,7 @@ def test_a_deadline_that_passes_after_its_request_ended_cuts_nothing(proxy, buck
 def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
     store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
     store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject("trickle", method="GET", delay=0.01)  # 60 bytes in 0.6 s
+    proxy.inject("trickle", method="GET", delay=0.002)  # 60 bytes in 0.12 s, well within the second
     assert store.read("a.json")[0] == RECORD
     store.close()
 

@@ -367,18 +367,20 @@ def test_only_the_s3_backend_imports_boto3_and_the_core_install_does_not_need_it
     [("trickle_head", "PUT", True), ("trickle", "GET", False), ("trickle_head", "GET", False)],
 )
 def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(bucket, proxy, kind, method, ambiguous):
-    """A reply that keeps coming one byte every 0.5 s never trips the read timeout (2 s); the
-    request deadline (1 s) shuts its connection down. Before, a trickled read took 21 s."""
+    """A reply that keeps coming one byte every quarter second never trips the read timeout (2 s);
+    the request deadline (a quarter second: the call's bound, shorter than the store's
+    request_timeout) shuts its connection down. Before, a trickled read took 21 s at a byte every
+    half second."""
     store = S3Storage(bucket, endpoint_url=proxy.url, timeout=(2.0, 2.0), request_timeout=1.0)
     gen = store.write("a.json", b"x" * 200, if_generation_match=0)
-    proxy.inject(kind, method=method, delay=0.5)
+    proxy.inject(kind, method=method, delay=0.25)
     started = time.monotonic()
     with pytest.raises(TransientStorageError) as info:
         if method == "PUT":
-            store.write("a.json", b"y", if_generation_match=gen)
+            store.write("a.json", b"y", if_generation_match=gen, timeout=0.25)
         else:
-            store.read("a.json")
-    assert time.monotonic() - started < 1.0 + 1.5
+            store.read("a.json", timeout=0.25)
+    assert time.monotonic() - started < 0.25 + 1.5
     assert info.value.ambiguous is ambiguous and "request_timeout" in str(info.value)
 
 

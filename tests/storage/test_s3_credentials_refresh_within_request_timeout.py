@@ -101,7 +101,7 @@ class ContainerEndpoint:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()  # a quick shutdown()
 
     def configure(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.setenv(
@@ -213,6 +213,9 @@ def bucket(s3_server: Any) -> str:
 
 #: botocore's advisory refresh window (RefreshableCredentials: 15 minutes before they expire).
 ADVISORY = 15 * 60
+#: A life inside that window and outside its mandatory one (10 minutes), far above STILL_GOOD (1 minute):
+#: botocore refreshes such credentials as it signs with them, which still may sign meanwhile.
+DUE_BUT_GOOD = ADVISORY - 120
 
 
 def timed_read(store: S3Storage) -> tuple[float, BaseException | None]:
@@ -227,29 +230,31 @@ def timed_read(store: S3Storage) -> tuple[float, BaseException | None]:
 def test_credentials_due_for_refresh_but_still_good_sign_at_once_while_a_stalled_refresh_runs(
     credentials_from, bucket, source_kind
 ):
-    """Loaded good for 15 min + 3 s; 3 s later botocore's refresh window opens and the source stalls:
-    the read goes at once with the credentials in hand (before: held by the refresh, STALL seconds)."""
-    source = credentials_from(ADVISORY + 3)
+    """Every answer is good for 13 min, inside botocore's refresh window (15 min): each request finds a
+    refresh due. Once a refresh stalls, a read goes at once with the credentials in hand (before: held
+    by the refresh, STALL seconds)."""
+    source = credentials_from(DUE_BUT_GOOD)
     store = S3Storage(bucket)
     store.read(KEY)  # the client, the credentials' load, and the store's one-time probe, unbounded
     source.stall_from_now()
-    time.sleep(3.5)
+    stalls_from = source.answers + 1
+    # A refresh that answered at once may still be finishing; the next read after it starts one that stalls.
+    eventually(lambda: store.read(KEY) is None and source.answers >= stalls_from, what="a refresh that stalls")
     elapsed, error = timed_read(store)
     print(f"[{source_kind}] a read with a refresh due, the source stalling: {elapsed:.2f} s, {error!r}")
     assert error is None and elapsed < BOUND + SLACK, f"held {elapsed:.2f} s by the refresh ({error!r})"
-    eventually(lambda: source.answers >= 2, timeout=5, what="a refresh started beside the read")
 
 
 def test_credentials_about_to_expire_wait_for_their_refresh_only_until_the_request_deadline(
     credentials_from, bucket, source_kind
 ):
-    """Loaded good for 63 s; 3 s later under a minute is left, and the source stalls: the read waits
-    for the refresh until its deadline, then fails as transient, nothing sent (before: STALL seconds)."""
-    source = credentials_from(63)
+    """Every answer is good for under a minute (59 s, less the part second the expiry's format drops),
+    and the source stalls: the read waits for the refresh until its deadline, then fails as transient,
+    nothing sent (before: STALL seconds)."""
+    source = credentials_from(59)
     store = S3Storage(bucket)
-    store.read(KEY)
+    store.read(KEY)  # each request of which waits for a refresh that answers at once
     source.stall_from_now()
-    time.sleep(3.5)
     elapsed, error = timed_read(store)
     print(
         f"[{source_kind}] a read whose credentials expire in under a minute, the source stalling: {elapsed:.2f} s, {error!r}"
@@ -292,9 +297,9 @@ def test_life_left_reads_the_expiry_through_botocores_public_refresh_needed():
 
 
 def test_a_lock_keeps_its_lease_on_s3_through_a_credentials_refresh_that_stalls(credentials_from, bucket, source_kind):
-    """The lock holds on credentials good for 15 min + 3 s; its refresh window opens mid-hold and the
-    source stalls: every renewal still lands (before: the first renewal after it hung, the lease was lost)."""
-    source = credentials_from(ADVISORY + 3)
+    """The lock holds on credentials inside botocore's refresh window (13 min), and the source stalls
+    mid-hold: every renewal still lands (before: the first renewal after it hung, the lease was lost)."""
+    source = credentials_from(DUE_BUT_GOOD)
     store = S3Storage(bucket)
     lock = HandoffLock(f"s3://{bucket}/{KEY}", storage=store, key=KEY, ttl=4.0, renew_interval=0.4, renew_deadline=2.0)
     lost: list[Any] = []
@@ -305,11 +310,11 @@ def test_a_lock_keeps_its_lease_on_s3_through_a_credentials_refresh_that_stalls(
     signals.lost.connect(on_lost, sender=lock, weak=False)
     try:
         assert lock.acquire(timeout=10)
-        source.stall_from_now()
-        time.sleep(3.5)  # the window is open now: the next renewal finds a refresh due
+        source.stall_from_now()  # the next renewal finds a refresh due, which stalls
         before = store.read(KEY)
         assert before is not None
-        time.sleep(3 * lock.timing.renew_deadline)
+        # A renewal held by the refresh loses the lease within renew_deadline of the last one that landed.
+        time.sleep(lock.timing.renew_deadline + 2 * lock.timing.renew_interval)
         after = store.read(KEY)
         assert after is not None and after[1] > before[1], "renewals landed after the refresh window opened"
         lock.check()

@@ -108,3 +108,20 @@ def eventually(cond: Callable[[], Any], timeout: float = 10.0, interval: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not become true within {timeout} s")
         time.sleep(interval)
+
+
+def stepped_until(clock: Any, cond: Callable[[], Any], within: float = 10.0, what: str = "condition") -> Any:
+    """Let time pass on a stepping FakeClock (``step`` set: each step runs its tick callbacks, the locks'
+    due duties) until ``cond()`` holds; ``within`` is in the clock's seconds."""
+    end = clock.monotonic() + within
+    while not (value := cond()):
+        if clock.monotonic() >= end:
+            raise AssertionError(f"{what} did not become true within {within} s of the fake clock")
+        clock.run_for(clock.step)
+    return value
+
+
+def moved_on(clock: Any, seconds: float, timeout: float = 10.0) -> None:
+    """Wait, in real time, until another thread waiting on a stepping FakeClock has moved it ``seconds`` on."""
+    start = clock.monotonic()
+    eventually(lambda: clock.monotonic() >= start + seconds, timeout=timeout, what=f"the fake clock moved {seconds} s on")
