@@ -18,6 +18,7 @@ from jobsutil import shared_url  # noqa: F401
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
 from handofflock.os_signals import DEFAULT_GRACE, install_signal_handlers, parse_signal
 from handofflock.storage import MemoryStorage
+from childpipes import next_line
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 
@@ -210,9 +211,10 @@ def run_child(tmp_path, url, mode):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     proc = subprocess.Popen([sys.executable, str(script), url, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = proc.stdout.readline()
+    first = next_line(proc)
     assert first.startswith("holding token"), first + proc.stderr.read()
     return proc
+
 
 
 @pytest.mark.timeout(60)
@@ -232,7 +234,7 @@ def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
     proc = run_child(tmp_path, shared_url, "slow")
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    assert proc.stdout.readline().startswith("asked by SIGTERM")
+    assert next_line(proc).startswith("asked by SIGTERM")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM, err
@@ -247,8 +249,8 @@ def test_a_second_sigterm_inside_a_library_call_releases_when_it_returns_then_di
     proc = run_child(tmp_path, shared_url, "busy")
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    assert proc.stdout.readline().startswith("asked by SIGTERM")
-    assert proc.stdout.readline().startswith("polling status")
+    assert next_line(proc).startswith("asked by SIGTERM")
+    assert next_line(proc).startswith("polling status")
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)

@@ -19,6 +19,7 @@ import torch
 from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
 from handofflock import HandoffLock
+from childpipes import next_line
 
 EXAMPLE = EXAMPLES / "torchrun_yield.py"
 TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
@@ -44,7 +45,7 @@ def hold_elsewhere(url: str, owner: str = "job-B") -> subprocess.Popen:
             f"lock = HandoffLock({url!r}, owner_id={owner!r}, ttl=10.0, waiter_check_interval=0.5); "
             "lock.acquire(); print('held', flush=True); sys.stdin.read(); print('releasing', lock.release(), flush=True)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert proc.stdout.readline().strip() == "held"
+    assert next_line(proc).strip() == "held"
     return proc
 
 

@@ -21,6 +21,7 @@ from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.core.errors import AcquireCancelled, LockTimeout, TransientStorageError
 from handofflock import metrics
 from handofflock.storage import MemoryStorage
+from childpipes import next_line
 
 
 @pytest.fixture
@@ -220,7 +221,7 @@ def test_the_prometheus_example_serves_the_lock_metrics_on_localhost():
     proc = subprocess.Popen([sys.executable, str(example), "--port", str(port), "--duration", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stdout.readline()
+        first = next_line(proc)
         assert first.startswith(f"serving http://127.0.0.1:{port}/metrics"), (first, proc.stderr.read() if proc.poll() is not None else "")
         samples = eventually(lambda: (s := scrape(port)) and value(s, "handofflock_handoffs_total") >= 2 and s,
                              timeout=45, what="two handoffs on /metrics")

@@ -13,6 +13,7 @@ from fake_metadata import FakeMetadataServer
 from jobsutil import CONSOLE_SCRIPT, ROOT, child_env, shared_url  # noqa: F401
 
 from handofflock import HandoffLock
+from childpipes import next_line
 
 EXAMPLES = ROOT / "examples"
 
@@ -25,7 +26,7 @@ def example(name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
 def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30) -> list[str]:
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = next_line(proc)
         if not line:
             break
         lines.append(line)

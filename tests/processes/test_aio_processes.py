@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 from lockutil import url_for
+from childpipes import next_line
 
 PROCS = Path(__file__).resolve().parents[1] / "support" / "procs"
 
@@ -40,7 +41,7 @@ def events(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
 def test_a_handoff_between_a_sync_and_an_async_process_notifies_the_owner_and_raises_the_token(backend, owner_kind, loop, request, tmp_path):
     url = url_for(backend, request, tmp_path)
     owner = spawn("lockproc.py", "owner", url) if owner_kind == "sync" else spawn("asyncproc.py", "owner", url, loop)
-    first = owner.stdout.readline()
+    first = next_line(owner)
     assert first.startswith("{") and orjson.loads(first)["event"] == "acquired", first + owner.stderr.read() if owner.poll() is not None else first
     waiter = spawn("asyncproc.py", "waiter", url, loop) if owner_kind == "sync" else spawn("lockproc.py", "waiter", url)
     o_events = [orjson.loads(first)] + events(owner)

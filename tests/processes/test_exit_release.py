@@ -17,6 +17,7 @@ import pytest
 from lockutil import eventually, raw_read, url_for
 
 from handofflock import HandoffLock
+from childpipes import next_line
 
 PROCS = Path(__file__).resolve().parents[1] / "support" / "procs"
 
@@ -33,7 +34,7 @@ def spawn(script: str, *args: str) -> subprocess.Popen:
 
 
 def first_event(proc: subprocess.Popen) -> dict:
-    line = proc.stdout.readline()
+    line = next_line(proc)
     assert line.startswith("{"), (line, proc.stderr.read() if proc.poll() is not None else "")
     return orjson.loads(line)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 from lockutil import url_for
+from childpipes import next_line
 
 PROC = Path(__file__).resolve().parents[1] / "support" / "procs" / "lockproc.py"
 
@@ -29,7 +30,7 @@ def events(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
 def test_a_handoff_between_two_processes_notifies_the_owner_and_raises_the_token(backend, request, tmp_path):
     url = url_for(backend, request, tmp_path)
     owner = spawn("owner", url)
-    first = owner.stdout.readline()
+    first = next_line(owner)
     assert orjson.loads(first)["event"] == "acquired", first
     waiter = spawn("waiter", url)
     o_events = [orjson.loads(first)] + events(owner)

@@ -33,6 +33,7 @@ from handofflock.exit_codes import (
     EXIT_USAGE,
 )
 from handofflock.storage import MemoryStorage, open_url
+from childpipes import next_line
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "procs" / "job.py"
 PY = sys.executable
@@ -294,8 +295,8 @@ def test_watch_prints_a_line_per_change(url, capsys, monkeypatch):
 
 def test_watch_in_the_console_script_ends_cleanly_on_ctrl_c(shared_url):
     proc = popen([str(CONSOLE_SCRIPT), "watch", shared_url, "--interval", "0.1"])
-    assert "watching" in proc.stdout.readline()
-    assert "absent" in proc.stdout.readline()
+    assert "watching" in next_line(proc)
+    assert "absent" in next_line(proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
@@ -363,7 +364,7 @@ def run_cmd(url, name, ckpt, *extra, job_args=()):
 @pytest.mark.timeout(90)
 def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_url, tmp_path):
     a = popen(run_cmd(shared_url, "A", tmp_path, "--signal", "USR1", "--grace", "20"))
-    first = a.stdout.readline()
+    first = next_line(a)
     assert first.startswith("A start 0 token"), first + a.stderr.read()
     token_a = int(first.split()[-1])
     b = popen(run_cmd(shared_url, "B", tmp_path, job_args=["--steps", "5"]))
@@ -383,7 +384,7 @@ def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_
 @pytest.mark.timeout(90)
 def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lock_moves_on(shared_url, tmp_path):
     a = popen(run_cmd(shared_url, "A", tmp_path, "--grace", "1", job_args=["--ignore-signals"]))
-    assert a.stdout.readline().startswith("A start")
+    assert next_line(a).startswith("A start")
     b = popen(run_cmd(shared_url, "B", tmp_path, job_args=["--steps", "1"]))
     out_a, err_a = a.communicate(timeout=60)
     assert a.returncode == 128 + signal.SIGKILL, err_a
@@ -396,7 +397,7 @@ def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lo
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_run_is_passed_on_and_the_lock_released_when_the_command_exits(shared_url, tmp_path, sig):
     a = popen(run_cmd(shared_url, "A", tmp_path, job_args=["--exit", "0"]))
-    assert a.stdout.readline().startswith("A start")
+    assert next_line(a).startswith("A start")
     a.send_signal(sig)
     out, err = a.communicate(timeout=30)
     assert a.returncode == 0, err
@@ -418,7 +419,7 @@ def test_the_whole_command_is_stopped_before_the_lock_moves_on_not_just_its_shel
     or the trainer keeps working on the resource after the lock was handed on."""
     worker = f"{PY} -c 'import os, time; print(\"pid\", os.getpid(), flush=True); time.sleep(60)'; echo after"
     a = popen([str(CONSOLE_SCRIPT), "run", shared_url, "--grace", "10", "--", "sh", "-c", worker])
-    line = a.stdout.readline()
+    line = next_line(a)
     assert line.startswith("pid"), line + a.stderr.read()
     grandchild = int(line.split()[1])
     a.send_signal(signal.SIGTERM)

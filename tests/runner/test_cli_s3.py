@@ -21,6 +21,7 @@ from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import main
 from handofflock.exit_codes import EXIT_CORRUPT
 from handofflock.storage import open_url
+from childpipes import next_line
 
 pytestmark = pytest.mark.s3
 
@@ -110,7 +111,7 @@ def test_the_console_script_reports_status_of_an_s3_lock(url):
 @pytest.mark.timeout(90)
 def test_run_on_s3_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(url, tmp_path):
     a = popen(run_cmd(url, "A", tmp_path, "--signal", "USR1", "--grace", "20"))
-    first = a.stdout.readline()
+    first = next_line(a)
     assert first.startswith("A start 0 token"), first + a.stderr.read()
     token_a = int(first.split()[-1])
     b = popen(run_cmd(url, "B", tmp_path, job_args=["--steps", "3"]))

@@ -31,6 +31,7 @@ from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FO
 from handofflock.lock import events as lock_signals
 from handofflock.runner import CommandRunner
 from handofflock.storage import records
+from childpipes import next_line
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
@@ -55,7 +56,7 @@ def kill_run(proc: subprocess.Popen) -> None:
 def holder_run(url: str, tmp_path: Path, *extra: str, job: tuple[str, ...] = ()) -> subprocess.Popen:
     proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--owner-id", "holder-job",
                   "--label", "pod=ml/train-0", *extra, "--", PY, str(JOB), "A", str(tmp_path), *job])
-    line = proc.stdout.readline()
+    line = next_line(proc)
     assert line.startswith("A start"), line + proc.stderr.read()
     return proc
 

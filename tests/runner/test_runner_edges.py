@@ -22,6 +22,7 @@ from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import eventually, raw_read
 
 from handofflock.cli import main
+from childpipes import next_line
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the guarantees are Linux's"),
               pytest.mark.timeout(90)]
@@ -137,7 +138,7 @@ def test_a_signal_passed_on_reaches_each_process_once(tmp_path):
     now", and a Python program that has begun to exit dies of a second SIGUSR1 (its handlers are
     reset): signalling the command's group, then each session member again, did both."""
     proc, cmd = start_run(tmp_path / "lock.json", sys.executable, "-c", COUNT_SIGNALS)
-    assert proc.stdout.readline().strip() == "ready"
+    assert next_line(proc).strip() == "ready"
     os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert out.split() == ["copies", "1"], err
@@ -346,7 +347,7 @@ def test_a_second_sigterm_ends_a_process_that_is_pid_1(tmp_path):
     url = (tmp_path / "lock.json").as_uri()
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _HOLDER, url],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    assert next_line(proc).strip() == "ready", proc.stderr.read()
     init = children(proc.pid)[0]  # PID 1 inside its namespace
     os.kill(init, signal.SIGTERM)
     time.sleep(0.3)

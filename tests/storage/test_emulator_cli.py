@@ -12,6 +12,7 @@ import time
 
 import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env
+from childpipes import next_line
 
 #: How long the binary may outlive its parent: the guard polls its pipe every 0.2 s, then
 #: terminates the binary (SIGKILL after 5 s). Generous for a loaded 2-core machine.
@@ -47,7 +48,7 @@ def assert_gone(pid: int, what: str) -> None:
 def start_emulator(*args: str) -> tuple[subprocess.Popen, str, int]:
     proc = subprocess.Popen([sys.executable, "-m", "handofflock.testing.emulator", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-    first, second = proc.stdout.readline(), proc.stdout.readline()
+    first, second = next_line(proc), next_line(proc)
     match = re.fullmatch(r"STORAGE_EMULATOR_HOST=(http://127\.0\.0\.1:\d+)\n", first)
     pid = re.search(r"\(pid (\d+)\)", second)
     if not (match and pid):
@@ -61,7 +62,7 @@ def start_emulator(*args: str) -> tuple[subprocess.Popen, str, int]:
 def test_the_emulator_command_stops_the_binary_on_sigint_and_sigterm(sig, tmp_path):
     proc, url, pid = start_emulator("--bucket", "trial")
     try:
-        rest = [proc.stdout.readline() for _ in range(5)]
+        rest = [next_line(proc) for _ in range(5)]
         assert "export STORAGE_EMULATOR_HOST=" + url + "\n" in rest
         if sig == signal.SIGINT:  # the printed instructions work: the bucket is there
             status = subprocess.run([str(CONSOLE_SCRIPT), "status", "gs://trial/locks/trial.json"], capture_output=True,
@@ -101,7 +102,7 @@ def start_script_with_a_server() -> tuple[subprocess.Popen, int, int]:
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=child_env())
-    line = proc.stdout.readline().split()
+    line = next_line(proc).split()
     if len(line) != 3:
         proc.kill()
         raise AssertionError(f"the script printed {line!r}; stderr: {proc.communicate()[1]}")

@@ -461,7 +461,8 @@ def test_a_release_whose_reply_was_lost_is_not_reported_lost_when_another_proces
     """A frees the lock; the reply is lost; C takes the free lock before A reads back. A's lease was
     still live when it looked, so nobody but A could have freed it: the release worked and must not
     be reported as LockLost."""
-    a, c = actor("A"), actor("C")
+    # A's lease must outlive the lost reply and the delayed read-back, on a loaded machine too.
+    a, c = actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0), actor("C")
     assert a.lock.acquire()
     drop = a.proxy.inject("drop_reply", method="POST", when=owner_written_is(None))
     a.proxy.inject("delay", method="GET", delay=0.6, when=lambda ex: drop.fired)
