@@ -239,13 +239,14 @@ class HandoffLock:
         self._pid = os.getpid()
         if release_at_exit is None:  # real time and real threads: yes; a simulation: no
             release_at_exit = self._clock.timebase is Clock().timebase and self._prims is THREADING
-        #: Whether the lock is released (handed off) at interpreter exit, and when collected while held.
-        #:
-        #: True by default (False on an injected fake clock or injected primitives: a simulation's time
-        #: is not the process's); settable. With False the lock stays held at exit until its lease runs
-        #: out, and one collected while held is only no longer renewed. Nothing runs on ``os._exit``,
-        #: SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
-        self.release_at_exit = bool(release_at_exit)
+        self.release_at_exit: bool = bool(release_at_exit)
+        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+
+        True by default (False on an injected fake clock or injected primitives: a simulation's time
+        is not the process's); settable (a bool). With False the lock stays held at exit until its
+        lease runs out, and one collected while held is only no longer renewed. Nothing runs on
+        ``os._exit``, SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
+        """
         self._scheduler = scheduler  # None: the process-wide one, taken when the lock is first held
         self._duties = _Duties(self, storage, key)
         self._log_acquire = LockLog("handofflock.acquire", self)
@@ -291,18 +292,18 @@ class HandoffLock:
 
     # -- what a caller reads, without I/O and without the mutex -----------------------------------
 
-    #: The store holding the lock object (fenced objects beside the lock live there too).
     storage = Forward[Storage]("_io.storage")
-    #: The lock object's key inside :attr:`storage`.
+    """The store holding the lock object (fenced objects beside the lock live there too)."""
     key = Forward[str]("_io.key")
-    #: The clock the lock keeps time by (wall time for records, monotonic for intervals).
+    """The lock object's key inside :attr:`storage`."""
     clock = Forward[Clock]("_clock")
-    #: The fencing token of the current (or last) hold; None before the first.
+    """The clock the lock keeps time by (wall time for records, monotonic for intervals)."""
     token = Forward[int | None]("_lease.token")
-    #: True while a release request stands (a waiter, a signal, a preemption notice, an operator).
+    """The fencing token of the current (or last) hold; None before the first."""
     release_requested = Forward[bool]("_book.release_requested")
-    #: The most urgent request that stands (earliest deadline), or None.
+    """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
     release_request = Forward[ReleaseRequest | None]("_book.release_request")
+    """The most urgent request that stands (earliest deadline), or None."""
 
     @property
     def give_up_budget(self) -> float:
@@ -337,22 +338,22 @@ class HandoffLock:
         lease = self._lease
         return self._state is HELD and lease.within(self._clock) and self._clock.time() < lease.wall_until
 
-    #: The lease, in seconds (``timing.ttl``).
     ttl = Forward[float]("timing.ttl")
-    #: Seconds between renewals (``timing.renew_interval``).
+    """The lease, in seconds (``timing.ttl``)."""
     renew_interval = Forward[float]("timing.renew_interval")
-    #: No successful renewal for this long, and the hold is no longer safe (``timing.renew_deadline``).
+    """Seconds between renewals (``timing.renew_interval``)."""
     renew_deadline = Forward[float]("timing.renew_deadline")
-    #: How long a waiter's slot lasts unrefreshed (``timing.waiter_ttl``).
+    """No successful renewal for this long, and the hold is no longer safe (``timing.renew_deadline``)."""
     waiter_ttl = Forward[float]("timing.waiter_ttl")
-    #: Seconds between the owner's waiter checks (``timing.waiter_check_interval``).
+    """How long a waiter's slot lasts unrefreshed (``timing.waiter_ttl``)."""
     waiter_check_interval = Forward[float]("timing.waiter_check_interval")
-    #: Seconds between a waiter's polls (``timing.waiter_poll_interval``).
+    """Seconds between the owner's waiter checks (``timing.waiter_check_interval``)."""
     waiter_poll_interval = Forward[float]("timing.waiter_poll_interval")
-    #: How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``).
+    """Seconds between a waiter's polls (``timing.waiter_poll_interval``)."""
     max_clock_skew = Forward[float]("timing.max_clock_skew")
-    #: Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``).
+    """How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``)."""
     min_write_interval = Forward[float]("timing.min_write_interval")
+    """Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``)."""
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""

@@ -114,7 +114,11 @@ class RequestBook:
         """Note a request; the most urgent one (earliest deadline) is :attr:`release_request`."""
         request = ReleaseRequest(reason, requester, deadline, self._clock.time())
         self._requests.append(request)  # first: a withdrawal running meanwhile must see it
-        self.release_request = most_urgent(list(self._requests))
+        # Only ever the new request, which stands: a recomputation from a copy of the book could
+        # store a waiter request that withdraw() removed meanwhile on the scheduler thread.
+        current = self.release_request
+        if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
+            self.release_request = request
         self.release_requested = True
         self._queue(
             signals.on_release_requested,

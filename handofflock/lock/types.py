@@ -149,14 +149,14 @@ class LockStatus:
     waiter_id = Forward[str | None]("record.waiter.id", None)
     waiter_expires_at = Forward[float | None]("record.waiter.expires_at", None)
     waiter_label = Forward[Label | None]("record.waiter.label", None)
-    #: False for a patient waiter: it waits without asking the holder to leave.
     waiter_asks = Forward[bool]("record.waiter.request.asks", True)
-    #: The waiter's priority for the single slot (0 unless it said).
+    """False for a patient waiter: it waits without asking the holder to leave."""
     waiter_priority = Forward[int]("record.waiter.request.priority", 0)
+    """The waiter's priority for the single slot (0 unless it said)."""
     token = Forward[int]("record.token", 0)
     ttl = Forward[float | None]("record.ttl", None)
-    #: The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``).
     declined = Forward[bool]("record.declined", False)
+    """The holder saw the waiter's request and declined it (it does not yield: ``run --no-yield``)."""
 
     @property
     def held_since(self) -> float | None:

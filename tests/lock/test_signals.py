@@ -186,3 +186,45 @@ def test_a_strong_receiver_for_one_lock_does_not_keep_that_lock_alive(world):
     del owner
     gc.collect()
     assert gone() is None
+
+
+def test_a_request_noted_while_the_waiter_withdraws_is_the_request_that_stands():
+    """A signal's request is noted in the main thread while the scheduler thread withdraws the waiter's
+    (it left). Whatever instruction of ``request()`` the withdrawal lands after, the request that
+    stands afterwards is the signal's, never the withdrawn waiter's (a rank would vote to yield
+    instead of to exit, and ``Steps.request`` would name a party that left)."""
+    import sys
+
+    from handofflock.core.clock import Clock
+    from handofflock.lock.requests import RequestBook
+
+    lock = type("Lock", (), {"owner_id": "A", "url": "memory://x/l.json"})()
+    code = RequestBook.request.__code__
+    for nth in range(1, 80):  # the withdrawal after the nth bytecode instruction of request() past the append
+        book = RequestBook(lock, Clock(), lambda *a, **k: None, yields=True)
+        waiter = book.request(RequestReason.WAITER, "B", deadline=100.0)
+        seen = {"n": 0, "done": False}
+
+        def local(frame, event, arg, book=book, waiter=waiter, seen=seen):
+            frame.f_trace_opcodes = True
+            mine = frame.f_locals.get("request")
+            if event == "opcode" and not seen["done"] and mine is not None and mine in book._requests:
+                seen["n"] += 1
+                if seen["n"] == nth:
+                    seen["done"] = True
+                    book.withdraw(waiter)  # tracing is off inside a trace function: runs whole
+            return local
+
+        def tracer(frame, event, arg):
+            return local if frame.f_code is code else None
+
+        sys.settrace(tracer)
+        try:
+            signal_request = book.request(RequestReason.SIGNAL, "SIGTERM", deadline=None)
+        finally:
+            sys.settrace(None)
+        if not seen["done"]:
+            break  # past the end of request(): every point was tried
+        assert book.release_request is signal_request, f"withdrawn after instruction {nth}"
+        assert book.release_requested
+    assert nth > 3, "the withdrawal never landed inside request()"

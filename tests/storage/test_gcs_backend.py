@@ -473,6 +473,19 @@ def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy,
     store.close()
 
 
+def test_the_stores_request_timeout_bounds_a_call_that_names_no_timeout(proxy, bucket):
+    """The cases above pass the call's own bound; a call without one is cut at the store's."""
+    writer = through(proxy, bucket, request_timeout=2.0)
+    writer.write("a.json", RECORD, if_generation_match=0)
+    writer.close()
+    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=CUT)
+    proxy.inject("trickle", method="GET", delay=CUT)
+    elapsed, error = finishes_within(15, lambda: store.read("a.json"))
+    assert isinstance(error, TransientStorageError) and f"request_timeout ({CUT:g}s)" in str(error), error
+    assert CUT - 0.1 <= elapsed < CUT + 2.0, f"cut off after {elapsed:.2f} s"
+    store.close()
+
+
 def test_by_default_a_request_may_take_its_connect_and_read_timeouts_together(proxy, bucket):
     store = through(proxy, bucket, timeout=(0.25, 0.5))
     store.write("a.json", RECORD, if_generation_match=0)

@@ -384,6 +384,19 @@ def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(bucket
     assert info.value.ambiguous is ambiguous and "request_timeout" in str(info.value)
 
 
+def test_the_stores_request_timeout_bounds_a_call_that_names_no_timeout(bucket, proxy):
+    """The cases above pass the call's own bound; a call without one is cut at the store's (1 s here:
+    the store's first request, its probe of conditional writes, must fit in it on a loaded machine)."""
+    store = S3Storage(bucket, endpoint_url=proxy.url, timeout=(2.0, 2.0), request_timeout=1.0)
+    store.write("a.json", b"x" * 200, if_generation_match=0)
+    proxy.inject("trickle", method="GET", delay=0.5)
+    started = time.monotonic()
+    with pytest.raises(TransientStorageError) as info:
+        store.read("a.json")
+    assert time.monotonic() - started < 1.0 + 1.5
+    assert info.value.ambiguous is False and "request_timeout (1s)" in str(info.value)
+
+
 def test_a_lock_whose_create_reply_trickles_is_cut_off_and_resolved_by_the_read_back(bucket, proxy):
     """The create is applied, its reply's head comes a byte a second: request_timeout cuts it
     (ambiguous), the read-back finds the lock's nonce, and the lock holds the lock it created."""
