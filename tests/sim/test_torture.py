@@ -48,7 +48,9 @@ def test_a_short_torture_run_finds_no_violation(tmp_path):
     assert code == 0 and result["ok"] and failed == {}, f"seed {seed}: {failed}"
     assert result["violations"] == 0
     assert result["refused_stale_writes"] > 0
-    assert result["critical_sections"] > 100
+    # Enough sections that the lock changed hands many times; no throughput bound (a busy 2-core
+    # machine gave exactly 100 in 40 s, an idle one several hundred): safety is what this checks.
+    assert result["critical_sections"] >= 20
     faults = result["proxy"]["faults"]
     for kind in ("refuse", "delay", "reset", "drop_reply", "429", "503"):
         assert faults[kind] > 0, f"seed {seed}: no {kind} fault was injected: {faults}"
