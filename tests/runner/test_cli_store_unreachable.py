@@ -23,6 +23,7 @@ from handofflock.cli import STATUS_READ_SECONDS
 from handofflock.core.errors import TransientStorageError
 from handofflock.exit_codes import EXIT_STORAGE
 from handofflock.storage import MemoryStorage, records
+from childpipes import line_from
 
 
 def closed_port() -> int:
@@ -39,7 +40,7 @@ def first_line_within(proc: subprocess.Popen, seconds: float) -> str:
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stderr, selectors.EVENT_READ)
         assert sel.select(seconds), f"nothing on stderr within {seconds} s"
-    return proc.stderr.readline()
+    return line_from(proc.stderr)
 
 
 def test_run_says_at_once_that_it_cannot_reach_the_store_and_names_no_slot_it_never_had():

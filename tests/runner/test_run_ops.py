@@ -31,7 +31,7 @@ from handofflock.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONFIG, EXIT_NOT_FO
 from handofflock.lock import events as lock_signals
 from handofflock.runner import CommandRunner
 from handofflock.storage import records
-from childpipes import next_line
+from childpipes import line_from, next_line
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"), pytest.mark.timeout(90)]
 
@@ -176,7 +176,7 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 30.0) -> s
         ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             break
-        line = proc.stderr.readline()
+        line = line_from(proc.stderr)  # a buffered readline would hide the next line from select()
         if not line:
             break
         seen.append(line)

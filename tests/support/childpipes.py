@@ -15,9 +15,15 @@ import subprocess
 
 def next_line(proc: subprocess.Popen) -> str:
     """The child's next line of stdout (with its newline; "" at end of file)."""
+    return line_from(proc.stdout)
+
+
+def line_from(pipe) -> str:
+    """The next line of ``pipe`` (a child's stdout or stderr), read a byte at a time: nothing stays in a
+    buffer where ``select()`` on the pipe, or ``communicate()``, would not see it."""
     got = bytearray()
     while not got.endswith(b"\n"):
-        byte = os.read(proc.stdout.fileno(), 1)
+        byte = os.read(pipe.fileno(), 1)
         if not byte:
             break
         got += byte
