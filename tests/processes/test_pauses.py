@@ -104,7 +104,9 @@ def test_a_holder_frozen_past_its_ttl_wakes_unhealthy_stops_and_its_late_write_i
         stopped_at = time.time()
 
         contender = Proc("contender", url)
-        taken = contender.until("acquired", timeout=TTL * 5)
+        # A wait bound only (the order of events is what is asserted): a new interpreter on a loaded
+        # machine under the fresh-boot shim printed nothing in 10 s.
+        taken = contender.until("acquired", timeout=30.0)
         contender.until("claimed")
         woke_at = time.time()  # before SIGCONT: the holder may run before this process reads the clock again
         os.kill(holder.p.pid, signal.SIGCONT)
