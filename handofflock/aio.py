@@ -34,7 +34,7 @@ import logging
 import threading
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 try:
     import anyio
@@ -47,7 +47,7 @@ from .core.errors import ConfigurationError
 from .lock import events as signals
 from .lock.handoff import Acquired, HandoffLock
 from .lock.primitives import THREADING, Primitives
-from .lock.types import LockStatus, ReleaseRequest
+from .lock.types import Forward, LockStatus, ReleaseRequest
 
 if TYPE_CHECKING:
     from .core.timing import Timing
@@ -305,22 +305,17 @@ class _Call(Generic[T]):
         return self.result  # type: ignore[return-value]
 
 
-class _View(Generic[T]):
+class _View(Forward[T]):
     """A read-only attribute of the async lock that is the sync lock's attribute of the same name."""
 
+    def __init__(self) -> None:
+        super().__init__("sync")
+
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+        super().__set_name__(owner, name)
+        self.path = ["sync", name]
 
-    @overload
-    def __get__(self, lock: None, owner: type | None = None) -> _View[T]: ...
-
-    @overload
-    def __get__(self, lock: AsyncHandoffLock, owner: type | None = None) -> T: ...
-
-    def __get__(self, lock: AsyncHandoffLock | None, owner: type | None = None) -> T | _View[T]:
-        return self if lock is None else getattr(lock.sync, self.name)
-
-    def __set__(self, lock: AsyncHandoffLock, value: object) -> None:
+    def __set__(self, lock: object, value: object) -> None:
         raise AttributeError(f"{self.name} is read-only (it is the sync lock's)")
 
 
