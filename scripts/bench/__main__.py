@@ -13,7 +13,8 @@ owner's ``on_release_requested``; ``hot`` the cost of ``lock.release_requested``
 ``scale`` one process holding 1 to 1,000 locks; ``compare`` the PyPI package
 ``gcslock`` and the naive create-if-absent/delete lock of seed 003;
 ``async`` event-loop lag while AsyncHandoffLocks renew and hand off
-(scripts/bench_async.py).
+(scripts/bench_async.py). By name only: ``pacing`` (scripts/bench_pacing.py) and ``workers``,
+worker pools of 2, 4 and 8 processes sharing one lock (scripts/bench_workers.py).
 
 Every number printed is measured in this run; nothing is hard-coded but the
 targets it is compared with. Latencies are measured in one process, with
@@ -190,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
     parser.add_argument("--json", metavar="PATH", help="also write every number as JSON to PATH")
-    parser.add_argument("--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}, pacing")
+    parser.add_argument("--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}, pacing, workers")
     args = parser.parse_args(argv)
     only = set(SECTIONS) if not args.only else {s.strip() for s in args.only.split(",")}
-    unknown = only - set(SECTIONS) - {"pacing"}
+    unknown = only - set(SECTIONS) - {"pacing", "workers"}
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
     if "pacing" in only:
@@ -205,6 +206,17 @@ def main(argv: list[str] | None = None) -> int:
         code = bench_pacing.main(["--handoffs", "10" if args.quick else "200", "--compare", "5" if args.quick else "50"]
                                  + (["--json", args.json + ".pacing.json"] if args.json else []))
         only.discard("pacing")
+        if not only:
+            return code
+    if "workers" in only:
+        # Worker pools of 2, 4 and 8 processes on one lock (scripts/bench_workers.py, a few minutes):
+        # asked for by name only, as pacing is.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        import bench_workers
+
+        code = bench_workers.main((["--quick"] if args.quick else [])
+                                  + (["--json", args.json + ".workers.json"] if args.json else []))
+        only.discard("workers")
         if not only:
             return code
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
