@@ -265,7 +265,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
     """X waits; a second instance with the same stable owner id starts a blocking acquire (a restart whose
     predecessor still lives). The newer one reclaims the slot, the superseded one defers (LockContended):
     after the handoff exactly one instance holds the lock, the newer one."""
-    kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05)
+    kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05, min_hold=0)
     owner = sim.lock("O", **kw)
     first, twin = sim.lock("X", **kw), sim.lock("X", **kw)
     assert sim.call(owner.acquire)
@@ -366,7 +366,7 @@ def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(s
 def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(sim):
     owner = sim.lock("O", label=OWNER)
     waiter = sim.lock("W", label=WAITER, waiter_ttl=60)
-    third = sim.lock("T")
+    third = sim.lock("T", wait_for_slot=False)  # raises at once instead of waiting its turn
     assert sim.call(owner.acquire)
     sim.start(lambda: waiter.acquire(timeout=20))
     sim.run_until(lambda: sim.record().waiting_owner_id == "W", what="W registered as the waiter")
@@ -517,8 +517,8 @@ def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(sim)
     assert isinstance(bp.result, Acquired), bp
 
 
-def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to(sim):
-    a, w, c = lock_for(sim, "a"), lock_for(sim, "w"), lock_for(sim, "c")
+def test_with_a_timeout_an_acquire_waits_for_the_slot_and_with_wait_for_slot_false_says_how_to(sim):
+    a, w, c = lock_for(sim, "a"), lock_for(sim, "w"), lock_for(sim, "c", wait_for_slot=False)
     assert sim.call(a.acquire)
     w_call = sim.start(lambda: w.acquire(timeout=60))
     sim.run_until(waiter_is(sim, "w"), what="w registered")
