@@ -366,6 +366,8 @@ class HandoffLock:
     """How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``)."""
     min_write_interval = Forward[float]("timing.min_write_interval")
     """Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``)."""
+    min_hold = Forward[float]("timing.min_hold")
+    """How long a hold lasts before a waiter's request is acted on (``timing.min_hold``)."""
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
