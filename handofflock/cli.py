@@ -418,13 +418,12 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         lines.append(f"  waiter      {waiter} ({kind}{live}, {time_left(st.waiter_expires_at, now)})")
     if release_requested(st, now) and st.declined:
         lines.append(f"  release     asked by {waiter}, declined (the holder does not yield)")
-    elif release_requested(st, now) and hold_ends is not None and now < hold_ends:
-        lines.append(f"  release     requested by {waiter}; acted on as the minimum hold ends, {when(hold_ends, now)}")
     elif release_requested(st, now):
         grace = st.owner_label.grace if st.owner_label is not None else None
         lines.append(
             f"  release     requested by {waiter}"
             + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
+            + (f"; acted on as the minimum hold ends, {when(hold_ends, now)}" if hold_ends and now < hold_ends else "")
         )
     elif state == "held" and st.waiter_live and not st.waiter_asks:
         lines.append("  release     not requested: the waiter waits for the holder to finish")
