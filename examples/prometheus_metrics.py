@@ -30,7 +30,8 @@ from handofflock import HandoffLock
 
 
 def worker(url: str, name: str, stop: threading.Event, rounds: list[int]) -> None:
-    lock = HandoffLock(url, ttl=3.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, owner_id=name)
+    # min_hold=0: a holder is asked at once (a demo of handoffs; real jobs keep the default minimum hold).
+    lock = HandoffLock(url, ttl=3.0, waiter_check_interval=0.2, waiter_poll_interval=0.1, owner_id=name, min_hold=0)
     while not stop.is_set():
         with lock:  # waits as the single waiter while the other worker holds it
             for _ in lock.steps(range(10)):  # "work" until the other worker asks for the lock

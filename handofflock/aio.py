@@ -386,6 +386,7 @@ class AsyncHandoffLock:
     timing: _View[Timing] = _View()
     ttl: _View[float] = _View()
     renew_interval: _View[float] = _View()
+    min_hold: _View[float] = _View()
     is_held: _View[bool] = _View()
     healthy: _View[bool] = _View()
     release_requested: _View[bool] = _View()

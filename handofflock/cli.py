@@ -193,6 +193,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
     )
     p.add_argument("--ttl", type=float, default=60.0, help="lease length in seconds (default 60)")
+    p.add_argument(
+        "--min-hold",
+        type=float,
+        default=None,
+        help="seconds the lock is kept before a waiter's request is acted on (default 30; 0: at once)",
+    )
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
     p.add_argument(
         "--signal-to",
@@ -343,6 +349,7 @@ def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
     doc["expiresAtIso"] = iso(st.expires_at)
     doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
     doc["readAtIso"] = iso(st.read_at)
+    doc["minHoldEndsAtIso"] = iso(st.min_hold_ends)
     requested = release_requested(st, now)
     doc["releaseRequested"] = requested
     doc["releaseRequestedBy"] = who_of(st.waiter_id, st.waiter_label) if requested else None
@@ -390,6 +397,9 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     lines.append(f"  owner       {who_of(st.owner_id, st.owner_label) if st.owner_id else '-'}")
     if st.held_since is not None:
         lines.append(f"  held since  {when(st.held_since, now)}")
+    hold_ends = st.min_hold_ends if state == "held" else None
+    if hold_ends is not None and st.min_hold is not None:
+        lines.append(f"  min hold    {st.min_hold:g} s: a waiter's request is acted on from {when(hold_ends, now)}")
     if st.expires_at is not None:
         lines.append(f"  expires     {when(st.expires_at, now)}")
     if st.lease_suspect:
@@ -413,6 +423,7 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         lines.append(
             f"  release     requested by {waiter}"
             + (f"; the holder allows its work {grace:g} s to stop" if grace is not None else "")
+            + (f"; acted on as the minimum hold ends, {when(hold_ends, now)}" if hold_ends and now < hold_ends else "")
         )
     elif state == "held" and st.waiter_live and not st.waiter_asks:
         lines.append("  release     not requested: the waiter waits for the holder to finish")

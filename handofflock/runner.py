@@ -108,6 +108,7 @@ class CommandRunner:
             owner_id=args.owner_id,
             label=Label(args.label if args.label is not None else detect_label(), grace=args.grace),
             ttl=args.ttl,
+            min_hold=args.min_hold,
             wait_for_slot=args.wait_for_slot,
             yield_to_requests=not args.no_yield,
             **({} if poll is None else {"waiter_check_interval": poll, "waiter_poll_interval": poll}),

@@ -111,6 +111,7 @@ def main(argv: list[str]) -> int:
         ttl=a.ttl, renew_interval=a.ttl / 10, renew_deadline=a.ttl / 2, waiter_ttl=a.ttl,
         waiter_check_interval=a.ttl / 4, waiter_poll_interval=a.poll, max_clock_skew=a.skew,
         min_write_interval=a.min_write_interval, clock=Clock(offset=a.offset),
+        min_hold=0,  # handoffs as often as the workers ask: the run tests their safety, the simulation the min hold
     )
     if a.sabotage == "check":  # a lock that always claims to be healthy: no monotonic deadline
         lock.check = lambda: None  # type: ignore[method-assign]

@@ -140,15 +140,33 @@ def next_token(record: LockRecord | None, now: float) -> int:
     return min(MAX_TOKEN, max(floor + 1, int(now * 1000)))
 
 
-def _owned_by(record: LockRecord, owner: Holder, now: float, ttl: float, token: int, nonce: str) -> LockRecord:
+def _owned_by(
+    record: LockRecord, owner: Holder, now: float, ttl: float, token: int, nonce: str, min_hold: float | None
+) -> LockRecord:
     """``record`` with ``owner`` in the owner's place (a hold beginning ``now``, a lease of ``ttl``), no waiter."""
-    return record.replace(owner=owner, waiter=None, ttl=ttl, token=token, nonce=nonce, declined=False, held_since=now)
+    return record.replace(
+        owner=owner, waiter=None, ttl=ttl, token=token, nonce=nonce, declined=False, held_since=now, min_hold=min_hold
+    )
 
 
-def _taken(record: LockRecord | None, me: Me, now: float, ttl: float, nonce: str) -> LockRecord:
+def _taken(record: LockRecord | None, me: Me, now: float, timing: Timing, nonce: str) -> LockRecord:
     """``record`` (or a new one) with ``me`` as its new owner, a lease of ``ttl`` from ``now``, the next token."""
-    mine = Holder(me.owner_id, now + ttl, instance=me.instance, label=me.label)
-    return _owned_by(record or LockRecord(), mine, now, ttl, next_token(record, now), nonce)
+    mine = Holder(me.owner_id, now + timing.ttl, instance=me.instance, label=me.label)
+    return _owned_by(
+        record or LockRecord(), mine, now, timing.ttl, next_token(record, now), nonce, timing.min_hold or None
+    )
+
+
+def _takes_slot(request: WaiterRequest, since: float | None, waiter: Waiter) -> bool:
+    """Whether a request of ``request``'s rank, waiting since ``since``, takes the slot from the live ``waiter``.
+
+    A higher rank takes it; at equal rank the waiter that began waiting earlier (by its own wall
+    clock, so in true order up to the skew between the two) takes it from a later one. A waiter
+    that does not say when it began (an older version's) keeps the slot against an equal rank.
+    """
+    if request.rank != waiter.request.rank:
+        return request.rank > waiter.request.rank
+    return since is not None and waiter.since is not None and since < waiter.since
 
 
 _Place = TypeVar("_Place", Holder, Waiter)
@@ -232,6 +250,7 @@ def decide_acquire(
     waiting: bool,
     request: WaiterRequest = ASKING,
     observed_at: float | None = None,
+    since: float | None = None,
 ) -> Decision:
     """The next step of ``acquire()``. ``me.label`` goes into the record beside our id (as owner or waiter).
 
@@ -240,15 +259,17 @@ def decide_acquire(
     handed the lock to us). ``request`` is what we want as waiter: whether
     the holder is asked, and our rank for the slot. A request that outranks
     the live waiter's (higher priority; at equal priority, asking over
-    patient) takes the slot from it while the owner is live; an equal or lower
-    one never does (see docs/design.md, *Sharing the slot*). ``observed_at`` is when this acquire first read
-    the owner's lease as it stands (owner, token, ``expiresAt``; a waiter's
-    writes do not change it), ``now`` if not given: it bounds a suspect
-    lease (:func:`lease_end`).
+    patient) takes the slot from it while the owner is live, a lower one
+    never does, and at equal rank an older request (``since``: when this
+    acquire began waiting, by our wall clock) takes it from a younger one (see
+    docs/design.md, *Sharing the slot* and *Waiting your turn*).
+    ``observed_at`` is when this acquire first read the owner's lease as it
+    stands (owner, token, ``expiresAt``; a waiter's writes do not change it),
+    ``now`` if not given: it bounds a suspect lease (:func:`lease_end`).
     """
-    ttl, skew = timing.ttl, timing.max_clock_skew
+    skew = timing.max_clock_skew
     if record is None:
-        return Write(Kind.CREATE, _taken(None, me, now, ttl, nonce), 0)
+        return Write(Kind.CREATE, _taken(None, me, now, timing, nonce), 0)
 
     owner, waiter = record.owner, record.waiter
     if owner is not None and owner.id == me.owner_id:
@@ -258,7 +279,7 @@ def decide_acquire(
         # The record names our stable owner id but this instance does not hold it:
         # a restart (or a twin sharing the id). Take it back at once, with a new
         # token to fence the other incarnation, keeping a live waiter's slot.
-        taken = _taken(record, me, now, ttl, nonce)
+        taken = _taken(record, me, now, timing, nonce)
         if record.waiter_live(now, skew) and not _is(waiter, me):
             taken = taken.replace(waiter=waiter)
         return Write(Kind.RETAKE, taken, generation)
@@ -278,7 +299,7 @@ def decide_acquire(
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
             return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
-        return Write(Kind.TAKE, _taken(record, me, now, ttl, nonce), generation)
+        return Write(Kind.TAKE, _taken(record, me, now, timing, nonce), generation)
 
     # A live owner holds it.
     if mine and _is(waiter, me):
@@ -286,13 +307,19 @@ def decide_acquire(
             refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
             return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation)
         return Wait(f"waiting for {owner.id} to release or hand off")
-    if superseded or (other_waiter_live and waiter is not None and request.rank <= waiter.request.rank):
+    if superseded or (other_waiter_live and waiter is not None and not _takes_slot(request, since, waiter)):
         return Contended(record, superseded)
-    # The slot is empty or expired, ours outranks the live waiter's request, or we reclaim an earlier
-    # incarnation's slot: write ourselves, our request and a fresh slot into it. A displaced waiter
+    # The slot is empty or expired, ours outranks the live waiter's request (or is as high and older), or we
+    # reclaim an earlier incarnation's slot: write ourselves, our request and a fresh slot into it. A displaced waiter
     # finds the slot taken at its next poll and waits for it again.
     slot = Waiter(
-        me.owner_id, now + timing.waiter_ttl, ttl=timing.ttl, instance=me.instance, label=me.label, request=request
+        me.owner_id,
+        now + timing.waiter_ttl,
+        ttl=timing.ttl,
+        instance=me.instance,
+        label=me.label,
+        request=request,
+        since=since,
     )
     return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation)
 
@@ -341,14 +368,18 @@ def decide_renew(
 
     A holder that does not yield (``me.yields`` False) writes that it declines
     the live asking waiter's request (``declinedWaiter``), so ``status`` can
-    say so; one that yields never claims a decline.
+    say so; one that yields never claims a decline. The holder's minimum hold
+    (``minHold``) is written with each renewal: a hold handed to us carries
+    none until our first one.
     """
     if (lost := _check_still_mine(record, me, token)) is not None:
         return lost
     assert record is not None and record.owner is not None
     declined = not me.yields and _asking_waiter(record, me, now) is not None
     owner = replace(record.owner, expires_at=now + timing.ttl)
-    renewed = record.replace(owner=owner, ttl=timing.ttl, nonce=nonce, declined=declined)
+    renewed = record.replace(
+        owner=owner, ttl=timing.ttl, nonce=nonce, declined=declined, min_hold=timing.min_hold or None
+    )
     return Write(Kind.RENEW, renewed, buggify.match(buggify.UNCONDITIONAL_RENEWAL, generation))
 
 
@@ -392,32 +423,51 @@ def decide_release(
         ttl = waiter.ttl or timing.ttl
         heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
-        handed = _owned_by(record, heir_holder, now, ttl, token, nonce)
+        handed = _owned_by(record, heir_holder, now, ttl, token, nonce, None)  # the heir writes its own minHold
         return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
     kept = waiter if record.waiter_live(now, timing.max_clock_skew) else None
-    freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce, held_since=None)
+    freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce, held_since=None, min_hold=None)
     return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
 
 
 @dataclass(frozen=True)
 class WaiterSeen:
-    """A live waiter other than us, as the owner's check loop sees it."""
+    """A live waiter other than us, as the owner's check loop sees it.
+
+    ``acts_at``: the end of our minimum hold (wall clock), when it lies ahead:
+    the request is in the record but is acted on only then (None: now).
+    ``write_decline``: we do not yield and the record does not say so yet:
+    write the decline now (a renewal), not at the next one.
+    """
 
     waiter_id: str
     deadline: float
+    acts_at: float | None = None
+    write_decline: bool = False
 
 
-def observe_as_owner(record: LockRecord | None, *, me: Me, token: int, now: float) -> Lost | WaiterSeen | None:
+def observe_as_owner(
+    record: LockRecord | None, *, me: Me, token: int, now: float, min_hold: float = 0.0
+) -> Lost | WaiterSeen | None:
     """The owner's read-only check: still mine? Is someone waiting and asking?
 
     A patient waiter (``waiterRequest.asks`` false) is not a request: it is
     seen as no waiter here, so the holder is never told of it (the release
-    still hands the lock to it, being the waiter).
+    still hands the lock to it, being the waiter). A request that comes within
+    ``min_hold`` of the hold's start (``heldSince``) waits until then
+    (:attr:`WaiterSeen.acts_at`); a holder that does not yield declines it at once.
     """
     if (lost := _check_still_mine(record, me, token)) is not None:
         return lost
     assert record is not None
-    return _asking_waiter(record, me, now)
+    seen = _asking_waiter(record, me, now)
+    if seen is None:
+        return None
+    if not me.yields:
+        return replace(seen, write_decline=not record.declined)
+    if record.held_since is not None and now < record.held_since + min_hold:
+        return replace(seen, acts_at=record.held_since + min_hold)
+    return seen
 
 
 def _asking_waiter(record: LockRecord, me: Me, now: float) -> WaiterSeen | None:

@@ -18,7 +18,12 @@ Optional fields, written only when set: ``ownerInstance`` and
 processes that share a stable owner id are never confused), ``waiterTtl`` (the
 lease the waiter wants), ``heldSince`` (``{"at": ..., "token": ...}``: when
 the current hold began, the write that took the lock or handed it over; it
-counts only while the token it names is the record's). ``ownerLabel`` and ``waiterLabel`` say who the owner
+counts only while the token it names is the record's), ``minHold``
+(``{"seconds": ..., "token": ...}``, bound to its hold the same way: a
+waiter's request is acted on only ``seconds`` after ``heldSince``),
+``waitingSince`` (``{"at": ..., "id": ..., "instance": ...}``: when the
+waiter in place began waiting, its own wall clock; the older of two waiters of
+equal rank has the slot). ``ownerLabel`` and ``waiterLabel`` say who the owner
 and the waiter are, for people: ``{"text": "host=gpu-3 pid=4242 pod=ml/train-0",
 "instance": ..., "id": ...}`` with an optional ``"grace"`` (seconds the
 holder allows its work to stop once asked). ``waiterRequest`` (``{"asks":
@@ -310,6 +315,33 @@ def _held_since_json(at: float, record: LockRecord) -> dict[str, Any]:
     return {"at": at, "token": record.token}
 
 
+def _min_hold(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
+    obj = _object(value, name, corrupt, {"seconds": _grace, "token": _token})
+    if obj is not None and obj["seconds"] is None:
+        raise corrupt(f"'{name}.seconds' must be a number, got null")
+    # Like heldSince: it speaks of the hold whose token it names, never of a later one.
+    if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
+        return None
+    return float(obj["seconds"])
+
+
+def _min_hold_json(seconds: float, record: LockRecord) -> dict[str, Any]:
+    return {"seconds": seconds, "token": record.token}
+
+
+def _waiting_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
+    obj = _object(value, name, corrupt, {"at": _timestamp, "id": _id, "instance": _instance})
+    if obj is not None and obj["at"] is None:
+        raise corrupt(f"'{name}.at' must be a number, got null")
+    if obj is None or not _names(obj, (seen["id"], seen["instance"])):
+        return None
+    return float(obj["at"])
+
+
+def _waiting_since_json(at: float, place: Waiter) -> dict[str, Any]:
+    return {"at": at, "id": place.id, "instance": place.instance}
+
+
 def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
     obj = _object(value, name, corrupt, {"id": _id, "instance": _instance, "owner": _id, "ownerInstance": _instance})
     return obj is not None and _names(obj, _of(seen["waiter"])) and _names(obj, _of(seen["owner"]), "owner")
@@ -403,6 +435,8 @@ class Waiter:
     instance: str | None = wire("waiterInstance", _reader(_instance))
     label: Label | None = wire("waiterLabel", _label, _bound_json)  # noqa: RUF009 (a frozen value)
     request: WaiterRequest = wire("waiterRequest", _request, _bound_json, default=ASKING)  # noqa: RUF009 (a frozen value)
+    #: When the acquire in this slot began waiting (its wall clock): at equal rank the older waiter has the slot.
+    since: float | None = wire("waitingSince", _waiting_since, _waiting_since_json)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the slot is unexpired at ``now`` (with ``skew`` grace)."""
@@ -443,6 +477,8 @@ class LockRecord:
     token: int = wire("token", _reader(_token, null=0), always=True, default=0)
     #: When the current hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
     held_since: float | None = wire("heldSince", _held_since, _held_since_json)
+    #: How long the holder keeps the lock before a waiter's request is acted on (from ``held_since``).
+    min_hold: float | None = wire("minHold", _min_hold, _min_hold_json)
     nonce: str | None = wire("nonce", _reader(_nonce), always=True)
     declined: bool = wire("declinedWaiter", _declined, _declined_json, default=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -478,6 +514,7 @@ class LockRecord:
     waiter_instance = _Flat[str]("waiter", "instance")
     waiter_label = _Flat[Label]("waiter", "label")
     waiter_request = _Flat[WaiterRequest]("waiter", "request")
+    waiting_since = _Flat[float]("waiter", "since")
 
     @property
     def request(self) -> WaiterRequest:

@@ -21,6 +21,8 @@ GCS, 0 elsewhere):
   (see :mod:`handofflock.storage.records`). Two failures in a row need
   ``renew_deadline - renew_interval >= 2.5 * s`` (ttl 7 on GCS with the
   defaults); docs/design.md has the table of what each ttl survives;
+* ``min_hold`` (how long a holder keeps the lock before a waiter's request
+  is acted on) is 0 or more, at most a week;
 * ``waiter_ttl >= 2 * waiter_poll_interval`` and ``waiter_ttl / 2 >= s``: a
   waiter refreshes its slot at half-life, by a poll and a write.
 * every request the lock sends ends within :attr:`Timing.request_timeout`,
@@ -32,7 +34,7 @@ GCS, 0 elsewhere):
   bounds its own requests to it.
 
 Defaults (:meth:`Timing.build`): ``renew_interval = max(ttl / 8, s)``,
-``renew_deadline = ttl / 2``, ``waiter_ttl = ttl``. On GCS that makes 5 s the shortest ttl.
+``renew_deadline = ttl / 2``, ``waiter_ttl = ttl``, ``min_hold = 30``. On GCS that makes 5 s the shortest ttl.
 
 Retries (storage reads and writes, renewals, the preemption watcher) wait as
 one :class:`Backoff` says: exponential backoff with full jitter (a uniform
@@ -54,6 +56,10 @@ from .record import MAX_TTL
 
 #: A failed renewal must leave room for this many write spacings before the renew deadline.
 RETRY_SPACINGS = 1.5
+#: How long a new holder keeps the lock before a waiter's request is acted on (see docs/design.md,
+#: *The minimum hold*): long enough for a trainer or a worker to do real work after the cost of
+#: taking the lock, short enough that an asking waiter is not kept waiting for long.
+DEFAULT_MIN_HOLD = 30.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,8 @@ class Timing:
     waiter_poll_interval: float
     max_clock_skew: float
     min_write_interval: float
+    #: How long a holder keeps the lock before a waiter's request is acted on (0: at once).
+    min_hold: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every rule; raise :class:`ConfigurationError` naming what to change.
@@ -84,9 +92,9 @@ class Timing:
             object.__setattr__(self, f.name, seconds(f.name, getattr(self, f.name)))
         ttl, ri, rd, wttl = self.ttl, self.renew_interval, self.renew_deadline, self.waiter_ttl
         spacing, poll = self.min_write_interval, self.waiter_poll_interval
-        if ttl > MAX_TTL or wttl > MAX_TTL:
-            name, value = ("ttl", ttl) if ttl > MAX_TTL else ("waiter_ttl", wttl)
-            raise ConfigurationError(f"{name} must be at most {MAX_TTL:.0f} s (a week), got {value}")
+        for name, value in (("ttl", ttl), ("waiter_ttl", wttl), ("min_hold", self.min_hold)):
+            if value > MAX_TTL:
+                raise ConfigurationError(f"{name} must be at most {MAX_TTL:.0f} s (a week), got {value}")
         derived_ri, derived_rd = ri == max(ttl / 8, spacing), rd == ttl / 2
         floor = min_ttl(spacing)
         if not ttl > rd > ri:
@@ -144,6 +152,7 @@ class Timing:
         waiter_poll_interval: float = 1.0,
         max_clock_skew: float = 2.0,
         min_write_interval: float = 0.0,
+        min_hold: float = DEFAULT_MIN_HOLD,
     ) -> Timing:
         """A :class:`Timing` with the defaults applied to what is not given (None: derived from ``ttl``)."""
         ttl, spacing = seconds("ttl", ttl), seconds("min_write_interval", min_write_interval)
@@ -156,6 +165,7 @@ class Timing:
             waiter_poll_interval,
             max_clock_skew,
             spacing,
+            min_hold,
         )
 
     @property
@@ -209,7 +219,7 @@ def min_ttl(spacing: float) -> float:
 def seconds(name: str, value: Any) -> float:
     """``value`` as float seconds, or a :class:`ConfigurationError` naming ``name``: a finite number above 0
     (or at 0: ``min_write_interval`` and ``max_clock_skew`` may be none at all)."""
-    zero_ok = name in ("min_write_interval", "max_clock_skew")
+    zero_ok = name in ("min_write_interval", "max_clock_skew", "min_hold")
     number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not number or not (value >= 0 if zero_ok else value > 0):
         kind = "a finite number of seconds >= 0" if zero_ok else "a positive finite number of seconds"

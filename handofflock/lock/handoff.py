@@ -39,7 +39,6 @@ from ..core.errors import (
     InheritedAcrossFork,
     LockContended,
     LockLost,
-    LockNotHeld,
     LockRecordCorrupt,
     LockTimeout,
     PreconditionFailed,
@@ -168,12 +167,17 @@ class HandoffLock:
     writes to the object from this process (1.0 on GCS, whose per-object write rate
     is about 1/s; 0 elsewhere). Or pass them all as one ``timing=``, a :class:`Timing`.
 
-    With ``wait_for_slot=True`` a blocking acquire that finds another live waiter
-    keeps polling for the slot instead of raising :class:`LockContended` (an acquire
-    with a ``timeout``, or a patient one, always does). With ``yield_to_requests=False``
+    A blocking acquire that finds another live waiter waits its turn for the slot
+    (the oldest waiter of equal rank takes it next; docs/design.md, *Waiting your
+    turn*); ``wait_for_slot=False`` makes one without a ``timeout`` raise
+    :class:`LockContended` at once instead. ``min_hold`` (30) is how long a holder
+    keeps the lock before a waiter's request is acted on: the request is in the record
+    at once, ``release_requested`` becomes True only when ``min_hold`` has passed
+    since the hold began (a signal, a preemption notice or :meth:`request_release`
+    is never held back). With ``yield_to_requests=False``
     the holder must not be cut short: a waiter's request is declined (written to the
     record, shown by ``status`` as "declined"), ``release_requested`` stays False for
-    it and no ``on_release_requested`` is sent; requests of this process's own (a
+    it and no ``on_release_requested`` is sent, as soon as a waiter check sees it; requests of this process's own (a
     signal, a preemption notice, :meth:`request_release`) still stand.
 
     ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to let a
@@ -202,7 +206,8 @@ class HandoffLock:
         waiter_poll_interval: float | None = None,
         max_clock_skew: float | None = None,
         min_write_interval: float | None = None,
-        wait_for_slot: bool = False,
+        min_hold: float | None = None,
+        wait_for_slot: bool | None = None,
         yield_to_requests: bool = True,
         owner_id: str | None = None,
         label: str | Label | None = None,
@@ -224,10 +229,13 @@ class HandoffLock:
             "waiter_poll_interval": waiter_poll_interval,
             "max_clock_skew": max_clock_skew,
             "min_write_interval": min_write_interval,
+            "min_hold": min_hold,
         }
         #: The lock's timing, one validated value.
         self.timing = _timing_of(storage, timing, {name: value for name, value in given.items() if value is not None})
-        self.wait_for_slot = bool(wait_for_slot)
+        #: None (the default) and True: a blocking acquire that finds another waiter waits for the slot;
+        #: False: one without a ``timeout`` raises :class:`LockContended` at once instead.
+        self.wait_for_slot: bool | None = None if wait_for_slot is None else bool(wait_for_slot)
         self.owner_id: str = _owner_id_of(owner_id)
         #: Who this is, for people: written beside ``owner_id`` as owner or waiter.
         self.label: Label = _label_of(label)
@@ -283,6 +291,7 @@ class HandoffLock:
         #: A release was asked for from inside the library (a signal handler); the outermost call carries it out.
         self._deferred = False
         self._after_deferred: list[Callable[[], Any]] = []
+        self._declined_by: str | None = None  # see declined_by
 
     def _after_fork(self) -> None:
         """In a forked child: hold nothing, do nothing, refuse every operation. The token goes with
@@ -304,6 +313,9 @@ class HandoffLock:
     """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
     release_request = Forward[ReleaseRequest | None]("_book.release_request")
     """The most urgent request that stands (earliest deadline), or None."""
+    declined_by = Forward[str | None]("_declined_by")
+    """While this lock waits in the slot: the holder's owner id if it has declined our request (it does
+    not yield: ``run --no-yield``), as its waiter check wrote into the record; else None."""
 
     @property
     def give_up_budget(self) -> float:
@@ -354,6 +366,8 @@ class HandoffLock:
     """How far the clocks of the processes sharing the lock may disagree (``timing.max_clock_skew``)."""
     min_write_interval = Forward[float]("timing.min_write_interval")
     """Spacing of this process's writes to the object, the store's pacing (``timing.min_write_interval``)."""
+    min_hold = Forward[float]("timing.min_hold")
+    """How long a hold lasts before a waiter's request is acted on (``timing.min_hold``)."""
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lock is held and healthy: call it before each unit of work. No I/O."""
@@ -446,8 +460,9 @@ class HandoffLock:
 
         * lock absent, free, or expired with no other live waiter: take it.
         * held by a live owner: become the single waiter; poll until the owner hands it over or its lease expires.
-        * another live waiter already: with a ``timeout`` (or ``wait_for_slot``, or a patient wait) poll for
-          the slot until the timeout; without, raise :class:`LockContended` at once.
+        * another live waiter already: wait outside the slot, polling, and take it when it frees (or from a
+          younger waiter of equal rank: those waiting outside take the slot oldest first), then wait for the
+          lock. ``wait_for_slot=False`` on the lock, without a ``timeout``, raises :class:`LockContended` at once.
 
         ``request_release=False`` waits patiently: the holder is never asked (no ``on_release_requested``;
         it finishes on its own, then hands the lock to us). ``priority`` ranks requests for the single
@@ -458,12 +473,14 @@ class HandoffLock:
         be taken now (transient storage errors are retried for at most ``renew_deadline``); a ``timeout``
         with it is refused, as :meth:`threading.Lock.acquire` refuses it. ``timeout`` bounds the wait; on
         expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
+        ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
         Every way out that does not return the lock gives the waiter slot back: a timeout, :meth:`cancel`,
         a storage error, KeyboardInterrupt. When the lock is returned the lease is valid and counted from the
         write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
+        timeout = None if timeout == -1 else timeout
         got = signals.observer.timed_acquire(
             self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
         )
@@ -480,8 +497,12 @@ class HandoffLock:
         deadline = None if blocking else clock.monotonic() + self.timing.renew_deadline
         if timeout is not None:
             deadline = clock.monotonic() + timeout
-        slot_wait = self.wait_for_slot or timeout is not None or not request.asks  # else Contended raises
-        decide = functools.partial(protocol.decide_acquire, me=self._me, timing=self.timing, request=request)
+        slot_wait = self.wait_for_slot is not False or timeout is not None or not request.asks  # else Contended raises
+        # When this acquire began waiting, written with our slot: at equal rank the oldest waiter has it.
+        since = clock.time()
+        decide = functools.partial(
+            protocol.decide_acquire, me=self._me, timing=self.timing, request=request, since=since
+        )
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         last: LockRecord | None = None
         observed: tuple[object, float] = (None, 0.0)  # the owner's lease we decide on, and when we first read it
@@ -499,6 +520,8 @@ class HandoffLock:
                 if blocking and not waiting and protocol.registered(record, self._me):
                     waiting = True  # our registration landed though we could not confirm it
                     self._now_waiting(record)
+                declined = record is not None and record.declined and protocol.registered(record, self._me)
+                self._declined_by = record.owner_id if declined and record is not None else None
                 mono, wall = clock.monotonic(), clock.time()
                 observed = self._observe(record, wall, observed)
                 decision = decide(
@@ -559,6 +582,7 @@ class HandoffLock:
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
             raise
         finally:
+            self._declined_by = None
             self._cancel.clear()
             self._not_acquiring.set()
 
@@ -724,6 +748,8 @@ class HandoffLock:
             # us): our renewals write against this very generation and never meet it, so the first waiter
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
             lease.next_check = self._clock.monotonic()
+        if record.min_hold != (self.timing.min_hold or None):
+            lease.next_renew = self._clock.monotonic()  # a hold handed to us: our first renewal says our minHold
         if settle:
             self._settle_handed_lease(settle_by)
         self._schedule()
@@ -867,12 +893,21 @@ class HandoffLock:
 
     def _saw(self, record: LockRecord | None, generation: int) -> bool:
         """What an owner's read showed: False if the lock is lost (marked so); else the lease and book note it."""
-        seen = protocol.observe_as_owner(record, me=self._me, token=self.token or 0, now=self._clock.time())
+        lease, mono, wall = self._lease, self._clock.monotonic(), self._clock.time()
+        seen = protocol.observe_as_owner(
+            record, me=self._me, token=self.token or 0, now=wall, min_hold=self.timing.min_hold
+        )
         if isinstance(seen, Lost):
             self._mark_lost(seen.why, None)
             return False
-        if generation != self._lease.generation:  # an equal one is the record we know
-            self._lease.record, self._lease.generation = record, generation
+        if generation != lease.generation:  # an equal one is the record we know
+            lease.record, lease.generation = record, generation
+        if seen is not None and seen.write_decline:
+            lease.next_renew = mono  # the decline goes into the record now, by a renewal
+        if seen is not None and seen.acts_at is not None:
+            # Within our minimum hold: the request waits in the record; we look again as the hold is up.
+            lease.next_check = min(lease.next_check, mono + (seen.acts_at - wall))
+            seen = None
         self._book.note_waiter(seen, record)
         return True
 
@@ -964,7 +999,8 @@ class HandoffLock:
         """Give the lock up: hand it to a live waiter in one write, or mark it free.
 
         Returns the waiter's owner id when handed off, else None. Raises :class:`LockLost` (writing
-        nothing) if the lock had been lost, and :class:`LockNotHeld` if this instance never held it.
+        nothing) if the lock had been lost. On a lock this instance does not hold (never acquired, or
+        already released: by a signal handler, say) it does nothing and returns None, as filelock does.
         During a blocking ``acquire()`` in another thread, it cancels that acquire and waits for it to
         end; if the acquire got the lock first, that hold is released.
 
@@ -991,7 +1027,7 @@ class HandoffLock:
                 f"lock {self.url!r} had been lost ({why}); nothing was written", url=self.url, reason=why or "lost"
             )
         if self._state not in (HELD, RELEASING):
-            raise LockNotHeld(f"release() of {self.url!r}, which this instance does not hold")
+            return None  # not held: nothing to give up
         return self._release_held(self._clock.monotonic() + max(t.renew_deadline, 5.0))
 
     def then_after_deferred_release(self, fn: Callable[[], Any]) -> bool:

@@ -59,15 +59,15 @@ def checked_request(reason: RequestReason | str, deadline: float | None) -> Requ
 
 
 def acquire_request(blocking: object, timeout: object, request_release: object, priority: object) -> WaiterRequest:
-    """Check ``acquire()``'s arguments before any I/O; what we would ask as waiter."""
+    """Check ``acquire()``'s arguments before any I/O; what we would ask as waiter. ``timeout=-1`` is no timeout."""
     if not isinstance(blocking, bool):
         raise ConfigurationError(f"blocking must be True or False, got {blocking!r}")
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise ConfigurationError(f"timeout must be a number of seconds or None, got {timeout!r}")
-        if not timeout >= 0:  # also refuses NaN
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        if not blocking:
+        if not (timeout >= 0 or timeout == -1):  # also refuses NaN
+            raise ConfigurationError(f"timeout must be >= 0, -1 (no timeout, as filelock) or None, got {timeout!r}")
+        if not blocking and timeout != -1:  # -1 is threading.Lock.acquire's own default: no timeout
             # threading.Lock.acquire refuses this too: a non-blocking acquire never waits.
             raise ConfigurationError(
                 f"blocking=False never waits, so timeout={timeout!r} would be ignored: pass one or the other"

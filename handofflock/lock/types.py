@@ -164,6 +164,17 @@ class LockStatus:
         return None if self.record is None or self._owner is None else self.record.held_since
 
     @property
+    def min_hold(self) -> float | None:
+        """The holder's minimum hold (seconds), or None if the record does not say (an older writer, or 0)."""
+        return None if self.record is None or self._owner is None else self.record.min_hold
+
+    @property
+    def min_hold_ends(self) -> float | None:
+        """When the holder's minimum hold ends (wall clock): a waiter's request is acted on from then on."""
+        since, hold = self.held_since, self.min_hold
+        return None if since is None or hold is None else since + hold
+
+    @property
     def owner_live(self) -> bool:
         return self._owner is not None and self._owner.live(self.read_at)
 
@@ -179,6 +190,8 @@ class LockStatus:
             "ownerId": self.owner_id,
             "expiresAt": self.expires_at,
             "heldSince": self.held_since,
+            "minHold": self.min_hold,
+            "minHoldEndsAt": self.min_hold_ends,
             "waitingOwnerId": self.waiter_id,
             "waiterExpiresAt": self.waiter_expires_at,
             "token": self.token,

@@ -265,7 +265,7 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
     """X waits; a second instance with the same stable owner id starts a blocking acquire (a restart whose
     predecessor still lives). The newer one reclaims the slot, the superseded one defers (LockContended):
     after the handoff exactly one instance holds the lock, the newer one."""
-    kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05)
+    kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05, min_hold=0)
     owner = sim.lock("O", **kw)
     first, twin = sim.lock("X", **kw), sim.lock("X", **kw)
     assert sim.call(owner.acquire)
@@ -366,7 +366,7 @@ def test_a_lease_31_years_ahead_is_taken_once_its_ttl_and_the_skew_have_passed(s
 def test_lock_contended_names_the_owner_and_the_waiter_by_label_and_id(sim):
     owner = sim.lock("O", label=OWNER)
     waiter = sim.lock("W", label=WAITER, waiter_ttl=60)
-    third = sim.lock("T")
+    third = sim.lock("T", wait_for_slot=False)  # raises at once instead of waiting its turn
     assert sim.call(owner.acquire)
     sim.start(lambda: waiter.acquire(timeout=20))
     sim.run_until(lambda: sim.record().waiting_owner_id == "W", what="W registered as the waiter")
@@ -517,8 +517,8 @@ def test_an_asking_request_takes_the_slot_from_a_patient_one_which_waits_on(sim)
     assert isinstance(bp.result, Acquired), bp
 
 
-def test_with_a_timeout_an_acquire_waits_for_the_slot_and_without_one_says_how_to(sim):
-    a, w, c = lock_for(sim, "a"), lock_for(sim, "w"), lock_for(sim, "c")
+def test_with_a_timeout_an_acquire_waits_for_the_slot_and_with_wait_for_slot_false_says_how_to(sim):
+    a, w, c = lock_for(sim, "a"), lock_for(sim, "w"), lock_for(sim, "c", wait_for_slot=False)
     assert sim.call(a.acquire)
     w_call = sim.start(lambda: w.acquire(timeout=60))
     sim.run_until(waiter_is(sim, "w"), what="w registered")
@@ -617,7 +617,7 @@ def test_giving_up_the_slot_clears_the_request_and_the_decline():
     assert isinstance(d, Write) and d.record.waiter_request is None and not d.record.declined
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), -1.0, float("-inf")])
+@pytest.mark.parametrize("timeout", [float("nan"), -2.0, -0.5, float("-inf")])  # -1 is "no timeout"
 def test_acquire_refuses_a_timeout_that_is_not_a_number_of_seconds(url, timeout):
     lock = HandoffLock(url)
     with pytest.raises(ConfigurationError, match="timeout must be >= 0"):
@@ -703,3 +703,126 @@ def test_one_instance_per_thread_takes_turns(request, tmp_path):
     for t in threads:
         t.join(40)
     assert sorted(turns) == ["t0", "t1", "t2"]
+
+
+# -- waiting your turn: a blocking acquire waits for the slot, and those outside it take it oldest first --
+
+
+def test_three_parties_with_a_plain_with_block_all_get_the_lock_in_turn(sim):
+    """``with HandoffLock(url):`` in three processes: the third finds the slot taken and waits its turn."""
+    locks = [sim.lock(name, ttl=10.0, waiter_poll_interval=0.1, waiter_check_interval=0.2) for name in "ABC"]
+    held: list[str] = []
+
+    def job(lock):
+        with lock:
+            held.append(lock.owner_id)
+            sim.sleep(1.0)
+
+    calls = []
+    for lock in locks:
+        calls.append(sim.start(lambda lock=lock: job(lock)))
+        sim.run_for(0.3)
+    sim.run_until(lambda: all(c.done for c in calls), limit=120, what="all three finished")
+    assert [c.error for c in calls] == [None, None, None]
+    assert held == ["A", "B", "C"]
+
+
+def test_n_waiters_outside_the_slot_are_served_oldest_first(sim):
+    """Four waiters start one after another while the lock is held; the slot goes to the oldest each time,
+    whichever of them polls first when it frees: they hold the lock in the order they began to wait."""
+    kw = dict(ttl=10.0, waiter_poll_interval=0.1, waiter_check_interval=0.2)
+    holder = sim.lock("H", **kw)
+    assert sim.call(holder.acquire)
+    order: list[str] = []
+
+    def job(lock):
+        with lock.acquire():
+            order.append(lock.owner_id)
+            sim.sleep(1.0)
+
+    # Started youngest-polls-first: each later waiter's first read comes before an earlier one's next poll.
+    calls = []
+    for name in ("W1", "W2", "W3", "W4"):
+        calls.append(sim.start(lambda lock=sim.lock(name, **kw): job(lock)))
+        sim.run_for(0.25)
+    assert sim.record().waiting_owner_id == "W1"
+    sim.call(holder.release)
+    sim.run_until(lambda: all(c.done for c in calls), limit=120, what="every waiter served")
+    assert [c.error for c in calls] == [None] * 4
+    assert order == ["W1", "W2", "W3", "W4"]
+
+
+def test_an_older_waiter_takes_the_slot_from_a_younger_one_of_equal_rank_and_never_the_reverse(sim):
+    kw = dict(ttl=10.0, waiter_poll_interval=0.1, waiter_check_interval=0.2)
+    holder, old, young = sim.lock("H", **kw), sim.lock("OLD", **kw), sim.lock("YOUNG", **kw)
+    assert sim.call(holder.acquire)
+    sim.start(lambda: old.acquire(timeout=60))
+    sim.run_until(waiter_is(sim, "OLD"), what="OLD registered")
+    sim.update(waiter=None)  # the slot empties behind their backs (as after a handoff to another)
+    sim.start(lambda: young.acquire(timeout=60))
+    sim.run_until(lambda: sim.record().waiting_owner_id is not None, what="someone took the empty slot")
+    sim.run_until(waiter_is(sim, "OLD"), limit=1.0, what="OLD took the slot back from YOUNG")
+    sim.run_for(3.0)
+    assert sim.record().waiting_owner_id == "OLD", "a younger waiter never takes the slot from an older one"
+    assert sim.record().waiting_since < young.clock.time() - 2.0
+
+
+def test_wait_for_slot_false_and_a_non_blocking_acquire_still_raise_at_once(sim):
+    kw = dict(ttl=10.0, waiter_poll_interval=0.1)
+    holder, first = sim.lock("H", **kw), sim.lock("F", **kw)
+    assert sim.call(holder.acquire)
+    sim.start(lambda: first.acquire(timeout=60))
+    sim.run_until(waiter_is(sim, "F"), what="F registered")
+    started = sim.monotonic()
+    with pytest.raises(LockContended):
+        sim.call(sim.lock("X", wait_for_slot=False, **kw).acquire)
+    assert sim.call(lambda: sim.lock("Y", **kw).acquire(blocking=False)) is False
+    assert sim.monotonic() - started < 1.0
+
+
+def test_timeout_minus_one_waits_forever_as_filelock_does(sim):
+    kw = dict(ttl=10.0, waiter_poll_interval=0.1, min_hold=0)
+    holder, waiter = sim.lock("H", **kw), sim.lock("W", **kw)
+    assert sim.call(holder.acquire)
+    call = sim.start(lambda: waiter.acquire(timeout=-1, request_release=False))
+    sim.run_for(120.0)  # far past any timeout: still waiting, patiently
+    assert not call.done and sim.record().waiting_owner_id == "W"
+    sim.call(holder.release)
+    sim.run_until(lambda: call.done, limit=5)
+    assert call.error is None and waiter.is_held
+    with pytest.raises(ConfigurationError, match="timeout"):
+        HandoffLock("memory://x/y.json").acquire(timeout=-2)
+
+
+def test_four_asking_workers_do_every_job_once_in_two_holds_each_and_none_starves(sim):
+    """The shape of the pool benchmark: four workers, each with two or three one-second jobs, each
+    ``with lock.acquire(timeout=60):`` and ``lock.steps(jobs)``. The default minimum hold lets a holder
+    finish its jobs before a waiter's request is acted on: no ping-pong."""
+    jobs = {"w0": [1, 2], "w1": [3, 4, 5], "w2": [6, 7], "w3": [8, 9, 10]}
+    done: list[int] = []
+    holds: dict[str, int] = {name: 0 for name in jobs}
+    first_hold: dict[str, float] = {}
+    begun = sim.monotonic()
+
+    def worker(name):
+        lock = sim.lock(name, ttl=10.0, waiter_poll_interval=0.5, waiter_check_interval=0.5)
+        left = list(jobs[name])
+        while left:
+            with lock.acquire(timeout=60):
+                holds[name] += 1
+                first_hold.setdefault(name, sim.monotonic() - begun)
+                for job in lock.steps(list(left)):
+                    sim.sleep(1.0)
+                    done.append(job)
+                    left.remove(job)
+
+    calls = [sim.start(lambda name=name: worker(name)) for name in jobs]
+    sim.run_until(lambda: all(c.done for c in calls), limit=120, what="every worker finished")
+    took = sim.monotonic() - begun
+    print(f"holds {holds}, took {took:.2f} s, first hold at {first_hold}")
+    assert [c.error for c in calls] == [None] * 4
+    assert sorted(done) == list(range(1, 11)), "every job exactly once"
+    assert max(holds.values()) <= 2, holds
+    work = 10.0
+    assert took <= 1.5 * work + 2.0, f"took {took:.1f} s for {work:.0f} s of work"
+    assert max(first_hold.values()) <= work, f"a worker waited {max(first_hold.values()):.1f} s: {first_hold}"

@@ -182,8 +182,8 @@ def test_a_handoff_between_two_locks_moves_the_waiters_label_to_the_owners_place
 
 
 def test_an_heir_with_a_longer_ttl_than_its_predecessor_is_healthy_on_arrival_and_stays_held(world):
-    owner = world.lock("O", ttl=4.0)
-    heir = world.lock("H", ttl=20.0)
+    owner = world.lock("O", ttl=4.0, min_hold=0)
+    heir = world.lock("H", ttl=20.0, min_hold=0)
     assert owner.acquire()
 
     def hand_over(sender, **kw):
@@ -207,8 +207,8 @@ def test_an_heir_is_asked_at_once_for_a_waiter_that_registered_during_the_handof
     generation, would never meet C: before, H heard of C only at its first waiter check, a full
     check interval later (30 s here). Now that check runs at once, after acquire() has returned
     (receivers never run inside acquire(): the caller has not loaded its state yet)."""
-    owner = world.lock("O", ttl=10.0)
-    heir = world.lock("H", ttl=10.0, waiter_check_interval=30.0)
+    owner = world.lock("O", ttl=10.0, min_hold=0)
+    heir = world.lock("H", ttl=10.0, waiter_check_interval=30.0, min_hold=0)
     asked: list[str] = []
     assert owner.acquire()
 

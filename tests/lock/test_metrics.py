@@ -99,7 +99,7 @@ def fake():
 
 def test_notice_latency_renewal_errors_and_a_loss_on_a_fake_clock(reader, fake):
     url, clock, sched, store = fake
-    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=2.0, clock=clock, scheduler=sched)
+    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=2.0, clock=clock, scheduler=sched, min_hold=0)
     assert lock.acquire()
     # A waiter registers (its slot: 30 s from now); the owner's check runs 2 s later.
     record, gen = raw_read(url)

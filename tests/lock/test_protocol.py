@@ -11,6 +11,7 @@ from lockparts import held
 from handofflock.core import protocol
 from handofflock.core.protocol import Contended, Kind, Lost, Me, Owned, Released, Wait, WaiterSeen, Write
 from handofflock.core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.core.errors import ConfigurationError
 from handofflock.core.timing import Timing
 
 NOW = 1_700_000_000.0
@@ -381,3 +382,82 @@ def test_a_held_since_left_by_a_writer_that_did_not_know_it_names_no_hold():
     assert LockRecord.decode(orjson.dumps(doc)).held_since is None
     doc["heldSince"]["token"] = 9
     assert LockRecord.decode(orjson.dumps(doc)).held_since == NOW - 500
+
+
+# -- waiting your turn: at equal rank, the older waiter has the slot --
+
+
+def _slot(since, request=ASKING):
+    return rec("a", NOW + 30).replace(waiter=Waiter("w", NOW + 10, instance="w1", request=request, since=since))
+
+
+@pytest.mark.parametrize(
+    ("name", "record", "ours", "since", "takes"),
+    [
+        ("older, equal rank: takes it", _slot(NOW - 5), ASKING, NOW - 9, True),
+        ("younger, equal rank: waits outside", _slot(NOW - 5), ASKING, NOW - 1, False),
+        ("as old: waits outside (no ping-pong)", _slot(NOW - 5), ASKING, NOW - 5, False),
+        ("the waiter does not say when it began: keeps it", _slot(None), ASKING, NOW - 9, False),
+        ("we do not say when we began: wait outside", _slot(NOW - 5), ASKING, None, False),
+        ("younger but higher priority: takes it", _slot(NOW - 5), WaiterRequest(priority=1), NOW, True),
+        ("older but lower priority: waits outside", _slot(NOW - 5), WaiterRequest(priority=-1), NOW - 9, False),
+        ("older but patient against asking: waits outside", _slot(NOW - 5), WaiterRequest(asks=False), NOW - 9, False),
+    ],
+)
+def test_the_slot_goes_to_the_higher_rank_then_the_older_waiter(name, record, ours, since, takes):
+    d = protocol.decide_acquire(
+        record, GEN, me=Me("me", "m1"), now=NOW, timing=TIMING, nonce="n", waiting=False, request=ours, since=since
+    )
+    if takes:
+        assert isinstance(d, Write) and d.kind is Kind.BECOME_WAITER, name
+        assert d.record.waiter.since == since and d.record.waiter.id == "me"
+    else:
+        assert isinstance(d, Contended), name
+
+
+def test_a_refreshed_slot_keeps_when_its_waiter_began():
+    record = rec("a", NOW + 30).replace(waiter=Waiter("me", NOW + 1, instance="m1", since=NOW - 40))
+    d = protocol.decide_acquire(record, GEN, me=Me("me", "m1"), now=NOW, timing=TIMING, nonce="n", waiting=True)
+    assert isinstance(d, Write) and d.kind is Kind.REFRESH_WAITER and d.record.waiter.since == NOW - 40
+
+
+# -- the minimum hold: the owner's check acts on a waiter's request only once it is up --
+
+
+def _held_since(at, **kw):
+    return rec("me", NOW + 30, "w", NOW + 20, held_since=at, **kw)
+
+
+def test_a_request_within_the_minimum_hold_is_acted_on_when_it_ends():
+    seen = protocol.observe_as_owner(_held_since(NOW - 10), me=Me("me"), token=7, now=NOW, min_hold=30.0)
+    assert seen == WaiterSeen("w", NOW + 20, acts_at=NOW + 20)
+    after = protocol.observe_as_owner(_held_since(NOW - 30), me=Me("me"), token=7, now=NOW, min_hold=30.0)
+    assert after == WaiterSeen("w", NOW + 20)
+
+
+def test_a_holder_that_does_not_yield_declines_at_once_whatever_its_minimum_hold():
+    me = Me("me", yields=False)
+    seen = protocol.observe_as_owner(_held_since(NOW - 1), me=me, token=7, now=NOW, min_hold=30.0)
+    assert seen == WaiterSeen("w", NOW + 20, write_decline=True)
+    again = protocol.observe_as_owner(_held_since(NOW - 1, declined=True), me=me, token=7, now=NOW, min_hold=30.0)
+    assert again == WaiterSeen("w", NOW + 20), "already written: no write for it"
+
+
+def test_taking_and_renewing_write_the_minimum_hold_and_a_handoff_and_a_free_clear_it():
+    timing = Timing.build(ttl=60.0, min_hold=12.0)
+    taken = protocol.decide_acquire(rec(), GEN, me=Me("me"), now=NOW, timing=timing, nonce="n", waiting=False)
+    assert isinstance(taken, Write) and taken.record.min_hold == 12.0
+    mine = rec("me", NOW + 30, held_since=NOW - 5)
+    renewed = protocol.decide_renew(mine, GEN, me=Me("me"), token=7, now=NOW, timing=timing, nonce="n")
+    assert isinstance(renewed, Write) and (renewed.record.min_hold, renewed.record.held_since) == (12.0, NOW - 5)
+    handed = protocol.decide_release(
+        _held_since(NOW - 40, min_hold=12.0), GEN, me=Me("me"), token=7, now=NOW, timing=timing, nonce="n"
+    )
+    assert isinstance(handed, Write) and handed.kind is Kind.HANDOFF and handed.record.min_hold is None
+    freed = protocol.decide_release(mine.replace(min_hold=12.0), GEN, me=Me("me"), token=7, now=NOW, timing=timing, nonce="n")
+    assert isinstance(freed, Write) and freed.kind is Kind.FREE and freed.record.min_hold is None
+    assert Timing.build(ttl=60.0, min_hold=0).min_hold == 0.0
+    with pytest.raises(ConfigurationError, match="min_hold"):
+        Timing.build(ttl=60.0, min_hold=-1)
+    with pytest.raises(ConfigurationError, match="min_hold"):
+        Timing.build(ttl=60.0, min_hold=8 * 24 * 3600.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -293,3 +294,42 @@ def test_a_bad_label_grace_is_named_as_the_caller_knows_it(grace, got):
     with pytest.raises(ConfigurationError) as caught:
         Label("t", grace)
     assert str(caught.value) == f"a label's grace must be a number of seconds in [0, 604800] (a week), got {got}"
+
+
+# -- waitingSince and minHold: optional, bound to their place, decoded strictly --
+
+
+def test_when_the_waiter_began_and_the_minimum_hold_round_trip_bound_to_their_place():
+    record = waited(waiting_since=NOW - 12.5, held_since=NOW - 3, min_hold=30.0)
+    doc = record.to_json()
+    assert doc["waitingSince"] == {"at": NOW - 12.5, "id": "w", "instance": "iw"}
+    assert doc["minHold"] == {"seconds": 30.0, "token": 7}
+    back = LockRecord.decode(record.encode())
+    assert (back.waiting_since, back.min_hold) == (NOW - 12.5, 30.0)
+    # Another waiter, or another hold (a new token), written by a writer that kept them as unknown fields.
+    doc["waitingOwnerId"], doc["token"] = "other", 8
+    other = LockRecord.decode(json.dumps(doc).encode())
+    assert (other.waiting_since, other.min_hold) == (None, None)
+    # A record without them (every older writer's) reads as before.
+    plain = waited().to_json()
+    assert "waitingSince" not in plain and "minHold" not in plain
+    assert LockRecord.decode(json.dumps(plain).encode()) == waited()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("waitingSince", 5, "'waitingSince' must be an object or null"),
+        ("waitingSince", {"at": None, "id": "w", "instance": "iw"}, "'waitingSince.at' must be a number"),
+        ("waitingSince", {"at": "x", "id": "w", "instance": "iw"}, "'waitingSince.at' must be a number"),
+        ("waitingSince", {"at": 1.0, "id": "w"}, "'waitingSince' must have"),
+        ("minHold", {"seconds": -1, "token": 7}, "'minHold.seconds' must be a number of seconds"),
+        ("minHold", {"seconds": None, "token": 7}, "'minHold.seconds' must be a number"),
+        ("minHold", {"seconds": 3, "token": 7, "more": 1}, "'minHold' must have"),
+    ],
+)
+def test_a_malformed_waiting_since_or_minimum_hold_is_corrupt(key, value, why):
+    doc = waited().to_json()
+    doc[key] = value
+    with pytest.raises(LockRecordCorrupt, match=re.escape(why)):
+        LockRecord.decode(json.dumps(doc).encode())

@@ -55,7 +55,7 @@ def test_a_release_whose_write_failed_can_be_retried_and_hands_the_lock_to_the_w
 
 
 def test_a_release_whose_write_failed_is_retried_in_the_background(world):
-    owner, waiter = world.lock("O"), world.lock("W")
+    owner, waiter = world.lock("O", min_hold=0), world.lock("W")
     assert owner.acquire()
     outcome: dict[str, object] = {}
 
@@ -221,7 +221,7 @@ def test_release_racing_a_blocking_acquire_never_leaves_the_lock_held_behind_the
                 waited += 0.01
 
     sim.store.faults.after("read", run_during)
-    kw = dict(ttl=3.0, waiter_poll_interval=0.2, waiter_check_interval=0.05)
+    kw = dict(ttl=3.0, waiter_poll_interval=0.2, waiter_check_interval=0.05, min_hold=0)
     owner = sim.lock("O", **kw)
     waiter = sim.lock("W", **kw)
     assert sim.call(owner.acquire)

@@ -387,7 +387,7 @@ def test_a_renewal_that_meets_a_waiters_write_renews_again_at_once_under_pacing(
 @pytest.mark.timeout(60)
 def test_a_slow_receiver_never_delays_a_renewal(sim):
     kw = dict(ttl=1.5, renew_interval=0.2, renew_deadline=0.8, waiter_check_interval=0.05,
-              waiter_poll_interval=0.05, waiter_ttl=2.0)  # fmt: skip
+              waiter_poll_interval=0.05, waiter_ttl=2.0, min_hold=0)  # fmt: skip
     owner = sim.lock("O", **kw)
     waiter = sim.lock("W", **kw)
     assert sim.call(owner.acquire)
@@ -522,7 +522,7 @@ def test_transient_failures_are_retried_but_give_up_at_the_deadline_before_the_l
 def test_a_renewal_that_loses_a_race_with_the_waiter_retries_and_keeps_the_waiter(env):
     name, clock, sched, store = env
     url = f"memory://{name}/train.json"
-    lock = new_lock(name, clock, sched)
+    lock = new_lock(name, clock, sched, min_hold=0)
     assert lock.acquire()
     record, gen = raw_read(url)
     raw_write(url, record.replace(waiting_owner_id="w", waiter_expires_at=clock.time() + 60, nonce="w1"), gen)

@@ -163,7 +163,7 @@ def held(base):
     locks = [
         HandoffLock(
             f"{base}l{i:03d}.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0,
-            clock=clock, scheduler=sched,
+            clock=clock, scheduler=sched, min_hold=0,
         )
         for i in range(N)
     ]
@@ -370,7 +370,7 @@ def test_a_lock_acquired_later_joins_the_beat_without_a_read_of_its_own(held, ba
     one_interval(clock, sched)
     clock.advance(0.5)
     # No pacing, as the fixture's locks (see ``held``): the subject is which requests a check costs.
-    late = HandoffLock(f"{base}late.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0, clock=clock, scheduler=sched)
+    late = HandoffLock(f"{base}late.json", ttl=60.0, waiter_check_interval=CHECK, min_write_interval=0.0, clock=clock, scheduler=sched, min_hold=0)
     assert late.acquire(blocking=False)
     try:
         before = requests.snapshot()
@@ -447,7 +447,7 @@ def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batc
     name = f"live-{uuid.uuid4().hex[:8]}"
     sched = Scheduler(io_workers=2)
     store = MemoryStorage.named(name)
-    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=30.0, waiter_check_interval=0.2, scheduler=sched) for i in range(20)]
+    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=30.0, waiter_check_interval=0.2, scheduler=sched, min_hold=0) for i in range(20)]
     try:
         for lock in locks:
             assert lock.acquire()

@@ -67,7 +67,7 @@ def test_each_kind_of_request_arrives_typed_with_who_why_and_by_when(world, reas
 
 
 def test_a_waiter_request_names_the_waiter(world):
-    owner, waiter = world.lock("O"), world.lock("W")
+    owner, waiter = world.lock("O", min_hold=0), world.lock("W")
     assert owner.acquire()
     got: list[dict] = []
     with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=owner):

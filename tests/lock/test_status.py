@@ -141,3 +141,25 @@ def test_times_for_people():
     assert when(40.0, 100.0).endswith("(1 min 0 s ago)")
     assert age(3 * 86400) == "3 days" and age(7200) == "2 h 0 min"
     assert when(32_000_000_000.0, time.time()).startswith("2984-")
+
+
+def test_status_says_when_the_holders_minimum_hold_ends_and_a_request_is_acted_on(url, capsys):
+    clock = FakeClock(start=time.time())
+    holder = HandoffLock(url, ttl=60.0, min_hold=30.0, owner_id="trainer-A", label=OWNER, clock=clock,
+                         scheduler=Scheduler(clock, autostart=False))
+    holder.acquire()
+    record, gen = raw_read(url)
+    raw_write(url, record.replace(waiting_owner_id="trainer-B", waiter_expires_at=clock.time() + 50,
+                                  waiter_instance="ib", waiter_label=WAITER), gen)
+    st = holder.status()
+    assert st.min_hold == 30.0 and st.min_hold_ends == pytest.approx(st.held_since + 30.0)
+    assert main(["status", url]) == 0
+    out = capsys.readouterr().out
+    assert "min hold    30 s: a waiter's request is acted on from " in out, out
+    assert f"requested by {WAITER.text} (trainer-B); the holder allows its work 30 s to stop; acted on as the " \
+           "minimum hold ends, " in out, out
+    assert main(["status", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["minHold"] == 30.0 and doc["minHoldEndsAt"] == pytest.approx(st.held_since + 30.0)
+    assert doc["minHoldEndsAtIso"].endswith("Z")
+    holder._unschedule()  # private: no renewals, nothing left running

@@ -78,7 +78,7 @@ def test_steps_without_the_lock_raise_lock_lost(url):
 
 
 def test_a_waiter_stops_the_loop_within_the_check_interval_and_gets_a_higher_token(url):
-    a = HandoffLock(url, ttl=10.0, waiter_check_interval=0.1, owner_id="trainer-A")
+    a = HandoffLock(url, ttl=10.0, waiter_check_interval=0.1, owner_id="trainer-A", min_hold=0)
     b = HandoffLock(url, ttl=10.0, waiter_poll_interval=0.05, owner_id="trainer-B")
     a.acquire()
     token_a = a.token

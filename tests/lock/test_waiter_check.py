@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from lockparts import held, new_lock, owner_and_waiter, wait_in_thread
+from lockparts import held, new_lock, owner_and_waiter, wait_in_thread, waiter_is
 from lockutil import FAST
 from simworld import KEY
 
@@ -231,3 +231,73 @@ def test_the_owner_is_not_told_of_a_patient_waiter_but_is_of_an_asking_one():
     me = Me("a", "ia")
     assert protocol.observe_as_owner(held(PATIENT), me=me, token=7, now=NOW) is None
     assert protocol.observe_as_owner(held(), me=me, token=7, now=NOW) == WaiterSeen("w", NOW + 20)
+
+
+# -- the minimum hold: a waiter's request is in the record at once, and acted on when the hold is up --
+
+
+def test_a_holder_is_not_asked_before_its_minimum_hold_and_is_asked_as_it_ends(sim):
+    a, b = lock_for(sim, "a", min_hold=5.0), lock_for(sim, "b")
+    heard = []
+    signals.on_release_requested.connect(lambda sender, **kw: heard.append(sim.time()), sender=a, weak=False)
+    assert sim.call(a.acquire)
+    since = sim.record().held_since
+    assert sim.record().min_hold == 5.0, "the record says how long the holder keeps the lock"
+    box = sim.start(lambda: b.acquire(timeout=60))
+    sim.run_until(waiter_is(sim, "b"), what="b registered: its request is recorded at once")
+    while sim.time() < since + 5.0 - 0.05:
+        assert not a.release_requested and heard == [], f"asked {sim.time() - since:.2f} s into the hold"
+        sim.run_for(0.05)
+    sim.run_until(lambda: a.release_requested, limit=1.0, what="asked as the minimum hold ends")
+    assert since + 5.0 <= heard[0] <= since + 5.0 + 0.1, "a check is scheduled at the end of the hold"
+    assert a.release_request.requester == "b"
+    sim.call(a.release)
+    sim.run_until(lambda: box.done)
+
+
+def test_the_default_minimum_hold_is_thirty_seconds_and_is_written_beside_held_since(sim):
+    a = lock_for(sim, "a")
+    assert a.min_hold == 30.0
+    assert sim.call(a.acquire)
+    record = sim.record()
+    assert (record.min_hold, record.held_since) == (30.0, pytest.approx(sim.time(), abs=1.0))
+
+
+def test_signals_and_operator_requests_are_not_held_back_by_the_minimum_hold(sim):
+    a, b = lock_for(sim, "a"), lock_for(sim, "b")
+    assert sim.call(a.acquire)
+    sim.start(lambda: b.acquire(timeout=60))
+    sim.run_until(waiter_is(sim, "b"), what="b registered")
+    sim.run_for(1.0)
+    assert not a.release_requested, "the waiter's request waits for the minimum hold"
+    a.request_release(requester="operator")
+    assert a.release_requested and a.release_request.requester == "operator"
+    a.cancel()
+
+
+def test_an_heir_writes_its_own_minimum_hold_soon_after_the_handoff(sim):
+    a, b = lock_for(sim, "a", min_hold=0), lock_for(sim, "b", min_hold=12.0)
+    assert sim.call(a.acquire)
+    box = sim.start(lambda: b.acquire(timeout=60))
+    sim.run_until(lambda: a.release_requested, what="a asked at once (min_hold=0)")
+    assert sim.call(a.release) == "b"  # the handoff is written by a, who does not know b's minimum hold
+    sim.run_until(lambda: sim.record().min_hold == 12.0, limit=2.0, what="b's first renewal, at once")
+    sim.run_until(lambda: box.done)
+
+
+def test_a_holder_that_does_not_yield_declines_at_its_next_check_not_its_next_renewal(sim):
+    a = lock_for(sim, "a", yield_to_requests=False, ttl=120.0, renew_interval=30.0, renew_deadline=60.0)
+    b = lock_for(sim, "b")
+    assert sim.call(a.acquire)
+    box = sim.start(lambda: b.acquire(timeout=60))
+    sim.run_until(waiter_is(sim, "b"), what="b registered")
+    registered = sim.time()
+    sim.run_until(lambda: sim.record().declined, limit=3.0, what="the decline, within a check and a write")
+    assert sim.time() - registered < 2.0
+    sim.run_until(lambda: b.declined_by == "a", limit=2.0, what="the waiter sees the decline at its next poll")
+    assert not a.release_requested
+    text = status_text(sim.call(b.status))
+    assert "(b), declined" in text, text
+    sim.call(a.release)
+    sim.run_until(lambda: box.done)
+    assert b.declined_by is None, "only while it waits"

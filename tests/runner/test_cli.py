@@ -99,6 +99,8 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
         "releaseRequested", "releaseRequestedBy",
         # a patient waiter, its priority, and a declined request
         "waiterAsks", "waiterPriority", "releaseDeclined",
+        # the holder's minimum hold: when a waiter's request is acted on
+        "minHold", "minHoldEndsAt", "minHoldEndsAtIso",
     }
     assert (doc["state"], doc["ownerId"], doc["token"], doc["generation"], doc["ownerLive"]) == ("held", "trainer-A", 7, gen, True)
     assert 40 < doc["expiresIn"] <= 42

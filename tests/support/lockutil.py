@@ -32,6 +32,7 @@ FAST = dict(
     waiter_poll_interval=0.05,
     max_clock_skew=0.1,
     min_write_interval=0.0,
+    min_hold=0.0,  # the handoff mechanics at once; the minimum hold's own tests set it
 )
 
 

@@ -57,6 +57,7 @@ class Config:
     grouped: bool = False
     suspends: bool = False
     asynchronous: bool = False  # the first party drives an AsyncHandoffLock from an event loop
+    min_hold: float = 0.0  # every party's: a waiter's request waits for it (0: handoffs at once)
     faults: Faults = field(default_factory=Faults)
 
 
@@ -89,6 +90,7 @@ def draw_config(r: random.Random) -> Config:
         suspends=not gentle and r.random() < 0.3,
         asynchronous=r.random() < 0.3,
         faults=faults,
+        min_hold=r.choice([0.0, 0.0, ttl / 2, 2 * ttl]),  # drawn last: the draws above replay as before
     )
 
 
@@ -133,7 +135,7 @@ class World:
             return HandoffLock(
                 "memory://sim", storage=store, key=key, owner_id=owner, clock=clock, scheduler=sched,
                 ttl=c.ttl, waiter_check_interval=c.ttl / 5, waiter_poll_interval=c.ttl / 10, max_clock_skew=c.skew,
-                primitives=prims,
+                min_hold=c.min_hold, primitives=prims,
             )  # fmt: skip
 
         lock = make(KEY)
