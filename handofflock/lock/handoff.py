@@ -555,6 +555,7 @@ class HandoffLock:
                     return self._give_up(last, waiting=waiting or sent, timed_out=True)
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
+            ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
@@ -568,7 +569,7 @@ class HandoffLock:
                 if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
-            if isinstance(exc, StorageTimeout) and timeout is not None:  # the time ran out in the store
+            if ran_out:  # the time ran out in the store
                 why = f"timed out acquiring {self.url!r}: {exc}"
                 raise _contended(LockTimeout, self.url, last, clock.time(), message=why) from exc
             raise
@@ -1347,6 +1348,14 @@ def _contended(
         owner_label=_label_text(owner),
         waiter_label=_label_text(waiter),
     )
+
+
+def _ran_out(exc: BaseException, deadline: float | None, clock: Clock) -> bool:
+    """Whether ``exc``, ending an acquire, is its deadline reached: a request cut off at it or a write the
+    spacing would hold past it, or a storage failure that came after it (no time was left to resolve it)."""
+    if isinstance(exc, StorageTimeout):
+        return True
+    return isinstance(exc, TransientStorageError) and deadline is not None and clock.monotonic() >= deadline
 
 
 def _label_text(place: Holder | Waiter | None) -> str | None:

@@ -141,15 +141,18 @@ class Watch:
         self._lock = threading.Lock()
 
     def failed(self, exc: TransientStorageError, since: float) -> None:
-        """A request sent at ``since`` (monotonic) failed with ``exc``."""
+        """A request sent at ``since`` (monotonic) failed with ``exc`` (a 429 is an answer: not counted)."""
+        if exc.status == 429:
+            return
         with self._lock:
             self._since = since if self._since is None else self._since
-            lasted = self._clock.monotonic() - self._since
-            if self._warned or lasted < self._bound:
+            if self._warned or self._clock.monotonic() - self._since < self._bound:
                 return
             self._warned = True
+        # The same words for the same lock and cause: Python's default filter shows them once.
         warnings.warn(
-            f"handofflock: cannot reach the store of lock {self._url} for {lasted:.1f} s: {_cause(exc)}; still trying",
+            f"handofflock: the store of lock {self._url} has not answered for over {self._bound:g} s "
+            f"({_cause(exc)}); still trying",
             StoreUnreachableWarning,
             stacklevel=2,
         )
