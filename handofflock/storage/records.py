@@ -410,11 +410,18 @@ def read_retrying(
     decides a write goes through here (the lock's, the fence's, a force-release's).
     """
     retries = Retries(clock, deadline)
+    last: TransientStorageError | None = None
     while True:
-        bound = Bound(clock, deadline, timeout, storage, key, "read")
+        try:
+            bound = Bound(clock, deadline, timeout, storage, key, "read")
+        except StorageTimeout:
+            if last is not None:  # a retry whose sleep overran the deadline: the failure before it is the news
+                raise last
+            raise
         try:
             found = storage.read(key, max_bytes=max_bytes, timeout=bound.seconds)
         except TransientStorageError as exc:
+            last = exc
             bound.failed(exc, watch)
             delay = retries.next_delay()
             if not retry or delay is None or bound.used_up(exc):
@@ -530,7 +537,7 @@ def write_resolving(
             bound = Bound(clock, deadline, timeout, storage, key, "write")
         except StorageTimeout:
             if last_failure is not None:
-                raise last_failure from None
+                raise last_failure
             raise
         body = data() if callable(data) else data
         try:
