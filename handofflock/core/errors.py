@@ -108,6 +108,23 @@ class TransientStorageError(StorageError):
         self.status, self.ambiguous, self.retry_after = status, ambiguous, retry_after
 
 
+class StorageTimeout(TransientStorageError, TimeoutError):
+    """No complete reply came within the time given: a request's own bound, or what was left of the
+    caller's deadline (then nothing more is tried; ``acquire(timeout=...)`` says :class:`LockTimeout`).
+
+    Also raised, with nothing sent, when the store's write spacing or the deadline itself leaves
+    no time for a request. ``ambiguous`` as for every transient error: a write cut off may have been applied.
+    """
+
+
+class StoreUnreachableWarning(RuntimeWarning):
+    """A lock's store has not answered for longer than one request may take; the lock keeps retrying.
+
+    Warned once per lock (:func:`warnings.warn`: shown on stderr without any logging set up;
+    ``-W ignore::handofflock.core.errors.StoreUnreachableWarning`` silences it).
+    """
+
+
 # --------------------------------------------------------------------------- configuration
 
 

@@ -25,7 +25,8 @@ GCS, 0 elsewhere):
   is acted on) is 0 or more, at most a week;
 * ``waiter_ttl >= 2 * waiter_poll_interval`` and ``waiter_ttl / 2 >= s``: a
   waiter refreshes its slot at half-life, by a poll and a write.
-* every request the lock sends ends within :attr:`Timing.request_timeout`,
+* every request the lock sends ends within :attr:`Timing.request_timeout`
+  (and by the deadline of the operation that sends it: see :func:`requests_by`),
   ``(renew_deadline - renew_interval) / 2``: a renewal sent with that much of
   its window left that stalls (a read or write that hangs, a slow credentials
   refresh) is cut off with as long again left for one more try. A store's
@@ -225,6 +226,17 @@ def seconds(name: str, value: Any) -> float:
         kind = "a finite number of seconds >= 0" if zero_ok else "a positive finite number of seconds"
         raise ConfigurationError(f"{name} must be {kind}, got {value!r}")
     return float(value)
+
+
+#: The least time an operation given a timeout allows its requests, from its start: a timeout shorter
+#: than a round trip (``acquire(timeout=0)``, ``status(timeout=0)``) still makes its one try.
+MIN_REQUEST_TIME = 1.0
+
+
+def requests_by(now: float, deadline: float | None) -> float | None:
+    """When the requests of an operation started at ``now`` with ``deadline`` must end: the deadline,
+    or :data:`MIN_REQUEST_TIME` after the start if that is later (None: no deadline)."""
+    return None if deadline is None else max(deadline, now + MIN_REQUEST_TIME)
 
 
 #: A retry the draw would put past the deadline goes this long before it instead: one last try.

@@ -43,6 +43,7 @@ from ..core.errors import (
     LockTimeout,
     PreconditionFailed,
     StorageError,
+    StorageTimeout,
     TransientStorageError,
 )
 from ..core.identity import detect_label
@@ -50,7 +51,7 @@ from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
 from ..core.record import Holder, Label, LockRecord, Waiter, WaiterRequest, id_problem, label_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
-from ..core.timing import RETRY, Timing
+from ..core.timing import MIN_ROOM, RETRY, Timing, requests_by
 from ..storage import Storage, open_url
 from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
@@ -320,7 +321,9 @@ class HandoffLock:
     @property
     def give_up_budget(self) -> float:
         """How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
-        and an urgent write, each allowed a retry. acquire() returns within its timeout plus this."""
+        and an urgent write, each allowed a retry. acquire(timeout=T) returns within T plus this: every
+        request before it ends by T, cut off there if need be (a T under 1 s still allows its
+        requests 1 s, ``core.timing.MIN_REQUEST_TIME``, so ``timeout=0`` makes its one try)."""
         return max(2.0, 2 * self.timing.min_write_interval + 1.0)
 
     @property
@@ -411,7 +414,8 @@ class HandoffLock:
     def status(self, timeout: float = 30.0) -> LockStatus:
         """Read the lock object now and describe it. One read; raises LockRecordCorrupt if bad.
 
-        ``timeout`` bounds the read's retries of transient errors (then the last one is raised).
+        ``timeout`` bounds the read and its retries of transient errors (then the last one is raised;
+        :class:`~handofflock.core.errors.StorageTimeout` when the time ran out), at least 1 s for the read.
         Never under the I/O mutex: a status() that rides out a read outage never holds up a renewal.
         """
         if not timeout >= 0:  # also refuses NaN
@@ -419,7 +423,8 @@ class HandoffLock:
         clock = self._clock
 
         def read() -> LockStatus:
-            record, generation = self._io.read(clock.monotonic() + timeout, interruptible=True)
+            now = clock.monotonic()
+            record, generation = self._io.read(requests_by(now, now + timeout), interruptible=True)
             return LockStatus.of(self.url, record, generation, clock.time(), self.timing)
 
         return self._guarded(read)
@@ -472,7 +477,8 @@ class HandoffLock:
         ``blocking=False`` never waits and never registers as waiter: it returns False if the lock cannot
         be taken now (transient storage errors are retried for at most ``renew_deadline``); a ``timeout``
         with it is refused, as :meth:`threading.Lock.acquire` refuses it. ``timeout`` bounds the wait; on
-        expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``.
+        expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``
+        (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too).
         ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
         Every way out that does not return the lock gives the waiter slot back: a timeout, :meth:`cancel`,
@@ -497,6 +503,9 @@ class HandoffLock:
         deadline = None if blocking else clock.monotonic() + self.timing.renew_deadline
         if timeout is not None:
             deadline = clock.monotonic() + timeout
+        # The loop gives up at ``give_up_at``; its requests end by then too, cut off there if need be
+        # (one shorter than a round trip still allows one: timeout=0 makes its one try).
+        give_up_at, deadline = deadline, requests_by(clock.monotonic(), deadline)
         slot_wait = self.wait_for_slot is not False or timeout is not None or not request.asks  # else Contended raises
         # When this acquire began waiting, written with our slot: at equal rank the oldest waiter has it.
         since = clock.time()
@@ -557,16 +566,19 @@ class HandoffLock:
                 # The next read one poll interval after the last one began (a read's own duration does
                 # not stretch the period), never past the deadline.
                 pause = max(0.0, polled + self.timing.waiter_poll_interval - clock.monotonic())
-                if deadline is not None:
-                    left = deadline - clock.monotonic()
+                if give_up_at is not None:
+                    left = give_up_at - clock.monotonic()
                     if left <= 0:
                         return self._give_up(last, waiting=waiting or sent, timed_out=True)
                     pause = min(pause, left)
                 if self._interrupted(pause):
                     return self._give_up(last, waiting=waiting or sent, timed_out=False)
                 polled = clock.monotonic()
+                if give_up_at is not None and give_up_at - polled < MIN_ROOM:  # no time left to read in
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
+            ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
@@ -580,6 +592,9 @@ class HandoffLock:
                 if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
+            if ran_out:  # the time ran out in the store
+                why = f"timed out acquiring {self.url!r}: {exc}"
+                raise _contended(LockTimeout, self.url, last, clock.time(), message=why) from exc
             raise
         finally:
             self._declined_by = None
@@ -1347,14 +1362,20 @@ def _label_of(label: str | Label | None) -> Label:
 
 
 def _contended(
-    cls: type[LockContended], url: str, record: LockRecord | None, now: float, *, timed_out: Me | None = None
+    cls: type[LockContended],
+    url: str,
+    record: LockRecord | None,
+    now: float,
+    *,
+    timed_out: Me | None = None,
+    message: str | None = None,
 ) -> LockContended:
     """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
-    :class:`LockTimeout` saying also whether the slot we gave back was ours."""
+    :class:`LockTimeout` saying also whether the slot we gave back was ours; or saying ``message``."""
     r = record or LockRecord()
     owner, waiter = r.owner, r.waiter
     return cls(
-        None if timed_out is None else _timeout_message(url, r, timed_out, now),
+        message or (None if timed_out is None else _timeout_message(url, r, timed_out, now)),
         url=url,
         owner_id=owner.id if owner else None,
         owner_expires_at=owner.expires_at if owner else None,
@@ -1363,6 +1384,14 @@ def _contended(
         owner_label=_label_text(owner),
         waiter_label=_label_text(waiter),
     )
+
+
+def _ran_out(exc: BaseException, deadline: float | None, clock: Clock) -> bool:
+    """Whether ``exc``, ending an acquire, is its deadline reached: a request cut off at it or a write the
+    spacing would hold past it, or a storage failure that came after it (no time was left to resolve it)."""
+    if isinstance(exc, StorageTimeout):
+        return True
+    return isinstance(exc, TransientStorageError) and deadline is not None and clock.monotonic() >= deadline
 
 
 def _label_text(place: Holder | Waiter | None) -> str | None:

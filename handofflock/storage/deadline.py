@@ -48,7 +48,7 @@ import urllib3.connection
 import urllib3.poolmanager
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from ..core.errors import ConfigurationError, HandoffLockError, StorageError, TransientStorageError
+from ..core.errors import ConfigurationError, HandoffLockError, StorageError, StorageTimeout, TransientStorageError
 from ..core.threads import quiet
 
 #: How often an expired deadline looks again for a socket to shut down (a connection still
@@ -339,7 +339,7 @@ class HTTPStore(Generic[_T]):
 
         Within ``request_timeout``, or the call's ``timeout`` if shorter: past it
         the connection is shut down, and whatever that breaks is raised as a
-        :class:`TransientStorageError` saying so (ambiguous for a write or a
+        :class:`~handofflock.core.errors.StorageTimeout` saying so (ambiguous for a write or a
         delete: it may have been applied). An exception of :attr:`replies` (an
         SDK's error reply) is the server's answer unless the cut made it. The
         deadline is this thread's (:func:`current`) inside the block.
@@ -350,11 +350,11 @@ class HTTPStore(Generic[_T]):
         _ = self.client
         seconds = self._request_timeout if timeout is None else min(self._request_timeout, timeout)
 
-        def past() -> TransientStorageError:
+        def past() -> StorageTimeout:
             mutation = op in ("write", "delete")
             outcome = "the request may have been applied" if mutation else "nothing was changed"
-            what = f"no complete reply within request_timeout ({seconds:g}s); {outcome}"
-            return self.transient(op, key, what, ambiguous=mutation)
+            what = f"no complete reply within {seconds:g} s; {outcome}"
+            return StorageTimeout(f"{self.where(op, key)}: {what}", url=self.url, key=key, ambiguous=mutation)
 
         deadline, previous = Deadline(seconds), current()
         _current.deadline = deadline
@@ -369,7 +369,8 @@ class HTTPStore(Generic[_T]):
                     raise
                 raise past() from None
             except Exception as exc:
-                if not deadline.expired:
+                # A connect timeout, capped at the deadline, can beat the watchdog to it by a hair.
+                if not deadline.expired and deadline.remaining() > 0:
                     raise
                 raise past() from exc
             if deadline.cut:

@@ -27,7 +27,12 @@ backends' small contract (:mod:`.base`); :mod:`handofflock.fencing` and
   take it for "nothing written".
 * **The lock's record** (:class:`RecordStore`): reads decoded strictly, each
   write stamped at the send of each attempt (a lease counts from the write that
-  made it), every request bounded by the lock's ``request_timeout``.
+  made it), every request bounded by the lock's ``request_timeout`` and by what
+  is left of its operation's deadline (:class:`Bound`): an ``acquire(timeout=5)``
+  never waits 11 s for one request. A deadline reached (a request cut off at
+  it, a write the spacing would hold past it) is a
+  :class:`~handofflock.core.errors.StorageTimeout`, which the lock reports as
+  the timeout it is.
 * **Outages said once.** The retry loops retry a store's transient errors
   silently until their deadline, which for a blocking ``acquire()`` is none: a
   store that is down (a wrong ``STORAGE_EMULATOR_HOST``, no network) would leave
@@ -35,6 +40,8 @@ backends' small contract (:mod:`.base`); :mod:`handofflock.fencing` and
   of a store logs a WARNING on ``handofflock.storage`` with its cause, and the
   first success after it logs at INFO: once per process, however many of its
   locks wait on that store (:func:`failed`, :func:`answered`, :func:`down`).
+  Without logging set up that says nothing, so each lock also warns once
+  (:class:`Watch`) when its store has not answered for longer than a request may take.
 
 It never decides what to write (:mod:`handofflock.core.protocol` does) nor what a
 result means for the lock (:mod:`handofflock.lock.handoff` does).
@@ -45,15 +52,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 
 from ..core import protocol
 from ..core.clock import Clock
-from ..core.errors import PreconditionFailed, TransientStorageError
+from ..core.errors import PreconditionFailed, StorageTimeout, StoreUnreachableWarning, TransientStorageError
 from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
-from ..core.timing import RETRY, Backoff, Timing
+from ..core.timing import MIN_ROOM, RETRY, Backoff, Timing
 from .base import MAX_RECORD_BYTES, Storage
 
 # Gates live as long as their store: keyed by the store object itself (weakly),
@@ -108,6 +116,90 @@ def down() -> dict[str, str]:
         return {str(getattr(store, "url", store)): why for store, why in _down.items()}
 
 
+def _answered(storage: Storage, watch: Watch | None) -> None:
+    answered(storage)
+    if watch is not None:
+        watch.answered()
+
+
+class Watch:
+    """Whether one lock's store answers: a warning, once per lock, when it has not for a while.
+
+    The log above is for applications that set logging up; the library's logger has a
+    ``NullHandler`` (libraries leave handlers to the application), so without that set-up it
+    says nothing, and a process that waits on a store it cannot reach would be silent. So the
+    first run of failures that lasts longer than ``bound`` (the longest one request may take),
+    counted from the send of its first request, is also said by :func:`warnings.warn`
+    (:class:`~handofflock.core.errors.StoreUnreachableWarning`): on stderr by default, filtered
+    with ``-W`` like any warning, routed into logging by :func:`logging.captureWarnings`.
+    """
+
+    def __init__(self, url: str, bound: float, clock: Clock) -> None:
+        self._url, self._bound, self._clock = url, bound, clock
+        self._since: float | None = None  # the send of the first request of the current run of failures
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def failed(self, exc: TransientStorageError, since: float) -> None:
+        """A request sent at ``since`` (monotonic) failed with ``exc`` (a 429 is an answer: not counted)."""
+        if exc.status == 429:
+            return
+        with self._lock:
+            self._since = since if self._since is None else self._since
+            if self._warned or self._clock.monotonic() - self._since < self._bound:
+                return
+            self._warned = True
+        # The same words for the same lock and cause: Python's default filter shows them once.
+        warnings.warn(
+            f"handofflock: the store of lock {self._url} has not answered for over {self._bound:g} s "
+            f"({_cause(exc)}); still trying",
+            StoreUnreachableWarning,
+            stacklevel=2,
+        )
+
+    def answered(self) -> None:
+        with self._lock:
+            self._since = None
+
+
+class Bound:
+    """The time one request may take: what is left before the operation's ``deadline`` (monotonic,
+    on ``clock``; None: none), at most ``cap`` (the lock's bound; None: the store's own).
+
+    Once less than :data:`~handofflock.core.timing.MIN_ROOM` is left nothing is sent: a
+    :class:`~handofflock.core.errors.StorageTimeout` is raised here instead. A request that was
+    given all that was left, and timed out, used the operation's time up (:meth:`used_up`):
+    nothing more is tried, whatever the clock says (a fake clock does not move while a real
+    request stalls).
+    """
+
+    def __init__(
+        self, clock: Clock, deadline: float | None, cap: float | None, storage: Storage, key: str, op: str
+    ) -> None:
+        self.sent = clock.monotonic()
+        self.seconds, self._by_deadline = cap, False
+        if deadline is not None:
+            left = deadline - self.sent
+            if left < MIN_ROOM:
+                raise StorageTimeout(
+                    f"{op} {key!r} in {getattr(storage, 'url', storage)}: the time ran out; nothing was sent",
+                    url=getattr(storage, "url", None),
+                    key=key,
+                    ambiguous=False,
+                )
+            if cap is None or left < cap:
+                # With no cap of ours the store's own may be the shorter: a cut then is not the deadline's.
+                self.seconds, self._by_deadline = left, cap is not None
+
+    def used_up(self, exc: TransientStorageError) -> bool:
+        """Whether ``exc`` (this request's failure) is the operation's deadline reached."""
+        return self._by_deadline and isinstance(exc, StorageTimeout)
+
+    def failed(self, exc: TransientStorageError, watch: Watch | None) -> None:
+        if watch is not None:
+            watch.failed(exc, self.sent)
+
+
 def _cause(exc: BaseException) -> str:
     """What went wrong, in a few words where the exception chain says it ("connection refused")."""
     seen: BaseException | None = exc
@@ -146,7 +238,11 @@ class WriteGate:
 
     def __init__(self, min_interval: float) -> None:
         self.min_interval = min_interval
-        self.interval = min_interval
+        self.forget()
+
+    def forget(self) -> None:
+        """As new: no write sent, no 429 seen (a forked child's gates: the parent's writes are not its own)."""
+        self.interval = self.min_interval
         self._tokens = float(BURST)
         self._stamp = float("-inf")  # when _tokens was last brought up to date
         self._sent = float("-inf")  # when the last write was let through
@@ -262,12 +358,13 @@ def gate_for(storage: object, key: str, min_interval: float, clock: object = Non
 
 
 def _reset_after_fork() -> None:
-    """In a forked child: new mutexes for the gates (a parent thread may have held one at the fork)."""
+    """In a forked child: every gate as new. The spacing is this process's own (its writes, its 429s):
+    the parent's last writes are not the child's, nor is a mutex a parent thread may have held at the fork."""
     global _GATES_LOCK
     _GATES_LOCK = threading.Lock()
     for gates in [*_GATES.values(), *(held for _, held in _UNWEAKABLE.values())]:
         for gate in gates.values():
-            gate._lock = threading.Lock()
+            gate.forget()
 
 
 if hasattr(os, "register_at_fork"):
@@ -305,19 +402,29 @@ def read_retrying(
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
     timeout: float | None = None,
+    watch: Watch | None = None,
 ) -> tuple[bytes, int] | None:
     """One read, its transient errors retried with backoff until ``deadline`` (monotonic).
 
-    ``retry`` and ``sleep`` as for :func:`write_resolving`. Every read that
+    ``retry``, ``sleep``, ``timeout`` and ``watch`` as for :func:`write_resolving`. Every read that
     decides a write goes through here (the lock's, the fence's, a force-release's).
     """
     retries = Retries(clock, deadline)
+    last: TransientStorageError | None = None
     while True:
         try:
-            found = storage.read(key, max_bytes=max_bytes, timeout=timeout)
+            bound = Bound(clock, deadline, timeout, storage, key, "read")
+        except StorageTimeout:
+            if last is not None:  # a retry whose sleep overran the deadline: the failure before it is the news
+                raise last
+            raise
+        try:
+            found = storage.read(key, max_bytes=max_bytes, timeout=bound.seconds)
         except TransientStorageError as exc:
+            last = exc
+            bound.failed(exc, watch)
             delay = retries.next_delay()
-            if not retry or delay is None:
+            if not retry or delay is None or bound.used_up(exc):
                 raise
             failed(storage, exc)  # said once per outage: a long wait is never silent
             if sleep is None:
@@ -325,7 +432,7 @@ def read_retrying(
             elif not sleep(delay):
                 raise
         else:
-            answered(storage)
+            _answered(storage, watch)
             return found
 
 
@@ -345,6 +452,7 @@ def write_resolving(
     retry: bool = True,
     sleep: Callable[[float], bool] | None = None,
     timeout: float | None = None,
+    watch: Watch | None = None,
 ) -> tuple[int, bytes | None]:
     """Write ``data`` if the object is at ``if_generation_match``; return ``(generation, read_back)``.
 
@@ -372,6 +480,13 @@ def write_resolving(
     (a cancelled acquire); the default just sleeps. Raises
     :class:`PreconditionFailed` when the object moved on, and any permanent
     :class:`StorageError` at once.
+
+    Each request ends by ``deadline`` as well, within ``timeout`` (None: the
+    store's own ``request_timeout``) and what is left (:class:`Bound`): past
+    the deadline nothing is sent, and the operation ends with a
+    :class:`~handofflock.core.errors.StorageTimeout` (as it does when the write
+    spacing would hold the write past it). ``watch`` hears of each failure and
+    success of the store (:class:`Watch`).
     """
     retries = Retries(clock, deadline)
     maybe_landed = False
@@ -392,7 +507,8 @@ def write_resolving(
         ``patient``, read again after a pause; else None (the retry's precondition will tell)."""
         while True:
             try:
-                return _landed(storage, key, if_generation_match, is_ours, max_bytes, timeout)
+                bound = Bound(clock, deadline, timeout, storage, key, "read")
+                return _landed(storage, key, if_generation_match, is_ours, max_bytes, bound.seconds)
             except TransientStorageError:
                 if not patient:
                     return None
@@ -407,17 +523,25 @@ def write_resolving(
             if deadline is not None and clock.monotonic() + wait >= deadline:
                 # The spacing (widened by 429s) would carry the write past the deadline:
                 # give up now rather than sleep there. Nothing was booked, so giving up
-                # costs the other writers of the object nothing.
-                raise last_failure or TransientStorageError(
-                    f"the write spacing for {key!r} ({wait:.1f} s) would pass the operation's deadline",
+                # costs the other writers of the object nothing. The store refused nothing:
+                # the operation ran out of time (a store's refusal before it is raised instead).
+                raise last_failure or StorageTimeout(
+                    f"the write spacing for {key!r} in {getattr(storage, 'url', storage)} ({wait:.1f} s) "
+                    "would pass the operation's deadline; nothing was sent",
                     url=getattr(storage, "url", None),
                     key=key,
                     ambiguous=False,
                 )
             clock.sleep(max(wait, 0.001))
+        try:
+            bound = Bound(clock, deadline, timeout, storage, key, "write")
+        except StorageTimeout:
+            if last_failure is not None:
+                raise last_failure
+            raise
         body = data() if callable(data) else data
         try:
-            generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=timeout)
+            generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=bound.seconds)
         except PreconditionFailed:
             if gate is not None:
                 gate.refund(clock.monotonic())
@@ -428,6 +552,7 @@ def write_resolving(
             raise
         except TransientStorageError as exc:
             last_failure = exc
+            bound.failed(exc, watch)
             if exc.status == 429 and gate is not None:
                 gate.throttled(exc.retry_after)
             if exc.ambiguous:
@@ -435,13 +560,13 @@ def write_resolving(
                 landed = read_back(patient=False)
                 if landed is not None:
                     return landed
-            if not pause():
+            if bound.used_up(exc) or not pause():
                 raise
             failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
         else:
             if gate is not None:
                 gate.succeeded()
-            answered(storage)
+            _answered(storage, watch)
             return generation, None
 
 
@@ -494,7 +619,8 @@ def _outcome_lost(storage: Storage, key: str, expected: int) -> TransientStorage
 
 
 class RecordStore:
-    """Reads and conditional writes of one lock object, each request bounded by the lock's ``request_timeout``.
+    """Reads and conditional writes of one lock object, each request bounded by the lock's ``request_timeout``
+    and by what is left of its operation's deadline (:class:`Bound`).
 
     ``interrupted(delay)`` waits up to ``delay`` seconds and says whether an
     interruptible retry must give up (a ``cancel()``, a deferred release).
@@ -515,6 +641,7 @@ class RecordStore:
         self.storage, self.key, self.url = storage, key, url
         self._clock, self._timing, self._interrupted, self._log = clock, timing, interrupted, log
         self._gate: WriteGate | None = None
+        self._watch = Watch(url, timing.request_timeout, clock)
 
     def gate(self) -> WriteGate:
         """The store's write gate for this object (shared with every lock of this process on it)."""
@@ -535,6 +662,7 @@ class RecordStore:
             retry=retry,
             sleep=lambda delay: self._sleep(delay, interruptible),
             timeout=self._timing.request_timeout,
+            watch=self._watch,
         )
         if found is None:
             return None, 0
@@ -603,6 +731,7 @@ class RecordStore:
             retry=retry,
             sleep=lambda delay: self._sleep(delay, interruptible),
             timeout=self._timing.request_timeout,
+            watch=self._watch,
         )
         landed = attempts[sent[-1]]
         if read_back is not None:

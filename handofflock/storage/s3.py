@@ -24,10 +24,14 @@ How the contract is met (see ``docs/storage.md``, "S3"):
   every racing writer would "win" and two owners would hold the lock at once,
   with no error anywhere. So before its first request a store is probed once,
   on a scratch key beside the lock's (``<key>.handofflock-probe-<random>``): a
-  PUT with an ``If-Match`` that cannot match must be refused (412, or 404
-  ``NoSuchKey``), and of two creates with ``If-None-Match: *`` the second must
-  be refused (412, or 409 ``ConditionalRequestConflict``). A store that applies
-  either is refused with :class:`~handofflock.core.errors.LockingUnsupported`
+  PUT with an ``If-Match`` that cannot match must be refused while the key is
+  missing (412, or 404 ``NoSuchKey``); of two creates with ``If-None-Match: *``
+  the second must be refused (412, or 409 ``ConditionalRequestConflict``); and
+  the same wrong ``If-Match`` must be refused again once the object exists (a
+  store can refuse it on a missing key only because there is nothing to
+  replace, and still replace an existing object whatever its ETag: every
+  racing writer would then replace the same generation). A store that applies
+  any of them is refused with :class:`~handofflock.core.errors.LockingUnsupported`
   (docs/storage.md, "S3-compatible stores").
 """
 
@@ -327,25 +331,29 @@ class S3Storage(deadline.HTTPStore[Any]):
                     raise
                 return True
 
-            ignored = None
+            ignored, created = None, True
             try:
                 if applied(IfMatch=_IMPOSSIBLE_ETAG):
-                    ignored = "If-Match"
-                elif applied(IfNoneMatch="*") and applied(IfNoneMatch="*"):
-                    ignored = "If-None-Match"
+                    ignored = "If-Match on PUT"
+                elif not applied(IfNoneMatch="*"):
+                    created = False  # a fresh key not created (a conflict): no verdict yet, probe again next time
+                elif applied(IfNoneMatch="*"):
+                    ignored = "If-None-Match on PUT"
+                elif applied(IfMatch=_IMPOSSIBLE_ETAG):  # the scratch object exists now
+                    ignored = "If-Match on a PUT over an existing object"
             finally:
                 with contextlib.suppress(Exception), self.bounded("write", key, timeout):
                     self.client.delete_object(Bucket=self.bucket, Key=scratch)
             if ignored is not None:
                 raise LockingUnsupported(
-                    f"{self.url} ignores {ignored} on PUT: a conditional write to {scratch!r} that had to be refused "
+                    f"{self.url} ignores {ignored}: a conditional write to {scratch!r} that had to be refused "
                     "was applied, so two writers could both take the lock. handofflock needs a store that honours "
                     "If-Match and If-None-Match on PutObject (AWS S3, Cloudflare R2, MinIO since 2024-05); "
                     "for GCS use gs://, not its S3 (XML) API. See docs/storage.md, 'S3-compatible stores'",
                     url=self.url,
                     key=key,
                 )
-            self._probed = True
+            self._probed = created
 
     def _remember(self, key: str, version: _Version) -> None:
         if len(self._seen) >= _SEEN_LIMIT and key not in self._seen:

@@ -40,6 +40,7 @@ from handofflock.core.errors import (
     NotFound,
     PreconditionFailed,
     StorageError,
+    StorageTimeout,
     TransientStorageError,
 )
 from handofflock.storage import deadline, open_url
@@ -460,8 +461,8 @@ def test_a_reply_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(proxy,
     generation = store.write("a.json", RECORD, if_generation_match=0)
     proxy.inject(kind, delay=CUT)
     elapsed, error = finishes_within(15, lambda: operation(store, generation))
-    assert isinstance(error, TransientStorageError), error
-    assert f"request_timeout ({CUT:g}s)" in str(error) and error.ambiguous is mutation
+    assert isinstance(error, StorageTimeout), error
+    assert f"no complete reply within {CUT:g} s" in str(error) and error.ambiguous is mutation
     assert CUT - 0.1 <= elapsed < CUT + 2.0, f"cut off after {elapsed:.2f} s"
     assert proxy.stats()["faults"][kind] == 1
     if mutation:  # the request reached the store and was applied: why a write says "ambiguous"
@@ -481,7 +482,7 @@ def test_the_stores_request_timeout_bounds_a_call_that_names_no_timeout(proxy, b
     store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=CUT)
     proxy.inject("trickle", method="GET", delay=CUT)
     elapsed, error = finishes_within(15, lambda: store.read("a.json"))
-    assert isinstance(error, TransientStorageError) and f"request_timeout ({CUT:g}s)" in str(error), error
+    assert isinstance(error, StorageTimeout) and f"no complete reply within {CUT:g} s" in str(error), error
     assert CUT - 0.1 <= elapsed < CUT + 2.0, f"cut off after {elapsed:.2f} s"
     store.close()
 
@@ -491,7 +492,7 @@ def test_by_default_a_request_may_take_its_connect_and_read_timeouts_together(pr
     store.write("a.json", RECORD, if_generation_match=0)
     proxy.inject("trickle_head", method="GET", delay=0.2)  # never the read timeout, a pause at a time
     elapsed, error = finishes_within(15, lambda: store.read("a.json"))
-    assert isinstance(error, TransientStorageError) and "request_timeout (0.75s)" in str(error)
+    assert isinstance(error, StorageTimeout) and "no complete reply within 0.75 s" in str(error)
     assert 0.75 - 0.1 <= elapsed < 0.75 + 2.0
     store.close()
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import threading
 import uuid
+from urllib.parse import unquote
 
 import pytest
 
 from handofflock import HandoffLock, LockingUnsupported
 from handofflock.storage.s3 import S3Storage
-from handofflock.testing.faultproxy import FaultProxy
+from handofflock.testing.faultproxy import Exchange, FaultProxy
 
 pytestmark = pytest.mark.s3
 KEY = "locks/job.json"
@@ -44,16 +45,38 @@ def test_a_store_that_honours_the_conditions_passes_the_probe_once_and_keeps_no_
     assert store._probed and keys(bucket) == [KEY]
 
 
-@pytest.mark.parametrize("stripped", [None, "if-none-match"], ids=["both", "if-none-match-only"])
+def exists(ex: Exchange) -> bool:
+    """Whether the object a request of the proxy's is aimed at exists now (asked of moto, not through the proxy)."""
+    import boto3
+    import botocore.exceptions
+
+    bucket, _, key = unquote(ex.path.lstrip("/")).partition("/")
+    try:
+        boto3.client("s3").head_object(Bucket=bucket, Key=key)
+    except botocore.exceptions.ClientError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "stripped", [None, "if-none-match", "if-match-on-existing"], ids=["both", "if-none-match-only", "if-match-on-existing"]
+)
 def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s3_server, bucket, stripped):
     """16 locks race for one object through a proxy that strips the conditions: before, all 16
-    acquired it; now each is refused with LockingUnsupported and none writes the lock object."""
+    acquired it; now each is refused with LockingUnsupported and none writes the lock object.
+
+    ``if-match-on-existing``: a store that refuses a wrong If-Match on a missing key (there is
+    nothing to replace) but replaces an existing object whatever its ETag. The probe's first
+    check passes there; its check over an existing scratch object refuses the store."""
     with FaultProxy(s3_server.url, lifetime=60, dialect="s3") as proxy:
         if stripped is None:
             proxy.inject("strip_conditions", method="PUT", times=10_000, probes=True)
-        else:  # a MinIO older than 2024-05: If-Match honoured, If-None-Match ignored
+        elif stripped == "if-none-match":  # a MinIO older than 2024-05: If-Match honoured, If-None-Match ignored
             proxy.inject("strip_conditions", method="PUT", times=10_000, probes=True,
                          when=lambda ex: "if-none-match" in ex.headers)
+        else:
+            proxy.inject("strip_conditions", method="PUT", times=10_000, probes=True,
+                         when=lambda ex: "if-match" in ex.headers and exists(ex))
         results: list[object] = []
 
         def race() -> None:
@@ -73,5 +96,6 @@ def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s
             t.join(60)
     assert len(results) == 16 and all(isinstance(r, LockingUnsupported) for r in results), results
     message = str(results[0])
-    assert ("If-Match" if stripped is None else "If-None-Match") in message and "docs/storage.md" in message
+    named = {None: "If-Match on PUT", "if-none-match": "If-None-Match", "if-match-on-existing": "existing object"}
+    assert named[stripped] in message and "docs/storage.md" in message
     assert KEY not in keys(bucket)
