@@ -269,14 +269,13 @@ class HandoffLock:
             url=self.url,
             clock=self._clock,
             timing=self.timing,
-            interrupted=self._interrupted,
+            interrupted=functools.partial(_interrupted, weakref.ref(self)),
             log=self._log_acquire,
         )
         self._cancel = prims.event()
         self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
         self._not_acquiring.set()
-        inline = lambda: bool(getattr(self._scheduler, "notify_inline", False))  # noqa: E731
-        self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
+        self._notifier = Notifier(prims, inline=_notifies_inline, name=f"handofflock-notify-{self.owner_id}")
         self._book = RequestBook(self, self._clock, self._notifier.event, yields=self._me.yields)
         # How deep this thread is in the lock's public operations (``depth`` of a thread-local).
         self._depth = prims.local()
@@ -939,7 +938,7 @@ class HandoffLock:
                 self._check_waiter(None)
         elif self._state is RELEASING and now >= lease.next_release_try:
             self._retry_release()
-        self._notifier.notify()
+        self._notifier.notify(self)
 
     def _schedule(self) -> None:
         """Have the scheduler run the duties (the process-wide scheduler unless one was given)."""
@@ -1041,13 +1040,13 @@ class HandoffLock:
         if lost is not None:
             if background:
                 return None
-            self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
+            self._notifier.flush(self)  # outside the mutex: a receiver of ``lost`` may call back in
             raise lost
         token = self.token
         self._log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
             self._notifier.event(signals.released, handed_off_to=heir, token=token)
-            self._notifier.notify()
+            self._notifier.notify(self)
         else:
             signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
@@ -1256,11 +1255,22 @@ class _Duties:
         lock = self._lock()
         if lock is not None:
             lock._check_waiter(generation)
-            lock._notifier.notify()
+            lock._notifier.notify(lock)
 
     def __repr__(self) -> str:
         lock = self._lock()
         return f"<duties of {lock!r}>" if lock is not None else "<duties of a collected HandoffLock>"
+
+
+def _interrupted(lock: weakref.ref[HandoffLock], delay: float) -> bool:
+    """The record store's ``interrupted``: the lock's, through a weak reference (a part never keeps it alive)."""
+    it = lock()
+    return it is None or it._interrupted(delay)
+
+
+def _notifies_inline(lock: HandoffLock) -> bool:
+    """Whether ``lock``'s signals are sent in the thread that has them sent: a scheduler run by hand."""
+    return bool(getattr(lock._scheduler, "notify_inline", False))
 
 
 def _store_of(url: str | os.PathLike[str], storage: Storage | None, key: str | None) -> tuple[Storage, str, str]:

@@ -31,7 +31,7 @@ def _requests_heard(world, lock, ask):
         ask()
         world.clock.advance(0.01)
         world.sched.run_pending()
-        lock._notifier.flush()  # private: send what is queued now, in this thread
+        lock._notifier.flush(lock)  # private: send what is queued now, in this thread
     return got
 
 
@@ -73,7 +73,7 @@ def test_a_waiter_request_names_the_waiter(world):
     with signals.on_release_requested.connected_to(lambda s, **kw: got.append(kw), sender=owner):
         with pytest.raises(LockTimeout):
             waiter.acquire(timeout=2.0)  # registers as the waiter; the owner's check notices; gives up
-        owner._notifier.flush()  # private: as above
+        owner._notifier.flush(owner)  # private: as above
     assert got and got[0]["request"].reason is RequestReason.WAITER and got[0]["request"].requester == "W"
     owner.release()
 
