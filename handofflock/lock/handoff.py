@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
+from .. import os_signals
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
@@ -213,6 +214,7 @@ class HandoffLock:
         timing: Timing | None = None,
         primitives: Primitives | None = None,
         release_at_exit: bool | None = None,
+        release_on_signal: bool | None = None,
     ) -> None:
         storage, key, self.url = _store_of(url, storage, key)
         given = {
@@ -237,15 +239,25 @@ class HandoffLock:
         self._clock = clock or Clock()
         self._prims = primitives or THREADING
         self._pid = os.getpid()
-        if release_at_exit is None:  # real time and real threads: yes; a simulation: no
-            release_at_exit = self._clock.timebase is Clock().timebase and self._prims is THREADING
-        self.release_at_exit: bool = bool(release_at_exit)
+        real = self._clock.timebase is Clock().timebase and self._prims is THREADING
+        # Real time and real threads: yes; a simulation: no (its time and threads are not the process's).
+        self.release_at_exit: bool = real if release_at_exit is None else bool(release_at_exit)
         """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
 
         True by default (False on an injected fake clock or injected primitives: a simulation's time
         is not the process's); settable (a bool). With False the lock stays held at exit until its
         lease runs out, and one collected while held is only no longer renewed. Nothing runs on
         ``os._exit``, SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
+        """
+        self.release_on_signal: bool = real if release_on_signal is None else bool(release_on_signal)
+        """Whether SIGTERM and SIGHUP release the lock where their action is the default one.
+
+        True by default (False on an injected fake clock or injected primitives). When a hold begins in
+        the main thread while a signal's action is the default (the process would just end), a handler
+        is installed that releases every held lock of the process (handed off), puts the default action
+        back and raises the signal again: the process ends with the signal's status, as it would have.
+        It goes when no lock is held. A handler of anyone else's (:func:`~handofflock.install_signal_handlers`,
+        ``handofflock run``, a framework's) is left alone. Settable (a bool); see :mod:`handofflock.os_signals`.
         """
         self._scheduler = scheduler  # None: the process-wide one, taken when the lock is first held
         self._duties = _Duties(self, storage, key)
@@ -727,6 +739,8 @@ class HandoffLock:
             self._settle_handed_lease(settle_by)
         self._schedule()
         _Reaper.ensure()  # started here, never in a collection
+        if self.release_on_signal:
+            os_signals.arm(self)
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -904,6 +918,7 @@ class HandoffLock:
         self._lease.valid_until = -math.inf  # nothing about the hold is valid any more
         self._lease.lost_reason, self._lease.lost_error = why, exc
         self._stop_duties()
+        os_signals.settle()
         self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
@@ -1102,6 +1117,7 @@ class HandoffLock:
         self._state = IDLE
         self._book.end_hold()
         self._lease.next_release_try = math.inf
+        os_signals.settle()  # the release-on-signal handler goes once no lock is held
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
         """Run a public operation; a re-entrant ``deferrable`` one (a release) is deferred, not deadlocked.

@@ -6,20 +6,26 @@ import contextlib
 import gc
 import signal
 import subprocess
+import sys
+import textwrap
 import threading
 import uuid
 import warnings
 import weakref
 
 import pytest
+from childpipes import next_line
 from lockutil import make_lock
 
 from handofflock import (
     AcquireCancelled,
     ConfigurationError,
+    HandoffLock,
     LockTimeout,
     ReleaseRequest,
     RequestReason,
+    install_signal_handlers,
+    os_signals,
     signals,
 )
 from handofflock.storage import MemoryStorage
@@ -228,3 +234,114 @@ def test_a_request_noted_while_the_waiter_withdraws_is_the_request_that_stands()
         assert book.release_request is signal_request, f"withdrawn after instruction {nth}"
         assert book.release_requested
     assert nth > 3, "the withdrawal never landed inside request()"
+
+
+# -- release on SIGTERM and SIGHUP where their action is the default one --------------------------------
+
+
+@pytest.fixture
+def default_actions():
+    """SIGTERM and SIGHUP at their default action (SIG_DFL) for the test, and as they were after it."""
+    found = {sig: signal.getsignal(sig) for sig in os_signals.RELEASE_SIGNALS}
+    for sig in found:
+        signal.signal(sig, signal.SIG_DFL)
+    yield
+    for sig, handler in found.items():
+        signal.signal(sig, handler)
+
+
+class _ReadHook(MemoryStorage):
+    """A memory store that runs ``hook`` once, at the start of the next read (the lock's own operation)."""
+
+    hook = None
+
+    def read(self, key, **kwargs):
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return super().read(key, **kwargs)
+
+
+def test_a_hold_handles_only_the_signals_left_at_their_default_and_gives_them_back(default_actions):
+    mine = lambda signum, frame: None  # noqa: E731
+    signal.signal(signal.SIGHUP, mine)  # the program's own, before the lock is held
+    lock = make_lock(f"memory://sig-{uuid.uuid4().hex[:8]}/l.json")
+    assert lock.acquire()
+    assert signal.getsignal(signal.SIGTERM) is os_signals._release_and_reraise
+    assert signal.getsignal(signal.SIGHUP) is mine
+    lock.release()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # no lock held: the default action again
+    assert signal.getsignal(signal.SIGHUP) is mine
+
+
+def test_with_release_on_signal_false_no_handler_is_installed(default_actions):
+    lock = make_lock(f"memory://sig-{uuid.uuid4().hex[:8]}/l.json", release_on_signal=False)
+    assert lock.acquire()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    lock.release()
+
+
+def test_a_signal_in_the_middle_of_the_locks_own_call_releases_as_it_returns_then_acts(default_actions, monkeypatch):
+    acted: list = []
+    monkeypatch.setattr(os_signals, "act_as_before", lambda sig, frame, previous: acted.append((sig, previous)))
+    store = _ReadHook(f"sig-{uuid.uuid4().hex[:8]}")
+    lock = make_lock("memory://x", storage=store, key="l.json")
+    other = make_lock("memory://x", storage=store, key="other.json")
+    assert lock.acquire() and other.acquire()
+    inside: list = []
+
+    def sigterm_now() -> None:  # the handler, as Python runs it: between two bytecodes of this thread
+        os_signals._release_and_reraise(signal.SIGTERM, None)
+        inside.append((lock.is_held, other.is_held, list(acted)))
+
+    store.hook = sigterm_now
+    lock.status()  # the signal lands in its read
+    assert inside == [(True, False, [])]  # deferred: nothing acted while the call was in progress
+    assert not lock.is_held and acted == [(signal.SIGTERM, signal.SIG_DFL)]  # released, then the signal acted
+    assert store.read("l.json") is not None and not lock.status().owner_id
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_handler_chained_to_ours_decides_alone(default_actions):
+    """install_signal_handlers() over a held lock: the first SIGTERM is a request (ours, chained to as the
+    previous handler, does nothing while another is installed); the lock stays held."""
+    lock = make_lock(f"memory://sig-{uuid.uuid4().hex[:8]}/l.json")
+    assert lock.acquire()
+    handlers = install_signal_handlers(lock, [signal.SIGTERM], grace=5)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert lock.is_held and lock.release_requested
+        assert lock.release_request.requester == "SIGTERM"
+    finally:
+        handlers.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is os_signals._release_and_reraise  # put back: the lock is held
+    lock.release()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.timeout(60)
+def test_install_signal_handlers_after_the_hold_began_keeps_its_meaning_in_a_real_process(tmp_path):
+    """First SIGTERM: a request; second: released at once and the process ends with SIGTERM."""
+    url = str(tmp_path / "l.json")
+    script = textwrap.dedent(f"""
+        import time
+        from handofflock import HandoffLock, install_signal_handlers
+        with HandoffLock({url!r}, ttl=60.0) as lock:
+            install_signal_handlers(lock, grace=25)
+            print("held", flush=True)
+            while not lock.release_requested:
+                time.sleep(0.02)
+            print("asked", lock.is_held, flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert next_line(proc) == "held\n"
+        proc.send_signal(signal.SIGTERM)
+        assert next_line(proc) == "asked True\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == -signal.SIGTERM
+        assert HandoffLock(url, ttl=60.0).acquire(blocking=False)  # released before the signal acted
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -7,10 +7,12 @@ the next acquirer would otherwise wait.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import orjson
 import pytest
@@ -105,6 +107,56 @@ def test_dropping_the_last_reference_to_a_held_lock_releases_it(backend, request
         assert first_event(holder)["event"] == "dropped"
         eventually(lambda: raw_read(url)[0].owner_id is None, timeout=10, what="the dropped lock released")
         assert holder.poll() is None  # still running: the collection released it, not the exit
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+# -- SIGTERM and SIGHUP to a plain holder: released, then the process ends with the signal -----------
+
+
+@pytest.mark.parametrize(
+    "backend, sig",
+    [("local", signal.SIGTERM), ("local", signal.SIGHUP), ("gcs", signal.SIGTERM)],
+)
+def test_a_signal_to_a_plain_holder_lets_the_next_process_in_at_once(backend, sig, request, tmp_path):
+    url = url_for(backend, request, tmp_path)
+    holder = spawn("exitproc.py", "hold", url)  # `with HandoffLock(url, ttl=60):`, nothing else
+    acquired = first_event(holder)
+    assert acquired["event"] == "acquired"
+    nxt = HandoffLock(url, ttl=60.0)
+    sent = time.monotonic()
+    holder.send_signal(sig)
+    assert nxt.acquire(timeout=10)  # without the release: ttl 60 plus the skew
+    took = time.monotonic() - sent
+    print(f"{backend}: {sig.name} to the holder, the next process held the lock {took:.2f} s later")
+    assert took < 2.0
+    assert nxt.token > acquired["token"]
+    ended(holder, code=-sig)  # the process still ends with the signal, as it would have
+    nxt.release()
+
+
+def test_with_release_on_signal_false_sigterm_leaves_the_lock_held(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = spawn("exitproc.py", "hold-optout", url)
+    acquired = first_event(holder)
+    holder.send_signal(signal.SIGTERM)
+    ended(holder, code=-signal.SIGTERM)
+    record, _ = raw_read(url)
+    assert record.owner_id == acquired["owner"] and record.expires_at > time.time() + 30
+    assert HandoffLock(url, ttl=60.0).acquire(blocking=False) is False
+
+
+def test_a_sigterm_handler_installed_before_acquire_is_left_alone(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = spawn("exitproc.py", "hold-handler", url)
+    try:
+        acquired = first_event(holder)
+        holder.send_signal(signal.SIGTERM)
+        assert first_event(holder) == {"event": "handled", "signal": signal.SIGTERM, "t": ANY}
+        time.sleep(0.5)
+        assert holder.poll() is None  # the program's handler decides: it carries on
+        assert raw_read(url)[0].owner_id == acquired["owner"]
     finally:
         holder.kill()
         holder.communicate()
