@@ -476,7 +476,9 @@ class HandoffLock:
         """
         request = acquire_request(blocking, timeout, request_release, priority)
         got = signals.observer.timed_acquire(
-            self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
+            self,
+            self._clock,
+            lambda: self._guarded(lambda: self._acquire(blocking, timeout, request), cancelled_by_release=True),
         )
         return Acquired(self) if got else False
 
@@ -1119,14 +1121,16 @@ class HandoffLock:
         self._lease.next_release_try = math.inf
         os_signals.settle()  # the release-on-signal handler goes once no lock is held
 
-    def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
+    def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False, cancelled_by_release: bool = False) -> T:
         """Run a public operation; a re-entrant ``deferrable`` one (a release) is deferred, not deadlocked.
 
         ``release()`` may be called from a signal handler that interrupted this very thread inside the
         library (inside ``acquire()``, holding the I/O mutex, even inside an Event's own lock): taking any
         lock there could deadlock. Such a call only sets a flag, and the outermost call carries the release
         out on its way out (a blocking acquire sees the flag after its current poll); callbacks registered
-        meanwhile run after it.
+        meanwhile run after it. ``cancelled_by_release``: an acquire, whose hold that release ended before
+        it could return it: it raises :class:`AcquireCancelled`, as an acquire the release stopped while
+        waiting does, never returning a hold the lock no longer has.
         """
         if self._state == FORKED:
             raise InheritedAcrossFork(
@@ -1138,19 +1142,24 @@ class HandoffLock:
             self._deferred = True  # only an assignment: safe in a signal handler
             return None  # type: ignore[return-value]
         self._depth.n = depth + 1
+        released = False
         try:
-            return fn()
+            result = fn()
         finally:
             self._depth.n = depth
             if depth == 0 and self._deferred:
                 self._deferred = False
                 try:
                     if self._state in (HELD, LOST):  # the release a signal handler asked for
+                        released = True
                         self._guarded(self._release)
                 finally:
                     then, self._after_deferred = self._after_deferred, []
                     for callback in then:
                         callback()
+        if released and cancelled_by_release and result:
+            raise AcquireCancelled(f"acquire of {self.url!r} was cancelled: a signal handler released the lock")
+        return result
 
     def __del__(self) -> None:
         # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that

@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 from childpipes import next_line
-from lockutil import make_lock
+from lockutil import make_lock, raw_read
 
 from handofflock import (
     AcquireCancelled,
@@ -345,3 +345,57 @@ def test_install_signal_handlers_after_the_hold_began_keeps_its_meaning_in_a_rea
     finally:
         proc.kill()
         proc.communicate()
+
+
+# -- a release from a signal handler while acquire() takes the lock -------------------------------------
+
+
+@pytest.mark.parametrize("found", ["absent", "free"])  # acquire() sends a CREATE, or a TAKE
+def test_a_release_from_a_signal_handler_at_any_point_of_acquire_never_leaves_a_true_acquired(found):
+    """The handler's ``release()`` lands after each bytecode instruction of acquire() in turn (of its
+    loop, of the write it sends, of becoming the owner): deferred to acquire()'s end, it releases the
+    hold acquire() just got, and acquire() then raises AcquireCancelled, as an acquire that a release
+    stopped while waiting does. It never returns a true Acquired for a hold the lock no longer has."""
+    from handofflock.lock.handoff import HandoffLock as Lock
+    from handofflock.storage.records import RecordStore
+
+    codes = {Lock._acquire.__code__, Lock._became_owner.__code__, RecordStore.write.__code__}
+    nth = 0
+    while True:
+        nth += 1
+        url = f"memory://deferred-{uuid.uuid4().hex[:8]}/l.json"
+        if found == "free":
+            prior = make_lock(url)
+            assert prior.acquire()
+            prior.release()
+        lock = make_lock(url, release_on_signal=False)
+        seen = {"n": 0, "done": False}
+
+        def local(frame, event, arg, lock=lock, seen=seen):
+            frame.f_trace_opcodes = True
+            if event == "opcode" and not seen["done"]:
+                seen["n"] += 1
+                if seen["n"] == nth:
+                    seen["done"] = True
+                    lock.release()  # as a signal handler would: in this thread, inside acquire()
+            return local
+
+        def tracer(frame, event, arg):
+            return local if frame.f_code in codes else None
+
+        got: object = None
+        sys.settrace(tracer)
+        try:
+            got = lock.acquire()
+        except AcquireCancelled:
+            pass
+        finally:
+            sys.settrace(None)
+        if not seen["done"]:
+            break  # past the end of acquire(): every point was tried
+        assert not got, f"acquire() returned a hold released after instruction {nth}"
+        assert not lock.is_held
+        record, _ = raw_read(url)
+        assert record is None or record.owner_id is None, f"left held after instruction {nth}"
+        MemoryStorage.forget(url.split("/")[2])
+    assert nth > 50, "the release never landed inside acquire()"
