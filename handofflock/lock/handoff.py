@@ -1498,13 +1498,23 @@ class _Reaper:
 
 
 def _at_exit() -> None:
-    """Release every lock of this process still held. ``atexit`` runs after ``threading`` has joined the
-    non-daemon threads and before the daemon ones stop, so the scheduler and notifiers still run; hooks
-    registered after this module was imported (a checkpoint saved at exit) run first."""
-    _Reaper.drain()
+    """Cancel every acquire still waiting (in a daemon thread), then release every lock of this process
+    still held. ``atexit`` runs after ``threading`` has joined the non-daemon threads and before the daemon
+    ones stop, so the scheduler, notifiers and waiting acquires still run; hooks registered after this
+    module was imported (a checkpoint saved at exit) run first."""
     pid = os.getpid()
-    for lock in list(_LOCKS):
-        if lock.release_at_exit and lock._pid == pid and lock.is_held:
+    locks = [lock for lock in list(_LOCKS) if lock.release_at_exit and lock._pid == pid]
+    waiting = [lock for lock in locks if lock._state is WAITING]
+    for lock in waiting:
+        # Its waiter slot given back now, or the owner would be asked to hand the lock to a process
+        # that is gone. An acquire that won the lock meanwhile is released below, as any held lock.
+        lock.cancel()
+    for lock in waiting:
+        if not lock._not_acquiring.wait(lock.timing.request_timeout + lock.give_up_budget):
+            lock._log_acquire.warning("the acquire of %s cancelled at exit has not ended; exiting", lock.url)
+    _Reaper.drain()
+    for lock in locks:
+        if lock.is_held:
             _finish(lock, True, "at exit")
 
 

@@ -160,3 +160,18 @@ def test_a_sigterm_handler_installed_before_acquire_is_left_alone(request, tmp_p
     finally:
         holder.kill()
         holder.communicate()
+
+
+def test_a_daemon_thread_waiting_at_exit_gives_its_waiter_slot_back(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = HandoffLock(url, ttl=60.0, waiter_check_interval=0.2)
+    assert holder.acquire()
+    try:
+        waiter = spawn("exitproc.py", "daemon-wait", url)  # its daemon thread waits in acquire()
+        assert first_event(waiter)["event"] == "waiting"
+        ended(waiter)
+        record, _ = raw_read(url)
+        assert record.waiter is None or not record.waiter.live(time.time()), record.waiter  # given back
+    finally:
+        heir = holder.release()
+    assert heir is None  # never handed to the process that is gone
