@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 from childpipes import next_line
-from lockutil import make_lock, raw_read
+from lockutil import FAST, make_lock, raw_read
 
 from handofflock import (
     AcquireCancelled,
@@ -317,6 +317,25 @@ def test_a_handler_chained_to_ours_decides_alone(default_actions):
     assert signal.getsignal(signal.SIGTERM) is os_signals._release_and_reraise  # put back: the lock is held
     lock.release()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize("opt_out", [False, True])
+def test_an_async_lock_on_a_loop_in_the_main_thread_takes_the_same_keyword(default_actions, opt_out):
+    import anyio
+
+    from handofflock.aio import AsyncHandoffLock
+
+    async def main():
+        url = f"memory://sig-{uuid.uuid4().hex[:8]}/l.json"
+        lock = AsyncHandoffLock(url, **FAST, **({"release_on_signal": False} if opt_out else {}))
+        assert await lock.acquire()
+        during = signal.getsignal(signal.SIGTERM)
+        await lock.release()
+        return during, signal.getsignal(signal.SIGTERM)
+
+    during, after = anyio.run(main)
+    assert during is (signal.SIG_DFL if opt_out else os_signals._release_and_reraise)
+    assert after is signal.SIG_DFL
 
 
 @pytest.mark.timeout(60)
