@@ -296,19 +296,20 @@ def install_signal_handlers(
 
 #: The signals a held lock is released on where their action is the default one (``release_on_signal``).
 RELEASE_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-#: The locks held (or once held) with ``release_on_signal``, since they became held in the main thread.
+#: The locks held (or once held) with ``release_on_signal``: those our handler releases.
 _armed: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
 
 
 def arm(lock: HandoffLock) -> None:
     """``lock`` became held: release it on :data:`RELEASE_SIGNALS` whose action is the default one.
 
-    Only in the main thread (Python installs and runs handlers only there); a handler of
-    anyone else's, or SIG_IGN, is left as it is.
+    The handler is installed only from the main thread (Python installs and runs handlers only
+    there); a hold begun in another thread is released by it once a hold in the main thread
+    installed it. A handler of anyone else's, or SIG_IGN, is left as it is.
     """
+    _armed.add(lock)
     if threading.current_thread() is not threading.main_thread():
         return
-    _armed.add(lock)
     for sig in RELEASE_SIGNALS:
         if signal.getsignal(sig) is signal.SIG_DFL:
             signal.signal(sig, _release_and_reraise)
@@ -317,16 +318,11 @@ def arm(lock: HandoffLock) -> None:
 def settle() -> None:
     """Put the default action back on the signals we handle, once no lock of ours is held (main thread only;
     elsewhere our handler stays until the next call here, acting as the default action would)."""
-    if threading.current_thread() is not threading.main_thread() or any(_holds(lock) for lock in list(_armed)):
+    if threading.current_thread() is not threading.main_thread() or any(lock.is_held for lock in list(_armed)):
         return
     for sig in RELEASE_SIGNALS:
         if signal.getsignal(sig) is _release_and_reraise:
             signal.signal(sig, signal.SIG_DFL)
-
-
-def _holds(lock: HandoffLock) -> bool:
-    """Whether ``lock`` has a hold to give back (held, or a release still being retried)."""
-    return lock.is_held or lock._state == "releasing"
 
 
 def _release_and_reraise(signum: int, frame: FrameType | None) -> None:
@@ -352,10 +348,10 @@ def _release_then_default(sig: signal.Signals, frame: FrameType | None) -> None:
         if not deferred:
             act_as_before(sig, frame, signal.SIG_DFL)
 
-    for lock in [lock for lock in list(_armed) if _holds(lock) and lock.release_on_signal]:
+    for lock in [lock for lock in list(_armed) if lock.is_held and lock.release_on_signal]:
         try:
             heir = lock.release()
-        except HandoffLockError as exc:
+        except Exception as exc:  # whatever happens, the signal acts: the process was to end
             _log.warning("%s: could not release %s: %s", sig.name, lock.url, exc)
             continue
         if lock.then_after_deferred_release(functools.partial(after, lock)):

@@ -9,9 +9,10 @@ blinker signal: a lambda or a closure (the usual way to bind a trainer's state)
 stays connected after the line that connected it, instead of vanishing
 silently at the next garbage collection. Disconnect it when done, or pass
 ``weak=True`` for blinker's behaviour. A receiver connected with
-``sender=lock`` still goes when that lock goes, as long as the receiver itself
-does not keep the lock alive (take the lock from the ``sender`` argument
-rather than closing over it).
+``sender=lock`` is kept by that lock and goes when the lock goes. Take the
+lock from the ``sender`` argument rather than closing over it: a receiver
+that closes over its lock makes a cycle that only the cycle collector frees
+(the lock, dropped while held, is released then, not at once).
 
 ==========================  ====================================================
 ``on_release_requested``    someone wants the lock: ``request`` (a

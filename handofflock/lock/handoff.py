@@ -10,8 +10,10 @@ any thread, even a signal handler's (:meth:`HandoffLock._guarded` defers it to t
 Beside the class: what ``acquire()`` and ``steps()`` return (:class:`Acquired`,
 :class:`Steps`), the errors it raises, worded from the record or its state, and the end
 of a lock's life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
-a lock still held at interpreter exit is released then (handed to a waiter), and one
-garbage-collected while held is released by a daemon thread; a forked child's inherited
+a lock still held at interpreter exit is released then (handed to a waiter), an acquire still
+waiting then gives its slot back, one whose last reference goes is released by a daemon thread
+at once (nothing of the lock's own keeps it alive), and SIGTERM or SIGHUP left at their default
+action release it before they act (:mod:`handofflock.os_signals`); a forked child's inherited
 locks hold nothing and do nothing.
 """
 
@@ -187,8 +189,8 @@ class HandoffLock:
     (wall and monotonic time, waits), ``scheduler`` (what runs the renewals and waiter
     checks; by default one per process), ``storage`` and ``key`` (instead of a URL),
     and ``primitives``, whose factories make every mutex, event, thread-local and
-    thread the lock uses (default: :mod:`threading`). ``release_at_exit``: see
-    the attribute :attr:`release_at_exit` (settable). No I/O happens in the constructor.
+    thread the lock uses (default: :mod:`threading`). ``release_at_exit`` and ``release_on_signal``:
+    see the attributes of those names (settable). No I/O happens in the constructor.
     """
 
     def __init__(
