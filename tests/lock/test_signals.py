@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 from childpipes import next_line
-from lockutil import FAST, make_lock, raw_read
+from lockutil import FAST, eventually, make_lock, raw_read
 
 from handofflock import (
     AcquireCancelled,
@@ -418,3 +418,38 @@ def test_a_release_from_a_signal_handler_at_any_point_of_acquire_never_leaves_a_
         assert record is None or record.owner_id is None, f"left held after instruction {nth}"
         MemoryStorage.forget(url.split("/")[2])
     assert nth > 50, "the release never landed inside acquire()"
+
+
+def test_a_release_from_a_signal_handler_as_acquire_accepts_a_handoff_ends_that_acquire_too():
+    """The handler lands as the waiter's acquire() takes the handed-over lock (a receiver of ``acquired``
+    runs at that very point, in acquire()'s thread): acquire() raises AcquireCancelled, and the lock is
+    free for others, never returned to a caller that no longer holds it."""
+    url = f"memory://deferred-{uuid.uuid4().hex[:8]}/l.json"
+    owner, waiter = make_lock(url), make_lock(url, release_on_signal=False)
+    assert owner.acquire()
+    outcome: dict = {}
+
+    def as_a_signal_handler(sender, handoff, **kw):
+        outcome["handoff"] = handoff
+        waiter.release()  # in acquire()'s thread, inside acquire(): deferred to its end
+
+    def wait() -> None:
+        try:
+            outcome["got"] = waiter.acquire(timeout=20)
+        except AcquireCancelled as exc:
+            outcome["error"] = exc
+
+    signals.acquired.connect(as_a_signal_handler, sender=waiter)
+    t = threading.Thread(target=wait)
+    t.start()
+    try:
+        eventually(lambda: owner.release_requested, what="the waiter's request")
+        assert owner.release() == waiter.owner_id  # handed to the waiter
+        t.join(20)
+        assert outcome.get("handoff") is True and "got" not in outcome, outcome
+        assert isinstance(outcome.get("error"), AcquireCancelled)
+        assert not waiter.is_held and raw_read(url)[0].owner_id is None
+    finally:
+        signals.acquired.disconnect(as_a_signal_handler, sender=waiter)
+        waiter.cancel()
+        t.join(10)
