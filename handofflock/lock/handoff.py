@@ -244,11 +244,12 @@ class HandoffLock:
         real = self._clock.timebase is Clock().timebase and self._prims is THREADING
         # Real time and real threads: yes; a simulation: no (its time and threads are not the process's).
         self.release_at_exit: bool = real if release_at_exit is None else bool(release_at_exit)
-        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+        """Whether the lock is released (handed off) at interpreter exit, and when its last reference goes while held.
 
         True by default (False on an injected fake clock or injected primitives: a simulation's time
         is not the process's); settable (a bool). With False the lock stays held at exit until its
-        lease runs out, and one collected while held is only no longer renewed. Nothing runs on
+        lease runs out, and one dropped while held is only no longer renewed; with True an acquire still
+        waiting at exit (in a daemon thread) is cancelled and gives its waiter slot back. Nothing runs on
         ``os._exit``, SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
         """
         self.release_on_signal: bool = real if release_on_signal is None else bool(release_on_signal)
@@ -1462,7 +1463,9 @@ def _finish(lock: HandoffLock, release: bool, why: str) -> None:
 
 
 class _Reaper:
-    """The daemon thread that releases locks collected while held (a daemon: exit never waits for it)."""
+    """The daemon thread that releases locks whose last reference went while held (a daemon: exit never waits
+    for it). Nothing of a lock's own keeps it alive, so that is at once; a cycle through user code (a receiver
+    closing over its lock) waits for the cycle collector."""
 
     orphans: queue.SimpleQueue[tuple[HandoffLock, bool]] = queue.SimpleQueue()
     thread: threading.Thread | None = None
