@@ -296,8 +296,22 @@ def install_signal_handlers(
 
 #: The signals a held lock is released on where their action is the default one (``release_on_signal``).
 RELEASE_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-#: The locks held (or once held) with ``release_on_signal``: those our handler releases.
-_armed: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+#: The locks held (or once held) with ``release_on_signal``: those our handler releases. Replaced whole
+#: under ``_arming`` (a tuple), read without it: a signal handler must take no lock.
+_armed: tuple[weakref.ref[HandoffLock], ...] = ()
+_arming = threading.Lock()
+
+
+def _held() -> list[HandoffLock]:
+    """The locks of :data:`_armed` that are held now."""
+    return [lock for ref in _armed if (lock := ref()) is not None and lock.is_held]
+
+
+def _forget_in_child() -> None:
+    """A forked child's locks are not the parent's (they hold nothing there), and a parent thread may
+    have held ``_arming`` at the fork."""
+    global _armed, _arming
+    _armed, _arming = (), threading.Lock()
 
 
 def arm(lock: HandoffLock) -> None:
@@ -307,7 +321,10 @@ def arm(lock: HandoffLock) -> None:
     there); a hold begun in another thread is released by it once a hold in the main thread
     installed it. A handler of anyone else's, or SIG_IGN, is left as it is.
     """
-    _armed.add(lock)
+    global _armed
+    with _arming:
+        if not any(ref() is lock for ref in _armed):
+            _armed = (*(ref for ref in _armed if ref() is not None), weakref.ref(lock))
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in RELEASE_SIGNALS:
@@ -318,7 +335,7 @@ def arm(lock: HandoffLock) -> None:
 def settle() -> None:
     """Put the default action back on the signals we handle, once no lock of ours is held (main thread only;
     elsewhere our handler stays until the next call here, acting as the default action would)."""
-    if threading.current_thread() is not threading.main_thread() or any(lock.is_held for lock in list(_armed)):
+    if threading.current_thread() is not threading.main_thread() or _held():
         return
     for sig in RELEASE_SIGNALS:
         if signal.getsignal(sig) is _release_and_reraise:
@@ -348,7 +365,7 @@ def _release_then_default(sig: signal.Signals, frame: FrameType | None) -> None:
         if not deferred:
             act_as_before(sig, frame, signal.SIG_DFL)
 
-    for lock in [lock for lock in list(_armed) if lock.is_held and lock.release_on_signal]:
+    for lock in [lock for lock in _held() if lock.release_on_signal]:
         try:
             heir = lock.release()
         except Exception as exc:  # whatever happens, the signal acts: the process was to end
@@ -405,3 +422,7 @@ def act_as_before(sig: signal.Signals, frame: FrameType | None, previous: Handle
         # The kernel ignores a signal whose action is SIG_DFL for PID 1 (a container's
         # entrypoint): the kill above did nothing. End the process as the signal would have.
         os._exit(128 + int(sig))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
