@@ -43,6 +43,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
 
+from . import os_signals
 from .core.errors import ConfigurationError
 from .lock import events as signals
 from .lock.handoff import Acquired, HandoffLock
@@ -431,6 +432,8 @@ class AsyncHandoffLock:
                     _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
             call.error = None
             raise
+        if got and sync.release_on_signal:
+            os_signals.arm(sync)  # the hold began in a worker thread; the loop's may be the main thread
         return AsyncAcquired(self) if got else False
 
     async def release(self) -> str | None:
@@ -441,6 +444,7 @@ class AsyncHandoffLock:
         cancellation is raised after it.
         """
         heir = await _Call(self._sync.release, self._threads).run_to_end()
+        os_signals.settle()  # in the loop's thread: the release-on-signal handler goes if nothing is held
         await anyio.lowlevel.checkpoint_if_cancelled()
         return heir
 

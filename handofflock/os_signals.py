@@ -1,4 +1,16 @@
-"""SIGTERM and friends as release requests: :func:`install_signal_handlers`.
+"""SIGTERM and friends: a held lock released on a signal that would end the process, or a release request.
+
+Without any set-up, a lock that becomes held in the main thread while SIGTERM's or
+SIGHUP's action is the default one (SIG_DFL: the process would just end) installs a
+handler for it (:func:`arm`): the signal releases every lock of this process that is
+held (handed to a live waiter, as ``release()`` does), puts the default action back
+and raises the signal again, so the process still ends with the signal's status.
+The handler goes again when no lock is held (:func:`settle`). A handler of anyone
+else's is never replaced, and one installed over ours later (a framework's, or
+:func:`install_signal_handlers`) decides alone: ours does nothing when it chains to
+us, and acts again once put back. ``HandoffLock(release_on_signal=False)`` opts out.
+
+With :func:`install_signal_handlers`:
 
 The first signal only records a request (``reason="signal"``, the signal's
 name as requester, ``deadline = now + grace``): the training loop sees
@@ -28,12 +40,14 @@ GCE spot / preemptible VM    ~30 s between the notice and the stop; ACPI G2
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
@@ -129,6 +143,7 @@ class CaughtSignals:
             else:  # a handler installed from C reads back as None and cannot be restored: default it
                 signal.signal(sig, signal.SIG_DFL if previous is None else previous)
         self.signals, self._previous = (), {}
+        settle()  # our release-on-signal handler, put back, goes too if no lock is held any more
 
     def __enter__(self: CaughtT) -> CaughtT:
         return self
@@ -279,6 +294,92 @@ def install_signal_handlers(
     return handlers.install()
 
 
+#: The signals a held lock is released on where their action is the default one (``release_on_signal``).
+RELEASE_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: The locks held (or once held) with ``release_on_signal``: those our handler releases. Replaced whole
+#: under ``_arming`` (a tuple), read without it: a signal handler must take no lock.
+_armed: tuple[weakref.ref[HandoffLock], ...] = ()
+_arming = threading.Lock()
+
+
+def _held() -> list[HandoffLock]:
+    """The locks of :data:`_armed` that are held now."""
+    return [lock for ref in _armed if (lock := ref()) is not None and lock.is_held]
+
+
+def _forget_in_child() -> None:
+    """A forked child's locks are not the parent's (they hold nothing there), and a parent thread may
+    have held ``_arming`` at the fork."""
+    global _armed, _arming
+    _armed, _arming = (), threading.Lock()
+
+
+def arm(lock: HandoffLock) -> None:
+    """``lock`` became held: release it on :data:`RELEASE_SIGNALS` whose action is the default one.
+
+    The handler is installed only from the main thread (Python installs and runs handlers only
+    there); a hold begun in another thread is released by it once a hold in the main thread
+    installed it. A handler of anyone else's, or SIG_IGN, is left as it is.
+    """
+    global _armed
+    with _arming:
+        if not any(ref() is lock for ref in _armed):
+            _armed = (*(ref for ref in _armed if ref() is not None), weakref.ref(lock))
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in RELEASE_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _release_and_reraise)
+
+
+def settle() -> None:
+    """Put the default action back on the signals we handle, once no lock of ours is held (main thread only;
+    elsewhere our handler stays until the next call here, acting as the default action would)."""
+    if threading.current_thread() is not threading.main_thread() or _held():
+        return
+    for sig in RELEASE_SIGNALS:
+        if signal.getsignal(sig) is _release_and_reraise:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def _release_and_reraise(signum: int, frame: FrameType | None) -> None:
+    """Release every held lock of ours, then let the signal take its default action (the process ends with it).
+
+    Called by a handler installed over ours (chained to as "the previous handler"), it does
+    nothing: that handler decides what the signal means (a release request, a framework's stop).
+    A release that lands in the middle of the lock's own operation in this thread is deferred to
+    that operation's end, and the signal raised again only after it.
+    """
+    sig = signal.Signals(signum)
+    if signal.getsignal(sig) is _release_and_reraise:
+        _release_then_default(sig, frame)
+
+
+def _release_then_default(sig: signal.Signals, frame: FrameType | None) -> None:
+    """What our handler does for ``sig``: release every held lock of ours, then the default action."""
+    signal.signal(sig, signal.SIG_DFL)  # the action we replaced: a repeat of the signal now ends the process
+    deferred: list[HandoffLock] = []
+
+    def after(lock: HandoffLock) -> None:
+        deferred.remove(lock)
+        if not deferred:
+            act_as_before(sig, frame, signal.SIG_DFL)
+
+    for lock in [lock for lock in _held() if lock.release_on_signal]:
+        try:
+            heir = lock.release()
+        except Exception as exc:  # whatever happens, the signal acts: the process was to end
+            _log.warning("%s: could not release %s: %s", sig.name, lock.url, exc)
+            continue
+        if lock.then_after_deferred_release(functools.partial(after, lock)):
+            deferred.append(lock)
+            _log.info("%s: releasing %s as soon as the call in progress returns", sig.name, lock.url)
+        else:
+            _log.info("%s: released %s%s", sig.name, lock.url, f", handed off to {heir}" if heir else "")
+    if not deferred:
+        act_as_before(sig, frame, signal.SIG_DFL)
+
+
 def take_over(signals: Iterable[SignalT], handler: Handler, previous: dict[SignalT, Handler]) -> tuple[SignalT, ...]:
     """Install ``handler`` for each of ``signals``, keeping the handler it replaces in ``previous``.
 
@@ -306,6 +407,9 @@ def act_as_before(sig: signal.Signals, frame: FrameType | None, previous: Handle
     """Do what ``sig`` would have done had no handler of ours been installed (``previous`` was there before)."""
     if previous is signal.default_int_handler:
         raise KeyboardInterrupt
+    if previous is _release_and_reraise:  # ours, found at install: it releases, then the default action
+        _release_then_default(sig, frame)
+        return
     if is_python_handler(previous):
         previous(sig, frame)
         return
@@ -318,3 +422,7 @@ def act_as_before(sig: signal.Signals, frame: FrameType | None, previous: Handle
         # The kernel ignores a signal whose action is SIG_DFL for PID 1 (a container's
         # entrypoint): the kill above did nothing. End the process as the signal would have.
         os._exit(128 + int(sig))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

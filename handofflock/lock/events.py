@@ -9,9 +9,10 @@ blinker signal: a lambda or a closure (the usual way to bind a trainer's state)
 stays connected after the line that connected it, instead of vanishing
 silently at the next garbage collection. Disconnect it when done, or pass
 ``weak=True`` for blinker's behaviour. A receiver connected with
-``sender=lock`` still goes when that lock goes, as long as the receiver itself
-does not keep the lock alive (take the lock from the ``sender`` argument
-rather than closing over it).
+``sender=lock`` is kept by that lock and goes when the lock goes. Take the
+lock from the ``sender`` argument rather than closing over it: a receiver
+that closes over its lock makes a cycle that only the cycle collector frees
+(the lock, dropped while held, is released then, not at once).
 
 ==========================  ====================================================
 ``on_release_requested``    someone wants the lock: ``request`` (a
@@ -68,10 +69,42 @@ class StrongSignal(NamedSignal):
     closure is disconnected as soon as nothing else refers to it, without a
     word; an ``on_renewal_error`` receiver lost that way leaves a job working
     after its lock is gone. ``connect_via`` already defaults to strong.
+
+    A receiver connected for one sender (``sender=lock``) is kept by that sender, not by the
+    signal: it goes when the lock goes. One that closes over its lock makes a cycle (the lock
+    keeps the receiver, the receiver the lock), which the cycle collector frees; the lock is
+    then released as any lock whose last reference went.
     """
 
     def connect(self, receiver: F, sender: Any = ANY, weak: bool = False) -> F:
-        return super().connect(receiver, sender, weak)
+        kept = None if weak or sender is ANY else _kept_by(sender)
+        if kept is None:
+            return super().connect(receiver, sender, weak)
+        kept.append(receiver)
+        # Weakly here, unless it is already connected strongly (for any sender): the sender keeps it.
+        strong = receiver in self.receivers.values()
+        return super().connect(receiver, sender, weak=not strong)
+
+    def disconnect(self, receiver: Callable[..., Any], sender: Any = ANY) -> None:
+        super().disconnect(receiver, sender)
+        kept = None if sender is ANY else _kept_by(sender)
+        if kept is not None and receiver in kept:
+            kept.remove(receiver)
+
+
+def _kept_by(sender: Any) -> list[Callable[..., Any]] | None:
+    """The receivers ``sender`` keeps alive (a list in its ``__dict__``); None for a sender that cannot
+    keep them (no ``__dict__``, or no weak reference to tell blinker when it goes)."""
+    try:
+        weakref.ref(sender)
+        found: list[Callable[..., Any]] = vars(sender).setdefault(_KEPT, [])
+    except TypeError:
+        return None
+    return found
+
+
+#: The attribute of a sender holding the receivers connected for it alone.
+_KEPT = "_handofflock_receivers"
 
 
 on_release_requested: Signal = StrongSignal(

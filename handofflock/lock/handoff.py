@@ -10,8 +10,10 @@ any thread, even a signal handler's (:meth:`HandoffLock._guarded` defers it to t
 Beside the class: what ``acquire()`` and ``steps()`` return (:class:`Acquired`,
 :class:`Steps`), the errors it raises, worded from the record or its state, and the end
 of a lock's life. A process that ends without ``release()`` would hold the lock for the whole ttl, so
-a lock still held at interpreter exit is released then (handed to a waiter), and one
-garbage-collected while held is released by a daemon thread; a forked child's inherited
+a lock still held at interpreter exit is released then (handed to a waiter), an acquire still
+waiting then gives its slot back, one whose last reference goes is released by a daemon thread
+at once (nothing of the lock's own keeps it alive), and SIGTERM or SIGHUP left at their default
+action release it before they act (:mod:`handofflock.os_signals`); a forked child's inherited
 locks hold nothing and do nothing.
 """
 
@@ -30,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
+from .. import os_signals
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
@@ -191,8 +194,8 @@ class HandoffLock:
     (wall and monotonic time, waits), ``scheduler`` (what runs the renewals and waiter
     checks; by default one per process), ``storage`` and ``key`` (instead of a URL),
     and ``primitives``, whose factories make every mutex, event, thread-local and
-    thread the lock uses (default: :mod:`threading`). ``release_at_exit``: see
-    the attribute :attr:`release_at_exit` (settable). No I/O happens in the constructor.
+    thread the lock uses (default: :mod:`threading`). ``release_at_exit`` and ``release_on_signal``:
+    see the attributes of those names (settable). No I/O happens in the constructor.
     """
 
     def __init__(
@@ -219,6 +222,7 @@ class HandoffLock:
         timing: Timing | None = None,
         primitives: Primitives | None = None,
         release_at_exit: bool | None = None,
+        release_on_signal: bool | None = None,
     ) -> None:
         storage, key, self.url = _store_of(url, storage, key)
         given = {
@@ -246,15 +250,26 @@ class HandoffLock:
         self._clock = clock or Clock()
         self._prims = primitives or THREADING
         self._pid = os.getpid()
-        if release_at_exit is None:  # real time and real threads: yes; a simulation: no
-            release_at_exit = self._clock.timebase is Clock().timebase and self._prims is THREADING
-        self.release_at_exit: bool = bool(release_at_exit)
-        """Whether the lock is released (handed off) at interpreter exit, and when collected while held.
+        real = self._clock.timebase is Clock().timebase and self._prims is THREADING
+        # Real time and real threads: yes; a simulation: no (its time and threads are not the process's).
+        self.release_at_exit: bool = real if release_at_exit is None else bool(release_at_exit)
+        """Whether the lock is released (handed off) at interpreter exit, and when its last reference goes while held.
 
         True by default (False on an injected fake clock or injected primitives: a simulation's time
         is not the process's); settable (a bool). With False the lock stays held at exit until its
-        lease runs out, and one collected while held is only no longer renewed. Nothing runs on
+        lease runs out, and one dropped while held is only no longer renewed; with True an acquire still
+        waiting at exit (in a daemon thread) is cancelled and gives its waiter slot back. Nothing runs on
         ``os._exit``, SIGKILL or a crash: the lease then runs out after ttl (plus the skew allowance).
+        """
+        self.release_on_signal: bool = real if release_on_signal is None else bool(release_on_signal)
+        """Whether SIGTERM and SIGHUP release the lock where their action is the default one.
+
+        True by default (False on an injected fake clock or injected primitives). When a hold begins in
+        the main thread while a signal's action is the default (the process would just end), a handler
+        is installed that releases every held lock of the process (handed off), puts the default action
+        back and raises the signal again: the process ends with the signal's status, as it would have.
+        It goes when no lock is held. A handler of anyone else's (:func:`~handofflock.install_signal_handlers`,
+        ``handofflock run``, a framework's) is left alone. Settable (a bool); see :mod:`handofflock.os_signals`.
         """
         self._scheduler = scheduler  # None: the process-wide one, taken when the lock is first held
         self._duties = _Duties(self, storage, key)
@@ -278,14 +293,13 @@ class HandoffLock:
             url=self.url,
             clock=self._clock,
             timing=self.timing,
-            interrupted=self._interrupted,
+            interrupted=functools.partial(_interrupted, weakref.ref(self)),
             log=self._log_acquire,
         )
         self._cancel = prims.event()
         self._not_acquiring = prims.event()  # set while no acquire() runs (release() waits on it)
         self._not_acquiring.set()
-        inline = lambda: bool(getattr(self._scheduler, "notify_inline", False))  # noqa: E731
-        self._notifier = Notifier(self, prims, inline=inline, name=f"handofflock-notify-{self.owner_id}")
+        self._notifier = Notifier(prims, inline=_notifies_inline, name=f"handofflock-notify-{self.owner_id}")
         self._book = RequestBook(self, self._clock, self._notifier.event, yields=self._me.yields)
         # How deep this thread is in the lock's public operations (``depth`` of a thread-local).
         self._depth = prims.local()
@@ -488,7 +502,9 @@ class HandoffLock:
         request = acquire_request(blocking, timeout, request_release, priority)
         timeout = None if timeout == -1 else timeout
         got = signals.observer.timed_acquire(
-            self, self._clock, lambda: self._guarded(lambda: self._acquire(blocking, timeout, request))
+            self,
+            self._clock,
+            lambda: self._guarded(lambda: self._acquire(blocking, timeout, request), cancelled_by_release=True),
         )
         return Acquired(self) if got else False
 
@@ -769,6 +785,8 @@ class HandoffLock:
             self._settle_handed_lease(settle_by)
         self._schedule()
         _Reaper.ensure()  # started here, never in a collection
+        if self.release_on_signal:
+            os_signals.arm(self)
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -955,6 +973,7 @@ class HandoffLock:
         self._lease.valid_until = -math.inf  # nothing about the hold is valid any more
         self._lease.lost_reason, self._lease.lost_error = why, exc
         self._stop_duties()
+        os_signals.settle()
         self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
@@ -989,7 +1008,7 @@ class HandoffLock:
                 self._check_waiter(None)
         elif self._state is RELEASING and now >= lease.next_release_try:
             self._retry_release()
-        self._notifier.notify()
+        self._notifier.notify(self)
 
     def _schedule(self) -> None:
         """Have the scheduler run the duties (the process-wide scheduler unless one was given)."""
@@ -1092,13 +1111,13 @@ class HandoffLock:
         if lost is not None:
             if background:
                 return None
-            self._notifier.flush()  # outside the mutex: a receiver of ``lost`` may call back in
+            self._notifier.flush(self)  # outside the mutex: a receiver of ``lost`` may call back in
             raise lost
         token = self.token
         self._log_release.info("%s released %s%s", self.owner_id, self.url, f", handed off to {heir}" if heir else "")
         if background:
             self._notifier.event(signals.released, handed_off_to=heir, token=token)
-            self._notifier.notify()
+            self._notifier.notify(self)
         else:
             signals.send(signals.released, self, handed_off_to=heir, token=token)
         return heir
@@ -1154,15 +1173,18 @@ class HandoffLock:
         self._state = IDLE
         self._book.end_hold()
         self._lease.next_release_try = math.inf
+        os_signals.settle()  # the release-on-signal handler goes once no lock is held
 
-    def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False) -> T:
+    def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False, cancelled_by_release: bool = False) -> T:
         """Run a public operation; a re-entrant ``deferrable`` one (a release) is deferred, not deadlocked.
 
         ``release()`` may be called from a signal handler that interrupted this very thread inside the
         library (inside ``acquire()``, holding the I/O mutex, even inside an Event's own lock): taking any
         lock there could deadlock. Such a call only sets a flag, and the outermost call carries the release
         out on its way out (a blocking acquire sees the flag after its current poll); callbacks registered
-        meanwhile run after it.
+        meanwhile run after it. ``cancelled_by_release``: an acquire, whose hold that release ended before
+        it could return it: it raises :class:`AcquireCancelled`, as an acquire the release stopped while
+        waiting does, never returning a hold the lock no longer has.
         """
         if self._state == FORKED:
             raise InheritedAcrossFork(
@@ -1174,19 +1196,24 @@ class HandoffLock:
             self._deferred = True  # only an assignment: safe in a signal handler
             return None  # type: ignore[return-value]
         self._depth.n = depth + 1
+        released = False
         try:
-            return fn()
+            result = fn()
         finally:
             self._depth.n = depth
             if depth == 0 and self._deferred:
                 self._deferred = False
                 try:
                     if self._state in (HELD, LOST):  # the release a signal handler asked for
+                        released = True
                         self._guarded(self._release)
                 finally:
                     then, self._after_deferred = self._after_deferred, []
                     for callback in then:
                         callback()
+        if released and cancelled_by_release and result:
+            raise AcquireCancelled(f"acquire of {self.url!r} was cancelled: a signal handler released the lock")
+        return result
 
     def __del__(self) -> None:
         # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that
@@ -1307,11 +1334,22 @@ class _Duties:
         lock = self._lock()
         if lock is not None:
             lock._check_waiter(generation)
-            lock._notifier.notify()
+            lock._notifier.notify(lock)
 
     def __repr__(self) -> str:
         lock = self._lock()
         return f"<duties of {lock!r}>" if lock is not None else "<duties of a collected HandoffLock>"
+
+
+def _interrupted(lock: weakref.ref[HandoffLock], delay: float) -> bool:
+    """The record store's ``interrupted``: the lock's, through a weak reference (a part never keeps it alive)."""
+    it = lock()
+    return it is None or it._interrupted(delay)
+
+
+def _notifies_inline(lock: HandoffLock) -> bool:
+    """Whether ``lock``'s signals are sent in the thread that has them sent: a scheduler run by hand."""
+    return bool(getattr(lock._scheduler, "notify_inline", False))
 
 
 def _store_of(url: str | os.PathLike[str], storage: Storage | None, key: str | None) -> tuple[Storage, str, str]:
@@ -1490,7 +1528,9 @@ def _finish(lock: HandoffLock, release: bool, why: str) -> None:
 
 
 class _Reaper:
-    """The daemon thread that releases locks collected while held (a daemon: exit never waits for it)."""
+    """The daemon thread that releases locks whose last reference went while held (a daemon: exit never waits
+    for it). Nothing of a lock's own keeps it alive, so that is at once; a cycle through user code (a receiver
+    closing over its lock) waits for the cycle collector."""
 
     orphans: queue.SimpleQueue[tuple[HandoffLock, bool]] = queue.SimpleQueue()
     thread: threading.Thread | None = None
@@ -1528,13 +1568,23 @@ class _Reaper:
 
 
 def _at_exit() -> None:
-    """Release every lock of this process still held. ``atexit`` runs after ``threading`` has joined the
-    non-daemon threads and before the daemon ones stop, so the scheduler and notifiers still run; hooks
-    registered after this module was imported (a checkpoint saved at exit) run first."""
-    _Reaper.drain()
+    """Cancel every acquire still waiting (in a daemon thread), then release every lock of this process
+    still held. ``atexit`` runs after ``threading`` has joined the non-daemon threads and before the daemon
+    ones stop, so the scheduler, notifiers and waiting acquires still run; hooks registered after this
+    module was imported (a checkpoint saved at exit) run first."""
     pid = os.getpid()
-    for lock in list(_LOCKS):
-        if lock.release_at_exit and lock._pid == pid and lock.is_held:
+    locks = [lock for lock in list(_LOCKS) if lock.release_at_exit and lock._pid == pid]
+    waiting = [lock for lock in locks if lock._state is WAITING]
+    for lock in waiting:
+        # Its waiter slot given back now, or the owner would be asked to hand the lock to a process
+        # that is gone. An acquire that won the lock meanwhile is released below, as any held lock.
+        lock.cancel()
+    for lock in waiting:
+        if not lock._not_acquiring.wait(lock.timing.request_timeout + lock.give_up_budget):
+            lock._log_acquire.warning("the acquire of %s cancelled at exit has not ended; exiting", lock.url)
+    _Reaper.drain()
+    for lock in locks:
+        if lock.is_held:
             _finish(lock, True, "at exit")
 
 

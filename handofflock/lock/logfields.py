@@ -17,8 +17,9 @@ that adds them, so the call sites keep plain ``%`` formatting. Fields passed wit
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any, Protocol
+import weakref
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 #: Every logger of the package (docs/observability.md says what each logs, at which level).
 LOGGERS = (
@@ -53,21 +54,37 @@ class Described(Protocol):
     def token(self) -> int | None: ...
 
 
+D = TypeVar("D")
+
 if TYPE_CHECKING:
     _Adapter = logging.LoggerAdapter[logging.Logger]
 else:
     _Adapter = logging.LoggerAdapter
 
 
+def weakly(obj: D) -> Callable[[], D | None]:
+    """``obj`` reached through a weak reference, or a strong one where it takes none: how a lock's parts
+    (its loggers, its request book) reach it, so that none of them keeps it alive."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 class LockLog(_Adapter):
-    """The logger ``name``, speaking for ``lock``: each record carries :data:`FIELDS`, read as it is logged."""
+    """The logger ``name``, speaking for ``lock``: each record carries :data:`FIELDS`, read as it is logged.
+
+    It reaches the lock weakly (a lock's loggers never keep it alive); once the lock is gone its
+    records carry the URL and owner id it had, and no token.
+    """
 
     def __init__(self, name: str, lock: Described) -> None:
         super().__init__(logging.getLogger(name), {})
-        self.lock = lock
+        self._lock = weakly(lock)
+        self._gone = {"lock_url": lock.url, "owner_id": lock.owner_id, "token": None}
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        lock = self.lock
-        fields = {"lock_url": lock.url, "owner_id": lock.owner_id, "token": lock.token}
+        lock = self._lock()
+        fields = self._gone if lock is None else {"lock_url": lock.url, "owner_id": lock.owner_id, "token": lock.token}
         kwargs["extra"] = {**fields, **(kwargs.get("extra") or {})}
         return msg, kwargs

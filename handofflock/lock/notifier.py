@@ -27,14 +27,14 @@ from .primitives import Primitives
 class Notifier:
     """Queues a lock's signals and sends them, in the order queued, off the thread that queued them.
 
-    ``lock`` is the signals' sender (and what log records of this thread are
-    about). ``inline()`` says whether to send in the caller's thread instead:
-    a scheduler run by hand (tests, simulations) wants runs to be deterministic.
+    It keeps no reference to its lock (a lock whose last reference goes is released at once, not
+    when the cycle collector runs): the lock names itself as the signals' sender each time it has
+    them sent (:meth:`notify`, :meth:`flush`), and the notifier thread holds it only while sending.
+    ``inline(sender)`` says whether to send in the caller's thread instead: a scheduler run by hand
+    (tests, simulations) wants runs to be deterministic.
     """
 
-    def __init__(self, lock: Described, primitives: Primitives, *, inline: Callable[[], bool], name: str) -> None:
-        self.lock = lock
-        self._log = LockLog("handofflock.renew", lock)
+    def __init__(self, primitives: Primitives, *, inline: Callable[[Any], bool], name: str) -> None:
         self._queue: list[tuple[Any, dict[str, Any]]] = []
         self._mutex = primitives.mutex()
         self._start_thread = primitives.start_thread
@@ -50,40 +50,40 @@ class Notifier:
         """Something is queued and no notifier thread is on its way to send it."""
         return bool(self._queue) and not self._running
 
-    def notify(self) -> None:
-        """Have the queued signals sent by this lock's notifier thread, never by the thread that renews."""
+    def notify(self, sender: Described) -> None:
+        """Have the queued signals sent by ``sender``'s notifier thread, never by the thread that renews."""
         if not self._queue:
             return
-        if self._inline():
-            self.flush()  # a scheduler run by hand (tests, simulations): deterministic, in its caller
+        if self._inline(sender):
+            self.flush(sender)  # a scheduler run by hand (tests, simulations): deterministic, in its caller
             return
         with self._mutex:
             if self._running:
                 return
             self._running = True
         try:
-            self._start_thread(self._main, self._name)
+            self._start_thread(lambda: self._main(sender), self._name)
         except BaseException:
             self._running = False
             raise
 
-    def _main(self) -> None:
+    def _main(self, sender: Described) -> None:
         take_signals_again()  # receivers are user code: what they start must be stoppable (core/threads.py)
         while True:
             try:
-                self.flush()
+                self.flush(sender)
             except Exception:  # signals.send already isolates receivers; this is a last resort
-                self._log.exception("sending the signals of %s failed", self.lock.url)
+                LockLog("handofflock.renew", sender).exception("sending the signals of %s failed", sender.url)
             with self._mutex:
                 if not self._queue:
                     self._running = False
                     return
 
-    def flush(self) -> None:
-        """Send queued signals in this thread. Called with no lock held, so receivers may call back in."""
+    def flush(self, sender: Described) -> None:
+        """Send queued signals of ``sender`` in this thread. Called with no lock held: receivers may call back in."""
         while True:
             try:  # two threads may flush at once (a release and the notifier): pop, never test then pop
                 signal, kwargs = self._queue.pop(0)
             except IndexError:
                 return
-            signals.send(signal, self.lock, **kwargs)
+            signals.send(signal, sender, **kwargs)

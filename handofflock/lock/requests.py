@@ -33,7 +33,7 @@ from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
 from ..core.record import ASKING, LockRecord, WaiterRequest
 from . import events as signals
-from .logfields import Described, LockLog
+from .logfields import Described, LockLog, weakly
 from .types import ReleaseRequest, RequestReason
 
 
@@ -91,10 +91,12 @@ class RequestBook:
     """The requests that stand for ``lock``. Plain attributes, each written atomically: no lock taken.
 
     ``queue`` queues a signal of the lock (its notifier's); ``yields``: whether a waiter's request stands.
+    The book reaches its lock weakly: a part of the lock never keeps it alive.
     """
 
     def __init__(self, lock: Described, clock: Clock, queue: Callable[..., None], *, yields: bool) -> None:
-        self._lock, self._clock, self._queue, self._yields = lock, clock, queue, yields
+        self._lock, self._clock, self._queue, self._yields = weakly(lock), clock, queue, yields
+        self._owner_id, self._url = lock.owner_id, lock.url
         self._log = LockLog("handofflock.renew", lock)
         self.end_hold()
         self._notified: set[str] = set()  # waiters already announced while we hold the lock
@@ -166,20 +168,20 @@ class RequestBook:
             self._waiter = None
             self._notified.discard(standing[0][0])  # should it come back, it is announced again
             gone = "left" if waiter is None else f"was replaced by {waiter[0]}"
-            self._log.info(
-                "%s: waiter %s %s; its release request is withdrawn", self._lock.owner_id, standing[0][0], gone
-            )
+            self._log.info("%s: waiter %s %s; its release request is withdrawn", self._owner_id, standing[0][0], gone)
             self.withdraw(standing[1])
         if seen is not None and waiter is not None and seen.waiter_id not in self._notified:
             self._notified.add(seen.waiter_id)
-            signals.observer.waiter_noticed(self._lock, record, self._clock.time())
+            lock = self._lock()
+            if lock is not None:
+                signals.observer.waiter_noticed(lock, record, self._clock.time())
             if not self._yields:
                 self._log.info(
                     "%s: %s asks for %s; declined (this holder does not yield)",
-                    self._lock.owner_id,
+                    self._owner_id,
                     seen.waiter_id,
-                    self._lock.url,
+                    self._url,
                 )
                 return
-            self._log.info("%s: %s is waiting for %s", self._lock.owner_id, seen.waiter_id, self._lock.url)
+            self._log.info("%s: %s is waiting for %s", self._owner_id, seen.waiter_id, self._url)
             self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))

@@ -7,10 +7,12 @@ the next acquirer would otherwise wait.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import orjson
 import pytest
@@ -108,3 +110,68 @@ def test_dropping_the_last_reference_to_a_held_lock_releases_it(backend, request
     finally:
         holder.kill()
         holder.communicate()
+
+
+# -- SIGTERM and SIGHUP to a plain holder: released, then the process ends with the signal -----------
+
+
+@pytest.mark.parametrize(
+    "backend, sig",
+    [("local", signal.SIGTERM), ("local", signal.SIGHUP), ("gcs", signal.SIGTERM)],
+)
+def test_a_signal_to_a_plain_holder_lets_the_next_process_in_at_once(backend, sig, request, tmp_path):
+    url = url_for(backend, request, tmp_path)
+    holder = spawn("exitproc.py", "hold", url)  # `with HandoffLock(url, ttl=60):`, nothing else
+    acquired = first_event(holder)
+    assert acquired["event"] == "acquired"
+    nxt = HandoffLock(url, ttl=60.0)
+    sent = time.monotonic()
+    holder.send_signal(sig)
+    assert nxt.acquire(timeout=10)  # without the release: ttl 60 plus the skew
+    took = time.monotonic() - sent
+    print(f"{backend}: {sig.name} to the holder, the next process held the lock {took:.2f} s later")
+    assert took < 2.0
+    assert nxt.token > acquired["token"]
+    ended(holder, code=-sig)  # the process still ends with the signal, as it would have
+    nxt.release()
+
+
+def test_with_release_on_signal_false_sigterm_leaves_the_lock_held(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = spawn("exitproc.py", "hold-optout", url)
+    acquired = first_event(holder)
+    holder.send_signal(signal.SIGTERM)
+    ended(holder, code=-signal.SIGTERM)
+    record, _ = raw_read(url)
+    assert record.owner_id == acquired["owner"] and record.expires_at > time.time() + 30
+    assert HandoffLock(url, ttl=60.0).acquire(blocking=False) is False
+
+
+def test_a_sigterm_handler_installed_before_acquire_is_left_alone(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = spawn("exitproc.py", "hold-handler", url)
+    try:
+        acquired = first_event(holder)
+        holder.send_signal(signal.SIGTERM)
+        assert first_event(holder) == {"event": "handled", "signal": signal.SIGTERM, "t": ANY}
+        time.sleep(0.5)
+        assert holder.poll() is None  # the program's handler decides: it carries on
+        assert raw_read(url)[0].owner_id == acquired["owner"]
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def test_a_daemon_thread_waiting_at_exit_gives_its_waiter_slot_back(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = HandoffLock(url, ttl=60.0, waiter_check_interval=0.2)
+    assert holder.acquire()
+    try:
+        waiter = spawn("exitproc.py", "daemon-wait", url)  # its daemon thread waits in acquire()
+        assert first_event(waiter)["event"] == "waiting"
+        ended(waiter)
+        record, _ = raw_read(url)
+        assert record.waiter is None or not record.waiter.live(time.time()), record.waiter  # given back
+    finally:
+        heir = holder.release()
+    assert heir is None  # never handed to the process that is gone

@@ -5,10 +5,16 @@
     python exitproc.py asked URL        acquire, wait until a waiter asks, then sys.exit(0)
     python exitproc.py drop URL         acquire, drop the last reference, gc.collect(), then live on
     python exitproc.py raise URL        acquire, then die of an uncaught exception
+    python exitproc.py hold URL         `with HandoffLock(url):` and wait there (for a signal)
+    python exitproc.py hold-optout URL  the same with release_on_signal=False
+    python exitproc.py hold-handler URL the same, with a SIGTERM handler of its own installed first
+    python exitproc.py daemon-wait URL  a daemon thread waits in acquire(); the main thread exits
 """
 
 import gc
+import signal
 import sys
+import threading
 import time
 
 import orjson
@@ -20,8 +26,37 @@ def emit(event: str, **fields) -> None:
     print(orjson.dumps({"event": event, "t": time.time(), **fields}).decode(), flush=True)
 
 
+def hold(url: str, mode: str) -> int:
+    if mode == "hold-handler":
+        signal.signal(signal.SIGTERM, lambda signum, frame: emit("handled", signal=signum))
+    optout = {"release_on_signal": False} if mode == "hold-optout" else {}
+    with HandoffLock(url, ttl=60.0, **optout) as lock:
+        emit("acquired", token=lock.token, owner=lock.owner_id)
+        time.sleep(120)
+    return 0
+
+
+def daemon_wait(url: str) -> int:
+    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5)
+
+    def wait() -> None:
+        lock.acquire()
+        emit("acquired-in-daemon")  # never: the test's holder keeps the lock
+
+    threading.Thread(target=wait, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not lock.status().waiter_id == lock.owner_id and time.monotonic() < deadline:
+        time.sleep(0.05)
+    emit("waiting", owner=lock.owner_id)
+    return 0  # exits with the daemon thread still in acquire()
+
+
 def main() -> int:
     mode, url = sys.argv[1], sys.argv[2]
+    if mode.startswith("hold"):
+        return hold(url, mode)
+    if mode == "daemon-wait":
+        return daemon_wait(url)
     # ttl 60 and the store's default pacing: a lock left held would block the next acquirer for a minute.
     optout = {"release_at_exit": False} if mode == "optout" else {}  # the default is what is tested
     lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, **optout)
