@@ -34,6 +34,7 @@ import ctypes
 import functools
 import math
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -46,12 +47,12 @@ from typing import Any
 
 from . import _watchdog
 from ._waitline import WaitLine
-from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError, TransientStorageError
 from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
 from .core.threads import quiet
 from .core.timefmt import who
-from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
+from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND, EXIT_STORAGE
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
@@ -75,9 +76,20 @@ STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 LEFTOVER_GRACE = 5.0
 
 
+#: The library's words for its limits, said as a person at a shell reads them.
+_PLAIN_WORDS = ((re.compile(r"\brequest_timeout \(([\d.]+)s\)"), r"\1 s"),)
+
+
+def plain(message: str) -> str:
+    """``message`` without the library's parameter names ("within request_timeout (11.25s)": "within 11.25 s")."""
+    for pattern, words in _PLAIN_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def fail(message: str, code: int) -> int:
-    """Print ``handofflock: error: message`` to stderr and return ``code``."""
-    print(f"handofflock: error: {message}", file=sys.stderr)
+    """Print ``handofflock: error: message`` to stderr (in :func:`plain` words) and return ``code``."""
+    print(f"handofflock: error: {plain(message)}", file=sys.stderr)
     return code
 
 
@@ -195,6 +207,12 @@ class CommandRunner:
             slot = f"; {self._slot_left()}" if outcome.get("was_waiter") else ""
             self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting{slot}")
             return 128 + self.first_signal
+        if isinstance(error, TransientStorageError) and self.args.timeout is not None:
+            return fail(
+                f"gave up on {lock.url} after {time.monotonic() - started:.1f} s (--timeout {self.args.timeout:g}): "
+                f"the store did not answer: {error}",
+                EXIT_STORAGE,
+            )
         if error is not None:
             raise error
         if not outcome.get("held"):
