@@ -131,6 +131,12 @@ class CommandRunner:
 
     _stderr_broken = False
 
+    def note(self, message: str) -> None:
+        """A routine line (waiting, acquired, released), said only with ``-v``: like flock(1), a ``run``
+        that succeeds prints nothing, and cron mails every line a job prints."""
+        if self.args.verbose:
+            self.say(message)
+
     def say(self, message: str) -> None:
         """A status line on stderr. Never fails: a closed pipe or a hung-up terminal must not end ``run``."""
         if self.args.quiet or self._stderr_broken:
@@ -169,7 +175,7 @@ class CommandRunner:
 
         def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Any = None, **kw: Any) -> None:
             outcome["was_waiter"] = True
-            self.say(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
+            self.note(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
 
         def acquire() -> None:
             try:
@@ -184,6 +190,8 @@ class CommandRunner:
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
         started = time.monotonic()
+        # The waiting line: live on a terminal (and gone once acquired); elsewhere (cron, a log) only with -v.
+        shown = not self.args.quiet and (self.args.verbose or _is_terminal(sys.stderr))
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
@@ -191,9 +199,9 @@ class CommandRunner:
                 worker.join(0.1)
                 if self.pending:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
-                elif self._line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
+                elif self._line is None and shown and time.monotonic() - started >= 1.0:
                     # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
-                    self._line = WaitLine(lock, started=started)
+                    self._line = WaitLine(lock, started=started, asks=not self.args.no_request)
                 if self._line is not None:
                     self._line.tick()
         finally:
@@ -236,7 +244,7 @@ class CommandRunner:
 
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
-        self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
+        self.note(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(
             os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id
         )
@@ -369,11 +377,13 @@ class CommandRunner:
             ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
+                if request is not None and request.label:
+                    self._labels[request.requester] = request.label  # the heir, named as status names it
                 wanted = request is None or self._still_wanted(request)  # read again: it may have gone
-                who = f"{self._named(request.requester)} ({request.reason})" if request else "someone"
+                who = f"{self._named(request)} ({request.reason})" if request else "someone"
                 if not wanted:
-                    if declined is not request:
-                        self.say(
+                    if declined is not request:  # the command was left alone: routine
+                        self.note(
                             f"{who} asked for {lock.url} but is no longer waiting; "
                             f"{command[0]} is left alone and run keeps the lock"
                         )
@@ -393,7 +403,7 @@ class CommandRunner:
                 if asked is not None and not self._still_wanted(asked):
                     # The waiter left (or its slot expired) during the grace: nobody needs the lock now.
                     self.say(
-                        f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
+                        f"{self._named(asked)} is no longer waiting for {lock.url}; not killing {command[0]}: "
                         "it goes on, and run keeps the lock"
                     )
                     declined, declined_at, asked, kill_at = asked, now, None, None
@@ -417,7 +427,8 @@ class CommandRunner:
         # A yield: the command stopped, within the grace, because someone asked for the lock.
         yielded = asked is not None and killed_at is None
         code = self.args.yield_exit_code if yielded and self.args.yield_exit_code is not None else status
-        self.say(
+        # Said when the run did not simply succeed: it failed, or the command was signalled (its story ends here).
+        (self.say if code != 0 or kill_at is not None else self.note)(
             f"{command[0]} exited with {status}; "
             + (f"handed {lock.url} to {self._named(heir)}" if heir else f"released {lock.url}")
             + (f"; it yielded: exit {code} (--yield-exit-code)" if code != status else "")
@@ -456,9 +467,12 @@ class CommandRunner:
             self._labels[st.waiter_id] = st.waiter_label.text  # named as status names it
         return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
 
-    def _named(self, ident: str) -> str:
-        """``label (id)`` for a waiter whose label a read showed, as ``status`` names it; else the id."""
-        return who(ident, self._labels.get(ident))
+    def _named(self, party: str | ReleaseRequest) -> str:
+        """``label (id)`` for a requester (its request's label) or a waiter whose label a read showed, as
+        ``status`` names it; else the id."""
+        if isinstance(party, ReleaseRequest):
+            return who(party.requester, party.label or self._labels.get(party.requester))
+        return who(party, self._labels.get(party))
 
     def _send(self, procs: _CommandProcesses, sig: int, *, passed_on_with: float | None = None) -> None:
         """Send the polite ``sig``; ``passed_on_with``: a signal to run passed on, with that much grace left."""
@@ -744,6 +758,13 @@ def _check_command(command: list[str]) -> int | None:
         return fail(f"command not found: {name}; the lock was not asked for", EXIT_NOT_FOUND)
     why = "is a directory" if os.path.isdir(found_unusable) else "is not executable"
     return fail(f"cannot execute {name}: {found_unusable} {why}; the lock was not asked for", EXIT_CANNOT_EXECUTE)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _short(command: list[str], limit: int = 100) -> str:

@@ -307,7 +307,7 @@ def test_watch_in_the_console_script_ends_cleanly_on_ctrl_c(shared_url):
 
 def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, capfd):
     code = "import os, sys; print('token', os.environ['HANDOFFLOCK_TOKEN'], os.environ['HANDOFFLOCK_URL']); sys.exit(7)"
-    assert main(["run", url, "--", PY, "-c", code]) == 7
+    assert main(["run", "-v", url, "--", PY, "-c", code]) == 7
     out, err = capfd.readouterr()
     assert "token " in out and url in out
     assert "acquired" in err and "exited with 7" in err
@@ -357,7 +357,7 @@ def test_run_behind_another_waiter_is_contended(url, capsys):
 
 
 def run_cmd(url, name, ckpt, *extra, job_args=()):
-    return [str(CONSOLE_SCRIPT), "run", url, "--ttl", "6", "--poll-interval", "0.2", *extra,
+    return [str(CONSOLE_SCRIPT), "run", "-v", url, "--ttl", "6", "--poll-interval", "0.2", *extra,
             "--", PY, str(JOB), name, str(ckpt), *job_args]
 
 
