@@ -300,7 +300,13 @@ def _parser() -> argparse.ArgumentParser:
         "retakes its own lock at once",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say what run does (waiting, acquired, released) and log the lock's activity; without it a run "
+        "that succeeds prints nothing, as flock(1)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -563,7 +569,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         if owner is None and waiter is None:
             print(f"{url}: already free; nothing to clear")
             return EXIT_OK
-        what = f"{url} (generation {generation}) is held by {owner and owner.id}"
+        what = f"{url} (generation {generation}) is held by {who_of(owner.id, owner.label) if owner else None}"
         if owner is not None and owner.live(now):
             what += (
                 f", whose lease is LIVE for {owner.expires_at - now:.0f} s more: that process will go on working"
@@ -572,7 +578,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         elif owner is not None:
             what += ", whose lease has expired"
         if waiter is not None:
-            what += f"; waiter {waiter.id} will be dropped too"
+            what += f"; waiter {who_of(waiter.id, waiter.label)} will be dropped too"
     print(what, file=sys.stderr)
     if not args.yes and not _confirmed():
         print("nothing done")

@@ -115,14 +115,16 @@ class CommandRunner:
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
             raise ConfigurationError(f"--timeout must be a finite number >= 0, got {args.timeout}")
         poll = args.poll_interval
+        options: dict[str, Any] = {} if poll is None else {"waiter_check_interval": poll, "waiter_poll_interval": poll}
+        if args.wait_for_slot:  # else the lock's own default: run waits as a blocking acquire in Python does
+            options["wait_for_slot"] = True
         self.lock = HandoffLock(
             args.url,
             owner_id=args.owner_id,
             label=Label(args.label if args.label is not None else detect_label(), grace=args.grace),
             ttl=args.ttl,
-            wait_for_slot=args.wait_for_slot,
             yield_to_requests=not args.no_yield,
-            **({} if poll is None else {"waiter_check_interval": poll, "waiter_poll_interval": poll}),
+            **options,
         )
         self.pending: list[int] = []  # signals received, appended by the handler (atomic)
         self.first_signal: int | None = None

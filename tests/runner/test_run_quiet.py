@@ -139,3 +139,15 @@ def test_a_release_request_carries_the_waiters_label():
     assert request is not None and request.requester == "vm:13545:f8884428"
     assert request.label == "eval-job" and request.who == "eval-job (vm:13545:f8884428)"
     holder.release()
+
+
+def test_release_force_names_the_holder_and_the_waiter_by_their_labels(tmp_path, capfd):
+    url = (tmp_path / "lock.json").as_uri()
+    from handofflock.core.record import Holder, LockRecord, Waiter
+
+    now = time.time()
+    raw_write(url, LockRecord(Holder("vm:1:ab", now + 30, label=Label("pod=ml/train-0")),
+                              Waiter("vm:2:cd", now + 30, label=Label("eval-job")), ttl=30.0, token=3, nonce="n"), 0)
+    done = in_process(["release", url, "--force", "--yes"], capfd)
+    assert done.returncode == 0, done.stderr
+    assert "held by pod=ml/train-0 (vm:1:ab)" in done.stderr and "waiter eval-job (vm:2:cd)" in done.stderr
