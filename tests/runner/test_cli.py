@@ -159,7 +159,7 @@ def test_release_force_frees_a_held_lock_moves_the_token_on_and_the_holder_finds
     holder.acquire()
     assert main(["release", url, "--force", "--yes"]) == 0
     err = capsys.readouterr().err
-    assert "held by trainer-A" in err and "LIVE" in err
+    assert f"held by {holder.label.text} (trainer-A)" in err and "LIVE" in err  # named as status names it
     record, _ = raw_read(url)
     assert record.owner_id is None and record.token > holder.token
     clock.advance(holder.renew_interval + 0.01)
