@@ -5,6 +5,13 @@ the holder has been told, and when its grace ends::
 
     waiting 1 min 12 s for gs://b/t.json: held by pod=ml/train-0; notified yes; grace ends by 2026-11-23T10:02:11.000Z
 
+or, once the holder has declined (``run --no-yield`` writes so into the
+record), that it has, and for a patient waiter (``run --no-request``), which
+asks nobody, that it waits for the holder to finish::
+
+    waiting 12.0 s for gs://b/t.json: held by pod=ml/train-0; declined by pod=ml/train-0 (it does not yield) ...
+    waiting 12.0 s for gs://b/t.json: held by pod=ml/train-0; waiting for it to finish (not asking it to yield)
+
 Where it comes from: a read of the lock every ``read_every`` seconds, in a
 helper thread so that a slow store never holds up the main loop (reads cost
 nothing on the store's write budget). "Notified" is yes once the holder
@@ -50,8 +57,10 @@ class WaitLine:
         stream: IO[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
+        asks: bool = True,
     ) -> None:
         self.lock = lock
+        self.asks = asks  # False: a patient waiter, which never asks the holder to yield
         self.stream = stream if stream is not None else sys.stderr
         self._clock = clock
         self.started = clock() if started is None else started  # when the wait began (monotonic)
@@ -60,6 +69,7 @@ class WaitLine:
         self._waiting_as: float | None = None  # the holder's expiresAt when we first saw ourselves waiting
         self._notified_at: float | None = None  # wall time we saw the holder renew since
         self._grace: float | None = None
+        self._declined = False  # the holder declined our request (its record says so)
         self._printed_at = float("-inf")
         self._printed: tuple[Any, ...] | None = None
         self._broken = False
@@ -100,6 +110,7 @@ class WaitLine:
             return
         self._holder = st.owner_label.text if st.owner_label is not None else st.owner_id
         self._grace = st.owner_label.grace if st.owner_label is not None else None
+        self._declined = bool(st.waiter_id == me and st.declined)
         if st.waiter_id == me and st.expires_at is not None:
             if self._waiting_as is None:
                 self._waiting_as = st.expires_at
@@ -115,9 +126,12 @@ class WaitLine:
         for why in records.down().values():
             return f"waiting {waited} for {self.lock.url}: cannot reach the store: {why} (retrying)"
         holder = self._holder or "?"
-        line = (
-            f"waiting {waited} for {self.lock.url}: held by {holder}; notified {'yes' if self._notified_at else 'no'}"
-        )
+        line = f"waiting {waited} for {self.lock.url}: held by {holder}"
+        if not self.asks:
+            return f"{line}; waiting for it to finish (not asking it to yield)"
+        if self._declined:
+            return f"{line}; declined by {holder} (it does not yield): waiting for it to finish"
+        line += f"; notified {'yes' if self._notified_at else 'no'}"
         if self._notified_at is not None:
             if self._grace is not None:
                 line += f"; grace ends by {iso(self._notified_at + self._grace)}"
@@ -143,9 +157,10 @@ class WaitLine:
                 self.stream.flush()
                 self._drawn = True
             else:
-                state = (self._holder, self._notified_at is not None)
+                state = (self._holder, self._notified_at is not None, self._declined)
                 due = state != self._printed or now >= self._printed_at + self.heartbeat
-                if due and now >= self._printed_at + self.min_spacing and self._holder is not None:
+                news = self._declined and self._printed is not None and not self._printed[2]  # said at once
+                if due and (news or now >= self._printed_at + self.min_spacing) and self._holder is not None:
                     self._printed, self._printed_at = state, now
                     self.stream.write(f"handofflock: {self.text()}\n")
                     self.stream.flush()

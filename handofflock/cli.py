@@ -1,6 +1,6 @@
 """The ``handofflock`` command: look at a lock, hold it around a command, clear it, watch it.
 
-    handofflock status URL [--json]
+    handofflock status URL [--json] [--timeout S]
     handofflock run URL [--ttl S] [--signal USR1] [--grace S] [-w|--timeout S] [--label TEXT] [--owner-id ID]
                     -- CMD [ARGS...]
     handofflock release URL --force [--yes]
@@ -32,11 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -73,7 +75,7 @@ from .lock.types import LockStatus
 from .repair import force_release
 from .runner import SIGNAL_TARGETS, CommandRunner
 from .runner import fail as _fail
-from .storage import MAX_RECORD_BYTES, open_url
+from .storage import MAX_RECORD_BYTES, Storage, open_url
 from .storage.records import read_retrying
 
 #: The exit code of each error that reaches ``main``: the first class that matches.
@@ -101,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:  # with the usage of the subcommand they were given to, not the top-level one
             hint = ""
             if args.cmd == "run" and command is None:
-                hint = f"; the command goes after '--': handofflock run URL [options] -- {shlex.join(extra)}"
+                hint = f"; the command goes after '--': {_command_hint(argv, extra)}"
             args.parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
@@ -129,10 +131,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return EXIT_BROKEN_PIPE
     except HandoffLockError as exc:
-        said = f"{exc} (the store did not answer; try again)" if isinstance(exc, TransientStorageError) else str(exc)
-        return _fail(said, next(code for kind, code in _EXIT_FOR if isinstance(exc, kind)))
+        return _fail(error_text(exc), exit_for(exc))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+
+
+def exit_for(exc: HandoffLockError) -> int:
+    """The exit code of an error that ends a command: the first class of ``_EXIT_FOR`` it is."""
+    return next(code for kind, code in _EXIT_FOR if isinstance(exc, kind))
+
+
+def error_text(exc: HandoffLockError) -> str:
+    """What to say of an error that ends a command."""
+    if isinstance(exc, TransientStorageError) and not isinstance(exc, NoAnswer):
+        return f"{exc} (the store did not answer; try again)"
+    return str(exc)
+
+
+def _command_hint(argv: list[str], extra: list[str]) -> str:
+    """How ``run``'s command would have been written: flock's ``-c 'CMD'`` habit is ``-- sh -c 'CMD'`` here."""
+    flag = next((t for t in ("-c", "--command") if t in argv), None)
+    if flag is None or argv.index(flag) + 1 >= len(argv):
+        return f"handofflock run URL [options] -- {shlex.join(extra)}"
+    at = argv.index(flag)
+    rest = argv[argv.index("run") + 1 : at] + argv[at + 2 :]
+    return f"handofflock run {shlex.join(rest)} -- sh -c {shlex.quote(argv[at + 1])}"
 
 
 #: The library's parameter names, as they appear in its ConfigurationError messages, said as the
@@ -171,7 +194,18 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "status", help="who holds the lock, who waits, until when", description="Read the lock once and describe it."
     )
-    p.add_argument("--json", action="store_true", help="one JSON object with stable keys, for scripts")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object with stable keys, for scripts (an error too: its 'state' and 'error')",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=STATUS_TIMEOUT,
+        metavar="SECONDS",
+        help=f"give up after this many seconds if the store does not answer (exit 69; default {STATUS_TIMEOUT:g})",
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
@@ -272,7 +306,13 @@ def _parser() -> argparse.ArgumentParser:
         "retakes its own lock at once",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    p.add_argument("-v", "--verbose", action="store_true", help="log the lock's activity")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say what run does (waiting, acquired, released) and log the lock's activity; without it a run "
+        "that succeeds prints nothing, as flock(1)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -304,26 +344,58 @@ def _parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- status
 
 
-#: How long ``status`` (and each read of ``watch``) retries a store that does not answer before it says
-#: so: a person is waiting at the terminal. ``HandoffLock.status()`` rides out a 30 s outage instead.
-STATUS_READ_SECONDS = 5.0
+#: How long ``status`` (and each read of ``watch``) may take, retries and all, before it says the store
+#: did not answer: a person is waiting at the terminal (``status --timeout``). ``HandoffLock.status()``
+#: rides out a 30 s outage instead.
+STATUS_TIMEOUT = 10.0
 
 
-def read_status(url: str, *, within: float = STATUS_READ_SECONDS) -> LockStatus:
-    """Read the lock at ``url`` once, as ``HandoffLock.status()`` does, retrying for at most ``within`` s.
+class NoAnswer(TransientStorageError):
+    """The store did not answer a status read in the time given."""
 
-    A store that does not answer by then raises its last
-    :class:`TransientStorageError` (exit 69). A lock object that is not there
-    is looked for once more by listing its key: a listing fails on a missing
-    bucket, where a read of the emulator (or of S3 without ``s3:ListBucket``)
-    cannot tell a missing bucket from a missing object, and ``run`` would then
-    fail on it with exit 69 while ``status`` said "absent".
+
+def read_status(url: str, *, within: float = STATUS_TIMEOUT) -> LockStatus:
+    """Read the lock at ``url`` once, as ``HandoffLock.status()`` does, in at most ``within`` s in all.
+
+    A store that fails by then raises its last :class:`TransientStorageError`,
+    and one that accepts the request and never answers raises one saying so
+    after ``within`` s (exit 69): the read runs in a helper thread, given up
+    on then. A lock object that is not there is looked for once more by
+    listing its key: a listing fails on a missing bucket, where a read of the
+    emulator (or of S3 without ``s3:ListBucket``) cannot tell a missing bucket
+    from a missing object, and ``run`` would then fail on it with exit 69
+    while ``status`` said "absent".
     """
-    store, key = open_url(url)
+    if not (within > 0 and math.isfinite(within)):
+        raise ConfigurationError(f"--timeout must be a number of seconds > 0, got {within}")
+    store, key = open_url(url)  # no I/O: a bad URL is refused at once
+    found: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            found["status"] = _read_status(store, key, os.fspath(url), within)
+        except BaseException as exc:  # handed to the caller's thread
+            found["error"] = exc
+
+    reader = threading.Thread(target=read, name="handofflock-status", daemon=True)
+    reader.start()
+    reader.join(within)
+    if "error" in found:
+        raise found["error"]
+    if "status" not in found:
+        said = f"{url}: the store did not answer within {within:g} s; a read changes nothing"
+        raise NoAnswer(said, url=os.fspath(url))
+    status: LockStatus = found["status"]
+    return status
+
+
+def _read_status(store: Storage, key: str, text: str, within: float) -> LockStatus:
     clock = Clock()
-    found = read_retrying(store, key, clock=clock, deadline=clock.monotonic() + within, max_bytes=MAX_RECORD_BYTES)
+    # Each request may take a little longer than the whole: the caller's wait for this thread says it first.
+    found = read_retrying(
+        store, key, clock=clock, deadline=clock.monotonic() + within, max_bytes=MAX_RECORD_BYTES, timeout=within + 1.0
+    )
     now = clock.time()
-    text = os.fspath(url)
     if found is None:
         store.list(key)  # raises on a missing bucket, with what to do
         return LockStatus(text, read_at=now)
@@ -382,6 +454,14 @@ def time_left(ts: float | None, now: float) -> str:
     return f"{left:.1f} s left, until {iso(ts)}" if left >= 0 else f"ran out {-left:.1f} s ago, at {iso(ts)}"
 
 
+def lease_text(st: LockStatus, now: float) -> str:
+    """A held lease's length: its time left, or for a suspect lease what bounds it instead of its stated end."""
+    if st.lease_suspect:
+        ttl = "its ttl" if st.ttl is None else f"its ttl ({st.ttl:g} s)"
+        return f"lease suspect: bounded by {ttl} from an acquirer's first read, not by its stated end"
+    return f"lease live ({time_left(st.expires_at, now)})"
+
+
 def status_text(st: LockStatus, now: float | None = None) -> str:
     now = st.read_at if now is None else now
     state = state_of(st, now)
@@ -390,7 +470,7 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     lines = [st.url]
     owner = {
         "free": "free: nobody holds it",
-        "held": f"held, lease live ({time_left(st.expires_at, now)})",
+        "held": f"held, {lease_text(st, now)}",
         "expired": f"expired: the lease {time_left(st.expires_at, now)}; the next acquire takes it",
     }[state]
     lines.append(f"  state       {owner}")
@@ -401,7 +481,8 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     if hold_ends is not None and st.min_hold is not None:
         lines.append(f"  min hold    {st.min_hold:g} s: a waiter's request is acted on from {when(hold_ends, now)}")
     if st.expires_at is not None:
-        lines.append(f"  expires     {when(st.expires_at, now)}")
+        claimed = ", as claimed: not trusted" if st.lease_suspect else ""
+        lines.append(f"  expires     {when(st.expires_at, now)}{claimed}")
     if st.lease_suspect:
         lines.append(
             "  suspect     the lease claims more than its ttl plus the skew allowance: not trusted; "
@@ -438,12 +519,18 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Describe the lock; an error is said on stderr and, with ``--json``, as a JSON object on stdout."""
     try:
-        st = read_status(args.url)
-    except LockRecordCorrupt as exc:
+        st = read_status(args.url, within=args.timeout)
+    except HandoffLockError as exc:
+        said, code = error_text(exc), exit_for(exc)
+        if isinstance(exc, NoAnswer):
+            said += f" (try again, or give a longer --timeout than {args.timeout:g})"
         if args.json:
-            print(json.dumps({"url": args.url, "state": "corrupt", "error": str(exc)}))
-        raise
+            state = "unreadable" if code == EXIT_STORAGE else "error"
+            state = "corrupt" if isinstance(exc, LockRecordCorrupt) else state
+            print(json.dumps({"url": args.url, "state": state, "error": said, "exitCode": code}))
+        return _fail(said, code)
     print(json.dumps(status_json(st)) if args.json else status_text(st))
     return EXIT_OK
 
@@ -493,7 +580,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         if owner is None and waiter is None:
             print(f"{url}: already free; nothing to clear")
             return EXIT_OK
-        what = f"{url} (generation {generation}) is held by {owner and owner.id}"
+        what = f"{url} (generation {generation}) is held by {who_of(owner.id, owner.label) if owner else None}"
         if owner is not None and owner.live(now):
             what += (
                 f", whose lease is LIVE for {owner.expires_at - now:.0f} s more: that process will go on working"
@@ -502,7 +589,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         elif owner is not None:
             what += ", whose lease has expired"
         if waiter is not None:
-            what += f"; waiter {waiter.id} will be dropped too"
+            what += f"; waiter {who_of(waiter.id, waiter.label)} will be dropped too"
     print(what, file=sys.stderr)
     if not args.yes and not _confirmed():
         print("nothing done")
@@ -575,7 +662,8 @@ def _watch_line(st: LockStatus, doc: dict[str, Any], now: float) -> str:
         return "absent (no lock object)"
     if state == "free":
         return f"free (token {st.token})"
-    line = f"{state}: {who_of(st.owner_id, st.owner_label)} (token {st.token}, lease {time_left(st.expires_at, now)})"
+    lease = "suspect, bounded by its ttl" if st.lease_suspect else time_left(st.expires_at, now)
+    line = f"{state}: {who_of(st.owner_id, st.owner_label)} (token {st.token}, lease {lease})"
     if release_requested(st, now):
         verb = "asked for by waiter {}, declined" if st.declined else "release requested by waiter {}"
         line += "; " + verb.format(who_of(st.waiter_id, st.waiter_label))

@@ -34,6 +34,7 @@ import ctypes
 import functools
 import math
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -46,12 +47,12 @@ from typing import Any
 
 from . import _watchdog
 from ._waitline import WaitLine
-from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError
+from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError, TransientStorageError
 from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
 from .core.threads import quiet
 from .core.timefmt import who
-from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND
+from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND, EXIT_STORAGE
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
@@ -75,9 +76,20 @@ STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 LEFTOVER_GRACE = 5.0
 
 
+#: The library's words for its limits, said as a person at a shell reads them.
+_PLAIN_WORDS = ((re.compile(r"\brequest_timeout \(([\d.]+)s\)"), r"\1 s"),)
+
+
+def plain(message: str) -> str:
+    """``message`` without the library's parameter names ("within request_timeout (11.25s)": "within 11.25 s")."""
+    for pattern, words in _PLAIN_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def fail(message: str, code: int) -> int:
-    """Print ``handofflock: error: message`` to stderr and return ``code``."""
-    print(f"handofflock: error: {message}", file=sys.stderr)
+    """Print ``handofflock: error: message`` to stderr (in :func:`plain` words) and return ``code``."""
+    print(f"handofflock: error: {plain(message)}", file=sys.stderr)
     return code
 
 
@@ -103,15 +115,17 @@ class CommandRunner:
         if args.timeout is not None and not (args.timeout >= 0 and math.isfinite(args.timeout)):
             raise ConfigurationError(f"--timeout must be a finite number >= 0, got {args.timeout}")
         poll = args.poll_interval
+        options: dict[str, Any] = {} if poll is None else {"waiter_check_interval": poll, "waiter_poll_interval": poll}
+        if args.wait_for_slot:  # else the lock's own default: run waits as a blocking acquire in Python does
+            options["wait_for_slot"] = True
         self.lock = HandoffLock(
             args.url,
             owner_id=args.owner_id,
             label=Label(args.label if args.label is not None else detect_label(), grace=args.grace),
             ttl=args.ttl,
             min_hold=args.min_hold,
-            wait_for_slot=args.wait_for_slot,
             yield_to_requests=not args.no_yield,
-            **({} if poll is None else {"waiter_check_interval": poll, "waiter_poll_interval": poll}),
+            **options,
         )
         self.pending: list[int] = []  # signals received, appended by the handler (atomic)
         self.first_signal: int | None = None
@@ -119,6 +133,12 @@ class CommandRunner:
         self._line: WaitLine | None = None  # the live waiting line, while it is up
 
     _stderr_broken = False
+
+    def note(self, message: str) -> None:
+        """A routine line (waiting, acquired, released), said only with ``-v``: like flock(1), a ``run``
+        that succeeds prints nothing, and cron mails every line a job prints."""
+        if self.args.verbose:
+            self.say(message)
 
     def say(self, message: str) -> None:
         """A status line on stderr. Never fails: a closed pipe or a hung-up terminal must not end ``run``."""
@@ -158,7 +178,7 @@ class CommandRunner:
 
         def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Any = None, **kw: Any) -> None:
             outcome["was_waiter"] = True
-            self.say(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
+            self.note(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
 
         def acquire() -> None:
             try:
@@ -173,6 +193,8 @@ class CommandRunner:
 
         lock_signals.waiting.connect(on_waiting, sender=lock)
         started = time.monotonic()
+        # The waiting line: live on a terminal (and gone once acquired); elsewhere (cron, a log) only with -v.
+        shown = not self.args.quiet and (self.args.verbose or _is_terminal(sys.stderr))
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
@@ -180,9 +202,9 @@ class CommandRunner:
                 worker.join(0.1)
                 if self.pending:
                     lock.cancel()  # from the main loop, not the handler: cancel() sets an Event
-                elif self._line is None and not self.args.quiet and time.monotonic() - started >= 1.0:
+                elif self._line is None and shown and time.monotonic() - started >= 1.0:
                     # Only for a wait that lasts: an acquire that succeeds at once shows nothing.
-                    self._line = WaitLine(lock, started=started)
+                    self._line = WaitLine(lock, started=started, asks=not self.args.no_request)
                 if self._line is not None:
                     self._line.tick()
         finally:
@@ -196,6 +218,12 @@ class CommandRunner:
             slot = f"; {self._slot_left()}" if outcome.get("was_waiter") else ""
             self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting{slot}")
             return 128 + self.first_signal
+        if isinstance(error, TransientStorageError) and self.args.timeout is not None:
+            return fail(
+                f"gave up on {lock.url} after {time.monotonic() - started:.1f} s (--timeout {self.args.timeout:g}): "
+                f"the store did not answer: {error}",
+                EXIT_STORAGE,
+            )
         if error is not None:
             raise error
         if not outcome.get("held"):
@@ -219,7 +247,7 @@ class CommandRunner:
 
     def _run_child(self) -> int:
         lock, command = self.lock, self.args.command
-        self.say(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
+        self.note(f"acquired {lock.url} (token {lock.token}); running {_short(command)}")
         env = dict(
             os.environ, HANDOFFLOCK_URL=lock.url, HANDOFFLOCK_TOKEN=str(lock.token), HANDOFFLOCK_OWNER_ID=lock.owner_id
         )
@@ -352,11 +380,13 @@ class CommandRunner:
             ):
                 # (A request made by a signal to run is answered by passing that signal on, above.)
                 request = lock.release_request
+                if request is not None and request.label:
+                    self._labels[request.requester] = request.label  # the heir, named as status names it
                 wanted = request is None or self._still_wanted(request)  # read again: it may have gone
-                who = f"{self._named(request.requester)} ({request.reason})" if request else "someone"
+                who = f"{self._named(request)} ({request.reason})" if request else "someone"
                 if not wanted:
-                    if declined is not request:
-                        self.say(
+                    if declined is not request:  # the command was left alone: routine
+                        self.note(
                             f"{who} asked for {lock.url} but is no longer waiting; "
                             f"{command[0]} is left alone and run keeps the lock"
                         )
@@ -376,7 +406,7 @@ class CommandRunner:
                 if asked is not None and not self._still_wanted(asked):
                     # The waiter left (or its slot expired) during the grace: nobody needs the lock now.
                     self.say(
-                        f"{asked.requester} is no longer waiting for {lock.url}; not killing {command[0]}: "
+                        f"{self._named(asked)} is no longer waiting for {lock.url}; not killing {command[0]}: "
                         "it goes on, and run keeps the lock"
                     )
                     declined, declined_at, asked, kill_at = asked, now, None, None
@@ -400,7 +430,8 @@ class CommandRunner:
         # A yield: the command stopped, within the grace, because someone asked for the lock.
         yielded = asked is not None and killed_at is None
         code = self.args.yield_exit_code if yielded and self.args.yield_exit_code is not None else status
-        self.say(
+        # Said when the run did not simply succeed: it failed, or the command was signalled (its story ends here).
+        (self.say if code != 0 or kill_at is not None else self.note)(
             f"{command[0]} exited with {status}; "
             + (f"handed {lock.url} to {self._named(heir)}" if heir else f"released {lock.url}")
             + (f"; it yielded: exit {code} (--yield-exit-code)" if code != status else "")
@@ -439,9 +470,12 @@ class CommandRunner:
             self._labels[st.waiter_id] = st.waiter_label.text  # named as status names it
         return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
 
-    def _named(self, ident: str) -> str:
-        """``label (id)`` for a waiter whose label a read showed, as ``status`` names it; else the id."""
-        return who(ident, self._labels.get(ident))
+    def _named(self, party: str | ReleaseRequest) -> str:
+        """``label (id)`` for a requester (its request's label) or a waiter whose label a read showed, as
+        ``status`` names it; else the id."""
+        if isinstance(party, ReleaseRequest):
+            return who(party.requester, party.label or self._labels.get(party.requester))
+        return who(party, self._labels.get(party))
 
     def _send(self, procs: _CommandProcesses, sig: int, *, passed_on_with: float | None = None) -> None:
         """Send the polite ``sig``; ``passed_on_with``: a signal to run passed on, with that much grace left."""
@@ -727,6 +761,13 @@ def _check_command(command: list[str]) -> int | None:
         return fail(f"command not found: {name}; the lock was not asked for", EXIT_NOT_FOUND)
     why = "is a directory" if os.path.isdir(found_unusable) else "is not executable"
     return fail(f"cannot execute {name}: {found_unusable} {why}; the lock was not asked for", EXIT_CANNOT_EXECUTE)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _short(command: list[str], limit: int = 100) -> str:

@@ -13,7 +13,7 @@ The venv lives in ``.venv`` beside this repository's ``pyproject.toml``. What
 goes into it depends on the command: ``demo`` installs the package alone (it is
 pure Python: seconds), the others the ``test`` extra with ``constraints.txt``
 (torch, Lightning and transformers for the integration tests: minutes, about
-1.3 GB). Each kind of install keeps its own stamp, so ``test`` after ``demo``
+1.6 GB on disk). Each kind of install keeps its own stamp, so ``test`` after ``demo``
 installs the test extra; an install is redone when ``pyproject.toml`` or
 ``constraints.txt`` changes. Extra arguments are passed through to the demo or
 to pytest.
@@ -80,7 +80,7 @@ def ensure_venv(kind: str = "test") -> Path:
     else:
         print(
             "[dev] installing handofflock and its test dependencies into .venv "
-            "(torch CPU, Lightning, transformers: the first time takes minutes and about 1.3 GB)",
+            "(torch CPU, Lightning, transformers: the first time takes minutes and about 1.6 GB on disk)",
             flush=True,
         )
         subprocess.run(pip + ["--upgrade", "pip"], check=True)

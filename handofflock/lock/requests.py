@@ -112,9 +112,11 @@ class RequestBook:
         """We became the owner: every waiter is news again. A request recorded meanwhile (a SIGTERM) stands."""
         self._notified.clear()
 
-    def request(self, reason: RequestReason, requester: str, deadline: float | None) -> ReleaseRequest:
+    def request(
+        self, reason: RequestReason, requester: str, deadline: float | None, label: str | None = None
+    ) -> ReleaseRequest:
         """Note a request; the most urgent one (earliest deadline) is :attr:`release_request`."""
-        request = ReleaseRequest(reason, requester, deadline, self._clock.time())
+        request = ReleaseRequest(reason, requester, deadline, self._clock.time(), label)
         self._requests.append(request)  # first: a withdrawal running meanwhile must see it
         # Only ever the new request, which stands: a recomputation from a copy of the book could
         # store a waiter request that withdraw() removed meanwhile on the scheduler thread.
@@ -184,4 +186,7 @@ class RequestBook:
                 )
                 return
             self._log.info("%s: %s is waiting for %s", self._owner_id, seen.waiter_id, self._url)
-            self._waiter = (waiter, self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline))
+            label = record.waiter.label if record.waiter is not None else None
+            text = None if label is None else label.text
+            request = self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline, text)
+            self._waiter = (waiter, request)

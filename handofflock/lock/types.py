@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from ..core.protocol import suspect_lease
 from ..core.record import Holder, Label, LockRecord, Waiter
+from ..core.timefmt import who
 from ..core.timing import Timing
 
 T = TypeVar("T")
@@ -67,13 +68,20 @@ class ReleaseRequest:
     ``reason`` is a :class:`RequestReason`; ``requester`` is the waiter's owner
     id, or the signal/notice/operator that asked; ``deadline`` is the Unix time
     by which the lock should be released, or None; ``requested_at`` is the Unix
-    time the request was noted here.
+    time the request was noted here; ``label`` is the waiter's label as its
+    record says it (what ``handofflock status`` shows), or None.
     """
 
     reason: RequestReason
     requester: str
     deadline: float | None
     requested_at: float
+    label: str | None = None
+
+    @property
+    def who(self) -> str:
+        """The requester as people know it: ``label (id)``, or the requester alone without a label."""
+        return who(self.requester, self.label)
 
 
 class Forward(Generic[T]):

@@ -106,6 +106,7 @@ def _local_path(text: str) -> Path:
     """
     match = _SCHEME_RE.match(text)
     if match is None:
+        _refuse_missing_colon(text)
         return Path(text)
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme == "file":
@@ -126,6 +127,27 @@ def _local_path(text: str) -> Path:
         )
     example = f"{meant}://{rest.lstrip('/')}" if rest.strip("/") else f"{meant}://bucket/path.json"
     raise InvalidLockURL(f"lock URL {text!r} looks like a URL with a typo: did you mean {example!r}? {local}")
+
+
+#: ``gs//bucket/x.json``: a scheme we know (or a typo of one) and ``//``, with the colon left out.
+_NO_COLON_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)//(.*)$", re.DOTALL)
+
+
+def _refuse_missing_colon(text: str) -> None:
+    """Refuse ``gs//bkt/x.json`` or ``s3//b/k``, a URL whose colon was left out: as a path it is a local
+    file ``./gs/bkt/x.json``, private to this host, which two hosts would each "hold"."""
+    match = _NO_COLON_RE.match(text)
+    if match is None:
+        return
+    scheme, rest = match.group(1).lower(), match.group(2)
+    meant = _SCHEME_TYPOS.get(scheme, scheme)
+    if meant not in _SCHEMES:
+        return  # "notes//v2.json": a directory of that name
+    slashes = ":///" if meant == "file" else "://"
+    raise InvalidLockURL(
+        f"lock URL {text!r} looks like a URL without its colon: did you mean {meant + slashes + rest.lstrip('/')!r}? "
+        f"(for a local file of that name, write ./{text})"
+    )
 
 
 def _checked_key(key: str, url: str) -> str:

@@ -450,6 +450,12 @@ class RememberingConnection:
         super().connect()  # type: ignore[misc]
         self._handofflock_sock = self.sock  # type: ignore[attr-defined]
 
+    def __repr__(self) -> str:
+        # urllib3 puts a connection's repr into its errors, which reach the user: the address, not a class name.
+        return f"{self.host}:{self.port}"  # type: ignore[attr-defined]
+
+    __str__ = __repr__
+
 
 def watched(pool: type[Any], connection: type[Any]) -> type[Any]:
     """``pool`` with the :class:`WatchedPool` hooks, making ``connection``\\ s that remember their socket."""

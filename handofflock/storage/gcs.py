@@ -313,7 +313,9 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         if isinstance(exc, requests.exceptions.ConnectTimeout):
             return transient(f"could not connect within {self._timeout[0]}s; nothing was sent", False)
         if isinstance(exc, requests.exceptions.ReadTimeout):
-            return transient(f"no reply within {self._timeout[1]}s; {applied}", True)
+            mutation = op in ("write", "delete")  # a read that got no reply changed nothing
+            outcome = applied if mutation else "nothing was changed"
+            return transient(f"no reply within {self._timeout[1]}s; {outcome}", mutation)
         if isinstance(exc, requests.exceptions.SSLError):
             if _caused_by(exc, ssl.SSLCertVerificationError):
                 return self.permanent(

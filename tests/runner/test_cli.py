@@ -161,7 +161,7 @@ def test_release_force_frees_a_held_lock_moves_the_token_on_and_the_holder_finds
     holder.acquire()
     assert main(["release", url, "--force", "--yes"]) == 0
     err = capsys.readouterr().err
-    assert "held by trainer-A" in err and "LIVE" in err
+    assert f"held by {holder.label.text} (trainer-A)" in err and "LIVE" in err  # named as status names it
     record, _ = raw_read(url)
     assert record.owner_id is None and record.token > holder.token
     clock.advance(holder.renew_interval + 0.01)
@@ -309,7 +309,7 @@ def test_watch_in_the_console_script_ends_cleanly_on_ctrl_c(shared_url):
 
 def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, capfd):
     code = "import os, sys; print('token', os.environ['HANDOFFLOCK_TOKEN'], os.environ['HANDOFFLOCK_URL']); sys.exit(7)"
-    assert main(["run", url, "--", PY, "-c", code]) == 7
+    assert main(["run", "-v", url, "--", PY, "-c", code]) == 7
     out, err = capfd.readouterr()
     assert "token " in out and url in out
     assert "acquired" in err and "exited with 7" in err
@@ -359,7 +359,7 @@ def test_run_behind_another_waiter_is_contended(url, capsys):
 
 
 def run_cmd(url, name, ckpt, *extra, job_args=()):
-    return [str(CONSOLE_SCRIPT), "run", url, "--ttl", "6", "--poll-interval", "0.2", *extra,
+    return [str(CONSOLE_SCRIPT), "run", "-v", url, "--ttl", "6", "--poll-interval", "0.2", *extra,
             "--", PY, str(JOB), name, str(ckpt), *job_args]
 
 

@@ -66,7 +66,7 @@ def test_release_force_on_s3_frees_a_held_lock_and_the_holder_finds_out(url, cap
     holder = quiet_lock(url, clock=clock, scheduler=sched)
     holder.acquire()
     assert main(["release", url, "--force", "--yes"]) == 0
-    assert "held by trainer-A" in capsys.readouterr().err
+    assert f"held by {holder.label.text} (trainer-A)" in capsys.readouterr().err  # named as status names it
     record, _ = raw_read(url)
     assert record.owner_id is None and record.token > holder.token
     clock.advance(holder.renew_interval + 0.01)

@@ -6,6 +6,7 @@ Pointed at a GCS "emulator" on a port nobody listens on: ``run`` as the real
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -19,9 +20,9 @@ from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 from handofflock import FakeClock, cli
 from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
-from handofflock.cli import STATUS_READ_SECONDS
+from handofflock.cli import STATUS_TIMEOUT
 from handofflock.core.errors import TransientStorageError
-from handofflock.exit_codes import EXIT_STORAGE
+from handofflock.exit_codes import EXIT_CONFIG, EXIT_STORAGE
 from handofflock.storage import MemoryStorage, records
 from childpipes import line_from
 
@@ -80,7 +81,7 @@ def test_status_of_a_store_that_cannot_be_reached_fails_within_seconds_with_the_
     assert done.returncode == EXIT_STORAGE, done.stderr
     assert "Connection refused" in done.stderr
     assert took < 15.0, f"status took {took:.1f} s to fail"
-    assert [c.monotonic() - 1000.0 for c in clocks] == [pytest.approx(STATUS_READ_SECONDS, abs=1.0)]
+    assert [c.monotonic() - 1000.0 for c in clocks] == [pytest.approx(STATUS_TIMEOUT, abs=1.0)]
 
 
 def test_status_of_a_missing_bucket_is_an_error_as_run_finds_it(gcs_emulator, capfd):
@@ -120,3 +121,57 @@ def test_the_live_line_says_the_store_cannot_be_reached_rather_than_held_by_some
     assert "cannot reach the store: connection refused (retrying)" in text
     assert "held by" not in text
     assert "held by ?" in WaitLine(_Lock(), stream=open(os.devnull, "w")).text()  # once it answers, as before
+
+
+@pytest.fixture
+def hung_store():
+    """The address of a "store" that accepts connections and never answers a byte (the kernel completes
+    each connection into the listening socket's backlog; nobody reads or replies)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_status_of_a_store_that_never_answers_gives_up_within_its_timeout_in_cli_words(hung_store):
+    started = time.monotonic()
+    done = subprocess.run([str(CONSOLE_SCRIPT), "status", "--timeout", "2", "gs://bkt/x.json"], capture_output=True,
+                          text=True, env=child_env(STORAGE_EMULATOR_HOST=hung_store), timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == EXIT_STORAGE, done.stderr
+    assert took < 2 + 6.0, f"status took {took:.1f} s with --timeout 2"  # 6 s: an interpreter's start when loaded
+    assert "did not answer within 2 s" in done.stderr and "--timeout" in done.stderr, done.stderr
+    for not_for_a_read in ("may have been applied", "request_timeout"):
+        assert not_for_a_read not in done.stderr, done.stderr
+
+
+def test_status_json_says_its_error_as_json_on_stdout(hung_store, monkeypatch, capfd):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", hung_store)
+    done = in_process(["status", "--json", "--timeout", "0.5", "gs://bkt/x.json"], capfd)
+    assert done.returncode == EXIT_STORAGE
+    doc = json.loads(done.stdout)
+    assert doc["state"] == "unreadable" and doc["exitCode"] == EXIT_STORAGE and doc["url"] == "gs://bkt/x.json"
+    assert "did not answer within 0.5 s" in doc["error"]
+
+
+def test_status_json_of_a_bad_url_is_json_too(capfd):
+    done = in_process(["status", "--json", "gs//bkt/x.json"], capfd)
+    assert done.returncode == EXIT_CONFIG
+    assert json.loads(done.stdout)["state"] == "error"
+
+
+def test_an_unreachable_store_is_named_by_its_address_not_by_a_private_class():
+    done = subprocess.run([str(CONSOLE_SCRIPT), "status", "--timeout", "1", "gs://bkt/x.json"], capture_output=True,
+                          text=True, env=nowhere(), timeout=60)
+    assert done.returncode == EXIT_STORAGE, done.stderr
+    assert "Connection refused" in done.stderr and "127.0.0.1:" in done.stderr, done.stderr
+    for private in ("RememberingHTTPConnection", "HTTPConnection(", "object at 0x"):
+        assert private not in done.stderr, done.stderr
+
+
+def test_run_that_gives_up_on_a_store_that_never_answers_says_so_in_cli_words(hung_store):
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", "--timeout", "1", "gs://bkt/x.json", "--", "true"],
+                          capture_output=True, text=True, env=child_env(STORAGE_EMULATOR_HOST=hung_store), timeout=90)
+    assert done.returncode == EXIT_STORAGE, done.stderr
+    assert "(--timeout 1)" in done.stderr and "the store did not answer" in done.stderr, done.stderr
+    assert "request_timeout" not in done.stderr and "may have been applied" not in done.stderr, done.stderr

@@ -1,9 +1,12 @@
-"""``handofflock run gs:/bkt/x.json -- true`` is refused (exit 64), never run on a local file of that name."""
+"""``handofflock run gs:/bkt/x.json -- true`` (or ``gs//bkt/x.json``) is refused (exit 64), never run on a local
+file of that name."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
-from jobsutil import in_process
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 
 from handofflock.exit_codes import EXIT_CONFIG
 
@@ -29,3 +32,20 @@ def test_run_takes_a_file_url_without_an_authority(tmp_path, capfd):
     done = in_process(["run", "-q", f"file:{tmp_path}/lock.json", "--", "touch", "ran"], capfd, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "lock.json").exists() and (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("gs//bkt/x.json", "gs://bkt/x.json"), ("s3//b/k", "s3://b/k")])
+def test_a_url_without_its_colon_is_refused_not_taken_for_a_local_path(typo, meant, tmp_path):
+    """As a path, ``gs//bkt/x.json`` is ``./gs/bkt/x.json``: a lock private to this host, which two hosts
+    would each hold. The real command refuses it (exit 64), says what was meant, and creates nothing."""
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", typo, "--", "touch", "ran"], cwd=tmp_path,
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert f"did you mean {meant!r}" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # neither ./gs/bkt/x.json nor the command's file
+
+
+def test_a_directory_that_merely_ends_in_two_slashes_is_still_a_path(tmp_path, capfd):
+    done = in_process(["run", "-q", "notes//x.json", "--", "true"], capfd, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "notes" / "x.json").exists()

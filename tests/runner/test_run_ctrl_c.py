@@ -84,7 +84,7 @@ def test_a_second_ctrl_c_kills_the_command_now_and_releases_the_lock(tmp_path):
     marker = tmp_path / "cmd.pid"
     # CMD takes its time over Ctrl-C: far longer than the test waits.
     script = f"trap 'sleep 50; exit 1' INT; echo $$ > {marker}; sleep 60 & wait; wait"
-    term = Terminal([str(CONSOLE_SCRIPT), "run", url, "--grace", "40", "--", "sh", "-c", script])
+    term = Terminal([str(CONSOLE_SCRIPT), "run", "-v", url, "--grace", "40", "--", "sh", "-c", script])
     try:
         cmd = eventually(lambda: marker.exists() and marker.read_text().strip(), timeout=20, what="the command started")
         term.read_until("acquired", 20)

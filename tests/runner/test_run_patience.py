@@ -46,7 +46,7 @@ def test_run_no_request_waits_for_the_holder_to_finish_without_signalling_it(sha
     thread = threading.Thread(target=told, daemon=True)
     try:
         thread.start()
-        holder = in_process(["run", shared_url, "--ttl", "16", "--poll-interval", "0.05", "--", *until_told(flag)],
+        holder = in_process(["run", "-v", shared_url, "--ttl", "16", "--poll-interval", "0.05", "--", *until_told(flag)],
                             capsys)
         thread.join(60)
     except BaseException:
