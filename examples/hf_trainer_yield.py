@@ -105,7 +105,7 @@ def train(args: argparse.Namespace) -> int:
     training_args = transformers.TrainingArguments(
         output_dir=str(output_dir), max_steps=args.steps, per_device_train_batch_size=8, learning_rate=0.05,
         lr_scheduler_type="constant", save_strategy="no", logging_strategy="steps", logging_steps=20, report_to=[],
-        use_cpu=True, disable_tqdm=True, remove_unused_columns=False, dataloader_num_workers=0,
+        use_cpu=True, disable_tqdm=True, remove_unused_columns=False, dataloader_num_workers=args.num_workers,
         ddp_timeout=int(args.group_timeout), ddp_find_unused_parameters=False, seed=0,
     )
     handed_back = False
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5, help="optimizer steps between agreements")
     parser.add_argument("--b-after", type=float, default=2.0, help="seconds after A first holds the lock until job B asks (-1: never)")
     parser.add_argument("--b-work", type=float, default=1.0)
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
     parser.add_argument("--group-timeout", type=float, default=60.0, help="gloo timeout, seconds")
     parser.add_argument("--job-b", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)

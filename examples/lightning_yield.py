@@ -87,7 +87,7 @@ def train(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(256, 8, generator=gen)
     data = torch.utils.data.TensorDataset(x, x @ (torch.arange(8, dtype=torch.float32) / 8))
-    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=args.num_workers)
     workdir = Path(args.workdir)
     callback = HandoffLockCallback(args.url, checkpoint=workdir / "handoff.ckpt", every=args.every, poll=0.5,
                                    owner_id="job-A", **TIMING)
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accumulate", type=int, default=1, help="Lightning's accumulate_grad_batches")
     parser.add_argument("--b-after", type=float, default=2.0, help="seconds after A first holds the lock until job B asks (-1: never)")
     parser.add_argument("--b-work", type=float, default=1.0)
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
     parser.add_argument("--group-timeout", type=float, default=60.0, help="gloo timeout, seconds")
     parser.add_argument("--job-b", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)

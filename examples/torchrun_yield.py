@@ -10,6 +10,11 @@ hands off. B takes the lock, does its work, and releases; A, waiting for the
 lock meanwhile, gets it back and resumes from its checkpoint. The timeline
 has the demo's columns (``python -m handofflock.demo``).
 
+The batches come from a DataLoader (``--num-workers`` worker processes): the
+batch of step i on a rank is drawn from (the rank's data seed, i), so a resume
+at step i draws what an uninterrupted run would have. ``rank_lock`` keeps the
+workers alive through a signal until the ranks have agreed and checkpointed.
+
 Works without torchrun too (set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 """
 
@@ -52,6 +57,21 @@ def job_b(args: argparse.Namespace) -> int:
     return 0
 
 
+class Batches:
+    """A map-style dataset: the batch of step i is drawn from (seed, i), wherever (whichever worker) draws it."""
+
+    def __init__(self, seed: int, steps: int) -> None:
+        self.seed, self.steps = seed, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int):
+        import torch
+
+        return torch.randn(16, 8, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + i))
+
+
 def train(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
@@ -69,7 +89,7 @@ def train(args: argparse.Namespace) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     net = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = torch.Generator().manual_seed(rank)
+    seed = rank  # this rank's data seed; a checkpoint keeps every rank's
     true_w = torch.arange(8, dtype=torch.float32) / 8
 
     if rank == 0:
@@ -103,15 +123,16 @@ def train(args: argparse.Namespace) -> int:
             state = torch.load(workdir / json.loads(ckpt_json.read_text())["file"])
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
-            data.set_state(state["data"][rank])  # the same batches as an uninterrupted run
+            seed = int(state["data"][rank])  # the same batches as an uninterrupted run
             start = state["step"] + 1
             say(who, f"resumes from the checkpoint of step {state['step']} at step {start}", token)
         elif rank == 0:
             say("A", "no checkpoint: training from step 0", token)
         steps = ranks.steps(range(start, args.steps))
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(Batches(seed, args.steps), range(start, args.steps)),
+                                             batch_size=None, num_workers=args.num_workers)
         try:
-            for step in steps:
-                x = torch.randn(16, 8, generator=data)
+            for step, x in zip(steps, loader):  # the agreement first: a stop takes no batch
                 loss = torch.nn.functional.mse_loss(net(x).squeeze(1), x @ true_w)
                 opt.zero_grad()
                 loss.backward()
@@ -131,9 +152,9 @@ def train(args: argparse.Namespace) -> int:
                 say("A", f"told: {steps.request.requester} wants the lock ({steps.request.reason.value})", token)
             say(who, f"stopped after step {last} (agreed with all {world} ranks: {decision.action}, "
                      f"{decision.cause})", token)
-        # Every rank's data order goes into the checkpoint: a resume draws the batches it would have drawn.
+        # Every rank's data seed goes into the checkpoint: a resume draws the batches it would have drawn.
         data_states = [None] * world
-        dist.all_gather_object(data_states, data.get_state())
+        dist.all_gather_object(data_states, torch.tensor(seed))
         if rank == 0:  # one writer; the release below waits for every rank
             path = workdir / f"checkpoint-{last:06d}-token-{token}.pt"  # the token fences a stale writer's file
             torch.save({"step": last, "model": model.state_dict(), "opt": opt.state_dict(), "data": data_states,
@@ -167,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5, help="steps between agreements")
     parser.add_argument("--b-after", type=float, default=2.0, help="seconds after A first holds the lock until job B asks (-1: never)")
     parser.add_argument("--b-work", type=float, default=1.0)
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
     parser.add_argument("--group-timeout", type=float, default=60.0, help="gloo timeout, seconds")
     parser.add_argument("--no-ddp", dest="ddp", action="store_false", help="no DDP: the agreement is the only collective")
     parser.add_argument("--job-b", action="store_true", help=argparse.SUPPRESS)

@@ -6,8 +6,10 @@
 ...     callback.acquire()                        # every rank; needs the process group (or one process)
 ...     trainer.fit(model, ckpt_path=callback.resume_path)
 ...     if not callback.yielded:
-...         break                                 # done; else wait for the lock again and resume
-...     trainer = lightning.Trainer(callbacks=[callback], ...)
+...         break                                 # done
+...     if callback.decision.exit:                # a signal or a notice: end, be requeued, resume then
+...         sys.exit(callback.decision.exit_status)
+...     trainer = lightning.Trainer(callbacks=[callback], ...)   # a yield: wait for the lock again, resume
 
 * before fit: the job takes the lock (the holder rank acquires; all ranks
   return together). ``setup`` does it if :meth:`acquire` was not called, but
@@ -254,8 +256,10 @@ class HandoffLockCallback(RankHold, Callback):
         self._restore_limits(trainer)
         if self.ranks is not None and self.ranks.held:
             self.ranks.release()  # all ranks meet (checkpoint written), then the holder hands off
+        self._end_run()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._restore_limits(trainer)
         if self.ranks is not None:
             self.ranks.abandon()  # no meeting: the other ranks may be gone
+        self._end_run()

@@ -11,7 +11,8 @@ state, and nobody waits in a collective that another rank has left:
   operator; any rank may vote it with :meth:`RankLock.request_stop`;
 * any rank votes *exit*, with its cause, when it got SIGTERM, SIGINT or SIGUSR1
   (:class:`RankSignals`, which ``rank_lock`` installs on
-  every rank), a preemption notice, or ``request_stop("exit")``; the holder also
+  every rank), a preemption notice, ``request_stop("exit")``, or when its
+  launcher is gone (``launcher``: its parent changed); the holder also
   when its lock's release request came from a signal or a preemption notice.
   Exit wins over yield, and every rank learns the same :class:`StopDecision`
   (``"exit"`` or ``"yield"``, and the exit's cause), so the loop can tell
@@ -45,6 +46,7 @@ itself fails (a rank died), the adapter raises
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -68,7 +70,7 @@ Agree = Callable[[Sequence[bool]], Sequence[bool]]
 _log = logging.getLogger("handofflock.ranks")
 
 #: What a rank can vote "exit" for, in the order of the vote; the first one any rank voted names the exit.
-EXIT_CAUSES = ("SIGTERM", "SIGINT", "SIGUSR1", "preemption", "requested")
+EXIT_CAUSES = ("SIGTERM", "SIGINT", "SIGUSR1", "preemption", "requested", "launcher")
 #: The status of an exit that no signal caused (a preemption notice, ``request_stop("exit")``):
 #: EX_TEMPFAIL, "try again later", as ``handofflock``'s own exit codes use it.
 EXIT_TEMPFAIL = 75
@@ -149,13 +151,29 @@ class RankLock:
     pass between agreements (1: before each step); ``poll`` is how often, in
     seconds, the ranks meet while the holder waits for the lock.
 
+    ``request_release`` and ``priority`` are what the holder's acquire asks
+    with (see ``HandoffLock.acquire``). ``launcher`` is the pid of the process
+    that started this rank (torchrun's agent): once this process's parent is
+    another, the launcher died without passing on a signal, and the rank votes
+    an exit with the cause ``"launcher"`` at the next agreement, so no orphaned
+    rank trains on holding the lock.
+
     Every method that takes part in the collective must be called by all ranks
     in the same order: :meth:`acquire`, :meth:`should_stop` (or iterating
     :meth:`steps`) and :meth:`release`.
     """
 
     def __init__(
-        self, lock: HandoffLock | None, agree: Agree, *, every: int = 1, poll: float = 1.0, rank: int | None = None
+        self,
+        lock: HandoffLock | None,
+        agree: Agree,
+        *,
+        every: int = 1,
+        poll: float = 1.0,
+        rank: int | None = None,
+        request_release: bool = True,
+        priority: int = 0,
+        launcher: int | None = None,
     ) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ConfigurationError(f"every must be a positive int (steps between agreements), not {every!r}")
@@ -166,6 +184,9 @@ class RankLock:
         self.every = every
         self.poll = float(poll)
         self.rank = rank
+        self.request_release_on_acquire = bool(request_release)
+        self.priority = priority
+        self.launcher = launcher
         #: How many agreements this rank took part in (acquire rounds, step checks and the release).
         self.agreements = 0
         #: Steps counted by :meth:`should_stop` since the last agreement.
@@ -205,6 +226,9 @@ class RankLock:
 
     def _holder_votes(self) -> tuple[bool, str | None]:
         """(yield, exit cause) as this rank sees them: its own requests, and on the holder its lock's request."""
+        if self._exit_cause is None and self.launcher is not None and os.getppid() != self.launcher:
+            _log.warning("rank %s: its launcher (pid %s) is gone; the ranks stop", self.rank, self.launcher)
+            self.request_stop("exit", cause="launcher")
         want_yield, cause = self._yield_asked, self._exit_cause
         lock = self.lock
         if lock is not None and lock.release_requested and cause is None:
@@ -231,9 +255,13 @@ class RankLock:
 
     # ------------------------------------------------------------------ acquire
 
-    def acquire(self, timeout: float | None = None) -> None:
+    def acquire(
+        self, timeout: float | None = None, *, request_release: bool | None = None, priority: int | None = None
+    ) -> None:
         """Take the lock for the job: the holder acquires; all ranks return together once it holds.
 
+        ``timeout``, ``request_release`` and ``priority`` go to the holder's
+        ``HandoffLock.acquire`` (the last two default to this object's).
         While the holder waits (as the single waiter, perhaps for hours), all
         ranks meet every ``poll`` seconds, so no collective waits longer than
         that. If the holder's acquire fails, it re-raises the error and every
@@ -243,10 +271,14 @@ class RankLock:
         done = threading.Event()
         if self.lock is not None:
             lock = self.lock
+            asking = self.request_release_on_acquire if request_release is None else request_release
+            rank_of_request = self.priority if priority is None else priority
 
             def take() -> None:
                 try:
-                    outcome["ok"] = bool(lock.acquire(timeout=timeout))
+                    outcome["ok"] = bool(
+                        lock.acquire(timeout=timeout, request_release=asking, priority=rank_of_request)
+                    )
                 except BaseException as exc:  # reported to every rank below, re-raised on this one
                     outcome["error"] = exc
                 finally:
@@ -327,6 +359,25 @@ class RankLock:
                 self._exit_cause = cause if cause in EXIT_CAUSES else "requested"
         else:
             self._yield_asked = True
+
+    def start_over(self) -> None:
+        """Begin a new run in this process after one that ended (a notebook's next cell, an HPO driver's next trial).
+
+        An exit for SIGINT was carried out by the run it stopped and is
+        forgotten: an interrupt ends the run, not the process. Any other exit
+        stands (the process is being ended: :meth:`acquire` raises
+        :class:`RankExit`). The signal handlers start afresh: the next signal
+        is a first one again.
+        """
+        if self._held:
+            raise ConfigurationError("start_over() while the job holds the lock: release() first")
+        if self._exit_cause == "SIGINT":
+            self._exit_cause = None
+        self.decision, self.request = None, None
+        old = self.signals
+        if old is not None and old.received:
+            old.uninstall()
+            self.signals = RankSignals(self, old.wanted, chain=old.chain)
 
     @property
     def exit_requested(self) -> str | None:

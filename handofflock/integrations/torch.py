@@ -19,19 +19,38 @@ all-reduce (a rank died, or the group's timeout passed) raises
 :class:`~handofflock.AgreementFailed` with torch's error chained; set the
 group's ``timeout`` to bound how long a rank can wait for a dead peer.
 
+DataLoader workers: launchers signal more than the rank (torchrun's shutdown
+signals the rank's whole process group, Slurm every process of the step), and
+a worker killed by the signal makes the rank raise ``DataLoader worker ... is
+killed by signal`` before the ranks agree and checkpoint. So in a process that
+calls :func:`rank_lock` (the callbacks call it too), each DataLoader worker
+forked from then on ignores SIGTERM, SIGINT and SIGUSR1 (:func:`shield_worker`,
+installed for you), and still ends with its rank: when the DataLoader shuts it
+down, when the rank dies (torch's worker watchdog), or at the rank's exit
+(:func:`shield_dataloader_workers`). For a DataLoader whose workers are
+spawned (``multiprocessing_context="spawn"`` or ``"forkserver"``), pass
+``worker_init_fn=shield_worker``.
+
 Importing this module imports torch.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+import mmap
+import multiprocessing
+import multiprocessing.util
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data._utils import signal_handling
+from torch.utils.data._utils.worker import _worker_loop
 
 from ..core.errors import AgreementFailed, ConfigurationError
 from ..core.identity import stable_job_id
@@ -41,7 +60,15 @@ from .ranks import DEFAULT_RANK_SIGNALS, Agree, RankLock, RankSignals, StopDecis
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
 
-__all__ = ["RankHold", "agree_device", "rank_lock", "tensor_agree", "torch_agree"]
+__all__ = [
+    "RankHold",
+    "agree_device",
+    "rank_lock",
+    "shield_dataloader_workers",
+    "shield_worker",
+    "tensor_agree",
+    "torch_agree",
+]
 
 
 def torch_agree(group: Any = None, device: torch.device | str | None = None) -> Agree:
@@ -103,6 +130,81 @@ def agree_device(group: Any, backend: str, environ: Any = None) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def shield_worker(worker_id: int = 0) -> None:
+    """A DataLoader ``worker_init_fn``: this worker ignores SIGTERM, SIGINT and SIGUSR1 (its rank decides).
+
+    >>> loader = DataLoader(data, num_workers=2, multiprocessing_context="spawn", worker_init_fn=shield_worker)
+
+    Forked workers of a process that called :func:`rank_lock` get it without
+    asking (see :func:`shield_dataloader_workers`); pass it for spawned ones
+    (call it from your own init function if you have one). The worker still
+    ends with its rank: the DataLoader shuts it down, and torch's watchdog
+    ends it once the rank is gone. A forked worker also obeys the signals
+    once its rank is exiting; a spawned one shares nothing with its rank, so
+    drop (or exhaust) the DataLoader's iterator before the rank exits, or
+    multiprocessing's exit hook waits for it. A signal ignored (SIG_IGN) stays
+    ignored; a program the worker runs gets the default actions back (a
+    Python handler, unlike SIG_IGN, is not inherited across ``exec``).
+    """
+    for sig in DEFAULT_RANK_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _let_the_rank_decide)
+
+
+def _let_the_rank_decide(signum: int, frame: object) -> None:
+    """A shielded worker's handler: nothing while its rank lives on (the rank got the signal too, or decides)."""
+    if _exiting is not None and _exiting[0]:
+        # The rank is exiting, and multiprocessing's exit hook terminates its daemonic children: end, with
+        # the status torch's own handler gives when the rank terminates a worker (a clean exit to its SIGCHLD).
+        os._exit(0)
+
+
+#: One shared byte, set when the process that made it exits; its forked DataLoader workers read it.
+_exiting: mmap.mmap | None = None
+#: The process whose DataLoader workers are shielded (a forked child is not it).
+_shielding_pid: int | None = None
+
+
+def shield_dataloader_workers() -> None:
+    """Shield every DataLoader worker this process forks from now on (:func:`shield_worker`). Idempotent.
+
+    :func:`rank_lock` calls it. A child that multiprocessing forks to run
+    torch's DataLoader worker loop is shielded before the loop starts, and
+    again right after the loop sets torch's own SIGTERM handler. When this
+    process exits, its workers obey the signals again: an exit hook, which runs
+    before multiprocessing's (atexit runs hooks in reverse order), sets a byte
+    the workers share since the fork, so multiprocessing's ``terminate()`` of
+    its daemonic children ends them at once instead of leaving the exit waiting.
+    """
+    global _exiting, _shielding_pid
+    if _shielding_pid == os.getpid():
+        return
+    _exiting, _shielding_pid = mmap.mmap(-1, 1), os.getpid()  # anonymous and shared: forked children see writes
+    multiprocessing.util.register_after_fork(_worker_loop, _shield_if_running)
+    atexit.register(_unshield_at_exit)
+
+
+def _unshield_at_exit() -> None:
+    if _exiting is not None and os.getpid() == _shielding_pid:
+        _exiting[0] = 1
+
+
+def _shield_if_running(loop: Callable[..., None]) -> None:
+    """In a child multiprocessing just forked: shield it if it is about to run ``loop`` (a DataLoader worker)."""
+    if getattr(multiprocessing.current_process(), "_target", None) is not loop:
+        return
+    shield_worker()
+    # The worker loop begins by setting torch's own SIGTERM handler (in C: exit if the rank sent it, else die of
+    # it), which would undo the shield for SIGTERM: in this child only, shield again right after it.
+    set_torch_handlers = signal_handling._set_worker_signal_handlers  # type: ignore[attr-defined]
+
+    def then_shield(*args: Any) -> None:
+        set_torch_handlers(*args)
+        shield_worker()
+
+    signal_handling._set_worker_signal_handlers = then_shield  # type: ignore[attr-defined]
+
+
 def rank_lock(
     url: str | os.PathLike[str] | None = None,
     *,
@@ -112,6 +214,8 @@ def rank_lock(
     every: int = 1,
     poll: float = 1.0,
     signals: Iterable[SignalLike] = DEFAULT_RANK_SIGNALS,
+    request_release: bool = True,
+    priority: int = 0,
     **lock_kwargs: Any,
 ) -> RankLock:
     """A :class:`~handofflock.integrations.ranks.RankLock` for this process's rank.
@@ -129,6 +233,15 @@ def rank_lock(
       place, the lock or the waiter slot (with a new, higher fencing token).
     * ``wait_for_slot`` defaults to True: a job that finds another waiter
       waits for the slot instead of failing with ``LockContended``.
+    * ``request_release`` and ``priority`` are what :meth:`RankLock.acquire`
+      asks with (``HandoffLock.acquire``'s): ``request_release=False`` waits
+      patiently, never asking the holder to yield.
+    * DataLoader workers forked from then on ignore the signals the rank
+      handles, and end with it (see the module docstring), where ``signals``
+      are installed.
+    * Under torchrun, a rank whose launcher is gone (its parent changed:
+      torchrun was killed, by SIGUSR1 say, which it does not handle) votes an
+      exit with the cause ``"launcher"`` at the next agreement.
     """
     if (url is None) == (lock is None):
         raise ConfigurationError("pass either url or lock")
@@ -152,10 +265,21 @@ def rank_lock(
             lock = HandoffLock(url, **lock_kwargs)
     else:
         lock = None
-    ranks = RankLock(lock, agree, every=every, poll=poll, rank=rank)
+    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None  # torchrun's agent started us
+    ranks = RankLock(
+        lock,
+        agree,
+        every=every,
+        poll=poll,
+        rank=rank,
+        request_release=request_release,
+        priority=priority,
+        launcher=launcher,
+    )
     wanted = tuple(signals)
     if wanted and threading.current_thread() is threading.main_thread():
         ranks.signals = RankSignals(ranks, wanted).install()
+        shield_dataloader_workers()
     return ranks
 
 
@@ -163,10 +287,16 @@ class RankHold:
     """What the framework callbacks share: the job's :class:`RankLock`, opened on first use, and how a run ended.
 
     ``url``, ``holder_rank``, ``every``, ``poll`` and ``lock_kwargs`` go to
-    :func:`rank_lock`. After a run: ``yielded`` is True if it ended because
-    the ranks agreed to stop, ``yield_step`` is the step of the checkpoint it
-    saved, and ``decision`` what the ranks agreed (exit or yield); None after
-    a full run.
+    :func:`rank_lock` (``request_release=False`` and ``priority`` among them,
+    and any ``HandoffLock`` keyword). After a run: ``yielded`` is True if it
+    ended because the ranks agreed to stop, ``yield_step`` is the step of the
+    checkpoint it saved, and ``decision`` what the ranks agreed (exit or
+    yield); None after a full run.
+
+    The signal handlers are ours from :meth:`acquire` to the end of the run
+    (finished, stopped or failed); then the ones found come back, so a
+    notebook's next "interrupt kernel" raises ``KeyboardInterrupt`` again. The
+    same object serves the next run (:meth:`RankLock.start_over`).
     """
 
     def __init__(
@@ -183,16 +313,32 @@ class RankHold:
         self.yielded = False
         self.yield_step: int | None = None
         self.decision: StopDecision | None = None
+        #: A run ended since the last acquire: the next one starts over.
+        self._ended = False
 
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held."""
         if self.ranks is None:
             self.ranks = self._open()
+        elif self._ended and not self.ranks.held:
+            self.ranks.start_over()
+        self._ended = False
         if self.ranks.signals is not None:
             self.ranks.signals.install()  # a signal while waiting ends the wait
         if not self.ranks.held:
-            self.ranks.acquire()
+            try:
+                self.ranks.acquire()
+            except BaseException:  # RankExit, or the lock could not be taken: this run is over
+                self._end_run()
+                raise
         self.yielded, self.yield_step, self.decision = False, None, None
+
+    def _end_run(self) -> None:
+        """The run is over (finished, stopped or failed): the signal handlers found before are back."""
+        self._ended = True
+        on_main = threading.current_thread() is threading.main_thread()  # where handlers can be set
+        if on_main and self.ranks is not None and self.ranks.signals is not None:
+            self.ranks.signals.uninstall()
 
     def _stopped(self, step: int) -> None:
         """The ranks agreed to stop after ``step``."""

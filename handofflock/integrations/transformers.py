@@ -49,8 +49,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import logging
 import os
+import warnings
 from typing import Any
 
 from transformers import TrainerCallback
@@ -60,8 +60,6 @@ from .ranks import StopDecision
 from .torch import RankHold
 
 __all__ = ["HandoffLockTrainerCallback"]
-
-_log = logging.getLogger("handofflock.ranks")
 
 
 class HandoffLockTrainerCallback(RankHold, TrainerCallback):
@@ -82,8 +80,10 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None and self.ranks is not None:
-            self.ranks.abandon()  # on_train_end never comes: let the lock go now (the others may be gone)
+        if exc_type is not None:
+            if self.ranks is not None:
+                self.ranks.abandon()  # on_train_end never comes: let the lock go now (the others may be gone)
+            self._end_run()
 
     def train(self, trainer: Any, **train_kwargs: Any) -> StopDecision | None:
         """Take the lock, train from the newest checkpoint in ``output_dir``, release; on an exception, let go.
@@ -125,6 +125,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
             except BaseException:
                 if self.ranks is not None:
                     self.ranks.abandon()  # on_train_end never comes
+                self._end_run()
                 raise
 
         guarded_train._handofflock_guard = self  # type: ignore[attr-defined]
@@ -140,9 +141,11 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self._guarding and not self._warned:
             self._warned = True
-            _log.warning(
+            warnings.warn(
                 "HandoffLockTrainerCallback was added after the Trainer was built: a trainer.train() that raises "
-                "keeps the lock until this process ends; call callback.train(trainer) or callback.guard(trainer)"
+                "keeps the lock until this process ends; call callback.train(trainer) or callback.guard(trainer)",
+                UserWarning,
+                stacklevel=2,
             )
         if self.ranks is None or not self.ranks.held:
             self.acquire()
@@ -178,6 +181,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.ranks is not None and self.ranks.held:
             self.ranks.release()  # all ranks meet (the checkpoint is written), then the holder hands off
+        self._end_run()
 
 
 def _calling_trainer(state: Any) -> Any:
