@@ -73,7 +73,7 @@ from .exit_codes import (
 )
 from .lock.types import LockStatus
 from .repair import force_release
-from .runner import SIGNAL_TARGETS, CommandRunner
+from .runner import SIGNAL_TARGETS, CommandRunner, exec_command
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, Storage, open_url
 from .storage.records import read_retrying
@@ -107,8 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
-    if args.cmd != "run" and command is not None:
-        return _fail("'--' and a command only go with `handofflock run`", EXIT_USAGE)
+    if args.cmd not in ("run", "exec") and command is not None:
+        return _fail("'--' and a command only go with `handofflock run` and `handofflock exec`", EXIT_USAGE)
     args.command = command
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
@@ -316,6 +316,18 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
+        "exec",
+        help="run a job as a container's PID 1: signals passed on, orphans reaped, the job's own status",
+        usage="handofflock exec [--grace S] -- CMD [ARGS...]",
+        description="Run CMD as a pod's command should be run (no lock is taken). Signals (TERM, INT, HUP, "
+        "QUIT, USR1, USR2) go to CMD; orphans are reaped; when CMD exits, what it left gets TERM, then "
+        "KILL after the grace. The exit status is the one a rank_lock job decided (exit 143 after SIGTERM, "
+        "75 after a yield), which torchrun does not pass on, else CMD's own.",
+    )
+    p.add_argument("--grace", type=float, default=10.0, help="seconds CMD's leftovers get after TERM (default 10)")
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser(
         "release",
         help="clear a stuck or corrupt lock (--force)",
         description="Clear the lock from outside with a generation-matched write: "
@@ -335,8 +347,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     p.set_defaults(func=cmd_watch)
-    for subparser in sub.choices.values():
-        subparser.add_argument("url")  # listed apart from the options, wherever it is declared
+    for name, subparser in sub.choices.items():
+        if name != "exec":
+            subparser.add_argument("url")  # listed apart from the options, wherever it is declared
         subparser.set_defaults(parser=subparser)  # its own usage for its own errors
     return parser
 
@@ -546,6 +559,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         raise ConfigurationError(cli_names(str(exc))) from exc
     return runner.run()
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    if not args.command:
+        return _fail("nothing to run: usage: handofflock exec [--grace S] -- CMD [ARGS...]", EXIT_USAGE)
+    return exec_command(args.command, args.grace)
 
 
 # --------------------------------------------------------------------------- release --force

@@ -7,6 +7,8 @@ scripts can tell "try again later" (75) from "fix the configuration" (64, 69).
 because the lock was asked for).
 """
 
+import os
+
 EXIT_OK = 0
 EXIT_DECLINED = 1  # release --force answered "no"
 EXIT_USAGE = 2  # bad arguments (argparse's own code)
@@ -26,3 +28,28 @@ EXIT_CODES_HELP = """exit codes: CMD's own status (128+N if it died of signal N;
   69 storage unavailable  70 lock lost while CMD ran    75 contended (another waiter; --nonblock)
   124 --timeout passed    126 CMD not executable        127 CMD not found
   128+N stopped by signal N while waiting  (status, watch: 141 when stdout's reader leaves)"""
+
+#: Set by ``handofflock exec`` for its command: the file a job writes the status it decided to exit with.
+EXIT_STATUS_FILE = "HANDOFFLOCK_EXIT_STATUS_FILE"
+
+
+def report_exit_status(code: int | None) -> None:
+    """Tell ``handofflock exec`` (if it started this job) the status the job will exit with; None withdraws it.
+
+    torchrun exits 1 whatever its workers did, so a pod's ``podFailurePolicy``
+    could not tell a yield (75) from a crash: ``exec`` exits with this status
+    instead. Every rank may call it; the last write wins, whole.
+    """
+    path = os.environ.get(EXIT_STATUS_FILE)
+    if not path:
+        return
+    try:
+        if code is None:
+            os.unlink(path)
+            return
+        part = f"{path}.{os.getpid()}"
+        with open(part, "w", encoding="ascii") as f:
+            f.write(f"{code}\n")
+        os.replace(part, path)
+    except OSError:
+        pass

@@ -40,6 +40,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Collection
@@ -52,7 +53,14 @@ from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
 from .core.threads import quiet
 from .core.timefmt import who
-from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND, EXIT_STORAGE
+from .exit_codes import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_CONTENDED,
+    EXIT_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_STATUS_FILE,
+    EXIT_STORAGE,
+)
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
@@ -773,3 +781,89 @@ def _is_terminal(stream: Any) -> bool:
 def _short(command: list[str], limit: int = 100) -> str:
     text = " ".join(shlex.join(command).split())  # one line, whatever the arguments hold
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- exec: a job's PID 1
+
+
+def exec_command(command: list[str], grace: float) -> int:
+    """Run ``command`` as a container's PID 1 would need: signals passed on, orphans reaped, the job's status.
+
+    A PID namespace's init gets no signal it has no handler for, so a shell as
+    a pod's command (``sh -c 'torchrun ...; ...'``) never sees the SIGTERM of a
+    pod's deletion and is killed 30 s later with nothing saved. Here every
+    signal of :data:`RUN_SIGNALS` is caught and passed on to the command's own
+    process, as ``tini`` and ``dumb-init`` do; every process orphaned in the
+    namespace (or, off PID 1, under this process as the child subreaper) is
+    reaped. When the command exits, what it left behind gets SIGTERM, and
+    SIGKILL after ``grace`` seconds. The exit status is what the job decided
+    (the ranks' agreed stop, written through :data:`EXIT_STATUS_FILE`, since
+    torchrun exits 1 whatever its workers did), else the command's own
+    (128+N for signal N).
+    """
+    if (bad := _check_command(command)) is not None:
+        return bad
+    fd, status_file = tempfile.mkstemp(prefix="handofflock-exit-")
+    os.close(fd)
+    os.unlink(status_file)
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def passed_on(signum: int, frame: Any) -> None:
+        if child is None:
+            pending.append(signum)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+
+    previous = {sig: signal.signal(sig, passed_on) for sig in RUN_SIGNALS}
+    subreaper_was = None if os.getpid() == 1 else _set_subreaper(on=True)
+    try:
+        child = subprocess.Popen(command, env={**os.environ, EXIT_STATUS_FILE: status_file})
+        for signum in pending:
+            os.kill(child.pid, signum)
+        code = None
+        while code is None:  # reap everything that dies, until the command itself has
+            pid, status = os.waitpid(-1, 0)
+            if pid == child.pid:
+                child.returncode = code = os.waitstatus_to_exitcode(status)
+        _end_orphans(grace)
+        decided = _read_status(status_file)
+        return decided if decided is not None else (128 - code if code < 0 else code)
+    finally:
+        for sig, action in previous.items():
+            signal.signal(sig, action if action is not None else signal.SIG_DFL)
+        if subreaper_was is not None:
+            _set_subreaper(on=subreaper_was)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(status_file)
+
+
+def _end_orphans(grace: float) -> None:
+    """SIGTERM to the processes the command left behind (our children now), SIGKILL after ``grace``, all reaped."""
+    deadline = time.monotonic() + grace
+    sent: set[int] = set()
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
+                pass
+        left = [pid for pid, state in _children() if state != b"Z"]
+        if not left:
+            return
+        late = time.monotonic() >= deadline
+        for pid in left:
+            if late or pid not in sent:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                sent.add(pid)
+        time.sleep(0.05)
+
+
+def _read_status(path: str) -> int | None:
+    """The status a job wrote to ``path`` (a number 0-255), or None if it wrote none or garbage."""
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and int(text) <= 255 else None

@@ -14,8 +14,8 @@ environment tells (nothing is fetched over the network):
                           which is the pod's name unless the spec sets
                           ``hostname``; without ``POD_NAMESPACE``, the service
                           account's namespace file where it is mounted
-``slurm=JOB[_TASK]``      ``SLURM_JOB_ID`` (``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID``
-                          for an array task)
+``slurm=JOB[_TASK][.STEP]``  ``SLURM_JOB_ID`` (``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID``
+                          for an array task; ``.SLURM_STEP_ID`` inside an ``srun`` step)
 ``rank=R``                torchrun's ``RANK`` (when ``LOCAL_RANK`` or
                           ``TORCHELASTIC_RUN_ID`` says torchrun set it)
 ========================  =====================================================
@@ -31,7 +31,9 @@ set wins:
 ``HANDOFFLOCK_JOB_ID``              yours, verbatim (``job:`` prefixed)
 ``SLURM_JOB_ID``                    ``slurm:JOB``; ``slurm:ARRAYJOB_TASK`` for an
                                     array task (``SLURM_ARRAY_JOB_ID``,
-                                    ``SLURM_ARRAY_TASK_ID``). Kept by
+                                    ``SLURM_ARRAY_TASK_ID``); ``.STEP`` added
+                                    inside an ``srun`` step (``SLURM_STEP_ID``),
+                                    so two steps of one allocation differ. Kept by
                                     ``scontrol requeue`` and ``--requeue``.
 ``KUBERNETES_JOB_NAME``             ``k8s:NAMESPACE/NAME[/INDEX]``: set it with the
                                     downward API from the pod's label
@@ -120,10 +122,20 @@ def clean_label(text: str) -> str:
 
 
 def _slurm_job(env: Mapping[str, str]) -> str | None:
-    """The Slurm job: ``ARRAYJOB_TASK`` for an array task, else the job id; None outside Slurm."""
+    """The Slurm job: ``ARRAYJOB_TASK`` for an array task, else the job id, then ``.STEP`` inside an ``srun``
+    step; None outside Slurm. Two steps of one allocation are two jobs; a requeued job numbers its steps again."""
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    else:
+        job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
+    if job and step.isdigit() and int(step) < _SLURM_SPECIAL_STEPS:
+        job += f".{step}"
+    return job or None
+
+
+#: Slurm's step ids from here up name its own steps (batch, extern, interactive), not an ``srun``.
+_SLURM_SPECIAL_STEPS = 0xFFFFFFF0
 
 
 def _namespace(env: Mapping[str, str], namespace_file: str) -> str | None:

@@ -55,6 +55,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
+from ..exit_codes import report_exit_status
 from ..lock.handoff import Steps
 from ..os_signals import CaughtSignals, SignalLike
 
@@ -244,14 +245,18 @@ class RankLock:
         return want_yield, cause
 
     def _decided(self, agreed: Sequence[bool]) -> StopDecision | None:
+        """What the ranks agreed, if anything; its exit status goes to ``handofflock exec`` (if it started us)."""
         causes = [c for c, voted in zip(EXIT_CAUSES, agreed[_YIELD + 1 : _LAST], strict=True) if voted]
         request = self.lock.release_request if self.lock is not None else None
+        decision = None
         if causes:
-            return StopDecision("exit", causes[0], request)
-        if agreed[_YIELD]:
+            decision = StopDecision("exit", causes[0], request)
+        elif agreed[_YIELD]:
             cause = str(request.reason) if request is not None else ("requested" if self._yield_asked else "yield")
-            return StopDecision("yield", cause, request)
-        return None
+            decision = StopDecision("yield", cause, request)
+        if decision is not None:
+            report_exit_status(decision.exit_status)
+        return decision
 
     # ------------------------------------------------------------------ acquire
 
@@ -304,6 +309,7 @@ class RankLock:
                 break
         # A stop asked while waiting stands (the first agreement of the hold stops at once).
         self._held, self._since, self.request, self.decision = True, 0, None, None
+        report_exit_status(None)  # held again: the job goes on, and a stop decided before is over
         if self.lock is not None:
             _log.info("rank %s holds %s for the job (token %s)", self.rank, self.lock.url, self.lock.token)
 

@@ -71,6 +71,9 @@ def test_an_exit_asked_on_a_rank_stands_and_a_later_acquire_never_takes_the_lock
     ({"TORCHELASTIC_RUN_ID": "run7"}, "torchrun:run7"),
     ({"SLURM_JOB_ID": "812345", "TORCHELASTIC_RUN_ID": "run7"}, "slurm:812345"),
     ({"SLURM_JOB_ID": "812346", "SLURM_ARRAY_JOB_ID": "812300", "SLURM_ARRAY_TASK_ID": "4"}, "slurm:812300_4"),
+    ({"SLURM_JOB_ID": "812345", "SLURM_STEP_ID": "1"}, "slurm:812345.1"),  # two srun steps are two jobs
+    ({"SLURM_JOB_ID": "812345", "SLURM_STEP_ID": "0"}, "slurm:812345.0"),
+    ({"SLURM_JOB_ID": "812345", "SLURM_STEP_ID": str(0xFFFFFFFB)}, "slurm:812345"),  # the batch script's own step
     ({"KUBERNETES_JOB_NAME": "train", "POD_NAMESPACE": "ml"}, "k8s:ml/train"),
     ({"KUBERNETES_JOB_NAME": "train", "POD_NAMESPACE": "ml", "JOB_COMPLETION_INDEX": "2"}, "k8s:ml/train/2"),
     ({"HANDOFFLOCK_JOB_ID": "nightly", "SLURM_JOB_ID": "1"}, "job:nightly"),

@@ -50,3 +50,17 @@ def in_process(args: list[str], capsys: pytest.CaptureFixture[str], cwd: Path | 
         os.chdir(before)
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["handofflock", *args], code, out, err)
+
+
+#: A command's prefix that makes it PID 1 of a new PID namespace (with its own /proc).
+UNSHARE_PID = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def pid_namespace_refused() -> str | None:
+    """Why no PID namespace can be made here (no unshare(1), not root, a kernel that refuses), or None."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return "no unshare(1) on this machine"
+    probe = subprocess.run([*UNSHARE_PID, "true"], capture_output=True, text=True, timeout=30)
+    return None if probe.returncode == 0 else f"the kernel refuses a PID namespace: {probe.stderr.strip()}"
