@@ -35,7 +35,9 @@ from handofflock import HandoffLock, LockLost
 from handofflock.demo import Timeline
 from handofflock.integrations.ranks import RankExit
 
-TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
+# min_hold=0: job A is asked as soon as B waits, to show a yield in seconds; real jobs keep the default
+# minimum hold (30 s), which lets a new holder work before it is asked.
+TIMING = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2, min_hold=0.0)
 
 
 def job_b(args: argparse.Namespace) -> int:

@@ -803,13 +803,21 @@ class HandoffLock:
             if self._state != HELD:
                 return
             try:
-                decision = self._decide_renew(lease)
-                if not isinstance(decision, Write):  # the record says the lease is not ours to renew
-                    raise PreconditionFailed(self.key, lease.generation, url=self.url)
                 end = clock.monotonic() + t.renew_deadline
                 by = end if deadline is None else max(min(deadline, end), lease.valid_until)
-                written, generation, mono, wall = self._io.write(decision, by, urgent=True)
-                lease.set(written.record, generation, mono, wall, t, clock)
+                for _ in range(3):  # a waiter that registers meanwhile moves the generation: read, note it, again
+                    decision = self._decide_renew(lease)
+                    if not isinstance(decision, Write):  # the record says the lease is not ours to renew
+                        raise PreconditionFailed(self.key, lease.generation, url=self.url)
+                    try:
+                        written, generation, mono, wall = self._io.write(decision, by, urgent=True)
+                    except PreconditionFailed:
+                        if not self._saw(*self._io.read(by)):
+                            raise lease.lost_error from None  # type: ignore[misc]
+                        continue
+                    lease.set(written.record, generation, mono, wall, t, clock)
+                    return
+                raise PreconditionFailed(self.key, lease.generation, url=self.url)
             except (StorageError, LockRecordCorrupt) as exc:
                 if lease.within(clock):
                     lease.next_renew = clock.monotonic()  # keep it; the scheduler retries at once

@@ -826,3 +826,30 @@ def test_four_asking_workers_do_every_job_once_in_two_holds_each_and_none_starve
     work = 10.0
     assert took <= 1.5 * work + 2.0, f"took {took:.1f} s for {work:.0f} s of work"
     assert max(first_hold.values()) <= work, f"a worker waited {max(first_hold.values()):.1f} s: {first_hold}"
+
+
+def test_a_short_handed_lease_is_renewed_even_if_a_waiter_registers_before_the_heir_writes(sim):
+    """The heir finds a handed lease too short to use and renews it before acquire() returns; a waiter
+    that registered in between moved the generation: a 412 the heir reads past, never a loss."""
+    kw = dict(ttl=4.0, waiter_poll_interval=0.1, waiter_check_interval=0.1, min_hold=0)
+    owner, heir = sim.lock("O", **kw), sim.lock("H", **kw)
+    assert sim.call(owner.acquire)
+    box = sim.start(lambda: heir.acquire(timeout=30))
+    sim.run_until(waiter_is(sim, "H"), what="H registered")
+    armed = [True]
+
+    def register_a_waiter(op, key, found):
+        if armed and found is not None and LockRecord.decode(found[0], key=key).owner_id == "H":
+            armed.clear()  # the heir has read its handoff: a third party registers before the heir writes
+            record, generation = LockRecord.decode(found[0], key=key), found[1]
+            late = record.replace(waiting_owner_id="C", waiter_expires_at=sim.time() + 10, waiter_instance="c1")
+            sim.store.write(key, late.encode(), if_generation_match=generation)
+
+    sim.store.faults.after("read", register_a_waiter)
+    owner._unschedule()  # private: the owner stops, as if it handed over and went; the test writes the handoff
+    record = sim.record()
+    sim.update(owner_id="H", owner_instance=heir.instance, expires_at=sim.time() + 1.95, token=record.token + 1,
+               waiting_owner_id=None, held_since=sim.time())  # its safety margin already spent (a paused heir)
+    sim.run_until(lambda: box.done, limit=10, what="the heir's acquire returned")
+    assert box.error is None and heir.is_held and heir.healthy, box
+    assert sim.record().waiting_owner_id == "C" and sim.record().expires_at > sim.time() + 3.0

@@ -68,7 +68,7 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
     url = f"memory://{name}/locks/l.json"
     # private: CommandRunner takes parsed arguments; cli's own parser makes them as `handofflock run` would
     args = cli._parser().parse_args(
-        ["run", url, "--ttl", "5", "--grace", "1", "--poll-interval", "0.1"]
+        ["run", url, "--ttl", "5", "--grace", "1", "--poll-interval", "0.1", "--min-hold", "0"]
     )
     args.command = ["sleep", "15"]
     runner = CommandRunner(args)

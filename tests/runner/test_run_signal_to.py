@@ -58,7 +58,7 @@ if __name__ == "__main__":
 def _start(tmp_path: Path, *cmd: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     url = (tmp_path / "lock.json").as_uri()
     log = open(tmp_path / "holder.log", "w")  # a file: a helper left running would hold a pipe open
-    proc = subprocess.Popen([str(CONSOLE_SCRIPT), "run", url, "--grace", "20", "--poll-interval", "0.2", *extra,
+    proc = subprocess.Popen([str(CONSOLE_SCRIPT), "run", url, "--grace", "20", "--poll-interval", "0.2", "--min-hold", "0", *extra,
                              "--", *cmd], stdout=log, stderr=log, env=child_env())
     log.close()
     return proc
