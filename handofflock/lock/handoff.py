@@ -54,7 +54,7 @@ from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
 from ..core.record import Holder, Label, LockRecord, Waiter, WaiterRequest, id_problem, label_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
-from ..core.timing import MIN_ROOM, RETRY, Timing, requests_by
+from ..core.timing import MIN_REQUEST_TIME, MIN_ROOM, RETRY, Timing, requests_by
 from ..storage import Storage, open_url
 from ..storage.records import RecordStore, default_write_interval
 from . import events as signals
@@ -334,11 +334,13 @@ class HandoffLock:
 
     @property
     def give_up_budget(self) -> float:
-        """How long giving back the waiter slot (after a timeout, cancel or error) may take: a read
-        and an urgent write, each allowed a retry. acquire(timeout=T) returns within T plus this: every
-        request before it ends by T, cut off there if need be (a T under 1 s still allows its
-        requests 1 s, ``core.timing.MIN_REQUEST_TIME``, so ``timeout=0`` makes its one try)."""
-        return max(2.0, 2 * self.timing.min_write_interval + 1.0)
+        """How long giving back the waiter slot (after a timeout, cancel or error) may take: rounds of a
+        read and an urgent write (each allowed a retry; another round after a 412) begun within
+        ``max(2, 2 * min_write_interval + 1)`` s, the last with 1 s (``core.timing.MIN_REQUEST_TIME``)
+        for its requests. acquire(timeout=T) returns within T plus this: every request before it ends
+        by T, cut off there if need be (a T under 1 s still allows its requests 1 s, so ``timeout=0``
+        makes its one try)."""
+        return max(2.0, 2 * self.timing.min_write_interval + 1.0) + MIN_REQUEST_TIME
 
     @property
     def instance(self) -> str:
@@ -710,8 +712,8 @@ class HandoffLock:
             return False
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
-        deadline = self._clock.monotonic() + self.give_up_budget
-        while self._clock.monotonic() < deadline:  # a conditional write, re-read on 412
+        deadline = self._clock.monotonic() + self.give_up_budget  # every request of it ends by then
+        while self._clock.monotonic() < deadline - MIN_REQUEST_TIME:  # a conditional write, re-read on 412
             record, generation = self._read_to_write(deadline, urgent=True)  # our write slot first, as urgent
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(

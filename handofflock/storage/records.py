@@ -55,6 +55,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from ..core import protocol
 from ..core.clock import Clock
@@ -190,6 +191,16 @@ class Bound:
             if cap is None or left < cap:
                 # With no cap of ours the store's own may be the shorter: a cut then is not the deadline's.
                 self.seconds, self._by_deadline = left, cap is not None
+
+    @classmethod
+    def or_last(cls, last: TransientStorageError | None, *args: Any) -> Bound:
+        """A retry's bound (``args`` as for the constructor); with no time left, ``last`` (the failure
+        before it, if any: a retry whose sleep overran the deadline) is what is raised."""
+        try:
+            return cls(*args)
+        except StorageTimeout as exc:
+            timed_out = exc
+        raise last or timed_out
 
     def used_up(self, exc: TransientStorageError) -> bool:
         """Whether ``exc`` (this request's failure) is the operation's deadline reached."""
@@ -412,12 +423,7 @@ def read_retrying(
     retries = Retries(clock, deadline)
     last: TransientStorageError | None = None
     while True:
-        try:
-            bound = Bound(clock, deadline, timeout, storage, key, "read")
-        except StorageTimeout:
-            if last is not None:  # a retry whose sleep overran the deadline: the failure before it is the news
-                raise last
-            raise
+        bound = Bound.or_last(last, clock, deadline, timeout, storage, key, "read")
         try:
             found = storage.read(key, max_bytes=max_bytes, timeout=bound.seconds)
         except TransientStorageError as exc:
@@ -533,12 +539,7 @@ def write_resolving(
                     ambiguous=False,
                 )
             clock.sleep(max(wait, 0.001))
-        try:
-            bound = Bound(clock, deadline, timeout, storage, key, "write")
-        except StorageTimeout:
-            if last_failure is not None:
-                raise last_failure
-            raise
+        bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write")
         body = data() if callable(data) else data
         try:
             generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=bound.seconds)
