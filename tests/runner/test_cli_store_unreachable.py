@@ -169,8 +169,8 @@ def test_status_json_of_a_bad_url_is_json_too(capfd):
 
 
 def test_an_unreachable_store_is_named_by_its_address_not_by_a_private_class():
-    done = subprocess.run([str(CONSOLE_SCRIPT), "status", "--timeout", "1", "gs://bkt/x.json"], capture_output=True,
-                          text=True, env=nowhere(), timeout=60)
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", "--timeout", "1", "gs://bkt/x.json", "--", "true"],
+                          capture_output=True, text=True, env=nowhere(), timeout=60)
     assert done.returncode == EXIT_STORAGE, done.stderr
     assert "Connection refused" in done.stderr and "127.0.0.1:" in done.stderr, done.stderr
     for private in ("RememberingHTTPConnection", "HTTPConnection(", "object at 0x"):
