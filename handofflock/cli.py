@@ -75,7 +75,7 @@ from .lock.types import LockStatus
 from .repair import force_release
 from .runner import SIGNAL_TARGETS, CommandRunner, exec_command
 from .runner import fail as _fail
-from .storage import MAX_RECORD_BYTES, Storage, open_url
+from .storage import MAX_RECORD_BYTES, open_url, records
 from .storage.records import read_retrying
 
 #: The exit code of each error that reaches ``main``: the first class that matches.
@@ -381,12 +381,11 @@ def read_status(url: str, *, within: float = STATUS_TIMEOUT) -> LockStatus:
     """
     if not (within > 0 and math.isfinite(within)):
         raise ConfigurationError(f"--timeout must be a number of seconds > 0, got {within}")
-    store, key = open_url(url)  # no I/O: a bad URL is refused at once
     found: dict[str, Any] = {}
 
     def read() -> None:
-        try:
-            found["status"] = _read_status(store, key, os.fspath(url), within)
+        try:  # the store's SDK is imported and its client made in here too: within the bound
+            found["status"] = _read_status(url, within, found)
         except BaseException as exc:  # handed to the caller's thread
             found["error"] = exc
 
@@ -396,14 +395,18 @@ def read_status(url: str, *, within: float = STATUS_TIMEOUT) -> LockStatus:
     if "error" in found:
         raise found["error"]
     if "status" not in found:
-        said = f"{url}: the store did not answer within {within:g} s; a read changes nothing"
+        why = records.down().get(found.get("store", ""))  # refused, reset...: what its retries met, if anything
+        said = f"{url}: the store did not answer within {within:g} s" + (f" ({why})" if why else "")
+        said += "; a read changes nothing"
         raise NoAnswer(said, url=os.fspath(url))
     status: LockStatus = found["status"]
     return status
 
 
-def _read_status(store: Storage, key: str, text: str, within: float) -> LockStatus:
-    clock = Clock()
+def _read_status(url: str, within: float, seen: dict[str, Any]) -> LockStatus:
+    store, key = open_url(url)
+    seen["store"] = str(getattr(store, "url", store))  # as records.down() names it
+    text, clock = os.fspath(url), Clock()
     # Each request may take a little longer than the whole: the caller's wait for this thread says it first.
     found = read_retrying(
         store, key, clock=clock, deadline=clock.monotonic() + within, max_bytes=MAX_RECORD_BYTES, timeout=within + 1.0

@@ -139,16 +139,24 @@ def test_status_of_a_store_that_never_answers_gives_up_within_its_timeout_in_cli
                           text=True, env=child_env(STORAGE_EMULATOR_HOST=hung_store), timeout=60)
     took = time.monotonic() - started
     assert done.returncode == EXIT_STORAGE, done.stderr
-    assert took < 2 + 6.0, f"status took {took:.1f} s with --timeout 2"  # 6 s: an interpreter's start when loaded
+    # 10 s: an interpreter's start and its imports (google-cloud-storage), on a loaded 2-core machine; the bound
+    # itself is checked to the tenth of a second in this process below.
+    assert took < 2 + 10.0, f"status took {took:.1f} s with --timeout 2"
     assert "did not answer within 2 s" in done.stderr and "--timeout" in done.stderr, done.stderr
     for not_for_a_read in ("may have been applied", "request_timeout"):
         assert not_for_a_read not in done.stderr, done.stderr
 
 
-def test_status_json_says_its_error_as_json_on_stdout(hung_store, monkeypatch, capfd):
+def test_status_json_says_its_error_as_json_on_stdout_within_its_timeout(hung_store, monkeypatch, capfd):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", hung_store)
+    from handofflock.storage.gcs import GCSStorage  # imported before the clock starts, as the command has it
+
+    assert GCSStorage
+    started = time.monotonic()
     done = in_process(["status", "--json", "--timeout", "0.5", "gs://bkt/x.json"], capfd)
+    took = time.monotonic() - started
     assert done.returncode == EXIT_STORAGE
+    assert took < 0.5 + 1.0, f"status --timeout 0.5 took {took:.2f} s"
     doc = json.loads(done.stdout)
     assert doc["state"] == "unreadable" and doc["exitCode"] == EXIT_STORAGE and doc["url"] == "gs://bkt/x.json"
     assert "did not answer within 0.5 s" in doc["error"]
@@ -161,8 +169,8 @@ def test_status_json_of_a_bad_url_is_json_too(capfd):
 
 
 def test_an_unreachable_store_is_named_by_its_address_not_by_a_private_class():
-    done = subprocess.run([str(CONSOLE_SCRIPT), "status", "--timeout", "1", "gs://bkt/x.json"], capture_output=True,
-                          text=True, env=nowhere(), timeout=60)
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", "--timeout", "1", "gs://bkt/x.json", "--", "true"],
+                          capture_output=True, text=True, env=nowhere(), timeout=60)
     assert done.returncode == EXIT_STORAGE, done.stderr
     assert "Connection refused" in done.stderr and "127.0.0.1:" in done.stderr, done.stderr
     for private in ("RememberingHTTPConnection", "HTTPConnection(", "object at 0x"):
