@@ -185,8 +185,10 @@ class RankLock:
         self.every = every
         self.poll = float(poll)
         self.rank = rank
+        #: What :meth:`acquire` asks with by default: whether to ask the holder to yield, and the priority.
         self.request_release_on_acquire = bool(request_release)
         self.priority = priority
+        #: The launcher's pid (None: not watched); the rank votes an exit once its parent is another.
         self.launcher = launcher
         #: How many agreements this rank took part in (acquire rounds, step checks and the release).
         self.agreements = 0

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 import torch
 from ranksutil import EXAMPLES, ROOT, TORCHRUN, Lines, free_port
 
+from childpipes import next_line
 from handofflock import HandoffLock
 
 EXAMPLE = {"torch": "torchrun_yield.py", "lightning": "lightning_yield.py", "hf": "hf_trainer_yield.py"}
@@ -135,3 +137,56 @@ def test_sigusr1_kills_torchrun_and_its_orphaned_ranks_stop_checkpoint_and_free_
 
     took = stop_and_check("torch", tmp_path, usr1, cause="launcher", status=75)
     print(f"SIGUSR1 to torchrun: the orphaned ranks ended {took:.2f} s after it")
+
+
+WORKERS_JOB = """
+import multiprocessing, sys, time, torch
+from handofflock.integrations.torch import rank_lock, shield_worker
+url, context = sys.argv[1], sys.argv[2]
+ranks = rank_lock(url, owner_id="job", ttl=4.0)
+ranks.acquire()
+loader = torch.utils.data.DataLoader(range(100000), batch_size=None, num_workers=2, multiprocessing_context=context,
+                                     worker_init_fn=shield_worker if context == "spawn" else None)
+batches = iter(loader)
+next(batches), next(batches)  # one from each worker: both are running the worker loop
+print("workers", *(p.pid for p in multiprocessing.active_children()), flush=True)
+sys.stdin.readline()  # the test signals the workers meanwhile
+print("served", next(batches), next(batches), next(batches), flush=True)
+ranks.release()
+if context == "spawn":
+    del batches  # a spawned worker shares nothing with its rank: shut it down before exiting
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_of_a_rank_ignore_the_signals_and_never_hold_up_its_exit(tmp_path, context):
+    url = (tmp_path / "l.json").as_uri()
+    proc = subprocess.Popen([sys.executable, "-c", WORKERS_JOB, url, context], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = next_line(proc)
+        assert line.startswith("workers "), line + proc.communicate(timeout=30)[1]
+        workers = [psutil.Process(int(pid)) for pid in line.split()[1:]]
+        assert len(workers) == 2
+        for worker in workers:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):  # torchrun's group, a terminal, Slurm
+                worker.send_signal(sig)
+        time.sleep(1.0)
+        assert all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert next_line(proc).startswith("served "), proc.communicate(timeout=30)[1]
+        assert next_line(proc) == "exiting\n"
+        exiting = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - exiting
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "killed by signal" not in err and "exited unexpectedly" not in err, err
+    assert took < 10, f"the exit waited {took:.1f} s for the workers"  # multiprocessing's exit hook had no timeout
+    assert not gone(workers, within=10)
+    assert HandoffLock(url).status().owner_id is None
