@@ -54,6 +54,7 @@ from .core.errors import (
     LockTimeout,
     PreconditionFailed,
     StorageError,
+    StorageTimeout,
     TransientStorageError,
 )
 from .core.record import Label, LockRecord
@@ -392,13 +393,14 @@ def read_status(url: str, *, within: float = STATUS_TIMEOUT) -> LockStatus:
     reader = threading.Thread(target=read, name="handofflock-status", daemon=True)
     reader.start()
     reader.join(within)
-    if "error" in found:
-        raise found["error"]
-    if "status" not in found:
+    error = found.get("error")
+    if error is not None and not isinstance(error, StorageTimeout):
+        raise error
+    if "status" not in found:  # no answer by the deadline: the thread still waits, or the store's bound said so
         why = records.down().get(found.get("store", ""))  # refused, reset...: what its retries met, if anything
         said = f"{url}: the store did not answer within {within:g} s" + (f" ({why})" if why else "")
         said += "; a read changes nothing"
-        raise NoAnswer(said, url=os.fspath(url))
+        raise NoAnswer(said, url=os.fspath(url)) from error
     status: LockStatus = found["status"]
     return status
 

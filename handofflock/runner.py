@@ -48,7 +48,7 @@ from typing import Any
 
 from . import _watchdog
 from ._waitline import WaitLine
-from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError, TransientStorageError
+from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError, LockTimeout, TransientStorageError
 from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
 from .core.threads import quiet
@@ -226,10 +226,12 @@ class CommandRunner:
             slot = f"; {self._slot_left()}" if outcome.get("was_waiter") else ""
             self.say(f"stopped by {signal.Signals(self.first_signal).name} while waiting{slot}")
             return 128 + self.first_signal
-        if isinstance(error, TransientStorageError) and self.args.timeout is not None:
+        # The timeout passed in the store (acquire says LockTimeout, from the store's error): not contention.
+        unanswered = error.__cause__ if isinstance(error, LockTimeout) else error
+        if isinstance(unanswered, TransientStorageError) and self.args.timeout is not None:
             return fail(
                 f"gave up on {lock.url} after {time.monotonic() - started:.1f} s (--timeout {self.args.timeout:g}): "
-                f"the store did not answer: {error}",
+                f"the store did not answer: {unanswered}",
                 EXIT_STORAGE,
             )
         if error is not None:

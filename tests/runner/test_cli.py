@@ -344,13 +344,16 @@ def test_run_timeout_is_124(url, capsys):
     assert time.monotonic() - started < 5
 
 
-def test_run_behind_another_waiter_is_contended(url, capsys):
+def test_run_behind_another_waiter_waits_its_turn(url, capsys):
     quiet_lock(url).acquire()
     other = make_lock(url, owner_id="other-waiter", waiter_ttl=30.0)
     t = acquire_in_thread(other, timeout=3)
     eventually(lambda: (raw_read(url)[0] or LockRecord()).waiting_owner_id == "other-waiter")
-    assert main(["run", url, "-q", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
+    # Behind another waiter a blocking run waits for the slot, as a blocking acquire does: here until
+    # its --timeout, still naming who waits. Only --nonblock answers "contended" at once.
+    assert main(["run", url, "-q", "--timeout", "0.5", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
     assert "other-waiter" in capsys.readouterr().err
+    assert main(["run", url, "-q", "-n", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
     other.cancel()
     t.join(5)
 

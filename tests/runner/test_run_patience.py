@@ -101,7 +101,7 @@ def test_run_no_yield_declines_and_status_says_so(shared_url, tmp_path, capsys):
     assert [bool(g) for g in got] == [True], err
 
 
-def test_run_with_a_timeout_behind_another_waiter_waits_and_without_one_names_the_option(shared_url, capfd):
+def test_run_behind_another_waiter_waits_its_turn_until_its_timeout_and_nonblock_says_contended(shared_url, capfd):
     """Every party in this process: the holder a lock that never looks at its waiter (asked, and not cut
     short), the first waiter a lock in a thread, the later runs through the cli."""
     clock = FakeClock(start=time.time())
@@ -112,9 +112,9 @@ def test_run_with_a_timeout_behind_another_waiter_waits_and_without_one_names_th
     thread = acquire_in_thread(first, timeout=60)  # asking: a later asking run cannot take its slot
     try:
         eventually(lambda: waiter(shared_url) == "first", timeout=20, what="the first waiter registered")
-        now = in_process(run(shared_url)[1:], capfd)  # the later runs in this process: their exit and words
+        now = in_process(run(shared_url, "-n")[1:], capfd)  # the later runs in this process: their exit and words
         assert now.returncode == EXIT_CONTENDED, now.stderr
-        assert "--wait-for-slot" in now.stderr and "--timeout" in now.stderr, now.stderr
+        assert "--nonblock" in now.stderr, now.stderr
         started = time.monotonic()
         later = in_process(run(shared_url, "--timeout", "0.3")[1:], capfd)
         assert later.returncode == EXIT_TIMEOUT, later.stderr

@@ -125,7 +125,8 @@ def test_a_release_request_carries_the_waiters_label():
     clock = FakeClock(start=time.time())
     url = f"memory://labels-{uuid.uuid4().hex[:8]}/lock.json"
     sched = Scheduler(clock, autostart=False)
-    holder = HandoffLock(url, ttl=30.0, owner_id="holder", clock=clock, scheduler=sched, waiter_check_interval=1.0)
+    holder = HandoffLock(url, ttl=30.0, owner_id="holder", clock=clock, scheduler=sched, waiter_check_interval=1.0,
+                         min_hold=0)  # the label is the subject, not when it is acted on
     assert holder.acquire()
     record, generation = raw_read(url)
     raw_write(url, record.replace(waiting_owner_id="vm:13545:f8884428", waiter_expires_at=clock.time() + 60,
