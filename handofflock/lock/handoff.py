@@ -597,6 +597,12 @@ class HandoffLock:
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
             ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
+            if ran_out and self._state == WAITING:
+                # The time ran out in the store: the end of the wait, as below (a handoff that beat it is kept).
+                try:
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                except LockTimeout as timed_out:
+                    raise timed_out from exc
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
