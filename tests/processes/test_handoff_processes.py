@@ -51,3 +51,35 @@ def test_a_handoff_between_two_processes_notifies_the_owner_and_raises_the_token
     assert -0.25 <= notice < 0.5 + 1.0, notice
     assert -0.25 <= handoff < 0.2 + 1.0, handoff  # "released" too is stamped after the reply arrives
     print(f"\n[{backend}] notice latency {notice * 1000:.0f} ms, handoff latency {handoff * 1000:.0f} ms")
+
+
+#: A plain filelock habit, with every setting the library's default: hold, work a little, record who held when.
+THREE = r"""
+import json, sys, time
+from handofflock import HandoffLock
+url, name, out = sys.argv[1:4]
+with HandoffLock(url, label=name):
+    start = time.time()
+    time.sleep(0.3)
+    with open(out, "a") as f:
+        f.write(json.dumps({"who": name, "start": start, "end": time.time()}) + "\n")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_three_processes_with_a_plain_with_block_all_finish_one_at_a_time(backend, request, tmp_path):
+    """filelock's and flock's habit: a third process waits its turn (for the waiter slot, then the
+    lock) where a single-waiter lock would refuse it; nobody raises, nobody overlaps."""
+    url = url_for(backend, request, tmp_path)
+    out = tmp_path / "holds.jsonl"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs = [subprocess.Popen([sys.executable, "-c", THREE, url, f"p{i}", str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=100)
+        assert proc.returncode == 0, err[-2000:]
+    holds = sorted((orjson.loads(line) for line in out.read_text().splitlines()), key=lambda h: h["start"])
+    assert sorted(h["who"] for h in holds) == ["p0", "p1", "p2"]
+    for before, after in zip(holds, holds[1:]):
+        assert after["start"] >= before["end"], holds  # one at a time

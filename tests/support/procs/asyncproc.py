@@ -26,7 +26,8 @@ def emit(event: str, **fields) -> None:
 
 
 async def main(role: str, url: str) -> int:
-    lock = AsyncHandoffLock(url, ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2, max_clock_skew=0.5)
+    lock = AsyncHandoffLock(url, ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2, max_clock_skew=0.5,
+                             min_hold=0)  # handoff mechanics: asked at once
     loop_thread = threading.get_ident()
     if role == "owner":
         async def noticed(sender, request, **kw):  # awaited on the loop

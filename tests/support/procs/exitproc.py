@@ -37,7 +37,7 @@ def hold(url: str, mode: str) -> int:
 
 
 def daemon_wait(url: str) -> int:
-    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5)
+    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, min_hold=0)
 
     def wait() -> None:
         lock.acquire()
@@ -59,7 +59,7 @@ def main() -> int:
         return daemon_wait(url)
     # ttl 60 and the store's default pacing: a lock left held would block the next acquirer for a minute.
     optout = {"release_at_exit": False} if mode == "optout" else {}  # the default is what is tested
-    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, **optout)
+    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, min_hold=0, **optout)
     assert lock.acquire(timeout=30)
     emit("acquired", token=lock.token, owner=lock.owner_id)
     if mode == "asked":

@@ -24,7 +24,8 @@ def main() -> int:
     role, url = sys.argv[1], sys.argv[2]
     check = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
     poll = float(sys.argv[4]) if len(sys.argv) > 4 else 0.2
-    lock = HandoffLock(url, ttl=10.0, waiter_check_interval=check, waiter_poll_interval=poll, max_clock_skew=0.5)
+    lock = HandoffLock(url, ttl=10.0, waiter_check_interval=check, waiter_poll_interval=poll, max_clock_skew=0.5,
+                       min_hold=0)  # handoff mechanics: asked at once
     if role == "owner":
         asked = threading.Event()
 

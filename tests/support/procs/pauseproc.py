@@ -28,6 +28,7 @@ TIMING = dict(
     waiter_check_interval=0.2,
     waiter_poll_interval=0.1,
     max_clock_skew=0.2,
+    min_hold=0.0,  # handoff mechanics: asked at once
     min_write_interval=0.0,  # ttl 2: the pause tests need leases short enough to outlive; GCS serves 5 s and up
 )
 UNIT_SECONDS = 0.5

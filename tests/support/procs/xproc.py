@@ -81,7 +81,7 @@ def main() -> int:
         import logging
 
         logging.basicConfig(level=spec["log"], stream=sys.stderr, format="%(relativeCreated)d %(threadName)s %(name)s %(levelname)s: %(message)s")
-    lock = HandoffLock(spec["url"], **spec.get("lock", {}))
+    lock = HandoffLock(spec["url"], **{"min_hold": 0, **spec.get("lock", {})})  # mechanics: asked at once
     slow = float(spec.get("slow_receiver", 0.0))
     receiver_done = threading.Event()
     if not slow:
