@@ -171,7 +171,7 @@ def renew(w: World, fault: Fault) -> None:
 
 def hand_off(w: World, fault: Fault) -> None:
     """Releasing with a live waiter hands the lock over in one write, and says so."""
-    b = w.lock("B")
+    b = w.lock("B", min_hold=0)  # the handoff's write is the subject: asked at once
     a = w.lock("A")
     b.acquire()
     outcome: dict[str, object] = {}
@@ -283,7 +283,7 @@ def test_a_waiter_whose_registration_reply_was_lost_after_the_record_moved_on_st
 
 
 def test_a_release_whose_reply_was_lost_after_the_heir_renewed_still_counts_as_handed_off(world):
-    b = world.lock("B")
+    b = world.lock("B", min_hold=0)  # the handoff's write is the subject: asked at once
     a = world.lock("A")
     b.acquire()
     outcome: dict[str, object] = {}
