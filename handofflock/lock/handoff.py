@@ -562,7 +562,9 @@ class HandoffLock:
                 if isinstance(decision, Write):
                     if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
                         return self._not_acquired(record)
-                    sent = sent or decision.kind is Kind.BECOME_WAITER
+                    # A registration or a take whose reply we may never see: a way out reads the record and
+                    # gives back whatever of it landed (the slot, or the lock itself).
+                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
                     try:
                         with self._mutex:
                             written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
