@@ -303,8 +303,11 @@ _arming = threading.Lock()
 
 
 def _held() -> list[HandoffLock]:
-    """The locks of :data:`_armed` that are held now."""
-    return [lock for ref in _armed if (lock := ref()) is not None and lock.is_held]
+    """The locks of :data:`_armed` that are held now, or still being released: a release in progress (in
+    the thread the signal interrupted, or retried in the background) must land before the process ends."""
+    from .lock.types import State
+
+    return [lock for ref in _armed if (lock := ref()) is not None and lock._state in (State.HELD, State.RELEASING)]
 
 
 def _forget_in_child() -> None:

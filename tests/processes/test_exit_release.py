@@ -136,6 +136,16 @@ def test_a_signal_to_a_plain_holder_lets_the_next_process_in_at_once(backend, si
     nxt.release()
 
 
+def test_a_sigterm_that_lands_while_release_writes_ends_the_process_after_the_release(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = spawn("exitproc.py", "term-in-release", url)
+    acquired = first_event(holder)
+    assert acquired["event"] == "acquired"
+    ended(holder, code=-signal.SIGTERM)
+    record, _ = raw_read(url)
+    assert record is None or record.owner_id != acquired["owner"], "the process ended before its release was written"
+
+
 def test_with_release_on_signal_false_sigterm_leaves_the_lock_held(request, tmp_path):
     url = url_for("local", request, tmp_path)
     holder = spawn("exitproc.py", "hold-optout", url)
