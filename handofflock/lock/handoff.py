@@ -537,6 +537,10 @@ class HandoffLock:
         self._cancel.clear()
         self._state = WAITING
         self._not_acquiring.clear()
+        if blocking and self.release_on_signal:
+            # A waiter killed by SIGTERM would keep the slot, and be handed the lock, until waiter_ttl:
+            # the signal gives the slot back first (the wait sees the deferred release at its next poll).
+            os_signals.arm(self)
         try:
             if self._cancel.is_set():  # a cancel() that came as we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
@@ -620,6 +624,8 @@ class HandoffLock:
             self._declined_by = None
             self._cancel.clear()
             self._not_acquiring.set()
+            if self._state is not HELD:
+                os_signals.settle()
 
     def _read_locked(self, deadline: float | None) -> tuple[LockRecord | None, int]:
         """An acquire's poll: one interruptible read under the I/O mutex."""

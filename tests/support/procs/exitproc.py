@@ -9,6 +9,7 @@
     python exitproc.py hold-optout URL  the same with release_on_signal=False
     python exitproc.py hold-handler URL the same, with a SIGTERM handler of its own installed first
     python exitproc.py daemon-wait URL  a daemon thread waits in acquire(); the main thread exits
+    python exitproc.py wait URL         `with HandoffLock(url):` behind a holder, waiting (for a signal)
     python exitproc.py term-in-release URL  `with HandoffLock(url):`; SIGTERM lands while release() writes
 """
 
@@ -85,6 +86,10 @@ def main() -> int:
         return hold(url, mode)
     if mode == "daemon-wait":
         return daemon_wait(url)
+    if mode == "wait":
+        with HandoffLock(url, ttl=60.0):
+            emit("acquired")  # never: the test's holder keeps the lock
+        return 0
     if mode == "term-in-release":
         return term_in_release(url)
     # ttl 60 and the store's default pacing: a lock left held would block the next acquirer for a minute.
