@@ -62,7 +62,7 @@ from ..core.clock import Clock
 from ..core.errors import PreconditionFailed, StorageTimeout, StoreUnreachableWarning, TransientStorageError
 from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
-from ..core.timing import MIN_ROOM, RETRY, Backoff, Timing
+from ..core.timing import MIN_REQUEST_TIME, MIN_ROOM, RETRY, Backoff, Timing
 from .base import MAX_RECORD_BYTES, Storage
 
 # Gates live as long as their store: keyed by the store object itself (weakly),
@@ -675,11 +675,14 @@ class RecordStore:
 
         Reading and then waiting out the per-object write spacing would send the
         write on a generation that has had a second to go stale; against a busy
-        object that can lose every time.
+        object that can lose every time. The wait leaves the read its
+        ``MIN_REQUEST_TIME`` before ``deadline``: a wait that used the time up
+        would leave the read nothing, and its caller (giving a slot or a handed
+        lock back) not even the record to decide on.
         """
         wait = self.gate().ready_in(self._clock.monotonic(), urgent=urgent)
         if deadline is not None:
-            wait = min(wait, max(0.0, deadline - self._clock.monotonic()))
+            wait = min(wait, max(0.0, deadline - MIN_REQUEST_TIME - self._clock.monotonic()))
         if wait > 0:
             self._sleep(wait, interruptible)
 
