@@ -336,8 +336,10 @@ class HandoffLock:
     def give_up_budget(self) -> float:
         """How long giving back the waiter slot (after a timeout, cancel or error) may take: rounds of a
         read and an urgent write (each allowed a retry; another round after a 412) begun within
-        ``max(2, 2 * min_write_interval + 1)`` s, the last with 1 s (``core.timing.MIN_REQUEST_TIME``)
-        for its requests. acquire(timeout=T) returns within T plus this: every request before it ends
+        ``max(2, 2 * min_write_interval + 1)`` s (one begun late, after a pause or a 412, still reads:
+        the lock may have been handed to us), each round's requests with 1 s at least
+        (``core.timing.MIN_REQUEST_TIME``). acquire(timeout=T) returns within T plus this (plus the last
+        round's second, should a round begin at the budget's very end): every request before it ends
         by T, cut off there if need be (a T under 1 s still allows its requests 1 s, so ``timeout=0``
         makes its one try)."""
         return max(2.0, 2 * self.timing.min_write_interval + 1.0) + MIN_REQUEST_TIME
@@ -603,6 +605,12 @@ class HandoffLock:
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
             ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
+            if ran_out and self._state == WAITING:
+                # The time ran out in the store: the end of the wait, as below (a handoff that beat it is kept).
+                try:
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                except LockTimeout as timed_out:
+                    raise timed_out from exc
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
@@ -720,30 +728,38 @@ class HandoffLock:
             return False
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
-        deadline = self._clock.monotonic() + self.give_up_budget  # every request of it ends by then
-        while self._clock.monotonic() < deadline - MIN_REQUEST_TIME:  # a conditional write, re-read on 412
-            record, generation = self._read_to_write(deadline, urgent=True)  # our write slot first, as urgent
+        deadline = self._clock.monotonic() + self.give_up_budget  # rounds begin by then
+        # A round begins while the budget lasts (its requests get MIN_REQUEST_TIME at least), and one is
+        # owed past it: the first, and one more after a 412 that came late (the record changed: perhaps
+        # the lock was handed to us, which must not be left behind). A pause cannot skip the read.
+        owed, late_412 = True, False
+        while owed or self._clock.monotonic() < deadline:  # a conditional write, re-read on 412
+            owed = False
+            by = max(deadline, self._clock.monotonic() + MIN_REQUEST_TIME)  # this round's requests end by then
+            record, generation = self._read_to_write(by, urgent=True)  # our write slot first, as urgent
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
                 record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce()
             )
             if isinstance(decision, Owned):  # handed to us meanwhile: the lease counts from this read
                 self._became_owner(
-                    decision.record, decision.generation, mono, wall, handoff=True, settle=keep, settle_by=deadline
+                    decision.record, decision.generation, mono, wall, handoff=True, settle=keep, settle_by=by
                 )
                 if keep:
                     return True
                 self._deferred = False
                 if not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
-                    self._release_held(deadline)
+                    self._release_held(by)
                 return False
             if not isinstance(decision, Write):  # the slot is no longer ours
                 return False
             try:
                 with self._mutex:
-                    self._io.write(decision, deadline, urgent=True)
+                    self._io.write(decision, by, urgent=True)
                 return False
             except PreconditionFailed:
+                owed = not late_412 and self._clock.monotonic() >= deadline
+                late_412 = late_412 or owed
                 continue
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "

@@ -167,21 +167,33 @@ class Bound:
     """The time one request may take: what is left before the operation's ``deadline`` (monotonic,
     on ``clock``; None: none), at most ``cap`` (the lock's bound; None: the store's own).
 
-    Once less than :data:`~handofflock.core.timing.MIN_ROOM` is left nothing is sent: a
-    :class:`~handofflock.core.errors.StorageTimeout` is raised here instead. A request that was
+    Once less than :data:`~handofflock.core.timing.MIN_ROOM` is left nothing more is sent: a
+    :class:`~handofflock.core.errors.StorageTimeout` is raised here instead, unless ``first`` (an
+    operation's first request: a read, or a write decided on one, must still be able to go out
+    once, as the last poll of a wait that saw the lock handed over must be acted on), which then
+    gets :data:`~handofflock.core.timing.MIN_REQUEST_TIME` at most. A request that was
     given all that was left, and timed out, used the operation's time up (:meth:`used_up`):
     nothing more is tried, whatever the clock says (a fake clock does not move while a real
     request stalls).
     """
 
     def __init__(
-        self, clock: Clock, deadline: float | None, cap: float | None, storage: Storage, key: str, op: str
+        self,
+        clock: Clock,
+        deadline: float | None,
+        cap: float | None,
+        storage: Storage,
+        key: str,
+        op: str,
+        first: bool = False,
     ) -> None:
         self.sent = clock.monotonic()
         self.seconds, self._by_deadline = cap, False
         if deadline is not None:
             left = deadline - self.sent
-            if left < MIN_ROOM:
+            if left < MIN_ROOM and first:
+                self.seconds = MIN_REQUEST_TIME if cap is None else min(cap, MIN_REQUEST_TIME)
+            elif left < MIN_ROOM:
                 raise StorageTimeout(
                     f"{op} {key!r} in {getattr(storage, 'url', storage)}: the time ran out; nothing was sent",
                     url=getattr(storage, "url", None),
@@ -423,7 +435,7 @@ def read_retrying(
     retries = Retries(clock, deadline)
     last: TransientStorageError | None = None
     while True:
-        bound = Bound.or_last(last, clock, deadline, timeout, storage, key, "read")
+        bound = Bound.or_last(last, clock, deadline, timeout, storage, key, "read", last is None)
         try:
             found = storage.read(key, max_bytes=max_bytes, timeout=bound.seconds)
         except TransientStorageError as exc:
@@ -539,7 +551,7 @@ def write_resolving(
                     ambiguous=False,
                 )
             clock.sleep(max(wait, 0.001))
-        bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write")
+        bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None)
         body = data() if callable(data) else data
         try:
             generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=bound.seconds)

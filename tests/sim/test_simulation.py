@@ -49,6 +49,15 @@ def test_the_seeds_show_no_violation_and_explore_every_corner():
         assert totals.get("listings" if key == "grouped_checks" else key, 0) > 0, line
 
 
+@pytest.mark.parametrize("seed", [155, 328])
+def test_a_give_up_that_a_pause_carries_past_its_budget_still_reads_and_leaves_no_lock_behind(seed):
+    """Seeds where a waiter's acquire timed out and, while it gave its slot back, paused past the give-up's
+    budget as the owner handed the lock to it (its give-up write then failed its precondition): the
+    give-up must still read, find the lock handed to it, and keep or release it, not leave it held."""
+    outcome = run_seed(seed)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_a_bound():
     assert len(BUGS) >= 11 and set(FOUND_WITHIN) == set(BUGS)
 
