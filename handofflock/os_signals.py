@@ -1,9 +1,10 @@
 """SIGTERM and friends: a held lock released on a signal that would end the process, or a release request.
 
-Without any set-up, a lock that becomes held in the main thread while SIGTERM's or
-SIGHUP's action is the default one (SIG_DFL: the process would just end) installs a
-handler for it (:func:`arm`): the signal releases every lock of this process that is
-held (handed to a live waiter, as ``release()`` does), puts the default action back
+Without any set-up, a lock that becomes held (or waits in a blocking acquire) in the main
+thread while SIGTERM's or SIGHUP's action is the default one (SIG_DFL: the process would just
+end) installs a handler for it (:func:`arm`): the signal releases every lock of this process that is
+held (handed to a live waiter, as ``release()`` does), has every waiting acquire give its waiter
+slot back (else the lock would be handed to a process that is gone), puts the default action back
 and raises the signal again, so the process still ends with the signal's status.
 The handler goes again when no lock is held (:func:`settle`). A handler of anyone
 else's is never replaced, and one installed over ours later (a framework's, or
@@ -303,8 +304,13 @@ _arming = threading.Lock()
 
 
 def _held() -> list[HandoffLock]:
-    """The locks of :data:`_armed` that are held now."""
-    return [lock for ref in _armed if (lock := ref()) is not None and lock.is_held]
+    """The locks of :data:`_armed` that are held now, still being released (a release in progress, in the
+    thread the signal interrupted or retried in the background, must land before the process ends), or
+    waiting in a blocking acquire (its waiter slot given back, or the lock would be handed to a dead process)."""
+    from .lock.types import State
+
+    busy = (State.HELD, State.RELEASING, State.WAITING)
+    return [lock for ref in _armed if (lock := ref()) is not None and lock._state in busy]
 
 
 def _forget_in_child() -> None:
@@ -315,7 +321,8 @@ def _forget_in_child() -> None:
 
 
 def arm(lock: HandoffLock) -> None:
-    """``lock`` became held: release it on :data:`RELEASE_SIGNALS` whose action is the default one.
+    """``lock`` became held, or waits in a blocking acquire: release it (give its slot back) on
+    :data:`RELEASE_SIGNALS` whose action is the default one.
 
     The handler is installed only from the main thread (Python installs and runs handlers only
     there); a hold begun in another thread is released by it once a hold in the main thread

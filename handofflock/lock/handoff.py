@@ -539,6 +539,10 @@ class HandoffLock:
         self._cancel.clear()
         self._state = WAITING
         self._not_acquiring.clear()
+        if blocking and self.release_on_signal:
+            # A waiter killed by SIGTERM would keep the slot, and be handed the lock, until waiter_ttl:
+            # the signal gives the slot back first (the wait sees the deferred release at its next poll).
+            os_signals.arm(self)
         try:
             if self._cancel.is_set():  # a cancel() that came as we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
@@ -564,7 +568,9 @@ class HandoffLock:
                 if isinstance(decision, Write):
                     if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
                         return self._not_acquired(record)
-                    sent = sent or decision.kind is Kind.BECOME_WAITER
+                    # A registration or a take whose reply we may never see: a way out reads the record and
+                    # gives back whatever of it landed (the slot, or the lock itself).
+                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
                     try:
                         with self._mutex:
                             written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
@@ -626,6 +632,8 @@ class HandoffLock:
             self._declined_by = None
             self._cancel.clear()
             self._not_acquiring.set()
+            if self._state is not HELD:
+                os_signals.settle()
 
     def _read_locked(self, deadline: float | None) -> tuple[LockRecord | None, int]:
         """An acquire's poll: one interruptible read under the I/O mutex."""

@@ -687,11 +687,14 @@ class RecordStore:
 
         Reading and then waiting out the per-object write spacing would send the
         write on a generation that has had a second to go stale; against a busy
-        object that can lose every time.
+        object that can lose every time. The wait leaves the read its
+        ``MIN_REQUEST_TIME`` before ``deadline``: a wait that used the time up
+        would leave the read nothing, and its caller (giving a slot or a handed
+        lock back) not even the record to decide on.
         """
         wait = self.gate().ready_in(self._clock.monotonic(), urgent=urgent)
         if deadline is not None:
-            wait = min(wait, max(0.0, deadline - self._clock.monotonic()))
+            wait = min(wait, max(0.0, deadline - MIN_REQUEST_TIME - self._clock.monotonic()))
         if wait > 0:
             self._sleep(wait, interruptible)
 

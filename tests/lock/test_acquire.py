@@ -40,6 +40,7 @@ from handofflock import (
     signals,
 )
 from handofflock.core import protocol
+from handofflock.core.errors import StorageTimeout
 from handofflock.core.protocol import Me, Write
 from handofflock.core.record import MAX_TOKEN, Holder, Waiter, WaiterRequest
 from handofflock.core.timing import Timing
@@ -166,6 +167,37 @@ def test_a_cancel_during_the_retry_of_a_registration_whose_reply_was_lost_gives_
     world.clock.run_for(3 * a.waiter_check_interval)
     assert not a.release_requested
     a.release()
+
+
+def test_a_take_cut_off_at_the_timeout_that_landed_is_given_back_before_lock_timeout(world):
+    b = world.lock("B", ttl=10.0, frozen=True)
+
+    def landed_late(op, key, result):
+        world.store.faults.clear()
+        world.clock.advance(2.0)  # the store applied the take; its reply came after the caller's timeout
+        raise StorageTimeout("injected: cut off at the deadline", ambiguous=True)
+
+    world.store.faults.after("write", landed_late)
+    with pytest.raises(LockTimeout):
+        b.acquire(timeout=1.0)
+    record = world.record()
+    assert not b.is_held
+    assert record is None or record.owner_id != "B", "a timed-out acquire left the lock held by B on record"
+
+
+def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
+    b = world.lock("B", ttl=10.0, frozen=True)
+
+    def interrupt(op, key, result):
+        world.store.faults.clear()
+        raise KeyboardInterrupt  # the store applied the take; acquire() never sees the reply
+
+    world.store.faults.after("write", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        b.acquire(timeout=30)
+    record = world.record()
+    assert not b.is_held
+    assert record is None or record.owner_id != "B", "an interrupted acquire left the lock held by B on record"
 
 
 def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refreshing_it(world):

@@ -23,6 +23,7 @@ from handofflock import (
     TransientStorageError,
     signals,
 )
+from handofflock.core.timing import MIN_REQUEST_TIME
 from handofflock.storage import MemoryStorage
 from handofflock.storage.gcs import GCSStorage
 from handofflock.storage.records import gate_for, write_resolving
@@ -350,6 +351,21 @@ def test_a_writer_that_gives_up_books_nothing(world):
                         deadline=now + 0.1, max_bytes=1024, gate=gate)
     assert gate.ready_in(world.clock.monotonic()) == before, "the writer that gave up took a slot"
     assert world.store.read(KEY) is None
+
+
+def test_a_wait_for_the_gate_before_a_read_leaves_the_read_its_time(world):
+    # A waiter giving its slot back (or a lock handed to it meanwhile) reads after the urgent write
+    # slot; a 429 that widened the spacing past its budget must not leave that read no time at all.
+    a = world.lock("A", ttl=10.0, min_write_interval=GCS_SPACING)
+    gate = a._io.gate()  # private: the store's write gate, closed as a 429 would
+    start = world.clock.monotonic()
+    assert gate.take(start, urgent=True)  # a write went out, and met a 429 asking for a long pause
+    gate.throttled(retry_after=30.0)
+    assert gate.ready_in(start, urgent=True) > a.give_up_budget
+    deadline = start + a.give_up_budget
+    a._io.wait_for_gate(deadline, urgent=True)  # private: the wait before a read that decides a write
+    assert world.clock.monotonic() <= deadline - MIN_REQUEST_TIME + 1e-9
+    assert a._io.read(deadline) == (None, 0)  # sent, and answered, within the deadline
 
 
 def test_a_renewal_that_finds_the_gate_closed_defers_without_holding_the_lock(world):

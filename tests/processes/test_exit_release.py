@@ -136,6 +136,33 @@ def test_a_signal_to_a_plain_holder_lets_the_next_process_in_at_once(backend, si
     nxt.release()
 
 
+def test_a_sigterm_that_lands_while_release_writes_ends_the_process_after_the_release(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = spawn("exitproc.py", "term-in-release", url)
+    acquired = first_event(holder)
+    assert acquired["event"] == "acquired"
+    ended(holder, code=-signal.SIGTERM)
+    record, _ = raw_read(url)
+    assert record is None or record.owner_id != acquired["owner"], "the process ended before its release was written"
+
+
+def test_a_sigterm_to_a_waiting_process_gives_its_slot_back_before_it_ends(request, tmp_path):
+    url = url_for("local", request, tmp_path)
+    holder = HandoffLock(url, ttl=60.0)
+    assert holder.acquire()
+    waiter = spawn("exitproc.py", "wait", url)  # `with HandoffLock(url):`, blocked behind the holder
+    try:
+        eventually(lambda: holder.status().waiter_id is not None, timeout=30)
+        waiter.send_signal(signal.SIGTERM)
+        ended(waiter, code=-signal.SIGTERM)
+        # Else the holder hands the lock to a dead process, and the next one waits ttl plus the skew.
+        assert holder.status().waiter_id is None, "the waiter ended with its slot still registered"
+        assert holder.release() is None
+    finally:
+        waiter.kill()
+        holder.release()
+
+
 def test_with_release_on_signal_false_sigterm_leaves_the_lock_held(request, tmp_path):
     url = url_for("local", request, tmp_path)
     holder = spawn("exitproc.py", "hold-optout", url)

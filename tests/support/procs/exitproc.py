@@ -9,9 +9,12 @@
     python exitproc.py hold-optout URL  the same with release_on_signal=False
     python exitproc.py hold-handler URL the same, with a SIGTERM handler of its own installed first
     python exitproc.py daemon-wait URL  a daemon thread waits in acquire(); the main thread exits
+    python exitproc.py wait URL         `with HandoffLock(url):` behind a holder, waiting (for a signal)
+    python exitproc.py term-in-release URL  `with HandoffLock(url):`; SIGTERM lands while release() writes
 """
 
 import gc
+import os
 import signal
 import sys
 import threading
@@ -36,6 +39,32 @@ def hold(url: str, mode: str) -> int:
     return 0
 
 
+def term_in_release(url: str) -> int:
+    """SIGTERM arrives while the main thread's release() is sending its write (a slow store, GCS's spacing)."""
+    from handofflock.storage import open_url
+    from handofflock.storage.local import LocalStorage
+
+    storage, key = open_url(url)
+    assert isinstance(storage, LocalStorage)
+
+    class Slow(LocalStorage):
+        releasing = False
+
+        def write(self, key, data, **kw):
+            if self.releasing:
+                os.kill(os.getpid(), signal.SIGTERM)  # lands now, in the middle of the release write
+                time.sleep(0.2)
+            return super().write(key, data, **kw)
+
+    slow = Slow.__new__(Slow)
+    slow.__dict__.update(storage.__dict__)
+    with HandoffLock(url, storage=slow, key=key, ttl=60.0) as lock:
+        emit("acquired", token=lock.token, owner=lock.owner_id)
+        slow.releasing = True
+    emit("released")  # never: the signal ends the process once the release is written
+    return 0
+
+
 def daemon_wait(url: str) -> int:
     lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, min_hold=0)
 
@@ -57,9 +86,15 @@ def main() -> int:
         return hold(url, mode)
     if mode == "daemon-wait":
         return daemon_wait(url)
+    if mode == "wait":
+        with HandoffLock(url, ttl=60.0):
+            emit("acquired")  # never: the test's holder keeps the lock
+        return 0
+    if mode == "term-in-release":
+        return term_in_release(url)
     # ttl 60 and the store's default pacing: a lock left held would block the next acquirer for a minute.
     optout = {"release_at_exit": False} if mode == "optout" else {}  # the default is what is tested
-    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, min_hold=0, **optout)
+    lock = HandoffLock(url, ttl=60.0, waiter_check_interval=0.5, min_hold=0, **optout)  # asked at once
     assert lock.acquire(timeout=30)
     emit("acquired", token=lock.token, owner=lock.owner_id)
     if mode == "asked":
