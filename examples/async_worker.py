@@ -47,7 +47,8 @@ async def heartbeat(name: str, every: float) -> None:
 async def run(args: argparse.Namespace) -> int:
     name = args.name
     lock = AsyncHandoffLock(args.url, ttl=30.0, owner_id=name, waiter_check_interval=args.check_interval,
-                            waiter_poll_interval=min(1.0, args.check_interval))
+                            waiter_poll_interval=min(1.0, args.check_interval),
+                            min_hold=0.0)  # a yield within seconds, for the demo; real workers keep the 30 s default
 
     async def asked(sender, request, **kw):  # an async receiver: awaited on this loop
         print(f"{name}: {request.requester} asked for the lock ({request.reason}); finishing the job in hand", flush=True)

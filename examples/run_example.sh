@@ -31,7 +31,7 @@ echo "$step" > "$STEP_FILE"
 echo "$name: saved step $step ($([ "$stop" -eq 1 ] && echo "asked to yield" || echo "done"))"
 '
 
-"$HANDOFFLOCK" run "$URL" --signal USR1 --grace 10 --poll-interval 0.5 -- bash -c "$JOB" job first &
+"$HANDOFFLOCK" run "$URL" --signal USR1 --grace 10 --poll-interval 0.5 --min-hold 0 -- bash -c "$JOB" job first &  # yields at once, for the demo
 first=$!
 sleep 1
 "$HANDOFFLOCK" run "$URL" --signal USR1 --grace 10 --poll-interval 0.5 -- bash -c "$JOB" job second

@@ -64,7 +64,8 @@ def main() -> int:
     name = args.name
 
     lock = HandoffLock(args.url, ttl=30.0, owner_id=name, waiter_check_interval=args.check_interval,
-                       waiter_poll_interval=min(1.0, args.check_interval))
+                       waiter_poll_interval=min(1.0, args.check_interval),
+                       min_hold=0.0)  # a yield within seconds, for the demo; real trainers keep the 30 s default
 
     @signals.released.connect_via(lock)
     def said_goodbye(sender, handed_off_to, token, **kw):

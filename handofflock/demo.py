@@ -33,7 +33,8 @@ TOTAL_STEPS = 100
 STEP_SECONDS = 0.05
 B_ARRIVES_AFTER = 2.2  # off the owner's 0.5 s check grid, so the notice latency shows
 #: Fast enough to watch; see docs/jobs.md for production values.
-TIMING: dict[str, Any] = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2)
+#: min_hold=0: the demo shows a yield within seconds; a real holder keeps the default minimum hold (30 s).
+TIMING: dict[str, Any] = dict(ttl=10.0, waiter_check_interval=0.5, waiter_poll_interval=0.2, min_hold=0.0)
 
 
 class Timeline:

@@ -54,6 +54,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from .core.errors import ConfigurationError, HandoffLockError
+from .lock import handoff as _handoff
 
 if TYPE_CHECKING:
     from .lock.handoff import HandoffLock
@@ -433,3 +434,7 @@ def act_as_before(sig: signal.Signals, frame: FrameType | None, previous: Handle
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
+
+# The lock arms and settles the release-on-signal handler through these hooks (the lock's layer is
+# below this module's, so it does not import it).
+_handoff.on_hold, _handoff.on_unhold = arm, settle

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
-from .. import os_signals
 from ..core import buggify, protocol
 from ..core.clock import Clock
 from ..core.errors import (
@@ -542,7 +541,7 @@ class HandoffLock:
         if blocking and self.release_on_signal:
             # A waiter killed by SIGTERM would keep the slot, and be handed the lock, until waiter_ttl:
             # the signal gives the slot back first (the wait sees the deferred release at its next poll).
-            os_signals.arm(self)
+            on_hold(self)
         try:
             if self._cancel.is_set():  # a cancel() that came as we started
                 raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
@@ -570,13 +569,20 @@ class HandoffLock:
                         return self._not_acquired(record)
                     # A registration or a take whose reply we may never see: a way out reads the record and
                     # gives back whatever of it landed (the slot, or the lock itself).
-                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
+                    before, sent = (
+                        sent,
+                        sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE),
+                    )
                     try:
                         with self._mutex:
                             written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
                     except PreconditionFailed:
                         record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
+                    except TransientStorageError as exc:
+                        if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
+                            sent = before
+                        raise
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
                         self._became_owner(record, generation, mono, wall, handoff=False, settle_by=deadline)
@@ -633,7 +639,7 @@ class HandoffLock:
             self._cancel.clear()
             self._not_acquiring.set()
             if self._state is not HELD:
-                os_signals.settle()
+                on_unhold()
 
     def _read_locked(self, deadline: float | None) -> tuple[LockRecord | None, int]:
         """An acquire's poll: one interruptible read under the I/O mutex."""
@@ -812,7 +818,7 @@ class HandoffLock:
         self._schedule()
         _Reaper.ensure()  # started here, never in a collection
         if self.release_on_signal:
-            os_signals.arm(self)
+            on_hold(self)
         signals.send(signals.acquired, self, token=record.token, handoff=handoff)
 
     def _settle_handed_lease(self, deadline: float | None) -> None:
@@ -1007,7 +1013,7 @@ class HandoffLock:
         self._lease.valid_until = -math.inf  # nothing about the hold is valid any more
         self._lease.lost_reason, self._lease.lost_error = why, exc
         self._stop_duties()
-        os_signals.settle()
+        on_unhold()
         self._log_renew.error("%s lost %s: %s", self.owner_id, self.url, why)
         if not from_release:
             self._notifier.event(signals.on_renewal_error, error=exc)
@@ -1207,7 +1213,7 @@ class HandoffLock:
         self._state = IDLE
         self._book.end_hold()
         self._lease.next_release_try = math.inf
-        os_signals.settle()  # the release-on-signal handler goes once no lock is held
+        on_unhold()  # the release-on-signal handler goes once no lock is held
 
     def _guarded(self, fn: Callable[[], T], *, deferrable: bool = False, cancelled_by_release: bool = False) -> T:
         """Run a public operation; a re-entrant ``deferrable`` one (a release) is deferred, not deadlocked.
@@ -1545,6 +1551,17 @@ def _already_acquired(state: State, url: str, holder: int | None, *, nested: boo
 
 #: Every lock of this process (weakly): disarmed in a forked child, released at exit if still held.
 _LOCKS: weakref.WeakSet[HandoffLock] = weakref.WeakSet()
+
+
+#: Called as a hold begins (the lock) and as one ends: the release-on-signal handler of
+#: :mod:`handofflock.os_signals` arms and settles itself through these. That module sets them as it
+#: is imported (the package's ``__init__`` imports it), so the lock needs no import of a layer above it.
+def on_hold(lock: HandoffLock) -> None:
+    """A hold of ``lock`` began (replaced by :mod:`handofflock.os_signals`)."""
+
+
+def on_unhold() -> None:
+    """A hold ended (replaced by :mod:`handofflock.os_signals`)."""
 
 
 def _finish(lock: HandoffLock, release: bool, why: str) -> None:

@@ -200,7 +200,7 @@ class Bound:
                     key=key,
                     ambiguous=False,
                 )
-            if cap is None or left < cap:
+            elif cap is None or left < cap:
                 # With no cap of ours the store's own may be the shorter: a cut then is not the deadline's.
                 self.seconds, self._by_deadline = left, cap is not None
 

@@ -35,7 +35,7 @@ def peer_main(conn: Any, backend: dict[str, Any], key: str, options: dict[str, A
         store = S3Storage(BUCKET)
     else:
         store = LocalStorage(backend["root"])
-    lock = HandoffLock(f"{store.url}/{key}", storage=store, key=key, min_write_interval=0.0, **options)
+    lock = HandoffLock(f"{store.url}/{key}", storage=store, key=key, min_write_interval=0.0, min_hold=0.0, **options)
     out = threading.Lock()
 
     def send(*message: Any) -> None:

@@ -201,6 +201,7 @@ class Backend:
 
     def lock(self, store: Any, key: str, **kw: Any) -> HandoffLock:
         cls = kw.pop("cls", HandoffLock)
+        kw.setdefault("min_hold", 0.0)  # the bench measures the mechanics: a holder is asked at once
         return cls(f"{store.url}/{key}", storage=store, key=key, **kw)
 
 

@@ -339,7 +339,7 @@ def test_run_nonblock_on_a_held_lock_is_contended(url, capsys):
 def test_run_timeout_is_124(url, capsys):
     quiet_lock(url).acquire()
     started = time.monotonic()
-    code = main(["run", url, "-q", "--timeout", "0.2", "--poll-interval", "0.05", "--", PY, "-c", "pass"])
+    code = main(["run", url, "-q", "--timeout", "0.2", "--poll-interval", "0.05", "--min-hold", "0", "--", PY, "-c", "pass"])
     assert code == EXIT_TIMEOUT
     assert time.monotonic() - started < 5
 
@@ -362,7 +362,7 @@ def test_run_behind_another_waiter_waits_its_turn(url, capsys):
 
 
 def run_cmd(url, name, ckpt, *extra, job_args=()):
-    return [str(CONSOLE_SCRIPT), "run", "-v", url, "--ttl", "6", "--poll-interval", "0.2", *extra,
+    return [str(CONSOLE_SCRIPT), "run", "-v", url, "--ttl", "6", "--poll-interval", "0.2", "--min-hold", "0", *extra,
             "--", PY, str(JOB), name, str(ckpt), *job_args]
 
 

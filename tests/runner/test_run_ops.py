@@ -54,7 +54,7 @@ def kill_run(proc: subprocess.Popen) -> None:
 
 
 def holder_run(url: str, tmp_path: Path, *extra: str, job: tuple[str, ...] = ()) -> subprocess.Popen:
-    proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--owner-id", "holder-job",
+    proc = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--owner-id", "holder-job",
                   "--label", "pod=ml/train-0", *extra, "--", PY, str(JOB), "A", str(tmp_path), *job])
     line = next_line(proc)
     assert line.startswith("A start"), line + proc.stderr.read()
@@ -135,7 +135,7 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
     holder = holder_run(url, tmp_path, "--grace", "3", job=("--ignore-signals",))
     try:
         cmd = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_job(int(p), tmp_path))
-        waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--label", "eval-job", "--", "true"])
+        waiter = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--label", "eval-job", "--", "true"])
         eventually(lambda: (raw_read(url)[0]).waiting_owner_id is not None, timeout=20, what="the waiter registered")
         asked = wait_for_line(holder, "asks for")
         assert "eval-job (" in asked, asked  # named by its label, as status names it
@@ -150,7 +150,7 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
         assert record.owner_id == "holder-job" and record.waiting_owner_id is None
         assert HandoffLock(url).status().owner_live
         # A new waiter is a new request: the command is asked again, and killed after a fresh grace.
-        second = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--", "true"])
+        second = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"])
         wait_for_line(holder, "asks for")
         assert holder.wait(30) == 128 + signal.SIGKILL
         assert "did not exit within 3 s; killing it" in holder.stderr.read()
@@ -235,7 +235,7 @@ def run_on_a_pty(url: str, *, without_rich: bool) -> tuple[int, str]:
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))  # 200 columns, as a wide terminal
     args = ([PY, "-c", "import sys; sys.modules['rich'] = None; from handofflock.cli import main; sys.exit(main(sys.argv[1:]))"]
             if without_rich else [str(CONSOLE_SCRIPT)])
-    proc = subprocess.Popen([*args, "run", url, "--poll-interval", "0.2", "--", "true"],
+    proc = subprocess.Popen([*args, "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"],
                             stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL,
                             env=child_env(TERM="xterm-256color", COLUMNS="200"))
     os.close(slave)
@@ -332,7 +332,7 @@ def test_elsewhere_run_prints_a_waiting_line_now_and_then_not_a_flood(tmp_path, 
     thread = threading.Thread(target=let_go_once_told, daemon=True)
     thread.start()
     try:
-        assert main(["run", "-v", url, "--poll-interval", "0.2", "--", "true"]) == 0
+        assert main(["run", "-v", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"]) == 0
         thread.join(10)
     finally:
         if holder.is_held:

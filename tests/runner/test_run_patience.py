@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def run(url, *extra, cmd=("-c", "pass")):
-    return [str(CONSOLE_SCRIPT), "run", url, "--ttl", "16", "--poll-interval", "0.2", *extra, "--", PY, *cmd]
+    return [str(CONSOLE_SCRIPT), "run", url, "--ttl", "16", "--poll-interval", "0.2", "--min-hold", "0", *extra, "--", PY, *cmd]
 
 
 def waiter(url):
@@ -46,7 +46,7 @@ def test_run_no_request_waits_for_the_holder_to_finish_without_signalling_it(sha
     thread = threading.Thread(target=told, daemon=True)
     try:
         thread.start()
-        holder = in_process(["run", "-v", shared_url, "--ttl", "16", "--poll-interval", "0.05", "--", *until_told(flag)],
+        holder = in_process(["run", "-v", shared_url, "--ttl", "16", "--poll-interval", "0.05", "--min-hold", "0", "--", *until_told(flag)],
                             capsys)
         thread.join(60)
     except BaseException:
@@ -90,7 +90,7 @@ def test_run_no_yield_declines_and_status_says_so(shared_url, tmp_path, capsys):
     for t in threads:
         t.start()
     ttl = "5" if shared_url.startswith("gs://") else "2"  # the decline is written by the next renewal
-    holder = in_process(["run", shared_url, "--ttl", ttl, "--poll-interval", "0.05", "--no-yield", "--",
+    holder = in_process(["run", shared_url, "--ttl", ttl, "--poll-interval", "0.05", "--min-hold", "0", "--no-yield", "--",
                          *until_told(flag)], capsys)
     for t in threads:
         t.join(60)

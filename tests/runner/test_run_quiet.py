@@ -43,7 +43,7 @@ def test_run_that_succeeds_prints_nothing_on_stderr_even_after_a_wait(tmp_path):
     _, err = at_once.communicate(timeout=60)
     assert at_once.returncode == 0 and err == "", err
     held_for(url, 2.5)
-    waited = run(url, "--poll-interval", "0.2", "--", "true")
+    waited = run(url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true")
     _, err = waited.communicate(timeout=60)
     assert waited.returncode == 0 and err == "", err
 
@@ -65,7 +65,7 @@ def test_a_patient_waiter_never_says_notified_no(tmp_path):
     """``run --no-request`` asks nobody: its waiting line says it waits for the holder to finish."""
     url = (tmp_path / "lock.json").as_uri()
     held_for(url, 4.0)
-    patient = run("-v", url, "--no-request", "--poll-interval", "0.2", "--", "true")
+    patient = run("-v", url, "--no-request", "--poll-interval", "0.2", "--min-hold", "0", "--", "true")
     _, err = patient.communicate(timeout=60)
     assert patient.returncode == 0, err
     assert "held by pod=ml/train-0; waiting for it to finish (not asking it to yield)" in err, err
@@ -76,13 +76,13 @@ def test_the_asker_says_declined_by_the_holder_instead_of_a_grace_deadline(tmp_p
     """Both ``run``s real: the holder declines (``--no-yield``), and the asker's line says so by the holder's
     label as soon as the record does, instead of "notified yes; grace ends by ..."."""
     url, flag = (tmp_path / "lock.json").as_uri(), tmp_path / "done"
-    holder = run(url, "--no-yield", "--label", "trainer-A", "--ttl", "3", "--poll-interval", "0.2", "--",
+    holder = run(url, "--no-yield", "--label", "trainer-A", "--ttl", "3", "--poll-interval", "0.2", "--min-hold", "0", "--",
                  "sh", "-c", f"while [ ! -e '{flag}' ]; do sleep 0.05; done")
     lines: list[str] = []
     asker = None
     try:
         eventually(lambda: (raw_read(url)[0] or None) and raw_read(url)[0].owner_id, timeout=30, what="the holder")
-        asker = run("-v", url, "--poll-interval", "0.2", "--timeout", "60", "--", "true")
+        asker = run("-v", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", "60", "--", "true")
         reader = threading.Thread(target=lambda: lines.extend(asker.stderr), daemon=True)
         reader.start()
         eventually(lambda: any("declined by trainer-A" in ln for ln in lines), timeout=30,

@@ -89,7 +89,7 @@ def _hand_over(tmp_path: Path, holder_cmd: list[str], pid_files: list[Path], *, 
     log = tmp_path / "holder.log"  # a file, not a pipe: a process that outlives run would keep a pipe open
     with open(log, "w") as out:
         holder = subprocess.Popen(
-            nocgroup(str(CONSOLE_SCRIPT), "run", url, "--grace", grace, "--poll-interval", "0.2", "--", *holder_cmd),
+            nocgroup(str(CONSOLE_SCRIPT), "run", url, "--grace", grace, "--poll-interval", "0.2", "--min-hold", "0", "--", *holder_cmd),
             stdout=out, stderr=out, env=child_env(),
         )
     waiter = None
@@ -98,7 +98,7 @@ def _hand_over(tmp_path: Path, holder_cmd: list[str], pid_files: list[Path], *, 
                           timeout=timeout, interval=0.1, what="the command's processes started")
         assert holder.poll() is None, log.read_text()
         waiter = subprocess.run(
-            [str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--",
+            [str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--",
              sys.executable, "-c", _RECORD, str(seen), *map(str, pid_files)],
             capture_output=True, text=True, env=child_env(), timeout=timeout,
         )

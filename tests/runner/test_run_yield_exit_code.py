@@ -35,7 +35,7 @@ def _yield_to_a_waiter(tmp_path: Path, capsys, *options: str, cmd: tuple[str, ..
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
-    done = in_process(["run", url, "--poll-interval", "0.05", *options, "--", *cmd], capsys)
+    done = in_process(["run", url, "--poll-interval", "0.05", "--min-hold", "0", *options, "--", *cmd], capsys)
     thread.join(60)
     assert [bool(h) for h in handed] == [True], done.stderr
     assert raw_read(url)[0].owner_id is None
