@@ -237,9 +237,13 @@ class CommandRunner:
         if error is not None:
             raise error
         if not outcome.get("held"):
-            st = lock.status()
-            holder = who(st.owner_id, None if st.owner_label is None else st.owner_label.text)
-            return fail(f"{lock.url} is held by {holder} (--nonblock given); try again later", EXIT_CONTENDED)
+            # As flock -n: the lock being held is an answer, not an error, and cron mails every line a job
+            # prints, so only -v says who holds it. The exit status (75) tells scripts.
+            if self.args.verbose:
+                st = lock.status()
+                holder = who(st.owner_id, None if st.owner_label is None else st.owner_label.text)
+                self.say(f"{lock.url} is held by {holder} (--nonblock given); try again later")
+            return EXIT_CONTENDED
         if self.first_signal is not None:  # the signal came just as we got the lock
             lock.release()
             return 128 + self.first_signal
