@@ -630,6 +630,18 @@ class HandoffLock:
                 if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
+            if self._state is HELD:
+                # The hold was made, and the caller will never get it (a Ctrl-C as the lock took it, in a
+                # receiver of ``acquired``): handed on or freed before the error goes on, never left renewed.
+                try:
+                    self._release_held(self._clock.monotonic() + self.give_up_budget)
+                except BaseException as cleanup:  # retried in the background; the original error goes on
+                    self._log_acquire.warning(
+                        "%s could not release the lock it took as its acquire was interrupted, on %s: %r",
+                        self.owner_id,
+                        self.url,
+                        cleanup,
+                    )
             if ran_out:  # the time ran out in the store
                 why = f"timed out acquiring {self.url!r}: {exc}"
                 raise _contended(LockTimeout, self.url, last, clock.time(), message=why) from exc
