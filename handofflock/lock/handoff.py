@@ -610,7 +610,10 @@ class HandoffLock:
                     return self._give_up(last, waiting=waiting or sent, timed_out=True)
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
-            ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
+            # What stopped a retry, read before giving back (which clears a deferred release): a cancel()
+            # or a release from a signal handler is said as such, never as the timeout it cut short.
+            interrupted = self._cancel.is_set() or self._deferred
+            ran_out = timeout is not None and not interrupted and _ran_out(exc, give_up_at, clock)  # before giving back
             if ran_out and self._state == WAITING:
                 # The time ran out in the store: the end of the wait, as below (a handoff that beat it is kept).
                 try:
@@ -627,7 +630,7 @@ class HandoffLock:
                     )
                 if self._state == WAITING:
                     self._state = IDLE
-                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
+                if isinstance(exc, TransientStorageError) and interrupted:
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
             if self._state is HELD:

@@ -32,20 +32,25 @@ party takes the lock at once (after the holder, if any, releases: a slot left be
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from nemesis import KINDS, PHASES, Nemesis, Outcome, Stage, check_nothing_left, stage
 from simworld import World, new_world
 
-from handofflock import AsyncHandoffLock, HandoffLock
+from handofflock import AcquireCancelled, AsyncHandoffLock, HandoffLock, LockRecord, LockTimeout
 from handofflock.core.errors import StorageTimeout, TransientStorageError
+from handofflock.storage.gcs import GCSStorage
+from handofflock.testing.faultproxy import FaultProxy, emulator_env
 
 PROCS = Path(__file__).resolve().parents[1] / "support" / "procs"
 TIMEOUT = 8.0  # an acquire(timeout=...) that the nemesis runs out at the phase
@@ -63,8 +68,8 @@ def sync_acts(world: World, b: HandoffLock, how: str, deadline: list[float]) -> 
     def act(phase: str) -> None:
         if how == "sigint":
             raise KeyboardInterrupt
-        if how == "cancel":
-            b.cancel()
+        if how in ("cancel", "release"):
+            b.cancel() if how == "cancel" else b.release()  # release(): a signal handler's, in this thread
             if phase != "seen":
                 raise TransientStorageError("nemesis: connection reset, no reply", ambiguous=True)
             return
@@ -74,6 +79,16 @@ def sync_acts(world: World, b: HandoffLock, how: str, deadline: list[float]) -> 
             raise StorageTimeout("nemesis: cut off at the deadline", ambiguous=True)
 
     return act
+
+
+#: What each interruption is reported as, when the acquire does not return a hold.
+SAID = {"sigint": KeyboardInterrupt, "cancel": AcquireCancelled, "release": AcquireCancelled, "timeout": LockTimeout}
+
+
+def said(outcome: Outcome, how: str) -> None:
+    """The acquire returned a hold, or raised what the interruption is (a cancel is no timeout)."""
+    if outcome.raised is not None:
+        assert isinstance(outcome.raised, SAID[how]), f"{how} was reported as {outcome.raised!r}"
 
 
 def run_sync(world: World, st: Stage, how: str, phase: str) -> tuple[Outcome, list[str]]:
@@ -93,13 +108,14 @@ def run_sync(world: World, st: Stage, how: str, phase: str) -> tuple[Outcome, li
 
 
 @pytest.mark.parametrize("phase", PHASES)
-@pytest.mark.parametrize("how", ["sigint", "cancel", "timeout"])
+@pytest.mark.parametrize("how", ["sigint", "cancel", "release", "timeout"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_acquire_interrupted_at_any_phase_of_its_write_leaves_nothing_held(kind, how, phase):
     world = new_world()
     st = stage(world, kind)
     outcome, seen = run_sync(world, st, how, phase)
     assert seen == [phase], f"the nemesis never reached {phase!r} ({outcome})"
+    said(outcome, how)
     check_nothing_left(world, st, outcome)
 
 
@@ -175,3 +191,125 @@ def test_an_acquire_in_a_daemon_thread_at_interpreter_exit_at_any_phase_leaves_n
     left = {phase: (out, err[-2000:]) for phase, (out, err) in found.items() if not out.strip().endswith("ok")}
     assert not left, "\n".join(f"--- exit at {phase!r}:\n{out}{err}" for phase, (out, err) in left.items())
     assert all(child.returncode == 0 for child in children.values())
+
+
+# ------------------------------------------------------------------- on the GCS emulator, through the fault proxy
+
+#: Real time, short: each request is cut off at request_timeout, (2 - 0.5) / 2 = 0.75 s.
+GCS_TIMING = dict(
+    ttl=4.0, renew_interval=0.5, renew_deadline=2.0, waiter_check_interval=0.2, waiter_poll_interval=0.1,
+    max_clock_skew=0.2, min_write_interval=0.0, min_hold=0,
+)  # fmt: skip
+GCS_KEY = "locks/nemesis.json"
+
+
+class GCSWorld:
+    """B talks to the emulator through its own fault proxy; every other party, and the test, directly."""
+
+    def __init__(self, emulator: Any) -> None:
+        self.bucket = f"n-{uuid.uuid4().hex[:16]}"
+        emulator.create_bucket(self.bucket)
+        self.emulator = emulator
+        self.proxy = FaultProxy(emulator.url, lifetime=120).start()
+        self.locks: list[HandoffLock] = []
+
+    def lock(self, owner: str, *, proxied: bool = False) -> HandoffLock:
+        with self.proxy.env() if proxied else emulator_env(self.emulator.url):
+            store = GCSStorage(self.bucket, timeout=(1.0, 2.0))
+        lock = HandoffLock(f"gs://{self.bucket}/{GCS_KEY}", storage=store, key=GCS_KEY, owner_id=owner, **GCS_TIMING)
+        self.locks.append(lock)
+        return lock
+
+    def record(self) -> LockRecord | None:
+        with emulator_env(self.emulator.url):
+            found = GCSStorage(self.bucket).read(GCS_KEY)
+        return None if found is None else LockRecord.decode(found[0], key=GCS_KEY)
+
+    def close(self) -> None:
+        for lock in self.locks:
+            lock.cancel()
+            if lock.is_held:
+                lock.release()
+            lock._unschedule()  # private: stop its renewals without releasing
+        self.proxy.stop()
+
+
+@pytest.fixture
+def gcs(gcs_emulator):
+    world = GCSWorld(gcs_emulator)
+    yield world
+    world.close()
+
+
+class Interrupted(KeyboardInterrupt):
+    """What the test's SIGUSR1 handler raises: a SIGINT's KeyboardInterrupt, in a signal pytest leaves alone."""
+
+
+@pytest.mark.parametrize("how", ["sigint", "cancel", "timeout"])
+@pytest.mark.parametrize("kind", ["create", "take", "become_waiter"])
+def test_on_gcs_an_acquire_interrupted_after_its_write_applied_with_its_reply_unseen_leaves_nothing_held(
+    gcs, kind, how
+):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("a signal handler runs in the main thread only")
+    holder = None
+    if kind != "create":
+        holder = gcs.lock("A")
+        holder.acquire()
+        if kind == "take":
+            holder.release()
+            holder = None
+    b = gcs.lock("B", proxied=True)
+    # B's write is forwarded and applied; its reply comes a byte a second (cut off at request_timeout).
+    gcs.proxy.inject("trickle_head", method="POST", delay=1.0)
+    main, applied = threading.get_ident(), threading.Event()
+
+    def nemesis() -> None:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            record = gcs.record()
+            if record is not None and b.instance in (getattr(record.owner, "instance", None),
+                                                     getattr(record.waiter, "instance", None)):  # fmt: skip
+                break
+            time.sleep(0.01)
+        else:
+            return
+        applied.set()
+        gcs.proxy.inject("503", method="GET")  # the read-back of the write fails too: the lock cannot tell
+        if how == "sigint":
+            signal.pthread_kill(main, signal.SIGUSR1)
+        elif how == "cancel":
+            b.cancel()
+
+    def raise_interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupt)
+    thread = threading.Thread(target=nemesis, daemon=True)
+    outcome = Outcome()
+    try:
+        thread.start()
+        outcome.returned = b.acquire(timeout=0.5 if how == "timeout" else 30)
+    except (Exception, KeyboardInterrupt) as exc:
+        outcome.raised = exc
+    finally:
+        thread.join(30)
+        signal.signal(signal.SIGUSR1, previous)
+    assert applied.is_set(), f"B's write was never applied ({outcome})"
+    said(outcome, how)
+    record = gcs.record()
+    if outcome.raised is None and outcome.returned:
+        assert b.is_held and record is not None and record.owner is not None and record.owner.instance == b.instance
+        b.release()
+        record = gcs.record()
+    else:
+        assert not b.is_held, f"acquire() ended with {outcome} and the lock still holds"
+    assert record is None or b.instance not in (getattr(record.owner, "instance", None),
+                                                getattr(record.waiter, "instance", None)), (
+        f"the acquire ended ({outcome}) and the record still names B's instance: {record}"
+    )  # fmt: skip
+    if holder is not None:
+        holder.release()  # a slot B left behind would be handed the lock here
+    c = gcs.lock("C")
+    assert c.acquire(blocking=False), f"a third party could not take the lock at once: {gcs.record()}"
+    c.release()
