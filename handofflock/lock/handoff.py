@@ -498,9 +498,10 @@ class HandoffLock:
         (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too).
         ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
-        Every way out that does not return the lock gives the waiter slot back: a timeout, :meth:`cancel`,
-        a storage error, KeyboardInterrupt. When the lock is returned the lease is valid and counted from the
-        write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
+        Every way out that does not return the lock gives the waiter slot back, and frees a lock it took or
+        was handed: a timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. When the lock is returned
+        the lease is valid and counted from the write that made it (for a handoff, from the previous owner's
+        write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
         timeout = None if timeout == -1 else timeout

@@ -14,19 +14,22 @@ the waiter's read reveals). Phases of that write (of the read revealing it, for 
   ``waiting`` signal).
 
 Interruptions: a SIGINT (KeyboardInterrupt raised in the acquiring thread at the point),
-:meth:`~handofflock.HandoffLock.cancel` (the request's reply then never comes), a ``timeout`` that
-runs out there (the request cut off at the deadline), the cancellation of an
-:class:`~handofflock.AsyncHandoffLock`'s task, and interpreter exit (a child process whose acquire,
-in a daemon thread, is at that point as the main thread returns).
+:meth:`~handofflock.HandoffLock.cancel` (the request's reply then never comes), a ``release()``
+from a signal handler in the acquiring thread (the same), a ``timeout`` that runs out there (the
+request cut off at the deadline), the cancellation of an :class:`~handofflock.AsyncHandoffLock`'s
+task, and interpreter exit (a child process whose acquire, in a daemon thread, is at that point as
+the main thread returns).
 
 The phases are placed with the memory store's hooks on a fake clock (deterministic, milliseconds);
-the async cases run a real event loop over it, the exit cases a child process each. The end of the
-module runs the two phases a real server is needed for (a reply dropped after the write applied, a
-request held back) on the GCS emulator through the fault proxy.
+the async cases run a real event loop over it, the exit cases a child per phase. The phase a real
+server adds to, a write applied while its reply never reaches the client, runs last on the GCS
+emulator through the fault proxy (the reply held back a byte a second, its read-back refused), with
+a real signal in the blocked request.
 
 Afterwards, whatever the acquire returned or raised: a returned hold is held and on record; else
 ``is_held`` is False, the record names this instance neither as owner nor as waiter, and a third
 party takes the lock at once (after the holder, if any, releases: a slot left behind would get it).
+An acquire that raised says what stopped it: KeyboardInterrupt, AcquireCancelled or LockTimeout.
 """
 
 from __future__ import annotations
