@@ -634,7 +634,7 @@ class HandoffLock:
                 if isinstance(exc, TransientStorageError) and interrupted:
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
-            if self._state is HELD:
+            if self._state is HELD and not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
                 # The hold was made, and the caller will never get it (a Ctrl-C as the lock took it, in a
                 # receiver of ``acquired``): handed on or freed before the error goes on, never left renewed.
                 try:
