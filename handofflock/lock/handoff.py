@@ -498,9 +498,10 @@ class HandoffLock:
         (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too).
         ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
-        Every way out that does not return the lock gives the waiter slot back: a timeout, :meth:`cancel`,
-        a storage error, KeyboardInterrupt. When the lock is returned the lease is valid and counted from the
-        write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
+        Every way out that does not return the lock gives the waiter slot back, and frees a lock it took or
+        was handed: a timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. When the lock is returned
+        the lease is valid and counted from the write that made it (for a handoff, from the previous owner's
+        write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
         timeout = None if timeout == -1 else timeout
@@ -610,7 +611,10 @@ class HandoffLock:
                     return self._give_up(last, waiting=waiting or sent, timed_out=True)
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
-            ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
+            # What stopped a retry, read before giving back (which clears a deferred release): a cancel()
+            # or a release from a signal handler is said as such, never as the timeout it cut short.
+            interrupted = self._cancel.is_set() or self._deferred
+            ran_out = timeout is not None and not interrupted and _ran_out(exc, give_up_at, clock)  # before giving back
             if ran_out and self._state == WAITING:
                 # The time ran out in the store: the end of the wait, as below (a handoff that beat it is kept).
                 try:
@@ -627,9 +631,21 @@ class HandoffLock:
                     )
                 if self._state == WAITING:
                     self._state = IDLE
-                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
+                if isinstance(exc, TransientStorageError) and interrupted:
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
+            if self._state is HELD and not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
+                # The hold was made, and the caller will never get it (a Ctrl-C as the lock took it, in a
+                # receiver of ``acquired``): handed on or freed before the error goes on, never left renewed.
+                try:
+                    self._release_held(self._clock.monotonic() + self.give_up_budget)
+                except BaseException as cleanup:  # retried in the background; the original error goes on
+                    self._log_acquire.warning(
+                        "%s could not release the lock it took as its acquire was interrupted, on %s: %r",
+                        self.owner_id,
+                        self.url,
+                        cleanup,
+                    )
             if ran_out:  # the time ran out in the store
                 why = f"timed out acquiring {self.url!r}: {exc}"
                 raise _contended(LockTimeout, self.url, last, clock.time(), message=why) from exc
