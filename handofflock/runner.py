@@ -255,7 +255,7 @@ class CommandRunner:
             st = self.lock.status()
         except HandoffLockError:
             return "the waiter slot was to be given back (could not check)"
-        if st.waiter_id == self.lock.owner_id and st.waiter_expires_at is not None:
+        if st.waiter_instance == self.lock.instance and st.waiter_expires_at is not None:
             return f"the waiter slot could not be given back; it expires in {st.waiter_expires_at - time.time():.0f} s"
         return "the waiter slot was given back"
 
@@ -482,7 +482,8 @@ class CommandRunner:
             return True
         if st.waiter_id is not None and st.waiter_label is not None:
             self._labels[st.waiter_id] = st.waiter_label.text  # named as status names it
-        return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
+        # By instance: a waiter with our owner id (a second job that derived it) is another party.
+        return bool(st.owner_instance == lock.instance and st.waiter_live and st.waiter_instance != lock.instance)
 
     def _named(self, party: str | ReleaseRequest) -> str:
         """``label (id)`` for a requester (its request's label) or a waiter whose label a read showed, as

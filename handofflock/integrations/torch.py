@@ -229,8 +229,9 @@ def rank_lock(
       installed when called from the main thread; ``signals=()`` for none).
     * ``owner_id`` defaults to :func:`~handofflock.core.identity.stable_job_id`
       where the environment gives one (Slurm, a Kubernetes Job, torchrun's
-      ``--rdzv-id``, ``HANDOFFLOCK_JOB_ID``): a restarted job takes back its own
-      place, the lock or the waiter slot (with a new, higher fencing token).
+      ``--rdzv-id``, ``HANDOFFLOCK_JOB_ID``): the record names the job the same
+      across restarts; a restart (or a second job with that id) still waits for
+      the other's lease like any party, and gets a higher fencing token.
     * ``wait_for_slot`` defaults to True: a job that finds another waiter
       waits for the slot instead of failing with ``LockContended``.
     * ``request_release`` and ``priority`` are what :meth:`RankLock.acquire`

@@ -183,8 +183,11 @@ class HandoffLock:
     it and no ``on_release_requested`` is sent, as soon as a waiter check sees it; requests of this process's own (a
     signal, a preemption notice, :meth:`request_release`) still stand.
 
-    ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to let a
-    restarted process retake its own lock at once. ``label`` says who this is for
+    ``owner_id`` defaults to a fresh ``host:pid:random``; a stable one names the job in the
+    record across restarts. Each lock object is its own party all the same: another one with
+    the same ``owner_id`` (a restart, or a second job that derived the id) waits for this one's
+    lease like anyone, getting it at once when it is released and ``ttl`` + ``max_clock_skew``
+    after its last renewal when its holder died without releasing. ``label`` says who this is for
     people (``status`` shows it beside the owner or waiter id): a string, a
     :class:`Label`, or by default what :func:`~handofflock.core.identity.detect_label`
     finds (host, pid, pod, Slurm job, torchrun rank).
@@ -345,7 +348,7 @@ class HandoffLock:
 
     @property
     def instance(self) -> str:
-        """This lock object's random id, written beside ``owner_id``: it tells twins sharing an ``owner_id`` apart."""
+        """This lock object's random id, written beside ``owner_id``: it tells apart lock objects sharing one."""
         return self._me.instance or ""
 
     @property
@@ -593,7 +596,7 @@ class HandoffLock:
                         self._now_waiting(record)
                 elif not blocking:  # contended, or it would wait: never waits, never registers
                     return self._not_acquired(record)
-                elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
+                elif isinstance(decision, Contended) and not (slot_wait or waiting):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
                     raise _contended(LockContended, self.url, decision.record, clock.time())
                 # The next read one poll interval after the last one began (a read's own duration does
@@ -1508,7 +1511,7 @@ def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
         held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
     if waiter is None or not waiter.live(now):
         slot = "; nobody else waits"
-    elif waiter.id == me.owner_id and waiter.instance in (None, me.instance):
+    elif (waiter.id, waiter.instance) == (me.owner_id, me.instance):
         slot = "; we held the waiter slot, and gave it back"
     else:
         slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"

@@ -37,7 +37,6 @@ class Rules:
     ttl: float
     skew: float
     waiter_check_interval: float
-    twin_window: float  # how long two twins may both count themselves healthy
     handoff_slack: float  # how long a handoff decision may take to land
     gentle: bool  # only survivable faults: an owner that is not paused must keep its lock
 
@@ -52,8 +51,6 @@ class Checker:
     highest_store_token: int = 0
     issued: set[tuple[str, int]] = field(default_factory=set)  # (instance, token) the store made owner
     fence_highest: int = 0
-    retaken_at: dict[str, float] = field(default_factory=dict)  # instance -> when a twin retook from it
-    overlapped: set[str] = field(default_factory=set)
     strict_suspend: bool = False  # True once the suspend fix is merged: a late check() after a suspend fails
 
     def true_wall(self) -> float:
@@ -85,8 +82,6 @@ class Checker:
             self.issued.add((owner.instance, new.token))
         if not moved or owner is None or prev is None or before is None:
             return
-        if owner.id == before.id and before.instance and before.live(self.true_wall(), self.rules.skew):
-            self.retaken_at[before.instance] = self.hub.now  # a twin retook a live lease under our id
         slot = prev.waiter
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self.counts["handoffs"] += 1
@@ -123,7 +118,7 @@ class Checker:
             raise Violation(f"{party.name}'s acquire ended ({result!r}) and the object names it as a live owner")
 
     def lost_while_gentle(self, party: Party, why: str) -> None:
-        if self.rules.gentle and party.proc.frozen_until() < MONO0 and party.twin_of is None:
+        if self.rules.gentle and party.proc.frozen_until() < MONO0:
             raise Violation(f"{party.name} lost its lock under survivable faults only: {why}")
 
     def slot_left(self, party: Party) -> None:
@@ -168,7 +163,7 @@ class Checker:
 
     def _unsound(self, p: Party) -> str | None:
         """Why ``p`` must not count itself healthy now, or None."""
-        now, r = self.hub.now, self.record
+        r = self.record
         me = p.lock.instance
         if r is not None and r.owner is not None and r.owner.instance == me and r.token == p.lock.token:
             late = self.true_wall() - (r.owner.expires_at + self.rules.skew / 2)
@@ -178,16 +173,6 @@ class Checker:
                     f"(token {r.token})"
                 )
             return None
-        since = self.retaken_at.get(me)
-        if since is not None:  # a twin retook it: we may not know for one waiter check (fencing refuses us)
-            if now - since <= self.rules.twin_window:
-                if me not in self.overlapped:
-                    self.overlapped.add(me)
-                    self.counts["twin_overlaps"] += 1
-                return None
-            return (
-                f"{p.name} still counts itself healthy {now - since:.2f} s after its twin retook the lock "
-                f"(window {self.rules.twin_window:.2f} s)"
-            )
+        # No exemption for a twin (our owner id, another instance): it is another party, and waits for our lease.
         who = "nobody" if r is None else f"{r.owner and r.owner.id} (token {r.token})"
         return f"{p.name} counts itself healthy with token {p.lock.token}, but the object names {who}"

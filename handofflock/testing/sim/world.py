@@ -9,7 +9,8 @@ violation. Each party keeps doing something at random (acquire in every
 mode, cancel, release from another thread, fenced writes, pauses, crashes);
 a chaos thread pauses waiters, suspends hosts (the monotonic clock stands, the
 wall clock jumps), kills parties at any moment, and starts twins (a second
-process under a live party's stable owner id). In some worlds every party has
+process under a live party's stable owner id, in gentle worlds too: a twin is
+another party, which waits for the lease and never takes it from the living). In some worlds every party has
 a second lock under the same prefix in the same scheduler, so its waiter
 checks are grouped into listings. In some the first party drives the async
 lock from an event loop (:class:`~.hub.SimLoop`). A director aims at two moments:
@@ -108,7 +109,6 @@ class World:
             ttl=c.ttl,
             skew=c.skew,
             waiter_check_interval=wci,
-            twin_window=wci + 2 * f.max_latency + f.slow_read_max + c.spacing + 0.5,
             handoff_slack=2 * f.max_latency + c.spacing + 0.5,
             gentle=c.gentle,
         )
@@ -377,7 +377,7 @@ class World:
                 p.proc.suspended_until, p.proc.suspended_for = hub.now + span, p.proc.suspended_for + span
                 self.checker.counts["suspends"] += 1
                 hub.note(f"{p.name} is suspended for {span:.2f} s (its monotonic clock stands)")
-            elif what < 0.6 and not c.gentle and p.twin_of is None and len(self.parties) < 12:
+            elif what < 0.6 and p.twin_of is None and len(self.parties) < 12:
                 self.checker.counts["twins"] += 1
                 self.new_party(p.owner_id, twin_of=p.name)
             elif what < 0.7 and not (c.gentle and p.lock.is_held):
