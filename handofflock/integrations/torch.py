@@ -340,8 +340,8 @@ class RankHold:
         if self.ranks.signals is not None:
             self.ranks.signals.install()  # a signal while waiting ends the wait
         if not self.ranks.held:
-            url = self.latest_url
-            self.ranks.latest = None if url is None else LatestCheckpoint(url, lock=self.ranks.lock)
+            if self.latest_url is not None:  # the run's pointer (a Trainer's output_dir may change between runs)
+                self.ranks.latest = LatestCheckpoint(self.latest_url, lock=self.ranks.lock)
             try:
                 self.ranks.acquire()
             except BaseException:  # RankExit, or the lock could not be taken: this run is over
