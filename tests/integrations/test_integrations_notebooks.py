@@ -69,7 +69,7 @@ def test_a_lightning_callback_interrupted_puts_the_handlers_back_and_serves_the_
     before = handlers()
     trainer().fit(Tiny(interrupt_at=3), torch.utils.data.DataLoader(data(), batch_size=4))
     assert callback.yielded and callback.decision.action == "exit" and callback.decision.cause == "SIGINT"
-    assert callback.yield_step < 8 and (tmp_path / "handoff.ckpt").exists()
+    assert callback.yield_step < 8 and callback.yield_path.exists() and callback.resume_path == str(callback.yield_path)
     assert handlers() == before  # the next "interrupt kernel" is the notebook's again
     with pytest.raises(KeyboardInterrupt):
         interrupt_this_process()
