@@ -48,6 +48,9 @@ class WallTicker:
     def next_check_at(self):
         return math.inf
 
+    def deadline(self):
+        return math.inf
+
     def run_due(self):
         self.next_at = self.clock.monotonic() + self.every
         self.ran.set()
@@ -80,6 +83,9 @@ class Ticker:
 
     def next_check_at(self):
         return self.next_check
+
+    def deadline(self):
+        return math.inf
 
     def run_due(self):
         now = self.clock.monotonic()
@@ -501,18 +507,18 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
         with sched._mutex:
             jobs, _ = sched._plan(clock.monotonic(), track=True)
         assert len(jobs) == 1, "one beat for the group"
-        beat = threading.Thread(target=jobs[0][0])
+        beat = threading.Thread(target=jobs[0].run)
         beat.start()
         assert listing.wait(5)
         clock.advance(7.5 - CHECK)  # the renewals fall due while the listing hangs
         with sched._mutex:  # private: as above
             jobs, _ = sched._plan(clock.monotonic(), track=True)
-            second_beat = [job for job, covered in jobs if not covered]
-        renewing = {id(lock) for _, covered in jobs for lock in covered}
+            second_beat = [job for job in jobs if not job.locks]
+        renewing = {id(lock) for job in jobs for lock in job.locks}
         assert renewing == {id(lock._duties) for lock in locks}, "renewals waited for the listing"  # private: what the scheduler holds of each lock
         assert not second_beat, "a second beat started while the first still lists"
-        for job, _ in jobs:
-            job()
+        for job in jobs:
+            job.run()
         assert all(lock.healthy for lock in locks)
     finally:
         go.set()
