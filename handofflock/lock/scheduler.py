@@ -356,15 +356,16 @@ class Scheduler:
         with self._mutex:
             for job in jobs:
                 heapq.heappush(self._queue, job)
-            start = min(len(self._queue), self._io_workers - self._workers)
-            self._workers += max(0, start)
+            pool = self._pool  # None once stopped: the jobs wait for the next pool
+            start = 0 if pool is None else max(0, min(len(self._queue), self._io_workers - self._workers))
+            self._workers += start
             epoch, head = self._epoch, self._queue[0] if self._queue else None
-        assert self._pool is not None
         for _ in range(start):
-            self._pool.submit(functools.partial(self._work, epoch))
+            assert pool is not None
+            pool.submit(functools.partial(self._work, epoch))
         share = None if head is None else head.share_late(now)
-        if share is not None and share >= BEHIND_SHARE:
-            self._note_lateness(share, now - head.due, started=False)  # type: ignore[union-attr]
+        if head is not None and share is not None and share >= BEHIND_SHARE:
+            self._note_lateness(share, now - head.due, started=False)
 
     def _work(self, epoch: int) -> None:
         """A worker: take the most urgent queued job and run it, until none is left."""
