@@ -192,7 +192,10 @@ class Scheduler:
         self._pool: Pool | None = None
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
-        self._queue: list[_Job] = []  # due jobs waiting for a worker, most urgent first (a heap)
+        # Due jobs waiting for a worker, most urgent first (a heap), under a mutex of their own: a worker
+        # taking its next job never waits for the loop's planning, which holds ``_mutex`` over every lock.
+        self._queue_mutex = self._prims.mutex()
+        self._queue: list[_Job] = []
         self._seq = itertools.count()
         self._workers = 0  # workers taking jobs from the queue now
         self._epoch = 0  # a stopped pool's workers leave without counting
@@ -353,7 +356,7 @@ class Scheduler:
     def _dispatch(self, jobs: list[_Job], now: float) -> None:
         """Queue ``jobs`` by urgency and start workers for them, at most ``io_workers`` at once; then see
         whether the most urgent renewal still waiting is already late enough to say the process is behind."""
-        with self._mutex:
+        with self._queue_mutex:
             for job in jobs:
                 heapq.heappush(self._queue, job)
             pool = self._pool  # None once stopped: the jobs wait for the next pool
@@ -370,7 +373,7 @@ class Scheduler:
     def _work(self, epoch: int) -> None:
         """A worker: take the most urgent queued job and run it, until none is left."""
         while True:
-            with self._mutex:
+            with self._queue_mutex:
                 if epoch != self._epoch:
                     return  # a stopped pool's worker: the next pool counts its own
                 if not self._queue or self._stop.is_set():
@@ -386,7 +389,7 @@ class Scheduler:
     def _note_lateness(self, share: float, seconds: float, *, started: bool) -> None:
         """A renewal started (or still waits) ``share`` of its margin late: keep the figure, report it, and
         say once per episode that the process is falling behind."""
-        with self._mutex:
+        with self._queue_mutex:
             before = self.lateness
             behind = share >= BEHIND_SHARE or (before.behind and share > CAUGHT_UP_SHARE)
             if started or share > before.latest:
@@ -502,7 +505,7 @@ class Scheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-        with self._mutex:  # queued jobs wait for the next pool, whose workers count afresh
+        with self._queue_mutex:  # queued jobs wait for the next pool, whose workers count afresh
             self._epoch += 1
             self._workers = 0
 
