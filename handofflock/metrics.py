@@ -249,10 +249,17 @@ class _Metrics(events.Observer):
             return
         try:
             instruments.renewal_lateness.record(share, {"handofflock.scheduler": scheduler})
-        except Exception:
-            if "renewal_started" not in _failed:
-                _failed.add("renewal_started")
-                _log.error("metrics hook renewal_started raised; ignored", exc_info=True)
+        except Exception:  # as _record does, for a point of no lock's
+            hook = "renewal_started"
+            if hook in _failed:
+                _log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+                return
+            _failed.add(hook)
+            _log.error(
+                "metrics hook %s raised; ignored, the scheduler goes on (later failures are logged at DEBUG)",
+                hook,
+                exc_info=True,
+            )
 
 
 # ---------------------------------------------------------------------- from the lock's signals
