@@ -1384,6 +1384,10 @@ class _Duties:
         lock = self._lock()  # never while the lock is not held, when a check does nothing
         return lock._lease.next_check if lock is not None and lock._state is HELD else math.inf
 
+    def deadline(self) -> float:
+        lock = self._lock()
+        return -math.inf if lock is None else lock._lease.valid_until
+
     def run_due(self) -> None:
         lock = self._lock()
         if lock is not None:
