@@ -465,7 +465,8 @@ def test_run_nonblock_names_the_holder_by_label(request, tmp_path, capsys):
     owner = HandoffLock(url, owner_id="O", label=OWNER)
     assert owner.acquire()
     try:
-        done = in_process(["run", "--nonblock", url, "--", "true"], capsys)
+        # -v: a plain --nonblock is silent on contention, as flock -n (tests/runner/test_cli.py).
+        done = in_process(["run", "--nonblock", "-v", url, "--", "true"], capsys)
         assert done.returncode == 75, done.stderr
         assert f"held by {OWNER} (O)" in done.stderr, done.stderr
     finally:

@@ -112,7 +112,8 @@ def test_run_behind_another_waiter_waits_its_turn_until_its_timeout_and_nonblock
     thread = acquire_in_thread(first, timeout=60)  # asking: a later asking run cannot take its slot
     try:
         eventually(lambda: waiter(shared_url) == "first", timeout=20, what="the first waiter registered")
-        now = in_process(run(shared_url, "-n")[1:], capfd)  # the later runs in this process: their exit and words
+        # The later runs in this process: their exit and (-v: a plain -n is silent, as flock -n) their words.
+        now = in_process(run(shared_url, "-n", "-v")[1:], capfd)
         assert now.returncode == EXIT_CONTENDED, now.stderr
         assert "--nonblock" in now.stderr, now.stderr
         started = time.monotonic()
