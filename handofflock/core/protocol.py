@@ -74,6 +74,9 @@ class Write:
     kind: Kind
     record: LockRecord
     if_generation_match: int
+    #: The wall time from which this decision no longer holds if it has not been sent (None: it holds
+    #: however late it goes): a write waits for the write gate, the I/O mutex and retries after it is made.
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -186,14 +189,21 @@ def _is(place: _Place | None, me: Me) -> TypeGuard[_Place]:
     )
 
 
-def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
-    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
+def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write | None:
+    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce;
+    None if at ``now`` the decision no longer holds (:attr:`Write.until`): read and decide again.
 
     A write that waited for the store's write spacing, or is retried after a
     transient error, goes out later than it was decided: its ``expiresAt`` (or
     ``waiterExpiresAt``) must date from the send, so the lease others see and
-    the one the writer counts on start together.
+    the one the writer counts on start together. And what it decided must
+    still be true then: a handoff goes only to a slot still live as it is
+    sent, and a registration only under an owner whose lease has not ended
+    (the lock is to be taken then). Every other kind holds however late it goes: a take or a
+    create only becomes more right as time passes, a renewal or a free keeps what it read.
     """
+    if write.until is not None and now >= write.until:
+        return None
     r = write.record.replace(nonce=nonce)
     if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
         assert r.owner is not None and r.ttl is not None
@@ -202,7 +212,7 @@ def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
         assert r.waiter is not None
         r = r.replace(waiter=replace(r.waiter, expires_at=now + timing.waiter_ttl))
-    return Write(write.kind, r, write.if_generation_match)
+    return Write(write.kind, r, write.if_generation_match, write.until)
 
 
 def suspect_lease(record: LockRecord | None, observed_at: float, timing: Timing) -> bool:
@@ -305,7 +315,7 @@ def decide_acquire(
     if mine and _is(waiter, me):
         if now >= waiter.expires_at - timing.waiter_ttl / 2:
             refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
-            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation)
+            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation, end + skew)
         return Wait(f"waiting for {owner.id} to release or hand off")
     if superseded or (other_waiter_live and waiter is not None and not _takes_slot(request, since, waiter)):
         return Contended(record, superseded)
@@ -321,7 +331,8 @@ def decide_acquire(
         request=request,
         since=since,
     )
-    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation)
+    # Sent once the owner's lease has ended, it would wait for nobody: the lock is to be taken then.
+    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation, end + skew)
 
 
 def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
@@ -424,7 +435,9 @@ def decide_release(
         heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
         handed = _owned_by(record, heir_holder, now, ttl, token, nonce, None)  # the heir writes its own minHold
-        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
+        # Only to a slot live as the write is sent (the planted bug hands to one that had ended already).
+        until = waiter.expires_at if record.waiter_live(now) else None
+        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation), until)
     kept = waiter if record.waiter_live(now, timing.max_clock_skew) else None
     freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce, held_since=None, min_hold=None)
     return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))

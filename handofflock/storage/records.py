@@ -552,7 +552,12 @@ def write_resolving(
                 )
             clock.sleep(max(wait, 0.001))
         bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None)
-        body = data() if callable(data) else data
+        try:
+            body = data() if callable(data) else data
+        except PreconditionFailed:  # ``data`` found its write stale at the send: nothing was sent
+            if gate is not None:
+                gate.refund(clock.monotonic())
+            raise
         try:
             generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=bound.seconds)
         except PreconditionFailed:
@@ -708,12 +713,16 @@ class RecordStore:
         send_by: float | None = None,
         interruptible: bool = False,
     ) -> tuple[Write, int, float, float]:
-        """Make ``write``, its lease or slot stamped at the send of each attempt.
+        """Make ``write``, decided again against the clock at the send of each attempt.
 
         Returns ``(the attempt that landed, new generation, monotonic and wall
         time of its send)``: a lease is counted from the send of the write that
         made it, never from when the operation began (a wait for the write
-        gate, or retries after a 503 or a 429, come before the stamp).
+        gate, behind the lock's I/O mutex, or retries after a 503 or a 429, come
+        before the stamp). A write whose decision no longer holds at the send
+        (:func:`~handofflock.core.protocol.restamp`: a handoff to a slot that
+        has ended meanwhile) is not sent: PreconditionFailed, as when the record
+        moved on, and the caller reads and decides again.
         ``send_by`` (monotonic): past it, a 429's widened spacing no longer holds
         an urgent write back (see :meth:`~handofflock.core.timing.Timing.backoff_until`).
         Raises PreconditionFailed when the record moved on (the caller reads and decides again).
@@ -724,6 +733,8 @@ class RecordStore:
         def stamp() -> bytes:
             mono, wall = self._clock.monotonic(), self._clock.time()
             attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), timing=self._timing)
+            if attempt is None:  # sent now, the decision would no longer hold: read and decide again
+                raise PreconditionFailed(self.key, write.if_generation_match, url=self.url)
             assert attempt.record.nonce is not None
             attempts[attempt.record.nonce] = (attempt, mono, wall)
             sent.append(attempt.record.nonce)
