@@ -348,7 +348,14 @@ def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
 
 
 def decide_give_up_wait(
-    record: LockRecord | None, generation: int, *, me: Me, now: float, timing: Timing, nonce: str
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: Me,
+    now: float,
+    timing: Timing,
+    nonce: str,
+    pending: int | None = None,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
@@ -356,7 +363,18 @@ def decide_give_up_wait(
     decides whether to keep it (a timeout that raced a handoff) or release it.
     If the lease it handed over has already run out (we were paused), there is
     nothing safe to keep: release it, as its owner, at once.
+
+    ``pending``: the generation an unanswered write of ours (a registration, a
+    take) was conditioned on. A store may apply a request after its client cut
+    it off, so while the object is still at that generation the write may yet
+    land, after we have left: we write the record again as it stands (a free
+    one in place of an absent object), which changes nothing but the
+    generation, and the late write fails its precondition.
     """
+    ours = record is not None and (_is(record.owner, me) or _is(record.waiter, me))
+    if pending is not None and pending == generation and not ours:
+        same = LockRecord() if record is None else record
+        return Write(Kind.GIVE_UP_WAIT, same.replace(nonce=nonce), generation)
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
     if _is(record.owner, me):
