@@ -532,8 +532,10 @@ class HandoffLock:
             protocol.decide_acquire, me=self._me, timing=self.timing, request=request, since=since
         )
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
-        # The generation a write of ours with no answer was conditioned on: cut off at its timeout, it may
-        # still be applied later, as long as the object stays at that generation (None: no such write).
+        # The generation our last write that may have gone unanswered was conditioned on: cut off at its
+        # timeout, it may still be applied later, but only while the object stays at that generation
+        # (None: no such write). Kept after a 412: the object has moved past it, or (a write found stale
+        # as it was sent) an earlier attempt of it may still land.
         unanswered: int | None = None
         last: LockRecord | None = None
         observed: tuple[object, float] = (None, 0.0)  # the owner's lease we decide on, and when we first read it
@@ -580,8 +582,7 @@ class HandoffLock:
                         with self._mutex:
                             unanswered = decision.if_generation_match
                             written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
-                    except PreconditionFailed:  # the object moved on: no attempt of ours can land any more
-                        unanswered = None
+                    except PreconditionFailed:  # moved on (none of ours can land), or found stale as it was sent
                         record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
                     except TransientStorageError as exc:
