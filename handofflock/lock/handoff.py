@@ -533,9 +533,9 @@ class HandoffLock:
         )
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
         # The generation our last write that may have gone unanswered was conditioned on: cut off at its
-        # timeout, it may still be applied later, but only while the object stays at that generation
-        # (None: no such write). Kept after a 412: the object has moved past it, or (a write found stale
-        # as it was sent) an earlier attempt of it may still land.
+        # timeout (no status came back), it may still be applied later, but only while the object stays
+        # at that generation (None: no such write). Kept after a 412: the object has moved past it, or
+        # (a write found stale as it was sent) an earlier attempt of it may still land.
         unanswered: int | None = None
         last: LockRecord | None = None
         observed: tuple[object, float] = (None, 0.0)  # the owner's lease we decide on, and when we first read it
@@ -587,7 +587,12 @@ class HandoffLock:
                         continue
                     except TransientStorageError as exc:
                         if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
-                            sent, unanswered = before, None
+                            sent = before
+                        if exc.status is not None:  # answered: the store is done with it, whatever it did
+                            unanswered = None
+                        raise
+                    except StorageError:  # refused for good (a 403): nothing was applied
+                        unanswered = None
                         raise
                     unanswered = None
                     record = written.record
