@@ -779,11 +779,19 @@ class HandoffLock:
                 return False
             try:
                 with self._mutex:
-                    self._io.write(decision, by, urgent=True)
+                    # Past the round's start, a 429's widened spacing no longer holds the give-back: it
+                    # goes at the store's own spacing (a slot left behind blocks others for waiter_ttl).
+                    self._io.write(decision, by, urgent=True, send_by=by - MIN_REQUEST_TIME)
                 return False
             except PreconditionFailed:
                 owed = not late_412 and self._clock.monotonic() >= deadline
                 late_412 = late_412 or owed
+                continue
+            except TransientStorageError:
+                # Refused (429s past its retries): the lock may have been handed to us while it was
+                # retried, so read again while the budget lasts rather than leave on a stale read.
+                if self._clock.monotonic() >= deadline:
+                    raise
                 continue
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "

@@ -33,6 +33,7 @@ from ...core.errors import (
     AlreadyAcquired,
     HandoffLockError,
     LockLost,
+    LockTimeout,
     TransientStorageError,
 )
 from ...fencing import FencedObject, StaleToken
@@ -347,8 +348,11 @@ class World:
         except EXPECTED as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
             result = exc
-            if isinstance(exc, TransientStorageError) and "could not give back the waiter slot" in str(exc):
-                self.left_behind(party)  # documented: the slot expires by itself within waiter_ttl
+            gave_up = exc.__cause__ if isinstance(exc, LockTimeout) else exc
+            if isinstance(gave_up, TransientStorageError):
+                # Documented: a store failing as the slot is given back (the error itself, or the cause of
+                # the LockTimeout when the time ran out in the store) leaves it; it ends within waiter_ttl.
+                self.left_behind(party)
         except AlreadyAcquired as exc:  # a concurrent acquire/release of the same instance: the API says no
             return exc
         except HandoffLockError as exc:
