@@ -68,14 +68,16 @@ def test_a_handoff_held_back_in_the_write_gate_is_decided_again_when_it_is_sent(
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
-@pytest.mark.parametrize("seed", [18, 2237, 2835, 2906, 3168])
+@pytest.mark.parametrize("seed", [18, 2237, 2835, 2906, 3168, 3971])
 def test_what_the_checker_no_longer_excuses_for_a_fault_holds(seed):
     """Seeds the checker excused for a fault the party saw, and that hold without the excuse: an async acquire
     cancelled as the lock was handed to it gives it back (its release, refused by a 429, retried in the
     background: seed 18); a release called from another thread is the party's own (seed 2237); a give-up
     whose write is refused by 429s reads again while its budget lasts, and finds the lock handed to it
     meanwhile (2835); a give-back goes at the store's own spacing, not one 429s widened past its budget (2906);
-    a slot that has ended holds nobody back, though the give-up could not clear it past a busy owner (3168)."""
+    a slot that has ended holds nobody back, though the give-up could not clear it past a busy owner (3168);
+    a registration whose reply was lost, then whose read-back met a 503, is still one that may have landed:
+    the cancelled acquire reads and gives the slot back (3971)."""
     outcome = run_seed(seed)
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
