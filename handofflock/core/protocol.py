@@ -75,6 +75,9 @@ class Write:
     kind: Kind
     record: LockRecord
     if_generation_match: int
+    #: The wall time from which this decision no longer holds if it has not been sent (None: it holds
+    #: however late it goes): a write waits for the write gate, the I/O mutex and retries after it is made.
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -177,14 +180,21 @@ def _is(place: _Place | None, me: Me) -> TypeGuard[_Place]:
     return place is not None and place.id == me.owner_id and place.instance == me.instance
 
 
-def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
-    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
+def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write | None:
+    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce;
+    None if at ``now`` the decision no longer holds (:attr:`Write.until`): read and decide again.
 
     A write that waited for the store's write spacing, or is retried after a
     transient error, goes out later than it was decided: its ``expiresAt`` (or
     ``waiterExpiresAt``) must date from the send, so the lease others see and
-    the one the writer counts on start together.
+    the one the writer counts on start together. And what it decided must
+    still be true then: a handoff goes only to a slot still live as it is
+    sent, and a registration only under an owner whose lease has not ended
+    (the lock is to be taken then). Every other kind holds however late it goes: a take or a
+    create only becomes more right as time passes, a renewal or a free keeps what it read.
     """
+    if write.until is not None and now >= write.until:
+        return None
     r = write.record.replace(nonce=nonce)
     if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
         assert r.owner is not None and r.ttl is not None
@@ -193,7 +203,7 @@ def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
         assert r.waiter is not None
         r = r.replace(waiter=replace(r.waiter, expires_at=now + timing.waiter_ttl))
-    return Write(write.kind, r, write.if_generation_match)
+    return Write(write.kind, r, write.if_generation_match, write.until)
 
 
 def suspect_lease(record: LockRecord | None, observed_at: float, timing: Timing) -> bool:
@@ -292,7 +302,7 @@ def decide_acquire(
     if _is(waiter, me):
         if now >= waiter.expires_at - timing.waiter_ttl / 2:
             refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
-            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation)
+            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation, end + skew)
         return Wait(f"waiting for {owner.id} to release or hand off")
     if other_waiter_live and waiter is not None and not _takes_slot(request, since, waiter):
         return Contended(record)
@@ -308,7 +318,8 @@ def decide_acquire(
         request=request,
         since=since,
     )
-    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation)
+    # Sent once the owner's lease has ended, it would wait for nobody: the lock is to be taken then.
+    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation, end + skew)
 
 
 def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
@@ -322,7 +333,14 @@ def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
 
 
 def decide_give_up_wait(
-    record: LockRecord | None, generation: int, *, me: Me, now: float, timing: Timing, nonce: str
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: Me,
+    now: float,
+    timing: Timing,
+    nonce: str,
+    pending: int | None = None,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
@@ -330,7 +348,18 @@ def decide_give_up_wait(
     decides whether to keep it (a timeout that raced a handoff) or release it.
     If the lease it handed over has already run out (we were paused), there is
     nothing safe to keep: release it, as its owner, at once.
+
+    ``pending``: the generation an unanswered write of ours (a registration, a
+    take) was conditioned on. A store may apply a request after its client cut
+    it off, so while the object is still at that generation the write may yet
+    land, after we have left: we write the record again as it stands (a free
+    one in place of an absent object), which changes nothing but the
+    generation, and the late write fails its precondition.
     """
+    ours = record is not None and (_is(record.owner, me) or _is(record.waiter, me))
+    if pending is not None and pending == generation and not ours:
+        same = LockRecord() if record is None else record
+        return Write(Kind.GIVE_UP_WAIT, same.replace(nonce=nonce), generation)
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
     if _is(record.owner, me):
@@ -409,7 +438,9 @@ def decide_release(
         heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
         handed = _owned_by(record, heir_holder, now, ttl, token, nonce, None)  # the heir writes its own minHold
-        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
+        # Only to a slot live as the write is sent (the planted bug hands to one that had ended already).
+        until = waiter.expires_at if record.waiter_live(now) else None
+        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation), until)
     kept = waiter if record.waiter_live(now, timing.max_clock_skew) else None
     freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce, held_since=None, min_hold=None)
     return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))

@@ -536,6 +536,11 @@ class HandoffLock:
             protocol.decide_acquire, me=self._me, timing=self.timing, request=request, since=since
         )
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
+        # The generation our last write that may have gone unanswered was conditioned on: cut off at its
+        # timeout (no status came back), it may still be applied later, but only while the object stays
+        # at that generation (None: no such write). Kept after a 412: the object has moved past it, or
+        # (a write found stale as it was sent) an earlier attempt of it may still land.
+        unanswered: int | None = None
         last: LockRecord | None = None
         observed: tuple[object, float] = (None, 0.0)  # the owner's lease we decide on, and when we first read it
         # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
@@ -579,14 +584,21 @@ class HandoffLock:
                     )
                     try:
                         with self._mutex:
+                            unanswered = decision.if_generation_match
                             written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
-                    except PreconditionFailed:
+                    except PreconditionFailed:  # moved on (none of ours can land), or found stale as it was sent
                         record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
                     except TransientStorageError as exc:
                         if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
                             sent = before
+                        if exc.status is not None:  # answered: the store is done with it, whatever it did
+                            unanswered = None
                         raise
+                    except StorageError:  # refused for good (a 403): nothing was applied
+                        unanswered = None
+                        raise
+                    unanswered = None
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
                         self._became_owner(record, generation, mono, wall, handoff=False, settle_by=deadline)
@@ -605,13 +617,13 @@ class HandoffLock:
                 if give_up_at is not None:
                     left = give_up_at - clock.monotonic()
                     if left <= 0:
-                        return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                        return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                     pause = min(pause, left)
                 if self._interrupted(pause):
-                    return self._give_up(last, waiting=waiting or sent, timed_out=False)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=False, unanswered=unanswered)
                 polled = clock.monotonic()
                 if give_up_at is not None and give_up_at - polled < MIN_ROOM:  # no time left to read in
-                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
             # What stopped a retry, read before giving back (which clears a deferred release): a cancel()
@@ -621,13 +633,13 @@ class HandoffLock:
             if ran_out and self._state == WAITING:
                 # The time ran out in the store: the end of the wait, as below (a handoff that beat it is kept).
                 try:
-                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                 except LockTimeout as timed_out:
                     raise timed_out from exc
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
-                    self._leave_slot(last, waiting=waiting or sent, keep=False)
+                    self._leave_slot(last, waiting=waiting or sent, keep=False, unanswered=unanswered)
                 except BaseException as cleanup:  # the original error is what the caller must see
                     self._log_acquire.warning(
                         "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
@@ -726,10 +738,12 @@ class HandoffLock:
             self._state = IDLE
         return False
 
-    def _give_up(self, last: LockRecord | None, *, waiting: bool, timed_out: bool) -> bool:
+    def _give_up(
+        self, last: LockRecord | None, *, waiting: bool, timed_out: bool, unanswered: int | None = None
+    ) -> bool:
         """A timeout or a cancel: leave the waiter slot (maybe we were handed the lock meanwhile)."""
         try:
-            if self._leave_slot(last, waiting=waiting, keep=timed_out):
+            if self._leave_slot(last, waiting=waiting, keep=timed_out, unanswered=unanswered):
                 return True  # the handoff beat the timeout: keep it
         finally:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
@@ -738,11 +752,15 @@ class HandoffLock:
             raise _contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
-    def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool) -> bool:
+    def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool, unanswered: int | None = None) -> bool:
         """Clear our waiter slot within ``give_up_budget``.
 
         ``waiting``: we registered, or a registration may have reached the store (its reply unseen: a
         Ctrl-C, a lost reply): then the record is read, and the slot cleared if it names this instance.
+        ``unanswered``: the generation a write of ours that got no answer was conditioned on. The store
+        may still apply it after we leave (a request cut off at its timeout, applied late), while the
+        object stays at that generation: if the read finds it there, the record is written again as it
+        stands, so that write can never land (see :func:`~handofflock.core.protocol.decide_give_up_wait`).
 
         If the owner handed us the lock meanwhile we own it: with ``keep`` we keep it (returns True),
         else we release it at once, handing it on. Returns False when we do not hold the lock afterwards.
@@ -764,7 +782,7 @@ class HandoffLock:
             record, generation = self._read_to_write(by, urgent=True)  # our write slot first, as urgent
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
-                record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce()
+                record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce(), pending=unanswered
             )
             if isinstance(decision, Owned):  # handed to us meanwhile: the lease counts from this read
                 self._became_owner(
@@ -780,11 +798,19 @@ class HandoffLock:
                 return False
             try:
                 with self._mutex:
-                    self._io.write(decision, by, urgent=True)
+                    # Past the round's start, a 429's widened spacing no longer holds the give-back: it
+                    # goes at the store's own spacing (a slot left behind blocks others for waiter_ttl).
+                    self._io.write(decision, by, urgent=True, send_by=by - MIN_REQUEST_TIME)
                 return False
             except PreconditionFailed:
                 owed = not late_412 and self._clock.monotonic() >= deadline
                 late_412 = late_412 or owed
+                continue
+            except TransientStorageError:
+                # Refused (429s past its retries): the lock may have been handed to us while it was
+                # retried, so read again while the budget lasts rather than leave on a stale read.
+                if self._clock.monotonic() >= deadline:
+                    raise
                 continue
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "

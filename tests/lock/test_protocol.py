@@ -390,6 +390,28 @@ def test_renew_writes_the_decline_table(name, record, yields, declined):
     assert LockRecord.decode(d.record.encode()).declined is declined  # and it survives the wire
 
 
+def test_a_write_sent_after_its_decision_stopped_holding_is_not_sent():
+    """Decided again at the send: a handoff only to a slot still live then, a registration only under a live lease
+    (once it has ended, the lock is to be taken). A take, a renewal and a free hold however late they go."""
+    me = Me("me", "im")
+    slot = rec("me", NOW + 30, "w", NOW + 5, owner_instance="im")
+    handoff = protocol.decide_release(slot, GEN, me=me, token=7, now=NOW, timing=TIMING, nonce="n")
+    assert isinstance(handoff, Write) and handoff.kind is Kind.HANDOFF
+    assert protocol.restamp(handoff, now=NOW + 4.9, nonce="n2", timing=TIMING) is not None
+    assert protocol.restamp(handoff, now=NOW + 5, nonce="n2", timing=TIMING) is None
+    register = protocol.decide_acquire(rec("a", NOW + 3), GEN, me=me, now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert isinstance(register, Write) and register.kind is Kind.BECOME_WAITER
+    assert protocol.restamp(register, now=NOW + 4.9, nonce="n2", timing=TIMING) is not None  # within the skew
+    assert protocol.restamp(register, now=NOW + 5, nonce="n2", timing=TIMING) is None
+    held = rec("me", NOW + 30, owner_instance="im")
+    for later in (
+        protocol.decide_acquire(rec(), GEN, me=me, now=NOW, timing=TIMING, nonce="n", waiting=False),
+        protocol.decide_renew(held, GEN, me=me, token=7, now=NOW, timing=TIMING, nonce="n"),
+        protocol.decide_release(held, GEN, me=me, token=7, now=NOW, timing=TIMING, nonce="n"),
+    ):
+        assert isinstance(later, Write) and protocol.restamp(later, now=NOW + 1e6, nonce="n2", timing=TIMING)
+
+
 def test_a_hold_records_when_it_began_and_renewals_keep_it():
     """``heldSince``: set to the send time by every write that starts a hold, kept by renewals, bound to its token."""
     taken = protocol.decide_acquire(rec(), GEN, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=False)
