@@ -269,7 +269,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait-for-slot",
         action="store_true",
-        help="wait for the waiter slot if another process already waits (what run does anyway: kept for scripts that pass it)",
+        help="wait for the waiter slot if another process already waits (what run does anyway; kept for scripts)",
     )
     p.add_argument(
         "--no-request",
