@@ -395,3 +395,12 @@ def test_a_process_the_caller_starts_beside_the_command_is_never_signalled_nor_w
         for process in beside:
             process.kill()
             process.wait()
+
+
+def test_the_command_s_processes_are_signalled_one_by_one_never_run_s_group_or_run_itself():
+    """A pid list with 0 (how cgroup.procs shows a process of another pid namespace) or this process in it:
+    ``kill()`` would signal this process's whole group, or ``run`` itself. (Not -1 here: every process.)"""
+    code = "import os, signal; from handofflock import _watchdog; _watchdog.signal_each([0, os.getpid()], signal.SIGTERM)"
+    proc = subprocess.run([sys.executable, "-c", code + "; print('alive')"], capture_output=True, text=True,
+                          timeout=60, start_new_session=True)  # a group of its own: 0 names no one else's
+    assert proc.returncode == 0 and proc.stdout == "alive\n", proc
