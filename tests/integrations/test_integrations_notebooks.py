@@ -20,7 +20,9 @@ import torch
 from handofflock import HandoffLock
 from handofflock.integrations.torch import rank_lock
 
-TIMING = dict(ttl=4.0, waiter_check_interval=0.1, waiter_poll_interval=0.05)
+# ttl 30: nothing here waits for a lease to run out, and a framework's start-up on a loaded machine can hold
+# the renewals past a 4 s lease's 2 s deadline. The checks stay fast: a waiter is seen within 0.1 s.
+TIMING = dict(ttl=30.0, waiter_check_interval=0.1, waiter_poll_interval=0.05)
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
