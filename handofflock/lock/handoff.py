@@ -1187,8 +1187,16 @@ class HandoffLock:
                 raise
             except LockLost as exc:  # marked lost by the write
                 lost = exc
-            except BaseException:
+            except Exception:
                 self._end_hold()
+                raise
+            except BaseException:
+                # Interrupted (a Ctrl-C) as the write was made, sent or not: the record may still name us,
+                # and no renewal holds it. Retried in the background as after a store error, never left
+                # on record for ttl + skew under an instance that no longer counts on it.
+                if self._state == RELEASING:
+                    self._lease.next_release_try = self._clock.monotonic()
+                    self._schedule()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.

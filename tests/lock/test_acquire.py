@@ -205,6 +205,35 @@ def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
     assert record is None or record.owner_id != "B", "an interrupted acquire left the lock held by B on record"
 
 
+def test_a_second_ctrl_c_during_the_release_of_an_interrupted_take_still_frees_the_lock(world):
+    """A Ctrl-C as the take lands, and another as the acquire's way out releases what it took (a user
+    pressing Ctrl-C twice): the release goes on in the background, as after a store error, instead of
+    leaving the lock on record under an idle instance until its lease runs out (ttl + skew)."""
+    b = world.lock("B", ttl=10.0)
+    presses = []
+
+    def first(op, key, result):
+        world.store.faults.clear()
+        world.store.faults.before("write", second)
+        presses.append("take")
+        raise KeyboardInterrupt  # the store applied the take; acquire() never sees the reply
+
+    def second(op, key):
+        world.store.faults.clear()
+        presses.append("release")
+        raise KeyboardInterrupt  # the release write, before it is sent
+
+    world.store.faults.after("write", first)
+    with pytest.raises(KeyboardInterrupt):
+        b.acquire(timeout=30)
+    assert presses == ["take", "release"]
+    assert world.record().owner_instance == b.instance  # the take landed, its release did not
+    world.clock.run_for(3.0)  # well inside the lease (10 s): the background duties run
+    record = world.record()
+    assert record.owner_id is None, f"the lock stays held on record by an idle instance: {record}"
+    assert not b.is_held
+
+
 def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refreshing_it(world):
     a, b = _owner_and_waiter(world)
     # The slot leaked (say the give-back itself could not reach the store): B is the waiter on record.
