@@ -592,12 +592,12 @@ class HandoffLock:
                     except TransientStorageError as exc:
                         if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
                             sent = before
-                        if exc.status is not None:  # answered: the store is done with it, whatever it did
-                            unanswered = None
+                            if exc.status is not None:  # and no earlier attempt of it can land later
+                                unanswered = None
+                        # An ambiguous failure keeps it, answered or not: the last failure speaks for its own
+                        # attempt only, and an earlier one cut off at its timeout may still be applied.
                         raise
-                    except StorageError:  # refused for good (a 403): nothing was applied
-                        unanswered = None
-                        raise
+                    # A refusal for good (a 403) keeps it too: it says nothing of an earlier attempt cut off.
                     unanswered = None
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
