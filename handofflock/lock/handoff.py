@@ -1624,7 +1624,7 @@ def on_unhold() -> None:
 def _finish(lock: HandoffLock, release: bool, why: str) -> None:
     """The end of a lock's life: released (handed off) if ``release``, else only no longer renewed."""
     try:
-        if release and lock.is_held:
+        if release and lock._state in (HELD, RELEASING):  # a release that failed (or was interrupted) too
             heir = lock.release()
             lock._log_release.info("released %s %s%s", lock.url, why, f", handed off to {heir}" if heir else "")
         else:
@@ -1692,7 +1692,7 @@ def _at_exit() -> None:
             lock._log_acquire.warning("the acquire of %s cancelled at exit has not ended; exiting", lock.url)
     _Reaper.drain()
     for lock in locks:
-        if lock.is_held:
+        if lock._state in (HELD, RELEASING):
             _finish(lock, True, "at exit")
 
 
