@@ -592,12 +592,12 @@ class HandoffLock:
                     except TransientStorageError as exc:
                         if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
                             sent = before
-                        if exc.status is not None:  # answered: the store is done with it, whatever it did
-                            unanswered = None
+                            if exc.status is not None:  # and no earlier attempt of it can land later
+                                unanswered = None
+                        # An ambiguous failure keeps it, answered or not: the last failure speaks for its own
+                        # attempt only, and an earlier one cut off at its timeout may still be applied.
                         raise
-                    except StorageError:  # refused for good (a 403): nothing was applied
-                        unanswered = None
-                        raise
+                    # A refusal for good (a 403) keeps it too: it says nothing of an earlier attempt cut off.
                     unanswered = None
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
@@ -1187,8 +1187,16 @@ class HandoffLock:
                 raise
             except LockLost as exc:  # marked lost by the write
                 lost = exc
-            except BaseException:
+            except Exception:
                 self._end_hold()
+                raise
+            except BaseException:
+                # Interrupted (a Ctrl-C) as the write was made, sent or not: the record may still name us,
+                # and no renewal holds it. Retried in the background as after a store error, never left
+                # on record for ttl + skew under an instance that no longer counts on it.
+                if self._state == RELEASING:
+                    self._lease.next_release_try = self._clock.monotonic()
+                    self._schedule()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
@@ -1616,7 +1624,7 @@ def on_unhold() -> None:
 def _finish(lock: HandoffLock, release: bool, why: str) -> None:
     """The end of a lock's life: released (handed off) if ``release``, else only no longer renewed."""
     try:
-        if release and lock.is_held:
+        if release and lock._state in (HELD, RELEASING):  # a release that failed (or was interrupted) too
             heir = lock.release()
             lock._log_release.info("released %s %s%s", lock.url, why, f", handed off to {heir}" if heir else "")
         else:
@@ -1684,7 +1692,7 @@ def _at_exit() -> None:
             lock._log_acquire.warning("the acquire of %s cancelled at exit has not ended; exiting", lock.url)
     _Reaper.drain()
     for lock in locks:
-        if lock.is_held:
+        if lock._state in (HELD, RELEASING):
             _finish(lock, True, "at exit")
 
 

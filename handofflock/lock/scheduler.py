@@ -396,8 +396,14 @@ class Scheduler:
                 self.lateness = Lateness(share, seconds, max(before.worst, share), behind)
             else:
                 behind = before.behind
+        # The report is not the renewal: an observer that raises, or ``-W error`` turning the warning into
+        # an exception, is logged and the renewal still runs (a worker that left here would keep its
+        # place in ``io_workers`` and its lock marked running, never renewed again).
         if started:
-            events.observer.renewal_started(self._name, seconds, share)
+            try:
+                events.observer.renewal_started(self._name, seconds, share)
+            except Exception:
+                _log.exception("the lock observer's renewal_started raised; carrying on")
         if behind and not before.behind:
             message = (
                 f"the handofflock scheduler {self._name!r} is falling behind: a renewal "
@@ -407,7 +413,10 @@ class Scheduler:
                 "behind: hold fewer locks per process, give the scheduler more io_workers, or use a longer ttl"
             )
             _log.warning("%s", message)
-            warnings.warn(RenewalsBehindWarning(message), stacklevel=2)
+            try:
+                warnings.warn(RenewalsBehindWarning(message), stacklevel=2)
+            except Exception:  # a warnings filter that raises: said in the log just above
+                _log.debug("RenewalsBehindWarning raised by a warnings filter; carrying on", exc_info=True)
         elif before.behind and not behind:
             _log.info("the handofflock scheduler %r caught up: renewals start within their margin again", self._name)
 

@@ -7,6 +7,7 @@ Most run on simulated time (the ``sim`` and ``world`` fixtures of tests/support/
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import logging
@@ -34,6 +35,7 @@ from handofflock import (
     LockContended,
     LockRecord,
     LockTimeout,
+    PreconditionFailed,
     StorageError,
     TokensExhausted,
     TransientStorageError,
@@ -203,6 +205,66 @@ def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
     record = world.record()
     assert not b.is_held
     assert record is None or record.owner_id != "B", "an interrupted acquire left the lock held by B on record"
+
+
+@pytest.mark.parametrize("then", ["429", "403"])
+def test_a_take_cut_off_then_refused_on_its_retry_cannot_land_after_the_acquire_left(world, monkeypatch, then):
+    """The take is cut off at its request timeout with no answer (the store may still apply it), and its
+    retry is answered with a refusal. The refusal speaks for its own attempt only: when the acquire
+    leaves, the first attempt must not be able to land and hold the lock for an instance that is gone."""
+    b = world.lock("B", ttl=10.0, frozen=True)
+    real = MemoryStorage.write
+    cut: list[tuple] = []
+
+    def write(self, key, data, *, if_generation_match, timeout=None):
+        if b'"B"' not in data:  # not the take (the give-up's write): as the store does
+            return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+        if not cut:
+            cut.append((key, data, if_generation_match))
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        if then == "429":
+            raise TransientStorageError("injected: 429", status=429, ambiguous=False)
+        raise _403()
+
+    monkeypatch.setattr(MemoryStorage, "write", write)
+    with pytest.raises((LockTimeout, StorageError)):
+        b.acquire(timeout=2.0)
+    monkeypatch.setattr(MemoryStorage, "write", real)
+    key, data, generation = cut[0]
+    with contextlib.suppress(PreconditionFailed):  # the store applies the first attempt now, late
+        world.store.write(key, data, if_generation_match=generation)
+    record = world.record()
+    assert not b.is_held
+    assert record is None or record.owner_id != "B", f"a take landed after the acquire left: {record}"
+
+
+def test_a_second_ctrl_c_during_the_release_of_an_interrupted_take_still_frees_the_lock(world):
+    """A Ctrl-C as the take lands, and another as the acquire's way out releases what it took (a user
+    pressing Ctrl-C twice): the release goes on in the background, as after a store error, instead of
+    leaving the lock on record under an idle instance until its lease runs out (ttl + skew)."""
+    b = world.lock("B", ttl=10.0)
+    presses = []
+
+    def first(op, key, result):
+        world.store.faults.clear()
+        world.store.faults.before("write", second)
+        presses.append("take")
+        raise KeyboardInterrupt  # the store applied the take; acquire() never sees the reply
+
+    def second(op, key):
+        world.store.faults.clear()
+        presses.append("release")
+        raise KeyboardInterrupt  # the release write, before it is sent
+
+    world.store.faults.after("write", first)
+    with pytest.raises(KeyboardInterrupt):
+        b.acquire(timeout=30)
+    assert presses == ["take", "release"]
+    assert world.record().owner_instance == b.instance  # the take landed, its release did not
+    world.clock.run_for(3.0)  # well inside the lease (10 s): the background duties run
+    record = world.record()
+    assert record.owner_id is None, f"the lock stays held on record by an idle instance: {record}"
+    assert not b.is_held
 
 
 def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refreshing_it(world):

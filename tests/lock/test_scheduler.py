@@ -23,6 +23,7 @@ from handofflock import (
     signals,
 )
 from handofflock.core.clock import Clock
+from handofflock.core.errors import RenewalsBehindWarning
 from handofflock.lock import events
 from handofflock.lock.handoff import _Reaper
 from handofflock.lock.scheduler import BEHIND_SHARE, Scheduled
@@ -725,7 +726,6 @@ def test_behind_its_work_a_scheduler_runs_renewals_before_checks_and_the_most_ur
 
 
 def test_a_process_with_more_locks_than_it_can_renew_warns_and_reports_it_before_it_loses_one(sim, monkeypatch):
-    from handofflock.core.errors import RenewalsBehindWarning
 
     observer = _Lateness(sim)
     monkeypatch.setattr(events, "observer", observer)
@@ -762,3 +762,47 @@ def test_at_the_capacity_with_margin_the_bench_reports_the_scheduler_never_warns
     locks, sched, lost = _hold_many(sim, WITH_MARGIN_AT_TTL_5)
     sim.run_for(3 * locks[0].renew_deadline)
     assert not lost and not sched.lateness.behind and sched.lateness.worst < BEHIND_SHARE
+
+
+@pytest.mark.parametrize("how", ["warnings-as-errors", "raising-observer"])
+def test_a_renewal_whose_lateness_report_raises_still_runs_and_the_worker_serves_the_next(sim, monkeypatch, how):
+    """Past half its margin the start of a renewal is warned and reported. A process run with ``-W error``
+    (or an observer whose ``renewal_started`` raises) must still renew: the report is not the renewal, and
+    a worker that left on it would hold its place in ``io_workers`` and its lock's ``running`` mark for good."""
+    from handofflock.testing.sim.hub import Proc, SimClock, sim_primitives
+
+    proc = Proc("one-worker-raising")
+    clock = SimClock(sim.hub, proc, 0.0)
+    sched = Scheduler(clock, name="one-worker-raising", primitives=sim_primitives(sim.hub, proc), io_workers=1)
+    ran: list[str] = []
+
+    class Duty(Ticker):
+        def __init__(self, name, margin, takes):
+            super().__init__(clock, sim.store, f"{name}.json", every=1.0)
+            self.name, self.margin, self.takes = name, margin, takes
+            self.next_at = clock.monotonic()
+
+        def deadline(self):
+            return self.next_at + self.margin
+
+        def run_due(self):
+            ran.append(self.name)
+            sim.sleep(self.takes)
+            super().run_due()
+
+    if how == "raising-observer":
+
+        class Raising(events.Observer):
+            def renewal_started(self, scheduler, lateness, share):
+                raise RuntimeError("the metrics backend is down")
+
+        monkeypatch.setattr(events, "observer", Raising())
+    # 'late' starts 0.3 s into its 0.5 s margin, first seen late by the worker that starts it
+    slow, late = Duty("slow", 0.4, takes=0.3), Duty("late", 0.5, takes=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if how == "warnings-as-errors" else "ignore", RenewalsBehindWarning)
+        for duty in (slow, late):
+            sched.add(duty)
+        sim.run_for(5.0)
+    assert ran.count("late") >= 3, ran
+    assert ran.count("slow") >= 3, ran
