@@ -124,7 +124,7 @@ def train(args: argparse.Namespace) -> int:
         say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks: {decision.action}, "
                  f"{decision.cause})", token)
         if rank == 0:
-            say("A", f"checkpointed step {callback.yield_step} as {callback.checkpoint.name}; handed off", token)
+            say("A", f"checkpointed step {callback.yield_step} as {callback.yield_path.name}; handed off", token)
         if decision.exit:  # a signal or a notice: end; a restart resumes from the checkpoint
             say(who, f"exits ({decision.cause}), status {decision.exit_status}", None)
             if world > 1:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from handofflock import HandoffLock, LockLost
 from handofflock.demo import Timeline
+from handofflock.integrations.checkpoints import LatestCheckpoint
 from handofflock.integrations.ranks import RankExit
 
 # min_hold=0: job A is asked as soon as B waits, to show a yield in seconds; real jobs keep the default
@@ -49,9 +49,8 @@ def job_b(args: argparse.Namespace) -> int:
     say("B", "asks for the lock")
     lock.acquire(timeout=120)
     say("B", "acquired the lock (handed over by A)", lock.token)
-    ckpt = Path(args.workdir) / "checkpoint.json"
-    seen = json.loads(ckpt.read_text()) if ckpt.exists() else None
-    say("B", f"sees A's checkpoint of step {seen['step'] if seen else None}; works {args.b_work:g} s", lock.token)
+    seen = LatestCheckpoint(Path(args.workdir) / "latest.json").read()  # A's pointer: B only reads it
+    say("B", f"sees A's checkpoint of step {seen.step if seen else None}; works {args.b_work:g} s", lock.token)
     time.sleep(args.b_work)
     token = lock.token
     heir = lock.release()
@@ -85,7 +84,6 @@ def train(args: argparse.Namespace) -> int:
     say = Timeline()
     who = f"A{rank}"
     workdir = Path(args.workdir)
-    ckpt_json = workdir / "checkpoint.json"  # names the latest checkpoint file
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -99,7 +97,8 @@ def train(args: argparse.Namespace) -> int:
         print(f"{'elapsed':>7}  {'who':<3}  {'token':<13}  what", flush=True)
 
     # owner_id: torchrun:<--rdzv-id> when given (a restarted job takes its place back), else job-A.
-    ranks = rank_lock(args.url, holder_rank=0, every=args.every, poll=0.5,
+    # latest: the job's fenced pointer to its newest checkpoint (rank 0 claims it with each acquire).
+    ranks = rank_lock(args.url, holder_rank=0, every=args.every, poll=0.5, latest=workdir / "latest.json",
                       owner_id=None if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none" else "job-A", **TIMING)
     if rank == 0 and ranks.lock is not None:
         say("A", f"owner id {ranks.lock.owner_id}")
@@ -121,8 +120,9 @@ def train(args: argparse.Namespace) -> int:
                                       "--b-work", str(args.b_work), "--t0", repr(say.start)])
                 threading.Thread(target=launch_b, daemon=True).start()
         start = 0
-        if ckpt_json.exists():  # every rank loads the same checkpoint
-            state = torch.load(workdir / json.loads(ckpt_json.read_text())["file"])
+        found = ranks.latest.read()  # every rank reads the same pointer, claimed before acquire returned
+        if found is not None:
+            state = torch.load(found.path)
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
             seed = int(state["data"][rank])  # the same batches as an uninterrupted run
@@ -161,9 +161,7 @@ def train(args: argparse.Namespace) -> int:
             path = workdir / f"checkpoint-{last:06d}-token-{token}.pt"  # the token fences a stale writer's file
             torch.save({"step": last, "model": model.state_dict(), "opt": opt.state_dict(), "data": data_states,
                         "token": token}, path)
-            tmp = ckpt_json.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": last, "file": path.name, "token": token}))
-            os.replace(tmp, ckpt_json)  # the pointer moves only once the checkpoint is whole
+            ranks.latest.point(path, last)  # once the checkpoint is whole; a replaced holder's write is refused
             say("A", f"checkpointed step {last} as {path.name}", token)
         heir = ranks.release()
         if rank == 0:

@@ -104,14 +104,14 @@ class WaitLine:
             st = self.lock.status()
         except HandoffLockError:
             return  # the next read may work; the line keeps what it knew
-        me = self.lock.owner_id
-        if st.owner_id is None or st.owner_id == me:
+        me = self.lock.instance  # by instance: a holder with our owner id is another party, and we wait for it
+        if st.owner_id is None or st.owner_instance == me:
             self._holder = "nobody" if st.owner_id is None else self._holder
             return
         self._holder = st.owner_label.text if st.owner_label is not None else st.owner_id
         self._grace = st.owner_label.grace if st.owner_label is not None else None
-        self._declined = bool(st.waiter_id == me and st.declined)
-        if st.waiter_id == me and st.expires_at is not None:
+        self._declined = bool(st.waiter_instance == me and st.declined)
+        if st.waiter_instance == me and st.expires_at is not None:
             if self._waiting_as is None:
                 self._waiting_as = st.expires_at
             elif self._notified_at is None and st.expires_at > self._waiting_as:

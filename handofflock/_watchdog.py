@@ -92,8 +92,15 @@ def _remove_tree(cgroup: str) -> bool:
 
 
 def signal_each(pids: list[int], sig: int) -> None:
-    """Send ``sig`` to each of ``pids``; one that is gone, or not ours to signal, is passed over."""
+    """Send ``sig`` to each of ``pids``; one that is gone, or not ours to signal, is passed over.
+
+    So is this process, and a pid that is not a process's: ``kill()`` reads 0 as this process's
+    group and -1 as every process, and cgroup.procs shows a member of another pid namespace as 0.
+    """
+    me = os.getpid()
     for pid in pids:
+        if pid <= 0 or pid == me:
+            continue
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):

@@ -304,7 +304,7 @@ def _parser() -> argparse.ArgumentParser:
         "--owner-id",
         default=None,
         help="a stable owner id (default: a fresh host:pid:random); a run restarted with the same id "
-        "retakes its own lock at once",
+        "still waits for its predecessor's lease: at once if that released, ttl + skew after it died",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument(

@@ -17,8 +17,11 @@ provider instead (tests, or an application that keeps its provider local).
 | ``handofflock.handoffs`` | counter | 1 | locks handed to a waiter by their release |
 | ``handofflock.notice.latency`` | histogram | s | waiter's registration to the owner seeing it |
 | ``handofflock.losses`` | counter | 1 | locks lost while held |
+| ``handofflock.renewal.lateness`` | histogram | 1 | how late a renewal started, as a share of its margin |
 
-Every point carries ``lock.url``. ``outcome`` is ``acquired``, ``not_acquired``
+Every point carries ``lock.url``, but the renewal lateness: a process's scheduler serves all its locks, so
+its points carry ``handofflock.scheduler`` (the scheduler's name; ``handofflock`` for the process-wide one).
+``outcome`` is ``acquired``, ``not_acquired``
 (a non-blocking try), ``timeout``, ``contended``, ``cancelled`` or ``error``.
 
 The notice latency is measured on the owner's clock, from the start of the
@@ -78,19 +81,21 @@ METER_NAME = "handofflock"
 
 # Durations are seconds; the default buckets (0..10000) suit none of these.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+# Shares of a renewal's margin: 0.5 is where the scheduler warns, 1 where the lease ran out first.
+_SHARES = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
 
 
 class _Instruments:
     """The instruments, made from one meter."""
 
     def __init__(self, meter: Any) -> None:
-        def histogram(name: str, description: str) -> Any:
+        def histogram(name: str, description: str, unit: str = "s", buckets: tuple[float, ...] = _SECONDS) -> Any:
             try:
                 return meter.create_histogram(
-                    name, unit="s", description=description, explicit_bucket_boundaries_advisory=_SECONDS
+                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
                 )
             except TypeError:  # opentelemetry-api before 1.23 has no advisory buckets
-                return meter.create_histogram(name, unit="s", description=description)
+                return meter.create_histogram(name, unit=unit, description=description)
 
         self.acquire_duration = histogram("handofflock.acquire.duration", "How long acquire() took, by outcome")
         self.acquisitions = meter.create_counter("handofflock.acquisitions", unit="1", description="Locks taken")
@@ -104,6 +109,9 @@ class _Instruments:
             "handofflock.notice.latency", "From a waiter's registration to the owner seeing it"
         )
         self.losses = meter.create_counter("handofflock.losses", unit="1", description="Locks lost while held")
+        self.renewal_lateness = histogram(
+            "handofflock.renewal.lateness", "How late a renewal started, as a share of its margin", "1", _SHARES
+        )
         self.held = meter.create_observable_gauge(
             "handofflock.locks.held", callbacks=[_observe_held], unit="1", description="Locks this process holds"
         )
@@ -233,6 +241,25 @@ class _Metrics(events.Observer):
         if waiter is not None:
             registered = waiter.expires_at - (waiter.ttl or lock.waiter_ttl)
             _record("waiter_noticed", lock, lambda m, attrs: m.notice_latency.record(max(0.0, now - registered), attrs))
+
+    def renewal_started(self, scheduler: str, lateness: float, share: float) -> None:
+        """A scheduler started a renewal ``share`` of its margin late. Never raises: it runs on a scheduler worker."""
+        instruments = _instruments
+        if instruments is None:
+            return
+        try:
+            instruments.renewal_lateness.record(share, {"handofflock.scheduler": scheduler})
+        except Exception:  # as _record does, for a point of no lock's
+            hook = "renewal_started"
+            if hook in _failed:
+                _log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+                return
+            _failed.add(hook)
+            _log.error(
+                "metrics hook %s raised; ignored, the scheduler goes on (later failures are logged at DEBUG)",
+                hook,
+                exc_info=True,
+            )
 
 
 # ---------------------------------------------------------------------- from the lock's signals

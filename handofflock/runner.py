@@ -255,7 +255,7 @@ class CommandRunner:
             st = self.lock.status()
         except HandoffLockError:
             return "the waiter slot was to be given back (could not check)"
-        if st.waiter_id == self.lock.owner_id and st.waiter_expires_at is not None:
+        if st.waiter_instance == self.lock.instance and st.waiter_expires_at is not None:
             return f"the waiter slot could not be given back; it expires in {st.waiter_expires_at - time.time():.0f} s"
         return "the waiter slot was given back"
 
@@ -482,7 +482,8 @@ class CommandRunner:
             return True
         if st.waiter_id is not None and st.waiter_label is not None:
             self._labels[st.waiter_id] = st.waiter_label.text  # named as status names it
-        return bool(st.owner_id == lock.owner_id and st.waiter_live and st.waiter_id != lock.owner_id)
+        # By instance: a waiter with our owner id (a second job that derived it) is another party.
+        return bool(st.owner_instance == lock.instance and st.waiter_live and st.waiter_instance != lock.instance)
 
     def _named(self, party: str | ReleaseRequest) -> str:
         """``label (id)`` for a requester (its request's label) or a waiter whose label a read showed, as
@@ -629,26 +630,43 @@ class _CommandProcesses:
     leaves the session and is orphaned (``setsid``, a daemon, torchrun's
     workers) comes back to ``run`` and stays in the tree, which is what
     accounts for it where no cgroup could be made.
+
+    Nothing else is the command's, and nothing else is signalled or reaped: not a
+    process of ``run``'s own session (the command runs in a session of its own, which
+    none of its processes can leave for ``run``'s: a child another thread of the caller
+    starts beside the command is in it), nor what the others started, seen in their
+    tree once, when it is orphaned and comes back to ``run`` too.
     """
 
     def __init__(self, pid: int, cgroup: str | None, others: Collection[int]) -> None:
         self.pid = pid
         self.cgroup = cgroup
         self.root = os.getpid()
-        self.others = frozenset(others)
+        self.others = set(others)  # grows with what the others start, as states() sees it
+        self.home = os.getsid(0)  # run's own session
+
+    def _foreign(self, pid: int, session: int) -> bool:
+        """Whether ``pid`` (of session ``session``) is not the command's: see the class docstring."""
+        return pid in self.others or session == self.home
 
     def states(self) -> dict[int, tuple[bytes, int]]:
         """``{pid: (state, process group)}`` of every process of the command: its session, cgroup and
         tree, zombies included, from one pass over /proc."""
         processes = _watchdog.processes()
-        children: dict[int, list[tuple[int, bytes, int]]] = {}
-        for pid, state, ppid, group, _ in processes:
-            children.setdefault(ppid, []).append((pid, state, group))
+        children: dict[int, list[tuple[int, bytes, int, int]]] = {}
+        for pid, state, ppid, group, session in processes:
+            children.setdefault(ppid, []).append((pid, state, group, session))
+        todo = list(self.others)  # what the others started is theirs, even once it comes back to run
+        while todo:
+            for pid, *_ in children.get(todo.pop(), ()):
+                if pid not in self.others:
+                    self.others.add(pid)
+                    todo.append(pid)
         found: dict[int, tuple[bytes, int]] = {}
         todo = [self.root]  # run's descendants, but the others and theirs, by parent pid
         while todo:
-            for pid, state, group in children.get(todo.pop(), ()):
-                if pid not in self.others and pid not in found:
+            for pid, state, group, session in children.get(todo.pop(), ()):
+                if not self._foreign(pid, session) and pid not in found:
                     found[pid] = (state, group)
                     todo.append(pid)
         for pid, state, _, group, session in processes:
@@ -695,7 +713,11 @@ class _CommandProcesses:
     def orphans(self) -> list[int]:
         """The command's live processes that are ``run``'s children but the command itself: orphaned
         by its tree, and come back to ``run`` (the subreaper)."""
-        return [pid for pid, state in _children() if state != b"Z" and pid != self.pid and pid not in self.others]
+        return [
+            pid
+            for pid, state, ppid, _, session in _watchdog.processes()
+            if ppid == self.root and state != b"Z" and pid != self.pid and not self._foreign(pid, session)
+        ]
 
     def live(self) -> bool:
         """Whether a live (not zombie) process of the command is left."""
@@ -724,7 +746,8 @@ class _CommandProcesses:
 
     def reap(self, *, everything: bool = False) -> None:
         """Collect the orphans that came back to ``run`` and died: never the command itself (``Popen``
-        collects it) unless ``everything``, nor the ``others``.
+        collects it) unless ``everything``, nor a process that is not the command's (its parent
+        collects it).
 
         ``waitid(WNOWAIT)`` names a dead child without collecting it, at no cost
         while there is none; /proc is read only when the one it names is not
@@ -737,18 +760,28 @@ class _CommandProcesses:
                 return
             if info is None:
                 return
-            if info.si_pid in self.others or (info.si_pid == self.pid and not everything):
+            if (info.si_pid == self.pid and not everything) or self._foreign(info.si_pid, _session(info.si_pid)):
                 break
             try:
                 os.waitpid(info.si_pid, os.WNOHANG)
             except ChildProcessError:
                 return
-        for pid, state in _children():
-            if state == b"Z" and pid not in self.others and (everything or pid != self.pid):
+        for pid, state, ppid, _, session in _watchdog.processes():
+            if ppid != self.root or state != b"Z" or self._foreign(pid, session):
+                continue
+            if everything or pid != self.pid:
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
+
+
+def _session(pid: int) -> int:
+    """The session of ``pid`` (a zombie's too), or -1 if it is gone."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return -1
 
 
 #: Signals that go to every process of the command, not only to its process group.

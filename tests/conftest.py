@@ -147,6 +147,26 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return heavy_group(nodeid) or nodeid
 
+        def remove_node(self, node):
+            """A worker is gone: the test it crashed in is reported failed by xdist (the name returned) and
+            not run again; the tests it had not started go back to the queue, for the other workers and its
+            replacement. (LoadScopeScheduling's own puts back every unit the worker was ever given, finished
+            tests and the crashed one included: a unit with nothing left to run is sent to a worker that then
+            reports nothing, is never given more, and the run waits forever.)"""
+            workload = self.assigned_work.pop(node)
+            left = [(scope, [nodeid for nodeid, done in unit.items() if not done]) for scope, unit in workload.items()]
+            left = [(scope, nodeids) for scope, nodeids in left if nodeids]
+            if not left:
+                return None
+            crashed = left[0][1].pop(0)  # a worker runs its tests in the order they were sent
+            for scope, nodeids in reversed(left):
+                if nodeids:  # first in the queue: a heavy group cut short is again the longest unit
+                    self.workqueue[scope] = dict.fromkeys(nodeids, False)
+                    self.workqueue.move_to_end(scope, last=False)
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
     return HeavyTogether(config, log)
 
 

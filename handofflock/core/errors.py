@@ -125,6 +125,16 @@ class StoreUnreachableWarning(RuntimeWarning):
     """
 
 
+class RenewalsBehindWarning(RuntimeWarning):
+    """The process's scheduler starts renewals late: past half their margin, before any lease is lost.
+
+    More locks are held in the process than its I/O workers can renew at the store's latency
+    (docs/benchmarks.md has the capacity per ttl). Warned once per episode (:func:`warnings.warn`,
+    shown on stderr without any logging set up), and logged on ``handofflock.lock.scheduler``.
+    ``Scheduler.lateness`` and the ``handofflock.renewal.lateness`` metric say how late.
+    """
+
+
 # --------------------------------------------------------------------------- configuration
 
 

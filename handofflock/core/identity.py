@@ -23,9 +23,11 @@ environment tells (nothing is fetched over the network):
 For example ``pod=ml/train-0 pid=1 rank=0`` or ``host=gpu-3 pid=4242 slurm=812345``.
 
 :func:`stable_job_id` is different: an *owner id* for a job that stays the same
-when the job is restarted, so the restarted job takes back its own place (the
-lock if it held it, the waiter slot if it waited). The first of these that is
-set wins:
+when the job is restarted, so ``status`` and the logs name the same job across
+restarts. It never lets a restart take from a live predecessor: each lock object
+is its own party, and a restart waits for its predecessor's lease (at once if
+that released, ``ttl`` + ``max_clock_skew`` after its last renewal if it died
+holding the lock). The first of these that is set wins:
 
 ==================================  ===========================================
 ``HANDOFFLOCK_JOB_ID``              yours, verbatim (``job:`` prefixed)

@@ -39,9 +39,10 @@ from .timing import Timing
 class Me:
     """Who is deciding: the lock's ``owner_id``, its ``instance`` and its ``label``, as one value.
 
-    ``instance`` (random per lock object) tells apart two live instances that
-    share a stable owner id (a restart racing its predecessor); ``None``
-    matches by id alone. ``label`` is written beside our id as owner or waiter.
+    A party is the pair (``owner_id``, ``instance``): ``instance`` (random per
+    lock object) tells apart two instances that share a stable owner id (a
+    restart and its predecessor, or two jobs that derived one id), and each is
+    another party to the other. ``label`` is written beside our id as owner or waiter.
     ``yields`` is False for a holder that must not be cut short: it declines
     waiters' requests, and says so in the record at each renewal
     (``declinedWaiter``).
@@ -58,7 +59,7 @@ class Kind(str, enum.Enum):
 
     CREATE = "create"  # the object is absent: create it owned by me
     TAKE = "take"  # free or expired, and no live waiter but me: take it
-    RETAKE = "retake"  # the record names my (stable) owner id: take it back with a new token
+    RETAKE = "retake"  # the record names this very instance as owner, not held by it: take it back, new token
     BECOME_WAITER = "become_waiter"  # held by a live owner, waiter slot empty or expired
     REFRESH_WAITER = "refresh_waiter"  # I am the waiter and my slot is half used up
     GIVE_UP_WAIT = "give_up_wait"  # I was the waiter and stop waiting: clear the slot
@@ -74,6 +75,9 @@ class Write:
     kind: Kind
     record: LockRecord
     if_generation_match: int
+    #: The wall time from which this decision no longer holds if it has not been sent (None: it holds
+    #: however late it goes): a write waits for the write gate, the I/O mutex and retries after it is made.
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,16 +97,9 @@ class Wait:
 
 @dataclass(frozen=True)
 class Contended:
-    """Held by someone else and the single waiter slot is someone else's.
-
-    ``superseded``: the slot is another instance's under our own owner id, a
-    newer incarnation of this job that took it while we waited. We defer to it
-    at once, even when we would wait for the slot (with a timeout, patiently):
-    waiting would only let us retake the lock from it once it is handed over.
-    """
+    """Held by someone else and the single waiter slot is someone else's."""
 
     record: LockRecord
-    superseded: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,27 +170,31 @@ _Place = TypeVar("_Place", Holder, Waiter)
 
 
 def _is(place: _Place | None, me: Me) -> TypeGuard[_Place]:
-    """Whether ``place`` in a record names ``me``: the id, and the instance where both are known.
+    """Whether ``place`` in a record names ``me``: the same owner id and the same instance.
 
-    Two live lock instances may share a stable owner id (a restart racing its
-    predecessor). The instance id tells them apart; a record written without
-    one (another implementation) is matched by id alone, as before.
+    A place with our owner id but another instance, or none (a record written
+    by an implementation that does not write instances), is another party's:
+    a restarted job's predecessor, or a second live job that derived the same
+    id. Only its lease running out, or a handoff, gives it to us.
     """
-    return (
-        place is not None
-        and place.id == me.owner_id
-        and (place.instance is None or me.instance is None or place.instance == me.instance)
-    )
+    return place is not None and place.id == me.owner_id and place.instance == me.instance
 
 
-def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
-    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce.
+def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write | None:
+    """The same write, its lease or slot counted from ``now`` (the moment it is sent), with a new nonce;
+    None if at ``now`` the decision no longer holds (:attr:`Write.until`): read and decide again.
 
     A write that waited for the store's write spacing, or is retried after a
     transient error, goes out later than it was decided: its ``expiresAt`` (or
     ``waiterExpiresAt``) must date from the send, so the lease others see and
-    the one the writer counts on start together.
+    the one the writer counts on start together. And what it decided must
+    still be true then: a handoff goes only to a slot still live as it is
+    sent, and a registration only under an owner whose lease has not ended
+    (the lock is to be taken then). Every other kind holds however late it goes: a take or a
+    create only becomes more right as time passes, a renewal or a free keeps what it read.
     """
+    if write.until is not None and now >= write.until:
+        return None
     r = write.record.replace(nonce=nonce)
     if write.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE, Kind.RENEW, Kind.HANDOFF):
         assert r.owner is not None and r.ttl is not None
@@ -202,7 +203,7 @@ def restamp(write: Write, *, now: float, nonce: str, timing: Timing) -> Write:
     elif write.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER):
         assert r.waiter is not None
         r = r.replace(waiter=replace(r.waiter, expires_at=now + timing.waiter_ttl))
-    return Write(write.kind, r, write.if_generation_match)
+    return Write(write.kind, r, write.if_generation_match, write.until)
 
 
 def suspect_lease(record: LockRecord | None, observed_at: float, timing: Timing) -> bool:
@@ -272,46 +273,42 @@ def decide_acquire(
         return Write(Kind.CREATE, _taken(None, me, now, timing, nonce), 0)
 
     owner, waiter = record.owner, record.waiter
-    if owner is not None and owner.id == me.owner_id:
-        if waiting and now < owner.expires_at and me.instance is not None and owner.instance == me.instance:
+    if _is(owner, me):
+        if waiting and now < owner.expires_at:
             # Handed to this instance, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
-        # The record names our stable owner id but this instance does not hold it:
-        # a restart (or a twin sharing the id). Take it back at once, with a new
-        # token to fence the other incarnation, keeping a live waiter's slot.
+        # The record names this very instance as owner, a hold it does not count on: a handoff whose
+        # lease ran out while we were paused, or an earlier hold of this lock object that it stopped
+        # counting on. Nobody else holds it: take it back with a new token, keeping a live waiter's slot.
         taken = _taken(record, me, now, timing, nonce)
         if record.waiter_live(now, skew) and not _is(waiter, me):
             taken = taken.replace(waiter=waiter)
         return Write(Kind.RETAKE, taken, generation)
 
-    # The slot names our stable owner id but another instance: an earlier incarnation of this
-    # job that was killed while it waited (a restart). Reclaim it, as the owner slot is retaken
-    # on id alone. Only before we registered in this acquire: an instance that was waiting and
-    # finds its slot taken by a same-id instance has been superseded by a newer one and defers
-    # (below, Contended), so two live twins never take the slot back and forth.
-    twin = record.waiting_owner_id == me.owner_id
-    mine = _is(waiter, me) or (twin and not waiting)
+    # An owner or a waiter with our owner id but another instance is another party: a restarted job's
+    # predecessor, alive or not, or a second job that derived the same id. Its lease and its slot are
+    # waited for as anyone's; we cannot tell a paused process from a dead one.
+    mine = _is(waiter, me)
     other_waiter_live = record.waiter_live(now, skew) and not mine
-    superseded = other_waiter_live and waiting and twin
 
     end = lease_end(record, now if observed_at is None else observed_at, timing)
     if owner is None or end is None or now > end + skew:
         # Free, or the owner's lease is over (even allowing for skew).
         if other_waiter_live:
-            return Contended(record, superseded)  # the live waiter has priority; only it may take the lock
+            return Contended(record)  # the live waiter has priority; only it may take the lock
         return Write(Kind.TAKE, _taken(record, me, now, timing, nonce), generation)
 
     # A live owner holds it.
-    if mine and _is(waiter, me):
+    if _is(waiter, me):
         if now >= waiter.expires_at - timing.waiter_ttl / 2:
             refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
-            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation)
+            return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation, end + skew)
         return Wait(f"waiting for {owner.id} to release or hand off")
-    if superseded or (other_waiter_live and waiter is not None and not _takes_slot(request, since, waiter)):
-        return Contended(record, superseded)
-    # The slot is empty or expired, ours outranks the live waiter's request (or is as high and older), or we
-    # reclaim an earlier incarnation's slot: write ourselves, our request and a fresh slot into it. A displaced waiter
-    # finds the slot taken at its next poll and waits for it again.
+    if other_waiter_live and waiter is not None and not _takes_slot(request, since, waiter):
+        return Contended(record)
+    # The slot is empty or expired, or ours outranks the live waiter's request (or is as high and older):
+    # write ourselves, our request and a fresh slot into it. A displaced waiter finds the slot taken at
+    # its next poll and waits for it again.
     slot = Waiter(
         me.owner_id,
         now + timing.waiter_ttl,
@@ -321,7 +318,8 @@ def decide_acquire(
         request=request,
         since=since,
     )
-    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation)
+    # Sent once the owner's lease has ended, it would wait for nobody: the lock is to be taken then.
+    return Write(Kind.BECOME_WAITER, record.replace(waiter=slot, nonce=nonce, declined=False), generation, end + skew)
 
 
 def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
@@ -331,13 +329,18 @@ def registered(record: LockRecord | None, me: Me) -> TypeGuard[LockRecord]:
     a registration whose reply was lost, after which the record moved on
     before we read it back, landed all the same, and we are the waiter.
     """
-    if record is None or record.owner_id == me.owner_id:
-        return False
-    return (record.waiting_owner_id, record.waiter_instance) == (me.owner_id, me.instance)
+    return record is not None and not _is(record.owner, me) and _is(record.waiter, me)
 
 
 def decide_give_up_wait(
-    record: LockRecord | None, generation: int, *, me: Me, now: float, timing: Timing, nonce: str
+    record: LockRecord | None,
+    generation: int,
+    *,
+    me: Me,
+    now: float,
+    timing: Timing,
+    nonce: str,
+    pending: int | None = None,
 ) -> Decision:
     """Stop waiting: clear our waiter slot if it is still ours.
 
@@ -345,7 +348,18 @@ def decide_give_up_wait(
     decides whether to keep it (a timeout that raced a handoff) or release it.
     If the lease it handed over has already run out (we were paused), there is
     nothing safe to keep: release it, as its owner, at once.
+
+    ``pending``: the generation an unanswered write of ours (a registration, a
+    take) was conditioned on. A store may apply a request after its client cut
+    it off, so while the object is still at that generation the write may yet
+    land, after we have left: we write the record again as it stands (a free
+    one in place of an absent object), which changes nothing but the
+    generation, and the late write fails its precondition.
     """
+    ours = record is not None and (_is(record.owner, me) or _is(record.waiter, me))
+    if pending is not None and pending == generation and not ours:
+        same = LockRecord() if record is None else record
+        return Write(Kind.GIVE_UP_WAIT, same.replace(nonce=nonce), generation)
     if record is None:
         return Wait("the lock object is gone; no slot to give back")
     if _is(record.owner, me):
@@ -409,7 +423,7 @@ def decide_release(
         # The heir named by a handoff, None for a free: the owner the record shows if that write landed.
         landed, heir, owner_now = attempted.record, attempted.record.owner_id, record.owner_id
         if (owner_now == heir and record.token == landed.token) or (
-            within_lease and owner_now != me.owner_id and record.token >= landed.token
+            within_lease and not _is(record.owner, me) and record.token >= landed.token
         ):
             return Released(handed_off_to=heir)
     if (lost := _check_still_mine(record, me, token)) is not None:
@@ -424,7 +438,9 @@ def decide_release(
         heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
         handed = _owned_by(record, heir_holder, now, ttl, token, nonce, None)  # the heir writes its own minHold
-        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
+        # Only to a slot live as the write is sent (the planted bug hands to one that had ended already).
+        until = waiter.expires_at if record.waiter_live(now) else None
+        return Write(Kind.HANDOFF, handed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation), until)
     kept = waiter if record.waiter_live(now, timing.max_clock_skew) else None
     freed = record.replace(owner=None, waiter=kept, declined=False, nonce=nonce, held_since=None, min_hold=None)
     return Write(Kind.FREE, freed, buggify.match(buggify.UNCONDITIONAL_HANDOFF, generation))
@@ -489,8 +505,8 @@ def _check_still_mine(record: LockRecord | None, me: Me, token: int) -> Lost | N
         return Lost(f"the lock is now owned by {who}", record)
     if buggify.on(buggify.STILL_MINE_BY_ID):
         return None
-    if record.token != token:
-        return Lost(f"the lock was retaken under our id with token {record.token} (ours is {token})", record)
     if not _is(owner, me):
         return Lost(f"the lock was taken by another instance with our id ({owner.instance})", record)
+    if record.token != token:
+        return Lost(f"the lock was retaken by this instance with token {record.token} (ours is {token})", record)
     return None

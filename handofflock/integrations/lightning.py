@@ -43,9 +43,17 @@
 * a stop ends the fit even under ``min_steps`` / ``min_epochs`` (Lightning
   ignores ``should_stop`` until they are met; the callback lifts them for
   this fit and puts them back at its end).
-* :attr:`resume_path` is the newest of the yield checkpoint and what a
-  ``ModelCheckpoint`` saved last; the checkpoint carries
-  ``checkpoint["handofflock"]`` (the fencing token, the decision).
+* the yield checkpoint is ``checkpoint`` with the fencing token and the
+  step in its name (``handoff.ckpt`` gives ``handoff-token<T>-step<N>.ckpt``:
+  never overwritten by another hold) and carries ``checkpoint["handofflock"]``
+  (the token, the decision);
+* every full checkpoint the trainer saves while the job holds the lock (the
+  yield's, and each ``ModelCheckpoint`` save) moves the job's
+  latest-checkpoint pointer (``latest``, by default ``handoff.latest.json``
+  beside ``checkpoint``; :mod:`handofflock.integrations.checkpoints`) once it
+  is whole: a write fenced by the lock's token, so a replaced holder cannot
+  move it back. :attr:`resume_path` reads it: the newest checkpoint of the
+  job, from this process or any before it.
 
 The collective during fit is the strategy's: :func:`strategy_agree`, one
 ``strategy.reduce(votes, reduce_op="max")`` of the vote's flags (on the
@@ -72,6 +80,7 @@ Importing this module imports lightning.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -79,6 +88,7 @@ from typing import Any
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
+from .checkpoints import LatestCheckpoint
 from .ranks import Agree, local_agree
 from .torch import RankHold, tensor_agree
 
@@ -121,17 +131,29 @@ class HandoffLockCallback(RankHold, Callback):
 
     ``url`` and the other keywords open the lock on ``holder_rank`` (see
     :class:`~handofflock.integrations.torch.RankHold`); ``every`` is the number
-    of batches between agreements; ``checkpoint`` the file the yield writes
-    (and :attr:`resume_path` names once it exists).
+    of batches between agreements; ``checkpoint`` names the file the yield
+    writes (with the token and step added); ``latest`` is where the job's
+    latest-checkpoint pointer lives (default: beside ``checkpoint``, ``.latest.json``).
 
     After a fit: ``yielded`` is True if it ended because the lock was asked
-    for, and ``yield_step`` is the ``trainer.global_step`` the checkpoint holds.
+    for, ``yield_step`` is the ``trainer.global_step`` the checkpoint holds,
+    and ``yield_path`` the file.
     """
 
-    def __init__(self, url: str | os.PathLike[str], *, checkpoint: str | os.PathLike[str], **options: Any) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        checkpoint: str | os.PathLike[str],
+        latest: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(url, **options)
         self.checkpoint = Path(checkpoint)
-        self._trainer: Any = None
+        self.latest_url = os.fspath(latest) if latest is not None else str(self.checkpoint.with_suffix(".latest.json"))
+        self._latest = LatestCheckpoint(self.latest_url)  # reads only: any rank, before or after acquire
+        #: After a stop: the checkpoint file it wrote (``checkpoint`` with the token and step in its name).
+        self.yield_path: Path | None = None
         self._lifted: tuple[Any, Any] | None = None
         #: A rank Lightning relaunched: it joins the hold in setup instead of acquiring before fit.
         self._joins = False
@@ -140,17 +162,14 @@ class HandoffLockCallback(RankHold, Callback):
 
     @property
     def resume_path(self) -> str | None:
-        """The newest checkpoint to resume from: the yield checkpoint, or a ``ModelCheckpoint``'s newer one."""
-        candidates = [self.checkpoint] if self.checkpoint.exists() else []
-        trainer = self._trainer
-        for cb in getattr(trainer, "checkpoint_callbacks", []) if trainer is not None else []:
-            for name in ("last_model_path", "best_model_path"):
-                path = getattr(cb, name, "")
-                if path and os.path.exists(path):
-                    candidates.append(Path(path))
-        if not candidates:
-            return None
-        return str(max(candidates, key=lambda p: p.stat().st_mtime))
+        """The newest whole checkpoint of the job, as the latest-checkpoint pointer names it; None before any.
+
+        Read from the pointer at each access (every rank reads the same one):
+        a yield checkpoint or a ``ModelCheckpoint`` save, from this process or
+        any earlier one.
+        """
+        found = self._latest.read()
+        return found.path if found is not None else None
 
     def acquire(self) -> None:
         """Take the lock for the job (call on every rank). A no-op while it is held.
@@ -168,8 +187,8 @@ class HandoffLockCallback(RankHold, Callback):
     # ------------------------------------------------------------------ hooks
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._trainer = trainer
         if stage == "fit":
+            self._point_after_saves(trainer)
             if self.ranks is None:  # acquire() was not called, or this rank joins (the process group exists now)
                 self.ranks = self._open()
             if trainer.world_size > 1:
@@ -229,11 +248,39 @@ class HandoffLockCallback(RankHold, Callback):
         last = trainer.num_training_batches
         return (batch_idx + 1) % accumulate == 0 or (isinstance(last, int) and batch_idx + 1 == last)
 
+    def _point_after_saves(self, trainer: Any) -> None:
+        """Make every full checkpoint this trainer saves while the job holds the lock move the pointer.
+
+        Wraps the instance's ``save_checkpoint`` (the class is untouched): our
+        yield checkpoint and every ``ModelCheckpoint`` save go through it on
+        every rank. It returns once the file is whole (Lightning waits for all
+        ranks); then the holder points there. Weights-only saves cannot resume
+        a fit and are left out.
+        """
+        save = trainer.save_checkpoint
+        if getattr(save, "_handofflock_pointer", None) is self:
+            return
+
+        @functools.wraps(save)
+        def save_checkpoint(filepath: Any, weights_only: bool | None = None, storage_options: Any = None) -> None:
+            save(filepath, weights_only, storage_options)
+            ranks = self.ranks
+            if not weights_only and ranks is not None and ranks.held and ranks.latest is not None:
+                ranks.latest.point(filepath, trainer.global_step)  # the holder writes; raises StaleToken if replaced
+
+        save_checkpoint._handofflock_pointer = self  # type: ignore[attr-defined]
+        trainer.save_checkpoint = save_checkpoint
+
     def _stop(self, trainer: Any) -> None:
         assert self.ranks is not None
         self._stopped(trainer.global_step)
-        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(self.checkpoint)  # every rank calls it; Lightning writes once and barriers
+        # A name no other hold uses, the same on every rank (sharded strategies write on all of them).
+        lock = self.ranks.lock
+        token = trainer.strategy.broadcast(lock.token if lock is not None else None, src=self.holder_rank)
+        name = f"{self.checkpoint.stem}-token{token}-step{trainer.global_step}{self.checkpoint.suffix}"
+        self.yield_path = self.checkpoint.with_name(name)
+        self.yield_path.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(self.yield_path)  # every rank calls it; Lightning writes once, barriers, then we point
         # Lightning ignores should_stop until min_steps/min_epochs are met: lift them for this fit.
         fit_loop = trainer.fit_loop
         self._lifted = (fit_loop.epoch_loop.min_steps, fit_loop.min_epochs)

@@ -62,6 +62,7 @@ from ..os_signals import CaughtSignals, SignalLike
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
     from ..lock.types import ReleaseRequest
+    from .checkpoints import LatestCheckpoint
 
 T = TypeVar("T")
 
@@ -159,6 +160,12 @@ class RankLock:
     an exit with the cause ``"launcher"`` at the next agreement, so no orphaned
     rank trains on holding the lock.
 
+    ``latest`` is the job's :class:`~handofflock.integrations.checkpoints.LatestCheckpoint`
+    (every rank's, the holder's opened with its lock), or None: the holder
+    claims it once it has the lock, before any rank returns from
+    :meth:`acquire`, so every rank then reads the same newest checkpoint and
+    no replaced holder can move it.
+
     Every method that takes part in the collective must be called by all ranks
     in the same order: :meth:`acquire`, :meth:`should_stop` (or iterating
     :meth:`steps`) and :meth:`release`.
@@ -175,6 +182,7 @@ class RankLock:
         request_release: bool = True,
         priority: int = 0,
         launcher: int | None = None,
+        latest: LatestCheckpoint | None = None,
     ) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ConfigurationError(f"every must be a positive int (steps between agreements), not {every!r}")
@@ -190,6 +198,8 @@ class RankLock:
         self.priority = priority
         #: The launcher's pid (None: not watched); the rank votes an exit once its parent is another.
         self.launcher = launcher
+        #: The job's latest-checkpoint pointer, claimed by the holder in :meth:`acquire`; None: none.
+        self.latest = latest
         #: How many agreements this rank took part in (acquire rounds, step checks and the release).
         self.agreements = 0
         #: Steps counted by :meth:`should_stop` since the last agreement.
@@ -269,6 +279,8 @@ class RankLock:
 
         ``timeout``, ``request_release`` and ``priority`` go to the holder's
         ``HandoffLock.acquire`` (the last two default to this object's).
+        The holder claims :attr:`latest` before the ranks return (a failed
+        claim lets the lock go and fails the acquire on every rank).
         While the holder waits (as the single waiter, perhaps for hours), all
         ranks meet every ``poll`` seconds, so no collective waits longer than
         that. If the holder's acquire fails, it re-raises the error and every
@@ -283,9 +295,10 @@ class RankLock:
 
             def take() -> None:
                 try:
-                    outcome["ok"] = bool(
-                        lock.acquire(timeout=timeout, request_release=asking, priority=rank_of_request)
-                    )
+                    ok = bool(lock.acquire(timeout=timeout, request_release=asking, priority=rank_of_request))
+                    if ok and self.latest is not None:
+                        self._claim_latest(lock, self.latest)
+                    outcome["ok"] = ok
                 except BaseException as exc:  # reported to every rank below, re-raised on this one
                     outcome["error"] = exc
                 finally:
@@ -314,6 +327,17 @@ class RankLock:
         report_exit_status(None)  # held again: the job goes on, and a stop decided before is over
         if self.lock is not None:
             _log.info("rank %s holds %s for the job (token %s)", self.rank, self.lock.url, self.lock.token)
+
+    def _claim_latest(self, lock: HandoffLock, latest: LatestCheckpoint) -> None:
+        """Fence the job's pointer with this hold's token; if that fails, the lock goes back before the error."""
+        try:
+            latest.claim()
+        except BaseException:
+            try:
+                lock.release()
+            except HandoffLockError as exc:
+                _log.warning("rank %s could not release %s after a failed claim: %s", self.rank, lock.url, exc)
+            raise
 
     def _exit_while_waiting(
         self, decision: StopDecision, done: threading.Event, outcome: dict[str, BaseException | bool]

@@ -55,6 +55,7 @@ from torch.utils.data._utils.worker import _worker_loop
 from ..core.errors import AgreementFailed, ConfigurationError
 from ..core.identity import stable_job_id
 from ..os_signals import SignalLike
+from .checkpoints import LatestCheckpoint
 from .ranks import DEFAULT_RANK_SIGNALS, Agree, RankLock, RankSignals, StopDecision, local_agree
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ def rank_lock(
     signals: Iterable[SignalLike] = DEFAULT_RANK_SIGNALS,
     request_release: bool = True,
     priority: int = 0,
+    latest: str | os.PathLike[str] | None = None,
     **lock_kwargs: Any,
 ) -> RankLock:
     """A :class:`~handofflock.integrations.ranks.RankLock` for this process's rank.
@@ -229,13 +231,20 @@ def rank_lock(
       installed when called from the main thread; ``signals=()`` for none).
     * ``owner_id`` defaults to :func:`~handofflock.core.identity.stable_job_id`
       where the environment gives one (Slurm, a Kubernetes Job, torchrun's
-      ``--rdzv-id``, ``HANDOFFLOCK_JOB_ID``): a restarted job takes back its own
-      place, the lock or the waiter slot (with a new, higher fencing token).
+      ``--rdzv-id``, ``HANDOFFLOCK_JOB_ID``): the record names the job the same
+      across restarts; a restart (or a second job with that id) still waits for
+      the other's lease like any party, and gets a higher fencing token.
     * ``wait_for_slot`` defaults to True: a job that finds another waiter
       waits for the slot instead of failing with ``LockContended``.
     * ``request_release`` and ``priority`` are what :meth:`RankLock.acquire`
       asks with (``HandoffLock.acquire``'s): ``request_release=False`` waits
       patiently, never asking the holder to yield.
+    * ``latest``: where the job's latest-checkpoint pointer lives (a path or
+      URL beside its checkpoints; :class:`~handofflock.integrations.checkpoints.LatestCheckpoint`),
+      as ``ranks.latest`` on every rank. The holder claims it in
+      ``acquire``; every rank reads it to resume (``ranks.latest.read()``), and
+      calls ``ranks.latest.point(path, step)`` once a checkpoint is whole (the
+      holder writes, fenced by its token; elsewhere it does nothing).
     * DataLoader workers forked from then on ignore the signals the rank
       handles, and end with it (see the module docstring), where ``signals``
       are installed.
@@ -275,6 +284,7 @@ def rank_lock(
         request_release=request_release,
         priority=priority,
         launcher=launcher,
+        latest=None if latest is None else LatestCheckpoint(latest, lock=lock),
     )
     wanted = tuple(signals)
     if wanted and threading.current_thread() is threading.main_thread():
@@ -297,6 +307,9 @@ class RankHold:
     (finished, stopped or failed); then the ones found come back, so a
     notebook's next "interrupt kernel" raises ``KeyboardInterrupt`` again. The
     same object serves the next run (:meth:`RankLock.start_over`).
+
+    ``latest_url`` is where the job's latest-checkpoint pointer lives (set by
+    the callbacks): :meth:`acquire` gives it to the ranks, and the holder claims it.
     """
 
     def __init__(
@@ -309,6 +322,8 @@ class RankHold:
         **lock_kwargs: Any,
     ) -> None:
         self._open = functools.partial(rank_lock, url, holder_rank=holder_rank, every=every, poll=poll, **lock_kwargs)
+        self.holder_rank = holder_rank
+        self.latest_url: str | None = None
         self.ranks: RankLock | None = None
         self.yielded = False
         self.yield_step: int | None = None
@@ -326,6 +341,8 @@ class RankHold:
         if self.ranks.signals is not None:
             self.ranks.signals.install()  # a signal while waiting ends the wait
         if not self.ranks.held:
+            if self.latest_url is not None:  # the run's pointer (a Trainer's output_dir may change between runs)
+                self.ranks.latest = LatestCheckpoint(self.latest_url, lock=self.ranks.lock)
             try:
                 self.ranks.acquire()
             except BaseException:  # RankExit, or the lock could not be taken: this run is over

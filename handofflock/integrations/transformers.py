@@ -27,7 +27,11 @@ sets ``should_save`` and ``should_training_stop`` at the same step. With
 just-in-time handler during training (its checkpoint is per rank, 3 s after the
 signal, at whatever step each rank is; ours is agreed) and puts it back after.
 The holder writes ``handofflock.json`` (the fencing token and the decision)
-into each checkpoint it saves.
+into each checkpoint it saves, then points the job's latest-checkpoint pointer
+(``handofflock-latest.json`` in ``output_dir``;
+:mod:`handofflock.integrations.checkpoints`) at it: a write fenced by the
+lock's token, so a replaced holder cannot move it back, and :meth:`resume_path`
+names the newest save across processes, not the highest ``checkpoint-N``.
 
 * before training: the job takes the lock (the holder rank acquires; all
   ranks return together); ``on_train_begin`` does it if :meth:`acquire` was
@@ -56,10 +60,20 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from .checkpoints import LatestCheckpoint
 from .ranks import StopDecision
 from .torch import RankHold
 
-__all__ = ["HandoffLockTrainerCallback"]
+__all__ = ["HandoffLockTrainerCallback", "latest_pointer"]
+
+#: The latest-checkpoint pointer's name in the Trainer's ``output_dir`` (no ``checkpoint-`` prefix:
+#: the Trainer's own search and rotation of its checkpoints never see it).
+POINTER_NAME = "handofflock-latest.json"
+
+
+def latest_pointer(output_dir: str | os.PathLike[str]) -> str:
+    """Where the latest-checkpoint pointer of a Trainer writing to ``output_dir`` lives."""
+    return os.path.join(os.fspath(output_dir), POINTER_NAME)
 
 
 class HandoffLockTrainerCallback(RankHold, TrainerCallback):
@@ -93,6 +107,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         """
         self.guard(trainer)
         with self:
+            self.latest_url = latest_pointer(trainer.args.output_dir)
             self.acquire()  # raises RankExit (a SystemExit) if a signal comes while the job waits
             train_kwargs.setdefault("resume_from_checkpoint", self.resume_path(trainer.args.output_dir))
             trainer.train(**train_kwargs)
@@ -100,7 +115,16 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
     @staticmethod
     def resume_path(output_dir: str | os.PathLike[str]) -> str | None:
-        """The newest ``checkpoint-N`` in ``output_dir``, or None: pass it as ``resume_from_checkpoint``."""
+        """The newest checkpoint of the job writing to ``output_dir``, or None: pass it as ``resume_from_checkpoint``.
+
+        The one the latest-checkpoint pointer names (the last save of the
+        newest hold, from this process or any before it); without a pointer
+        (no save under the lock yet), the Trainer's own choice: the highest
+        ``checkpoint-N``.
+        """
+        found = LatestCheckpoint(latest_pointer(output_dir)).read()
+        if found is not None:
+            return found.path
         if not os.path.isdir(output_dir):
             return None
         last: str | None = get_last_checkpoint(os.fspath(output_dir))  # type: ignore[no-untyped-call]
@@ -148,6 +172,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
                 stacklevel=2,
             )
         if self.ranks is None or not self.ranks.held:
+            self.latest_url = latest_pointer(args.output_dir)
             self.acquire()
         assert self.ranks is not None
         handlers = self.ranks.signals
@@ -177,6 +202,8 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
             }
             with open(os.path.join(folder, "handofflock.json"), "w", encoding="utf-8") as f:
                 json.dump(meta, f)
+            if ranks.held and ranks.latest is not None:
+                ranks.latest.point(folder, state.global_step)  # the save is whole: the newest, fenced by the token
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.ranks is not None and self.ranks.held:

@@ -150,6 +150,10 @@ class Observer:
     def waiter_noticed(self, lock: Any, record: LockRecord, now: float) -> None:
         """The owner saw a new waiter in ``record`` at wall time ``now``."""
 
+    def renewal_started(self, scheduler: str, lateness: float, share: float) -> None:
+        """The scheduler named ``scheduler`` started a renewal ``lateness`` seconds after it fell due:
+        ``share`` of its margin (0 on time, 1 when its lease ran out first)."""
+
 
 #: The observer of every lock of the process.
 observer = Observer()

@@ -183,8 +183,11 @@ class HandoffLock:
     it and no ``on_release_requested`` is sent, as soon as a waiter check sees it; requests of this process's own (a
     signal, a preemption notice, :meth:`request_release`) still stand.
 
-    ``owner_id`` defaults to a fresh ``host:pid:random``; pass a stable one to let a
-    restarted process retake its own lock at once. ``label`` says who this is for
+    ``owner_id`` defaults to a fresh ``host:pid:random``; a stable one names the job in the
+    record across restarts. Each lock object is its own party all the same: another one with
+    the same ``owner_id`` (a restart, or a second job that derived the id) waits for this one's
+    lease like anyone, getting it at once when it is released and ``ttl`` + ``max_clock_skew``
+    after its last renewal when its holder died without releasing. ``label`` says who this is for
     people (``status`` shows it beside the owner or waiter id): a string, a
     :class:`Label`, or by default what :func:`~handofflock.core.identity.detect_label`
     finds (host, pid, pod, Slurm job, torchrun rank).
@@ -345,7 +348,7 @@ class HandoffLock:
 
     @property
     def instance(self) -> str:
-        """This lock object's random id, written beside ``owner_id``: it tells twins sharing an ``owner_id`` apart."""
+        """This lock object's random id, written beside ``owner_id``: it tells apart lock objects sharing one."""
         return self._me.instance or ""
 
     @property
@@ -498,9 +501,10 @@ class HandoffLock:
         (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too).
         ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
-        Every way out that does not return the lock gives the waiter slot back: a timeout, :meth:`cancel`,
-        a storage error, KeyboardInterrupt. When the lock is returned the lease is valid and counted from the
-        write that made it (for a handoff, from the previous owner's write, renewed at once if little is left).
+        Every way out that does not return the lock gives the waiter slot back, and frees a lock it took or
+        was handed: a timeout, :meth:`cancel`, a storage error, KeyboardInterrupt. When the lock is returned
+        the lease is valid and counted from the write that made it (for a handoff, from the previous owner's
+        write, renewed at once if little is left).
         """
         request = acquire_request(blocking, timeout, request_release, priority)
         timeout = None if timeout == -1 else timeout
@@ -532,6 +536,11 @@ class HandoffLock:
             protocol.decide_acquire, me=self._me, timing=self.timing, request=request, since=since
         )
         waiting = sent = False  # sent: a registration may have reached the store (its reply unseen)
+        # The generation our last write that may have gone unanswered was conditioned on: cut off at its
+        # timeout (no status came back), it may still be applied later, but only while the object stays
+        # at that generation (None: no such write). Kept after a 412: the object has moved past it, or
+        # (a write found stale as it was sent) an earlier attempt of it may still land.
+        unanswered: int | None = None
         last: LockRecord | None = None
         observed: tuple[object, float] = (None, 0.0)  # the owner's lease we decide on, and when we first read it
         # A cancel() set as an earlier acquire ended (it read WAITING, then set) was meant for that one.
@@ -575,14 +584,21 @@ class HandoffLock:
                     )
                     try:
                         with self._mutex:
+                            unanswered = decision.if_generation_match
                             written, generation, mono, wall = self._io.write(decision, deadline, interruptible=True)
-                    except PreconditionFailed:
+                    except PreconditionFailed:  # moved on (none of ours can land), or found stale as it was sent
                         record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
                     except TransientStorageError as exc:
                         if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
                             sent = before
+                            if exc.status is not None:  # and no earlier attempt of it can land later
+                                unanswered = None
+                        # An ambiguous failure keeps it, answered or not: the last failure speaks for its own
+                        # attempt only, and an earlier one cut off at its timeout may still be applied.
                         raise
+                    # A refusal for good (a 403) keeps it too: it says nothing of an earlier attempt cut off.
+                    unanswered = None
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
                         self._became_owner(record, generation, mono, wall, handoff=False, settle_by=deadline)
@@ -592,7 +608,7 @@ class HandoffLock:
                         self._now_waiting(record)
                 elif not blocking:  # contended, or it would wait: never waits, never registers
                     return self._not_acquired(record)
-                elif isinstance(decision, Contended) and (decision.superseded or not (slot_wait or waiting)):
+                elif isinstance(decision, Contended) and not (slot_wait or waiting):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
                     raise _contended(LockContended, self.url, decision.record, clock.time())
                 # The next read one poll interval after the last one began (a read's own duration does
@@ -601,35 +617,50 @@ class HandoffLock:
                 if give_up_at is not None:
                     left = give_up_at - clock.monotonic()
                     if left <= 0:
-                        return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                        return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                     pause = min(pause, left)
                 if self._interrupted(pause):
-                    return self._give_up(last, waiting=waiting or sent, timed_out=False)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=False, unanswered=unanswered)
                 polled = clock.monotonic()
                 if give_up_at is not None and give_up_at - polled < MIN_ROOM:  # no time left to read in
-                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                 record, generation = self._read_locked(deadline)
         except BaseException as exc:
-            ran_out = timeout is not None and _ran_out(exc, give_up_at, clock)  # before giving back takes time
+            # What stopped a retry, read before giving back (which clears a deferred release): a cancel()
+            # or a release from a signal handler is said as such, never as the timeout it cut short.
+            interrupted = self._cancel.is_set() or self._deferred
+            ran_out = timeout is not None and not interrupted and _ran_out(exc, give_up_at, clock)  # before giving back
             if ran_out and self._state == WAITING:
                 # The time ran out in the store: the end of the wait, as below (a handoff that beat it is kept).
                 try:
-                    return self._give_up(last, waiting=waiting or sent, timed_out=True)
+                    return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                 except LockTimeout as timed_out:
                     raise timed_out from exc
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
-                    self._leave_slot(last, waiting=waiting or sent, keep=False)
+                    self._leave_slot(last, waiting=waiting or sent, keep=False, unanswered=unanswered)
                 except BaseException as cleanup:  # the original error is what the caller must see
                     self._log_acquire.warning(
                         "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
                     )
                 if self._state == WAITING:
                     self._state = IDLE
-                if isinstance(exc, TransientStorageError) and (self._cancel.is_set() or self._deferred):
+                if isinstance(exc, TransientStorageError) and interrupted:
                     # The retry was interrupted by cancel(): that is what happened.
                     raise AcquireCancelled(f"acquire of {self.url!r} was cancelled") from exc
+            if self._state is HELD and not buggify.on(buggify.CANCELLED_KEEPS_HANDED_LOCK):
+                # The hold was made, and the caller will never get it (a Ctrl-C as the lock took it, in a
+                # receiver of ``acquired``): handed on or freed before the error goes on, never left renewed.
+                try:
+                    self._release_held(self._clock.monotonic() + self.give_up_budget)
+                except BaseException as cleanup:  # retried in the background; the original error goes on
+                    self._log_acquire.warning(
+                        "%s could not release the lock it took as its acquire was interrupted, on %s: %r",
+                        self.owner_id,
+                        self.url,
+                        cleanup,
+                    )
             if ran_out:  # the time ran out in the store
                 why = f"timed out acquiring {self.url!r}: {exc}"
                 raise _contended(LockTimeout, self.url, last, clock.time(), message=why) from exc
@@ -707,10 +738,12 @@ class HandoffLock:
             self._state = IDLE
         return False
 
-    def _give_up(self, last: LockRecord | None, *, waiting: bool, timed_out: bool) -> bool:
+    def _give_up(
+        self, last: LockRecord | None, *, waiting: bool, timed_out: bool, unanswered: int | None = None
+    ) -> bool:
         """A timeout or a cancel: leave the waiter slot (maybe we were handed the lock meanwhile)."""
         try:
-            if self._leave_slot(last, waiting=waiting, keep=timed_out):
+            if self._leave_slot(last, waiting=waiting, keep=timed_out, unanswered=unanswered):
                 return True  # the handoff beat the timeout: keep it
         finally:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
@@ -719,11 +752,15 @@ class HandoffLock:
             raise _contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
-    def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool) -> bool:
+    def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool, unanswered: int | None = None) -> bool:
         """Clear our waiter slot within ``give_up_budget``.
 
         ``waiting``: we registered, or a registration may have reached the store (its reply unseen: a
         Ctrl-C, a lost reply): then the record is read, and the slot cleared if it names this instance.
+        ``unanswered``: the generation a write of ours that got no answer was conditioned on. The store
+        may still apply it after we leave (a request cut off at its timeout, applied late), while the
+        object stays at that generation: if the read finds it there, the record is written again as it
+        stands, so that write can never land (see :func:`~handofflock.core.protocol.decide_give_up_wait`).
 
         If the owner handed us the lock meanwhile we own it: with ``keep`` we keep it (returns True),
         else we release it at once, handing it on. Returns False when we do not hold the lock afterwards.
@@ -745,7 +782,7 @@ class HandoffLock:
             record, generation = self._read_to_write(by, urgent=True)  # our write slot first, as urgent
             mono, wall = self._clock.monotonic(), self._clock.time()
             decision = protocol.decide_give_up_wait(
-                record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce()
+                record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce(), pending=unanswered
             )
             if isinstance(decision, Owned):  # handed to us meanwhile: the lease counts from this read
                 self._became_owner(
@@ -761,11 +798,19 @@ class HandoffLock:
                 return False
             try:
                 with self._mutex:
-                    self._io.write(decision, by, urgent=True)
+                    # Past the round's start, a 429's widened spacing no longer holds the give-back: it
+                    # goes at the store's own spacing (a slot left behind blocks others for waiter_ttl).
+                    self._io.write(decision, by, urgent=True, send_by=by - MIN_REQUEST_TIME)
                 return False
             except PreconditionFailed:
                 owed = not late_412 and self._clock.monotonic() >= deadline
                 late_412 = late_412 or owed
+                continue
+            except TransientStorageError:
+                # Refused (429s past its retries): the lock may have been handed to us while it was
+                # retried, so read again while the budget lasts rather than leave on a stale read.
+                if self._clock.monotonic() >= deadline:
+                    raise
                 continue
         raise TransientStorageError(
             f"could not give back the waiter slot of {self.url!r} within {self.give_up_budget:.1f} s; "
@@ -1142,8 +1187,16 @@ class HandoffLock:
                 raise
             except LockLost as exc:  # marked lost by the write
                 lost = exc
-            except BaseException:
+            except Exception:
                 self._end_hold()
+                raise
+            except BaseException:
+                # Interrupted (a Ctrl-C) as the write was made, sent or not: the record may still name us,
+                # and no renewal holds it. Retried in the background as after a store error, never left
+                # on record for ttl + skew under an instance that no longer counts on it.
+                if self._state == RELEASING:
+                    self._lease.next_release_try = self._clock.monotonic()
+                    self._schedule()
                 raise
             # Still under the I/O mutex: a scheduler duty queued behind this release must find the
             # lock no longer held, not renew or check it from the record just replaced.
@@ -1365,6 +1418,10 @@ class _Duties:
         lock = self._lock()  # never while the lock is not held, when a check does nothing
         return lock._lease.next_check if lock is not None and lock._state is HELD else math.inf
 
+    def deadline(self) -> float:
+        lock = self._lock()
+        return -math.inf if lock is None else lock._lease.valid_until
+
     def run_due(self) -> None:
         lock = self._lock()
         if lock is not None:
@@ -1492,7 +1549,7 @@ def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
         held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
     if waiter is None or not waiter.live(now):
         slot = "; nobody else waits"
-    elif waiter.id == me.owner_id and waiter.instance in (None, me.instance):
+    elif (waiter.id, waiter.instance) == (me.owner_id, me.instance):
         slot = "; we held the waiter slot, and gave it back"
     else:
         slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"
@@ -1567,7 +1624,7 @@ def on_unhold() -> None:
 def _finish(lock: HandoffLock, release: bool, why: str) -> None:
     """The end of a lock's life: released (handed off) if ``release``, else only no longer renewed."""
     try:
-        if release and lock.is_held:
+        if release and lock._state in (HELD, RELEASING):  # a release that failed (or was interrupted) too
             heir = lock.release()
             lock._log_release.info("released %s %s%s", lock.url, why, f", handed off to {heir}" if heir else "")
         else:
@@ -1635,7 +1692,7 @@ def _at_exit() -> None:
             lock._log_acquire.warning("the acquire of %s cancelled at exit has not ended; exiting", lock.url)
     _Reaper.drain()
     for lock in locks:
-        if lock.is_held:
+        if lock._state in (HELD, RELEASING):
             _finish(lock, True, "at exit")
 
 

@@ -12,6 +12,18 @@ It also wakes at least every :data:`MAX_IDLE` seconds while it has locks, so a
 release request recorded by a signal handler (which may only set attributes)
 is announced promptly.
 
+When more falls due than the workers can serve (too many locks for the store's
+latency), due jobs wait in the scheduler's own queue, not the pool's, and are
+served by urgency: renewals (and the lock's other duties) first, the most urgent
+lease (the one whose validity ends first) first; waiter checks and group listings
+only when no renewal waits. A renewal covers a check anyway: it is conditional on
+the generation the lock knew, so it meets any waiter that registered. How late
+each renewal starts is measured against its margin (from falling due to the end
+of its lease's validity): past :data:`BEHIND_SHARE` of it the scheduler says it
+is falling behind, once per episode, with a :class:`RenewalsBehindWarning` and a
+log record, and every start is reported to the lock observer (the
+``handofflock.renewal.lateness`` metric) and kept in :attr:`Scheduler.lateness`.
+
 Waiter checks are batched. Held locks in one store whose keys share a parent
 "directory" (``locks/a.json``, ``locks/b.json``) form a group, checked on one
 beat: one listing of the prefix (``{key: generation}``), then a read only of
@@ -39,18 +51,22 @@ requests from two locks on, and money from about thirteen.
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import logging
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..core.clock import Clock
-from ..core.errors import TransientStorageError
+from ..core.errors import RenewalsBehindWarning, TransientStorageError
 from ..storage.base import Storage
+from . import events
 from .primitives import THREADING, Pool, Primitives
 
 _log = logging.getLogger("handofflock.lock.scheduler")
@@ -83,6 +99,13 @@ class Scheduled(Protocol):
         """When the next waiter check falls due (inf when the lock is not held)."""
         ...
 
+    def deadline(self) -> float:
+        """Until when the lock's hold is safe (its lease's validity; -inf when it holds none).
+
+        The most urgent duty runs first, and a renewal's lateness is measured against it.
+        """
+        ...
+
     def run_due(self) -> None:
         """Do whatever is due now. Never blocks on receivers; may do storage I/O."""
         ...
@@ -111,6 +134,14 @@ MAX_GATHER = 0.05
 
 #: Objects per listing page (GCS's maximum), to estimate what a listing costs.
 LIST_PAGE_SIZE = 1000
+
+#: A renewal that starts later than this share of its margin (from falling due to the end of its
+#: lease's validity) means the process is falling behind. At half the margin a renewal still has
+#: as long again as one request may take (``Timing.request_timeout`` is half the margin): later
+#: than that, one stalled request loses the lease. Warned once per episode; the episode ends when
+#: a renewal starts within :data:`CAUGHT_UP_SHARE` again.
+BEHIND_SHARE = 0.5
+CAUGHT_UP_SHARE = 0.25
 
 _default: Scheduler | None = None
 _default_lock = threading.Lock()
@@ -161,6 +192,14 @@ class Scheduler:
         self._pool: Pool | None = None
         self._groups: dict[tuple[int, str], _Group] = {}
         self._ungrouped: set[tuple[int, str]] = set()
+        # Due jobs waiting for a worker, most urgent first (a heap), under a mutex of their own: a worker
+        # taking its next job never waits for the loop's planning, which holds ``_mutex`` over every lock.
+        self._queue_mutex = self._prims.mutex()
+        self._queue: list[_Job] = []
+        self._seq = itertools.count()
+        self._workers = 0  # workers taking jobs from the queue now
+        self._epoch = 0  # a stopped pool's workers leave without counting
+        self.lateness = Lateness()
 
     # -- registration ---------------------------------------------------------
 
@@ -193,27 +232,28 @@ class Scheduler:
         now = self._clock.monotonic()
         with self._mutex:
             jobs, _ = self._plan(now, track=False)
-        for job, _ in jobs:
-            job(track=False)
+        for job in jobs:
+            job.run(track=False)
         return len(jobs)
 
-    def _plan(self, now: float, *, track: bool) -> tuple[list[tuple[Callable[..., None], list[Scheduled]]], float]:
+    def _plan(self, now: float, *, track: bool) -> tuple[list[_Job], float]:
         """What to run now, and when the next duty falls due. Called with ``_mutex`` held.
 
-        Returns ``(jobs, next_due)``; each job is a callable taking ``track``,
-        with the locks it covers. With ``track`` the covered locks are marked
-        running, so they are not started again until the job returns.
+        Returns ``(jobs, next_due)``; each job's ``run`` takes ``track``. With
+        ``track`` the locks a job covers are marked running, so they are not
+        started again until it returns.
         """
-        jobs: list[tuple[Callable[..., None], list[Scheduled]]] = []
+        jobs: list[_Job] = []
         next_due = math.inf
         members: dict[tuple[int, str] | None, list[Scheduled]] = {}
         for lock in self._locks.values():
             members.setdefault(_group_key(lock), []).append(lock)
 
-        def start(job: Callable[..., None], locks: list[Scheduled]) -> None:
+        def start(rank: int, urgency: float, run: Callable[..., None], locks: list[Scheduled], due: float) -> None:
             if track:
                 self._running.update(id(lock) for lock in locks)
-            jobs.append((job, locks))
+            deadline = locks[0].deadline() if locks else math.inf
+            jobs.append(_Job(rank, deadline if not rank else urgency, next(self._seq), run, locks, due, deadline))
 
         for gkey, locks in members.items():
             grouped = gkey is not None and len(locks) > 1 and gkey not in self._ungrouped
@@ -222,7 +262,7 @@ class Scheduler:
                     continue
                 due = lock.next_due_besides_check()
                 if due <= now:
-                    start(functools.partial(self._run_one, lock), [lock])
+                    start(0, due, functools.partial(self._run_one, lock), [lock], due)
                     continue
                 if not grouped and id(lock) not in self._checking:
                     # The waiter check is a job of its own: its read may stall, and a renewal that
@@ -231,7 +271,7 @@ class Scheduler:
                     if check <= now:
                         if track:
                             self._checking.add(id(lock))
-                        jobs.append((functools.partial(self._check, lock, 0), [lock]))
+                        jobs.append(_Job(1, check, next(self._seq), functools.partial(self._check, lock, 0), [lock]))
                         check = math.inf
                     due = min(due, check)
                 next_due = min(next_due, due)
@@ -251,12 +291,12 @@ class Scheduler:
                 batch = [lock for lock in locks if id(lock) not in self._running]
                 if not batch:
                     continue  # all busy: the first to finish wakes the loop
-                group.next_at = now + min(lock.check_interval for lock in batch)
+                beat, group.next_at = group.next_at, now + min(lock.check_interval for lock in batch)
                 group.members = {id(lock) for lock in locks}
                 # The beat covers no lock as a whole: its listing may be slow, and a member's
                 # renewal must not wait for it. Each member is busy only during its own check.
                 group.busy = track
-                start(functools.partial(self._check_group, gkey, group, batch), [])
+                start(1, beat, functools.partial(self._check_group, gkey, group, batch), [], beat)
             if not group.busy:  # a beat still running (a slow listing) wakes the loop as it ends
                 next_due = min(next_due, group.next_at)
         for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
@@ -302,9 +342,7 @@ class Scheduler:
                     jobs, next_due = self._plan(now, track=True)
                     have_locks = bool(self._locks)
                 cost = self._prims.perf_counter() - cost
-                for job, _ in jobs:
-                    assert self._pool is not None
-                    self._pool.submit(job)
+                self._dispatch(jobs, now)
                 timeout = None if not have_locks else min(MAX_IDLE, max(0.0, next_due - now))
                 self._clock.wait(self._wake, timeout)
                 # Planning looks at every lock. With many locks, duties falling due a few ms apart
@@ -314,6 +352,73 @@ class Scheduler:
             except Exception:  # the loop must not die; say so and go on
                 _log.exception("scheduler loop error; continuing")
                 self._clock.wait(self._stop, MAX_IDLE)
+
+    def _dispatch(self, jobs: list[_Job], now: float) -> None:
+        """Queue ``jobs`` by urgency and start workers for them, at most ``io_workers`` at once; then see
+        whether the most urgent renewal still waiting is already late enough to say the process is behind."""
+        with self._queue_mutex:
+            for job in jobs:
+                heapq.heappush(self._queue, job)
+            pool = self._pool  # None once stopped: the jobs wait for the next pool
+            start = 0 if pool is None else max(0, min(len(self._queue), self._io_workers - self._workers))
+            self._workers += start
+            epoch, head = self._epoch, self._queue[0] if self._queue else None
+        for _ in range(start):
+            assert pool is not None
+            pool.submit(functools.partial(self._work, epoch))
+        share = None if head is None else head.share_late(now)
+        if head is not None and share is not None and share >= BEHIND_SHARE:
+            self._note_lateness(share, now - head.due, started=False)
+
+    def _work(self, epoch: int) -> None:
+        """A worker: take the most urgent queued job and run it, until none is left."""
+        while True:
+            with self._queue_mutex:
+                if epoch != self._epoch:
+                    return  # a stopped pool's worker: the next pool counts its own
+                if not self._queue or self._stop.is_set():
+                    self._workers -= 1
+                    return
+                job = heapq.heappop(self._queue)
+            now = self._clock.monotonic()
+            share = job.share_late(now)
+            if share is not None:
+                self._note_lateness(share, now - job.due, started=True)
+            job.run(track=True)
+
+    def _note_lateness(self, share: float, seconds: float, *, started: bool) -> None:
+        """A renewal started (or still waits) ``share`` of its margin late: keep the figure, report it, and
+        say once per episode that the process is falling behind."""
+        with self._queue_mutex:
+            before = self.lateness
+            behind = share >= BEHIND_SHARE or (before.behind and share > CAUGHT_UP_SHARE)
+            if started or share > before.latest:
+                self.lateness = Lateness(share, seconds, max(before.worst, share), behind)
+            else:
+                behind = before.behind
+        # The report is not the renewal: an observer that raises, or ``-W error`` turning the warning into
+        # an exception, is logged and the renewal still runs (a worker that left here would keep its
+        # place in ``io_workers`` and its lock marked running, never renewed again).
+        if started:
+            try:
+                events.observer.renewal_started(self._name, seconds, share)
+            except Exception:
+                _log.exception("the lock observer's renewal_started raised; carrying on")
+        if behind and not before.behind:
+            message = (
+                f"the handofflock scheduler {self._name!r} is falling behind: a renewal "
+                f"{'started' if started else 'is still waiting'} {seconds:.2f} s late, {share:.0%} of its margin "
+                f"(from falling due to the end of its lease); {len(self._locks)} locks on {self._io_workers} I/O "
+                "workers are more than the store's latency lets it renew. Leases will be lost if it falls further "
+                "behind: hold fewer locks per process, give the scheduler more io_workers, or use a longer ttl"
+            )
+            _log.warning("%s", message)
+            try:
+                warnings.warn(RenewalsBehindWarning(message), stacklevel=2)
+            except Exception:  # a warnings filter that raises: said in the log just above
+                _log.debug("RenewalsBehindWarning raised by a warnings filter; carrying on", exc_info=True)
+        elif before.behind and not behind:
+            _log.info("the handofflock scheduler %r caught up: renewals start within their margin again", self._name)
 
     def _run_one(self, lock: Scheduled, track: bool = True) -> None:
         try:
@@ -409,6 +514,45 @@ class Scheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        with self._queue_mutex:  # queued jobs wait for the next pool, whose workers count afresh
+            self._epoch += 1
+            self._workers = 0
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """How late the scheduler starts renewals, each as a share of its margin (0: on time; 1: its lease ran out).
+
+    ``latest`` is the last renewal started (or the most urgent one still waiting for a worker, if
+    later), ``seconds`` that one's lateness in seconds, ``worst`` the largest share since the scheduler
+    started, and ``behind`` whether it is falling behind now (past :data:`BEHIND_SHARE`, not yet
+    back within :data:`CAUGHT_UP_SHARE`).
+    """
+
+    latest: float = 0.0
+    seconds: float = 0.0
+    worst: float = 0.0
+    behind: bool = False
+
+
+@dataclass(order=True)
+class _Job:
+    """A due job, queued by urgency: ``rank`` 0 for a lock's duties (renewals), by its lease's end; 1 for
+    waiter checks and group listings, by when they fell due; then in the order planned."""
+
+    rank: int
+    urgency: float
+    seq: int
+    run: Callable[..., None] = field(compare=False)
+    locks: list[Scheduled] = field(compare=False)  # those it covers
+    due: float = field(default=math.inf, compare=False)
+    deadline: float = field(default=math.inf, compare=False)
+
+    def share_late(self, now: float) -> float | None:
+        """How much of its margin a renewal due at ``due`` has used by ``now``; None for a job without one."""
+        if self.rank or not math.isfinite(self.due) or not self.deadline > self.due:
+            return None
+        return max(0.0, now - self.due) / (self.deadline - self.due)
 
 
 @dataclass

@@ -154,9 +154,13 @@ class LockStatus:
     owner_id = Forward[str | None]("record.owner.id", None)
     expires_at = Forward[float | None]("record.owner.expires_at", None)
     owner_label = Forward[Label | None]("record.owner.label", None)
+    owner_instance = Forward[str | None]("record.owner.instance", None)
+    """The owner's lock object (:attr:`HandoffLock.instance`): with ``owner_id``, which party holds it."""
     waiter_id = Forward[str | None]("record.waiter.id", None)
     waiter_expires_at = Forward[float | None]("record.waiter.expires_at", None)
     waiter_label = Forward[Label | None]("record.waiter.label", None)
+    waiter_instance = Forward[str | None]("record.waiter.instance", None)
+    """The waiter's lock object: with ``waiter_id``, which party waits."""
     waiter_asks = Forward[bool]("record.waiter.request.asks", True)
     """False for a patient waiter: it waits without asking the holder to leave."""
     waiter_priority = Forward[int]("record.waiter.request.priority", 0)

@@ -535,52 +535,64 @@ def write_resolving(
             except _OutcomeLost:
                 raise _outcome_lost(storage, key, if_generation_match) from (None if patient else last_failure)
 
-    while True:
-        while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
-            wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
-            if deadline is not None and clock.monotonic() + wait >= deadline:
-                # The spacing (widened by 429s) would carry the write past the deadline:
-                # give up now rather than sleep there. Nothing was booked, so giving up
-                # costs the other writers of the object nothing. The store refused nothing:
-                # the operation ran out of time (a store's refusal before it is raised instead).
-                raise last_failure or StorageTimeout(
-                    f"the write spacing for {key!r} in {getattr(storage, 'url', storage)} ({wait:.1f} s) "
-                    "would pass the operation's deadline; nothing was sent",
-                    url=getattr(storage, "url", None),
-                    key=key,
-                    ambiguous=False,
-                )
-            clock.sleep(max(wait, 0.001))
-        bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None)
-        body = data() if callable(data) else data
-        try:
-            generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=bound.seconds)
-        except PreconditionFailed:
-            if gate is not None:
-                gate.refund(clock.monotonic())
-            # our own earlier attempt may be what moved the generation: only a read can tell
-            landed = read_back(patient=True) if maybe_landed else None
-            if landed is not None:
-                return landed
-            raise
-        except TransientStorageError as exc:
-            last_failure = exc
-            bound.failed(exc, watch)
-            if exc.status == 429 and gate is not None:
-                gate.throttled(exc.retry_after)
-            if exc.ambiguous:
-                maybe_landed = True
-                landed = read_back(patient=False)
+    try:
+        while True:
+            while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
+                wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
+                if deadline is not None and clock.monotonic() + wait >= deadline:
+                    # The spacing (widened by 429s) would carry the write past the deadline:
+                    # give up now rather than sleep there. Nothing was booked, so giving up
+                    # costs the other writers of the object nothing. The store refused nothing:
+                    # the operation ran out of time (a store's refusal before it is raised instead).
+                    raise last_failure or StorageTimeout(
+                        f"the write spacing for {key!r} in {getattr(storage, 'url', storage)} ({wait:.1f} s) "
+                        "would pass the operation's deadline; nothing was sent",
+                        url=getattr(storage, "url", None),
+                        key=key,
+                        ambiguous=False,
+                    )
+                clock.sleep(max(wait, 0.001))
+            bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None)
+            try:
+                body = data() if callable(data) else data
+            except PreconditionFailed:  # ``data`` found its write stale at the send: nothing was sent
+                if gate is not None:
+                    gate.refund(clock.monotonic())
+                raise
+            try:
+                generation = storage.write(key, body, if_generation_match=if_generation_match, timeout=bound.seconds)
+            except PreconditionFailed:
+                if gate is not None:
+                    gate.refund(clock.monotonic())
+                # our own earlier attempt may be what moved the generation: only a read can tell
+                landed = read_back(patient=True) if maybe_landed else None
                 if landed is not None:
                     return landed
-            if bound.used_up(exc) or not pause():
                 raise
-            failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
-        else:
-            if gate is not None:
-                gate.succeeded()
-            _answered(storage, watch)
-            return generation, None
+            except TransientStorageError as exc:
+                last_failure = exc
+                bound.failed(exc, watch)
+                if exc.status == 429 and gate is not None:
+                    gate.throttled(exc.retry_after)
+                if exc.ambiguous:
+                    maybe_landed = True
+                    landed = read_back(patient=False)
+                    if landed is not None:
+                        return landed
+                if bound.used_up(exc) or not pause():
+                    raise
+                failed(storage, exc)  # after the pause: a write's last failure is the caller's to report
+            else:
+                if gate is not None:
+                    gate.succeeded()
+                _answered(storage, watch)
+                return generation, None
+    except TransientStorageError as exc:
+        if maybe_landed and not exc.ambiguous:
+            # The last failure (a read-back's 503, a retry's 429) says nothing of an earlier attempt
+            # whose reply was lost: it may have landed, so the outcome is unknown, whatever this one says.
+            exc.ambiguous = True
+        raise
 
 
 def _landed(
@@ -708,12 +720,16 @@ class RecordStore:
         send_by: float | None = None,
         interruptible: bool = False,
     ) -> tuple[Write, int, float, float]:
-        """Make ``write``, its lease or slot stamped at the send of each attempt.
+        """Make ``write``, decided again against the clock at the send of each attempt.
 
         Returns ``(the attempt that landed, new generation, monotonic and wall
         time of its send)``: a lease is counted from the send of the write that
         made it, never from when the operation began (a wait for the write
-        gate, or retries after a 503 or a 429, come before the stamp).
+        gate, behind the lock's I/O mutex, or retries after a 503 or a 429, come
+        before the stamp). A write whose decision no longer holds at the send
+        (:func:`~handofflock.core.protocol.restamp`: a handoff to a slot that
+        has ended meanwhile) is not sent: PreconditionFailed, as when the record
+        moved on, and the caller reads and decides again.
         ``send_by`` (monotonic): past it, a 429's widened spacing no longer holds
         an urgent write back (see :meth:`~handofflock.core.timing.Timing.backoff_until`).
         Raises PreconditionFailed when the record moved on (the caller reads and decides again).
@@ -724,6 +740,8 @@ class RecordStore:
         def stamp() -> bytes:
             mono, wall = self._clock.monotonic(), self._clock.time()
             attempt = protocol.restamp(write, now=wall, nonce=new_nonce(), timing=self._timing)
+            if attempt is None:  # sent now, the decision would no longer hold: read and decide again
+                raise PreconditionFailed(self.key, write.if_generation_match, url=self.url)
             assert attempt.record.nonce is not None
             attempts[attempt.record.nonce] = (attempt, mono, wall)
             sent.append(attempt.record.nonce)

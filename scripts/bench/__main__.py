@@ -13,8 +13,10 @@ owner's ``on_release_requested``; ``hot`` the cost of ``lock.release_requested``
 ``scale`` one process holding 1 to 1,000 locks; ``compare`` the PyPI package
 ``gcslock`` and the naive create-if-absent/delete lock of seed 003;
 ``async`` event-loop lag while AsyncHandoffLocks renew and hand off
-(scripts/bench_async.py). By name only: ``pacing`` (scripts/bench_pacing.py) and ``workers``,
-worker pools of 2, 4 and 8 processes sharing one lock (scripts/bench_workers.py).
+(scripts/bench_async.py). By name only: ``pacing`` (scripts/bench_pacing.py), ``workers``,
+worker pools of 2, 4 and 8 processes sharing one lock (scripts/bench_workers.py), and
+``capacity``, the most locks one process keeps at 50 ms per request for ttl 5, 30 and 60 and the
+requests and dollars per lock-hour beside Vault's GCS lock and gcslock (bench/capacity.py).
 
 Every number printed is measured in this run; nothing is hard-coded but the
 targets it is compared with. Latencies are measured in one process, with
@@ -191,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
     parser.add_argument("--json", metavar="PATH", help="also write every number as JSON to PATH")
-    parser.add_argument("--only", metavar="SECTIONS", help=f"comma-separated, from: {', '.join(SECTIONS)}, pacing, workers")
+    parser.add_argument("--only", metavar="SECTIONS",
+                        help=f"comma-separated, from: {', '.join(SECTIONS)}, pacing, workers, capacity")
     args = parser.parse_args(argv)
     only = set(SECTIONS) if not args.only else {s.strip() for s in args.only.split(",")}
-    unknown = only - set(SECTIONS) - {"pacing", "workers"}
+    unknown = only - set(SECTIONS) - {"pacing", "workers", "capacity"}
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
     if "pacing" in only:
@@ -217,6 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         code = bench_workers.main((["--quick"] if args.quick else [])
                                   + (["--json", args.json + ".workers.json"] if args.json else []))
         only.discard("workers")
+        if not only:
+            return code
+    if "capacity" in only:
+        # Searches on simulated time plus a real-time check (a few minutes in full): by name only, as pacing is.
+        from bench import capacity
+
+        code = capacity.main((["--quick"] if args.quick else [])
+                             + (["--json", args.json + ".capacity.json"] if args.json else []))
+        only.discard("capacity")
         if not only:
             return code
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -42,7 +42,8 @@ def run_example(name: str, world: int, tmp_path) -> str:
 def test_lightning_ranks_save_one_checkpoint_at_one_step_hand_off_and_resume_from_it(tmp_path, world):
     out = run_example("lightning_yield.py", world, tmp_path)
     yielded = check_handoff_timeline(out, world, STEPS, resume_offset=0)  # global_step counts steps done
-    assert torch.load(tmp_path / "handoff.ckpt", weights_only=False)["global_step"] == yielded
+    [saved] = tmp_path.glob(f"handoff-token*-step{yielded}.ckpt")  # the yield checkpoint's name carries the token
+    assert torch.load(saved, weights_only=False)["global_step"] == yielded
 
 
 @pytest.mark.timeout(180)

@@ -79,9 +79,10 @@ def test_sigterm_during_a_long_validation_stops_every_rank_within_a_few_validati
     assert why == "exit, SIGTERM", out
     # The stop ends the validation loop after the batch where the ranks agreed: within a few batches of the signal.
     assert val_batch == seen and after_heard <= 20, f"stopped at val batch {val_batch}, {after_heard} after the signal: {out}"
-    ckpt = torch.load(tmp_path / "handoff.ckpt", weights_only=False)
+    [saved] = tmp_path.glob(f"handoff-token*-step{step}.ckpt")  # the yield checkpoint's name carries the token
+    ckpt = torch.load(saved, weights_only=False)
     assert ckpt["global_step"] == step and ckpt["handofflock"]["decision"] == {"action": "exit", "cause": "SIGTERM"}
-    assert (tmp_path / "handoff.ckpt").stat().st_mtime >= signalled - 0.01  # written after the signal
+    assert saved.stat().st_mtime >= signalled - 0.01  # written after the signal
     assert HandoffLock(url).status().owner_id is None
     assert took < 30, took
     # The agreements during fit went through Lightning's strategy (its reduce, MAX), not around it.

@@ -40,12 +40,13 @@ def test_sigterm_during_a_fit_with_min_steps_and_accumulation_checkpoints_on_an_
     assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, out
     step, why = stops[0]
     assert why == "exit, SIGTERM", out
-    ckpt = torch.load(tmp_path / "handoff.ckpt", weights_only=False)
+    [saved] = tmp_path.glob(f"handoff-token*-step{step}.ckpt")  # the yield checkpoint's name carries the token
+    ckpt = torch.load(saved, weights_only=False)
     assert ckpt["global_step"] == step  # min_steps did not keep the fit going past the stop
     in_epoch = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"]
     assert in_epoch % 3 == 0 or in_epoch == 16, f"stopped {in_epoch % 3} batches into a gradient accumulation"
     assert ckpt["handofflock"]["token"] and ckpt["handofflock"]["decision"] == {"action": "exit", "cause": "SIGTERM"}
-    assert (tmp_path / "handoff.ckpt").stat().st_mtime >= signalled - 0.01
+    assert saved.stat().st_mtime >= signalled - 0.01
     assert HandoffLock(url).status().owner_id is None
     assert took < 30, took
     assert len(re.findall(r"exits \(SIGTERM\), status 143", out)) == 2, out

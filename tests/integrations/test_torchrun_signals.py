@@ -101,16 +101,21 @@ def test_a_job_stopped_while_waiting_for_its_turn_runs_to_completion_when_starte
             assert took < 30, took
             assert len(re.findall(r"exits while waiting \(SIGTERM\), status 143", out)) == 2, out
             assert HandoffLock(url).status().waiter_id is None  # it gave its place back
-        else:  # no chance to clean up: its slot stays behind, and the restarted job must reclaim it
+        else:  # no chance to clean up: its slot stays behind until waiter_ttl, and the restart waits it out
             os.killpg(first.pid, signal.SIGKILL)
             first.wait(timeout=10)
             assert HandoffLock(url).status().waiter_id == "torchrun:job-A"
+        dead = HandoffLock(url).status().waiter_instance  # the killed incarnation's slot (None after SIGTERM)
         again = start_job(url, tmp_path, "--steps", "30", rdzv_id="job-A")  # the same command
         try:
             lines = Lines(again)
             time.sleep(2.0)
             assert again.poll() is None, lines.text()  # waiting, not failed with LockContended
-            wait_until(lambda: HandoffLock(url).status().waiter_id == "torchrun:job-A", 60, "restarted job waits")
+            # The restart is another instance under the same id: it takes the slot only once the killed
+            # one's has ended (waiter_ttl, 10 s here), never from it while it may be alive.
+            wait_until(lambda: (HandoffLock(url).status().waiter_id == "torchrun:job-A"
+                                and HandoffLock(url).status().waiter_instance not in (None, dead)),
+                       60, "restarted job waits")
             token_b = HandoffLock(url).status().token
             holder.stdin.close()  # job B is done: it hands the lock to the restarted job
             assert holder.wait(timeout=30) == 0

@@ -55,7 +55,7 @@ def checkpoint_after(framework: str, tmp_path: Path, step: int) -> float:
         assert torch.load(saved)["step"] == step
         return saved.stat().st_mtime
     if framework == "lightning":
-        saved = tmp_path / "handoff.ckpt"
+        [saved] = tmp_path.glob(f"handoff-token*-step{step}.ckpt")
         assert torch.load(saved, weights_only=False)["global_step"] == step
         return saved.stat().st_mtime
     saved = tmp_path / "hf" / f"checkpoint-{step}"

@@ -7,6 +7,7 @@ Most run on simulated time (the ``sim`` and ``world`` fixtures of tests/support/
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import logging
@@ -34,6 +35,7 @@ from handofflock import (
     LockContended,
     LockRecord,
     LockTimeout,
+    PreconditionFailed,
     StorageError,
     TokensExhausted,
     TransientStorageError,
@@ -205,6 +207,66 @@ def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
     assert record is None or record.owner_id != "B", "an interrupted acquire left the lock held by B on record"
 
 
+@pytest.mark.parametrize("then", ["429", "403"])
+def test_a_take_cut_off_then_refused_on_its_retry_cannot_land_after_the_acquire_left(world, monkeypatch, then):
+    """The take is cut off at its request timeout with no answer (the store may still apply it), and its
+    retry is answered with a refusal. The refusal speaks for its own attempt only: when the acquire
+    leaves, the first attempt must not be able to land and hold the lock for an instance that is gone."""
+    b = world.lock("B", ttl=10.0, frozen=True)
+    real = MemoryStorage.write
+    cut: list[tuple] = []
+
+    def write(self, key, data, *, if_generation_match, timeout=None):
+        if b'"B"' not in data:  # not the take (the give-up's write): as the store does
+            return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+        if not cut:
+            cut.append((key, data, if_generation_match))
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        if then == "429":
+            raise TransientStorageError("injected: 429", status=429, ambiguous=False)
+        raise _403()
+
+    monkeypatch.setattr(MemoryStorage, "write", write)
+    with pytest.raises((LockTimeout, StorageError)):
+        b.acquire(timeout=2.0)
+    monkeypatch.setattr(MemoryStorage, "write", real)
+    key, data, generation = cut[0]
+    with contextlib.suppress(PreconditionFailed):  # the store applies the first attempt now, late
+        world.store.write(key, data, if_generation_match=generation)
+    record = world.record()
+    assert not b.is_held
+    assert record is None or record.owner_id != "B", f"a take landed after the acquire left: {record}"
+
+
+def test_a_second_ctrl_c_during_the_release_of_an_interrupted_take_still_frees_the_lock(world):
+    """A Ctrl-C as the take lands, and another as the acquire's way out releases what it took (a user
+    pressing Ctrl-C twice): the release goes on in the background, as after a store error, instead of
+    leaving the lock on record under an idle instance until its lease runs out (ttl + skew)."""
+    b = world.lock("B", ttl=10.0)
+    presses = []
+
+    def first(op, key, result):
+        world.store.faults.clear()
+        world.store.faults.before("write", second)
+        presses.append("take")
+        raise KeyboardInterrupt  # the store applied the take; acquire() never sees the reply
+
+    def second(op, key):
+        world.store.faults.clear()
+        presses.append("release")
+        raise KeyboardInterrupt  # the release write, before it is sent
+
+    world.store.faults.after("write", first)
+    with pytest.raises(KeyboardInterrupt):
+        b.acquire(timeout=30)
+    assert presses == ["take", "release"]
+    assert world.record().owner_instance == b.instance  # the take landed, its release did not
+    world.clock.run_for(3.0)  # well inside the lease (10 s): the background duties run
+    record = world.record()
+    assert record.owner_id is None, f"the lock stays held on record by an idle instance: {record}"
+    assert not b.is_held
+
+
 def test_a_non_blocking_acquire_leaves_a_leaked_slot_of_its_own_instead_of_refreshing_it(world):
     a, b = _owner_and_waiter(world)
     # The slot leaked (say the give-back itself could not reach the store): B is the waiter on record.
@@ -298,10 +360,13 @@ def test_a_waiter_that_leaves_acquire_on_an_exception_gives_its_slot_back(world,
 
 
 @pytest.mark.timeout(60)
-def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
-    """X waits; a second instance with the same stable owner id starts a blocking acquire (a restart whose
-    predecessor still lives). The newer one reclaims the slot, the superseded one defers (LockContended):
-    after the handoff exactly one instance holds the lock, the newer one."""
+def test_two_live_instances_with_one_owner_id_wait_for_each_other_as_any_two_parties(sim):
+    """X waits; a second instance with the same stable owner id (a restart whose predecessor still lives,
+    or a second job that derived the same id) starts a blocking acquire. It is another party: it waits
+    for X's slot, then for X's hold, and gets the lock when X releases, never by taking it.
+
+    (An earlier version let the newer instance reclaim the slot and the first defer with LockContended;
+    the first, alive and waiting, lost its place to a job it could not tell from itself.)"""
     kw = dict(ttl=3.0, waiter_poll_interval=0.05, waiter_check_interval=0.05, min_hold=0)
     owner = sim.lock("O", **kw)
     first, twin = sim.lock("X", **kw), sim.lock("X", **kw)
@@ -310,37 +375,68 @@ def test_two_live_instances_with_one_owner_id_never_both_own_the_lock(sim):
 
     def run(name, lock):
         try:
-            boxes[name]["value"] = lock.acquire(timeout=10)
+            boxes[name]["value"] = lock.acquire(timeout=20)
         except BaseException as exc:  # handed to the test
             boxes[name]["error"] = exc
 
     t1 = sim.start(lambda: run("first", first))
     sim.run_until(lambda: owner.release_requested, limit=10)
     t2 = sim.start(lambda: run("twin", twin))
-    sim.run_for(0.3)  # the twin has read the record naming X as the waiter
+    sim.run_for(0.3)  # the twin has read the record naming X (the first instance) as the waiter
+    assert sim.record().waiter_instance == first.instance, "the twin left the first's live slot alone"
     assert sim.call(owner.release) == "X"
-    sim.run_until(lambda: t1.done and t2.done, limit=10)
-    sim.run_for(0.5)  # a few renewals of whoever holds it
-    both = first.healthy and twin.healthy
-    assert not both, f"two instances hold the lock at once, tokens {first.token} and {twin.token}"
+    sim.run_until(lambda: t1.done, limit=10)
+    assert first.is_held and bool(boxes["first"].get("value")), boxes
+    held_by_first = sim.record().token
+    for _ in range(20):  # the twin waits (its slot, its request) while the first holds and renews
+        sim.run_for(0.25)
+        assert not (first.healthy and twin.healthy), f"both hold the lock, tokens {first.token} and {twin.token}"
+        assert first.healthy and not t2.done, boxes
+    assert sim.record().waiter_instance == twin.instance and first.release_requested
+    assert sim.call(first.release) == "X"  # handed to the twin, the waiter under the same id
+    sim.run_until(lambda: t2.done, limit=10)
     assert twin.is_held and bool(boxes["twin"].get("value")), boxes
-    # The first has a timeout, which waits for a slot held by another job; a slot taken
-    # by its own newer incarnation is not that: it defers at once (Contended.superseded).
-    assert not first.is_held and isinstance(boxes["first"].get("error"), LockContended), boxes
+    assert twin.token > held_by_first and not first.is_held
+    assert sim.record().owner_instance == twin.instance
 
 
-def test_a_twin_that_retakes_the_lock_fences_the_first_instance_out(world):
-    first, twin = world.lock("X"), world.lock("X")
+def test_a_second_instance_with_the_same_owner_id_never_takes_the_live_ones_lock(world):
+    """Two steps of one Slurm allocation, or two launches with one --rdzv-id: one owner id, two live jobs.
+    The second times out as a waiter behind the first's live, renewed lease; the first stays healthy.
+    (An earlier version retook the lock at once with a new token, and the first got LockLost mid-job.)"""
+    first, twin = world.lock("slurm:812345"), world.lock("slurm:812345")
     assert first.acquire()
-    assert twin.acquire(timeout=5)  # a restart under the same id takes it back with a higher token
-    assert twin.token > first.token
-    world.clock.advance(first.renew_interval)
-    world.sched.run_pending()
-    assert not first.healthy and not first.is_held
-    fence = FencedObject(world.store, "locks/journal.json", writer_id="X", clock=world.clock)
+    token = first.token
+    with pytest.raises(LockTimeout, match="a live lease its holder keeps renewing"):
+        twin.acquire(timeout=5)
+    world.clock.run_for(first.waiter_check_interval * 3)  # the first's checks read the record
+    first.check()
+    assert first.healthy and first.token == token and not twin.is_held
+    assert world.record().owner_instance == first.instance and world.record().token == token
+    fence = FencedObject(world.store, "locks/journal.json", writer_id="slurm:812345", clock=world.clock)
+    fence.write({"by": "first"}, token=first.token)
+    # Released (as a job does at exit, SIGTERM included), the lock is the next instance's at once.
+    first.release()
+    assert twin.acquire(blocking=False)
+    assert twin.token > token
     fence.write({"by": "twin"}, token=twin.token)
-    with pytest.raises(StaleToken):
-        fence.write({"by": "first"}, token=first.token)
+    with pytest.raises(StaleToken):  # the token still rises across incarnations: the first is fenced out
+        fence.write({"by": "first"}, token=token)
+
+
+def test_a_restart_gets_its_dead_predecessors_lock_once_the_lease_runs_out(world):
+    """The predecessor was killed holding the lock (no release, no renewals): the restart under the same id
+    waits for its lease like anyone, ttl + max_clock_skew after its last renewal (62 s at the defaults),
+    then takes it with a higher token. A paused process cannot be told from a dead one."""
+    dead = world.lock("job-7", frozen=True)  # its renewals never run again: killed right after acquiring
+    assert dead.acquire()
+    last_renewal, token = world.clock.time(), dead.token
+    restart = world.lock("job-7")
+    assert restart.acquire(timeout=120)
+    waited = world.clock.time() - last_renewal
+    timing = restart.timing
+    assert timing.ttl + timing.max_clock_skew < waited <= timing.ttl + timing.max_clock_skew + 2 * timing.waiter_poll_interval
+    assert restart.token > token and world.record().owner_instance == restart.instance
 
 
 def test_a_timeout_of_nan_is_refused(world):

@@ -27,11 +27,12 @@ def rec(owner=None, expires=None, waiter=None, waiter_expires=None, token=7, own
     )
 
 
-# (name, record, waiting, expected outcome, expected kind or None)
+# (name, record, waiting, expected outcome, expected kind or None). We are Me("me", "i1"): a place is ours only
+# when it names our id and this instance ("i1"); our id with another instance, or none, is another party's.
 ACQUIRE_TABLE = [
     ("absent: create it", None, False, Write, Kind.CREATE),
     ("free, no waiter: take it", rec(), False, Write, Kind.TAKE),
-    ("free, my waiter slot: take it", rec(waiter="me", waiter_expires=NOW + 10), True, Write, Kind.TAKE),
+    ("free, my waiter slot: take it", rec(waiter="me", waiter_expires=NOW + 10, waiter_instance="i1"), True, Write, Kind.TAKE),
     ("free, another live waiter: it has priority", rec(waiter="w", waiter_expires=NOW + 10), False, Contended, None),
     ("free, another waiter expired beyond skew: take it", rec(waiter="w", waiter_expires=NOW - 3), False, Write, Kind.TAKE),
     ("free, another waiter expired within skew: still defer", rec(waiter="w", waiter_expires=NOW - 1), False, Contended, None),
@@ -39,25 +40,33 @@ ACQUIRE_TABLE = [
     ("owner expired within skew: still live, become waiter", rec("a", NOW - 1), False, Write, Kind.BECOME_WAITER),
     ("owner expired beyond skew: take it", rec("a", NOW - 2.5), False, Write, Kind.TAKE),
     ("owner expired, live waiter is someone else: a third party defers", rec("a", NOW - 100, "w", NOW + 5), False, Contended, None),
-    ("owner expired, I am the live waiter: take it", rec("a", NOW - 100, "me", NOW + 5), True, Write, Kind.TAKE),
+    ("owner expired, I am the live waiter: take it", rec("a", NOW - 100, "me", NOW + 5, waiter_instance="i1"), True, Write, Kind.TAKE),
     ("owner live, live waiter someone else: contended", rec("a", NOW + 30, "w", NOW + 20), False, Contended, None),
     ("owner live, waiter slot expired: take the slot", rec("a", NOW + 30, "w", NOW - 5), False, Write, Kind.BECOME_WAITER),
-    ("owner live, my slot fresh: wait", rec("a", NOW + 30, "me", NOW + 25), True, Wait, None),
-    ("owner live, my slot half used: refresh it", rec("a", NOW + 30, "me", NOW + 14), True, Write, Kind.REFRESH_WAITER),
-    ("owner live, my slot expired but still mine: refresh it", rec("a", NOW + 30, "me", NOW - 1), True, Write, Kind.REFRESH_WAITER),
+    ("owner live, my slot fresh: wait", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i1"), True, Wait, None),
+    ("owner live, my slot half used: refresh it", rec("a", NOW + 30, "me", NOW + 14, waiter_instance="i1"), True, Write, Kind.REFRESH_WAITER),
+    ("owner live, my slot expired but still mine: refresh it", rec("a", NOW + 30, "me", NOW - 1, waiter_instance="i1"), True, Write, Kind.REFRESH_WAITER),
     ("handed to me while I waited: owned, no write", rec("me", NOW + 60, owner_instance="i1"), True, Owned, None),
-    ("handed to my id but another instance (a twin): retake with a new token", rec("me", NOW + 60, owner_instance="i2"), True, Write, Kind.RETAKE),
-    ("handed to my id, no instance recorded: retake, never assume", rec("me", NOW + 60), True, Write, Kind.RETAKE),
-    ("owner live, slot names my id but a twin instance: contended", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
-    ("owner live, slot names my id, an earlier incarnation's instance, I just started: reclaim the slot", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i0"), False, Write, Kind.BECOME_WAITER),
-    ("owner live, slot names my id with no instance recorded, I just started: mine, wait", rec("a", NOW + 30, "me", NOW + 25), False, Wait, None),
-    ("free, live slot names my id, an earlier incarnation's instance, I just started: take it", rec(None, None, "me", NOW + 25, waiter_instance="i0"), False, Write, Kind.TAKE),
-    ("owner expired, live slot names my id, an earlier incarnation's, I just started: take it", rec("a", NOW - 100, "me", NOW + 25, waiter_instance="i0"), False, Write, Kind.TAKE),
-    ("free, live slot names my id, a newer incarnation took it while I waited: defer to it", rec(None, None, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
-    ("names me but I was not waiting: retake with a new token", rec("me", NOW + 60), False, Write, Kind.RETAKE),
-    ("names me, lease long expired, was waiting: retake", rec("me", NOW - 100), True, Write, Kind.RETAKE),
-    ("handed to me but the lease ran out by my clock: retake, never assume", rec("me", NOW - 0.5), True, Write, Kind.RETAKE),
+    # Our owner id with another instance (a restart's predecessor, or a second live job that derived the id) is
+    # another party: its live lease is waited for, never retaken.
+    ("my id, another instance, lease live, I just started: become the waiter", rec("me", NOW + 60, owner_instance="i2"), False, Write, Kind.BECOME_WAITER),
+    ("my id, another instance, lease live, I was waiting: become the waiter again", rec("me", NOW + 60, owner_instance="i2"), True, Write, Kind.BECOME_WAITER),
+    ("my id, no instance recorded (an older writer's), lease live: become the waiter", rec("me", NOW + 60), False, Write, Kind.BECOME_WAITER),
+    ("my id, another instance, expired within skew: still live, become the waiter", rec("me", NOW - 1, owner_instance="i2"), False, Write, Kind.BECOME_WAITER),
+    ("my id, another instance, expired beyond skew: take it", rec("me", NOW - 2.5, owner_instance="i2"), False, Write, Kind.TAKE),
+    ("my id, another instance, lease live, its slot taken by another: contended", rec("me", NOW + 60, "w", NOW + 20, owner_instance="i2"), False, Contended, None),
+    ("owner live, slot names my id but another instance, I was waiting: contended", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
+    ("owner live, slot names my id, an earlier incarnation's instance, I just started: contended", rec("a", NOW + 30, "me", NOW + 25, waiter_instance="i0"), False, Contended, None),
+    ("owner live, slot names my id with no instance recorded: another party's, contended", rec("a", NOW + 30, "me", NOW + 25), False, Contended, None),
+    ("owner live, slot of my id and another instance expired: take the slot", rec("a", NOW + 30, "me", NOW - 5, waiter_instance="i0"), False, Write, Kind.BECOME_WAITER),
+    ("free, live slot names my id, an earlier incarnation's instance: it has priority", rec(None, None, "me", NOW + 25, waiter_instance="i0"), False, Contended, None),
+    ("owner expired, live slot names my id, another instance: it has priority", rec("a", NOW - 100, "me", NOW + 25, waiter_instance="i0"), False, Contended, None),
+    ("free, live slot names my id, another instance took it while I waited: contended", rec(None, None, "me", NOW + 25, waiter_instance="i2"), True, Contended, None),
+    ("names this instance but I was not waiting: retake with a new token", rec("me", NOW + 60, owner_instance="i1"), False, Write, Kind.RETAKE),
+    ("names this instance, lease long expired, was waiting: retake", rec("me", NOW - 100, owner_instance="i1"), True, Write, Kind.RETAKE),
+    ("handed to this instance but the lease ran out by my clock: retake, never assume", rec("me", NOW - 0.5, owner_instance="i1"), True, Write, Kind.RETAKE),
     ("legacy four-field record held by another: become waiter", LockRecord(Holder("a", NOW + 30), legacy=True), False, Write, Kind.BECOME_WAITER),
+    ("legacy four-field record under my id: another party's, become waiter", LockRecord(Holder("me", NOW + 30), legacy=True), False, Write, Kind.BECOME_WAITER),
 ]
 
 
@@ -114,8 +123,8 @@ def test_suspect_lease_and_lease_end():
 @pytest.mark.parametrize("kind_row", [r for r in ACQUIRE_TABLE if r[4] in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)], ids=lambda r: r[0])
 def test_every_change_of_owner_raises_the_token_and_sets_a_full_lease(kind_row):
     _, record, waiting, _, _ = kind_row
-    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me"), now=NOW, timing=TIMING, nonce="n", waiting=waiting)
-    assert d.record.owner.id == "me"
+    d = protocol.decide_acquire(record, GEN if record else 0, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=waiting)
+    assert (d.record.owner.id, d.record.owner.instance) == ("me", "i1")
     assert d.record.owner.expires_at == NOW + TIMING.ttl
     assert d.record.token > (record.token if record else 0)
     assert d.record.ttl == TIMING.ttl
@@ -131,32 +140,58 @@ def test_a_retake_keeps_another_live_waiter_in_its_slot():
     assert d.kind is Kind.RETAKE and d.record.waiter.id == "w" and d.record.token > 7
 
 
-def test_a_restarted_job_reclaims_its_earlier_incarnations_waiter_slot_as_its_own_instance():
+def test_a_restarted_job_waits_for_its_earlier_incarnations_slot_as_for_anyones():
+    # An earlier version reclaimed the slot at once and the earlier instance deferred to it; the slot
+    # of another instance under our id is another party's, which may be alive: only its expiry frees it.
     r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9)
     d = protocol.decide_acquire(r, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert isinstance(d, Contended)
+    later = NOW + 2 + TIMING.max_clock_skew + 0.5  # the slot has ended, even allowing for skew
+    d = protocol.decide_acquire(r, GEN, me=Me("me", "i1"), now=later, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.BECOME_WAITER and d.if_generation_match == GEN
     assert (d.record.waiter.id, d.record.waiter.instance) == ("me", "i1")
-    assert d.record.waiter.expires_at == NOW + TIMING.waiter_ttl  # a fresh slot, not the dead one's remainder
+    assert d.record.waiter.expires_at == later + TIMING.waiter_ttl  # a fresh slot, not the dead one's remainder
     assert (d.record.owner.id, d.record.owner.expires_at, d.record.token) == ("a", NOW + 30, 9)  # the owner untouched
     # once registered, the same record (now naming i1) is simply ours: no write while it is fresh
-    again = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n2", waiting=True)
+    again = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i1"), now=later, timing=TIMING, nonce="n2", waiting=True)
     assert isinstance(again, Wait)
-    # the superseded incarnation, if it still lives and polls, defers instead of taking the slot back
-    old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=NOW, timing=TIMING, nonce="n3", waiting=True)
-    assert isinstance(old, Contended) and old.superseded
-    # ... even with a higher priority, which would take another job's slot
+    # the earlier incarnation, if it still lives and polls, is another party: it waits its turn for the slot
+    old = protocol.decide_acquire(d.record, GEN + 1, me=Me("me", "i0"), now=later, timing=TIMING, nonce="n3", waiting=True)
+    assert isinstance(old, Contended)
+    # ... and takes it by the rank rules only, as anyone would (a higher priority outranks the slot)
     old = protocol.decide_acquire(
-        d.record, GEN + 1, me=Me("me", "i0"), now=NOW, timing=TIMING, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
+        d.record, GEN + 1, me=Me("me", "i0"), now=later, timing=TIMING, nonce="n3", waiting=True, request=WaiterRequest(True, 5)
     )
-    assert isinstance(old, Contended) and old.superseded
-    # and the owner hands the lock to the new instance, with a higher token
-    h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=NOW, timing=TIMING, nonce="n4")
+    assert old.kind is Kind.BECOME_WAITER and old.record.waiter.instance == "i0"
+    # and the owner hands the lock to the instance in the slot, with a higher token
+    h = protocol.decide_release(d.record, GEN + 1, me=Me("a"), token=9, now=later, timing=TIMING, nonce="n4")
     assert h.kind is Kind.HANDOFF and h.record.owner.instance == "i1" and h.record.token > 9
 
 
-def test_a_restarted_job_that_reclaims_its_slot_writes_its_own_request_into_it():
+def test_an_owner_hands_off_to_a_waiter_with_its_own_id_and_another_instance():
+    """Two live jobs that derived one id: the holder asks nothing of itself, it sees a waiter and hands on."""
+    held_by_i1 = rec("me", NOW + 5, "me", NOW + 9, owner_instance="i1", waiter_instance="i2")
+    assert protocol.observe_as_owner(held_by_i1, me=Me("me", "i1"), token=7, now=NOW) == WaiterSeen("me", NOW + 9)
+    h = protocol.decide_release(held_by_i1, GEN, me=Me("me", "i1"), token=7, now=NOW, timing=TIMING, nonce="n")
+    assert h.kind is Kind.HANDOFF and (h.record.owner.id, h.record.owner.instance) == ("me", "i2") and h.record.token > 7
+    # the heir finds the lock handed to it, as any waiter; the first instance, reading it, has lost it
+    assert isinstance(protocol.decide_acquire(h.record, GEN + 1, me=Me("me", "i2"), now=NOW, timing=TIMING, nonce="n2", waiting=True), Owned)
+    assert isinstance(protocol.observe_as_owner(h.record, me=Me("me", "i1"), token=7, now=NOW), Lost)
+    assert protocol.registered(held_by_i1, Me("me", "i2")) and not protocol.registered(held_by_i1, Me("me", "i1"))
+
+
+def test_the_token_rises_when_a_restart_takes_its_dead_predecessors_lease():
+    dead = rec("me", NOW - 2.5, owner_instance="i0", token=int(NOW * 1000) + 50)
+    d = protocol.decide_acquire(dead, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert d.kind is Kind.TAKE and d.record.owner.instance == "i1" and d.record.token == dead.token + 1
+    # the predecessor, should it wake, finds the lock another instance's and stops
+    assert isinstance(protocol.decide_renew(d.record, GEN + 1, me=Me("me", "i0"), token=dead.token, now=NOW, timing=TIMING, nonce="n2"), Lost)
+
+
+def test_a_restarted_job_writes_its_own_request_into_a_slot_it_takes():
+    # The slot of an earlier instance under our id, expired: free for anyone (live, it would be waited for).
     patient = WaiterRequest(False, 3)
-    r = rec("a", NOW + 30, "me", NOW + 2, waiter_instance="i0", token=9, declined=True)
+    r = rec("a", NOW + 30, "me", NOW - 5, waiter_instance="i0", token=9, declined=True)
     d = protocol.decide_acquire(
         r, GEN, me=Me("me", "i1"), now=NOW, timing=TIMING, nonce="n", waiting=False, request=patient
     )
@@ -353,6 +388,28 @@ def test_renew_writes_the_decline_table(name, record, yields, declined):
     assert isinstance(d, Write) and d.kind is Kind.RENEW
     assert d.record.declined is declined
     assert LockRecord.decode(d.record.encode()).declined is declined  # and it survives the wire
+
+
+def test_a_write_sent_after_its_decision_stopped_holding_is_not_sent():
+    """Decided again at the send: a handoff only to a slot still live then, a registration only under a live lease
+    (once it has ended, the lock is to be taken). A take, a renewal and a free hold however late they go."""
+    me = Me("me", "im")
+    slot = rec("me", NOW + 30, "w", NOW + 5, owner_instance="im")
+    handoff = protocol.decide_release(slot, GEN, me=me, token=7, now=NOW, timing=TIMING, nonce="n")
+    assert isinstance(handoff, Write) and handoff.kind is Kind.HANDOFF
+    assert protocol.restamp(handoff, now=NOW + 4.9, nonce="n2", timing=TIMING) is not None
+    assert protocol.restamp(handoff, now=NOW + 5, nonce="n2", timing=TIMING) is None
+    register = protocol.decide_acquire(rec("a", NOW + 3), GEN, me=me, now=NOW, timing=TIMING, nonce="n", waiting=False)
+    assert isinstance(register, Write) and register.kind is Kind.BECOME_WAITER
+    assert protocol.restamp(register, now=NOW + 4.9, nonce="n2", timing=TIMING) is not None  # within the skew
+    assert protocol.restamp(register, now=NOW + 5, nonce="n2", timing=TIMING) is None
+    held = rec("me", NOW + 30, owner_instance="im")
+    for later in (
+        protocol.decide_acquire(rec(), GEN, me=me, now=NOW, timing=TIMING, nonce="n", waiting=False),
+        protocol.decide_renew(held, GEN, me=me, token=7, now=NOW, timing=TIMING, nonce="n"),
+        protocol.decide_release(held, GEN, me=me, token=7, now=NOW, timing=TIMING, nonce="n"),
+    ):
+        assert isinstance(later, Write) and protocol.restamp(later, now=NOW + 1e6, nonce="n2", timing=TIMING)
 
 
 def test_a_hold_records_when_it_began_and_renewals_keep_it():

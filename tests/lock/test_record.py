@@ -200,8 +200,9 @@ def test_every_write_path_carries_or_clears_the_labels():
     assert d.kind is Kind.FREE and d.record.owner_label is None and d.record.waiter_label == WAITER
     d = protocol.decide_release(waited(waiter_expires_at=NOW - 10), 3, me=Me("a", "ia"), token=7, now=NOW, timing=TIMING, nonce="n")
     assert d.kind is Kind.FREE and d.record.waiter_label is None
-    # retake under my stable id: my label, a live waiter keeps its own
-    d = protocol.decide_acquire(waited(owner_id="me"), 3, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=False)
+    # retake of a record naming this very instance (a same-id record of another instance is another party's,
+    # never retaken): my label, a live waiter keeps its own
+    d = protocol.decide_acquire(waited(owner_id="me", owner_instance="im"), 3, me=Me("me", "im", mine_label), now=NOW, timing=TIMING, nonce="n", waiting=False)
     assert d.kind is Kind.RETAKE and (d.record.owner_label, d.record.waiter_label) == (mine_label, WAITER)
 
 

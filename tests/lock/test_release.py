@@ -343,3 +343,30 @@ def test_a_release_racing_a_withdrawal_hands_the_lock_to_exactly_one_or_frees_it
     outcomes = [_race_once(i) for i in range(12)]
     print("outcomes", {k: outcomes.count(k) for k in ("handed", "freed")})
     assert len(outcomes) == 12  # which side wins each time is up to the seed: both are correct
+
+
+@pytest.mark.parametrize("held_back_by", ["429s", "the write gate"])
+def test_a_handoff_held_back_past_the_waiters_slot_frees_the_lock_instead(world, held_back_by):
+    """The release decides to hand off while the waiter's slot is live; its write is held back (a 429 and its
+    retry, or the write spacing) until the slot has ended. Decided again as it is sent, it frees the lock:
+    the slot's party may have left, and a handoff to it would hold the lock for nobody for a whole lease."""
+    from handofflock.core.record import Waiter
+
+    owner = world.lock("O", ttl=10.0, min_hold=0, min_write_interval=GCS_SPACING)
+    assert owner.acquire()
+    record = world.record()
+    slot = Waiter("W", world.clock.time() + 3.0, ttl=10.0, instance="winstance")
+    world.store.write(KEY, record.replace(waiter=slot).encode(), if_generation_match=world.generation())
+    world.clock.run_for(owner.timing.waiter_check_interval + 0.2)  # the owner's check reads the slot
+    assert owner.release_requested and world.clock.time() < slot.expires_at - 0.5
+    applied: list[str | None] = []
+    world.store.faults.after("write", lambda op, key, result: applied.append(world.record().owner_id), key=KEY)
+    if held_back_by == "429s":
+        refused = TransientStorageError("429: rate limit", status=429, ambiguous=False, retry_after=1.0)
+        world.store.faults.fail_next("write", key=KEY, exc=lambda: refused)
+    else:
+        owner._io.gate().throttled(retry_after=2.0)  # a 429 a moment ago: the next write waits 2 s
+    sent_at = world.clock.time()
+    assert owner.release() is None
+    assert world.clock.time() > slot.expires_at > sent_at  # the write went out after the slot ended
+    assert world.record().owner_id is None and applied == [None], applied

@@ -6,6 +6,7 @@ import math
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -22,8 +23,10 @@ from handofflock import (
     signals,
 )
 from handofflock.core.clock import Clock
+from handofflock.core.errors import RenewalsBehindWarning
+from handofflock.lock import events
 from handofflock.lock.handoff import _Reaper
-from handofflock.lock.scheduler import Scheduled
+from handofflock.lock.scheduler import BEHIND_SHARE, Scheduled
 from handofflock.storage import MemoryStorage, open_url
 from handofflock.storage.records import WriteGate
 
@@ -46,6 +49,9 @@ class WallTicker:
         return self.next_at
 
     def next_check_at(self):
+        return math.inf
+
+    def deadline(self):
         return math.inf
 
     def run_due(self):
@@ -80,6 +86,9 @@ class Ticker:
 
     def next_check_at(self):
         return self.next_check
+
+    def deadline(self):
+        return math.inf
 
     def run_due(self):
         now = self.clock.monotonic()
@@ -501,18 +510,18 @@ def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
         with sched._mutex:
             jobs, _ = sched._plan(clock.monotonic(), track=True)
         assert len(jobs) == 1, "one beat for the group"
-        beat = threading.Thread(target=jobs[0][0])
+        beat = threading.Thread(target=jobs[0].run)
         beat.start()
         assert listing.wait(5)
         clock.advance(7.5 - CHECK)  # the renewals fall due while the listing hangs
         with sched._mutex:  # private: as above
             jobs, _ = sched._plan(clock.monotonic(), track=True)
-            second_beat = [job for job, covered in jobs if not covered]
-        renewing = {id(lock) for _, covered in jobs for lock in covered}
+            second_beat = [job for job in jobs if not job.locks]
+        renewing = {id(lock) for job in jobs for lock in job.locks}
         assert renewing == {id(lock._duties) for lock in locks}, "renewals waited for the listing"  # private: what the scheduler holds of each lock
         assert not second_beat, "a second beat started while the first still lists"
-        for job, _ in jobs:
-            job()
+        for job in jobs:
+            job.run()
         assert all(lock.healthy for lock in locks)
     finally:
         go.set()
@@ -638,3 +647,162 @@ def test_a_scheduler_with_only_add_and_discard_serves_a_release_request():
         duties.run_due()
     assert lock.release_requested
     lock.release()
+
+
+# --------------------------------------------------------------------------- falling behind: more locks than the workers renew
+
+SLOW = 0.05  # seconds every request takes: GCS's round trip
+
+
+def _slow_requests(sim) -> None:
+    """Every request of a simulated thread takes SLOW seconds of simulated time (the test's own calls take none)."""
+
+    def slow(op, key):
+        if sim.hub.current is not None:
+            sim.hub.park(sim.hub.now + SLOW)
+
+    sim.store.faults.before("*", slow)
+
+
+def _hold_many(sim, n: int, *, prefix: str = "locks/", ttl: float = 5.0):
+    """``n`` locks taken at once by one simulated process, with GCS's write spacing; their times of loss, as lost."""
+    first = sim.lock("p", key=f"{prefix}l0000.json", ttl=ttl, min_write_interval=1.0)
+    locks = [first] + [
+        sim.lock("p", beside=first, key=f"{prefix}l{i:04d}.json", ttl=ttl, min_write_interval=1.0) for i in range(1, n)
+    ]
+    calls = [sim.start(lambda lock=lock: lock.acquire(blocking=False)) for lock in locks]
+    sim.run_until(lambda: all(calls), limit=60)
+    assert all(call.result for call in calls)
+    lost: list[float] = []
+    signals.lost.connect(lambda sender, **kw: lost.append(sim.monotonic()), weak=False)
+    return locks, sim._processes[id(first)][3], lost  # private: the process's scheduler, as the sim made it
+
+
+class _Lateness(events.Observer):
+    """The lock observer, keeping what the scheduler reports of each renewal it starts."""
+
+    def __init__(self, sim) -> None:
+        self.sim, self.started = sim, []
+
+    def renewal_started(self, scheduler, lateness, share):
+        self.started.append((self.sim.monotonic(), share))
+
+
+def test_behind_its_work_a_scheduler_runs_renewals_before_checks_and_the_most_urgent_lease_first(sim):
+    from handofflock.testing.sim.hub import Proc, SimClock, sim_primitives
+
+    proc = Proc("one-worker")
+    clock = SimClock(sim.hub, proc, 0.0)
+    sched = Scheduler(clock, name="one-worker", primitives=sim_primitives(sim.hub, proc), io_workers=1)
+    ran: list[str] = []
+
+    class Duty(Ticker):
+        def __init__(self, name, deadline, check=math.inf):
+            super().__init__(clock, sim.store, f"{name}.json", every=1.0, check=check)
+            self.name, self.lease_end = name, deadline
+
+        def deadline(self):
+            return self.lease_end
+
+        def run_due(self):
+            ran.append(f"renew {self.name}")
+            sim.sleep(SLOW)
+            super().run_due()
+
+        def check_against(self, generation):
+            ran.append(f"check {self.name}")
+            sim.sleep(SLOW)
+            super().check_against(generation)
+
+    now = clock.monotonic()
+    checker = Duty("checker", math.inf, check=1.0)  # at the store's root: a waiter check of its own
+    checker.next_at = math.inf
+    late = Duty("late", now + 3.0)
+    urgent = Duty("urgent", now + 1.5)
+    for duty in (checker, late, urgent):  # in this order: the plan meets the check first
+        sched.add(duty)
+    sim.run_for(1.2)
+    assert ran[:3] == ["renew urgent", "renew late", "check checker"]
+
+
+def test_a_process_with_more_locks_than_it_can_renew_warns_and_reports_it_before_it_loses_one(sim, monkeypatch):
+
+    observer = _Lateness(sim)
+    monkeypatch.setattr(events, "observer", observer)
+    _slow_requests(sim)
+    warned: list[float] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", RenewalsBehindWarning)
+        warnings.showwarning = lambda *args, **kw: warned.append(sim.monotonic())
+        locks, sched, lost = _hold_many(sim, 400)  # 8 workers at 50 ms renew 160 a second: 400 cannot all land
+        sim.run_for(6.0)
+    assert lost, "the test needs a process past its capacity"
+    assert warned and warned[0] < min(lost), "no warning before the first lease was lost"
+    assert len(warned) == 1, "warned once per episode"
+    reported = [at for at, share in observer.started if share >= BEHIND_SHARE]
+    assert reported and reported[0] < min(lost), "the lateness metric did not pass the warning's share before a loss"
+    assert sched.lateness.behind and sched.lateness.worst >= 1.0
+
+
+#: What ``scripts/bench --only capacity`` printed for ttl 5 at 50 ms per request (docs/benchmarks.md).
+HEALTHY_AT_TTL_5, WITH_MARGIN_AT_TTL_5 = 244, 126
+
+
+@pytest.mark.parametrize("prefix", ["locks/", ""], ids=["grouped", "each-checked-alone"])
+def test_at_the_capacity_the_bench_reports_no_lease_is_lost(sim, prefix):
+    _slow_requests(sim)
+    locks, sched, lost = _hold_many(sim, HEALTHY_AT_TTL_5, prefix=prefix)
+    sim.run_for(3 * locks[0].renew_deadline)
+    assert not lost and all(lock.healthy for lock in locks)
+    assert sched.lateness.worst < 1.0
+
+
+def test_at_the_capacity_with_margin_the_bench_reports_the_scheduler_never_warns(sim):
+    _slow_requests(sim)
+    locks, sched, lost = _hold_many(sim, WITH_MARGIN_AT_TTL_5)
+    sim.run_for(3 * locks[0].renew_deadline)
+    assert not lost and not sched.lateness.behind and sched.lateness.worst < BEHIND_SHARE
+
+
+@pytest.mark.parametrize("how", ["warnings-as-errors", "raising-observer"])
+def test_a_renewal_whose_lateness_report_raises_still_runs_and_the_worker_serves_the_next(sim, monkeypatch, how):
+    """Past half its margin the start of a renewal is warned and reported. A process run with ``-W error``
+    (or an observer whose ``renewal_started`` raises) must still renew: the report is not the renewal, and
+    a worker that left on it would hold its place in ``io_workers`` and its lock's ``running`` mark for good."""
+    from handofflock.testing.sim.hub import Proc, SimClock, sim_primitives
+
+    proc = Proc("one-worker-raising")
+    clock = SimClock(sim.hub, proc, 0.0)
+    sched = Scheduler(clock, name="one-worker-raising", primitives=sim_primitives(sim.hub, proc), io_workers=1)
+    ran: list[str] = []
+
+    class Duty(Ticker):
+        def __init__(self, name, margin, takes):
+            super().__init__(clock, sim.store, f"{name}.json", every=1.0)
+            self.name, self.margin, self.takes = name, margin, takes
+            self.next_at = clock.monotonic()
+
+        def deadline(self):
+            return self.next_at + self.margin
+
+        def run_due(self):
+            ran.append(self.name)
+            sim.sleep(self.takes)
+            super().run_due()
+
+    if how == "raising-observer":
+
+        class Raising(events.Observer):
+            def renewal_started(self, scheduler, lateness, share):
+                raise RuntimeError("the metrics backend is down")
+
+        monkeypatch.setattr(events, "observer", Raising())
+    # 'late' starts 0.3 s into its 0.5 s margin, first seen late by the worker that starts it
+    slow, late = Duty("slow", 0.4, takes=0.3), Duty("late", 0.5, takes=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if how == "warnings-as-errors" else "ignore", RenewalsBehindWarning)
+        for duty in (slow, late):
+            sched.add(duty)
+        sim.run_for(5.0)
+    assert ran.count("late") >= 3, ran
+    assert ran.count("slow") >= 3, ran

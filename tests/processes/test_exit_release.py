@@ -202,3 +202,35 @@ def test_a_daemon_thread_waiting_at_exit_gives_its_waiter_slot_back(request, tmp
     finally:
         heir = holder.release()
     assert heir is None  # never handed to the process that is gone
+
+
+_CTRL_C_IN_RELEASE = """
+import sys
+from handofflock import HandoffLock
+from handofflock.storage.records import RecordStore
+
+lock = HandoffLock(sys.argv[1], ttl=60.0)
+assert lock.acquire(timeout=30)
+write = RecordStore.write
+
+def interrupted(self, *args, **kwargs):
+    RecordStore.write = write
+    raise KeyboardInterrupt  # Ctrl-C as the release write is made: nothing sent
+
+RecordStore.write = interrupted
+print("releasing", flush=True)
+lock.release()  # the KeyboardInterrupt ends the program
+"""
+
+
+def test_a_program_ended_by_a_ctrl_c_inside_release_still_frees_the_lock_at_exit(tmp_path):
+    """The release interrupted before its write went out is retried by the exit hook, not left on record
+    for the lease (60 s) under a process that is gone."""
+    url = url_for("local", None, tmp_path)
+    child = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_IN_RELEASE, url], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )  # fmt: skip
+    assert "releasing" in child.stdout and "KeyboardInterrupt" in child.stderr, child.stderr[-2000:]
+    record, _ = raw_read(url)
+    assert record.owner_id is None, f"the lock is left held by a process that is gone: {record}"

@@ -83,3 +83,54 @@ def test_three_processes_with_a_plain_with_block_all_finish_one_at_a_time(backen
     assert sorted(h["who"] for h in holds) == ["p0", "p1", "p2"]
     for before, after in zip(holds, holds[1:]):
         assert after["start"] >= before["end"], holds  # one at a time
+
+
+#: A job under a stable owner id: it holds the lock a few seconds, checking it all along, then releases.
+SAME_ID = r"""
+import json, sys, time
+from handofflock import HandoffLock, signals
+url, hold = sys.argv[1], float(sys.argv[2])
+lock = HandoffLock(url, owner_id="job-1", ttl=10.0, max_clock_skew=0.5)
+
+def say(event, **kw):
+    print(json.dumps({"event": event, "t": time.time(), "token": lock.token, "instance": lock.instance, **kw}), flush=True)
+
+signals.waiting.connect(lambda sender, **kw: say("waiting", holder=kw.get("owner_id")), sender=lock, weak=False)
+lock.acquire(timeout=60)
+say("acquired")
+ends = time.monotonic() + hold
+while time.monotonic() < ends:
+    lock.check()  # LockLost (exit 1) if another instance took it
+    time.sleep(0.05)
+say("releasing")
+lock.release()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["local", "gcs"])
+def test_two_live_processes_with_one_owner_id_never_take_each_others_lock(backend, request, tmp_path):
+    """Two jobs that derived the same owner id (two steps of one allocation, two launches with one
+    --rdzv-id): the second waits as anyone would, and gets the lock when the first releases it; the
+    first keeps passing check() for its whole hold (three waiter checks and more)."""
+    url = url_for(backend, request, tmp_path)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def start(hold: float) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", SAME_ID, url, str(hold)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = start(6.5)
+    got = orjson.loads(next_line(first) or "{}")
+    assert got.get("event") == "acquired", got or first.stderr.read()
+    second = start(0.2)
+    out = {}
+    for name, proc in (("first", first), ("second", second)):
+        stdout, err = proc.communicate(timeout=100)
+        assert proc.returncode == 0, f"{name} exited {proc.returncode}: {err[-2000:]}"
+        out[name] = {e["event"]: e for e in map(orjson.loads, stdout.splitlines())}
+    out["first"]["acquired"] = got
+    one, two = out["first"], out["second"]
+    assert two["waiting"]["holder"] == "job-1", two  # it waited for the other job under its own id
+    assert two["acquired"]["t"] >= one["releasing"]["t"], "the second had the lock while the first still held it"
+    assert two["acquired"]["token"] > one["acquired"]["token"] and two["acquired"]["instance"] != one["acquired"]["instance"]

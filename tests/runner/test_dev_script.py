@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,46 @@ def test_users_extras_take_ranges_and_the_cpu_torch_pin_is_in_the_test_constrain
     assert any(r.startswith("mkdocs") for r in extras["docs"])
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text().splitlines()
 
+
+
+CRASHING_RUN = {
+    "pytest.ini": "",
+    "conftest.py": """
+import importlib.util
+spec = importlib.util.spec_from_file_location("suite_conftest", {conftest!r})
+suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite)
+suite.HEAVY = {{"test_group.py": "group"}}
+pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler
+""",
+    "test_group.py": """
+import os
+def test_before(): pass
+def test_crash(): os._exit(1)
+def test_after_1(): pass
+def test_after_2(): pass
+""",
+    "test_plain.py": """
+import pytest
+@pytest.mark.parametrize("i", range(12))
+def test_plain(i): pass
+""",
+}
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_crashes_fails_its_test_and_the_rest_of_the_run_still_runs_and_ends(tmp_path):
+    """The suite's scheduler (tests/conftest.py) on a run as ``dev.py test`` starts it, where a worker dies
+    in the middle of a heavy group: that test fails, named, and the group's tests it had not started run
+    on another worker. The run ends in seconds, never waits for work no worker will be given."""
+    for name, text in CRASHING_RUN.items():
+        (tmp_path / name).write_text(text.format(conftest=str(ROOT / "tests" / "conftest.py")))
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # startup in seconds: this run needs xdist alone
+    args = [sys.executable, "-m", "pytest", "-p", "xdist", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup"]
+    proc = subprocess.run([*args, "-rA"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "crashed while running 'test_group.py::test_crash'" in out, out
+    assert "1 failed, 15 passed" in out, out
+    for name in ("test_before", "test_after_1", "test_after_2"):
+        assert f"PASSED test_group.py::{name}" in out, out

@@ -89,7 +89,9 @@ def test_run_no_yield_declines_and_status_says_so(shared_url, tmp_path, capsys):
     threads = [threading.Thread(target=f, daemon=True) for f in (asker, told)]
     for t in threads:
         t.start()
-    ttl = "5" if shared_url.startswith("gs://") else "2"  # the decline is written by the next renewal
+    # The decline is written by the next renewal; ttl 4, not 2, on file:// as well: run's renewals run in this
+    # (test) process, and a 1 s renew deadline was missed once on a loaded machine.
+    ttl = "5" if shared_url.startswith("gs://") else "4"
     holder = in_process(["run", shared_url, "--ttl", ttl, "--poll-interval", "0.05", "--min-hold", "0", "--no-yield", "--",
                          *until_told(flag)], capsys)
     for t in threads:

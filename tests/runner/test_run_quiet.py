@@ -101,6 +101,7 @@ def test_the_asker_says_declined_by_the_holder_instead_of_a_grace_deadline(tmp_p
 class _Lock:
     url = "memory://x/lock.json"
     owner_id = "me"
+    instance = "i1"  # the line knows itself by instance: a holder or waiter with our owner id may be another party
 
     def __init__(self, st: LockStatus) -> None:
         self.st = st
@@ -119,7 +120,7 @@ def test_the_waiting_line_reads_declined_from_the_record(monkeypatch):
 
     now = time.time()
     record = LockRecord(Holder("vm:1:ab", now + 30, label=Label("pod=ml/train-0", grace=30.0)),
-                        Waiter("me", now + 30), ttl=30.0, token=3, nonce="n", declined=True)
+                        Waiter("me", now + 30, instance="i1"), ttl=30.0, token=3, nonce="n", declined=True)
     line = WaitLine(_Lock(LockStatus.of("memory://x/lock.json", record, 1, now)), stream=open("/dev/null", "w"))
     line._read()
     text = line.text()

@@ -94,3 +94,36 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
     # W is the waiter all along (the holder's own checks never saw it gone): run must ask the
     # command to stop (exit 143 after SIGTERM) within a few grace periods, not wait out `sleep 15`.
     assert code == 143 and took < 10, f"run exited {code} after {took:.1f} s: the command was never asked to stop"
+
+
+def test_run_signals_for_a_waiter_under_its_own_owner_id():
+    """A second job that derived run's --owner-id waits in the slot (another instance): it is a waiter
+    like any other, and run asks the command to stop for it, never taking it for itself."""
+    name = f"same-id-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{name}/locks/l.json"
+    # private: CommandRunner takes parsed arguments; cli's own parser makes them as `handofflock run` would
+    args = cli._parser().parse_args(
+        ["run", url, "--ttl", "5", "--grace", "1", "--poll-interval", "0.1", "--min-hold", "0", "--owner-id", "job-1"]
+    )
+    args.command = ["sleep", "15"]
+    runner = CommandRunner(args)
+    lock = runner.lock
+    store = lock.storage
+
+    def twin_arrives():
+        eventually(lambda: lock.is_held, timeout=20, what="run holds the lock")
+        data, gen = store.read(lock.key)
+        r = LockRecord.decode(data).replace(waiting_owner_id="job-1", waiter_expires_at=time.time() + 30,
+                                            waiter_ttl=30.0, waiter_instance="feedfacefeedface")
+        store.write(lock.key, r.encode(), if_generation_match=gen)
+
+    t = threading.Thread(target=twin_arrives, daemon=True)
+    t.start()
+    started = time.monotonic()
+    try:
+        code = runner.run()
+        took = time.monotonic() - started
+    finally:
+        lock._unschedule()  # private: stop its renewals (the store is forgotten next)
+        MemoryStorage.forget(name)
+    assert code == 143 and took < 10, f"run exited {code} after {took:.1f} s: the command was never asked to stop"

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -367,3 +368,39 @@ def test_run_as_pid_1_reaps_the_orphans_of_its_command(tmp_path):
                           capture_output=True, text=True, env=child_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "0", f"zombies left: {proc.stdout!r}"
+
+
+def test_a_process_the_caller_starts_beside_the_command_is_never_signalled_nor_waited_for(tmp_path, capfd):
+    """``run``'s code in a process that starts a child of its own while the command runs (another thread of
+    the caller's, as a test worker or a service would): that child is not the command's. It gets no
+    signal, is not reaped by ``run``, and ``run`` does not wait for it once the command has exited."""
+    marker = tmp_path / "command-started"
+    beside: list[subprocess.Popen] = []
+
+    def start_beside():
+        eventually(marker.exists, timeout=30, what="the command started")
+        beside.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+
+    thread = threading.Thread(target=start_beside, daemon=True)
+    thread.start()
+    command = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(2)"
+    try:
+        code = main(["run", (tmp_path / "lock.json").as_uri(), "--grace", "30", "--", sys.executable, "-c", command])
+        thread.join(30)
+        err = capfd.readouterr().err
+        assert code == 0, err
+        assert beside and beside[0].poll() is None, err  # neither killed nor reaped by run
+        assert "processes it left" not in err, err
+    finally:
+        for process in beside:
+            process.kill()
+            process.wait()
+
+
+def test_the_command_s_processes_are_signalled_one_by_one_never_run_s_group_or_run_itself():
+    """A pid list with 0 (how cgroup.procs shows a process of another pid namespace) or this process in it:
+    ``kill()`` would signal this process's whole group, or ``run`` itself. (Not -1 here: every process.)"""
+    code = "import os, signal; from handofflock import _watchdog; _watchdog.signal_each([0, os.getpid()], signal.SIGTERM)"
+    proc = subprocess.run([sys.executable, "-c", code + "; print('alive')"], capture_output=True, text=True,
+                          timeout=60, start_new_session=True)  # a group of its own: 0 names no one else's
+    assert proc.returncode == 0 and proc.stdout == "alive\n", proc

@@ -435,6 +435,29 @@ def test_a_waiter_whose_registration_reply_was_lost_is_still_the_waiter_when_the
     assert a.named("lost") == []
 
 
+SLOW = dict(ttl=30.0, renew_interval=10.0, renew_deadline=20.0, waiter_ttl=10.0, waiter_check_interval=5.0)
+
+
+@pytest.mark.gcs
+def test_a_registration_the_store_applies_after_the_waiter_gave_up_never_lands(actor, bucket):
+    """B's registration is held back 3 s on its way (a stalled request); B's acquire(timeout=1) cuts it off and
+    leaves, and then the store gets it. Nobody else wrote meanwhile (A renews every 10 s), so it would land and
+    name as waiter a process that left: A would be asked for the lock and hand it to nobody. B's give-up
+    finds the object still at the generation its registration matched, and writes it again as it stands."""
+    a, b = actor("A", **SLOW), actor("B", **SLOW)
+    assert a.lock.acquire()
+    late = b.proxy.inject("delay", method="POST", delay=3.0)
+    started = time.monotonic()
+    with pytest.raises(LockTimeout):
+        b.lock.acquire(timeout=1.0)
+    assert time.monotonic() - started < 3.0  # B left before its registration reached the store
+    eventually(lambda: late.fired and b.proxy.exchanges("POST")[0].status is not None, timeout=10, what="the late write")
+    registration = b.writes()[0]
+    assert registration[0].waiting_owner_id == "B" and registration[1].status == 412, registration[1].status
+    assert raw_read(url(bucket))[0].waiting_owner_id is None, "a registration landed after B left"
+    assert not a.lock.release_requested and a.lock.release() is None
+
+
 @pytest.mark.gcs
 def test_a_waiter_whose_registration_reply_was_lost_accepts_the_handoff_when_the_owner_wrote_before_the_read_back(actor, bucket):
     """Same race, but A hands off: B must take the lock as handed (the token A wrote), and must have

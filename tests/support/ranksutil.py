@@ -108,3 +108,19 @@ def check_handoff_timeline(out: str, world: int, steps: int, *, resume_offset: i
     assert resumed == {r: yielded + resume_offset for r in range(world)}, out
     assert len(re.findall(rf"A\d+\s+\S+\s+finished all {steps} steps", out)) == world, out
     return yielded
+
+
+class PausedHolder:
+    """A lock holder that was replaced while paused: it still believes its token is current (``check()`` passes).
+
+    What a fenced write must refuse: enough of a ``HandoffLock`` for a
+    ``LatestCheckpoint`` to write with ``token``.
+    """
+
+    def __init__(self, token: int, owner_id: str = "paused-holder") -> None:
+        from handofflock.core.clock import Clock
+
+        self.token, self.owner_id, self.clock = token, owner_id, Clock()
+
+    def check(self) -> None:
+        """Nothing: it has not noticed yet."""

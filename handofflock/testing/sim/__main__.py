@@ -33,7 +33,7 @@ DEFAULT_SEEDS = 2000
 #: The keys every run reports, in this order; the issue's done-criterion wants each above zero.
 COVERAGE_KEYS = (
     "handoffs", "twins", "waiter_pauses", "throttled", "suspends", "grouped_checks", "slow_reads", "async",
-    "holder_pauses", "twin_overlaps", "stale_writes_refused", "suspend_awaiting_fix",
+    "holder_pauses", "stale_writes_refused", "suspend_awaiting_fix", "late_commits",
 )  # fmt: skip
 
 
@@ -47,13 +47,16 @@ class Outcome:
     coverage: dict[str, int] = field(default_factory=dict)
 
 
-def run_seed(seed: int, *, bug: str | None = None, strict_suspend: bool = False, trace: int = 60) -> Outcome:
-    """Run one seed (with a planted bug if named); return what it found."""
+def run_seed(
+    seed: int, *, bug: str | None = None, strict_suspend: bool = False, trace: int = 60, late_commits: bool = True
+) -> Outcome:
+    """Run one seed (with a planted bug if named); return what it found. ``late_commits=False``: the seed's
+    world as it was before the store had late commits (what a regression test of an older seed replays)."""
     from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
     from .world import World
 
     with planted(bug) if bug else contextlib.nullcontext():
-        world = World(seed)
+        world = World(seed, late_commits=late_commits)
         world.checker.strict_suspend = strict_suspend
         violation = None
         try:

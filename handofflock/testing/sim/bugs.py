@@ -33,7 +33,9 @@ BUGS: dict[str, str] = {
     LEASE_PAST_ITS_MARGIN: "the owner counts itself safe until expiresAt + skew, no margin (handoff.lease_until)",
     HEIR_KEEPS_OLD_TOKEN: "a handoff gives the heir the old owner's token (protocol.decide_release)",
     HEIR_LEASE_FROM_ITS_READ: "the heir counts its lease from its own read of the handoff (HandoffLock._became_owner)",
-    CANCELLED_KEEPS_HANDED_LOCK: "a cancelled acquire keeps a lock handed to it meanwhile (HandoffLock._leave_slot)",
+    CANCELLED_KEEPS_HANDED_LOCK: (
+        "a cancelled acquire keeps a lock handed to it meanwhile (HandoffLock._leave_slot, and _acquire's way out)"
+    ),
     HANDOFF_TO_EXPIRED_SLOT: "the owner hands off to a waiter whose slot has expired (protocol.decide_release)",
 }
 

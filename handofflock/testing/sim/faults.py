@@ -7,8 +7,10 @@ in between, so a reply can describe a state that has moved on by the time it
 arrives (the only staleness GCS shows: its reads are strongly consistent).
 Faults, per world: requests refused before anything is applied (503), 429s
 at GCS's per-object rate (about one write a second, bursts refused) and at
-random, writes applied whose reply is lost, and slow reads (seconds, shorter
-than the lock's timeouts). Everything a store applies is told to the checker's
+random, writes applied whose reply is lost, late commits (a write the client
+cut off at its timeout, which the store applies seconds later: on its
+precondition, as a real store does, so only if nobody wrote meanwhile), and
+slow reads (seconds, shorter than the lock's timeouts). Everything a store applies is told to the checker's
 history, with its generation.
 """
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...core import buggify
-from ...core.errors import TransientStorageError
+from ...core.errors import PreconditionFailed, TransientStorageError
 from ...storage import MemoryStorage
 from .hub import Hub
 
@@ -40,6 +42,8 @@ class Faults:
     throttle: float = 0.0  # a 429 with Retry-After, at random
     gcs_rate: float = 0.0  # chance of a 429 for a write within 1 s of the object's last write
     lost_reply: float = 0.0  # a write applied, its reply lost
+    late_commit: float = 0.0  # a write cut off at its timeout, applied by the store later
+    late_commit_max: float = 3.0  # how long after the cut it may land
     slow_read: float = 0.0  # a read taking seconds
     slow_read_max: float = 0.0
     max_latency: float = 0.05
@@ -57,6 +61,8 @@ class Net:
     counts: Counter[str]  # the checker's: what the run explored
     chaos: bool = True
     last_write: dict[str, float] = field(default_factory=dict)
+    #: The late commits' own dice: a world without them draws from ``rng`` exactly as before.
+    late: random.Random = field(default_factory=lambda: random.Random(0))
 
 
 class SimStore:
@@ -66,18 +72,19 @@ class SimStore:
         self.net, self.party = net, party
         self.url = "memory://sim"
         self.min_write_interval = min_write_interval
-        self.faults_seen = 0
         self.sent_at: dict[str, float] = {}  # key -> when its last request went out
+        self.wrote_at: dict[str, float] = {}  # key -> when its last write or delete went out
 
     def _hit(self, p: float) -> bool:
-        hit = self.net.chaos and p > 0 and self.net.rng.random() < p
-        if hit:
-            self.faults_seen += 1
-        return hit
+        return self.net.chaos and p > 0 and self.net.rng.random() < p
 
-    def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool) -> T:
+    def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None = None) -> T:
         net, f, hub = self.net, self.net.faults, self.net.hub
         self.sent_at[key] = hub.now
+        if mutation:
+            self.wrote_at[key] = hub.now
+        if mutation and net.chaos and f.late_commit and net.late.random() < f.late_commit:
+            return self._late(op, key, apply, 1.0 if timeout is None else timeout)
         if op == "read" and f.slow_read and net.rng.random() < f.slow_read:
             net.counts["slow_reads"] += 1
             hub.park(hub.now + net.rng.uniform(1.0, f.slow_read_max))
@@ -98,6 +105,25 @@ class SimStore:
             raise TransientStorageError(f"sim: reply to {op} lost", ambiguous=True)
         return result
 
+    def _late(self, op: str, key: str, apply: Callable[[], T], timeout: float) -> T:
+        """The request stalls; the client cuts it at ``timeout`` and the store applies it later (or refuses it
+        on its precondition, if the object moved on meanwhile)."""
+        net, hub = self.net, self.net.hub
+        net.counts["late_commits"] += 1
+        lands = hub.now + timeout + net.late.uniform(0.0, net.faults.late_commit_max)
+
+        def commit() -> None:
+            hub.park(lands)
+            try:
+                apply()
+            except PreconditionFailed:
+                return
+            net.last_write[key] = hub.now
+
+        hub.spawn(f"store-late-{op}", commit)  # the store's, not the process's: it lands if the process is gone
+        hub.park(hub.now + timeout)
+        raise TransientStorageError(f"sim: {op} cut off at its timeout ({timeout:.2f} s)", ambiguous=True)
+
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
         return self._request("read", key, lambda: self.net.backend.read(key, max_bytes=max_bytes), mutation=False)
 
@@ -111,13 +137,13 @@ class SimStore:
             self.net.on_applied(self.party, key, data, generation)
             return generation
 
-        return self._request("write", key, apply, mutation=True)
+        return self._request("write", key, apply, mutation=True, timeout=timeout)
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         def apply() -> None:
             self.net.backend.delete(key, if_generation_match=if_generation_match)
 
-        self._request("delete", key, apply, mutation=True)
+        self._request("delete", key, apply, mutation=True, timeout=timeout)
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         self.net.counts["listings"] += 1

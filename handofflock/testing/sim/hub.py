@@ -277,7 +277,9 @@ class SimPool:
     def submit(self, fn: Callable[[], None], /) -> object:
         self.jobs.append(fn)
         self.ready.set()
-        if self.idle == 0 and self.started < self.workers:
+        # As ThreadPoolExecutor: a new worker unless an idle one is left for this job (idle ones
+        # woken by earlier submits have not taken theirs yet).
+        if len(self.jobs) > self.idle and self.started < self.workers:
             self.started += 1
             self.hub.spawn(f"{self.name}_{self.started}", self._work, self.proc)
         return None

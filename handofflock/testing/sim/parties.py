@@ -28,6 +28,10 @@ class Party:
     slow_receiver: float = 0.0
     in_acquire: bool = False
     left_wait_at: float = -math.inf
+    #: Until when (true wall time) a slot or lease its last acquire left behind may stand: that acquire ended
+    #: in an error the lock documents as leaving it (the store failed past the give-up budget, a handed
+    #: lease too short to renew), and what it left expires by itself within its ttl.
+    left_behind_until: float = -math.inf
     busy_until: float = -math.inf  # a long job: no release of its own accord before this
     finish: bool = False  # the job ends: release at the next look
     letting_go_at: float = math.inf  # asked to release: when its checkpoint is done

@@ -9,7 +9,8 @@ violation. Each party keeps doing something at random (acquire in every
 mode, cancel, release from another thread, fenced writes, pauses, crashes);
 a chaos thread pauses waiters, suspends hosts (the monotonic clock stands, the
 wall clock jumps), kills parties at any moment, and starts twins (a second
-process under a live party's stable owner id). In some worlds every party has
+process under a live party's stable owner id, in gentle worlds too: a twin is
+another party, which waits for the lease and never takes it from the living). In some worlds every party has
 a second lock under the same prefix in the same scheduler, so its waiter
 checks are grouped into listings. In some the first party drives the async
 lock from an event loop (:class:`~.hub.SimLoop`). A director aims at two moments:
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -33,6 +34,7 @@ from ...core.errors import (
     AlreadyAcquired,
     HandoffLockError,
     LockLost,
+    LockTimeout,
     TransientStorageError,
 )
 from ...fencing import FencedObject, StaleToken
@@ -94,12 +96,23 @@ def draw_config(r: random.Random) -> Config:
     )
 
 
+def with_late_commits(config: Config, seed: int) -> Config:
+    """Late commits in half the worlds that are not gentle (an owner need not survive a write that lands
+    seconds after its request was cut off), drawn from dice of their own: the rest of a world as before."""
+    r = random.Random(f"late-config-{seed}")
+    if config.gentle or r.random() < 0.5:
+        return config
+    return replace(config, faults=replace(config.faults, late_commit=r.choice([0.01, 0.03])))
+
+
 class World:
-    def __init__(self, seed: int, config: Config | None = None) -> None:
+    def __init__(self, seed: int, config: Config | None = None, *, late_commits: bool = True) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         random.seed(seed)  # the library's backoff jitter draws from the module's generator
         self.config = c = config or draw_config(self.rng)
+        if config is None and late_commits:
+            self.config = c = with_late_commits(c, seed)
         self.hub = Hub(self.rng)
         self.parties: list[Party] = []
         f = c.faults
@@ -108,13 +121,13 @@ class World:
             ttl=c.ttl,
             skew=c.skew,
             waiter_check_interval=wci,
-            twin_window=wci + 2 * f.max_latency + f.slow_read_max + c.spacing + 0.5,
             handoff_slack=2 * f.max_latency + c.spacing + 0.5,
             gentle=c.gentle,
         )
         self.checker = Checker(self.hub, rules, self.parties)
         self.backend = MemoryStorage(f"sim-{seed}")
         self.net = Net(self.hub, self.rng, f, self.backend, self.checker.on_applied, self.checker.counts)
+        self.net.late.seed(f"late-{seed}")
         self.hub.on_step = self.checker.check
         self._ids = 0
 
@@ -300,16 +313,19 @@ class World:
 
     def acquire_ended(self, party: Party, result: object) -> None:
         """An acquire (sync or async) ended with ``result``: what the checker holds it to."""
-        lock = party.lock
         if isinstance(result, (TransientStorageError, LockLost)):
             # Documented: a store failing past the deadline, or a handed lease too short to renew, may
             # leave the slot or the handed lease behind; they expire by themselves (time, not safety).
-            party.store.faults_seen += 1
+            self.left_behind(party)
         self.checker.acquire_ended(party, result)
         self.checker.slot_left(party)
-        record = self.checker.record
-        if record is None or record.waiter is None or record.waiter.instance != lock.instance:
-            party.store.faults_seen = 0  # a slot the faults kept may outlive its acquire; once gone, it is forgiven
+
+    def left_behind(self, party: Party) -> None:
+        """``party``'s acquire ended as the lock documents may leave its slot or a handed lease behind: each
+        was written (or its late commit sent) by now, so it ends within its ttl and the skew from now."""
+        t = party.lock.timing
+        until = self.checker.true_wall() + max(t.ttl, t.waiter_ttl) + t.max_clock_skew
+        party.left_behind_until = max(party.left_behind_until, until)
 
     def _later(self, party: Party, fn: Callable[[], object]) -> None:
         self.hub.park(self.hub.now + self.rng.uniform(0.0, 2.0) * self.config.ttl)
@@ -324,12 +340,19 @@ class World:
             party.notes.append("released")  # however it ends, the hold ended by our hand
         try:
             result = op()
+            if what == "release":
+                # Said again as it returns: a release from another thread may wait for the I/O mutex
+                # while the actor clears its notes, and end the hold only after (not a loss: ours).
+                party.notes.append("released")
             hub.note(f"{party.name} {what} -> {result!r}")
         except EXPECTED as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
             result = exc
-            if isinstance(exc, TransientStorageError) and "could not give back the waiter slot" in str(exc):
-                party.store.faults_seen += 1  # documented: the slot expires by itself within waiter_ttl
+            gave_up = exc.__cause__ if isinstance(exc, LockTimeout) else exc
+            if isinstance(gave_up, TransientStorageError):
+                # Documented: a store failing as the slot is given back (the error itself, or the cause of
+                # the LockTimeout when the time ran out in the store) leaves it; it ends within waiter_ttl.
+                self.left_behind(party)
         except AlreadyAcquired as exc:  # a concurrent acquire/release of the same instance: the API says no
             return exc
         except HandoffLockError as exc:
@@ -377,7 +400,7 @@ class World:
                 p.proc.suspended_until, p.proc.suspended_for = hub.now + span, p.proc.suspended_for + span
                 self.checker.counts["suspends"] += 1
                 hub.note(f"{p.name} is suspended for {span:.2f} s (its monotonic clock stands)")
-            elif what < 0.6 and not c.gentle and p.twin_of is None and len(self.parties) < 12:
+            elif what < 0.6 and p.twin_of is None and len(self.parties) < 12:
                 self.checker.counts["twins"] += 1
                 self.new_party(p.owner_id, twin_of=p.name)
             elif what < 0.7 and not (c.gentle and p.lock.is_held):
