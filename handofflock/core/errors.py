@@ -42,6 +42,10 @@ class StorageError(HandoffLockError):
     names the store and says what to check. Its subclasses narrow the case.
     """
 
+    #: Whether an attempt of the failed write got no answer at all (cut off at its timeout, a reset): the
+    #: store may still apply it later, whatever the last attempt's answer said. Set by the record layer.
+    may_land_late: bool = False
+
     def __init__(self, message: str, *, url: str | None = None, key: str | None = None) -> None:
         super().__init__(message)
         self.url, self.key = url, key

@@ -589,15 +589,12 @@ class HandoffLock:
                     except PreconditionFailed:  # moved on (none of ours can land), or found stale as it was sent
                         record, generation = self._read_to_write(deadline, interruptible=True)
                         continue
-                    except TransientStorageError as exc:
-                        if not exc.ambiguous:  # refused (a 429, a 503 before anything was applied): nothing landed
-                            sent = before
-                            if exc.status is not None:  # and no earlier attempt of it can land later
-                                unanswered = None
-                        # An ambiguous failure keeps it, answered or not: the last failure speaks for its own
-                        # attempt only, and an earlier one cut off at its timeout may still be applied.
+                    except StorageError as exc:
+                        if isinstance(exc, TransientStorageError) and not exc.ambiguous:
+                            sent = before  # refused (a 429, a 503 before anything was applied): nothing landed
+                        if not exc.may_land_late:  # every attempt was answered: none of it can be applied later
+                            unanswered = None
                         raise
-                    # A refusal for good (a 403) keeps it too: it says nothing of an earlier attempt cut off.
                     unanswered = None
                     record = written.record
                     if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):

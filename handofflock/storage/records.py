@@ -59,7 +59,13 @@ from typing import Any
 
 from ..core import protocol
 from ..core.clock import Clock
-from ..core.errors import PreconditionFailed, StorageTimeout, StoreUnreachableWarning, TransientStorageError
+from ..core.errors import (
+    PreconditionFailed,
+    StorageError,
+    StorageTimeout,
+    StoreUnreachableWarning,
+    TransientStorageError,
+)
 from ..core.protocol import Write
 from ..core.record import LockRecord, new_nonce
 from ..core.timing import MIN_REQUEST_TIME, MIN_ROOM, RETRY, Backoff, Timing
@@ -508,6 +514,7 @@ def write_resolving(
     """
     retries = Retries(clock, deadline)
     maybe_landed = False
+    cut_off = False  # an attempt got no answer at all: it may be applied later
     last_failure: TransientStorageError | None = None
 
     def pause() -> bool:
@@ -576,6 +583,7 @@ def write_resolving(
                     gate.throttled(exc.retry_after)
                 if exc.ambiguous:
                     maybe_landed = True
+                    cut_off = cut_off or exc.status is None
                     landed = read_back(patient=False)
                     if landed is not None:
                         return landed
@@ -592,6 +600,10 @@ def write_resolving(
             # The last failure (a read-back's 503, a retry's 429) says nothing of an earlier attempt
             # whose reply was lost: it may have landed, so the outcome is unknown, whatever this one says.
             exc.ambiguous = True
+        exc.may_land_late = cut_off
+        raise
+    except StorageError as exc:  # refused for good (a 403): an earlier attempt cut off may still land
+        exc.may_land_late = cut_off
         raise
 
 
