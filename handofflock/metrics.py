@@ -157,16 +157,19 @@ def _record(hook: str, lock: Measured, measure: Callable[[_Instruments, dict[str
     try:
         measure(instruments, {"lock.url": lock.url})
     except Exception:
-        log = LockLog(_log.name, lock)  # the lock's fields on the record, as on every record of a lock
-        if hook in _failed:
-            log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
-            return
-        _failed.add(hook)
-        log.error(
-            "metrics hook %s raised; ignored, the lock goes on (later failures of this hook are logged at DEBUG)",
-            hook,
-            exc_info=True,
+        # The lock's fields on the record, as on every record of a lock.
+        _hook_failed(
+            LockLog(_log.name, lock), hook, "the lock goes on (later failures of this hook are logged at DEBUG)"
         )
+
+
+def _hook_failed(log: Any, hook: str, goes_on: str) -> None:
+    """Log the exception being handled: with its traceback the first time per hook, at DEBUG after that."""
+    if hook in _failed:
+        log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
+        return
+    _failed.add(hook)
+    log.error("metrics hook %s raised; ignored, %s", hook, goes_on, exc_info=True)
 
 
 def _observe_held(options: Any) -> Iterable[Any]:
@@ -250,16 +253,7 @@ class _Metrics(events.Observer):
         try:
             instruments.renewal_lateness.record(share, {"handofflock.scheduler": scheduler})
         except Exception:  # as _record does, for a point of no lock's
-            hook = "renewal_started"
-            if hook in _failed:
-                _log.debug("metrics hook %s raised again; ignored", hook, exc_info=True)
-                return
-            _failed.add(hook)
-            _log.error(
-                "metrics hook %s raised; ignored, the scheduler goes on (later failures are logged at DEBUG)",
-                hook,
-                exc_info=True,
-            )
+            _hook_failed(_log, "renewal_started", "the scheduler goes on (later failures are logged at DEBUG)")
 
 
 # ---------------------------------------------------------------------- from the lock's signals
