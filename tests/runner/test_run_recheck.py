@@ -62,6 +62,18 @@ class GapAtRecheck:
         return self.inner.read(key, **kw)
 
 
+def run_while(runner: CommandRunner, name: str, arrives) -> tuple[int, float]:
+    """``runner.run()`` while ``arrives`` runs in a thread; its exit code and seconds. Forgets the store ``name``."""
+    threading.Thread(target=arrives, daemon=True).start()
+    started = time.monotonic()
+    try:
+        code = runner.run()
+        return code, time.monotonic() - started
+    finally:
+        runner.lock._unschedule()  # private: stop its renewals (the store is forgotten next)
+        MemoryStorage.forget(name)
+
+
 def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stands(monkeypatch):
     monkeypatch.setattr(runner_module, "RECHECK_TIMEOUT", 0.1)  # a declined request read again sooner (memory://)
     name = f"edge-{uuid.uuid4().hex[:8]}"
@@ -81,15 +93,7 @@ def test_run_signals_a_waiter_it_once_read_as_gone_while_its_request_still_stand
         time.sleep(0.1)  # run settles as the holder first
         proxy._set_waiter(True)  # W registers as the waiter
 
-    t = threading.Thread(target=waiter_arrives, daemon=True)
-    t.start()
-    started = time.monotonic()
-    try:
-        code = runner.run()
-        took = time.monotonic() - started
-    finally:
-        lock._unschedule()  # private: stop its renewals (the store is forgotten next)
-        MemoryStorage.forget(name)
+    code, took = run_while(runner, name, waiter_arrives)
     assert proxy.gaps == 1, "run never re-checked the request"
     # W is the waiter all along (the holder's own checks never saw it gone): run must ask the
     # command to stop (exit 143 after SIGTERM) within a few grace periods, not wait out `sleep 15`.
@@ -117,13 +121,5 @@ def test_run_signals_for_a_waiter_under_its_own_owner_id():
                                             waiter_ttl=30.0, waiter_instance="feedfacefeedface")
         store.write(lock.key, r.encode(), if_generation_match=gen)
 
-    t = threading.Thread(target=twin_arrives, daemon=True)
-    t.start()
-    started = time.monotonic()
-    try:
-        code = runner.run()
-        took = time.monotonic() - started
-    finally:
-        lock._unschedule()  # private: stop its renewals (the store is forgotten next)
-        MemoryStorage.forget(name)
+    code, took = run_while(runner, name, twin_arrives)
     assert code == 143 and took < 10, f"run exited {code} after {took:.1f} s: the command was never asked to stop"
