@@ -66,6 +66,12 @@ class ServerProcess:
     ``stop()`` terminates it (then kills it); an ``atexit`` hook does the same
     for a server never stopped. Its output goes to ``log_path`` (in a
     temporary directory removed by ``stop()``), never to a pipe nobody reads.
+
+    The server never outlives the process that started it, however that
+    process ends (SIGKILL included, a pytest-timeout that ends an xdist worker,
+    say): :meth:`_spawn` runs it in a session of its own, which
+    :mod:`handofflock._watchdog` kills once a pipe from this process reaches
+    end of file. ``pid`` is the server's process id.
     """
 
     #: What the server is called in messages, and its temporary directory's prefix.
@@ -84,6 +90,8 @@ class ServerProcess:
         self.log_path: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self._lifeline: int | None = None  # write end of the pipe the watchdog watches
+        self._owner_pid = os.getpid()
 
     @property
     def url(self) -> str:
@@ -100,6 +108,11 @@ class ServerProcess:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs, else None."""
+        return self._process.pid if self._process is not None and self.running else None
 
     def start(self: _S) -> _S:
         """Start the server and wait until it answers. Returns ``self``."""
@@ -160,6 +173,18 @@ class ServerProcess:
         install, where the server is missing."""
         raise NotImplementedError
 
+    def _spawn(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` (for :meth:`_launch`) in a session of its own that the watchdog kills once
+        this process is gone."""
+        self._owner_pid = os.getpid()
+        if self._lifeline is None:
+            self._lifeline = _watchdog.start()
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _watchdog.tell(self._lifeline, f"session {process.pid}")
+        return process
+
     def _is_ours(self, answer: bytes) -> bool:
         """Whether ``answer`` (to ``GET probe_path``) comes from this server, not another process on the port."""
         return True
@@ -183,6 +208,8 @@ class ServerProcess:
 
     def _terminate(self) -> None:
         process, self._process = self._process, None
+        if os.getpid() != self._owner_pid:  # a forked child's copy: the server is its parent's to stop
+            process = None
         if process is not None and process.poll() is None:
             process.terminate()
             try:
@@ -190,6 +217,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=5)
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)  # the watchdog reads end of file and kills what is left of the session
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url if self.running else 'stopped'})"
@@ -198,10 +228,6 @@ class ServerProcess:
 class FakeGCSServer(ServerProcess):
     """A fake-gcs-server process on 127.0.0.1 with an in-memory backend (see :class:`ServerProcess`).
 
-    The binary never outlives the process that started it, however that
-    process ends (SIGKILL included): it runs in a session of its own, which
-    :mod:`handofflock._watchdog` kills once a pipe from this process reaches
-    end of file. ``pid`` is the binary's process id.
     ``port`` picks the port (default: a free one). :attr:`url` is the value
     for ``STORAGE_EMULATOR_HOST``.
     """
@@ -212,13 +238,6 @@ class FakeGCSServer(ServerProcess):
     def __init__(self, *, startup_timeout: float = 20.0, log_level: str = "warn", port: int | None = None) -> None:
         super().__init__(startup_timeout=startup_timeout, port=port)
         self.log_level = log_level
-        self._lifeline: int | None = None  # write end of the pipe the watchdog watches
-        self._owner_pid = os.getpid()
-
-    @property
-    def pid(self) -> int | None:
-        """The fake-gcs-server binary's process id while it runs, else None."""
-        return self._process.pid if self._process is not None and self.running else None
 
     @contextlib.contextmanager
     def env(self) -> Iterator[FakeGCSServer]:
@@ -233,31 +252,12 @@ class FakeGCSServer(ServerProcess):
         self._create(name, urllib.request.Request(f"{self.url}{_BUCKETS}", data=body, method="POST", headers=headers))
 
     def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
-        binary, self._owner_pid = _binary_path(), os.getpid()
         options = ["-scheme", "http", "-backend", "memory", "-host", HOST, "-port", str(self.port)]
         options += ["-external-url", f"http://{HOST}:{self.port}", "-log-level", self.log_level]
-        self._lifeline = _watchdog.start()
-        process = subprocess.Popen(
-            [str(binary), *options],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        _watchdog.tell(self._lifeline, f"session {process.pid}")
-        return process
+        return self._spawn([str(_binary_path()), *options], log)
 
     def _is_ours(self, answer: bytes) -> bool:
         return bool(json.loads(answer or b"{}").get("kind") == "storage#buckets")
-
-    def _terminate(self) -> None:
-        if os.getpid() == self._owner_pid:
-            super()._terminate()
-        else:  # a forked child's copy: the server is its parent's to stop
-            self._process = None
-        lifeline, self._lifeline = self._lifeline, None
-        if lifeline is not None:
-            os.close(lifeline)  # the watchdog reads end of file and kills what is left of the session
 
 
 class ExternalEmulator(FakeGCSServer):

@@ -57,8 +57,9 @@ class MotoS3Server(ServerProcess):
     """moto's S3 server in a child process on 127.0.0.1, one request at a time (:class:`OneAtATime`).
 
     It keeps everything in memory and is stopped (terminate, wait, kill) on
-    :meth:`stop`, on leaving the ``with`` block, or at interpreter exit (see
-    :class:`~handofflock.testing.emulator.ServerProcess`).
+    :meth:`stop`, on leaving the ``with`` block, or at interpreter exit, and
+    killed by the watchdog once the process that started it is gone, however
+    it ended (see :class:`~handofflock.testing.emulator.ServerProcess`).
     """
 
     name = "moto server"
@@ -82,12 +83,7 @@ class MotoS3Server(ServerProcess):
             import moto.server  # noqa: F401  (fail here, clearly, rather than in the child)
         except ImportError as exc:
             raise RuntimeError("MotoS3Server needs moto's server: pip install 'handofflock[test]'") from exc
-        return subprocess.Popen(
-            [sys.executable, "-m", "handofflock.testing.s3server", HOST, str(self.port)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        return self._spawn([sys.executable, "-m", "handofflock.testing.s3server", HOST, str(self.port)], log)
 
 
 class OneAtATime:

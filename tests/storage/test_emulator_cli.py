@@ -1,4 +1,4 @@
-"""``python -m handofflock.testing.emulator`` and FakeGCSServer never leave fake-gcs-server behind."""
+"""``python -m handofflock.testing.emulator``, FakeGCSServer and MotoS3Server never leave their server behind."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def assert_gone(pid: int, what: str) -> None:
         time.sleep(0.05)
     if alive(pid):
         os.kill(pid, signal.SIGKILL)  # do not leave it running because the test failed
-        raise AssertionError(f"fake-gcs-server (pid {pid}) still ran {GONE_WITHIN} s after {what}")
+        raise AssertionError(f"the server (pid {pid}) still ran {GONE_WITHIN} s after {what}")
 
 
 def start_emulator(*args: str) -> tuple[subprocess.Popen, str, int]:
@@ -126,3 +126,29 @@ def test_the_binary_dies_with_its_guard_even_if_the_guard_is_sigkilled():
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_a_script_that_started_a_moto_server_and_is_sigkilled_leaves_no_server_behind():
+    """The moto server (a Python child) goes with the process that started it, as fake-gcs-server does: a
+    pytest worker that pytest-timeout ends leaves no server behind."""
+    script = textwrap.dedent(
+        """
+        import time
+        from handofflock.testing.s3server import MotoS3Server
+        server = MotoS3Server().start()
+        print(server.pid, flush=True)
+        time.sleep(300)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env())
+    line = next_line(proc).split()
+    if len(line) != 1:
+        proc.kill()
+        raise AssertionError(f"the script printed {line!r}; stderr: {proc.communicate()[1]}")
+    pid = int(line[0])
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"handofflock.testing.s3server" in f.read()
+    proc.kill()
+    proc.wait(30)
+    assert_gone(pid, "SIGKILL of the script that started it")
