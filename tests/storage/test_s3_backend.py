@@ -97,23 +97,27 @@ def test_moto_is_a_version_that_honours_conditional_puts():
     assert (major, minor) >= (5, 1), f"moto {moto.__version__} ignores If-Match / If-None-Match on PutObject"
 
 
-@pytest.mark.parametrize("round_", range(3))
-def test_moto_lets_exactly_one_of_sixteen_racing_creates_with_if_none_match_win(raw, bucket, round_):
-    key = f"race/create-{round_}"
-    results = _race(lambda i: raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfNoneMatch="*"))
-    assert sorted(results) == ["412"] * (RACERS - 1) + ["won"]
-    winner = results.index("won")
-    assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == str(winner).encode()
+#: Races per test, on one bucket (fresh keys): each may show a lost update the one before did not.
+ROUNDS = 3
 
 
-@pytest.mark.parametrize("round_", range(3))
-def test_moto_lets_exactly_one_of_sixteen_racing_replaces_with_if_match_win(raw, bucket, round_):
-    key = f"race/replace-{round_}"
-    etag = raw.put_object(Bucket=bucket, Key=key, Body=b"base")["ETag"]
-    results = _race(lambda i: raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfMatch=etag))
-    assert sorted(results) == ["412"] * (RACERS - 1) + ["won"]
-    winner = results.index("won")
-    assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == str(winner).encode()
+def test_moto_lets_exactly_one_of_sixteen_racing_creates_with_if_none_match_win(raw, bucket):
+    for round_ in range(ROUNDS):
+        key = f"race/create-{round_}"
+        results = _race(lambda i: raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfNoneMatch="*"))
+        assert sorted(results) == ["412"] * (RACERS - 1) + ["won"], f"round {round_}"
+        winner = results.index("won")
+        assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == str(winner).encode(), f"round {round_}"
+
+
+def test_moto_lets_exactly_one_of_sixteen_racing_replaces_with_if_match_win(raw, bucket):
+    for round_ in range(ROUNDS):
+        key = f"race/replace-{round_}"
+        etag = raw.put_object(Bucket=bucket, Key=key, Body=b"base")["ETag"]
+        results = _race(lambda i: raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfMatch=etag))
+        assert sorted(results) == ["412"] * (RACERS - 1) + ["won"], f"round {round_}"
+        winner = results.index("won")
+        assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == str(winner).encode(), f"round {round_}"
 
 
 def test_an_etag_names_the_bytes_not_the_write_which_is_why_the_generation_is_in_the_bytes(raw, bucket):
@@ -352,6 +356,8 @@ def test_only_the_s3_backend_imports_boto3_and_the_core_install_does_not_need_it
     offenders = []
     for path in package.rglob("*.py"):
         if path in (package / "storage" / "s3.py", package / "storage" / "s3_credentials.py"):
+            continue
+        if "boto" not in path.read_text():  # no import can name it: no need to parse
             continue
         for node in ast.walk(parse(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (

@@ -22,6 +22,15 @@ pytestmark = pytest.mark.s3
 KEY = "locks/job.json"
 
 
+@pytest.fixture(scope="module")
+def raw(s3_server):
+    """One plain boto3 client on moto for the module's checks behind the locks' backs (a client costs a
+    tenth of a second to make, seconds on a loaded machine: one per check held the proxy's requests)."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_server.url)
+
+
 @pytest.fixture
 def bucket(s3_server):
     name = f"p-{uuid.uuid4().hex[:16]}"
@@ -29,30 +38,27 @@ def bucket(s3_server):
     return name
 
 
-def keys(bucket: str) -> list[str]:
-    import boto3
-
-    listed = boto3.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])
+def keys(raw, bucket: str) -> list[str]:
+    listed = raw.list_objects_v2(Bucket=bucket).get("Contents", [])
     return [o["Key"] for o in listed]
 
 
-def test_a_store_that_honours_the_conditions_passes_the_probe_once_and_keeps_no_scratch_key(s3_server, bucket):
+def test_a_store_that_honours_the_conditions_passes_the_probe_once_and_keeps_no_scratch_key(s3_server, bucket, raw):
     store = S3Storage(bucket, endpoint_url=s3_server.url)
     lock = HandoffLock(f"s3://{bucket}/{KEY}", storage=store, key=KEY, ttl=5.0)
     assert lock.acquire(timeout=10)
     lock.release()
     # private: whether the conditional-write probe has run; it leaves nothing public behind when it passes
-    assert store._probed and keys(bucket) == [KEY]
+    assert store._probed and keys(raw, bucket) == [KEY]
 
 
-def exists(ex: Exchange) -> bool:
+def exists(raw, ex: Exchange) -> bool:
     """Whether the object a request of the proxy's is aimed at exists now (asked of moto, not through the proxy)."""
-    import boto3
     import botocore.exceptions
 
     bucket, _, key = unquote(ex.path.lstrip("/")).partition("/")
     try:
-        boto3.client("s3").head_object(Bucket=bucket, Key=key)
+        raw.head_object(Bucket=bucket, Key=key)
     except botocore.exceptions.ClientError:
         return False
     return True
@@ -61,7 +67,7 @@ def exists(ex: Exchange) -> bool:
 @pytest.mark.parametrize(
     "stripped", [None, "if-none-match", "if-match-on-existing"], ids=["both", "if-none-match-only", "if-match-on-existing"]
 )
-def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s3_server, bucket, stripped):
+def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s3_server, bucket, raw, stripped):
     """16 locks race for one object through a proxy that strips the conditions: before, all 16
     acquired it; now each is refused with LockingUnsupported and none writes the lock object.
 
@@ -76,7 +82,7 @@ def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s
                          when=lambda ex: "if-none-match" in ex.headers)
         else:
             proxy.inject("strip_conditions", method="PUT", times=10_000, probes=True,
-                         when=lambda ex: "if-match" in ex.headers and exists(ex))
+                         when=lambda ex: "if-match" in ex.headers and exists(raw, ex))
         results: list[object] = []
 
         def race() -> None:
@@ -98,4 +104,4 @@ def test_racing_writers_on_a_store_that_ignores_the_conditions_are_all_refused(s
     message = str(results[0])
     named = {None: "If-Match on PUT", "if-none-match": "If-None-Match", "if-match-on-existing": "existing object"}
     assert named[stripped] in message and "docs/storage.md" in message
-    assert KEY not in keys(bucket)
+    assert KEY not in keys(raw, bucket)
