@@ -236,11 +236,17 @@ def test_chaos_draws_reproducibly_from_its_seed(gcs_emulator, bucket):
 
 def test_it_listens_on_loopback_only_and_stops_itself_after_its_lifetime(gcs_emulator):
     proxy = FaultProxy(gcs_emulator.url, lifetime=0.5).start()
+    started = time.monotonic()
     try:
         assert proxy.url.startswith("http://127.0.0.1:")
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=1):
             pass
-        time.sleep(1.0)
+        while time.monotonic() - started < 1.0:  # gone by then; looked for meanwhile, not slept through
+            try:
+                socket.create_connection(("127.0.0.1", proxy.port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.02)
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", proxy.port), timeout=1)
     finally:

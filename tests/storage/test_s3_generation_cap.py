@@ -25,6 +25,12 @@ pytestmark = pytest.mark.s3
 MAX = s3_format.MAX_GENERATION
 
 
+@pytest.fixture(scope="module")
+def raw(s3_server):
+    """A plain boto3 client on moto, for the module: the other tool that wrote the object."""
+    return boto3.client("s3", endpoint_url=s3_server.url)
+
+
 @pytest.fixture
 def bucket(s3_server):
     name = f"b-{uuid.uuid4().hex[:16]}"
@@ -32,8 +38,8 @@ def bucket(s3_server):
     return name
 
 
-def test_a_write_past_the_largest_generation_is_refused_and_changes_nothing(s3_server, bucket):
-    boto3.client("s3", endpoint_url=s3_server.url).put_object(
+def test_a_write_past_the_largest_generation_is_refused_and_changes_nothing(raw, bucket):
+    raw.put_object(
         Bucket=bucket, Key="lock.json", Body=s3_format.encode(MAX, b"x")
     )
     store = S3Storage(bucket)
@@ -43,10 +49,10 @@ def test_a_write_past_the_largest_generation_is_refused_and_changes_nothing(s3_s
     assert store.read("lock.json") == (b"x", MAX)
 
 
-def test_at_the_cap_a_stale_etag_can_never_match_again(s3_server, bucket):
+def test_at_the_cap_a_stale_etag_can_never_match_again(raw, bucket):
     """Before the cap was refused, writes stayed at MAX, the bytes (and so the ETag) could repeat,
     and a second process's stale ETag overwrote a write it never saw: a lost update."""
-    boto3.client("s3", endpoint_url=s3_server.url).put_object(
+    raw.put_object(
         Bucket=bucket, Key="lock.json", Body=s3_format.encode(MAX, b"x")
     )
     a, b = S3Storage(bucket), S3Storage(bucket)  # two processes
