@@ -106,7 +106,11 @@ ROUNDS = 3
 def test_moto_lets_exactly_one_of_sixteen_racing_creates_with_if_none_match_win(raw, bucket):
     for round_ in range(ROUNDS):
         key = f"race/create-{round_}"
-        results = _race(lambda i: raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfNoneMatch="*"))
+
+        def create(i: int, key: str = key) -> object:
+            return raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfNoneMatch="*")
+
+        results = _race(create)
         assert sorted(results) == ["412"] * (RACERS - 1) + ["won"], f"round {round_}"
         winner = results.index("won")
         assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == str(winner).encode(), f"round {round_}"
@@ -116,7 +120,11 @@ def test_moto_lets_exactly_one_of_sixteen_racing_replaces_with_if_match_win(raw,
     for round_ in range(ROUNDS):
         key = f"race/replace-{round_}"
         etag = raw.put_object(Bucket=bucket, Key=key, Body=b"base")["ETag"]
-        results = _race(lambda i: raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfMatch=etag))
+
+        def replace(i: int, key: str = key, etag: str = etag) -> object:
+            return raw.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfMatch=etag)
+
+        results = _race(replace)
         assert sorted(results) == ["412"] * (RACERS - 1) + ["won"], f"round {round_}"
         winner = results.index("won")
         assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == str(winner).encode(), f"round {round_}"

@@ -304,7 +304,7 @@ ROUNDS = 10
 def test_sixteen_threads_racing_a_create_get_exactly_one_winner(store):
     for round_ in range(ROUNDS):
         key = f"race/create-{round_}.json"
-        results = _race(RACERS, lambda i: store.write(key, str(i).encode(), if_generation_match=0))
+        results = _race(RACERS, lambda i, key=key: store.write(key, str(i).encode(), if_generation_match=0))
         winners = [i for i, r in enumerate(results) if r[0] == "ok"]
         assert [r for r in results if r[0] == "error"] == [], f"round {round_}"
         assert len(winners) == 1, f"round {round_}: {results}"
@@ -316,7 +316,11 @@ def test_sixteen_threads_racing_an_overwrite_of_one_generation_get_exactly_one_w
     for round_ in range(ROUNDS):
         key = f"race/overwrite-{round_}.json"
         base = store.write(key, b"base", if_generation_match=0)
-        results = _race(RACERS, lambda i: store.write(key, str(i).encode(), if_generation_match=base))
+
+        def write(i: int, key: str = key, base: int = base) -> int:
+            return store.write(key, str(i).encode(), if_generation_match=base)
+
+        results = _race(RACERS, write)
         winners = [i for i, r in enumerate(results) if r[0] == "ok"]
         assert [r for r in results if r[0] == "error"] == [], f"round {round_}"
         assert len(winners) == 1, f"round {round_}: {results}"
