@@ -511,9 +511,11 @@ def test_a_deadline_that_passes_after_its_request_ended_cuts_nothing(proxy, buck
 
 
 def test_a_request_that_beats_its_deadline_is_untouched(proxy, bucket):
-    store = through(proxy, bucket, timeout=(2.0, 2.0), request_timeout=1.0)
+    store = through(proxy, bucket, timeout=(5.0, 5.0), request_timeout=4.0)
     store.write("a.json", RECORD, if_generation_match=0)
-    proxy.inject("trickle", method="GET", delay=0.002)  # 60 bytes in 0.12 s, well within the second
+    # 63 bytes in 0.13 s idle, well within the deadline: over a second on a loaded 2-core machine (load 27),
+    # where a deadline of 1 s cut it (a pause of 2 ms is then a scheduler's slice).
+    proxy.inject("trickle", method="GET", delay=0.002)
     assert store.read("a.json")[0] == RECORD
     store.close()
 
