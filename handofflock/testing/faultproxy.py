@@ -60,6 +60,7 @@ import http
 import json
 import os
 import random
+import select
 import socket
 import struct
 import threading
@@ -596,6 +597,9 @@ class FaultProxy:
                     return
                 if kind == "delay" and self._stop.wait(pause):
                     return
+                if upstream is not None and _closed_while_idle(upstream):
+                    upstream.close()
+                    upstream = None
                 if upstream is None:
                     upstream = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -672,6 +676,17 @@ class FaultProxy:
 
     def _refusing(self) -> bool:
         return time.monotonic() < self._refused_until
+
+
+def _closed_while_idle(sock: socket.socket) -> bool:
+    """Whether the server closed a kept-alive connection while it sat idle (gunicorn, which serves
+    storage-testbench, does after 2 s): the next request then goes on a new one, as a client's would,
+    rather than being lost unsent."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _reset(sock: socket.socket) -> None:

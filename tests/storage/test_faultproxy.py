@@ -7,7 +7,9 @@ reached the emulator, and "reset before forwarding" must not have.
 
 from __future__ import annotations
 
+import http.server
 import socket
+import threading
 import time
 import uuid
 
@@ -60,6 +62,40 @@ def test_it_forwards_every_operation_over_one_kept_alive_connection(proxy, via, 
     assert stats["connections"] == 1
     assert sum(stats["faults"].values()) == 0
     assert [e.status for e in proxy.history] == [200, 200, 200, 200]
+
+
+def test_a_request_after_the_server_closed_the_idle_connection_goes_on_a_new_one():
+    """A server that closes a kept-alive connection once it has sat idle (gunicorn, which serves
+    storage-testbench, does after 2 s) must still get the client's next request: the proxy opens
+    a new connection for it rather than dropping it unsent."""
+    served = []
+
+    class Brief(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 0.2  # the idle connection is closed after this
+
+        def do_GET(self):
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Brief)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with FaultProxy(f"http://127.0.0.1:{server.server_address[1]}", lifetime=30) as p, requests.Session() as client:
+            assert client.get(p.url + "/first", timeout=5).text == "ok"
+            time.sleep(0.6)  # the server has closed its side of the proxy's connection
+            assert client.get(p.url + "/second", timeout=5).text == "ok"
+            assert served == ["/first", "/second"]
+            assert [e.status for e in p.history] == [200, 200]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_drop_reply_applies_the_write_and_the_client_hears_an_ambiguous_failure(proxy, via, direct):
