@@ -128,8 +128,9 @@ def main(argv: list[str]) -> int:
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env).returncode
     # The whole suite on WORKERS pytest-xdist workers. Most tests wait on servers, clocks and child
     # processes rather than compute, so three share two cores; the ones that compute run one after
-    # another within their group (the framework jobs, the simulation, the builds), each group on a
-    # worker of its own (tests/conftest.py's HEAVY).
+    # another within their group (the framework jobs of each framework, the simulation, the builds),
+    # each group on one worker (tests/conftest.py's HEAVY). The run is CPU-bound on two cores (its
+    # processes use about 1.8 cores throughout): a fourth worker would add contention, not speed.
     args = [str(python), "-m", "pytest", "-n", str(WORKERS), "--dist", "loadgroup"]
     # The whole suite: the static checks run beside the tests (mypy takes a minute from cold, on one
     # core, while the tests mostly wait on servers and clocks) and fail the command, but never stop

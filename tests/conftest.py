@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import re
 import signal
 import sys
 import time
@@ -108,14 +109,14 @@ def s3_server():
 
 #: Under pytest-xdist (``scripts/dev.py test`` runs the whole suite on several workers with
 #: ``--dist loadgroup``), the tests that keep the CPUs busy run one after another within their group,
-#: each group on one worker: the framework jobs (torchrun with its ranks, Lightning, transformers),
-#: the simulation and torture runs, and the builds (the wheel, the docs site, the bench, whose runs a
-#: module shares). Three groups of a few minutes each, so that no single one is the run's critical path.
-#: The rest mostly wait on servers, clocks and child processes and are spread one test at a time
-#: (the in-process preemption and signal-handler tests beside the framework jobs, the examples and the
-#: layer checks beside the builds). Keys are path prefixes under tests/. (Our own scheduler, not
-#: ``xdist_group`` marks: xdist 3.8 names a test's group by rewriting ``item._nodeid``, which pytest 9
-#: no longer reads.)
+#: each group on one worker: the framework jobs under torchrun (``torch``, ``lightning`` and ``hf``, by
+#: the framework their ranks run: see :func:`heavy_group`), the simulation and torture runs, and the
+#: builds (the wheel, the docs site, the bench, whose runs a module shares). Each group takes a few
+#: minutes at most, so that no single one is the run's critical path, and at most one framework job
+#: per group runs at a time. The rest mostly wait on servers, clocks and child processes and are spread
+#: one test at a time. Keys are path prefixes under tests/ ("frameworks": split by framework). (Our own
+#: scheduler, not ``xdist_group`` marks: xdist 3.8 names a test's group by rewriting ``item._nodeid``,
+#: which pytest 9 no longer reads.)
 HEAVY = {
     "integrations/test_hf_": "frameworks",
     "integrations/test_integrations_": "frameworks",
@@ -128,11 +129,28 @@ HEAVY = {
     "package/test_bench.py": "builds",
 }
 
+#: The order units are handed out: the groups, longest first (by the sums of their tests' durations,
+#: ``pytest --durations=0``), then the single tests of the folders whose tests start processes and
+#: servers (seconds each), then the rest (mostly milliseconds), so that the run ends on short tests.
+FIRST = ("simulation", "torch", "lightning", "hf", "builds", "processes/", "runner/", "package/", "integrations/")
+
 
 def heavy_group(nodeid: str) -> str | None:
-    """The group a test runs in, one after another (None: a unit of its own)."""
-    path = nodeid.split("::", 1)[0].removeprefix("tests/")
-    return next((group for prefix, group in HEAVY.items() if path.startswith(prefix)), None)
+    """The group a test runs in, one after another (None: a unit of its own). A framework job's group is
+    the framework named in its module, name or parameters (``lightning``, ``hf``), else ``torch``."""
+    path = nodeid.removeprefix("tests/")
+    group = next((group for prefix, group in HEAVY.items() if path.startswith(prefix)), None)
+    if group != "frameworks":
+        return group
+    words = set(re.split(r"[^a-z0-9]+", path))
+    return "lightning" if "lightning" in words else "hf" if "hf" in words else "torch"
+
+
+def handout_rank(scope: str) -> int:
+    """Where a unit (a group's name, or a test's node id) comes in :data:`FIRST`; len(FIRST) if nowhere."""
+    path = scope.removeprefix("tests/")
+    ranks = (i for i, first in enumerate(FIRST) if path == first or (first.endswith("/") and path.startswith(first)))
+    return next(ranks, len(FIRST))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -142,10 +160,21 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class HeavyTogether(LoadScopeScheduling):
-        """Each heavy group is one unit of work (largest first); every other test is a unit of its own."""
+        """Each heavy group is one unit of work; every other test is a unit of its own; handed out in the
+        order of :data:`FIRST` (xdist's own order is by number of tests, not time)."""
+
+        ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             return heavy_group(nodeid) or nodeid
+
+        def _assign_work_unit(self, node):
+            if not self.ordered:  # the first hand-out: the queue is complete
+                self.ordered = True
+                units = sorted(self.workqueue.items(), key=lambda unit: handout_rank(unit[0]))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
         def remove_node(self, node):
             """A worker is gone: the test it crashed in is reported failed by xdist (the name returned) and

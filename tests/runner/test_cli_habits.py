@@ -63,17 +63,16 @@ def test_help_lists_every_url_form(capsys):
         assert form in done.stdout, done.stdout
 
 
-def test_flocks_dash_c_habit_is_told_the_command_as_sh_dash_c_after_the_double_dash(tmp_path):
+def test_flocks_dash_c_habit_is_told_the_command_as_sh_dash_c_after_the_double_dash(tmp_path, capsys):
     lock = str(tmp_path / "lock.json")
-    done = subprocess.run([str(CONSOLE_SCRIPT), "run", "-w", "5", lock, "-c", "make && touch x"], cwd=tmp_path,
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    done = in_process(["run", "-w", "5", lock, "-c", "make && touch x"], capsys, cwd=tmp_path)
     assert done.returncode == EXIT_USAGE, done.stderr
     assert f"handofflock run -w 5 {lock} -- sh -c 'make && touch x'" in done.stderr, done.stderr
     assert "-- -c" not in done.stderr
     assert not (tmp_path / "x").exists()
 
 
-def test_status_of_a_far_future_lease_says_what_bounds_it_not_its_years_left(tmp_path):
+def test_status_of_a_far_future_lease_says_what_bounds_it_not_its_years_left(tmp_path, capsys):
     import time
 
     from lockutil import raw_write
@@ -82,8 +81,7 @@ def test_status_of_a_far_future_lease_says_what_bounds_it_not_its_years_left(tmp
 
     url = str(tmp_path / "lock.json")
     raw_write(url, LockRecord(Holder("ghost", time.time() + 977615999), ttl=60.0, token=5, nonce="n"), 0)
-    done = subprocess.run([str(CONSOLE_SCRIPT), "status", url], capture_output=True, text=True, env=child_env(),
-                          timeout=60)
+    done = in_process(["status", url], capsys)
     assert done.returncode == 0, done.stderr
     state = next(line for line in done.stdout.splitlines() if line.strip().startswith("state"))
     assert "lease suspect: bounded by its ttl (60 s)" in state, done.stdout

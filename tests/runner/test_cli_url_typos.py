@@ -35,14 +35,21 @@ def test_run_takes_a_file_url_without_an_authority(tmp_path, capfd):
 
 
 @pytest.mark.parametrize(("typo", "meant"), [("gs//bkt/x.json", "gs://bkt/x.json"), ("s3//b/k", "s3://b/k")])
-def test_a_url_without_its_colon_is_refused_not_taken_for_a_local_path(typo, meant, tmp_path):
+def test_a_url_without_its_colon_is_refused_not_taken_for_a_local_path(typo, meant, tmp_path, capsys):
     """As a path, ``gs//bkt/x.json`` is ``./gs/bkt/x.json``: a lock private to this host, which two hosts
-    would each hold. The real command refuses it (exit 64), says what was meant, and creates nothing."""
-    done = subprocess.run([str(CONSOLE_SCRIPT), "run", typo, "--", "touch", "ran"], cwd=tmp_path,
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    would each hold. It is refused (exit 64), with what was meant, and nothing is created."""
+    done = in_process(["run", typo, "--", "touch", "ran"], capsys, cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert f"did you mean {meant!r}" in done.stderr
     assert list(tmp_path.iterdir()) == []  # neither ./gs/bkt/x.json nor the command's file
+
+
+def test_the_real_command_refuses_a_url_without_its_colon(tmp_path):
+    done = subprocess.run([str(CONSOLE_SCRIPT), "run", "gs//bkt/x.json", "--", "touch", "ran"], cwd=tmp_path,
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert "did you mean 'gs://bkt/x.json'" in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_directory_that_merely_ends_in_two_slashes_is_still_a_path(tmp_path, capfd):

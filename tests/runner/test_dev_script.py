@@ -99,3 +99,24 @@ def test_a_worker_that_crashes_fails_its_test_and_the_rest_of_the_run_still_runs
     assert "1 failed, 15 passed" in out, out
     for name in ("test_before", "test_after_1", "test_after_2"):
         assert f"PASSED test_group.py::{name}" in out, out
+
+
+def test_the_framework_jobs_run_in_one_group_per_framework_handed_out_before_the_single_tests():
+    """Two framework jobs of different frameworks may run at once (each picks its own free port and works
+    in its own tmp_path); two of one framework never do. The groups go out longest first, then the tests
+    that start processes, and the run ends on the quick ones."""
+    spec = importlib.util.spec_from_file_location("suite_conftest", ROOT / "tests" / "conftest.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    group = suite.heavy_group
+    workers = "tests/integrations/test_torchrun_workers.py::test_sigterm_with_dataloader_workers[{}-torchrun]"
+    assert [group(workers.format(name)) for name in ("torch", "lightning", "hf")] == ["torch", "lightning", "hf"]
+    assert group("tests/integrations/test_integrations_frameworks.py::test_hf_trainer_ranks_save[1]") == "hf"
+    assert group("tests/integrations/test_lightning_signals.py::test_sigterm_during_a_fit") == "lightning"
+    assert group("tests/integrations/test_integrations_torch.py::test_when_rank_0_dies") == "torch"
+    assert group("tests/integrations/test_preemption.py::test_a_notice") is None
+    assert group("tests/sim/test_torture.py::test_a_short_torture_run") == "simulation"
+    units = ["tests/lock/test_acquire.py::a", "builds", "tests/processes/test_xproc_gcs.py::b", "hf", "torch",
+             "simulation"]
+    assert sorted(units, key=suite.handout_rank) == [
+        "simulation", "torch", "hf", "builds", "tests/processes/test_xproc_gcs.py::b", "tests/lock/test_acquire.py::a"]

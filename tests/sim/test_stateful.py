@@ -47,10 +47,11 @@ from handofflock.testing.clock import FakeClock
 from handofflock.testing.sim.bugs import planted
 
 KEY = "locks/stateful.json"
-#: Fast timing without pacing (a ttl of 3 s, which GCS's one write per second cannot serve): the
-#: rules explore the protocol's states; the simulation runs a third of its seeds at GCS pacing.
+#: Fast timing at the memory store's own pacing (none; a ttl of 3 s, which GCS's one write per second
+#: could not serve): the rules explore the protocol's states; the simulation runs a third of its seeds
+#: at GCS pacing.
 TIMING = dict(ttl=3.0, renew_interval=0.5, renew_deadline=1.5, waiter_ttl=2.0, waiter_check_interval=0.3,
-              waiter_poll_interval=0.2, max_clock_skew=0.2, min_write_interval=0.0)
+              waiter_poll_interval=0.2, max_clock_skew=0.2)
 PARTIES = 3
 #: Wall clocks differ by up to this (the lock's ``max_clock_skew``): each party's is off by up to half.
 SKEW = TIMING["max_clock_skew"]
