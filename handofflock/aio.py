@@ -45,10 +45,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import os_signals
 from .core.errors import ConfigurationError
+from .core.record import Forward
 from .lock import events as signals
 from .lock.handoff import Acquired, HandoffLock
 from .lock.primitives import THREADING, Primitives
-from .lock.types import Forward, LockStatus, ReleaseRequest
+from .lock.types import LockStatus, ReleaseRequest
 
 if TYPE_CHECKING:
     from .core.timing import Timing

@@ -237,7 +237,7 @@ def lease_end(record: LockRecord, observed_at: float, timing: Timing) -> float |
     """
     if suspect_lease(record, observed_at, timing):
         return observed_at + _writers_ttl(record)
-    return None if record.owner is None else record.owner.expires_at
+    return record.expires_at
 
 
 def decide_acquire(

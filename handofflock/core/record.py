@@ -53,7 +53,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import orjson
 
@@ -447,14 +447,37 @@ _PLACES: tuple[tuple[str, type[Holder | Waiter]], ...] = (("owner", Holder), ("w
 _T = TypeVar("_T")
 
 
-class _Flat(Generic[_T]):
-    """``record.<place>.<attr>`` under one flat, read-only name, None while that place is empty."""
+class Forward(Generic[_T]):
+    """A read-only attribute that reads another object's: ``Forward("timing.ttl")`` is ``self.timing.ttl``.
 
-    def __init__(self, place: str, attr: str) -> None:
-        self.place, self.attr = place, attr
+    Where a value along the dotted ``path`` (but the last) is None, it reads ``absent``
+    (``Forward("record.owner.id", None)``: None while there is no record, or no owner).
+    """
 
-    def __get__(self, record: object, owner: object = None) -> _T | None:
-        return getattr(getattr(record, self.place, None), self.attr, None)
+    def __init__(self, path: str, absent: Any = None) -> None:
+        self.path, self.absent = path.split("."), absent
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Forward[_T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, obj: object, owner: type | None = None) -> _T | Forward[_T]:
+        if obj is None:
+            return self
+        value: Any = obj
+        for name in self.path:
+            if value is None:
+                return self.absent  # type: ignore[no-any-return]
+            value = getattr(value, name)
+        return value  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(f"{self.name} is read-only")
 
 
 @dataclass(frozen=True)
@@ -504,17 +527,17 @@ class LockRecord:
 
     # The original design's flat names for the places' fields: read-only views, None while the place is
     # empty. replace() takes them as well.
-    owner_id = _Flat[str]("owner", "id")
-    expires_at = _Flat[float]("owner", "expires_at")
-    owner_instance = _Flat[str]("owner", "instance")
-    owner_label = _Flat[Label]("owner", "label")
-    waiting_owner_id = _Flat[str]("waiter", "id")
-    waiter_expires_at = _Flat[float]("waiter", "expires_at")
-    waiter_ttl = _Flat[float]("waiter", "ttl")
-    waiter_instance = _Flat[str]("waiter", "instance")
-    waiter_label = _Flat[Label]("waiter", "label")
-    waiter_request = _Flat[WaiterRequest]("waiter", "request")
-    waiting_since = _Flat[float]("waiter", "since")
+    owner_id = Forward[str | None]("owner.id")
+    expires_at = Forward[float | None]("owner.expires_at")
+    owner_instance = Forward[str | None]("owner.instance")
+    owner_label = Forward[Label | None]("owner.label")
+    waiting_owner_id = Forward[str | None]("waiter.id")
+    waiter_expires_at = Forward[float | None]("waiter.expires_at")
+    waiter_ttl = Forward[float | None]("waiter.ttl")
+    waiter_instance = Forward[str | None]("waiter.instance")
+    waiter_label = Forward[Label | None]("waiter.label")
+    waiter_request = Forward[WaiterRequest | None]("waiter.request")
+    waiting_since = Forward[float | None]("waiter.since")
 
     @property
     def request(self) -> WaiterRequest:
@@ -599,7 +622,7 @@ class LockRecord:
 
 _KNOWN = frozenset({"version"} | {spec.key for c in (Holder, Waiter, LockRecord) for _, spec in _wired(c)})
 _REQUIRED = [spec.key for c in (Holder, Waiter) for f, spec in _wired(c) if f.default is MISSING]
-_FLAT = {name: (view.place, view.attr) for name, view in vars(LockRecord).items() if isinstance(view, _Flat)}
+_FLAT = {name: tuple(view.path) for name, view in vars(LockRecord).items() if isinstance(view, Forward)}
 
 
 class _DuplicateKey(ValueError):

@@ -50,7 +50,7 @@ from ..core.errors import (
 )
 from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
-from ..core.record import Holder, Label, LockRecord, Waiter, WaiterRequest, id_problem, label_problem, new_nonce
+from ..core.record import Forward, Label, LockRecord, WaiterRequest, id_problem, label_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
 from ..core.timing import MIN_REQUEST_TIME, MIN_ROOM, RETRY, Timing, requests_by
@@ -62,7 +62,7 @@ from .notifier import Notifier
 from .primitives import THREADING, Primitives
 from .requests import RequestBook, acquire_request, checked_request
 from .scheduler import Scheduler, default_scheduler
-from .types import Forward, LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
+from .types import LockStatus, ReleaseRequest, RequestReason, State, default_owner_id
 
 T = TypeVar("T")
 
@@ -692,17 +692,16 @@ class HandoffLock:
         """
         if record is None:
             return None, now
-        owner = record.owner
-        lease = (None, record.token) if owner is None else (owner.id, owner.instance, record.token, owner.expires_at)
+        lease = (record.owner_id, record.owner_instance, record.token, record.expires_at)
         if lease == observed[0]:
             return observed
-        if owner is not None and protocol.suspect_lease(record, now, self.timing):
+        if protocol.suspect_lease(record, now, self.timing):  # never a lease without an owner
             self._log_acquire.warning(
                 "lock %s: the lease of %s claims to run until %s, further ahead than its ttl (%s s) allows; "
                 "not trusted: it ends %s unless its owner renews it",
                 self.url,
-                owner.id,
-                when(owner.expires_at, now),
+                record.owner_id,
+                when(record.expires_at, now),
                 record.ttl or self.timing.ttl,
                 when(protocol.lease_end(record, now, self.timing), now),
             )
@@ -713,23 +712,21 @@ class HandoffLock:
         return self._clock.wait(self._cancel, delay) or self._deferred
 
     def _now_waiting(self, record: LockRecord) -> None:
-        owner, waiter = record.owner, record.waiter
-        owner_id, label = (None, None) if owner is None else (owner.id, owner.label)
-        holder = who(owner_id, None if label is None else label.text)
+        holder = who(record.owner_id, _label_text(record.owner_label))
         self._log_acquire.info("%s is now the waiter for %s (owner %s)", self.owner_id, self.url, holder)
         signals.send(
             signals.waiting,
             self,
-            owner_id=owner_id,
-            owner_label=label,
-            waiter_expires_at=None if waiter is None else waiter.expires_at,
+            owner_id=record.owner_id,
+            owner_label=record.owner_label,
+            waiter_expires_at=record.waiter_expires_at,
         )
 
     def _not_acquired(self, record: LockRecord | None) -> bool:
         """A non-blocking acquire that did not get the lock; a slot of this instance's (leaked by an
         earlier acquire whose give-back failed) is left, never kept or refreshed."""
         try:
-            if record is not None and record.waiter is not None and record.waiter.instance == self._me.instance:
+            if record is not None and record.waiter_instance == self._me.instance:
                 self._leave_slot(record, waiting=True, keep=False)
         finally:
             self._state = IDLE
@@ -764,7 +761,7 @@ class HandoffLock:
         """
         # ``waiting`` is False if our registration's reply was lost and the record moved
         # on before we could see our nonce; the record naming us still says the slot is ours.
-        if not (waiting or (last is not None and last.waiter is not None and last.waiter.id == self.owner_id)):
+        if not (waiting or (last is not None and last.waiting_owner_id == self.owner_id)):
             return False
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False
@@ -844,11 +841,7 @@ class HandoffLock:
         self._state = HELD
         how = ", handed off" if handoff else ""
         self._log_acquire.info("%s acquired %s (token %d%s)", self.owner_id, self.url, record.token, how)
-        if (
-            record.waiter is not None
-            and record.waiter.live(self._clock.time())
-            and record.waiter.instance != self._me.instance
-        ):
+        if record.waiter_live(self._clock.time()) and record.waiter_instance != self._me.instance:
             # A waiter already in the record we took (it registered while the lock was being handed to
             # us): our renewals write against this very generation and never meet it, so the first waiter
             # check runs now, in the background, after acquire() has returned (receivers never run inside it).
@@ -954,9 +947,9 @@ class HandoffLock:
                         continue
                     lease.set(written.record, generation, mono, wall, self.timing, clock)
                     signals.observer.renewed(self, clock.monotonic() - mono)
-                    owner = written.record.owner
-                    expires = None if owner is None else owner.expires_at
-                    self._log_renew.debug("%s renewed %s until %.3f", self.owner_id, self.url, expires)
+                    self._log_renew.debug(
+                        "%s renewed %s until %.3f", self.owner_id, self.url, written.record.expires_at
+                    )
                     return
             except TransientStorageError as exc:
                 signals.observer.renewal_failed(self, exc)
@@ -1255,7 +1248,7 @@ class HandoffLock:
                     why = f"lock {self.url!r} was lost before release: {exc}"
                     raise LockLost(why, url=self.url, reason="corrupt", cause=exc) from exc
                 continue
-            return written.record.owner.id if written.kind is Kind.HANDOFF and written.record.owner else None
+            return written.record.owner_id if written.kind is Kind.HANDOFF else None
 
     def _end_hold(self) -> None:
         """A hold is over, however it ended: the lock is idle, the hold's requests go with it, and no
@@ -1505,16 +1498,15 @@ def _contended(
     """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
     :class:`LockTimeout` saying also whether the slot we gave back was ours; or saying ``message``."""
     r = record or LockRecord()
-    owner, waiter = r.owner, r.waiter
     return cls(
         message or (None if timed_out is None else _timeout_message(url, r, timed_out, now)),
         url=url,
-        owner_id=owner.id if owner else None,
-        owner_expires_at=owner.expires_at if owner else None,
-        waiter_id=waiter.id if waiter else None,
-        waiter_expires_at=waiter.expires_at if waiter else None,
-        owner_label=_label_text(owner),
-        waiter_label=_label_text(waiter),
+        owner_id=r.owner_id,
+        owner_expires_at=r.expires_at,
+        waiter_id=r.waiting_owner_id,
+        waiter_expires_at=r.waiter_expires_at,
+        owner_label=_label_text(r.owner_label),
+        waiter_label=_label_text(r.waiter_label),
     )
 
 
@@ -1526,8 +1518,8 @@ def _ran_out(exc: BaseException, deadline: float | None, clock: Clock) -> bool:
     return isinstance(exc, TransientStorageError) and deadline is not None and clock.monotonic() >= deadline
 
 
-def _label_text(place: Holder | Waiter | None) -> str | None:
-    return None if place is None or place.label is None else place.label.text
+def _label_text(label: Label | None) -> str | None:
+    return None if label is None else label.text
 
 
 def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
@@ -1540,16 +1532,16 @@ def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
     if owner is None:
         held = "it was free, but the waiter slot was taken"
     elif owner.live(now):
-        held = f"held by {who(owner.id, _label_text(owner))}, a live lease its holder keeps renewing"
+        held = f"held by {who(owner.id, _label_text(owner.label))}, a live lease its holder keeps renewing"
     else:
         ran_out = when(owner.expires_at, now)
-        held = f"held by {who(owner.id, _label_text(owner))}, whose lease ran out {ran_out}"
+        held = f"held by {who(owner.id, _label_text(owner.label))}, whose lease ran out {ran_out}"
     if waiter is None or not waiter.live(now):
         slot = "; nobody else waits"
     elif (waiter.id, waiter.instance) == (me.owner_id, me.instance):
         slot = "; we held the waiter slot, and gave it back"
     else:
-        slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter))}'s"
+        slot = f"; the waiter slot is {who(waiter.id, _label_text(waiter.label))}'s"
     return f"timed out acquiring {url!r}: {held}{slot}"
 
 

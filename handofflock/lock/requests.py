@@ -31,7 +31,7 @@ from collections.abc import Callable
 from ..core.clock import Clock
 from ..core.errors import ConfigurationError
 from ..core.protocol import WaiterSeen
-from ..core.record import ASKING, LockRecord, WaiterRequest
+from ..core.record import LockRecord, WaiterRequest
 from . import events as signals
 from .logfields import Described, LockLog, weakly
 from .types import ReleaseRequest, RequestReason
@@ -72,19 +72,12 @@ def acquire_request(blocking: object, timeout: object, request_release: object, 
             raise ConfigurationError(
                 f"blocking=False never waits, so timeout={timeout!r} would be ignored: pass one or the other"
             )
-    request = WaiterRequest(request_release, priority)  # type: ignore[arg-type]  # checked there
-    return ASKING if request == ASKING else request
+    return WaiterRequest(request_release, priority)  # type: ignore[arg-type]  # checked there
 
 
 def most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
     """The request with the earliest deadline (one without a deadline last; the first of equals)."""
-    best: ReleaseRequest | None = None
-    for request in requests:
-        if best is None or (
-            request.deadline is not None and (best.deadline is None or request.deadline < best.deadline)
-        ):
-            best = request
-    return best
+    return min(requests, key=lambda request: (request.deadline is None, request.deadline or 0.0), default=None)
 
 
 class RequestBook:
@@ -121,7 +114,7 @@ class RequestBook:
         # Only ever the new request, which stands: a recomputation from a copy of the book could
         # store a waiter request that withdraw() removed meanwhile on the scheduler thread.
         current = self.release_request
-        if current is None or (deadline is not None and (current.deadline is None or deadline < current.deadline)):
+        if current is None or most_urgent([current, request]) is request:
             self.release_request = request
         self.release_requested = True
         self._queue(
@@ -163,7 +156,7 @@ class RequestBook:
         """
         if record is None:
             return
-        waiter = (seen.waiter_id, record.waiter.instance if record.waiter else None) if seen is not None else None
+        waiter = None if seen is None else (seen.waiter_id, record.waiter_instance)
         standing = self._waiter
         if standing is not None and standing[0] != waiter:
             # Only a waiter's own request goes with it; a signal's or a preemption notice's stands.
@@ -186,7 +179,6 @@ class RequestBook:
                 )
                 return
             self._log.info("%s: %s is waiting for %s", self._owner_id, seen.waiter_id, self._url)
-            label = record.waiter.label if record.waiter is not None else None
-            text = None if label is None else label.text
-            request = self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline, text)
+            label = None if record.waiter_label is None else record.waiter_label.text
+            request = self.request(RequestReason.WAITER, seen.waiter_id, seen.deadline, label)
             self._waiter = (waiter, request)

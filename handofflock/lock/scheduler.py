@@ -469,26 +469,12 @@ class Scheduler:
                 )
                 return
             except Exception as exc:
-                _log.warning(
-                    "cannot list %r in %s (%s); checking its %d locks one read each from now on",
-                    prefix,
-                    storage,
-                    exc,
-                    len(batch),
-                )
-                with self._mutex:
-                    self._ungrouped.add(gkey)
+                why = "cannot list %r in %s (%s); checking its %d locks one read each from now on"
+                self._ungroup(gkey, logging.WARNING, why, prefix, storage, exc, len(batch))
                 return
             if math.ceil(len(listing) / LIST_PAGE_SIZE) >= len(batch):
-                _log.info(
-                    "listing %r in %s returned %d objects for %d locks; checking them one read each from now on",
-                    prefix,
-                    storage,
-                    len(listing),
-                    len(batch),
-                )
-                with self._mutex:
-                    self._ungrouped.add(gkey)
+                why = "listing %r in %s returned %d objects for %d locks; checking them one read each from now on"
+                self._ungroup(gkey, logging.INFO, why, prefix, storage, len(listing), len(batch))
             for lock in batch:
                 with self._mutex:
                     busy = id(lock) in self._running or id(lock) in self._checking
@@ -504,6 +490,13 @@ class Scheduler:
                 with self._mutex:
                     group.busy = False
                 self._wake.set()
+
+    def _ungroup(self, gkey: tuple[int, str], level: int, why: str, *args: object) -> None:
+        """Check the locks under ``gkey``'s prefix one read each from now on, saying why (``why % args``, logged
+        at ``level``)."""
+        _log.log(level, why, *args)
+        with self._mutex:
+            self._ungrouped.add(gkey)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and the workers. Locks still registered stop being renewed."""

@@ -11,14 +11,12 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from ..core.protocol import suspect_lease
-from ..core.record import Holder, Label, LockRecord, Waiter
+from ..core.record import Forward, Holder, Label, LockRecord, Waiter
 from ..core.timefmt import who
 from ..core.timing import Timing
-
-T = TypeVar("T")
 
 
 def default_owner_id() -> str:
@@ -82,39 +80,6 @@ class ReleaseRequest:
     def who(self) -> str:
         """The requester as people know it: ``label (id)``, or the requester alone without a label."""
         return who(self.requester, self.label)
-
-
-class Forward(Generic[T]):
-    """A read-only attribute that reads another object's: ``Forward("timing.ttl")`` is ``self.timing.ttl``.
-
-    Where a value along the dotted ``path`` (but the last) is None, it reads ``absent``
-    (``Forward("record.owner.id", None)``: None while there is no record, or no owner).
-    """
-
-    def __init__(self, path: str, absent: Any = None) -> None:
-        self.path, self.absent = path.split("."), absent
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> Forward[T]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-
-    def __get__(self, obj: object, owner: type | None = None) -> T | Forward[T]:
-        if obj is None:
-            return self
-        value: Any = obj
-        for name in self.path:
-            if value is None:
-                return self.absent  # type: ignore[no-any-return]
-            value = getattr(value, name)
-        return value  # type: ignore[no-any-return]
-
-    def __set__(self, obj: object, value: object) -> None:
-        raise AttributeError(f"{self.name} is read-only")
 
 
 @dataclass(frozen=True)
