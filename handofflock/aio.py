@@ -44,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("handofflock.aio needs anyio >= 4.11: pip install 'handofflock[async]'") from exc
 
 from . import os_signals
-from .core.errors import ConfigurationError
+from .core.errors import ConfigurationError, LockLost, TransientStorageError
 from .core.record import Forward
 from .lock import events as signals
 from .lock.handoff import Acquired, HandoffLock
@@ -416,6 +416,10 @@ class AsyncHandoffLock:
         cancelled through :meth:`HandoffLock.cancel` and awaited, shielded. If
         the lock was handed to us at that very moment, it is released (handed
         on) instead of being kept by a task that will never know it has it.
+        If the store refuses that give-back (:class:`~handofflock.TransientStorageError`,
+        or :class:`~handofflock.LockLost` for a handed lease), that error is
+        raised instead of the cancellation, as the sync acquire raises it: the
+        slot or lease then expires by itself.
         """
         self._loop.bind()
         sync = self._sync
@@ -425,13 +429,17 @@ class AsyncHandoffLock:
         )
         try:
             got = await call.run(on_cancel=sync.cancel)
-        except BaseException:
+        except BaseException as cancelled:
             if call.done.is_set() and call.error is None and call.result:  # got it as the task was cancelled
                 try:
                     await _Call(sync.release, self._threads).run_to_end()  # hand it on, shielded
                 except Exception as exc:
                     _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
-            call.error = None
+            error, call.error = call.error, None
+            if isinstance(error, (TransientStorageError, LockLost)):
+                # The store refused to take the slot (or a handed lease) back: it expires by itself. The
+                # caller hears it, as from the sync acquire, instead of the cancellation alone.
+                raise error from cancelled
             raise
         if got and sync.release_on_signal:
             os_signals.arm(sync)  # the hold began in a worker thread; the loop's may be the main thread

@@ -26,6 +26,7 @@ from handofflock import (
     LockContended,
     LockLost,
     LockTimeout,
+    TransientStorageError,
     signals,
 )
 
@@ -511,3 +512,28 @@ def test_the_async_locks_views_of_the_sync_lock_are_read_only(name):
     with pytest.raises(AttributeError, match="read-only"):
         setattr(lock, name, 5)
     assert getattr(lock, name) == getattr(lock.sync, name)
+
+
+def test_a_cancelled_acquire_whose_slot_the_store_will_not_take_back_raises_the_store_error(sim):
+    """The sync acquire raises TransientStorageError when its slot cannot be given back (it expires by itself
+    within waiter_ttl); the async acquire, cancelled, raises the same instead of a bare cancellation, so the
+    caller knows the slot is left (simulation seed 5672: the cancellation alone hid it)."""
+    import asyncio
+
+    holder, lock = sim.lock("holder", **QUICK), sim.aio("async-waiter", **QUICK)
+    sim.call(holder.acquire)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(lock.acquire())
+        await until(lambda: sim.record().waiting_owner_id == lock.owner_id)
+        sim.store.faults.fail_next(
+            "write", count=1000, exc=lambda: TransientStorageError("429", status=429, ambiguous=False)
+        )
+        task.cancel()
+        with pytest.raises(TransientStorageError) as refused:
+            await task
+        assert isinstance(refused.value.__cause__, asyncio.CancelledError)
+        assert sim.record().waiting_owner_id == lock.owner_id and not lock.is_held  # left, and said so
+        sim.store.faults.clear()
+
+    sim.run_async(main, on=lock)
