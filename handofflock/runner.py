@@ -47,7 +47,7 @@ from collections.abc import Collection
 from typing import Any
 
 from . import _watchdog
-from ._waitline import WaitLine
+from ._waitline import WaitLine, is_terminal
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError, LockTimeout, TransientStorageError
 from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
@@ -64,7 +64,7 @@ from .exit_codes import (
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
-from .os_signals import parse_signal, take_over
+from .os_signals import parse_signal, restore, take_over
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
 #: in the terminal's foreground group, so Ctrl-C reaches it only this way.
@@ -84,15 +84,9 @@ STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 LEFTOVER_GRACE = 5.0
 
 
-#: The library's words for its limits, said as a person at a shell reads them.
-_PLAIN_WORDS = ((re.compile(r"\brequest_timeout \(([\d.]+)s\)"), r"\1 s"),)
-
-
 def plain(message: str) -> str:
     """``message`` without the library's parameter names ("within request_timeout (11.25s)": "within 11.25 s")."""
-    for pattern, words in _PLAIN_WORDS:
-        message = pattern.sub(words, message)
-    return message
+    return re.sub(r"\brequest_timeout \(([\d.]+)s\)", r"\1 s", message)
 
 
 def fail(message: str, code: int) -> int:
@@ -177,8 +171,7 @@ class CommandRunner:
         finally:
             if self._subreaper_was is not None:
                 _set_subreaper(on=self._subreaper_was)
-            for sig, previous in self._previous.items():
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            restore(self._previous)
 
     def _acquire(self) -> int | None:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
@@ -202,7 +195,7 @@ class CommandRunner:
         lock_signals.waiting.connect(on_waiting, sender=lock)
         started = time.monotonic()
         # The waiting line: live on a terminal (and gone once acquired); elsewhere (cron, a log) only with -v.
-        shown = not self.args.quiet and (self.args.verbose or _is_terminal(sys.stderr))
+        shown = not self.args.quiet and (self.args.verbose or is_terminal(sys.stderr))
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
@@ -810,13 +803,6 @@ def _check_command(command: list[str]) -> int | None:
     return fail(f"cannot execute {name}: {found_unusable} {why}; the lock was not asked for", EXIT_CANNOT_EXECUTE)
 
 
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
 def _short(command: list[str], limit: int = 100) -> str:
     text = " ".join(shlex.join(command).split())  # one line, whatever the arguments hold
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -870,8 +856,7 @@ def exec_command(command: list[str], grace: float) -> int:
         decided = _read_status(status_file)
         return decided if decided is not None else (128 - code if code < 0 else code)
     finally:
-        for sig, action in previous.items():
-            signal.signal(sig, action if action is not None else signal.SIG_DFL)
+        restore(previous)
         if subreaper_was is not None:
             _set_subreaper(on=subreaper_was)
         with contextlib.suppress(FileNotFoundError):
