@@ -578,13 +578,8 @@ def _prepare_command(parent: int, cgroup: str | None) -> None:
                 f.write("0")  # this process; its children are born in it
         except OSError:
             pass  # run sees it is not there and falls back to the session
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # run died before prctl took effect
-            os._exit(137)
-    except (OSError, AttributeError):
-        pass
+    if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) is not None and os.getppid() != parent:
+        os._exit(137)  # run died before prctl took effect
 
 
 def _set_subreaper(*, on: bool) -> bool | None:
@@ -595,15 +590,17 @@ def _set_subreaper(*, on: bool) -> bool | None:
     killed) is reparented to ``run`` instead of to PID 1, so it stays in the
     tree ``run`` follows, and ``run`` reaps it.
     """
+    previous = ctypes.c_int(0)
+    if _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous)) != 0 or _prctl(_PR_SET_CHILD_SUBREAPER, int(on)) != 0:
+        return None
+    return bool(previous.value)
+
+
+def _prctl(option: int, arg: Any = 0) -> int | None:
+    """Linux's ``prctl(option, arg)``: its result (0 on success), or None where there is none (not Linux)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        previous = ctypes.c_int(0)
-        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0:
-            return None
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-            return None
-        return bool(previous.value)
-    except (OSError, AttributeError):  # not Linux
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0))
+    except (OSError, AttributeError):
         return None
 
 
