@@ -137,7 +137,7 @@ class _Gce(_Cloud):
             if self.etag:
                 path += f"&last_etag={quote(self.etag, safe='')}"
             hold = ch.poll_timeout
-        reply = ch.request("GET", path, {"Metadata-Flavor": "Google"}, hold=hold, limit=1024)
+        reply = ch._request("GET", path, {"Metadata-Flavor": "Google"}, hold=hold, limit=1024)
         if reply.status != 200:
             raise _NotMetadata(f"HTTP {reply.status}")
         if reply.headers.get("Metadata-Flavor") != "Google":
@@ -165,7 +165,7 @@ class _Aws(_Cloud):
     def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
         if self.token is None or ch.clock.monotonic() >= self.token_until:
             ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(_AWS_TOKEN_TTL)}
-            reply = ch.request("PUT", AWS_TOKEN_PATH, ttl, limit=1024)
+            reply = ch._request("PUT", AWS_TOKEN_PATH, ttl, limit=1024)
             if reply.status != 200 or not reply.body.strip():
                 raise _NotMetadata(f"no IMDSv2 token (HTTP {reply.status})")
             self.token, self.token_until = reply.body.strip(), ch.clock.monotonic() + _AWS_TOKEN_TTL - 60
@@ -175,7 +175,7 @@ class _Aws(_Cloud):
         return notice
 
     def _get(self, ch: PreemptionWatcher, path: str, key: str, time_key: str | None) -> PreemptionNotice | None:
-        reply = ch.request("GET", path, {"X-aws-ec2-metadata-token": self.token or ""}, limit=4096)
+        reply = ch._request("GET", path, {"X-aws-ec2-metadata-token": self.token or ""}, limit=4096)
         if reply.status == 404:
             return None  # no notice (yet)
         if reply.status == 401:
@@ -197,7 +197,7 @@ class _Azure(_Cloud):
 
     def poll(self, ch: PreemptionWatcher) -> PreemptionNotice | None:
         headers = {"Metadata": "true"}
-        reply = ch.request("GET", AZURE_EVENTS_PATH, headers, limit=1 << 20)
+        reply = ch._request("GET", AZURE_EVENTS_PATH, headers, limit=1 << 20)
         if reply.status != 200:
             raise _NotMetadata(f"HTTP {reply.status} from scheduledevents")
         doc = _json_object(reply.body, "Events")
@@ -207,7 +207,7 @@ class _Azure(_Cloud):
             return None
         if self.vm_name is None:
             # Events of a scale set or availability set reach every VM in it; each names the VMs it is for.
-            name = ch.request("GET", AZURE_NAME_PATH, headers, limit=1024)
+            name = ch._request("GET", AZURE_NAME_PATH, headers, limit=1024)
             if name.status != 200 or not name.body.strip():
                 raise _NotMetadata(f"HTTP {name.status} for this VM's name")
             self.vm_name = name.body.strip()
@@ -483,7 +483,7 @@ class PreemptionWatcher:
             _log.exception("could not deliver the preemption notice to %s", target)
         self._notice.set()
 
-    def request(
+    def _request(
         self, method: str, path: str, headers: dict[str, str], *, hold: float = 0.0, limit: int = 65536
     ) -> _Reply:
         """One request to the metadata server, bounded by ``request_timeout`` (plus ``hold``) and stoppable."""
