@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     if args.cmd not in ("run", "exec") and command is not None:
         return _fail("'--' and a command only go with `handofflock run` and `handofflock exec`", EXIT_USAGE)
+    if args.cmd in ("run", "exec") and not command:
+        return _fail(f"nothing to run: usage: {args.parser.usage}", EXIT_USAGE)
     args.command = command
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
@@ -557,8 +559,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if not args.command:
-        return _fail("nothing to run: usage: handofflock run URL [options] -- CMD [ARGS...]", EXIT_USAGE)
     try:
         runner = CommandRunner(args)
     except ConfigurationError as exc:
@@ -567,8 +567,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    if not args.command:
-        return _fail("nothing to run: usage: handofflock exec [--grace S] -- CMD [ARGS...]", EXIT_USAGE)
     return exec_command(args.command, args.grace)
 
 
