@@ -57,8 +57,8 @@ from .core.errors import (
     StorageTimeout,
     TransientStorageError,
 )
-from .core.record import Label, LockRecord
-from .core.timefmt import iso, when, who
+from .core.record import LockRecord
+from .core.timefmt import iso, when
 from .exit_codes import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
@@ -74,7 +74,7 @@ from .exit_codes import (
 )
 from .lock.types import LockStatus
 from .repair import force_release
-from .runner import SIGNAL_TARGETS, CommandRunner, exec_command
+from .runner import SIGNAL_TARGETS, CommandRunner, exec_command, who_of
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url, records
 from .storage.records import read_retrying
@@ -452,11 +452,6 @@ def release_requested(st: LockStatus, now: float) -> bool:
     """Whether a live waiter that asks is registered on a held lock, judged at ``now``."""
     waiter_until = st.waiter_expires_at  # set exactly when a waiter is
     return state_of(st, now) == "held" and waiter_until is not None and now <= waiter_until and st.waiter_asks
-
-
-def who_of(ident: str | None, label: Label | None) -> str:
-    """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
-    return who(ident, None if label is None else label.text)
 
 
 def state_of(st: LockStatus, now: float) -> str:

@@ -89,6 +89,11 @@ def plain(message: str) -> str:
     return re.sub(r"\brequest_timeout \(([\d.]+)s\)", r"\1 s", message)
 
 
+def who_of(ident: str | None, label: Label | None) -> str:
+    """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
+    return who(ident, None if label is None else label.text)
+
+
 def fail(message: str, code: int) -> int:
     """Print ``handofflock: error: message`` to stderr (in :func:`plain` words) and return ``code``."""
     print(f"handofflock: error: {plain(message)}", file=sys.stderr)
@@ -177,9 +182,9 @@ class CommandRunner:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
         lock, outcome = self.lock, dict[str, Any]()
 
-        def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Any = None, **kw: Any) -> None:
+        def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Label | None = None, **kw: Any) -> None:
             outcome["was_waiter"] = True
-            self.note(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
+            self.note(f"waiting for {lock.url}: held by {who_of(owner_id, owner_label)}")
 
         def acquire() -> None:
             try:
@@ -234,8 +239,9 @@ class CommandRunner:
             # prints, so only -v says who holds it. The exit status (75) tells scripts.
             if self.args.verbose:
                 st = lock.status()
-                holder = who(st.owner_id, None if st.owner_label is None else st.owner_label.text)
-                self.say(f"{lock.url} is held by {holder} (--nonblock given); try again later")
+                self.say(
+                    f"{lock.url} is held by {who_of(st.owner_id, st.owner_label)} (--nonblock given); try again later"
+                )
             return EXIT_CONTENDED
         if self.first_signal is not None:  # the signal came just as we got the lock
             lock.release()
