@@ -74,10 +74,7 @@ class WaitLine:
         self._printed: tuple[Any, ...] | None = None
         self._broken = False
         self._reading = False
-        try:
-            self.terminal = bool(self.stream.isatty())
-        except (AttributeError, ValueError, OSError):
-            self.terminal = False
+        self.terminal = is_terminal(self.stream)
         self._rich: Any = None
         self._drawn = False  # the plain terminal line is on screen
         if self.terminal:
@@ -200,6 +197,14 @@ class WaitLine:
                 self._drawn = False
         except (OSError, ValueError):
             pass
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (False for a stream that cannot say: closed, replaced, a test's)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _rich_status(stream: IO[str]) -> Any:

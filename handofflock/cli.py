@@ -57,8 +57,8 @@ from .core.errors import (
     StorageTimeout,
     TransientStorageError,
 )
-from .core.record import Label, LockRecord
-from .core.timefmt import iso, when, who
+from .core.record import LockRecord
+from .core.timefmt import iso, when
 from .exit_codes import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES_HELP,
@@ -74,7 +74,7 @@ from .exit_codes import (
 )
 from .lock.types import LockStatus
 from .repair import force_release
-from .runner import SIGNAL_TARGETS, CommandRunner, exec_command
+from .runner import SIGNAL_TARGETS, CommandRunner, exec_command, who_of
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url, records
 from .storage.records import read_retrying
@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     if args.cmd not in ("run", "exec") and command is not None:
         return _fail("'--' and a command only go with `handofflock run` and `handofflock exec`", EXIT_USAGE)
+    if args.cmd in ("run", "exec") and not command:
+        return _fail(f"nothing to run: usage: {args.parser.usage}", EXIT_USAGE)
     args.command = command
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
@@ -452,11 +454,6 @@ def release_requested(st: LockStatus, now: float) -> bool:
     return state_of(st, now) == "held" and waiter_until is not None and now <= waiter_until and st.waiter_asks
 
 
-def who_of(ident: str | None, label: Label | None) -> str:
-    """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
-    return who(ident, None if label is None else label.text)
-
-
 def state_of(st: LockStatus, now: float) -> str:
     if not st.exists:
         return "absent"
@@ -557,8 +554,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if not args.command:
-        return _fail("nothing to run: usage: handofflock run URL [options] -- CMD [ARGS...]", EXIT_USAGE)
     try:
         runner = CommandRunner(args)
     except ConfigurationError as exc:
@@ -567,8 +562,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    if not args.command:
-        return _fail("nothing to run: usage: handofflock exec [--grace S] -- CMD [ARGS...]", EXIT_USAGE)
     return exec_command(args.command, args.grace)
 
 

@@ -231,8 +231,7 @@ class FencedObject:
         lock's owner id.
         """
         key = posixpath.join(posixpath.dirname(lock.key), name) if isinstance(name, str) else name
-        key = validate_key(key)
-        if key == lock.key:
+        if key == lock.key:  # a key that is not valid is refused by the constructor
             raise ConfigurationError(f"a fenced object cannot be the lock object itself ({key!r})")
         kwargs.setdefault("clock", lock.clock)
         kwargs.setdefault("writer_id", lock.owner_id)

@@ -406,6 +406,13 @@ def take_over(signals: Iterable[SignalT], handler: Handler, previous: dict[Signa
     return tuple(installed)
 
 
+def restore(previous: dict[SignalT, Handler]) -> None:
+    """Put back the handlers :func:`take_over` kept in ``previous`` (one installed from C reads back as
+    None and cannot be restored: the default action instead)."""
+    for sig, handler in previous.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def is_python_handler(handler: Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
     """A function to call: not SIG_DFL/SIG_IGN, not None (C-level), not SIGINT's default."""
     return callable(handler) and handler is not signal.default_int_handler

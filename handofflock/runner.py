@@ -47,7 +47,7 @@ from collections.abc import Collection
 from typing import Any
 
 from . import _watchdog
-from ._waitline import WaitLine
+from ._waitline import WaitLine, is_terminal
 from .core.errors import AcquireCancelled, ConfigurationError, HandoffLockError, LockTimeout, TransientStorageError
 from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
@@ -64,7 +64,7 @@ from .exit_codes import (
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
-from .os_signals import parse_signal, take_over
+from .os_signals import parse_signal, restore, take_over
 
 #: Signals ``run`` catches and passes on to the command's process group. The command is not
 #: in the terminal's foreground group, so Ctrl-C reaches it only this way.
@@ -84,15 +84,14 @@ STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 LEFTOVER_GRACE = 5.0
 
 
-#: The library's words for its limits, said as a person at a shell reads them.
-_PLAIN_WORDS = ((re.compile(r"\brequest_timeout \(([\d.]+)s\)"), r"\1 s"),)
-
-
 def plain(message: str) -> str:
     """``message`` without the library's parameter names ("within request_timeout (11.25s)": "within 11.25 s")."""
-    for pattern, words in _PLAIN_WORDS:
-        message = pattern.sub(words, message)
-    return message
+    return re.sub(r"\brequest_timeout \(([\d.]+)s\)", r"\1 s", message)
+
+
+def who_of(ident: str | None, label: Label | None) -> str:
+    """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
+    return who(ident, None if label is None else label.text)
 
 
 def fail(message: str, code: int) -> int:
@@ -177,16 +176,15 @@ class CommandRunner:
         finally:
             if self._subreaper_was is not None:
                 _set_subreaper(on=self._subreaper_was)
-            for sig, previous in self._previous.items():
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            restore(self._previous)
 
     def _acquire(self) -> int | None:
         """Acquire in a helper thread, so this (main) thread can answer signals. None once held."""
         lock, outcome = self.lock, dict[str, Any]()
 
-        def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Any = None, **kw: Any) -> None:
+        def on_waiting(sender: Any, owner_id: str | None = None, owner_label: Label | None = None, **kw: Any) -> None:
             outcome["was_waiter"] = True
-            self.note(f"waiting for {lock.url}: held by {who(owner_id, getattr(owner_label, 'text', None))}")
+            self.note(f"waiting for {lock.url}: held by {who_of(owner_id, owner_label)}")
 
         def acquire() -> None:
             try:
@@ -202,7 +200,7 @@ class CommandRunner:
         lock_signals.waiting.connect(on_waiting, sender=lock)
         started = time.monotonic()
         # The waiting line: live on a terminal (and gone once acquired); elsewhere (cron, a log) only with -v.
-        shown = not self.args.quiet and (self.args.verbose or _is_terminal(sys.stderr))
+        shown = not self.args.quiet and (self.args.verbose or is_terminal(sys.stderr))
         try:
             worker = threading.Thread(target=quiet(acquire), name="handofflock-run-acquire", daemon=True)
             worker.start()
@@ -241,8 +239,9 @@ class CommandRunner:
             # prints, so only -v says who holds it. The exit status (75) tells scripts.
             if self.args.verbose:
                 st = lock.status()
-                holder = who(st.owner_id, None if st.owner_label is None else st.owner_label.text)
-                self.say(f"{lock.url} is held by {holder} (--nonblock given); try again later")
+                self.say(
+                    f"{lock.url} is held by {who_of(st.owner_id, st.owner_label)} (--nonblock given); try again later"
+                )
             return EXIT_CONTENDED
         if self.first_signal is not None:  # the signal came just as we got the lock
             lock.release()
@@ -585,13 +584,8 @@ def _prepare_command(parent: int, cgroup: str | None) -> None:
                 f.write("0")  # this process; its children are born in it
         except OSError:
             pass  # run sees it is not there and falls back to the session
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # run died before prctl took effect
-            os._exit(137)
-    except (OSError, AttributeError):
-        pass
+    if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) is not None and os.getppid() != parent:
+        os._exit(137)  # run died before prctl took effect
 
 
 def _set_subreaper(*, on: bool) -> bool | None:
@@ -602,15 +596,17 @@ def _set_subreaper(*, on: bool) -> bool | None:
     killed) is reparented to ``run`` instead of to PID 1, so it stays in the
     tree ``run`` follows, and ``run`` reaps it.
     """
+    previous = ctypes.c_int(0)
+    if _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous)) != 0 or _prctl(_PR_SET_CHILD_SUBREAPER, int(on)) != 0:
+        return None
+    return bool(previous.value)
+
+
+def _prctl(option: int, arg: Any = 0) -> int | None:
+    """Linux's ``prctl(option, arg)``: its result (0 on success), or None where there is none (not Linux)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        previous = ctypes.c_int(0)
-        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0:
-            return None
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-            return None
-        return bool(previous.value)
-    except (OSError, AttributeError):  # not Linux
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0))
+    except (OSError, AttributeError):
         return None
 
 
@@ -810,13 +806,6 @@ def _check_command(command: list[str]) -> int | None:
     return fail(f"cannot execute {name}: {found_unusable} {why}; the lock was not asked for", EXIT_CANNOT_EXECUTE)
 
 
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
 def _short(command: list[str], limit: int = 100) -> str:
     text = " ".join(shlex.join(command).split())  # one line, whatever the arguments hold
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -870,8 +859,7 @@ def exec_command(command: list[str], grace: float) -> int:
         decided = _read_status(status_file)
         return decided if decided is not None else (128 - code if code < 0 else code)
     finally:
-        for sig, action in previous.items():
-            signal.signal(sig, action if action is not None else signal.SIG_DFL)
+        restore(previous)
         if subreaper_was is not None:
             _set_subreaper(on=subreaper_was)
         with contextlib.suppress(FileNotFoundError):

@@ -286,6 +286,15 @@ class HTTPStore(Generic[_T]):
             f"{self.where(op, key)}: {what}", url=self.url, key=key, ambiguous=ambiguous, **reply
         )
 
+    def unanswered(
+        self, op: str, key: str | None, what: str, error: type[TransientStorageError] = TransientStorageError
+    ) -> TransientStorageError:
+        """An ``error`` of ``op`` on ``key``, whose reply did not come as ``what`` says: ambiguous for a write
+        or a delete (it may have been applied), not for a read or a listing (nothing was changed)."""
+        mutation = op in ("write", "delete")
+        outcome = "the request may have been applied" if mutation else "nothing was changed"
+        return error(f"{self.where(op, key)}: {what}; {outcome}", url=self.url, key=key, ambiguous=mutation)
+
     def permanent(self, op: str, key: str | None, what: str) -> StorageError:
         """A :class:`StorageError` of ``op`` on ``key``, saying ``what`` to check."""
         return StorageError(f"{self.where(op, key)}: {what}", url=self.url, key=key)
@@ -350,11 +359,8 @@ class HTTPStore(Generic[_T]):
         _ = self.client
         seconds = self._request_timeout if timeout is None else min(self._request_timeout, timeout)
 
-        def past() -> StorageTimeout:
-            mutation = op in ("write", "delete")
-            outcome = "the request may have been applied" if mutation else "nothing was changed"
-            what = f"no complete reply within {seconds:g} s; {outcome}"
-            return StorageTimeout(f"{self.where(op, key)}: {what}", url=self.url, key=key, ambiguous=mutation)
+        def past() -> TransientStorageError:
+            return self.unanswered(op, key, f"no complete reply within {seconds:g} s", StorageTimeout)
 
         deadline, previous = Deadline(seconds), current()
         _current.deadline = deadline

@@ -313,9 +313,7 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         if isinstance(exc, requests.exceptions.ConnectTimeout):
             return transient(f"could not connect within {self._timeout[0]}s; nothing was sent", False)
         if isinstance(exc, requests.exceptions.ReadTimeout):
-            mutation = op in ("write", "delete")  # a read that got no reply changed nothing
-            outcome = applied if mutation else "nothing was changed"
-            return transient(f"no reply within {self._timeout[1]}s; {outcome}", mutation)
+            return self.unanswered(op, key, f"no reply within {self._timeout[1]}s")
         if isinstance(exc, requests.exceptions.SSLError):
             if _caused_by(exc, ssl.SSLCertVerificationError):
                 return self.permanent(

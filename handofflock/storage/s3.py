@@ -66,9 +66,6 @@ _SEEN_LIMIT = 4096
 #: An ETag no object has (S3 ETags are MD5 hex digests of the content, or of the parts plus a count).
 _IMPOSSIBLE_ETAG = '"00000000000000000000000000000000-0"'
 
-#: Said of a write or delete whose reply never came.
-_MAY_HAVE_APPLIED = "; the request may have been applied"
-
 
 class _Version(NamedTuple):
     """What this process last saw of a key: its generation, ETag, and whether it is a tombstone."""
@@ -387,8 +384,6 @@ class S3Storage(deadline.HTTPStore[Any]):
 
     def _error(self, exc: Exception, op: str, key: str | None) -> StorageError | None:
         """The handofflock error an SDK or transport error maps to."""
-        mutation = op in ("write", "delete")
-        applied = _MAY_HAVE_APPLIED if mutation else ""
         if isinstance(exc, botocore.exceptions.ClientError):
             return self._client_error(exc, op, key)
         if isinstance(exc, (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.EndpointConnectionError)):
@@ -396,7 +391,7 @@ class S3Storage(deadline.HTTPStore[Any]):
             # unreachable, DNS); ConnectTimeoutError is one of them: nothing was sent.
             return self.transient(op, key, f"could not connect ({exc}); nothing was sent", ambiguous=False)
         if isinstance(exc, botocore.exceptions.ReadTimeoutError):
-            return self.transient(op, key, f"no reply within {self._timeout[1]}s{applied}", ambiguous=mutation)
+            return self.unanswered(op, key, f"no reply within {self._timeout[1]}s")
         if isinstance(
             exc,
             (
@@ -418,7 +413,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         if isinstance(exc, (botocore.exceptions.BotoCoreError, OSError)):
             # What is left is the connection failing after the request went out (closed, reset,
             # a cut reply): conservative, since a write may have been applied.
-            return self.transient(op, key, f"the connection failed ({exc!r}){applied}", ambiguous=mutation)
+            return self.unanswered(op, key, f"the connection failed ({exc!r})")
         return None
 
     def _client_error(self, exc: Any, op: str, key: str | None) -> StorageError:
