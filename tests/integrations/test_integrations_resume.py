@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from hfutil import hf_trainer
 from ranksutil import PausedHolder, torchrun
 
 from handofflock import HandoffLock, StaleToken
 from handofflock.integrations.checkpoints import LatestCheckpoint
 
 JOB = Path(__file__).resolve().parent / "lightning_resume_job.py"
+POINT_JOB = Path(__file__).resolve().parent / "rank_point_job.py"
 TIMING = dict(ttl=30.0)  # no waiter here: a long lease only keeps a loaded machine from losing the lock
 
 
@@ -45,22 +48,11 @@ def test_lightning_resumes_from_model_checkpoints_save_after_a_yield_and_a_crash
     assert HandoffLock(url).status().owner_id is None
 
 
-class Regressor(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-
-    def forward(self, x, labels=None):
-        y = self.lin(x).squeeze(1)
-        return {"loss": torch.nn.functional.mse_loss(y, labels), "logits": y}
-
-
-class Pairs(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i):
-        return {"x": torch.ones(4) * i / 64, "labels": torch.tensor(float(i) / 64)}
+def saved(out: Path, step: int, token: int | str = "*") -> Path:
+    """The Trainer's checkpoint of ``step`` in ``out``, as the holder renamed it: ``checkpoint-N-token<T>``."""
+    [folder] = out.glob(f"checkpoint-{step}-token{token}")
+    assert folder.name == f"checkpoint-{step}-token{json.loads((folder / 'handofflock.json').read_text())['token']}"
+    return folder
 
 
 @pytest.mark.timeout(120)
@@ -69,7 +61,6 @@ def test_an_hf_trainer_resumes_from_its_newest_save_not_from_a_stale_writers_hig
 
     from handofflock.integrations.transformers import HandoffLockTrainerCallback, latest_pointer
 
-    transformers.logging.set_verbosity_error()
     out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
 
     class Script(transformers.TrainerCallback):
@@ -92,10 +83,7 @@ def test_an_hf_trainer_resumes_from_its_newest_save_not_from_a_stale_writers_hig
 
     def trainer(job: HandoffLockTrainerCallback) -> tuple[transformers.Trainer, Script]:
         script = Script(job)
-        args = transformers.TrainingArguments(output_dir=str(out), max_steps=12, per_device_train_batch_size=4,
-                                              report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps",
-                                              save_steps=5, remove_unused_columns=False)
-        return transformers.Trainer(model=Regressor(), args=args, train_dataset=Pairs(), callbacks=[script, job]), script
+        return hf_trainer(out, [script, job], max_steps=12, save_strategy="steps", save_steps=5), script
 
     job = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
     hf, script = trainer(job)
@@ -104,14 +92,71 @@ def test_an_hf_trainer_resumes_from_its_newest_save_not_from_a_stale_writers_hig
         job.train(hf)  # resumes from checkpoint-3, saves checkpoint-5 and checkpoint-10, crashes
     assert script.first_step == 4
     # The first hold, paused all along, wakes up and saves a later step: its pointer write is refused.
-    stale = PausedHolder(json.loads((out / "checkpoint-3" / "handofflock.json").read_text())["token"], owner_id="job-A")
-    shutil.copytree(out / "checkpoint-10", out / "checkpoint-99")
+    stale = PausedHolder(json.loads((saved(out, 3) / "handofflock.json").read_text())["token"], owner_id="job-A")
+    shutil.copytree(saved(out, 10), out / "checkpoint-99")
     with pytest.raises(StaleToken):
         LatestCheckpoint(latest_pointer(out), lock=stale).point(out / "checkpoint-99", 99)  # type: ignore[arg-type]
 
     again = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)  # a new process's callback
     # Before: the highest checkpoint-N, the stale writer's checkpoint-99.
-    assert again.resume_path(out) == str(out / "checkpoint-10")
+    assert again.resume_path(out) == str(saved(out, 10))
     hf, script = trainer(again)
     assert again.train(hf) is None and script.first_step == 11 and hf.state.global_step == 12
     assert HandoffLock(url).status().owner_id is None
+
+
+@pytest.mark.timeout(120)
+def test_an_hf_save_of_a_step_an_earlier_hold_pointed_at_never_writes_into_that_checkpoint(tmp_path):
+    import transformers
+
+    from handofflock.integrations.transformers import HandoffLockTrainerCallback
+
+    out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
+    first = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    assert first.train(hf_trainer(out, [first], max_steps=6, save_steps=2, save_total_limit=2)) is None
+    kept = sorted(p.name for p in out.glob("checkpoint-*"))
+    pointed = Path(first.resume_path(out))
+    weights = (pointed / "model.safetensors").read_bytes()
+
+    class Watch(transformers.TrainerCallback):
+        """Runs after the Trainer wrote step 6 again and before the holder points at it: what does the pointer name?"""
+
+        seen: list[tuple[Path, bytes]] = []
+
+        def on_save(self, args, state, control, **kw):
+            where = Path(HandoffLockTrainerCallback.resume_path(out))
+            self.seen.append((where, (where / "model.safetensors").read_bytes()))
+
+    # A later hold starts over (another run in the same output_dir) with other weights, and saves step 6 again.
+    later = HandoffLockTrainerCallback(url, every=1, owner_id="job-B", **TIMING)
+    hf = hf_trainer(out, [Watch(), later], max_steps=6, save_steps=6, save_total_limit=2, learning_rate=0.5, seed=7)
+    assert later.train(hf, resume_from_checkpoint=False) is None
+    # Before: both holds wrote checkpoint-6; the second rewrote the folder the pointer named, under the pointer.
+    assert Watch.seen == [(pointed, weights)]
+    assert (pointed / "model.safetensors").read_bytes() == weights
+    newest = Path(later.resume_path(out))
+    assert newest != pointed and newest.name.startswith("checkpoint-6-token")
+    assert (newest / "model.safetensors").read_bytes() != weights
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted([pointed.name, newest.name])
+    # Each hold's saves carry its token; the Trainer's rotation keeps the newest save_total_limit, renamed ones too.
+    tokens = [json.loads((p / "handofflock.json").read_text())["token"] for p in (pointed, newest)]
+    assert tokens[0] < tokens[1] and pointed == saved(out, 6, tokens[0]) and newest == saved(out, 6, tokens[1])
+    assert kept == [f"checkpoint-4-token{tokens[0]}", pointed.name]
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_pointer_move_stops_every_rank_at_that_checkpoint_with_lock_lost(tmp_path):
+    url = (tmp_path / "l.json").as_uri()
+    started = time.monotonic()
+    run = torchrun(POINT_JOB, 2, url, str(tmp_path), timeout=90)
+    took, out = time.monotonic() - started, run.stdout
+    assert run.returncode != 0, out
+    # Before: the holder raised StaleToken alone; the other rank pointed "at step 2" and trained on into a
+    # collective nobody else came to.
+    assert sorted(re.findall(r"rank (\d) pointed at step (\d+)", out)) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], out
+    assert sorted(re.findall(r"rank (\d) stopped at step (\d+): (\w+)", out)) == [
+        ("0", "2", "LockLost"), ("1", "2", "LockLost")], out + run.stderr[-4000:]
+    found = LatestCheckpoint(tmp_path / "latest.json").read()
+    assert found is not None and found.step == 1  # the newer holder's claim kept the pointer where it was
+    assert HandoffLock(url).status().owner_id is None  # the holder let the lock go on its way out
+    print(f"a refused pointer move: torchrun of 2 ranks ended in {took:.1f} s")
