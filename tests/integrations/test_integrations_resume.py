@@ -37,13 +37,17 @@ def test_lightning_resumes_from_model_checkpoints_save_after_a_yield_and_a_crash
     [saved] = tmp_path.glob(f"handoff-token*-step{step}.ckpt")
     token = torch.load(saved, weights_only=False)["handofflock"]["token"]
     assert saved.name == f"handoff-token{token}-step{step}.ckpt"
-    assert torch.load(tmp_path / "mc" / "last.ckpt", weights_only=False)["global_step"] == 20
+    # ModelCheckpoint's last save carries its hold's token and its step: no later save rewrites that file.
+    [last] = (tmp_path / "mc").glob("last*-step=20.ckpt")
+    saved_last = torch.load(last, weights_only=False)
+    assert saved_last["global_step"] == 20 and saved_last["handofflock"]["token"] > token
+    assert last.name == f"last-token{saved_last['handofflock']['token']}-step=20.ckpt"  # before: last.ckpt
 
     second = torchrun(JOB, 2, url, str(tmp_path), "resume", timeout=100)  # a new process: nothing in memory
     out = second.stdout
     assert second.returncode == 0, out + second.stderr[-4000:]
     # Before: both ranks resumed from the yield checkpoint of step 3, and silently redid 17 steps.
-    assert re.findall(r"rank \d resume_path (\S+)", out) == [str(tmp_path / "mc" / "last.ckpt")] * 2, out
+    assert re.findall(r"rank \d resume_path (\S+)", out) == [str(last)] * 2, out
     assert sorted(re.findall(r"rank (\d) starts at step (\d+)", out)) == [("0", "20"), ("1", "20")], out
     assert HandoffLock(url).status().owner_id is None
 
