@@ -167,6 +167,8 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
     # ------------------------------------------------------------------ events
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.ranks is None or not self.ranks.held:  # an acquire() before train() claims this trainer's pointer
+            self.latest_url = latest_pointer(args.output_dir)
         trainer = _calling_trainer(state)
         if trainer is not None:
             self.guard(trainer)
@@ -201,6 +203,8 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         ranks = self.ranks
         if ranks is None or not ranks.held:
             return
+        if ranks.latest is None:  # the lock was taken before this trainer was known: its pointer, unclaimed
+            ranks.latest = LatestCheckpoint(latest_pointer(args.output_dir), lock=ranks.lock)
         step = state.global_step
 
         def seal(token: int) -> str | None:
