@@ -164,3 +164,47 @@ def test_a_refused_pointer_move_stops_every_rank_at_that_checkpoint_with_lock_lo
     assert found is not None and found.step == 1  # the newer holder's claim kept the pointer where it was
     assert HandoffLock(url).status().owner_id is None  # the holder let the lock go on its way out
     print(f"a refused pointer move: torchrun of 2 ranks ended in {took:.1f} s")
+
+
+@pytest.mark.timeout(120)
+def test_lightnings_last_checkpoint_is_a_new_file_for_each_hold_and_save_never_rewritten_in_place(tmp_path):
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from handofflock.integrations.lightning import HandoffLockCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x).squeeze(1), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    gen = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=gen), torch.randn(32, generator=gen))
+    callback = HandoffLockCallback((tmp_path / "l.json").as_uri(), checkpoint=tmp_path / "handoff.ckpt", **TIMING)
+
+    def fit(max_steps: int, ckpt_path: str | None) -> ModelCheckpoint:
+        saver = ModelCheckpoint(dirpath=tmp_path / "mc", every_n_train_steps=2, save_top_k=0, save_last=True)
+        callback.acquire()
+        pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, callbacks=[callback, saver]).fit(
+            Tiny(), torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
+        return saver
+
+    saver = fit(4, None)
+    first = Path(callback.resume_path)
+    token = torch.load(first, weights_only=False)["handofflock"]["token"]
+    assert first.name == f"last-token{token}-step=4.ckpt"  # before: last.ckpt, the name every save rewrites
+    assert saver.CHECKPOINT_NAME_LAST == "last" and "CHECKPOINT_NAME_LAST" not in vars(saver)  # put back
+    content = first.read_bytes()
+    fit(8, str(first))  # a later hold resumes from it (and its ModelCheckpoint's state), saves steps 6 and 8
+    newest = Path(callback.resume_path)
+    assert newest.name.startswith("last-token") and newest.name.endswith("-step=8.ckpt") and newest != first
+    assert first.read_bytes() == content  # before: last.ckpt again, rewritten in place at steps 6 and 8
+    assert sorted(p.name for p in (tmp_path / "mc").iterdir()) == sorted([first.name, newest.name])
