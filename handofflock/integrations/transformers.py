@@ -77,6 +77,8 @@ __all__ = ["HandoffLockTrainerCallback", "latest_pointer"]
 #: The latest-checkpoint pointer's name in the Trainer's ``output_dir`` (no ``checkpoint-`` prefix:
 #: the Trainer's own search and rotation of its checkpoints never see it).
 POINTER_NAME = "handofflock-latest.json"
+#: The Trainer's state file in each checkpoint (``transformers.trainer.TRAINER_STATE_NAME``).
+TRAINER_STATE_NAME = "trainer_state.json"
 
 
 def latest_pointer(output_dir: str | os.PathLike[str]) -> str:
@@ -210,8 +212,12 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         def seal(token: int) -> str | None:
             """On the holder, once every rank wrote its part: the token inside and in the name, then pointed at."""
             folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+            sealed = f"{folder}-token{token}"
             if not os.path.isdir(folder):
                 return None
+            if os.path.isdir(sealed):  # this hold saved this step before: that copy is whole and pointed at
+                shutil.rmtree(folder)
+                return sealed
             meta = {
                 "token": token,
                 "owner_id": ranks.lock.owner_id if ranks.lock else None,
@@ -220,15 +226,10 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
             }
             with open(os.path.join(folder, "handofflock.json"), "w", encoding="utf-8") as f:
                 json.dump(meta, f)
-            sealed = f"{folder}-token{token}"
-            if os.path.isdir(sealed):  # this hold saved this step before: that copy is whole and pointed at
-                shutil.rmtree(folder)
-                return sealed
+            best = state.best_model_checkpoint
+            if best is not None and os.path.abspath(best) == os.path.abspath(folder):
+                _follow_rename(state, os.path.join(folder, TRAINER_STATE_NAME), sealed)
             os.rename(folder, sealed)  # no later save of this step, by any hold, writes into what the pointer names
-            if state.best_model_checkpoint is not None and os.path.abspath(
-                state.best_model_checkpoint
-            ) == os.path.abspath(folder):
-                state.best_model_checkpoint = sealed
             return sealed
 
         ranks.point(os.path.join(args.output_dir, f"checkpoint-{step}"), step, seal=seal)
@@ -237,6 +238,20 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         if self.ranks is not None and self.ranks.held:
             self.ranks.release()  # all ranks meet (the checkpoint is written), then the holder hands off
         self._end_run()
+
+
+def _follow_rename(state: Any, state_file: str, sealed: str) -> None:
+    """The best checkpoint is being renamed: the Trainer's state, and its copy inside, name the new name.
+
+    ``load_best_model_at_end`` and the rotation's protection of the best checkpoint go by that path.
+    """
+    state.best_model_checkpoint = sealed
+    if os.path.isfile(state_file):
+        with open(state_file, encoding="utf-8") as f:
+            saved = json.load(f)
+        saved["best_model_checkpoint"] = sealed
+        with open(state_file, "w", encoding="utf-8") as f:
+            json.dump(saved, f, indent=2, sort_keys=True)
 
 
 def _calling_trainer(state: Any) -> Any:

@@ -208,3 +208,19 @@ def test_lightnings_last_checkpoint_is_a_new_file_for_each_hold_and_save_never_r
     assert newest.name.startswith("last-token") and newest.name.endswith("-step=8.ckpt") and newest != first
     assert first.read_bytes() == content  # before: last.ckpt again, rewritten in place at steps 6 and 8
     assert sorted(p.name for p in (tmp_path / "mc").iterdir()) == sorted([first.name, newest.name])
+
+
+@pytest.mark.timeout(120)
+def test_an_hf_trainers_best_checkpoint_follows_the_rename_for_rotation_and_load_best_model_at_end(tmp_path):
+    from handofflock.integrations.transformers import HandoffLockTrainerCallback
+
+    out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
+    job = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    hf = hf_trainer(out, [job], evaluate=True, max_steps=8, save_steps=2, eval_strategy="steps", eval_steps=2,
+                    save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=True)
+    assert job.train(hf) is None
+    best = saved(out, hf.state.best_global_step)
+    assert hf.state.best_model_checkpoint == str(best)  # the name load_best_model_at_end loaded from
+    assert json.loads((best / "trainer_state.json").read_text())["best_model_checkpoint"] == str(best)
+    # save_total_limit=1 keeps the best (and the newest until the end), as it would without the rename.
+    assert [p.name for p in out.glob("checkpoint-*")] == [best.name]

@@ -32,8 +32,12 @@ class Pairs(torch.utils.data.Dataset):
         return {"x": torch.ones(4) * i / 64, "labels": torch.tensor(float(i) / 64)}
 
 
-def hf_trainer(out: Path, callbacks: list | None, model: torch.nn.Module | None = None, **args: Any):
-    """A ``transformers.Trainer`` writing to ``out``, 4 pairs a step; ``args`` go to ``TrainingArguments``."""
+def hf_trainer(out: Path, callbacks: list | None, model: torch.nn.Module | None = None, *, evaluate: bool = False,
+               **args: Any):
+    """A ``transformers.Trainer`` writing to ``out``, 4 pairs a step; ``args`` go to ``TrainingArguments``.
+
+    ``evaluate``: the pairs are the evaluation set too.
+    """
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -41,4 +45,5 @@ def hf_trainer(out: Path, callbacks: list | None, model: torch.nn.Module | None 
                 remove_unused_columns=False) | args
     return transformers.Trainer(model=model if model is not None else Regressor(),
                                 args=transformers.TrainingArguments(output_dir=str(out), **args),
-                                train_dataset=Pairs(), callbacks=callbacks)
+                                train_dataset=Pairs(), eval_dataset=Pairs() if evaluate else None,
+                                callbacks=callbacks)
