@@ -157,11 +157,12 @@ def train(args: argparse.Namespace) -> int:
         # Every rank's data seed goes into the checkpoint: a resume draws the batches it would have drawn.
         data_states = [None] * world
         dist.all_gather_object(data_states, torch.tensor(seed))
-        if rank == 0:  # one writer; the release below waits for every rank
-            path = workdir / f"checkpoint-{last:06d}-token-{token}.pt"  # the token fences a stale writer's file
+        path = workdir / f"checkpoint-{last:06d}-token-{token}.pt"  # the token fences a stale writer's file
+        if rank == 0:  # one writer (the holder: the token is its)
             torch.save({"step": last, "model": model.state_dict(), "opt": opt.state_dict(), "data": data_states,
                         "token": token}, path)
-            ranks.latest.point(path, last)  # once the checkpoint is whole; a replaced holder's write is refused
+        ranks.point(path, last)  # every rank, once its part is written; a refused move is LockLost on every rank
+        if rank == 0:
             say("A", f"checkpointed step {last} as {path.name}", token)
         heir = ranks.release()
         if rank == 0:

@@ -13,7 +13,9 @@ path or URL of the job's choosing, beside its checkpoints, whose payload is
   cannot move it.
 * After each checkpoint is whole, the holder points it there: a write fenced
   by the lock's token. A stale holder's write raises
-  :class:`~handofflock.StaleToken` and changes nothing.
+  :class:`~handofflock.StaleToken` and changes nothing. In a job of many
+  ranks every rank calls :meth:`~handofflock.integrations.ranks.RankLock.point`
+  instead, so that all of them learn the outcome at the same save.
 * To resume, every rank reads it.
 
 >>> latest = LatestCheckpoint("ckpts/latest.json", lock=lock)   # on the holder; lock=None on the others
@@ -89,7 +91,9 @@ class LatestCheckpoint:
 
         A local path is stored absolute. Raises :class:`~handofflock.StaleToken`
         (nothing written) if a holder with a higher token has claimed or
-        written the pointer: this holder was replaced.
+        written the pointer: this holder was replaced. This raises on the
+        holder alone; ranks call :meth:`RankLock.point <handofflock.integrations.ranks.RankLock.point>`,
+        which makes the outcome every rank's.
         """
         if self.lock is None:
             return None

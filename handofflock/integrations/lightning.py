@@ -52,8 +52,15 @@
   latest-checkpoint pointer (``latest``, by default ``handoff.latest.json``
   beside ``checkpoint``; :mod:`handofflock.integrations.checkpoints`) once it
   is whole: a write fenced by the lock's token, so a replaced holder cannot
-  move it back. :attr:`resume_path` reads it: the newest checkpoint of the
+  move it back; a refused write raises :class:`~handofflock.LockLost` on every
+  rank at that save. :attr:`resume_path` reads it: the newest checkpoint of the
   job, from this process or any before it.
+* no file the pointer names is rewritten in place: ``ModelCheckpoint``'s
+  ``last.ckpt``, one name rewritten by every save, is
+  ``last-token<T>-step=<N>.ckpt`` during the fit (its ``CHECKPOINT_NAME_LAST``
+  with the hold's token and ``{step}``; the previous one is still removed);
+  its other names have the step in them, and a name already on disk gets a
+  version (``-v1``) rather than being rewritten.
 
 The collective during fit is the strategy's: :func:`strategy_agree`, one
 ``strategy.reduce(votes, reduce_op="max")`` of the vote's flags (on the
@@ -159,6 +166,8 @@ class HandoffLockCallback(RankHold, Callback):
         self._joins = False
         #: The ranks agreed to stop during validation: the checkpoint waits for on_validation_end.
         self._stop_after_validation = False
+        #: The ModelCheckpoints whose ``last`` name carries the token for this fit, with their own name (or None).
+        self._last_names: list[tuple[Any, str | None]] = []
 
     @property
     def resume_path(self) -> str | None:
@@ -200,6 +209,7 @@ class HandoffLockCallback(RankHold, Callback):
                     self.ranks.join()
             if not self.ranks.held:
                 self.acquire()
+            self._stamp_last_names(trainer)
         if self.ranks is not None and self.ranks.signals is not None:
             # Off until on_train_start: Lightning installs its own handlers (Slurm's SIGUSR1 requeue
             # among them) only where it finds none; ours then go on top of theirs.
@@ -265,11 +275,40 @@ class HandoffLockCallback(RankHold, Callback):
         def save_checkpoint(filepath: Any, weights_only: bool | None = None, storage_options: Any = None) -> None:
             save(filepath, weights_only, storage_options)
             ranks = self.ranks
-            if not weights_only and ranks is not None and ranks.held and ranks.latest is not None:
-                ranks.latest.point(filepath, trainer.global_step)  # the holder writes; raises StaleToken if replaced
+            if not weights_only and ranks is not None and ranks.held:
+                ranks.point(filepath, trainer.global_step)  # every rank; if refused, LockLost on every rank
 
         save_checkpoint._handofflock_pointer = self  # type: ignore[attr-defined]
         trainer.save_checkpoint = save_checkpoint
+
+    def _stamp_last_names(self, trainer: Any) -> None:
+        """Give each ``ModelCheckpoint``'s ``last`` this hold's token and the step, for this fit.
+
+        ``last.ckpt`` is one name that every save rewrites in place, so the
+        pointer would name a file another save (of this hold, a later one, or a
+        replaced one) is rewriting. As ``last-token<T>-step=<N>.ckpt`` each save
+        is a new file; ``ModelCheckpoint`` still removes its previous ``last``
+        (after the pointer moved on). Lightning's documented way:
+        ``CHECKPOINT_NAME_LAST`` on the instance; the names found come back at
+        the end of the fit.
+        """
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        lock = self.ranks.lock if self.ranks is not None else None
+        token = trainer.strategy.broadcast(lock.token if lock is not None else None, src=self.holder_rank)
+        stamped = {id(saver) for saver, _ in self._last_names}
+        for saver in trainer.checkpoint_callbacks:
+            if isinstance(saver, ModelCheckpoint) and saver.save_last and id(saver) not in stamped:
+                self._last_names.append((saver, vars(saver).get("CHECKPOINT_NAME_LAST")))
+                saver.CHECKPOINT_NAME_LAST = f"{saver.CHECKPOINT_NAME_LAST}-token{token}-{{step}}"
+
+    def _restore_last_names(self) -> None:
+        for saver, own in self._last_names:
+            if own is None:
+                del saver.CHECKPOINT_NAME_LAST  # the class's name again
+            else:
+                saver.CHECKPOINT_NAME_LAST = own
+        self._last_names = []
 
     def _stop(self, trainer: Any) -> None:
         assert self.ranks is not None
@@ -295,6 +334,7 @@ class HandoffLockCallback(RankHold, Callback):
         }
 
     def _restore_limits(self, trainer: Any) -> None:
+        self._restore_last_names()
         if self._lifted is not None:
             trainer.fit_loop.epoch_loop.min_steps, trainer.fit_loop.min_epochs = self._lifted
             self._lifted = None

@@ -56,13 +56,14 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
 from ..exit_codes import report_exit_status
+from ..fencing import StaleToken
 from ..lock.handoff import Steps
 from ..os_signals import CaughtSignals, SignalLike
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
     from ..lock.types import ReleaseRequest
-    from .checkpoints import LatestCheckpoint
+    from .checkpoints import Checkpoint, LatestCheckpoint
 
 T = TypeVar("T")
 
@@ -474,6 +475,71 @@ class RankLock:
         if not decision.exit:
             self._yield_asked = False
         return True
+
+    def point(
+        self,
+        path: str | os.PathLike[str],
+        step: int | None = None,
+        *,
+        seal: Callable[[int], str | os.PathLike[str] | None] | None = None,
+    ) -> Checkpoint | None:
+        """Point the job's :attr:`latest` at a whole checkpoint: every rank calls it once its part is written.
+
+        All ranks meet (so the checkpoint is whole, whichever ranks wrote it),
+        the holder moves the pointer with its token, and all ranks meet again
+        to learn how that went, so they carry on or stop together. ``seal``,
+        given the token, runs on the holder first and returns the checkpoint's
+        final path (say, after renaming it to a name with the token), or None
+        when there is nothing to point at. Returns what the pointer names on
+        the holder, None elsewhere (and without :attr:`latest`, on every rank,
+        with no meeting).
+
+        A refused write (:class:`~handofflock.StaleToken`: a newer holder moved
+        the pointer, so this one was replaced) or a lock that knows it is lost
+        raises :class:`~handofflock.LockLost` on every rank, at the same call,
+        and the job no longer holds the lock; any other failure is re-raised on
+        the holder, and the other ranks raise a ``HandoffLockError`` saying so.
+        """
+        if self.latest is None:
+            return None
+        if not self._held:
+            raise LockNotHeld("point() before acquire(), or after release: every rank calls acquire() first")
+        self._meet()  # every rank has written its part of the checkpoint
+        found: Checkpoint | None = None
+        error: BaseException | None = None
+        lock = self.lock
+        if lock is not None:
+            try:
+                lock.check()  # a lock that knows it is lost seals nothing
+                token = lock.token
+                if token is None:
+                    raise LockNotHeld(f"rank {self.rank} does not hold {lock.url!r}")
+                where = seal(token) if seal is not None else path
+                if where is not None:
+                    found = self.latest.point(where, step)
+            except Exception as exc:  # reported to every rank below, raised on every rank
+                error = exc
+        replaced = isinstance(error, (StaleToken, LockLost))
+        agreed = self._meet(first=replaced, last=error is not None)
+        if agreed[_FIRST]:
+            self._held = False
+            if isinstance(error, LockLost):
+                raise error
+            lost = LockLost(
+                f"rank {self.rank}: the job's latest-checkpoint pointer refused the holder's write (a newer holder "
+                "moved it: this job was replaced); every rank stops at this checkpoint",
+                url=lock.url if lock is not None else None,
+                reason="replaced",
+                cause=error,
+            )
+            raise lost from error
+        if agreed[_LAST]:
+            if error is not None:
+                raise error
+            raise HandoffLockError(
+                f"the holder rank could not move the job's latest-checkpoint pointer; rank {self.rank} stops too"
+            )
+        return found
 
     def steps(self, iterable: Iterable[T]) -> RankSteps[T]:
         """Iterate ``iterable`` on every rank until the ranks agree to yield; see :class:`RankSteps`."""

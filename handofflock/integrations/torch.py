@@ -243,8 +243,9 @@ def rank_lock(
       URL beside its checkpoints; :class:`~handofflock.integrations.checkpoints.LatestCheckpoint`),
       as ``ranks.latest`` on every rank. The holder claims it in
       ``acquire``; every rank reads it to resume (``ranks.latest.read()``), and
-      calls ``ranks.latest.point(path, step)`` once a checkpoint is whole (the
-      holder writes, fenced by its token; elsewhere it does nothing).
+      calls ``ranks.point(path, step)`` once its part of a checkpoint is written
+      (the holder writes, fenced by its token; a refused write is ``LockLost``
+      on every rank).
     * DataLoader workers forked from then on ignore the signals the rank
       handles, and end with it (see the module docstring), where ``signals``
       are installed.

@@ -26,12 +26,19 @@ sets ``should_save`` and ``should_training_stop`` at the same step. With
 ``enable_jit_checkpoint`` the callback takes SIGTERM over from the Trainer's
 just-in-time handler during training (its checkpoint is per rank, 3 s after the
 signal, at whatever step each rank is; ours is agreed) and puts it back after.
-The holder writes ``handofflock.json`` (the fencing token and the decision)
-into each checkpoint it saves, then points the job's latest-checkpoint pointer
-(``handofflock-latest.json`` in ``output_dir``;
+After each save, once every rank has written its part, the holder writes
+``handofflock.json`` (the fencing token and the decision) into the
+checkpoint, renames ``checkpoint-N`` to ``checkpoint-N-token<T>`` (the
+Trainer writes ``checkpoint-N`` in place: a later hold, or a replaced one,
+that saves step N again would rewrite it), and points the job's
+latest-checkpoint pointer (``handofflock-latest.json`` in ``output_dir``;
 :mod:`handofflock.integrations.checkpoints`) at it: a write fenced by the
 lock's token, so a replaced holder cannot move it back, and :meth:`resume_path`
-names the newest save across processes, not the highest ``checkpoint-N``.
+names the newest save across processes, not the highest ``checkpoint-N``. A
+refused write raises :class:`~handofflock.LockLost` on every rank at that
+save. The Trainer's rotation (``save_total_limit``) counts and removes the
+renamed folders as its own; ``resume_from_checkpoint=True`` looks for
+``checkpoint-N`` only, so resume from :meth:`resume_path` (:meth:`train` does).
 
 * before training: the job takes the lock (the holder rank acquires; all
   ranks return together); ``on_train_begin`` does it if :meth:`acquire` was
@@ -54,6 +61,7 @@ import functools
 import inspect
 import json
 import os
+import shutil
 import warnings
 from typing import Any
 
@@ -69,6 +77,8 @@ __all__ = ["HandoffLockTrainerCallback", "latest_pointer"]
 #: The latest-checkpoint pointer's name in the Trainer's ``output_dir`` (no ``checkpoint-`` prefix:
 #: the Trainer's own search and rotation of its checkpoints never see it).
 POINTER_NAME = "handofflock-latest.json"
+#: The Trainer's state file in each checkpoint (``transformers.trainer.TRAINER_STATE_NAME``).
+TRAINER_STATE_NAME = "trainer_state.json"
 
 
 def latest_pointer(output_dir: str | os.PathLike[str]) -> str:
@@ -118,7 +128,8 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         """The newest checkpoint of the job writing to ``output_dir``, or None: pass it as ``resume_from_checkpoint``.
 
         The one the latest-checkpoint pointer names (the last save of the
-        newest hold, from this process or any before it); without a pointer
+        newest hold, from this process or any before it, as
+        ``checkpoint-N-token<T>``); without a pointer
         (no save under the lock yet), the Trainer's own choice: the highest
         ``checkpoint-N``.
         """
@@ -158,6 +169,8 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
     # ------------------------------------------------------------------ events
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.ranks is None or not self.ranks.held:  # an acquire() before train() claims this trainer's pointer
+            self.latest_url = latest_pointer(args.output_dir)
         trainer = _calling_trainer(state)
         if trainer is not None:
             self.guard(trainer)
@@ -190,25 +203,55 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         ranks = self.ranks
-        if ranks is None or ranks.lock is None:
+        if ranks is None or not ranks.held:
             return
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if os.path.isdir(folder):  # the fencing token beside the checkpoint, as docs/fencing.md recommends
+        if ranks.latest is None:  # the lock was taken before this trainer was known: its pointer, unclaimed
+            ranks.latest = LatestCheckpoint(latest_pointer(args.output_dir), lock=ranks.lock)
+        step = state.global_step
+
+        def seal(token: int) -> str | None:
+            """On the holder, once every rank wrote its part: the token inside and in the name, then pointed at."""
+            folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+            sealed = f"{folder}-token{token}"
+            if not os.path.isdir(folder):
+                return None
+            if os.path.isdir(sealed):  # this hold saved this step before: that copy is whole and pointed at
+                shutil.rmtree(folder)
+                return sealed
             meta = {
-                "token": ranks.lock.token,
-                "owner_id": ranks.lock.owner_id,
-                "step": state.global_step,
+                "token": token,
+                "owner_id": ranks.lock.owner_id if ranks.lock else None,
+                "step": step,
                 "decision": self._decision_json(),
             }
             with open(os.path.join(folder, "handofflock.json"), "w", encoding="utf-8") as f:
                 json.dump(meta, f)
-            if ranks.held and ranks.latest is not None:
-                ranks.latest.point(folder, state.global_step)  # the save is whole: the newest, fenced by the token
+            best = state.best_model_checkpoint
+            if best is not None and os.path.abspath(best) == os.path.abspath(folder):
+                _follow_rename(state, os.path.join(folder, TRAINER_STATE_NAME), sealed)
+            os.rename(folder, sealed)  # no later save of this step, by any hold, writes into what the pointer names
+            return sealed
+
+        ranks.point(os.path.join(args.output_dir, f"checkpoint-{step}"), step, seal=seal)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.ranks is not None and self.ranks.held:
             self.ranks.release()  # all ranks meet (the checkpoint is written), then the holder hands off
         self._end_run()
+
+
+def _follow_rename(state: Any, state_file: str, sealed: str) -> None:
+    """The best checkpoint is being renamed: the Trainer's state, and its copy inside, name the new name.
+
+    ``load_best_model_at_end`` and the rotation's protection of the best checkpoint go by that path.
+    """
+    state.best_model_checkpoint = sealed
+    if os.path.isfile(state_file):
+        with open(state_file, encoding="utf-8") as f:
+            saved = json.load(f)
+        saved["best_model_checkpoint"] = sealed
+        with open(state_file, "w", encoding="utf-8") as f:
+            json.dump(saved, f, indent=2, sort_keys=True)
 
 
 def _calling_trainer(state: Any) -> Any:

@@ -5,7 +5,7 @@
 
 ``train``: the first fit yields after step YIELD_AT (a stop asked on rank 0);
 the job takes the lock again and resumes from the yield checkpoint;
-ModelCheckpoint saves ``last.ckpt`` every SAVE_EVERY steps; the fit crashes at
+ModelCheckpoint saves its ``last`` (``last-token<T>-step=<N>.ckpt``) every SAVE_EVERY steps; the fit crashes at
 step CRASH_AT on every rank. ``resume``: each rank says what ``resume_path``
 names, then fits on from it for two steps and says where it started.
 """

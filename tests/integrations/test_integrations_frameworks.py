@@ -51,6 +51,7 @@ def test_lightning_ranks_save_one_checkpoint_at_one_step_hand_off_and_resume_fro
 def test_hf_trainer_ranks_save_one_checkpoint_at_one_step_hand_off_and_resume_from_it(tmp_path, world):
     out = run_example("hf_trainer_yield.py", world, tmp_path)
     yielded = check_handoff_timeline(out, world, STEPS, resume_offset=0)
-    state = json.loads((tmp_path / "hf" / f"checkpoint-{yielded}" / "trainer_state.json").read_text())
-    assert state["global_step"] == yielded
-    assert sorted(p.name for p in (tmp_path / "hf").glob("checkpoint-*")) == [f"checkpoint-{yielded}"]
+    [saved] = (tmp_path / "hf").glob("checkpoint-*")
+    token = json.loads((saved / "handofflock.json").read_text())["token"]
+    assert saved.name == f"checkpoint-{yielded}-token{token}"  # the holder's fencing token is in the name
+    assert json.loads((saved / "trainer_state.json").read_text())["global_step"] == yielded

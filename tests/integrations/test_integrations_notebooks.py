@@ -16,6 +16,8 @@ import warnings
 
 import pytest
 import torch
+from hfutil import Regressor
+from hfutil import hf_trainer as tiny_trainer
 
 from handofflock import HandoffLock
 from handofflock.integrations.torch import rank_lock
@@ -85,36 +87,13 @@ def test_a_lightning_callback_interrupted_puts_the_handlers_back_and_serves_the_
     assert HandoffLock(url).status().owner_id is None
 
 
-class Regressor(torch.nn.Module):
-    def __init__(self, interrupt_at: int | None = None) -> None:
-        super().__init__()
-        self.lin, self.calls, self.interrupt_at = torch.nn.Linear(4, 1), 0, interrupt_at
-
-    def forward(self, x, labels=None):
-        self.calls += 1
-        if self.calls == self.interrupt_at:
-            interrupt_this_process()
-        y = self.lin(x).squeeze(1)
-        return {"loss": torch.nn.functional.mse_loss(y, labels), "logits": y}
-
-
-class Pairs(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i):
-        return {"x": torch.ones(4) * i / 64, "labels": torch.tensor(float(i) / 64)}
+def interrupt_at(call: int):
+    """A Regressor hook: "interrupt kernel" at the model's ``call``-th forward."""
+    return lambda n: n == call and interrupt_this_process()
 
 
 def hf_trainer(out, callback, model: torch.nn.Module, *, callbacks: bool = True):
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    args = transformers.TrainingArguments(output_dir=str(out), max_steps=8, per_device_train_batch_size=4,
-                                          report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no",
-                                          remove_unused_columns=False)
-    return transformers.Trainer(model=model, args=args, train_dataset=Pairs(),
-                                callbacks=[callback] if callbacks else None)
+    return tiny_trainer(out, [callback] if callbacks else None, model, max_steps=8, save_strategy="no")
 
 
 @pytest.mark.timeout(120)
@@ -124,9 +103,10 @@ def test_an_hf_callback_interrupted_puts_the_handlers_back_and_serves_the_next_t
     url = (tmp_path / "l.json").as_uri()
     callback = HandoffLockTrainerCallback(url, every=1, **TIMING)
     before = handlers()
-    decision = callback.train(hf_trainer(tmp_path / "hf", callback, Regressor(interrupt_at=3)))
+    decision = callback.train(hf_trainer(tmp_path / "hf", callback, Regressor(interrupt_at(3))))
     assert decision is not None and decision.action == "exit" and decision.cause == "SIGINT"
-    assert (tmp_path / "hf" / f"checkpoint-{callback.yield_step}").is_dir()
+    [saved] = (tmp_path / "hf").glob(f"checkpoint-{callback.yield_step}-token*")  # renamed by the holder, whole
+    assert saved.is_dir()
     assert handlers() == before
     with pytest.raises(KeyboardInterrupt):
         interrupt_this_process()

@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from hfutil import hf_trainer
 from ranksutil import PausedHolder, torchrun
 
 from handofflock import HandoffLock, StaleToken
 from handofflock.integrations.checkpoints import LatestCheckpoint
 
 JOB = Path(__file__).resolve().parent / "lightning_resume_job.py"
+POINT_JOB = Path(__file__).resolve().parent / "rank_point_job.py"
 TIMING = dict(ttl=30.0)  # no waiter here: a long lease only keeps a loaded machine from losing the lock
 
 
@@ -34,33 +37,26 @@ def test_lightning_resumes_from_model_checkpoints_save_after_a_yield_and_a_crash
     [saved] = tmp_path.glob(f"handoff-token*-step{step}.ckpt")
     token = torch.load(saved, weights_only=False)["handofflock"]["token"]
     assert saved.name == f"handoff-token{token}-step{step}.ckpt"
-    assert torch.load(tmp_path / "mc" / "last.ckpt", weights_only=False)["global_step"] == 20
+    # ModelCheckpoint's last save carries its hold's token and its step: no later save rewrites that file.
+    [last] = (tmp_path / "mc").glob("last*-step=20.ckpt")
+    saved_last = torch.load(last, weights_only=False)
+    assert saved_last["global_step"] == 20 and saved_last["handofflock"]["token"] > token
+    assert last.name == f"last-token{saved_last['handofflock']['token']}-step=20.ckpt"  # before: last.ckpt
 
     second = torchrun(JOB, 2, url, str(tmp_path), "resume", timeout=100)  # a new process: nothing in memory
     out = second.stdout
     assert second.returncode == 0, out + second.stderr[-4000:]
     # Before: both ranks resumed from the yield checkpoint of step 3, and silently redid 17 steps.
-    assert re.findall(r"rank \d resume_path (\S+)", out) == [str(tmp_path / "mc" / "last.ckpt")] * 2, out
+    assert re.findall(r"rank \d resume_path (\S+)", out) == [str(last)] * 2, out
     assert sorted(re.findall(r"rank (\d) starts at step (\d+)", out)) == [("0", "20"), ("1", "20")], out
     assert HandoffLock(url).status().owner_id is None
 
 
-class Regressor(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-
-    def forward(self, x, labels=None):
-        y = self.lin(x).squeeze(1)
-        return {"loss": torch.nn.functional.mse_loss(y, labels), "logits": y}
-
-
-class Pairs(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i):
-        return {"x": torch.ones(4) * i / 64, "labels": torch.tensor(float(i) / 64)}
+def saved(out: Path, step: int, token: int | str = "*") -> Path:
+    """The Trainer's checkpoint of ``step`` in ``out``, as the holder renamed it: ``checkpoint-N-token<T>``."""
+    [folder] = out.glob(f"checkpoint-{step}-token{token}")
+    assert folder.name == f"checkpoint-{step}-token{json.loads((folder / 'handofflock.json').read_text())['token']}"
+    return folder
 
 
 @pytest.mark.timeout(120)
@@ -69,7 +65,6 @@ def test_an_hf_trainer_resumes_from_its_newest_save_not_from_a_stale_writers_hig
 
     from handofflock.integrations.transformers import HandoffLockTrainerCallback, latest_pointer
 
-    transformers.logging.set_verbosity_error()
     out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
 
     class Script(transformers.TrainerCallback):
@@ -92,10 +87,7 @@ def test_an_hf_trainer_resumes_from_its_newest_save_not_from_a_stale_writers_hig
 
     def trainer(job: HandoffLockTrainerCallback) -> tuple[transformers.Trainer, Script]:
         script = Script(job)
-        args = transformers.TrainingArguments(output_dir=str(out), max_steps=12, per_device_train_batch_size=4,
-                                              report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps",
-                                              save_steps=5, remove_unused_columns=False)
-        return transformers.Trainer(model=Regressor(), args=args, train_dataset=Pairs(), callbacks=[script, job]), script
+        return hf_trainer(out, [script, job], max_steps=12, save_strategy="steps", save_steps=5), script
 
     job = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
     hf, script = trainer(job)
@@ -104,14 +96,131 @@ def test_an_hf_trainer_resumes_from_its_newest_save_not_from_a_stale_writers_hig
         job.train(hf)  # resumes from checkpoint-3, saves checkpoint-5 and checkpoint-10, crashes
     assert script.first_step == 4
     # The first hold, paused all along, wakes up and saves a later step: its pointer write is refused.
-    stale = PausedHolder(json.loads((out / "checkpoint-3" / "handofflock.json").read_text())["token"], owner_id="job-A")
-    shutil.copytree(out / "checkpoint-10", out / "checkpoint-99")
+    stale = PausedHolder(json.loads((saved(out, 3) / "handofflock.json").read_text())["token"], owner_id="job-A")
+    shutil.copytree(saved(out, 10), out / "checkpoint-99")
     with pytest.raises(StaleToken):
         LatestCheckpoint(latest_pointer(out), lock=stale).point(out / "checkpoint-99", 99)  # type: ignore[arg-type]
 
     again = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)  # a new process's callback
     # Before: the highest checkpoint-N, the stale writer's checkpoint-99.
-    assert again.resume_path(out) == str(out / "checkpoint-10")
+    assert again.resume_path(out) == str(saved(out, 10))
     hf, script = trainer(again)
     assert again.train(hf) is None and script.first_step == 11 and hf.state.global_step == 12
     assert HandoffLock(url).status().owner_id is None
+
+
+@pytest.mark.timeout(120)
+def test_an_hf_save_of_a_step_an_earlier_hold_pointed_at_never_writes_into_that_checkpoint(tmp_path):
+    import transformers
+
+    from handofflock.integrations.transformers import HandoffLockTrainerCallback
+
+    out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
+    first = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    assert first.train(hf_trainer(out, [first], max_steps=6, save_steps=2, save_total_limit=2)) is None
+    kept = sorted(p.name for p in out.glob("checkpoint-*"))
+    pointed = Path(first.resume_path(out))
+    weights = (pointed / "model.safetensors").read_bytes()
+
+    class Watch(transformers.TrainerCallback):
+        """Runs after the Trainer wrote step 6 again and before the holder points at it: what does the pointer name?"""
+
+        seen: list[tuple[Path, bytes]] = []
+
+        def on_save(self, args, state, control, **kw):
+            where = Path(HandoffLockTrainerCallback.resume_path(out))
+            self.seen.append((where, (where / "model.safetensors").read_bytes()))
+
+    # A later hold starts over (another run in the same output_dir) with other weights, and saves step 6 again.
+    later = HandoffLockTrainerCallback(url, every=1, owner_id="job-B", **TIMING)
+    hf = hf_trainer(out, [Watch(), later], max_steps=6, save_steps=6, save_total_limit=2, learning_rate=0.5, seed=7)
+    assert later.train(hf, resume_from_checkpoint=False) is None
+    # Before: both holds wrote checkpoint-6; the second rewrote the folder the pointer named, under the pointer.
+    assert Watch.seen == [(pointed, weights)]
+    assert (pointed / "model.safetensors").read_bytes() == weights
+    newest = Path(later.resume_path(out))
+    assert newest != pointed and newest.name.startswith("checkpoint-6-token")
+    assert (newest / "model.safetensors").read_bytes() != weights
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted([pointed.name, newest.name])
+    # Each hold's saves carry its token; the Trainer's rotation keeps the newest save_total_limit, renamed ones too.
+    tokens = [json.loads((p / "handofflock.json").read_text())["token"] for p in (pointed, newest)]
+    assert tokens[0] < tokens[1] and pointed == saved(out, 6, tokens[0]) and newest == saved(out, 6, tokens[1])
+    assert kept == [f"checkpoint-4-token{tokens[0]}", pointed.name]
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_pointer_move_stops_every_rank_at_that_checkpoint_with_lock_lost(tmp_path):
+    url = (tmp_path / "l.json").as_uri()
+    started = time.monotonic()
+    run = torchrun(POINT_JOB, 2, url, str(tmp_path), timeout=90)
+    took, out = time.monotonic() - started, run.stdout
+    assert run.returncode != 0, out
+    # Before: the holder raised StaleToken alone; the other rank pointed "at step 2" and trained on into a
+    # collective nobody else came to.
+    assert sorted(re.findall(r"rank (\d) pointed at step (\d+)", out)) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], out
+    assert sorted(re.findall(r"rank (\d) stopped at step (\d+): (\w+)", out)) == [
+        ("0", "2", "LockLost"), ("1", "2", "LockLost")], out + run.stderr[-4000:]
+    found = LatestCheckpoint(tmp_path / "latest.json").read()
+    assert found is not None and found.step == 1  # the newer holder's claim kept the pointer where it was
+    assert HandoffLock(url).status().owner_id is None  # the holder let the lock go on its way out
+    print(f"a refused pointer move: torchrun of 2 ranks ended in {took:.1f} s")
+
+
+@pytest.mark.timeout(120)
+def test_lightnings_last_checkpoint_is_a_new_file_for_each_hold_and_save_never_rewritten_in_place(tmp_path):
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from handofflock.integrations.lightning import HandoffLockCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x).squeeze(1), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    gen = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=gen), torch.randn(32, generator=gen))
+    callback = HandoffLockCallback((tmp_path / "l.json").as_uri(), checkpoint=tmp_path / "handoff.ckpt", **TIMING)
+
+    def fit(max_steps: int, ckpt_path: str | None) -> ModelCheckpoint:
+        saver = ModelCheckpoint(dirpath=tmp_path / "mc", every_n_train_steps=2, save_top_k=0, save_last=True)
+        callback.acquire()
+        pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, callbacks=[callback, saver]).fit(
+            Tiny(), torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
+        return saver
+
+    saver = fit(4, None)
+    first = Path(callback.resume_path)
+    token = torch.load(first, weights_only=False)["handofflock"]["token"]
+    assert first.name == f"last-token{token}-step=4.ckpt"  # before: last.ckpt, the name every save rewrites
+    assert saver.CHECKPOINT_NAME_LAST == "last" and "CHECKPOINT_NAME_LAST" not in vars(saver)  # put back
+    content = first.read_bytes()
+    fit(8, str(first))  # a later hold resumes from it (and its ModelCheckpoint's state), saves steps 6 and 8
+    newest = Path(callback.resume_path)
+    assert newest.name.startswith("last-token") and newest.name.endswith("-step=8.ckpt") and newest != first
+    assert first.read_bytes() == content  # before: last.ckpt again, rewritten in place at steps 6 and 8
+    assert sorted(p.name for p in (tmp_path / "mc").iterdir()) == sorted([first.name, newest.name])
+
+
+@pytest.mark.timeout(120)
+def test_an_hf_trainers_best_checkpoint_follows_the_rename_for_rotation_and_load_best_model_at_end(tmp_path):
+    from handofflock.integrations.transformers import HandoffLockTrainerCallback
+
+    out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
+    job = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    hf = hf_trainer(out, [job], evaluate=True, max_steps=8, save_steps=2, eval_strategy="steps", eval_steps=2,
+                    save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=True)
+    assert job.train(hf) is None
+    best = saved(out, hf.state.best_global_step)
+    assert hf.state.best_model_checkpoint == str(best)  # the name load_best_model_at_end loaded from
+    assert json.loads((best / "trainer_state.json").read_text())["best_model_checkpoint"] == str(best)
+    # save_total_limit=1 keeps the best (and the newest until the end), as it would without the rename.
+    assert [p.name for p in out.glob("checkpoint-*")] == [best.name]

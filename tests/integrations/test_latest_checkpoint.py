@@ -12,8 +12,8 @@ import uuid
 import pytest
 from ranksutil import PausedHolder
 
-from handofflock import FencedObject, FencedObjectCorrupt, HandoffLock, StaleToken
-from handofflock.core.errors import ConfigurationError
+from handofflock import FencedObject, FencedObjectCorrupt, HandoffLock, LockLost, StaleToken
+from handofflock.core.errors import ConfigurationError, HandoffLockError
 from handofflock.integrations.checkpoints import Checkpoint, LatestCheckpoint
 from handofflock.integrations.ranks import RankLock, local_agree
 from handofflock.storage import open_url
@@ -81,11 +81,8 @@ def test_the_holder_claims_the_pointer_before_any_rank_returns_from_acquire(urls
         ranks.release()
 
 
-def test_two_ranks_read_the_same_checkpoint_after_acquire(urls):
-    lock_url, pointer = urls
-    lock = HandoffLock(lock_url, owner_id="job-A", **TIMING)
-    with lock:
-        LatestCheckpoint(pointer, lock=lock).point("ckpts/s7.ckpt", 7)
+def two_ranks():
+    """The collectives of a job of two ranks run as threads: ``agree_of(rank)`` for each."""
     barrier = threading.Barrier(2)
     flags: list[list[bool]] = [[], []]
 
@@ -99,6 +96,15 @@ def test_two_ranks_read_the_same_checkpoint_after_acquire(urls):
 
         return agree
 
+    return agree_of
+
+
+def test_two_ranks_read_the_same_checkpoint_after_acquire(urls):
+    lock_url, pointer = urls
+    lock = HandoffLock(lock_url, owner_id="job-A", **TIMING)
+    with lock:
+        LatestCheckpoint(pointer, lock=lock).point("ckpts/s7.ckpt", 7)
+    agree_of = two_ranks()
     follower = RankLock(None, agree_of(1), rank=1, poll=0.05, latest=LatestCheckpoint(pointer))
     seen: dict[int, Checkpoint | None] = {}
 
@@ -126,6 +132,57 @@ def test_a_claim_that_fails_lets_the_lock_go_and_fails_the_acquire(urls):
     with pytest.raises(StaleToken):
         ranks.acquire()
     assert not ranks.held and not lock.is_held and HandoffLock(lock_url).status().owner_id is None
+
+
+def point_on_two_ranks(urls, *, newer_claims: bool = False, seal=None) -> dict[int, object]:
+    """Both ranks acquire, then move the pointer once (``ranks.point``): what each got back or raised."""
+    lock_url, pointer = urls
+    lock = HandoffLock(lock_url, owner_id="job-A", **TIMING)
+    agree_of = two_ranks()
+    ranks = [RankLock(lock, agree_of(0), rank=0, poll=0.05, latest=LatestCheckpoint(pointer, lock=lock)),
+             RankLock(None, agree_of(1), rank=1, poll=0.05, latest=LatestCheckpoint(pointer))]
+    outcome: dict[int, object] = {}
+
+    def run(rank: int) -> None:
+        ranks[rank].acquire()
+        if newer_claims and rank == 0:
+            LatestCheckpoint(pointer, lock=PausedHolder(lock.token + 1, "job-B")).claim()  # type: ignore[arg-type]
+        try:
+            outcome[rank] = ranks[rank].point("ckpts/s3.ckpt", 3, seal=seal)
+        except Exception as exc:
+            outcome[rank] = exc
+        finally:
+            ranks[rank].abandon()
+
+    follower = threading.Thread(target=run, args=(1,))
+    follower.start()
+    run(0)
+    follower.join(10)
+    assert not any(r.held for r in ranks) and HandoffLock(lock_url).status().owner_id is None
+    return outcome
+
+
+def test_a_refused_pointer_move_raises_lock_lost_on_every_rank_at_that_save(urls):
+    outcome = point_on_two_ranks(urls, newer_claims=True)
+    assert isinstance(outcome[0], LockLost) and isinstance(outcome[0].__cause__, StaleToken), outcome
+    assert isinstance(outcome[1], LockLost), outcome  # before: nothing here; the holder alone raised StaleToken
+    assert LatestCheckpoint(urls[1]).read() is None  # the newer holder's claim: nothing was pointed
+
+
+def test_a_pointer_move_returns_the_checkpoint_on_the_holder_and_its_seal_names_it(urls):
+    outcome = point_on_two_ranks(urls, seal=lambda token: f"ckpts/s3-token{token}.ckpt")
+    assert outcome[1] is None and isinstance(outcome[0], Checkpoint), outcome
+    assert outcome[0].path.endswith(f"ckpts/s3-token{outcome[0].token}.ckpt") and outcome[0].step == 3
+    assert LatestCheckpoint(urls[1]).read() == outcome[0]
+
+
+def test_a_pointer_move_that_fails_otherwise_fails_on_every_rank(urls):
+    def seal(token: int) -> str:
+        raise OSError("disk full")
+
+    outcome = point_on_two_ranks(urls, seal=seal)
+    assert isinstance(outcome[0], OSError) and not isinstance(outcome[0], LockLost), outcome
+    assert isinstance(outcome[1], HandoffLockError) and "could not move" in str(outcome[1]), outcome
 
 
 @pytest.mark.parametrize(
