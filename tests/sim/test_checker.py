@@ -12,7 +12,7 @@ from handofflock.core.record import Holder, LockRecord, Waiter, WaiterRequest
 from handofflock.testing.sim.checker import KEY, Checker, Event, Rules, read_record
 from handofflock.testing.sim.hub import MONO0, WALL0, Hub, Violation
 
-RULES = Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, read_within=None, gentle=False)
+RULES = Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, gentle=False)
 
 
 def party(name: str):

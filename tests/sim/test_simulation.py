@@ -21,20 +21,20 @@ SEEDS = 80
 #: the violation (a plant caught only through a violation it did not cause would not count).
 CAUGHT_AT = {
     "trust-a-read": (1, "still holds the lock"),
-    "still-mine-by-id": (0, ""),
+    "still-mine-by-id": (26, "counts itself healthy"),
     "keep-slot-on-timeout": (0, "waiter slot is still in the record"),
-    "unconditional-handoff": (0, ""),
-    "unconditional-renewal": (0, ""),
-    "give-up-without-match": (0, ""),
-    "lease-past-its-margin": (0, ""),
-    "heir-keeps-old-token": (0, ""),
-    "heir-lease-from-its-read": (0, ""),
-    "cancelled-keeps-handed-lock": (0, ""),
-    "handoff-to-expired-slot": (0, ""),
-    "group-skips-first-lock": (0, "has not heard"),
-    "no-wall-second-opinion": (1, "counts itself healthy"),
+    "unconditional-handoff": (0, "dropped the live waiter slot"),  # a write it overwrote: a waiter's
+    "unconditional-renewal": (0, "dropped the live waiter slot"),
+    "give-up-without-match": (19, "wrote token"),  # the stale record it overwrote a new owner's with
+    "lease-past-its-margin": (2, "counts itself healthy"),
+    "heir-keeps-old-token": (0, "keeping token"),
+    "heir-lease-from-its-read": (5, "returned a lock that is not healthy"),
+    "cancelled-keeps-handed-lock": (6, "and it holds the lock"),
+    "handoff-to-expired-slot": (12, "after its slot had ended"),
+    "group-skips-first-lock": (4, "has not heard"),
+    "no-wall-second-opinion": (1, "healthy after a host suspend"),
     "owner-misses-take": (1, "still holds the lock"),
-    "expired-handoff-accepted": (0, "whose lease had run out"),
+    "expired-handoff-accepted": (9, "whose lease had run out"),
     "heir-gets-owner-ttl": (3, "where its slot asked for"),
     "renewal-drops-waiter": (0, "dropped the live waiter slot"),
 }  # fmt: skip

@@ -2,7 +2,8 @@
 
 From its seed a world draws its shape (:class:`Config`): 2 to 4 parties, a
 GCS-like timing (ttl 5 s, the store's 1 s write spacing, 429s at GCS's rate,
-slow reads of seconds) or a fast one, clock skew, and faults. A *gentle*
+slow reads of seconds) or a fast one, clock skew, and faults; in some, parties
+of two ttls (an heir's slot asks for its own lease). A *gentle*
 GCS-like world has only the faults an owner must survive (429s, slow reads
 shorter than the timeouts), so an owner that loses its lock there is a
 violation. Each party keeps doing something at random (acquire in every
@@ -137,9 +138,6 @@ class World:
             ttl=c.ttl * c.ttl_spread,
             skew=c.skew,
             waiter_check_interval=wci,
-            read_within=None
-            if f.fail or f.late_commit
-            else 2 * f.max_latency + (f.slow_read_max if f.slow_read else 0) + 0.5,
             gentle=c.gentle,
         )
         self.checker = Checker(self.hub, rules, self.parties)
