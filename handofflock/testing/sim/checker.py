@@ -230,8 +230,8 @@ class Checker:
                     self.last_write_seen[e.party] = e.at
                 if e.detail == "read: ok":
                     self._look(e)
-                taken = self.taken.get(e.party)
-                if taken is not None and e.detail == "read: ok" and e.sent >= taken[1]:
+                taken, clear = self.taken.get(e.party), self._unoverlapped(e)
+                if taken is not None and e.detail == "read: ok" and e.sent >= taken[1] and clear:
                     self.read_since_taken.add(e.party)
                 if e.detail == "read: ok":
                     self._heir_read(e)
@@ -285,9 +285,15 @@ class Checker:
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self._handoff(party, slot, new)
 
+    def _unoverlapped(self, e: Event) -> bool:
+        """Whether no write of the party's own on the lock overlapped the request answered by ``e`` (a waiter
+        check leaves what its read found to a renewal that wrote meanwhile, and that renewal decides)."""
+        assert e.party is not None
+        return self.writes_open[e.party] == 0 and self.last_write_seen.get(e.party, -math.inf) < e.sent
+
     def _look(self, e: Event) -> None:
         assert e.party is not None
-        if self.writes_open[e.party] == 0 and self.last_write_seen.get(e.party, -math.inf) < e.sent:
+        if self._unoverlapped(e):
             self.looks.setdefault(e.party, []).append(e.sent)
 
     def _heir_read(self, e: Event) -> None:
