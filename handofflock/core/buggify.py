@@ -34,6 +34,12 @@ HEIR_KEEPS_OLD_TOKEN = "heir-keeps-old-token"
 HEIR_LEASE_FROM_ITS_READ = "heir-lease-from-its-read"
 CANCELLED_KEEPS_HANDED_LOCK = "cancelled-keeps-handed-lock"
 HANDOFF_TO_EXPIRED_SLOT = "handoff-to-expired-slot"
+GROUP_SKIPS_FIRST_LOCK = "group-skips-first-lock"
+NO_WALL_SECOND_OPINION = "no-wall-second-opinion"
+OWNER_MISSES_TAKE = "owner-misses-take"
+EXPIRED_HANDOFF_ACCEPTED = "expired-handoff-accepted"
+HEIR_GETS_OWNER_TTL = "heir-gets-owner-ttl"
+RENEWAL_DROPS_WAITER = "renewal-drops-waiter"
 
 _active: frozenset[str] = frozenset()
 

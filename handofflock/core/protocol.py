@@ -274,7 +274,7 @@ def decide_acquire(
 
     owner, waiter = record.owner, record.waiter
     if _is(owner, me):
-        if waiting and now < owner.expires_at:
+        if waiting and (now < owner.expires_at or buggify.on(buggify.EXPIRED_HANDOFF_ACCEPTED)):
             # Handed to this instance, and the lease the old owner wrote is still running by our clock.
             return Owned(record, generation)
         # The record names this very instance as owner, a hold it does not count on: a handoff whose
@@ -394,6 +394,7 @@ def decide_renew(
     renewed = record.replace(
         owner=owner, ttl=timing.ttl, nonce=nonce, declined=declined, min_hold=timing.min_hold or None
     )
+    renewed = renewed.replace(waiter=None) if buggify.on(buggify.RENEWAL_DROPS_WAITER) else renewed
     return Write(Kind.RENEW, renewed, buggify.match(buggify.UNCONDITIONAL_RENEWAL, generation))
 
 
@@ -434,7 +435,7 @@ def decide_release(
     if live and waiter is not None and not _is(waiter, me):
         # The heir's lease is the one it asked for (waiterTtl), never ours: an heir with a longer
         # ttl than ours must not start with a lease it would count as already half gone.
-        ttl = waiter.ttl or timing.ttl
+        ttl = timing.ttl if buggify.on(buggify.HEIR_GETS_OWNER_TTL) else waiter.ttl or timing.ttl
         heir_holder = Holder(waiter.id, now + ttl, instance=waiter.instance, label=waiter.label)
         token = record.token if buggify.on(buggify.HEIR_KEEPS_OLD_TOKEN) else next_token(record, now)
         handed = _owned_by(record, heir_holder, now, ttl, token, nonce, None)  # the heir writes its own minHold
@@ -473,7 +474,7 @@ def observe_as_owner(
     ``min_hold`` of the hold's start (``heldSince``) waits until then
     (:attr:`WaiterSeen.acts_at`); a holder that does not yield declines it at once.
     """
-    if (lost := _check_still_mine(record, me, token)) is not None:
+    if (lost := _check_still_mine(record, me, token)) is not None and not buggify.on(buggify.OWNER_MISSES_TAKE):
         return lost
     assert record is not None
     seen = _asking_waiter(record, me, now)

@@ -123,7 +123,7 @@ class Lease:
         # The same instant on the suspend-counting clock: one offset between the two, read now
         # (each comparison later is boot time with boot time, never boot with monotonic).
         self.boot_until = self.valid_until + (clock.boottime() - clock.monotonic())
-        self.wall_until = wall + (self.valid_until - mono)
+        self.wall_until = math.inf if buggify.on(buggify.NO_WALL_SECOND_OPINION) else wall + (self.valid_until - mono)
         # Renew when what is left of the validity falls to renew_deadline - renew_interval.
         self.next_renew = self.valid_until - (timing.renew_deadline - timing.renew_interval)
         self.renew_failures = 0

@@ -63,6 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..core import buggify
 from ..core.clock import Clock
 from ..core.errors import RenewalsBehindWarning, TransientStorageError
 from ..storage.base import Storage
@@ -475,7 +476,7 @@ class Scheduler:
             if math.ceil(len(listing) / LIST_PAGE_SIZE) >= len(batch):
                 why = "listing %r in %s returned %d objects for %d locks; checking them one read each from now on"
                 self._ungroup(gkey, logging.INFO, why, prefix, storage, len(listing), len(batch))
-            for lock in batch:
+            for lock in batch[buggify.on(buggify.GROUP_SKIPS_FIRST_LOCK) :]:
                 with self._mutex:
                     busy = id(lock) in self._running or id(lock) in self._checking
                     if busy or lock.next_due_besides_check() <= self._clock.monotonic():

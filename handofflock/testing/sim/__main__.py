@@ -33,7 +33,7 @@ DEFAULT_SEEDS = 2000
 #: The keys every run reports, in this order; the issue's done-criterion wants each above zero.
 COVERAGE_KEYS = (
     "handoffs", "twins", "waiter_pauses", "throttled", "suspends", "grouped_checks", "slow_reads", "async",
-    "holder_pauses", "stale_writes_refused", "suspend_awaiting_fix", "late_commits",
+    "holder_pauses", "stale_writes_refused", "late_commits",
 )  # fmt: skip
 
 
@@ -48,16 +48,16 @@ class Outcome:
 
 
 def run_seed(
-    seed: int, *, bug: str | None = None, strict_suspend: bool = False, trace: int = 60, late_commits: bool = True
+    seed: int, *, bug: str | None = None, trace: int = 60, late_commits: bool = True, ttl_spread: bool = True
 ) -> Outcome:
     """Run one seed (with a planted bug if named); return what it found. ``late_commits=False``: the seed's
-    world as it was before the store had late commits (what a regression test of an older seed replays)."""
+    world as it was before the store had late commits; ``ttl_spread=False``: before parties had ttls of
+    their own (what a regression test of an older seed replays)."""
     from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
     from .world import World
 
     with planted(bug) if bug else contextlib.nullcontext():
-        world = World(seed, late_commits=late_commits)
-        world.checker.strict_suspend = strict_suspend
+        world = World(seed, late_commits=late_commits, ttl_spread=ttl_spread)
         violation = None
         try:
             world.run()
@@ -77,13 +77,12 @@ def run_seed(
 
 
 def run_seeds(
-    seeds: Iterable[int], *, bug: str | None = None, stop_at_first: bool = False, strict_suspend: bool = False,
-    totals: dict[str, int] | None = None,
+    seeds: Iterable[int], *, bug: str | None = None, stop_at_first: bool = False, totals: dict[str, int] | None = None,
 ) -> list[Outcome]:  # fmt: skip
     """Run many seeds; return those that broke an invariant. ``totals`` gathers their coverage."""
     found = []
     for seed in seeds:
-        outcome = run_seed(seed, bug=bug, strict_suspend=strict_suspend)
+        outcome = run_seed(seed, bug=bug)
         if totals is not None:
             for k, v in outcome.coverage.items():
                 totals[k] = totals.get(k, 0) + v
@@ -104,7 +103,7 @@ def coverage_line(totals: dict[str, int]) -> str:
 
 def _simulate(a: argparse.Namespace) -> int:
     if a.seed is not None:
-        out = run_seed(a.seed, bug=a.plant_bug, strict_suspend=a.strict_suspend, trace=400 if a.trace else 40)
+        out = run_seed(a.seed, bug=a.plant_bug, trace=400 if a.trace else 40)
         print(f"seed {a.seed}: {out.steps} steps, config {out.config}")
         if a.trace or out.violation:
             print("\n".join(out.trace))
@@ -113,8 +112,7 @@ def _simulate(a: argparse.Namespace) -> int:
         return 1 if out.violation else 0
     started, totals = time.monotonic(), {}  # type: ignore[var-annotated]
     seeds = range(a.first, a.first + a.seeds)
-    found = run_seeds(seeds, bug=a.plant_bug, stop_at_first=bool(a.plant_bug), strict_suspend=a.strict_suspend,
-                      totals=totals)  # fmt: skip
+    found = run_seeds(seeds, bug=a.plant_bug, stop_at_first=bool(a.plant_bug), totals=totals)
     took = time.monotonic() - started
     for out in found[:5]:
         print(f"seed {out.seed}: {out.violation}")
@@ -138,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", action="store_true", help="with --seed: print the whole trace")
     p.add_argument("--list-bugs", action="store_true", help="name the bugs that can be planted")
     p.add_argument("--plant-bug", metavar="NAME", help="plant this bug; the run must find it")
-    p.add_argument("--strict-suspend", action="store_true", help="a check() that passes after a suspend is a violation")
     p.add_argument("--model-check", action="store_true", help="check every interleaving of the pure protocol")
     p.add_argument("--long", action="store_true", help="with --model-check: go deeper (minutes)")
     p.add_argument("--log", action="store_true", help="show the library's log as it runs")

@@ -8,12 +8,18 @@ from contextlib import contextmanager
 from ...core import buggify
 from ...core.buggify import (
     CANCELLED_KEEPS_HANDED_LOCK,
+    EXPIRED_HANDOFF_ACCEPTED,
     GIVE_UP_WITHOUT_MATCH,
+    GROUP_SKIPS_FIRST_LOCK,
     HANDOFF_TO_EXPIRED_SLOT,
+    HEIR_GETS_OWNER_TTL,
     HEIR_KEEPS_OLD_TOKEN,
     HEIR_LEASE_FROM_ITS_READ,
     KEEP_SLOT_ON_TIMEOUT,
     LEASE_PAST_ITS_MARGIN,
+    NO_WALL_SECOND_OPINION,
+    OWNER_MISSES_TAKE,
+    RENEWAL_DROPS_WAITER,
     STILL_MINE_BY_ID,
     TRUST_A_READ,
     UNCONDITIONAL_HANDOFF,
@@ -37,6 +43,14 @@ BUGS: dict[str, str] = {
         "a cancelled acquire keeps a lock handed to it meanwhile (HandoffLock._leave_slot, and _acquire's way out)"
     ),
     HANDOFF_TO_EXPIRED_SLOT: "the owner hands off to a waiter whose slot has expired (protocol.decide_release)",
+    GROUP_SKIPS_FIRST_LOCK: "a scheduler's grouped waiter check never checks its first lock (Scheduler._check_group)",
+    NO_WALL_SECOND_OPINION: (
+        "a lease is not checked against the wall clock, so a host suspend goes unseen (handoff.Lease.set)"
+    ),
+    OWNER_MISSES_TAKE: "an owner's waiter check that reads its lease taken is not a loss (protocol.observe_as_owner)",
+    EXPIRED_HANDOFF_ACCEPTED: "a waiter accepts a handoff whose lease has run out (protocol.decide_acquire)",
+    HEIR_GETS_OWNER_TTL: "a handoff gives the heir the owner's ttl, not the one it asked for (protocol.decide_release)",
+    RENEWAL_DROPS_WAITER: "a renewal writes the record without its waiter slot (protocol.decide_renew)",
 }
 
 #: Bugs whose switch sits in the pure protocol: the model check can find these.

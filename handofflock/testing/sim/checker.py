@@ -1,33 +1,46 @@
-"""The invariants, checked from outside the code under test.
+"""The invariants, checked from outside the code under test, over a history.
 
-The checker never runs inside the lock: it is not a signal receiver (a
-receiver's exception is logged and swallowed by design) and it calls nothing
-private. It sees what an observer of the system can see: every write the store
-applies (with its generation and who sent it), the results of public API calls
-(``acquire``, ``release``, ``check``), public read-only state (``healthy``,
-``is_held``, ``token``, ``instance``) and the true time. The hub calls
-:meth:`Checker.check` between steps, and the world reports API results as they
-return; a broken invariant raises :class:`~.hub.Violation` in the hub's own
-loop, which ends the run with the seed and the trace.
+The checker never runs inside the lock. A lock catches and logs exceptions
+where it must go on (its scheduler around renewals and release retries, the
+async lock around a cancelled worker, a signal dispatcher), so an assertion
+raised in a call the lock made would be swallowed there. Instead, the
+simulated store and the parties append what an observer can see to
+:attr:`Checker.history`: every request a party sends and its reply, every
+write the store applies (with its generation and who sent it), and each
+result of a public API call with the party's public state at that instant
+(``is_held``, ``healthy``, ``token``). The hub calls :meth:`Checker.check`
+between steps, in its own loop: it reads the history that has come in, then
+judges the parties' public state at the true time. A broken invariant raises
+:class:`~.hub.Violation` there, which ends the run with the seed and the trace.
+
+Records are read with the checker's own strict reader (:func:`read_record`),
+never the library's codec, so a fault of the codec cannot hide itself.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
-from ...core.record import LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
-from .parties import Party
+
+if TYPE_CHECKING:
+    from .parties import Party
 
 #: What an operation may end with, by the lock's documentation: outcomes, never violations.
 EXPECTED = (LockContended, AcquireCancelled, TransientStorageError, LockLost, LockNotHeld)
 
 KEY = "locks/sim.json"
 FENCE_KEY = "locks/fenced.json"
+
+#: Float noise allowed where the checker recomputes a time a record was stamped with.
+EPSILON = 1e-6
 
 
 @dataclass(frozen=True)
@@ -37,8 +50,120 @@ class Rules:
     ttl: float
     skew: float
     waiter_check_interval: float
-    handoff_slack: float  # how long a handoff decision may take to land
     gentle: bool  # only survivable faults: an owner that is not paused must keep its lock
+
+
+# ---------------------------------------------------------------------- the checker's own record reader
+
+
+@dataclass(frozen=True)
+class Place:
+    """The owner or the waiter named by a record."""
+
+    id: str
+    instance: str | None
+    expires_at: float
+    ttl: float | None = None  # a waiter's: the lease it asked for
+    asks: bool = True  # a waiter's: whether it asks the holder to let go
+
+    def live(self, now: float, skew: float = 0.0) -> bool:
+        return now <= self.expires_at + skew
+
+
+@dataclass(frozen=True)
+class Rec:
+    """What the checker reads in a lock record: only the fields its rules need."""
+
+    owner: Place | None
+    waiter: Place | None
+    token: int
+    ttl: float | None
+    held_since: float | None = None
+
+
+def _field(doc: dict[str, Any], key: str, kinds: tuple[type, ...], *, nullable: bool = True) -> Any:
+    value = doc.get(key)
+    if value is None and nullable:
+        return None
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise Violation(f"the store holds a record whose {key!r} is {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Violation(f"the store holds a record whose {key!r} is {value!r}")
+    return value
+
+
+def read_record(data: bytes) -> Rec:
+    """The record in ``data``, read strictly: a write the store applied that this cannot read is a violation."""
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise Violation(f"the store holds a record that is not JSON: {data[:80]!r}") from exc
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        raise Violation(f"the store holds a record that is not a version 1 object: {data[:80]!r}")
+    num = (int, float)
+    owner = waiter = None
+    if _field(doc, "ownerId", (str,)) is not None:
+        owner = Place(
+            doc["ownerId"], _field(doc, "ownerInstance", (str,)), float(_field(doc, "expiresAt", num, nullable=False))
+        )
+    if _field(doc, "waitingOwnerId", (str,)) is not None:
+        request = _field(doc, "waiterRequest", (dict,)) or {}
+        asks = request.get("asks", True)
+        if not isinstance(asks, bool):
+            raise Violation(f"the store holds a record whose waiterRequest.asks is {asks!r}")
+        waiter = Place(
+            doc["waitingOwnerId"],
+            _field(doc, "waiterInstance", (str,)),
+            float(_field(doc, "waiterExpiresAt", num, nullable=False)),
+            ttl=_field(doc, "waiterTtl", num),
+            asks=asks,
+        )
+    token = _field(doc, "token", (int,)) or 0
+    since = _field(doc, "heldSince", (dict,))
+    held_since = None if since is None else since.get("at")
+    if held_since is not None and (isinstance(held_since, bool) or not isinstance(held_since, num)):
+        raise Violation(f"the store holds a record whose heldSince.at is {held_since!r}")
+    return Rec(owner, waiter, token, _field(doc, "ttl", num), held_since)
+
+
+# ---------------------------------------------------------------------- the history
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A party's public state at one instant, as an API result is returned."""
+
+    held: bool
+    healthy: bool
+    token: int | None
+    frozen_until: float
+    crashed: bool
+    left_behind_until: float
+    left_wait_at: float
+
+    @classmethod
+    def of(cls, party: Party) -> Seen:
+        lock = party.lock
+        return cls(
+            lock.is_held, lock.healthy, lock.token, party.proc.frozen_until(), party.proc.crashed,
+            party.left_behind_until, party.left_wait_at,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the history: ``what`` is ``request``, ``reply``, ``applied``, ``acquire`` or ``lost``."""
+
+    at: float  # hub (true monotonic) time
+    party: Party | None
+    what: str
+    key: str = ""
+    detail: str = ""  # the request's operation, the reply's outcome, why a lock was lost
+    data: bytes = b""
+    generation: int = 0
+    result: object = None
+    seen: Seen | None = None
+    sent: float = 0.0  # a reply's: when its request went out
 
 
 @dataclass
@@ -47,135 +172,314 @@ class Checker:
     rules: Rules
     parties: list[Party]
     counts: Counter[str] = field(default_factory=Counter)  # what the run explored: the coverage
-    record: LockRecord | None = None  # the lock object as last applied
+    history: list[Event] = field(default_factory=list)
+    read_up_to: int = 0  # how much of the history has been judged
+    record: Rec | None = None  # the lock object as last applied
     highest_store_token: int = 0
     issued: set[tuple[str, int]] = field(default_factory=set)  # (instance, token) the store made owner
     fence_highest: int = 0
+    last_sent: dict[Party, float] = field(default_factory=dict)  # when a party's last request on the lock went out
+    last_write_sent: dict[Party, float] = field(default_factory=dict)  # ... its last write or delete
     #: Parties whose acquire ended without the lock while the record names it its live owner, and when:
     #: the lock must give it back (a release retried in the background) or the checker calls it a leak.
     left_owning: dict[Party, float] = field(default_factory=dict)
-    strict_suspend: bool = False  # True once the suspend fix is merged: a late check() after a suspend fails
+    in_flight: Counter[Party] = field(default_factory=Counter)  # a party's requests on the lock not answered yet
+    #: Holds taken from a party by another's write: (its token, when), and whether a read of its own that
+    #: went out after that has come back (the lock must have seen its loss in it).
+    taken: dict[Party, tuple[int, float]] = field(default_factory=dict)
+    read_since_taken: set[Party] = field(default_factory=set)
+    #: The request standing in the record (owner instance, token, asking waiter's instance), and since when.
+    asking: tuple[str | None, int, str | None] | None = None
+    asking_since: float = 0.0
+    #: When each read of the lock, or listing of its prefix, went out that no write of the party's own on the
+    #: lock overlapped (a waiter check leaves what its read found to a renewal that wrote meanwhile).
+    looks: dict[Party, list[float]] = field(default_factory=dict)
+    writes_open: Counter[Party] = field(default_factory=Counter)
+    last_write_seen: dict[Party, float] = field(default_factory=dict)  # a write of the party's went out or came back
+    held_from: dict[Party, float] = field(default_factory=dict)  # when a party's last acquire returned the lock
+    #: Leases handed off, by token: the heir's instance, the lease's end, when the handoff landed; and, once
+    #: the heir has read it, its own wall clock as that read came back (a lease it may keep only if live then).
+    handed: dict[int, tuple[str | None, float, float]] = field(default_factory=dict)
+    handed_read_at: dict[int, float] = field(default_factory=dict)
 
-    def true_wall(self) -> float:
-        return WALL0 + (self.hub.now - MONO0)
+    def true_wall(self, at: float | None = None) -> float:
+        return WALL0 + ((self.hub.now if at is None else at) - MONO0)
 
-    # ------------------------------------------------------------------ the store's history
+    def note(self, event: Event) -> None:
+        """Append to the history (never judges: this may run inside the lock's call stack)."""
+        self.history.append(event)
 
-    def on_applied(self, party: Party, key: str, data: bytes, generation: int) -> None:
-        if key == FENCE_KEY:
-            doc = decode_fence(data, key=key, generation=generation, url=None, max_bytes=1 << 20)
+    # ------------------------------------------------------------------ reading the history
+
+    def _read_history(self) -> None:
+        while self.read_up_to < len(self.history):
+            e = self.history[self.read_up_to]
+            self.read_up_to += 1
+            if e.what == "request" and e.key == KEY and e.party is not None:
+                self.last_sent[e.party] = e.at
+                self.in_flight[e.party] += 1
+                if e.detail in ("write", "delete"):
+                    self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
+                    self.writes_open[e.party] += 1
+            elif e.what == "reply" and e.party is not None and e.detail == "list: ok" and KEY.startswith(e.key):
+                self._look(e)
+            elif e.what == "reply" and e.key == KEY and e.party is not None:
+                self.in_flight[e.party] -= 1
+                if e.detail.startswith(("write", "delete")):
+                    self.writes_open[e.party] -= 1
+                    self.last_write_seen[e.party] = e.at
+                if e.detail == "read: ok":
+                    self._look(e)
+                taken, clear = self.taken.get(e.party), self._unoverlapped(e)
+                if taken is not None and e.detail == "read: ok" and e.sent >= taken[1] and clear:
+                    self.read_since_taken.add(e.party)
+                if e.detail == "read: ok":
+                    self._heir_read(e)
+            elif e.what == "applied":
+                self._applied(e)
+            elif e.what == "acquire":
+                self._acquire_ended(e)
+                self._slot_left(e)
+            elif e.what == "lost":
+                self._lost_while_gentle(e)
+
+    def _applied(self, e: Event) -> None:
+        party = e.party
+        assert party is not None
+        if e.key == FENCE_KEY:
+            doc = decode_fence(e.data, key=e.key, generation=e.generation, url=None, max_bytes=1 << 20)
             if doc.highest < self.fence_highest:
                 raise Violation(f"the fence took token {doc.highest} after {self.fence_highest}")
             self.fence_highest = doc.highest
             return
-        if key != KEY:
+        if e.key != KEY:
             return
-        new, prev = LockRecord.decode(data, key=key), self.record
+        new, prev = read_record(e.data), self.record
         self.record = new
         if new.token < self.highest_store_token:
             raise Violation(
-                f"{party.name} wrote token {new.token} after {self.highest_store_token} (generation {generation})"
+                f"{party.name} wrote token {new.token} after {self.highest_store_token} (generation {e.generation})"
             )
         owner, before = new.owner, None if prev is None else prev.owner
         moved = owner is not None and (before is None or (owner.id, owner.instance) != (before.id, before.instance))
         if owner is not None and moved and prev is not None and new.token <= prev.token:
             raise Violation(f"{party.name} moved the lock to {owner.id} keeping token {new.token}")
         self.highest_store_token = max(self.highest_store_token, new.token)
+        w = new.waiter
+        asking = None if owner is None or w is None or not w.asks else (owner.instance, new.token, w.instance)
+        lapsed = (
+            prev is not None
+            and prev.waiter is not None
+            and not prev.waiter.live(self.true_wall(e.at) + self.rules.skew / 2)
+        )
+        if asking != self.asking or lapsed:  # a new request, or one whose slot had ended and is live again
+            self.asking, self.asking_since = asking, e.at
         if owner is not None and owner.instance:
             self.issued.add((owner.instance, new.token))
+        if prev is not None:
+            self._slot_kept(party, prev, new, e.at)
+            self._taken(party, prev, new, e.at)
         if not moved or owner is None or prev is None or before is None:
             return
         slot = prev.waiter
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
-            self.counts["handoffs"] += 1
-            wall = party.clock.time()
-            if slot is None or wall > slot.expires_at + self.rules.handoff_slack:
-                raise Violation(
-                    f"{party.name} handed the lock to {owner.id}, whose slot had ended "
-                    f"{wall - (slot.expires_at if slot else 0):.2f} s before by its own clock"
-                )
+            self._handoff(party, slot, new)
+
+    def _unoverlapped(self, e: Event) -> bool:
+        """Whether no write of the party's own on the lock overlapped the request answered by ``e`` (a waiter
+        check leaves what its read found to a renewal that wrote meanwhile, and that renewal decides)."""
+        assert e.party is not None
+        return self.writes_open[e.party] == 0 and self.last_write_seen.get(e.party, -math.inf) < e.sent
+
+    def _look(self, e: Event) -> None:
+        assert e.party is not None
+        if self._unoverlapped(e):
+            self.looks.setdefault(e.party, []).append(e.sent)
+
+    def _heir_read(self, e: Event) -> None:
+        assert e.party is not None
+        for token, (heir, _, landed) in self.handed.items():
+            if heir == e.party.lock.instance and e.sent >= landed and token not in self.handed_read_at:
+                self.handed_read_at[token] = e.party.clock.time() - (self.hub.now - e.at)
+
+    def _handoff(self, party: Party, slot: Place | None, new: Rec) -> None:
+        """A handoff is judged at the instant it was decided: the heir's lease is stamped with the owner's
+        wall clock as the write was sent (its expiry less its ttl), and the slot must be live then, by that
+        same clock. The heir's lease is the one its slot asked for."""
+        self.counts["handoffs"] += 1
+        assert new.owner is not None
+        self.handed[new.token] = (new.owner.instance, new.owner.expires_at, self.hub.now)
+        length = new.ttl or self.rules.ttl
+        stamped = new.owner.expires_at - length
+        if slot is None or stamped > slot.expires_at + EPSILON:
+            raise Violation(
+                f"{party.name} handed the lock to {new.owner.id} at {stamped - WALL0:.3f} by its own clock, "
+                f"{stamped - (slot.expires_at if slot else 0):.3f} s after its slot had ended"
+            )
+        if slot.ttl is not None and abs(length - slot.ttl) > EPSILON:
+            raise Violation(
+                f"{party.name} handed the lock to {new.owner.id} with a lease of {length:g} s, "
+                f"where its slot asked for {slot.ttl:g} s"
+            )
+
+    def _taken(self, party: Party, prev: Rec, new: Rec, at: float) -> None:
+        """Note a hold that another party's write ended (the owner's own writes end it by its hand)."""
+        before = prev.owner
+        if before is None or party.lock.instance == before.instance:
+            return
+        if new.owner is not None and (new.owner.instance, new.token) == (before.instance, prev.token):
+            return
+        for p in self.parties:
+            if p.lock.instance == before.instance and p.lock.token == prev.token:
+                self.taken[p] = (prev.token, at)
+                self.read_since_taken.discard(p)
+
+    def _slot_kept(self, party: Party, prev: Rec, new: Rec, at: float) -> None:
+        """A live waiter slot leaves the record only by its waiter's hand, by a handoff to it, or for another
+        request: never silently (a renewal, a release or a take that drops it)."""
+        slot = prev.waiter
+        if slot is None or not slot.live(self.true_wall(at) + self.rules.skew):
+            return  # ended by every clock: anyone may clear it
+        if new.waiter is not None or party.lock.instance == slot.instance:
+            return  # still named, or replaced by another request; or its own give-up
+        if new.owner is not None and new.owner.instance == slot.instance:
+            return  # handed to it, or taken by it
+        raise Violation(
+            f"{party.name}'s write dropped the live waiter slot of {slot.id} "
+            f"({slot.expires_at - self.true_wall(at):.2f} s left)"
+        )
 
     # ------------------------------------------------------------------ public API results
 
-    def acquire_ended(self, party: Party, result: object) -> None:
+    def _acquire_ended(self, e: Event) -> None:
+        party, seen, result = e.party, e.seen, e.result
+        assert party is not None and seen is not None
         lock = party.lock
         if isinstance(result, Acquired) or result is True:  # acquire() returns an Acquired (== True)
-            token = lock.token or 0
+            token = seen.token or 0
+            self.held_from[party] = e.at
             if (lock.instance, token) not in self.issued:
                 raise Violation(f"{party.name} acquired with token {token}, which no write gave this instance")
+            handed, read_at = self.handed.get(token), self.handed_read_at.get(token, -math.inf)
+            if handed is not None and handed[0] == lock.instance and read_at >= handed[1]:
+                # Handed a lease it first read once the lease had run out (it was paused): a hold that
+                # lapsed; the lock takes it back with a new token, never keeps the old one.
+                raise Violation(
+                    f"{party.name} acquired with the token handed to it ({token}), whose lease had run out "
+                    f"{read_at - handed[1]:.2f} s before it first read it, by its own clock"
+                )
             # acquire() returns a lease counted from the write that made it, renewed at once if little is
             # left: healthy, unless the process stood still since its last request on the lock went out.
-            sent = party.store.sent_at.get(KEY, MONO0)
-            if lock.is_held and not lock.healthy and party.proc.frozen_until() <= sent:
+            sent = self.last_sent.get(party, MONO0)
+            if seen.held and not seen.healthy and seen.frozen_until <= sent:
                 raise Violation(
                     f"{party.name}'s acquire returned a lock that is not healthy (token {token}); "
-                    f"its last request went out {self.hub.now - sent:.2f} s before, and it has not stood still since"
+                    f"its last request went out {e.at - sent:.2f} s before, and it has not stood still since"
                 )
             return
-        if lock.is_held:
+        if seen.held:
             raise Violation(f"{party.name}'s acquire ended without the lock ({result!r}) and it holds the lock")
         r = self.record
         owner = None if r is None else r.owner
-        mine = owner is not None and owner.instance == lock.instance and owner.live(self.true_wall(), self.rules.skew)
-        if mine and owner is not None and not self.left_behind(party, owner.expires_at):
+        live = owner is not None and owner.live(self.true_wall(e.at), self.rules.skew)
+        if live and owner is not None and owner.instance == lock.instance and owner.expires_at > seen.left_behind_until:
             # Its way out may give the lock back in the background (a release after a cancelled
             # acquire, refused by a 429, is retried there): watched from here (see :meth:`check`).
-            self.left_owning[party] = self.hub.now
+            self.left_owning[party] = e.at
 
-    def left_behind(self, party: Party, expires_at: float) -> bool:
-        """Whether a slot or lease naming ``party``, live until ``expires_at``, is one its last acquire may leave
-        (documented: it expires by itself) and no write of ours has extended since: any other is a leak."""
-        return expires_at <= party.left_behind_until
+    def _lost_while_gentle(self, e: Event) -> None:
+        assert e.party is not None and e.seen is not None
+        if self.rules.gentle and e.seen.frozen_until < MONO0:
+            raise Violation(f"{e.party.name} lost its lock under survivable faults only: {e.detail}")
 
-    def lost_while_gentle(self, party: Party, why: str) -> None:
-        if self.rules.gentle and party.proc.frozen_until() < MONO0:
-            raise Violation(f"{party.name} lost its lock under survivable faults only: {why}")
-
-    def slot_left(self, party: Party) -> None:
+    def _slot_left(self, e: Event) -> None:
         """An acquire that ended without the lock left no slot behind (but one it documents it may leave)."""
-        r = self.record
-        if party.proc.crashed or party.lock.is_held or r is None or r.waiter is None:
+        party, seen, r = e.party, e.seen, self.record
+        assert party is not None and seen is not None
+        if seen.crashed or seen.held or r is None or r.waiter is None:
             return
-        if self.left_behind(party, r.waiter.expires_at):
-            return
-        if not r.waiter.live(self.true_wall() - self.rules.skew):
+        if r.waiter.expires_at <= seen.left_behind_until:
+            return  # documented: it may stay, and ends by itself
+        if not r.waiter.live(self.true_wall(e.at) - self.rules.skew):
             return  # not a bug: a slot that has ended (by every clock) holds nobody back, though it still names us
-        if party.proc.frozen_until() > party.left_wait_at - 10 * self.rules.ttl:
+        if seen.frozen_until > seen.left_wait_at - 10 * self.rules.ttl:
             return
-        instances = (r.waiter and r.waiter.instance, r.owner and r.owner.instance)
+        instances = (r.waiter.instance, r.owner and r.owner.instance)
         if instances[0] == party.lock.instance and instances[1] != party.lock.instance:
             raise Violation(f"{party.name} left acquire and its waiter slot is still in the record")
 
     # ------------------------------------------------------------------ between steps
 
     def check(self) -> None:
-        """No party counts itself healthy unsoundly, and a live waiter slot names no party that left its acquire."""
+        """Judge the history that came in; then: no party counts itself healthy unsoundly, and a live waiter
+        slot names no party that left its acquire.
+
+        A party is judged as it runs: a suspended one once it resumes (its first check is the first
+        step after), since ``healthy`` must be false then if its lease ran out meanwhile."""
+        self._read_history()
         now, r = self.hub.now, self.record
-        healthy = [p for p in self.parties if p.alive and now >= p.proc.suspended_until and p.lock.healthy]
-        for p in healthy:
-            why = self._unsound(p)
-            if why is None:
-                continue
-            if p.proc.suspended_for and not self.strict_suspend:
-                # After a host suspend check() must raise; until the suspend fix is merged it may
-                # not: counted, the party retired, and the run goes on (see docs/reliability.md).
-                self.counts["suspend_awaiting_fix"] += 1
-                self.hub.note(f"{p.name} after a suspend (awaiting the fix): {why}")
-                p.proc.crashed = True
-                continue
-            raise Violation(why)
+        for p in self.parties:
+            if p.alive and now >= p.proc.suspended_until and p.lock.healthy:
+                why = self._unsound(p)
+                if why is not None:
+                    raise Violation(why)
         self._left_owning()
+        self._noticed_taken()
+        self._request_heard()
         if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
             return
         for p in self.parties:
             if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire:
                 continue
-            if self.left_behind(p, r.waiter.expires_at):
+            if r.waiter.expires_at <= p.left_behind_until:
                 continue
             grace = p.lock.give_up_budget + 1.0
             if now - p.left_wait_at > grace and now >= p.proc.frozen_until():
                 raise Violation(
                     f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
+                )
+
+    def _request_heard(self) -> None:
+        """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look
+        at the lock (a read of it, or a listing of its prefix, that no write of its own overlapped) that went
+        out after the request landed, its
+        acquire returned and its minimum hold ended by its clock, once its other requests on the lock are
+        answered. (One look may be a beat of grouped checks that leaves the lock to a renewal falling due,
+        which need not read.)"""
+        r = self.record
+        if r is None or r.owner is None or r.waiter is None or self.asking is None:
+            return
+        if r.waiter.instance == r.owner.instance or not r.waiter.live(self.true_wall() - self.rules.skew):
+            return
+        for p in self.parties:
+            lock = p.lock
+            if not p.alive or lock.instance != r.owner.instance or lock.token != r.token or not lock.is_held:
+                continue
+            if not r.waiter.live(p.clock.time()):
+                continue  # ended by the holder's clock: a request it no longer stands for
+            held = r.held_since if r.held_since is not None else -math.inf
+            ends = self.hub.now + (held + lock.timing.min_hold - p.clock.time())  # the hold's end, hub time
+            since = max(self.asking_since, ends, self.held_from.get(p, math.inf))
+            looks = sum(1 for sent in self.looks.get(p, ()) if sent >= since)
+            if looks >= 2 and self.in_flight[p] == 0 and not lock.release_requested:
+                raise Violation(
+                    f"{p.name} holds the lock and has not heard {r.waiter.id}'s request, standing since "
+                    f"{self.hub.now - since:.2f} s, after {looks} looks at the lock"
+                )
+
+    def _noticed_taken(self) -> None:
+        """A holder whose lease another party took has counted it lost by the end of its first read that went
+        out after the take (once its other requests on the lock are answered: a renewal holding the lock's
+        mutex through its own write and read may be the one that says so)."""
+        for p in list(self.read_since_taken):
+            token, at = self.taken[p]
+            if not p.alive or not p.lock.is_held or p.lock.token != token:
+                self.read_since_taken.discard(p)
+                del self.taken[p]
+            elif self.in_flight[p] == 0:
+                raise Violation(
+                    f"{p.name} still holds the lock (token {token}) after reading it taken "
+                    f"{self.hub.now - at:.2f} s after it was taken"
                 )
 
     def _left_owning(self) -> None:
@@ -185,7 +489,7 @@ class Checker:
         owner = None if r is None else r.owner
         for p, ended in list(self.left_owning.items()):
             named = owner is not None and owner.instance == p.lock.instance and owner.live(self.true_wall())
-            if not named or not p.alive or p.lock.is_held or p.store.wrote_at.get(KEY, MONO0) > ended:
+            if not named or not p.alive or p.lock.is_held or self.last_write_sent.get(p, MONO0) > ended:
                 del self.left_owning[p]
             elif self.hub.now - ended > p.lock.give_up_budget + 1.0 and self.hub.now >= p.proc.frozen_until():
                 raise Violation(
@@ -200,11 +504,13 @@ class Checker:
         if r is not None and r.owner is not None and r.owner.instance == me and r.token == p.lock.token:
             late = self.true_wall() - (r.owner.expires_at + self.rules.skew / 2)
             if late > 0:
+                after = " after a host suspend" if p.proc.suspended_for else ""
                 return (
-                    f"{p.name} counts itself healthy {late:.3f} s after another party may take the lock "
+                    f"{p.name} counts itself healthy{after} {late:.3f} s after another party may take the lock "
                     f"(token {r.token})"
                 )
             return None
         # No exemption for a twin (our owner id, another instance): it is another party, and waits for our lease.
         who = "nobody" if r is None else f"{r.owner and r.owner.id} (token {r.token})"
-        return f"{p.name} counts itself healthy with token {p.lock.token}, but the object names {who}"
+        after = " after a host suspend" if p.proc.suspended_for else ""
+        return f"{p.name} counts itself healthy{after} with token {p.lock.token}, but the object names {who}"

@@ -10,8 +10,8 @@ at GCS's per-object rate (about one write a second, bursts refused) and at
 random, writes applied whose reply is lost, late commits (a write the client
 cut off at its timeout, which the store applies seconds later: on its
 precondition, as a real store does, so only if nobody wrote meanwhile), and
-slow reads (seconds, shorter than the lock's timeouts). Everything a store applies is told to the checker's
-history, with its generation.
+slow reads (seconds, shorter than the lock's timeouts). Every request, its reply and every write the store
+applies (with its generation) go into the checker's history; nothing here judges them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from ...core import buggify
 from ...core.errors import PreconditionFailed, TransientStorageError
 from ...storage import MemoryStorage
+from .checker import Event
 from .hub import Hub
 
 T = TypeVar("T")
@@ -57,7 +58,7 @@ class Net:
     rng: random.Random
     faults: Faults
     backend: MemoryStorage
-    on_applied: Callable[[Any, str, bytes, int], None]
+    history: Callable[[Event], None]  # the checker's: appends, never judges
     counts: Counter[str]  # the checker's: what the run explored
     chaos: bool = True
     last_write: dict[str, float] = field(default_factory=dict)
@@ -72,17 +73,23 @@ class SimStore:
         self.net, self.party = net, party
         self.url = "memory://sim"
         self.min_write_interval = min_write_interval
-        self.sent_at: dict[str, float] = {}  # key -> when its last request went out
-        self.wrote_at: dict[str, float] = {}  # key -> when its last write or delete went out
 
     def _hit(self, p: float) -> bool:
         return self.net.chaos and p > 0 and self.net.rng.random() < p
 
     def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None = None) -> T:
+        hub, sent = self.net.hub, self.net.hub.now
+        self.net.history(Event(sent, self.party, "request", key, op))
+        try:
+            result = self._send(op, key, apply, mutation=mutation, timeout=timeout)
+        except BaseException as exc:  # the thread may be unwound at the end of a run: said all the same
+            self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: {type(exc).__name__}: {exc}", sent=sent))
+            raise
+        self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: ok", sent=sent))
+        return result
+
+    def _send(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None) -> T:
         net, f, hub = self.net, self.net.faults, self.net.hub
-        self.sent_at[key] = hub.now
-        if mutation:
-            self.wrote_at[key] = hub.now
         if mutation and net.chaos and f.late_commit and net.late.random() < f.late_commit:
             return self._late(op, key, apply, 1.0 if timeout is None else timeout)
         if op == "read" and f.slow_read and net.rng.random() < f.slow_read:
@@ -134,7 +141,7 @@ class SimStore:
                 found = self.net.backend.read(key)
                 match = 0 if found is None else found[1]
             generation = self.net.backend.write(key, data, if_generation_match=match)
-            self.net.on_applied(self.party, key, data, generation)
+            self.net.history(Event(self.net.hub.now, self.party, "applied", key, "write", data, generation))
             return generation
 
         return self._request("write", key, apply, mutation=True, timeout=timeout)

@@ -2,7 +2,8 @@
 
 From its seed a world draws its shape (:class:`Config`): 2 to 4 parties, a
 GCS-like timing (ttl 5 s, the store's 1 s write spacing, 429s at GCS's rate,
-slow reads of seconds) or a fast one, clock skew, and faults. A *gentle*
+slow reads of seconds) or a fast one, clock skew, and faults; in some, parties
+of two ttls (an heir's slot asks for its own lease). A *gentle*
 GCS-like world has only the faults an owner must survive (429s, slow reads
 shorter than the timeouts), so an owner that loses its lock there is a
 violation. Each party keeps doing something at random (acquire in every
@@ -42,7 +43,7 @@ from ...lock import events as signals
 from ...lock.handoff import Acquired, HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
-from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Rules
+from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Event, Rules, Seen
 from .faults import Faults, Net, SimStore
 from .hub import MONO0, Hub, Proc, SimClock, SimLoop, SimThreads, Violation, sim_primitives
 from .parties import Party
@@ -60,6 +61,8 @@ class Config:
     suspends: bool = False
     asynchronous: bool = False  # the first party drives an AsyncHandoffLock from an event loop
     min_hold: float = 0.0  # every party's: a waiter's request waits for it (0: handoffs at once)
+    #: Each party's ttl is ``ttl`` or ``ttl * ttl_spread``, drawn as it starts (its waiter slot asks for its own).
+    ttl_spread: float = 1.0
     faults: Faults = field(default_factory=Faults)
 
 
@@ -105,28 +108,41 @@ def with_late_commits(config: Config, seed: int) -> Config:
     return replace(config, faults=replace(config.faults, late_commit=r.choice([0.01, 0.03])))
 
 
+def with_ttl_spread(config: Config, seed: int) -> Config:
+    """Parties of two ttls in half the worlds that are not gentle (an heir must be handed the lease its slot
+    asked for, not its owner's), drawn from dice of their own: the rest of a world as before."""
+    r = random.Random(f"ttl-config-{seed}")
+    if config.gentle or r.random() < 0.5:
+        return config
+    return replace(config, ttl_spread=r.choice([1.5, 2.0]))
+
+
 class World:
-    def __init__(self, seed: int, config: Config | None = None, *, late_commits: bool = True) -> None:
+    def __init__(
+        self, seed: int, config: Config | None = None, *, late_commits: bool = True, ttl_spread: bool = True
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         random.seed(seed)  # the library's backoff jitter draws from the module's generator
         self.config = c = config or draw_config(self.rng)
         if config is None and late_commits:
             self.config = c = with_late_commits(c, seed)
+        if config is None and late_commits and ttl_spread:
+            self.config = c = with_ttl_spread(c, seed)
+        self.ttls = random.Random(f"ttl-{seed}")  # each party's ttl: dice of their own
         self.hub = Hub(self.rng)
         self.parties: list[Party] = []
         f = c.faults
         wci = c.ttl / 5
         rules = Rules(
-            ttl=c.ttl,
+            ttl=c.ttl * c.ttl_spread,
             skew=c.skew,
             waiter_check_interval=wci,
-            handoff_slack=2 * f.max_latency + c.spacing + 0.5,
             gentle=c.gentle,
         )
         self.checker = Checker(self.hub, rules, self.parties)
         self.backend = MemoryStorage(f"sim-{seed}")
-        self.net = Net(self.hub, self.rng, f, self.backend, self.checker.on_applied, self.checker.counts)
+        self.net = Net(self.hub, self.rng, f, self.backend, self.checker.note, self.checker.counts)
         self.net.late.seed(f"late-{seed}")
         self.hub.on_step = self.checker.check
         self._ids = 0
@@ -143,11 +159,12 @@ class World:
         # The real scheduler: its loop and its I/O pool are greenlets of this process, started as it adds a lock.
         sched = Scheduler(clock, name=proc.name, primitives=prims)
         owner = owner_id or proc.name
+        ttl = c.ttl * self.ttls.choice((1.0, c.ttl_spread)) if c.ttl_spread != 1.0 else c.ttl
 
         def make(key: str) -> HandoffLock:
             return HandoffLock(
                 "memory://sim", storage=store, key=key, owner_id=owner, clock=clock, scheduler=sched,
-                ttl=c.ttl, waiter_check_interval=c.ttl / 5, waiter_poll_interval=c.ttl / 10, max_clock_skew=c.skew,
+                ttl=ttl, waiter_check_interval=c.ttl / 5, waiter_poll_interval=c.ttl / 10, max_clock_skew=c.skew,
                 min_hold=c.min_hold, primitives=prims,
             )  # fmt: skip
 
@@ -221,7 +238,7 @@ class World:
                     self.timed(party, "release", lambda: lock.release())
                 hub.park(hub.now + r.uniform(0.0, ttl / 4))
                 if not lock.is_held and party.notes[-1:] != ["released"]:
-                    self.checker.lost_while_gentle(party, "the lock was lost while held")
+                    self.lost(party, "the lock was lost while held")
                 party.notes[:] = []
                 continue
             if choice < 0.02:
@@ -256,7 +273,7 @@ class World:
                     except (*EXPECTED, AlreadyAcquired) as exc:
                         hub.note(f"{party.name} async release raised {type(exc).__name__}")
                 elif not alock.is_held:
-                    checker.lost_while_gentle(party, "the async lock was lost while held")
+                    self.lost(party, "the async lock was lost while held")
                 continue
             cancel_after = r.uniform(0.05, 2.0) * ttl if r.random() < 0.5 else math.inf
             timeout = r.uniform(0.5, 4.0) * ttl
@@ -312,13 +329,16 @@ class World:
         self.acquire_ended(party, result)
 
     def acquire_ended(self, party: Party, result: object) -> None:
-        """An acquire (sync or async) ended with ``result``: what the checker holds it to."""
+        """An acquire (sync or async) ended with ``result``: into the history, with what the party shows now."""
         if isinstance(result, (TransientStorageError, LockLost)):
             # Documented: a store failing past the deadline, or a handed lease too short to renew, may
             # leave the slot or the handed lease behind; they expire by themselves (time, not safety).
             self.left_behind(party)
-        self.checker.acquire_ended(party, result)
-        self.checker.slot_left(party)
+        self.checker.note(Event(self.hub.now, party, "acquire", KEY, result=result, seen=Seen.of(party)))
+
+    def lost(self, party: Party, why: str) -> None:
+        """``party`` found its lock gone while it held it (not by its own release)."""
+        self.checker.note(Event(self.hub.now, party, "lost", KEY, why, seen=Seen.of(party)))
 
     def left_behind(self, party: Party) -> None:
         """``party``'s acquire ended as the lock documents may leave its slot or a handed lease behind: each
@@ -418,7 +438,7 @@ class World:
             if rec is None or rec.waiter is None or rec is seen:
                 continue
             waiter = rec.waiter
-            if self.checker.true_wall() < waiter.expires_at + c.skew + self.checker.rules.handoff_slack:
+            if self.checker.true_wall() < waiter.expires_at + c.skew + 2 * c.faults.max_latency + c.spacing + 0.5:
                 if rec is not aimed and any(q.alive and q.letting_go_at < math.inf for q in self.parties):
                     aimed = rec
                     heir = [q for q in self.parties if q.alive and q.in_acquire and q.lock.instance == waiter.instance]
@@ -445,6 +465,7 @@ class World:
         self.hub.spawn("director", self._director)
         self.hub.run(MONO0 + self.config.seconds)
         self.settle()
+        self.checker.check()  # the history's last entries, judged at the end
 
     def settle(self) -> None:
         """Liveness: chaos stops; the holder is gone; a newcomer must get the lock within ttl + skew (+ slack)."""
@@ -456,7 +477,8 @@ class World:
         probe.lock.wait_for_slot = True  # a crashed waiter's slot may still be live: wait it out
         probe.in_acquire = True
         c = self.config
-        bound = c.ttl + c.skew + c.ttl + 2 * c.skew + 5.0  # a lease, a waiter slot (waiter_ttl = ttl), slack
+        longest = c.ttl * c.ttl_spread
+        bound = longest + c.skew + longest + 2 * c.skew + 5.0  # a lease, a waiter slot (waiter_ttl = ttl), slack
         box: dict[str, object] = {}
 
         def acquire() -> None:

@@ -1,0 +1,79 @@
+"""The simulation's checker: it judges a history between steps, never inside the code under test, and reads
+records with a strict reader of its own."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from handofflock.core.record import Holder, LockRecord, Waiter, WaiterRequest
+from handofflock.testing.sim.checker import KEY, Checker, Event, Rules, read_record
+from handofflock.testing.sim.hub import MONO0, WALL0, Hub, Violation
+
+RULES = Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, gentle=False)
+
+
+def party(name: str):
+    return SimpleNamespace(name=name, lock=SimpleNamespace(instance=f"{name}-instance", token=None))
+
+
+def applied(checker: Checker, who, record: LockRecord) -> None:
+    checker.note(Event(checker.hub.now, who, "applied", KEY, "write", record.encode(), 1))
+
+
+def test_a_write_that_breaks_an_invariant_is_recorded_where_it_lands_and_judged_between_steps():
+    """Noting a write never raises (it runs inside the lock's call stack, where a scheduler logs and swallows
+    exceptions); the hub's check, in its own loop, does."""
+    checker = Checker(Hub(random.Random(0)), RULES, [])
+    a, b = party("a"), party("b")
+    applied(checker, a, LockRecord(owner=Holder("a", WALL0 + 2, instance="a-instance"), token=5, ttl=2.0))
+    applied(checker, b, LockRecord(owner=Holder("b", WALL0 + 2, instance="b-instance"), token=4, ttl=2.0))
+    assert len(checker.history) == 2
+    with pytest.raises(Violation, match="wrote token 4 after 5"):
+        checker.check()
+
+
+def test_a_renewal_that_drops_a_live_waiter_slot_is_a_violation():
+    checker = Checker(Hub(random.Random(0)), RULES, [])
+    a = party("a")
+    slot = Waiter("w", WALL0 + 1.5, ttl=2.0, instance="w-instance")
+    held = LockRecord(owner=Holder("a", WALL0 + 2, instance="a-instance"), token=5, ttl=2.0)
+    applied(checker, a, held.replace(waiter=slot))
+    applied(checker, a, held)
+    with pytest.raises(Violation, match="dropped the live waiter slot of w"):
+        checker.check()
+
+
+def test_a_handoff_is_judged_at_the_instant_it_was_stamped_and_gives_the_lease_the_slot_asked_for():
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [])
+    a = party("a")
+    slot = Waiter("w", WALL0 + 1.0, ttl=3.0, instance="w-instance")
+    applied(checker, a, LockRecord(owner=Holder("a", WALL0 + 2, instance="a-instance"), token=5, ttl=2.0, waiter=slot))
+    # Stamped at 0.9 s by the owner's clock (its expiry less its ttl), landed later: judged at 0.9 s, passes.
+    applied(checker, a, LockRecord(owner=Holder("w", WALL0 + 3.9, instance="w-instance"), token=6, ttl=3.0))
+    hub.now = MONO0 + 5.0
+    checker.check()
+    b = party("b")
+    applied(checker, b, LockRecord(owner=Holder("b", WALL0 + 9, instance="b-instance"), token=7, ttl=2.0, waiter=slot))
+    applied(checker, b, LockRecord(owner=Holder("w", WALL0 + 2.9, instance="w-instance"), token=8, ttl=2.0))
+    with pytest.raises(Violation, match="asked for 3 s"):
+        checker.check()
+
+
+def test_the_checker_reads_what_the_library_writes_and_refuses_what_it_cannot_read():
+    record = LockRecord(
+        owner=Holder("a", WALL0 + 2, instance="ai"),
+        waiter=Waiter("w", WALL0 + 3, ttl=4.0, instance="wi", request=WaiterRequest(asks=False)),
+        token=7,
+        ttl=2.0,
+    )
+    rec = read_record(record.encode())
+    assert rec.owner is not None and (rec.owner.id, rec.owner.instance, rec.owner.expires_at) == ("a", "ai", WALL0 + 2)
+    assert rec.waiter is not None and (rec.waiter.ttl, rec.waiter.asks) == (4.0, False)
+    assert (rec.token, rec.ttl) == (7, 2.0)
+    for bad in (b"{", b"[]", b'{"version": 2}', b'{"version": 1, "ownerId": "a", "expiresAt": "soon"}'):
+        with pytest.raises(Violation):
+            read_record(bad)
