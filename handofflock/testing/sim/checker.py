@@ -389,8 +389,27 @@ class Checker:
 
     def _lost_while_gentle(self, e: Event) -> None:
         assert e.party is not None and e.seen is not None
-        if self.rules.gentle and e.seen.frozen_until < MONO0:
-            raise Violation(f"{e.party.name} lost its lock under survivable faults only: {e.detail}")
+        if not self.rules.gentle or e.seen.frozen_until >= MONO0:
+            return
+        if self._429s_in_a_row(e.party, e.at) > 2:
+            # design.md promises an owner at this ttl survives two 429s in a row, not more: past that a
+            # loss is the documented risk of the 1 s rule (three writers may draw three in a row).
+            self.counts["lost_past_two_429s"] += 1
+            return
+        raise Violation(f"{e.party.name} lost its lock under survivable faults only: {e.detail}")
+
+    def _429s_in_a_row(self, party: Party, until: float) -> int:
+        """How many of ``party``'s last writes to the lock, up to ``until``, were refused with a 429 since its
+        last write that landed (a 412 in between changes nothing: it is not an update, and is re-sent)."""
+        refused = 0
+        for e in reversed(self.history):
+            if e.at > until or e.party is not party or e.what != "reply" or e.key != KEY:
+                continue
+            if e.detail == "write: ok":
+                break
+            if e.detail.startswith("write:") and "429" in e.detail:
+                refused += 1
+        return refused
 
     def _slot_left(self, e: Event) -> None:
         """An acquire that ended without the lock left no slot behind (but one it documents it may leave)."""

@@ -37,6 +37,7 @@ class Party:
     letting_go_at: float = math.inf  # asked to release: when its checkpoint is done
     loop: SimLoop | None = None  # an async party's event loop
     notes: list[str] = field(default_factory=list)
+    releasing: int = 0  # releases of this party under way, in any of its threads
 
     @property
     def name(self) -> str:

@@ -237,7 +237,8 @@ class World:
                     party.finish, party.letting_go_at = False, math.inf
                     self.timed(party, "release", lambda: lock.release())
                 hub.park(hub.now + r.uniform(0.0, ttl / 4))
-                if not lock.is_held and party.notes[-1:] != ["released"]:
+                # A release under way in another of its threads (the releaser) ends the hold by our hand too.
+                if not lock.is_held and party.notes[-1:] != ["released"] and not party.releasing:
                     self.lost(party, "the lock was lost while held")
                 party.notes[:] = []
                 continue
@@ -358,6 +359,7 @@ class World:
         started, frozen_before = hub.now, party.proc.frozen_until()
         if what == "release":
             party.notes.append("released")  # however it ends, the hold ended by our hand
+            party.releasing += 1
         try:
             result = op()
             if what == "release":
@@ -379,6 +381,9 @@ class World:
             if "already" in str(exc):  # as above, from the releases that say so in words
                 return exc
             raise Violation(f"{party.name} {what} raised {exc!r}") from exc
+        finally:
+            if what == "release":
+                party.releasing -= 1
         if party.proc.frozen_until() > started or party.proc.frozen_until() != frozen_before:
             return result  # a pause stretches any operation
         limit = bound + lock.give_up_budget + lock.renew_deadline + max(lock.renew_deadline, 5.0) + 2.0
