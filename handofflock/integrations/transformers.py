@@ -37,8 +37,9 @@ lock's token, so a replaced holder cannot move it back, and :meth:`resume_path`
 names the newest save across processes, not the highest ``checkpoint-N``. A
 refused write raises :class:`~handofflock.LockLost` on every rank at that
 save. The Trainer's rotation (``save_total_limit``) counts and removes the
-renamed folders as its own; ``resume_from_checkpoint=True`` looks for
-``checkpoint-N`` only, so resume from :meth:`resume_path` (:meth:`train` does).
+renamed folders as its own; its ``resume_from_checkpoint=True`` looks for
+``checkpoint-N`` only, so the guarded ``train()`` (:meth:`guard`) turns
+``True`` into :meth:`resume_path` (:meth:`train` resumes from it anyway).
 
 * before training: the job takes the lock (the holder rank acquires; all
   ranks return together); ``on_train_begin`` does it if :meth:`acquire` was
@@ -146,7 +147,9 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
         Wraps the instance's ``train``: on an exception the holder rank releases
         the lock at once (no meeting: the other ranks may be gone) and the
-        exception propagates. Idempotent.
+        exception propagates; ``resume_from_checkpoint=True`` resumes from
+        :meth:`resume_path`, the newest save (the Trainer's own search sees no
+        renamed one). Idempotent.
         """
         self._guarding = True
         if getattr(trainer.train, "_handofflock_guard", None) is self:
@@ -155,6 +158,12 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
         @functools.wraps(train)
         def guarded_train(*args: Any, **kwargs: Any) -> Any:
+            if args[:1] == (True,) or kwargs.get("resume_from_checkpoint") is True:
+                # The Trainer's "newest in output_dir" finds checkpoint-N only, never a renamed save: a
+                # checkpoint-N there is one a crash left between its save and its rename. The pointer's.
+                found = self.resume_path(trainer.args.output_dir)
+                if found is not None:
+                    args, kwargs = args[1:], {**kwargs, "resume_from_checkpoint": found}
             try:
                 return train(*args, **kwargs)
             except BaseException:

@@ -224,3 +224,39 @@ def test_an_hf_trainers_best_checkpoint_follows_the_rename_for_rotation_and_load
     assert json.loads((best / "trainer_state.json").read_text())["best_model_checkpoint"] == str(best)
     # save_total_limit=1 keeps the best (and the newest until the end), as it would without the rename.
     assert [p.name for p in out.glob("checkpoint-*")] == [best.name]
+
+
+@pytest.mark.timeout(120)
+def test_an_hf_resume_from_checkpoint_true_resumes_from_the_pointer_not_from_a_leftover_unsealed_save(tmp_path):
+    """``resume_from_checkpoint=True`` is the Trainer's habit for "the newest checkpoint in output_dir"; its search
+    sees ``checkpoint-N`` only. Renamed saves are invisible to it: it raised "no valid checkpoint", or took a
+    ``checkpoint-N`` a crash left between the save and its rename (never whole, never pointed at) over newer saves."""
+    import transformers
+
+    from handofflock.integrations.transformers import HandoffLockTrainerCallback
+
+    out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
+
+    class First(transformers.TrainerCallback):
+        step: int | None = None
+
+        def on_step_end(self, args, state, control, **kw):
+            First.step = First.step or state.global_step
+
+    job = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    assert job.train(hf_trainer(out, [job], max_steps=4, save_steps=2)) is None
+    newest = saved(out, 4)
+    # What a crash between a save and its rename leaves: an older step, under the Trainer's own name.
+    shutil.copytree(saved(out, 2), out / "checkpoint-2")
+
+    again = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    hf = hf_trainer(out, [First(), again], max_steps=6, save_steps=2)
+    assert again.train(hf, resume_from_checkpoint=True) is None
+    assert First.step == 5 and hf.state.global_step == 6, f"resumed at step {First.step}, not after {newest.name}"
+
+    # The same habit on the Trainer itself, the callback only among its callbacks (it guards train()).
+    First.step = None
+    last = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
+    hf = hf_trainer(out, [First(), last], max_steps=8, save_steps=2)
+    hf.train(resume_from_checkpoint=True)
+    assert First.step == 7 and hf.state.global_step == 8
