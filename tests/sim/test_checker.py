@@ -102,3 +102,32 @@ def test_a_gentle_world_excuses_a_lost_lease_only_past_the_two_429s_in_a_row_des
     else:
         checker.check()
         assert checker.counts["lost_past_two_429s"] == 1
+
+
+def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
+    """The excuse counts the 429s that met the hold's own writes: a waiter whose refreshes were refused, then
+    handed the lock, that loses it after one refused renewal, lost it to something else (a violation)."""
+    from handofflock.testing.sim.checker import Seen
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [])
+    a = type("Party", (), {"name": "a", "lock": party("a").lock})()  # hashable, as the world's parties are
+    b = type("Party", (), {"name": "b", "lock": party("b").lock})()
+    slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance")
+    held = LockRecord(owner=Holder("b", WALL0 + 10, instance="b-instance"), token=5, ttl=10.0)
+    refused = "write: TransientStorageError: sim: 429 on write"
+    for at, detail in enumerate(["write: ok", refused, refused]):  # a registers, then its refreshes are refused
+        checker.note(Event(MONO0 + at, a, "request", KEY, "write"))
+        checker.note(Event(MONO0 + at + 0.01, a, "reply", KEY, detail, sent=MONO0 + at))
+        if at == 0:
+            checker.note(Event(MONO0 + 0.005, a, "applied", KEY, "write", held.replace(waiter=slot).encode(), 2))
+    hub.now = MONO0 + 3  # b hands the lock to a
+    checker.note(Event(MONO0 + 3, b, "applied", KEY, "write", LockRecord(
+        owner=Holder("a", WALL0 + 13, instance="a-instance"), token=6, ttl=10.0).encode(), 3))  # fmt: skip
+    checker.note(Event(MONO0 + 4, a, "request", KEY, "write"))  # a's first renewal: one 429
+    checker.note(Event(MONO0 + 4.01, a, "reply", KEY, refused, sent=MONO0 + 4))
+    checker.note(Event(MONO0 + 9, a, "lost", KEY, "the lock was lost while held", seen=Seen(True, False, 6, -1e9,
+                                                                                            False, -1e9, -1e9)))
+    hub.now = MONO0 + 9
+    with pytest.raises(Violation, match="lost its lock under survivable faults only"):
+        checker.check()

@@ -197,6 +197,7 @@ class Checker:
     writes_open: Counter[Party] = field(default_factory=Counter)
     last_write_seen: dict[Party, float] = field(default_factory=dict)  # a write of the party's went out or came back
     held_from: dict[Party, float] = field(default_factory=dict)  # when a party's last acquire returned the lock
+    hold_began: dict[str, float] = field(default_factory=dict)  # by instance: when the record last made it owner
     #: Leases handed off, by token: the heir's instance, the lease's end, when the handoff landed; and, once
     #: the heir has read it, its own wall clock as that read came back (a lease it may keep only if live then).
     handed: dict[int, tuple[str | None, float, float]] = field(default_factory=dict)
@@ -276,6 +277,8 @@ class Checker:
             self.asking, self.asking_since = asking, e.at
         if owner is not None and owner.instance:
             self.issued.add((owner.instance, new.token))
+        if owner is not None and owner.instance and (moved or prev is None or new.token != prev.token):
+            self.hold_began[owner.instance] = e.at
         if prev is not None:
             self._slot_kept(party, prev, new, e.at)
             self._taken(party, prev, new, e.at)
@@ -400,10 +403,13 @@ class Checker:
 
     def _429s_in_a_row(self, party: Party, until: float) -> int:
         """How many of ``party``'s last writes to the lock, up to ``until``, were refused with a 429 since its
-        last write that landed (a 412 in between changes nothing: it is not an update, and is re-sent)."""
-        refused = 0
+        last write that landed (a 412 in between changes nothing: it is not an update, and is re-sent), counting
+        only writes sent in its hold (a waiter's refused refreshes say nothing of how its hold was lost)."""
+        refused, began = 0, self.hold_began.get(party.lock.instance, -math.inf)
         for e in reversed(self.history):
-            if e.at > until or e.party is not party or e.what != "reply" or e.key != KEY:
+            if e.at < began:
+                break
+            if e.at > until or e.party is not party or e.what != "reply" or e.key != KEY or e.sent < began:
                 continue
             if e.detail == "write: ok":
                 break
