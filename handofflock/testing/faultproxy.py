@@ -682,9 +682,10 @@ def _closed_while_idle(sock: socket.socket) -> bool:
     """Whether the server closed a kept-alive connection while it sat idle (gunicorn, which serves
     storage-testbench, does after 2 s): the next request then goes on a new one, as a client's would,
     rather than being lost unsent."""
+    poller = select.poll()  # not select(), which refuses a descriptor past FD_SETSIZE (1024)
+    poller.register(sock, select.POLLIN)
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        return bool(poller.poll(0)) and sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
 

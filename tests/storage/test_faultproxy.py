@@ -98,6 +98,45 @@ def test_a_request_after_the_server_closed_the_idle_connection_goes_on_a_new_one
         server.server_close()
 
 
+def test_a_kept_alive_connection_is_reused_in_a_process_with_more_than_1024_files_open():
+    """The proxy's look at an idle upstream connection works for any descriptor: select() refuses one past
+    FD_SETSIZE (1024), and every request after the first on a kept-alive connection was dropped unsent."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"needs more than 1024 open files (limit {soft})")
+    served = []
+
+    class Kept(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the sockets opened next are past 1024
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Kept)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with FaultProxy(f"http://127.0.0.1:{server.server_address[1]}", lifetime=30) as p, requests.Session() as client:
+            assert client.get(p.url + "/first", timeout=5).text == "ok"
+            assert client.get(p.url + "/second", timeout=5).text == "ok"
+            assert served == ["/first", "/second"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        for fd in ballast:
+            os.close(fd)
+
+
 def test_drop_reply_applies_the_write_and_the_client_hears_an_ambiguous_failure(proxy, via, direct):
     proxy.inject("drop_reply", method="POST")
     with pytest.raises(TransientStorageError) as info:
