@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -417,9 +418,13 @@ class AsyncHandoffLock:
         the lock was handed to us at that very moment, it is released (handed
         on) instead of being kept by a task that will never know it has it.
         If the store refuses that give-back (:class:`~handofflock.TransientStorageError`,
-        or :class:`~handofflock.LockLost` for a handed lease), that error is
-        raised instead of the cancellation, as the sync acquire raises it: the
-        slot or lease then expires by itself.
+        or :class:`~handofflock.LockLost` for a handed lease), the slot or lease
+        expires by itself. Cancelled by a cancel scope (trio, anyio's), that
+        error is raised instead of the cancellation, as the sync acquire raises
+        it (the scope cancels again at the next await); cancelled by asyncio's
+        ``task.cancel()``, which comes only once, the cancellation goes on with
+        the error as its ``__cause__`` (logged as a warning), so that no retry of
+        a transient error swallows it.
         """
         self._loop.bind()
         sync = self._sync
@@ -437,9 +442,14 @@ class AsyncHandoffLock:
                     _log.warning("releasing %s after a cancelled acquire failed: %r", self.url, exc)
             error, call.error = call.error, None
             if isinstance(error, (TransientStorageError, LockLost)):
-                # The store refused to take the slot (or a handed lease) back: it expires by itself. The
-                # caller hears it, as from the sync acquire, instead of the cancellation alone.
-                raise error from cancelled
+                # The store refused to take the slot (or a handed lease) back: it expires by itself. A cancel
+                # scope's cancellation (trio, anyio) comes again at the task's next await: the caller hears the
+                # refusal, as from the sync acquire. asyncio's task.cancel() comes once, and a retry of what is
+                # transient would swallow it: the cancellation goes on, the refusal its cause, and said.
+                if anyio.current_effective_deadline() == -math.inf:
+                    raise error from cancelled
+                _log.warning("cancelled acquire of %s: %s", self.url, error)
+                raise cancelled from error
             raise
         if got and sync.release_on_signal:
             os_signals.arm(sync)  # the hold began in a worker thread; the loop's may be the main thread
