@@ -131,12 +131,21 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         The one the latest-checkpoint pointer names (the last save of the
         newest hold, from this process or any before it, as
         ``checkpoint-N-token<T>``); without a pointer
-        (no save under the lock yet), the Trainer's own choice: the highest
-        ``checkpoint-N``.
+        (no save under the lock yet), or one naming a folder the Trainer's
+        rotation removed before the pointer moved (with a warning), the
+        Trainer's own choice: the highest ``checkpoint-N``.
         """
         found = LatestCheckpoint(latest_pointer(output_dir)).read()
-        if found is not None:
+        if found is not None and os.path.isdir(found.path):
             return found.path
+        if found is not None:
+            # The Trainer rotates old checkpoints (``save_total_limit``) before ``on_save`` moves the pointer
+            # to the new one: a process that died between the two left the pointer on a deleted folder.
+            warnings.warn(
+                f"the latest-checkpoint pointer names {found.path}, which no longer exists (removed by the "
+                "Trainer's checkpoint rotation before the pointer moved); resuming from the highest checkpoint-N",
+                stacklevel=2,
+            )
         if not os.path.isdir(output_dir):
             return None
         last: str | None = get_last_checkpoint(os.fspath(output_dir))  # type: ignore[no-untyped-call]

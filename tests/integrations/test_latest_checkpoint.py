@@ -196,3 +196,21 @@ def test_a_pointer_whose_payload_is_not_a_checkpoint_is_refused_and_left_alone(u
     with pytest.raises(FencedObjectCorrupt, match="latest-checkpoint pointer"):
         LatestCheckpoint(pointer).read()
     assert FencedObject(store, key).read().payload == payload
+
+
+def test_an_hf_resume_path_whose_pointed_folder_the_rotation_removed_falls_back_to_the_highest_checkpoint(tmp_path):
+    """The Trainer rotates (``save_total_limit``) inside its save, before ``on_save`` moves the pointer: a
+    process that dies between the two leaves the pointer on a deleted folder. ``resume_path`` then names the
+    newest whole checkpoint the Trainer wrote, with a warning, not a path that is gone."""
+    pytest.importorskip("transformers")
+    from handofflock.integrations.transformers import HandoffLockTrainerCallback, latest_pointer
+
+    out = tmp_path / "out"
+    (out / "checkpoint-8").mkdir(parents=True)  # the new save, whole, not yet renamed nor pointed at
+    lock = HandoffLock(f"memory://rot-{uuid.uuid4().hex[:8]}/locks/train.json", **TIMING)
+    with lock:
+        LatestCheckpoint(latest_pointer(out), lock=lock).point(str(out / "checkpoint-6-token5"), 6)  # rotated away
+    with pytest.warns(UserWarning, match="no longer exists"):
+        assert HandoffLockTrainerCallback.resume_path(out) == str(out / "checkpoint-8")
+    (out / "checkpoint-6-token5").mkdir()
+    assert HandoffLockTrainerCallback.resume_path(out) == str(out / "checkpoint-6-token5")  # the pointer, when there
