@@ -203,6 +203,7 @@ class Checker:
     #: the heir has read it, its own wall clock as that read came back (a lease it may keep only if live then).
     handed: dict[int, tuple[str | None, float, float]] = field(default_factory=dict)
     handed_read_at: dict[int, float] = field(default_factory=dict)
+    handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
 
     def true_wall(self, at: float | None = None) -> float:
         return WALL0 + ((self.hub.now if at is None else at) - MONO0)
@@ -288,6 +289,7 @@ class Checker:
         slot = prev.waiter
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self._handoff(party, slot, new)
+            self.handed_generation[new.token] = e.generation
 
     def _unoverlapped(self, e: Event) -> bool:
         """Whether no write of the party's own on the lock overlapped the request answered by ``e`` (a waiter
@@ -301,9 +303,13 @@ class Checker:
             self.looks.setdefault(e.party, []).append(e.sent)
 
     def _heir_read(self, e: Event) -> None:
+        """The heir's first read that shows its handoff: one the store answered at the handoff's generation or
+        later (sent before the handoff landed, a read the store served late, while its client was paused, shows
+        it as well)."""
         assert e.party is not None
-        for token, (heir, _, landed) in self.handed.items():
-            if heir == e.party.lock.instance and e.sent >= landed and token not in self.handed_read_at:
+        for token, (heir, _, _landed) in self.handed.items():
+            shows = e.generation >= self.handed_generation.get(token, math.inf)
+            if heir == e.party.lock.instance and shows and token not in self.handed_read_at:
                 self.handed_read_at[token] = e.party.clock.time() - (self.hub.now - e.at)
 
     def _handoff(self, party: Party, slot: Place | None, new: Rec) -> None:

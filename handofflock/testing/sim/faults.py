@@ -85,7 +85,9 @@ class SimStore:
         except BaseException as exc:  # the thread may be unwound at the end of a run: said all the same
             self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: {type(exc).__name__}: {exc}", sent=sent))
             raise
-        self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: ok", sent=sent))
+        # A read's reply carries the generation it was answered at (0: no object), a write's the one it made.
+        generation = result[1] if isinstance(result, tuple) else result if isinstance(result, int) else 0
+        self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: ok", generation=generation, sent=sent))
         return result
 
     def _send(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None) -> T:
