@@ -263,9 +263,10 @@ def test_an_hf_resume_from_checkpoint_true_resumes_from_the_pointer_not_from_a_l
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="review finding: the Trainer's rotation, ordering by step where mtimes lie within 1 s (a FUSE mount, a "
-    "quick job), sorts checkpoint-N before an earlier hold's checkpoint-N-token<T> and removes the new save unsealed",
+    strict=False,  # it shows only when both saves' mtimes fall within 1 s: a loaded machine spreads them (XPASS)
+    reason="known defect (review finding): the Trainer's rotation, ordering by step where mtimes lie within 1 s "
+    "(a FUSE mount, a quick job), sorts checkpoint-N before an earlier hold's checkpoint-N-token<T> and removes the "
+    "new save unsealed",
 )
 @pytest.mark.timeout(120)
 def test_an_hf_save_of_a_step_an_earlier_hold_sealed_survives_a_rotation_of_one(tmp_path):

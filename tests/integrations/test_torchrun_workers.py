@@ -187,6 +187,8 @@ def test_dataloader_workers_of_a_rank_ignore_the_signals_and_never_hold_up_its_e
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and "killed by signal" not in err and "exited unexpectedly" not in err, err
-    assert took < 10, f"the exit waited {took:.1f} s for the workers"  # multiprocessing's exit hook had no timeout
+    # multiprocessing's exit hook joins its workers with no timeout: shielded workers that never ended would hold
+    # the exit forever. 25 s, not less: a loaded 2-core machine took 17 s for torch's own teardown (suite run).
+    assert took < 25, f"the exit waited {took:.1f} s for the workers"
     assert not gone(workers, within=10)
     assert HandoffLock(url).status().owner_id is None
