@@ -331,9 +331,11 @@ class World:
 
     def acquire_ended(self, party: Party, result: object) -> None:
         """An acquire (sync or async) ended with ``result``: into the history, with what the party shows now."""
-        if isinstance(result, (TransientStorageError, LockLost)):
-            # Documented: a store failing past the deadline, or a handed lease too short to renew, may
-            # leave the slot or the handed lease behind; they expire by themselves (time, not safety).
+        gave_up = result.__cause__ if isinstance(result, LockTimeout) else result
+        if isinstance(gave_up, (TransientStorageError, LockLost)):
+            # Documented: a store failing past the deadline (the error itself, or the cause of the LockTimeout
+            # when the time ran out in the store, as ``timed`` says for a sync acquire), or a handed lease too
+            # short to renew, may leave the slot or the handed lease behind; they expire by themselves.
             self.left_behind(party)
         self.checker.note(Event(self.hub.now, party, "acquire", KEY, result=result, seen=Seen.of(party)))
 
