@@ -195,6 +195,11 @@ class Checker:
     #: When each read of the lock, or listing of its prefix, went out that no write of the party's own on the
     #: lock overlapped (a waiter check leaves what its read found to a renewal that wrote meanwhile).
     looks: dict[Party, list[float]] = field(default_factory=dict)
+    #: When the waiter slot's expiry last moved, and the expiry it had before (a refresh of a live slot).
+    slot_moved: tuple[float, float] = (-math.inf, -math.inf)
+    #: By party: the reply of its last look that may have been served before the slot's last refresh and came
+    #: back once the slot as it was had ended: a holder that then withdraws the request judged rightly.
+    stale_look: dict[Party, float] = field(default_factory=dict)
     writes_open: Counter[Party] = field(default_factory=Counter)
     last_write_seen: dict[Party, float] = field(default_factory=dict)  # a write of the party's went out or came back
     held_from: dict[Party, float] = field(default_factory=dict)  # when a party's last acquire returned the lock
@@ -277,6 +282,8 @@ class Checker:
         )
         if asking != self.asking or lapsed:  # a new request, or one whose slot had ended and is live again
             self.asking, self.asking_since = asking, e.at
+        if prev is not None and prev.waiter is not None and w is not None and w.expires_at != prev.waiter.expires_at:
+            self.slot_moved = (e.at, prev.waiter.expires_at)
         if owner is not None and owner.instance:
             self.issued.add((owner.instance, new.token))
         if owner is not None and owner.instance and (moved or prev is None or new.token != prev.token):
@@ -301,6 +308,9 @@ class Checker:
         assert e.party is not None
         if self._unoverlapped(e):
             self.looks.setdefault(e.party, []).append(e.sent)
+        moved_at, old_end = self.slot_moved
+        if e.sent < moved_at and e.party.clock.time() - (self.hub.now - e.at) >= old_end:
+            self.stale_look[e.party] = e.at
 
     def _heir_read(self, e: Event) -> None:
         """The heir's first read that shows its handoff: one the store answered at the handoff's generation or
@@ -476,7 +486,9 @@ class Checker:
         at the lock (a read of it, or a listing of its prefix, that no write of its own overlapped) that went
         out after the request landed, its
         acquire returned and its minimum hold ended by its clock, once its other requests on the lock are
-        answered. (One look may be a beat of grouped checks that leaves the lock to a renewal falling due,
+        answered. A look that may have been served before the slot's last refresh, and came back after the slot
+        as it was had ended, shows the request gone: the holder then rightly withdraws it, and the count starts
+        again from that look's reply. (One look may be a beat of grouped checks that leaves the lock to a renewal falling due,
         which need not read.)"""
         r = self.record
         if r is None or r.owner is None or r.waiter is None or self.asking is None:
@@ -491,7 +503,7 @@ class Checker:
                 continue  # ended by the holder's clock: a request it no longer stands for
             held = r.held_since if r.held_since is not None else -math.inf
             ends = self.hub.now + (held + lock.timing.min_hold - p.clock.time())  # the hold's end, hub time
-            since = max(self.asking_since, ends, self.held_from.get(p, math.inf))
+            since = max(self.asking_since, ends, self.held_from.get(p, math.inf), self.stale_look.get(p, -math.inf))
             looks = sum(1 for sent in self.looks.get(p, ()) if sent >= since)
             if looks >= 2 and self.in_flight[p] == 0 and not lock.release_requested:
                 raise Violation(
