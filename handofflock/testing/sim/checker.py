@@ -488,8 +488,8 @@ class Checker:
         acquire returned and its minimum hold ended by its clock, once its other requests on the lock are
         answered. A look that may have been served before the slot's last refresh, and came back after the slot
         as it was had ended, shows the request gone: the holder then rightly withdraws it, and the count starts
-        again from that look's reply. (One look may be a beat of grouped checks that leaves the lock to a renewal falling due,
-        which need not read.)"""
+        again from that look's reply. (One look may be a beat of grouped checks that leaves the lock to a renewal
+        falling due, which need not read.)"""
         r = self.record
         if r is None or r.owner is None or r.waiter is None or self.asking is None:
             return
