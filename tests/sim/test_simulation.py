@@ -95,7 +95,7 @@ def test_what_the_checker_no_longer_excuses_for_a_fault_holds(seed):
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
-@pytest.mark.parametrize("seed", [5672, 6893, 7219, 884, 979, 1871, 2114, 1902, 1610])
+@pytest.mark.parametrize("seed", [5672, 6893, 7219, 884, 979, 1871, 2114, 1902, 1610, 7520])
 def test_seeds_found_past_the_default_range_hold(seed):
     """Seeds 0-9,999 of the simulation on the checker before it judged a history: an async acquire cancelled
     while the store refused to take its slot back raises that refusal, as the sync acquire does (5672); an
@@ -105,7 +105,7 @@ def test_seeds_found_past_the_default_range_hold(seed):
     landed, answered while the heir was paused, shows the handoff, and counts as its first read of it (884, 979,
     1871, 2114); an async acquire that timed out in the store (a LockTimeout caused by a 429) may leave its slot,
     as a sync one may (1902); a holder whose look was served before the waiter refreshed its slot, and came back
-    once the slot as it was had ended, rightly withdraws the request and is judged again from that look (1610)."""
+    once the slot as it was had ended, rightly withdraws the request and is judged again from that look (1610, 7520)."""
     outcome = run_seed(seed, ttl_spread=False)
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
     if seed == 6893:

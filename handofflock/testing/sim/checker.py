@@ -195,8 +195,8 @@ class Checker:
     #: When each read of the lock, or listing of its prefix, went out that no write of the party's own on the
     #: lock overlapped (a waiter check leaves what its read found to a renewal that wrote meanwhile).
     looks: dict[Party, list[float]] = field(default_factory=dict)
-    #: When the waiter slot's expiry last moved, and the expiry it had before (a refresh of a live slot).
-    slot_moved: tuple[float, float] = (-math.inf, -math.inf)
+    #: ``(when, the waiter slot's expiry from then on)``, each time it moved (a refresh of a live slot).
+    slot_ends: list[tuple[float, float]] = field(default_factory=list)
     #: By party: the reply of its last look that may have been served before the slot's last refresh and came
     #: back once the slot as it was had ended: a holder that then withdraws the request judged rightly.
     stale_look: dict[Party, float] = field(default_factory=dict)
@@ -283,7 +283,9 @@ class Checker:
         if asking != self.asking or lapsed:  # a new request, or one whose slot had ended and is live again
             self.asking, self.asking_since = asking, e.at
         if prev is not None and prev.waiter is not None and w is not None and w.expires_at != prev.waiter.expires_at:
-            self.slot_moved = (e.at, prev.waiter.expires_at)
+            if not self.slot_ends:
+                self.slot_ends.append((-math.inf, prev.waiter.expires_at))
+            self.slot_ends.append((e.at, w.expires_at))
         if owner is not None and owner.instance:
             self.issued.add((owner.instance, new.token))
         if owner is not None and owner.instance and (moved or prev is None or new.token != prev.token):
@@ -308,8 +310,10 @@ class Checker:
         assert e.party is not None
         if self._unoverlapped(e):
             self.looks.setdefault(e.party, []).append(e.sent)
-        moved_at, old_end = self.slot_moved
-        if e.sent < moved_at and e.party.clock.time() - (self.hub.now - e.at) >= old_end:
+        # The slot as it stood when the look went out (the store may have served it then), if it moved since.
+        before = [end for at, end in self.slot_ends if at <= e.sent]
+        moved_since = bool(self.slot_ends) and self.slot_ends[-1][0] > e.sent
+        if before and moved_since and e.party.clock.time() - (self.hub.now - e.at) >= before[-1]:
             self.stale_look[e.party] = e.at
 
     def _heir_read(self, e: Event) -> None:
