@@ -64,15 +64,13 @@ def test_it_forwards_every_operation_over_one_kept_alive_connection(proxy, via, 
     assert [e.status for e in proxy.history] == [200, 200, 200, 200]
 
 
-def test_a_request_after_the_server_closed_the_idle_connection_goes_on_a_new_one():
-    """A server that closes a kept-alive connection once it has sat idle (gunicorn, which serves
-    storage-testbench, does after 2 s) must still get the client's next request: the proxy opens
-    a new connection for it rather than dropping it unsent."""
-    served = []
+def ok_server(served: list[str], idle_timeout: float | None = None) -> http.server.ThreadingHTTPServer:
+    """A keep-alive HTTP/1.1 server on loopback, serving "ok" to every GET and noting its path in ``served``;
+    with ``idle_timeout`` it closes a connection that sat idle that long. Started; the caller shuts it down."""
 
-    class Brief(http.server.BaseHTTPRequestHandler):
+    class Ok(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        timeout = 0.2  # the idle connection is closed after this
+        timeout = idle_timeout
 
         def do_GET(self):
             served.append(self.path)
@@ -84,8 +82,17 @@ def test_a_request_after_the_server_closed_the_idle_connection_goes_on_a_new_one
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Brief)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_request_after_the_server_closed_the_idle_connection_goes_on_a_new_one():
+    """A server that closes a kept-alive connection once it has sat idle (gunicorn, which serves
+    storage-testbench, does after 2 s) must still get the client's next request: the proxy opens
+    a new connection for it rather than dropping it unsent."""
+    served: list[str] = []
+    server = ok_server(served, idle_timeout=0.2)  # the idle connection is closed after 0.2 s
     try:
         with FaultProxy(f"http://127.0.0.1:{server.server_address[1]}", lifetime=30) as p, requests.Session() as client:
             assert client.get(p.url + "/first", timeout=5).text == "ok"
@@ -107,24 +114,9 @@ def test_a_kept_alive_connection_is_reused_in_a_process_with_more_than_1024_file
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1200:
         pytest.skip(f"needs more than 1024 open files (limit {soft})")
-    served = []
-
-    class Kept(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self):
-            served.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args):
-            pass
-
+    served: list[str] = []
     ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the sockets opened next are past 1024
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Kept)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = ok_server(served)
     try:
         with FaultProxy(f"http://127.0.0.1:{server.server_address[1]}", lifetime=30) as p, requests.Session() as client:
             assert client.get(p.url + "/first", timeout=5).text == "ok"
