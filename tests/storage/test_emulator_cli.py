@@ -19,6 +19,18 @@ from childpipes import next_line
 GONE_WITHIN = 15.0
 
 
+
+def started(script: str, *, fields: int) -> tuple[subprocess.Popen, list[str]]:
+    """Run ``script`` in a child Python; return it and the fields of the first line it prints (``fields`` of
+    them, or the child is killed and its stderr shown)."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env())
+    line = next_line(proc).split()
+    if len(line) != fields:
+        proc.kill()
+        raise AssertionError(f"the script printed {line!r}; stderr: {proc.communicate()[1]}")
+    return proc, line
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -100,12 +112,7 @@ def start_script_with_a_server() -> tuple[subprocess.Popen, int, int]:
         time.sleep(300)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=child_env())
-    line = next_line(proc).split()
-    if len(line) != 3:
-        proc.kill()
-        raise AssertionError(f"the script printed {line!r}; stderr: {proc.communicate()[1]}")
+    proc, line = started(script, fields=3)
     assert line[2] == "True", "the server died with the thread that started it"
     return proc, int(line[0]), int(line[1])
 
@@ -140,12 +147,7 @@ def test_a_script_that_started_a_moto_server_and_is_sigkilled_leaves_no_server_b
         time.sleep(300)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=child_env())
-    line = next_line(proc).split()
-    if len(line) != 1:
-        proc.kill()
-        raise AssertionError(f"the script printed {line!r}; stderr: {proc.communicate()[1]}")
+    proc, line = started(script, fields=1)
     pid = int(line[0])
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         assert b"handofflock.testing.s3server" in f.read()
