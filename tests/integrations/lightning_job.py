@@ -23,6 +23,12 @@ from lightning.pytorch.strategies import DDPStrategy
 from handofflock import HandoffLock
 from handofflock.integrations.lightning import HandoffLockCallback
 
+
+def say(line: str) -> None:
+    """One write per line: two ranks share torchrun's unbuffered stdout, and print's two writes could splice."""
+    os.write(1, f"{line}\n".encode())
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("url")
 parser.add_argument("workdir")
@@ -59,7 +65,7 @@ class Tiny(pl.LightningModule):
         x, y = batch
         if self.global_rank == 0 and self.global_step == 2:
             status = HandoffLock(args.url).status()
-            print(f"during fit: owner {status.owner_id} waiter {status.waiter_id}", flush=True)
+            say(f"during fit: owner {status.owner_id} waiter {status.waiter_id}")
         return torch.nn.functional.mse_loss(self.net(x).squeeze(1), y)
 
     def validation_step(self, batch, batch_idx):
@@ -67,7 +73,7 @@ class Tiny(pl.LightningModule):
         self.last_val_batch = batch_idx
         signals = callback.ranks.signals if callback.ranks is not None else None
         heard = " heard" if signals is not None and signals.received else ""  # this rank has had its signal
-        print(f"rank {self.global_rank} val batch {batch_idx}{heard}", flush=True)
+        say(f"rank {self.global_rank} val batch {batch_idx}{heard}")
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -89,10 +95,10 @@ trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=CountingDDP() if arg
 model = Tiny()
 trainer.fit(model, train, val, ckpt_path=callback.resume_path)
 rank, ranks = trainer.global_rank, callback.ranks
-print(f"rank {rank} {'holder' if ranks.is_holder else 'follower'}: {ranks.agreements} agreements, "
-      f"{CountingDDP.max_reduces} through the strategy", flush=True)
+say(f"rank {rank} {'holder' if ranks.is_holder else 'follower'}: {ranks.agreements} agreements, "
+      f"{CountingDDP.max_reduces} through the strategy")
 if callback.yielded:
     d = callback.decision
-    print(f"rank {rank} stopped after step {callback.yield_step} val batch {model.last_val_batch} ({d.action}, {d.cause})", flush=True)
+    say(f"rank {rank} stopped after step {callback.yield_step} val batch {model.last_val_batch} ({d.action}, {d.cause})")
     sys.exit(d.exit_status if d.exit else 0)
-print(f"rank {rank} finished at step {trainer.global_step}", flush=True)
+say(f"rank {rank} finished at step {trainer.global_step}")

@@ -23,6 +23,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from handofflock.integrations.lightning import HandoffLockCallback
 
+
+def say(line: str) -> None:
+    """One write per line: two ranks share torchrun's unbuffered stdout, and print's two writes could splice."""
+    os.write(1, f"{line}\n".encode())
+
+
 YIELD_AT, SAVE_EVERY, CRASH_AT = 3, 10, 24
 
 url, workdir, phase = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
@@ -37,7 +43,7 @@ class Tiny(pl.LightningModule):
         self.net = torch.nn.Linear(4, 1)
 
     def on_train_start(self) -> None:
-        print(f"rank {rank} starts at step {self.trainer.global_step}", flush=True)
+        say(f"rank {rank} starts at step {self.trainer.global_step}")
 
     def training_step(self, batch, batch_idx):
         step = self.trainer.global_step
@@ -66,16 +72,16 @@ callback = HandoffLockCallback(url, checkpoint=workdir / "handoff.ckpt", every=1
 if phase == "train":
     callback.acquire()
     trainer(100).fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2), ckpt_path=callback.resume_path)
-    print(f"rank {rank} yielded after step {callback.yield_step}", flush=True)
+    say(f"rank {rank} yielded after step {callback.yield_step}")
     callback.acquire()  # the lock again, in this process: resume from the yield, then crash
     try:
         trainer(100).fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2), ckpt_path=callback.resume_path)
     except RuntimeError as exc:
-        print(f"rank {rank} crashed: {exc}", flush=True)
+        say(f"rank {rank} crashed: {exc}")
         os._exit(3)
 else:
     callback.acquire()
-    print(f"rank {rank} resume_path {callback.resume_path}", flush=True)
+    say(f"rank {rank} resume_path {callback.resume_path}")
     trainer(CRASH_AT + 2).fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2), ckpt_path=callback.resume_path)
     dist.barrier()
     dist.destroy_process_group()

@@ -9,6 +9,7 @@ rank prints each move and where it stopped, and why.
 """
 
 import datetime
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,12 @@ import torch.distributed as dist
 from handofflock import FencedObject
 from handofflock.integrations.torch import rank_lock
 from handofflock.storage import open_url
+
+
+def say(line: str) -> None:
+    """One write per line: two ranks share torchrun's unbuffered stdout, and print's two writes could splice."""
+    os.write(1, f"{line}\n".encode())
+
 
 REPLACED_AT = 2
 
@@ -33,10 +40,12 @@ try:
         if step == REPLACED_AT and ranks.lock is not None:
             FencedObject(*open_url(pointer), writer_id="job-B").claim(ranks.lock.token + 1)
         ranks.point(workdir / f"ckpt-{step}", step)
-        print(f"rank {rank} pointed at step {step}", flush=True)
+        say(f"rank {rank} pointed at step {step}")
 except Exception as exc:
-    print(f"rank {rank} stopped at step {step}: {type(exc).__name__}", flush=True)
+    say(f"rank {rank} stopped at step {step}: {type(exc).__name__}")
     ranks.abandon()
+    # Neither rank leaves before both have let go: torchrun ends the other ranks as soon as one exits.
+    dist.barrier()
     dist.destroy_process_group()
     sys.exit(3)
-print(f"rank {rank} finished", flush=True)
+say(f"rank {rank} finished")
