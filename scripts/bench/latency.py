@@ -204,7 +204,9 @@ def bench_hot_path() -> dict[str, Any]:
     """Per-call cost of what a training loop calls every step, on a held lock (no I/O involved)."""
     name = f"bench-hot-{uuid.uuid4().hex[:8]}"
     sched = Scheduler(autostart=False)
-    lock = HandoffLock(f"memory://{name}/locks/hot.json", scheduler=sched)
+    # No renewals run (the scheduler is not started): a ttl of an hour keeps check() healthy however long the
+    # timing takes on a loaded machine (at the default ttl, 30 s of timing made it raise LockLost).
+    lock = HandoffLock(f"memory://{name}/locks/hot.json", scheduler=sched, ttl=3600.0)
     lock.acquire()
 
     class Plain:
