@@ -278,7 +278,7 @@ class Run:
         self.faults: list[dict[str, Any]] = []
         self.samples: list[tuple[int, str | None, int]] = []
         self.errors: list[str] = []
-        self.netem: str | None = None  # why netem is refused, if it is
+        self.netem_refused: str | None = None  # why netem is refused, if it is
         self.history_path = workdir / "fence.jsonl"
 
     def go(self) -> dict[str, Any]:
@@ -291,7 +291,7 @@ class Run:
         started = time.time()
         try:
             net.up()
-            self.netem = netem_refusal(net.store_ns)
+            self.netem_refused = netem_refusal(net.store_ns)
             with NamespacedGCS(net.store_ns, net.addr(2)) as server:
                 server.create_bucket(BUCKET)
                 with server.env():
@@ -444,7 +444,7 @@ class Run:
     def nemesis(self) -> None:
         """Now and then, fault one party's store link (both ways) for a while, then heal it."""
         a, rng = self.a, random.Random(f"{self.a.seed}:nemesis")
-        kinds = ["partition"] + ([] if self.netem else ["delay", "loss", "duplicate", "mixed"])
+        kinds = ["partition"] + ([] if self.netem_refused else ["delay", "loss", "duplicate", "mixed"])
         order: list[str] = []
         while not self.done.wait(rng.expovariate(1.0 / a.fault_every)):
             if not order:  # every kind once per round, in a random order: a short run meets them all
@@ -452,7 +452,7 @@ class Run:
             i, kind = rng.randrange(a.parties), order.pop()
             if kind == "partition":
                 seconds = rng.uniform(0.3, 3.0) * a.ttl
-                spec = DROP_ALL if self.netem else "netem loss 100%"
+                spec = DROP_ALL if self.netem_refused else "netem loss 100%"
             else:
                 seconds = rng.uniform(1.0, 4.0)
                 delay, loss, dup = rng.randint(20, 400), rng.randint(5, 40), rng.randint(5, 40)
@@ -611,7 +611,7 @@ class Run:
                 "fence_bug": a.fence_bug,
                 "clock_offsets": self.offsets,
             },
-            "netem": "available" if self.netem is None else f"unavailable ({self.netem}): partitions only",
+            "netem": f"unavailable ({self.netem_refused}): partitions only" if self.netem_refused else "available",
             "stale_cleaned": stale,
             "elapsed_seconds": round(elapsed, 1),
             "acquisitions": len(acquisitions),

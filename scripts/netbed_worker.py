@@ -34,6 +34,9 @@ from handofflock.storage.gcs import GCSStorage
 
 #: Phases published for the bed (WRITING: past the final check, about to write: where a pause makes a write late).
 IDLE, ACQUIRING, HOLDING, WRITING, RELEASING = range(5)
+#: Seconds spent making a write ready after the check (its payload, say): the window a pause aimed at
+#: WRITING lands in, before the request leaves.
+PREPARE = 0.005
 
 
 def fence_write(host: str, port: int, writer: str, token: int, op: str) -> str:
@@ -156,6 +159,7 @@ def main(argv: list[str]) -> int:
                         if checked:
                             lock.check()
                         phase(WRITING)
+                        time.sleep(PREPARE)
                         write(aid, kind, token, checked)
                         phase(HOLDING)
                         if kind == "c":
