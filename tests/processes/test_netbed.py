@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ def run(tmp_path: Path, *args: str, timeout: float) -> tuple[int, dict, str]:
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"{netbed.PREFIX}{proc.pid}-" not in names
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert f"hn{proc.pid}" not in links
+    assert re.search(rf"\bhn{proc.pid}\D", links) is None
     assert out.exists(), f"no result written (exit {proc.returncode}):\n{stdout[-4000:]}"
     return proc.returncode, json.loads(out.read_text()), stdout
 
