@@ -155,13 +155,13 @@ def test_status_json_says_its_error_as_json_on_stdout_within_its_timeout(hung_st
 
     assert GCSStorage
     started = time.monotonic()
-    done = in_process(["status", "--json", "--timeout", "0.5", "gs://bkt/x.json"], capfd)
+    done = in_process(["status", "--json", "--timeout", "0.3", "gs://bkt/x.json"], capfd)
     took = time.monotonic() - started
     assert done.returncode == EXIT_STORAGE
-    assert took < 0.5 + 1.0, f"status --timeout 0.5 took {took:.2f} s"
+    assert took < 0.3 + 1.0, f"status --timeout 0.3 took {took:.2f} s"
     doc = json.loads(done.stdout)
     assert doc["state"] == "unreadable" and doc["exitCode"] == EXIT_STORAGE and doc["url"] == "gs://bkt/x.json"
-    assert "did not answer within 0.5 s" in doc["error"]
+    assert "did not answer within 0.3 s" in doc["error"]
 
 
 def test_status_json_of_a_bad_url_is_json_too(capfd):
