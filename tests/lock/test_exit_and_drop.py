@@ -97,7 +97,7 @@ def test_a_receiver_that_closes_over_its_lock_goes_with_it_when_the_collector_ru
     gone = weakref.ref(lock)
     held_until = raw_read(url)[0].expires_at
     del lock
-    eventually(lambda: raw_read(url)[0].expires_at > held_until, timeout=5, what="a renewal after the last reference went")
+    eventually(lambda: raw_read(url)[0].expires_at > held_until, timeout=5, what="a renewal after the reference went")
     assert gone() is not None and raw_read(url)[0].owner_id is not None  # the cycle keeps it, held and renewed
     gc.collect()
     eventually(lambda: raw_read(url)[0].owner_id is None, timeout=5, what="the collected lock released")
