@@ -355,7 +355,7 @@ def test_run_behind_another_waiter_waits_its_turn(url, capsys):
     eventually(lambda: (raw_read(url)[0] or LockRecord()).waiting_owner_id == "other-waiter")
     # Behind another waiter a blocking run waits for the slot, as a blocking acquire does: here until
     # its --timeout, still naming who waits. Only --nonblock answers "contended" at once.
-    assert main(["run", url, "-q", "--timeout", "0.5", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
+    assert main(["run", url, "-q", "--timeout", "0.3", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
     assert "other-waiter" in capsys.readouterr().err
     assert main(["run", url, "-q", "-n", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
     other.cancel()
