@@ -126,8 +126,8 @@ def test_the_asker_says_declined_by_the_holder_instead_of_a_grace_deadline(tmp_p
     try:
         eventually(lambda: (raw_read(url)[0] or None) and raw_read(url)[0].owner_id, timeout=30, what="the holder")
         threading.Thread(target=let_go_once_declined, daemon=True).start()
-        asker = in_process(["run", "-v", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", "60", "--", "true"],
-                           capfd)
+        asking = ["run", "-v", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", "60", "--", "true"]
+        asker = in_process(asking, capfd)
     finally:
         flag.touch()
         holder.communicate(timeout=30)
