@@ -915,7 +915,7 @@ def test_wait_for_slot_false_and_a_non_blocking_acquire_still_raise_at_once(sim)
 
 
 def test_timeout_minus_one_waits_forever_as_filelock_does(sim):
-    kw = dict(ttl=10.0, waiter_poll_interval=0.1, min_hold=0)
+    kw = dict(ttl=10.0, waiter_poll_interval=1.0, min_hold=0)  # a look a second: 120 s of waiting in few steps
     holder, waiter = sim.lock("H", **kw), sim.lock("W", **kw)
     assert sim.call(holder.acquire)
     call = sim.start(lambda: waiter.acquire(timeout=-1, request_release=False))

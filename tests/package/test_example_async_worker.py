@@ -13,10 +13,11 @@ from handofflock import HandoffLock
 
 @pytest.mark.timeout(90)
 def test_async_worker_yields_at_a_job_boundary_and_the_next_worker_resumes_there(shared_url):
-    common = ["--url", shared_url, "--jobs", "300", "--job-time", "0.02", "--check-interval", "0.2"]
-    a = example("async_worker.py", "--name", "A", *common)
+    # A's jobs leave B 6 s to start and ask; B, once it resumes, runs the rest quickly.
+    common = ["--url", shared_url, "--jobs", "300", "--check-interval", "0.2"]
+    a = example("async_worker.py", "--name", "A", *common, "--job-time", "0.02")
     seen_a = read_until(a, r"^A: got the lock")
-    b = example("async_worker.py", "--name", "B", "--loop", "trio", *common)
+    b = example("async_worker.py", "--name", "B", "--loop", "trio", *common, "--job-time", "0.002")
     out_a, err_a = a.communicate(timeout=60)
     out_a = "".join(seen_a) + out_a
     out_b, err_b = b.communicate(timeout=60)

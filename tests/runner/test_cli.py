@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, popen, shared_url  # noqa: F401
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen, shared_url  # noqa: F401
 from lockparts import acquire_in_thread
 from lockutil import eventually, make_lock, raw_read, raw_write
 
@@ -355,7 +355,7 @@ def test_run_behind_another_waiter_waits_its_turn(url, capsys):
     eventually(lambda: (raw_read(url)[0] or LockRecord()).waiting_owner_id == "other-waiter")
     # Behind another waiter a blocking run waits for the slot, as a blocking acquire does: here until
     # its --timeout, still naming who waits. Only --nonblock answers "contended" at once.
-    assert main(["run", url, "-q", "--timeout", "0.5", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
+    assert main(["run", url, "-q", "--timeout", "0.3", "--", PY, "-c", "pass"]) == EXIT_TIMEOUT
     assert "other-waiter" in capsys.readouterr().err
     assert main(["run", url, "-q", "-n", "--", PY, "-c", "pass"]) == EXIT_CONTENDED
     other.cancel()
@@ -370,19 +370,25 @@ def run_cmd(url, name, ckpt, *extra, job_args=()):
             "--", PY, str(JOB), name, str(ckpt), *job_args]
 
 
+def second_run(url, name, ckpt, capfd, *extra, job_args=()):
+    """The run that asks, in this process (the one asked, the real command, is what gets the signal): it
+    returns once its job has run, with the job's output and its own words."""
+    return in_process(run_cmd(url, name, ckpt, *extra, job_args=job_args)[1:], capfd)
+
+
 @pytest.mark.timeout(90)
-def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_url, tmp_path):
+def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_url, tmp_path, capfd):
     a = popen(run_cmd(shared_url, "A", tmp_path, "--signal", "USR1", "--grace", "20"))
     first = next_line(a)
     assert first.startswith("A start 0 token"), first + a.stderr.read()
     token_a = int(first.split()[-1])
-    b = popen(run_cmd(shared_url, "B", tmp_path, job_args=["--steps", "5"]))
+    b = second_run(shared_url, "B", tmp_path, capfd, job_args=["--steps", "5"])
     out_a, err_a = a.communicate(timeout=60)
     assert a.returncode == 0, err_a
     assert "asks for" in err_a and "sending SIGUSR1" in err_a and "handed" in err_a
     done_a = int(out_a.split("checkpointed ")[1].split()[0])
     assert "on SIGUSR1" in out_a
-    out_b, err_b = b.communicate(timeout=60)
+    out_b, err_b = b.stdout, b.stderr
     assert b.returncode == 0, err_b
     start_b, token_b = out_b.split()[2], int(out_b.split()[4])
     assert int(start_b) == done_a + 1, (out_a, out_b)
@@ -391,15 +397,16 @@ def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_
 
 
 @pytest.mark.timeout(90)
-def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lock_moves_on(shared_url, tmp_path):
+def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lock_moves_on(
+    shared_url, tmp_path, capfd
+):
     a = popen(run_cmd(shared_url, "A", tmp_path, "--grace", "1", job_args=["--ignore-signals"]))
     assert next_line(a).startswith("A start")
-    b = popen(run_cmd(shared_url, "B", tmp_path, job_args=["--steps", "1"]))
+    b = second_run(shared_url, "B", tmp_path, capfd, job_args=["--steps", "1"])
     out_a, err_a = a.communicate(timeout=60)
     assert a.returncode == 128 + signal.SIGKILL, err_a
     assert "did not exit within 1 s; killing it" in err_a
-    out_b, err_b = b.communicate(timeout=60)
-    assert b.returncode == 0 and out_b.startswith("B start 0"), err_b
+    assert b.returncode == 0 and b.stdout.startswith("B start 0"), b.stderr
 
 
 @pytest.mark.timeout(60)

@@ -2,7 +2,8 @@
 
 In process through ``main([...])`` for status, release --force and watch; as
 the real console script (child processes finding the server through
-``AWS_ENDPOINT_URL_S3``) for status and a two-process ``run`` handoff.
+``AWS_ENDPOINT_URL_S3``) for status and the holder of a ``run`` handoff, whose
+second ``run`` is in this process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import uuid
 import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, popen
 from lockutil import make_lock, raw_read
-from test_cli import WatchSteps, run_cmd
+from test_cli import WatchSteps, run_cmd, second_run
 
 from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock.cli import main
@@ -109,16 +110,16 @@ def test_the_console_script_reports_status_of_an_s3_lock(url):
 
 
 @pytest.mark.timeout(90)
-def test_run_on_s3_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(url, tmp_path):
+def test_run_on_s3_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(url, tmp_path, capfd):
     a = popen(run_cmd(url, "A", tmp_path, "--signal", "USR1", "--grace", "20"))
     first = next_line(a)
     assert first.startswith("A start 0 token"), first + a.stderr.read()
     token_a = int(first.split()[-1])
-    b = popen(run_cmd(url, "B", tmp_path, job_args=["--steps", "3"]))
+    b = second_run(url, "B", tmp_path, capfd, job_args=["--steps", "3"])
     out_a, err_a = a.communicate(timeout=60)
     assert a.returncode == 0, err_a
     assert "handed" in err_a
     done_a = int(out_a.split("checkpointed ")[1].split()[0])
-    out_b, err_b = b.communicate(timeout=60)
+    out_b, err_b = b.stdout, b.stderr
     assert b.returncode == 0, err_b
     assert int(out_b.split()[2]) == done_a + 1 and int(out_b.split()[4]) > token_a

@@ -4,7 +4,8 @@ A PID namespace's init gets no signal it has no handler for: a shell as a pod's 
 sees the SIGTERM of the pod's deletion. ``exec`` catches and passes signals on, reaps orphans,
 ends what the command left, and exits with the status the job decided. Each test runs the real
 console script as PID 1 under ``unshare --pid --fork --mount-proc`` (root, Linux) and skips,
-saying why, where the kernel refuses a namespace.
+saying why, where the kernel refuses a namespace; a command refused before anything starts is refused
+in this process.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from childpipes import next_line
-from jobsutil import CONSOLE_SCRIPT, UNSHARE_PID, child_env, pid_namespace_refused
+from jobsutil import CONSOLE_SCRIPT, UNSHARE_PID, child_env, in_process, pid_namespace_refused
 
 UNSHARE = UNSHARE_PID
 pytestmark = [
@@ -84,13 +85,12 @@ def test_a_shell_as_pid1_never_sees_sigterm_which_is_why_pods_use_exec():
         end(proc)
 
 
-def test_exec_passes_the_commands_status_and_refuses_a_missing_command():
+def test_exec_passes_the_commands_status_and_refuses_a_missing_command(capfd):
     ok = subprocess.run([*UNSHARE, str(CONSOLE_SCRIPT), "exec", "--", "sh", "-c", "exit 7"], env=child_env(),
                         capture_output=True, timeout=30)
     assert ok.returncode == 7, ok
     killed = subprocess.run([*UNSHARE, str(CONSOLE_SCRIPT), "exec", "--", "sh", "-c", "kill -USR2 $$"],
                             env=child_env(), capture_output=True, timeout=30)
     assert killed.returncode == 128 + signal.SIGUSR2, killed
-    missing = subprocess.run([str(CONSOLE_SCRIPT), "exec", "--", "no-such-command-here"], env=child_env(),
-                             capture_output=True, text=True, timeout=30)
+    missing = in_process(["exec", "--", "no-such-command-here"], capfd)  # refused before anything is set up
     assert missing.returncode == 127 and "no-such-command-here" in missing.stderr, missing

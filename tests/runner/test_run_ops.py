@@ -128,7 +128,7 @@ def test_run_writes_its_label_owner_id_and_grace_for_status(tmp_path, capsys):
 # --------------------------------------------------------------------------- requests that go away
 
 
-def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path):
+def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path, capfd):
     """The issue's story: the waiter's run is stopped with Ctrl-C during the holder's grace. The holder
     checks again before SIGKILL, finds nobody waiting, and lets its command run on as the owner."""
     url = (tmp_path / "lock.json").as_uri()
@@ -149,12 +149,13 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path)
         record, _ = raw_read(url)
         assert record.owner_id == "holder-job" and record.waiting_owner_id is None
         assert HandoffLock(url).status().owner_live
-        # A new waiter is a new request: the command is asked again, and killed after a fresh grace.
-        second = popen([str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"])
+        # A new waiter is a new request: the command is asked again, and killed after a fresh grace. The
+        # new waiter is a run in this process: it returns once it has the lock; the holder's words are kept.
+        second = in_process(["run", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"], capfd)
         wait_for_line(holder, "asks for")
         assert holder.wait(30) == 128 + signal.SIGKILL
         assert "did not exit within 3 s; killing it" in holder.stderr.read()
-        assert second.wait(30) == 0, second.stderr.read()
+        assert second.returncode == 0, second.stderr
     finally:
         kill_run(holder)
 

@@ -1,4 +1,5 @@
-"""Where ``handofflock run`` sends the polite signal, through the real command.
+"""Where ``handofflock run`` sends the polite signal, through the real command (the run that asks for the lock
+in this process).
 
 A trainer with a SIGTERM handler and one spawned helper process (what a
 PyTorch DataLoader has) needs its helper for the step it finishes and the
@@ -64,9 +65,9 @@ def _start(tmp_path: Path, *cmd: str, extra: tuple[str, ...] = ()) -> subprocess
     return proc
 
 
-def _ask_for_the_lock(tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CONSOLE_SCRIPT), "run", (tmp_path / "lock.json").as_uri(), "--poll-interval", "0.2",
-                           "--", "true"], capture_output=True, text=True, env=child_env(), timeout=60)
+def _ask_for_the_lock(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """A ``run`` in this process that asks for the lock: what is checked is the holder's process and its command."""
+    return in_process(["run", (tmp_path / "lock.json").as_uri(), "--poll-interval", "0.2", "--", "true"], capfd)
 
 
 def _cleanup(proc: subprocess.Popen, tmp_path: Path) -> None:
@@ -82,7 +83,7 @@ def _cleanup(proc: subprocess.Popen, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["trainer", "shell-around-trainer"])
-def test_a_trainer_with_a_helper_process_checkpoints_when_a_waiter_asks(tmp_path, wrapped):
+def test_a_trainer_with_a_helper_process_checkpoints_when_a_waiter_asks(tmp_path, wrapped, capfd):
     """By default the polite signal goes to CMD's own process; its helper stays up for the last step.
     Wrapped in a shell that does not exec it (``sh -c 'python train.py; ...'``), the shell gets the
     signal and exits, and the trainer it left gets it then, with the rest of the grace."""
@@ -93,7 +94,7 @@ def test_a_trainer_with_a_helper_process_checkpoints_when_a_waiter_asks(tmp_path
     try:
         eventually(lambda: (tmp_path / "worker.pid").exists(), timeout=30, what="the trainer's first step")
         started = time.monotonic()
-        waiter = _ask_for_the_lock(tmp_path)
+        waiter = _ask_for_the_lock(tmp_path, capfd)
         took = time.monotonic() - started
         log = (tmp_path / "holder.log").read_text()
         assert waiter.returncode == 0, waiter.stderr + log

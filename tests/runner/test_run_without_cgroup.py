@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import eventually, raw_read
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the guarantees are Linux's")]
@@ -81,9 +81,11 @@ def _pid_in(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _hand_over(tmp_path: Path, holder_cmd: list[str], pid_files: list[Path], *, grace: str, timeout: float) -> dict:
+def _hand_over(tmp_path: Path, holder_cmd: list[str], pid_files: list[Path], capfd: pytest.CaptureFixture[str], *,
+               grace: str, timeout: float) -> dict:
     """Start ``run`` holding the lock around ``holder_cmd`` (no cgroup), wait for ``pid_files``, then a
-    waiter; return what the waiter's command saw at its start, with every process cleaned up after."""
+    waiter (a ``run`` in this process, its command a process of its own); return what the waiter's command
+    saw at its start, with every process cleaned up after."""
     url = (tmp_path / "lock.json").as_uri()
     seen = tmp_path / "seen.json"
     log = tmp_path / "holder.log"  # a file, not a pipe: a process that outlives run would keep a pipe open
@@ -97,10 +99,10 @@ def _hand_over(tmp_path: Path, holder_cmd: list[str], pid_files: list[Path], *, 
         pids = eventually(lambda: [p for f in pid_files if (p := _pid_in(f))] if all(_pid_in(f) for f in pid_files) else None,
                           timeout=timeout, interval=0.1, what="the command's processes started")
         assert holder.poll() is None, log.read_text()
-        waiter = subprocess.run(
-            [str(CONSOLE_SCRIPT), "run", url, "--poll-interval", "0.2", "--min-hold", "0", "--",
+        waiter = in_process(
+            ["run", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", str(timeout), "--",
              sys.executable, "-c", _RECORD, str(seen), *map(str, pid_files)],
-            capture_output=True, text=True, env=child_env(), timeout=timeout,
+            capfd,
         )
         holder.wait(30)
         holder_out = log.read_text()
@@ -118,13 +120,13 @@ def _hand_over(tmp_path: Path, holder_cmd: list[str], pid_files: list[Path], *, 
 
 @NOCGROUP
 @pytest.mark.timeout(90)
-def test_a_daemon_that_left_the_session_is_gone_before_the_lock_moves_on_without_a_cgroup(tmp_path):
+def test_a_daemon_that_left_the_session_is_gone_before_the_lock_moves_on_without_a_cgroup(tmp_path, capfd):
     """CMD double-forks a daemon into a session of its own that ignores the stop signal, and exits when
     asked. Before, the lock was handed on as soon as CMD's session was empty, the daemon running."""
     daemon = tmp_path / "daemon.pid"
     script = (f"(setsid sh -c 'trap \"\" TERM; echo $$ > {daemon}; exec sleep 300' &); "
               "trap 'exit 0' TERM; sleep 300 & wait")
-    result = _hand_over(tmp_path, ["sh", "-c", script], [daemon], grace="2", timeout=40)
+    result = _hand_over(tmp_path, ["sh", "-c", script], [daemon], capfd, grace="2", timeout=40)
     assert not any(result["seen"].values()), f"alive when the lock moved on: {result['seen']}\n{result['holder']}"
 
 
@@ -142,7 +144,7 @@ while True:
 @NOCGROUP
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_torchrun_workers_are_gone_before_the_lock_moves_on_without_a_cgroup(tmp_path):
+def test_torchrun_workers_are_gone_before_the_lock_moves_on_without_a_cgroup(tmp_path, capfd):
     """torchrun starts each worker in a session of its own. Before, run SIGKILLed torchrun after the
     grace and handed the lock on while both workers kept running."""
     torchrun = Path(sys.executable).parent / "torchrun"
@@ -152,19 +154,19 @@ def test_torchrun_workers_are_gone_before_the_lock_moves_on_without_a_cgroup(tmp
     script.write_text(TRAINER)
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", str(script), str(tmp_path)]
     workers = [tmp_path / "worker-0.pid", tmp_path / "worker-1.pid"]
-    result = _hand_over(tmp_path, cmd, workers, grace="2", timeout=120)
+    result = _hand_over(tmp_path, cmd, workers, capfd, grace="2", timeout=120)
     assert len(set(result["pids"])) == 2
     assert not any(result["seen"].values()), f"alive when the lock moved on: {result['seen']}\n{result['holder']}"
 
 
 @NOCGROUP
 @pytest.mark.timeout(90)
-def test_a_nested_run_leaves_nothing_of_its_command_without_a_cgroup(tmp_path):
+def test_a_nested_run_leaves_nothing_of_its_command_without_a_cgroup(tmp_path, capfd):
     """run A -- run B -- CMD, where CMD ignores SIGTERM and starts a daemon in a session of its own:
     the inner run is a subreaper too, but it is a descendant of the outer one, so the outer run's
     SIGKILL after its grace reaches everything before lock A moves on."""
     daemon = tmp_path / "daemon.pid"
     inner = [str(CONSOLE_SCRIPT), "run", str(tmp_path / "b.json"), "--grace", "30", "--",
              "sh", "-c", f"trap '' TERM; (setsid sh -c 'echo $$ > {daemon}; exec sleep 300' &); sleep 300 & wait"]
-    result = _hand_over(tmp_path, inner, [daemon], grace="1", timeout=40)
+    result = _hand_over(tmp_path, inner, [daemon], capfd, grace="1", timeout=40)
     assert not any(result["seen"].values()), f"alive when the lock moved on: {result['seen']}\n{result['holder']}"
