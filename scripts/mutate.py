@@ -339,9 +339,10 @@ def _sim(seeds: int) -> tuple[str, str, int]:
     for seed in range(seeds):
         out = run_seed(seed)
         _say("alive", what=f"seed {seed}")
-        if out.violation:  # a simulated thread killed by an exception is a crash, not an invariant's verdict
+        if out.violation:  # an exception that killed a thread, or that the library logged, is a crash
             why = out.violation.splitlines()[0][:300]
-            return ("crash" if why.startswith("thread ") and " died: " in why else "violation"), why, seed
+            crash = (why.startswith("thread ") and " died: " in why) or why.startswith("the library caught and logged")
+            return ("crash" if crash else "violation"), why, seed
     return "clean", "", -1
 
 
@@ -560,8 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         for v in filter(None, pool.map(one, chosen)):
             verdicts.append(v)
             if a.verbose:
-                print(f"{v.outcome:9} {v.seconds:6.1f} s {v.mutant.path}:{v.mutant.line} [{v.mutant.operator}] "
-                      f"model={v.model} sim={v.sim} {v.detail[:100]}", flush=True)  # fmt: skip
+                m = v.mutant
+                print(f"{v.outcome:9} {v.seconds:6.1f} s {m.path}:{m.line} [{m.operator}] {m.before}  ->  {m.after}"
+                      f"  (--mutant {m.ident}) model={v.model} sim={v.sim} {v.detail[:100]}", flush=True)  # fmt: skip
     took = time.monotonic() - started
     print(report(verdicts, total=total, not_reached=not_reached, seeds=a.seeds, jobs=a.jobs, took=took))
     return 0
