@@ -483,7 +483,7 @@ def run_one(m: Mutant, seeds: int) -> Verdict:
     return Verdict(m, "caught" if caught else "survived", model, sim, int(res["seed"]), str(res["detail"]), took)  # type: ignore[call-overload]
 
 
-def report(verdicts: list[Verdict], *, total: int, not_reached: int, seeds: int, jobs: int, took: float) -> str:
+def report(verdicts: list[Verdict], *, total: int, not_reached: int | None, seeds: int, jobs: int, took: float) -> str:
     """The summary and the survivors, one line each with what changed."""
     ran = [v for v in verdicts if v.outcome != "not-reached"]
     c = Counter(v.outcome for v in ran)
@@ -493,7 +493,9 @@ def report(verdicts: list[Verdict], *, total: int, not_reached: int, seeds: int,
     crashes = sum("crash" in (v.sim, v.model) and "violation" not in (v.sim, v.model) for v in ran)
     caught = c["caught"] + c["hang"]
     lines = [
-        f"mutants: {total} in {len(TARGETS)} modules, {not_reached} not reached by the clean run's {seeds} seeds "
+        f"mutants: {total} named by --mutant; {len(ran)} run"
+        if not_reached is None
+        else f"mutants: {total} in {len(TARGETS)} modules, {not_reached} not reached by the clean run's {seeds} seeds "
         f"(never run, not scored); {len(ran)} run",
         f"caught: {caught} of {len(ran)} ({caught / max(len(ran), 1):.1%}): by the simulation {by_sim}, "
         f"by the model check {by_model} (of {modelled} model-checked), only by a crash {crashes}, hangs {c['hang']}",
@@ -543,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if a.mutant:
         by_id = {m.ident: m for path in {i.rsplit(":", 1)[0] for i in a.mutant} for m in mutants(path)}
-        chosen, total, not_reached = [by_id[i] for i in a.mutant], len(a.mutant), 0
+        chosen, total, not_reached = [by_id[i] for i in a.mutant], len(a.mutant), None
     else:
         hit = reached_lines(a.seeds, max(1, min(a.jobs, a.seeds)))
         reached = [m for m in everything if _reached(m, hit)]
