@@ -131,3 +131,28 @@ def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
     hub.now = MONO0 + 9
     with pytest.raises(Violation, match="lost its lock under survivable faults only"):
         checker.check()
+
+
+def test_an_exception_the_library_logs_and_goes_on_past_is_caught_without_showing_the_log(capsys):
+    """A background loop that catches and logs an exception (the scheduler's, a duty's, a signal receiver's)
+    keeps its thread alive, so no 'thread died' verdict sees it: the simulation collects each such record
+    and judges it at the seed's end. A log set quiet stays quiet; an error logged without an exception
+    (a lock lost to faults, which the lock reports) is no verdict."""
+    import logging
+
+    from handofflock.testing.sim.checker import swallowed
+
+    log = logging.getLogger("handofflock.lock.scheduler")
+    logging.getLogger("handofflock").setLevel(logging.CRITICAL)
+    try:
+        with swallowed() as caught:
+            log.error("p1 lost the lock: no successful renewal")
+            try:
+                raise AttributeError("_lock")
+            except AttributeError:
+                log.exception("scheduler loop error; continuing")
+        assert caught == ["AttributeError('_lock') (scheduler loop error; continuing)"]
+        assert logging.getLogger("handofflock").level == logging.CRITICAL
+        assert capsys.readouterr().err == ""
+    finally:
+        logging.getLogger("handofflock").setLevel(logging.NOTSET)

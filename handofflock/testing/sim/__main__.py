@@ -53,14 +53,17 @@ def run_seed(
     """Run one seed (with a planted bug if named); return what it found. ``late_commits=False``: the seed's
     world as it was before the store had late commits; ``ttl_spread=False``: before parties had ttls of
     their own (what a regression test of an older seed replays)."""
+    from .checker import swallowed
     from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
     from .world import World
 
-    with planted(bug) if bug else contextlib.nullcontext():
+    with planted(bug) if bug else contextlib.nullcontext(), swallowed() as caught:
         world = World(seed, late_commits=late_commits, ttl_spread=ttl_spread)
         violation = None
         try:
             world.run()
+            if caught:  # judged once the world's own invariants have held
+                raise Violation(f"the library caught and logged {caught[0]} ({len(caught)} in all)")
         except Violation as exc:
             violation = str(exc)
         finally:  # what the run did, before close() unwinds what is left of it
