@@ -34,8 +34,9 @@ T = TypeVar("T")
 
 #: GCS allows about one write a second to one object; faster writes risk a 429.
 GCS_WRITES_PER_SECOND = 1.0
-#: A write this soon after the object's last one is a burst, refused at ``gcs_rate``. (Refusing every write
-#: within a whole second loses ttl-5 leases: seed 4 with 1.0 here; see docs/reliability.md.)
+#: A write this soon after the object's last one is a burst, refused at ``gcs_rate``: the default window. A swarm
+#: world may use GCS's real rule instead, a whole second (``Faults.burst_window``), which an owner at ttl 5 may not
+#: survive (seed 4 with 1.0 here before the swarm).
 BURST_WINDOW = 0.5 / GCS_WRITES_PER_SECOND
 
 

@@ -211,6 +211,9 @@ def with_swarm(config: Config, seed: int) -> Config:
         boottime=r.choice([0.5, 1.0]) if on() else 0.0,
         old_record=r.choice(sorted(OLD_RECORDS)) if r.random() < 0.3 else None,
     )
+    if c.gentle and faults.gcs_rate and on():  # drawn last: the draws above stay as they were
+        # GCS's real rule in a gentle world too: an owner there must survive it (two 429s in a row).
+        faults = replace(faults, burst_window=1.0 / GCS_WRITES_PER_SECOND)
     return replace(c, faults=faults, swarm=swarm, ttl_spread=2.0 if swarm.ttls else c.ttl_spread)
 
 
