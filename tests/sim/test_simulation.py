@@ -58,7 +58,8 @@ def test_the_seeds_show_no_violation_and_explore_every_corner():
     )
     line = coverage_line(totals)
     keys = ("handoffs", "twins", "waiter_pauses", "throttled", "suspends", "grouped_checks", "slow_reads", "async",
-            "late_commits")  # fmt: skip
+            "late_commits", "slow_writes", "cut_after_applied", "old_records", "drifting_clocks", "clock_steps",
+            "boottime_suspends")  # fmt: skip
     for key in keys:
         assert totals.get("listings" if key == "grouped_checks" else key, 0) > 0, line
 

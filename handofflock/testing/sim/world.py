@@ -328,9 +328,11 @@ class World:
             clock.offset = r.choice((-1.0, 1.0)) * c.skew / 2
         if s.drift:
             clock.drift(r.uniform(-s.drift, s.drift), c.skew)
+            self.checker.counts["drifting_clocks"] += 1
         if s.steps:
             for _ in range(r.choice((1, 2, 3))):
                 clock.step_at(self.hub.now + r.uniform(0.0, c.seconds), r.uniform(-c.skew / 2, c.skew / 2))
+            self.checker.counts["clock_steps"] += len(clock.steps)
         clock.boottime_runs = r.random() < s.boottime
         asks = r.choice((0.0, 0.7, 1.0)) if s.patience else None
         priority = r.choice((-1, 0, 1, 5, None)) if s.priorities else None
@@ -579,6 +581,7 @@ class World:
                 span = r.uniform(0.5, 3.0) * c.ttl
                 p.proc.suspended_until, p.proc.suspended_for = hub.now + span, p.proc.suspended_for + span
                 self.checker.counts["suspends"] += 1
+                self.checker.counts["boottime_suspends"] += p.clock.boottime_runs
                 hub.note(f"{p.name} is suspended for {span:.2f} s (its monotonic clock stands)")
             elif what < 0.6 and p.twin_of is None and len(self.parties) < 12:
                 self.checker.counts["twins"] += 1
@@ -623,6 +626,7 @@ class World:
             data = old_record(self.config.swarm.old_record, self.config.ttl)
             self.backend.write(KEY, data, if_generation_match=0)
             self.checker.start_with(data)
+            self.checker.counts["old_records"] += 1
             self.hub.note(f"the store holds an old record: {data.decode()}")
         for _ in range(self.config.parties):
             self.new_party()
