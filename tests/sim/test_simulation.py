@@ -20,21 +20,21 @@ SEEDS = 80
 #: Each planted bug, the first seed of the default range that catches it, and the words of its own symptom in
 #: the violation (a plant caught only through a violation it did not cause would not count).
 CAUGHT_AT = {
-    "trust-a-read": (40, "still holds the lock"),
-    "still-mine-by-id": (2, "counts itself healthy"),
+    "trust-a-read": (69, "still holds the lock"),
+    "still-mine-by-id": (34, "counts itself healthy"),
     "keep-slot-on-timeout": (0, "waiter slot is still in the record"),
-    "unconditional-handoff": (2, "dropped the live waiter slot"),  # a write it overwrote: a waiter's
+    "unconditional-handoff": (0, "dropped the live waiter slot"),  # a write it overwrote: a waiter's
     "unconditional-renewal": (0, "dropped the live waiter slot"),
     "give-up-without-match": (14, "wrote token"),  # the stale record it overwrote a new owner's with
     "lease-past-its-margin": (0, "counts itself healthy"),
     "heir-keeps-old-token": (0, "keeping token"),
-    "heir-lease-from-its-read": (2, "returned a lock that is not healthy"),
-    "cancelled-keeps-handed-lock": (23, "and it holds the lock"),
-    "handoff-to-expired-slot": (0, "after its slot had ended"),
+    "heir-lease-from-its-read": (0, "returned a lock that is not healthy"),
+    "cancelled-keeps-handed-lock": (10, "and it holds the lock"),
+    "handoff-to-expired-slot": (5, "after its slot had ended"),
     "group-skips-first-lock": (74, "has not heard"),
     "no-wall-second-opinion": (10, "healthy after a host suspend"),
-    "owner-misses-take": (82, "still holds the lock"),
-    "expired-handoff-accepted": (2, "whose lease had run out"),
+    "owner-misses-take": (88, "still holds the lock"),
+    "expired-handoff-accepted": (42, "whose lease had run out"),
     "heir-gets-owner-ttl": (0, "where its slot asked for"),
     "renewal-drops-waiter": (0, "dropped the live waiter slot"),
 }  # fmt: skip

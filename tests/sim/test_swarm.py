@@ -239,3 +239,11 @@ def test_a_simulated_host_with_boottime_counts_a_suspend_that_monotonic_time_did
         finally:
             world.close()
     assert box == {"acquired": True, "healthy": not boottime}
+
+
+def test_seeds_found_by_the_swarm_hold():
+    """Seed 2985, a fast world with slow reads: a holder's read took 1.09 s where its request's timeout was
+    0.375 s, and two grouped checks went by meanwhile, so its waiter was heard late. A real client cuts such a
+    read off at its timeout; the simulated store now does too (a checker's false positive, not the lock's)."""
+    outcome = run_seed(2985)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])

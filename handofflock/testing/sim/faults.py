@@ -53,6 +53,7 @@ class Faults:
     slow_write: float = 0.0  # a write (or delete) taking up to 1.5 times its timeout: past it, cut off there
     max_latency: float = 0.05
     burst_window: float = BURST_WINDOW  # a write this soon after the object's last one may meet a 429
+    cut_reads: bool = False  # a slow read is cut off at its request's timeout, as a real client's is
 
 
 @dataclass
@@ -103,7 +104,12 @@ class SimStore:
             return self._slow(op, key, apply, 1.0 if timeout is None else timeout)
         if op == "read" and f.slow_read and net.rng.random() < f.slow_read:
             net.counts["slow_reads"] += 1
-            hub.park(hub.now + net.rng.uniform(1.0, f.slow_read_max))
+            took = net.rng.uniform(1.0, f.slow_read_max)
+            if f.cut_reads and timeout is not None and took > timeout:
+                net.counts["reads_cut"] += 1
+                hub.park(hub.now + timeout)
+                raise TransientStorageError(f"sim: {op} cut off at its timeout ({timeout:.2f} s)", ambiguous=False)
+            hub.park(hub.now + took)
         else:
             hub.park(hub.now + net.rng.random() * f.max_latency)
         if self._hit(f.fail):
@@ -168,7 +174,8 @@ class SimStore:
         return result
 
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        return self._request("read", key, lambda: self.net.backend.read(key, max_bytes=max_bytes), mutation=False)
+        read = lambda: self.net.backend.read(key, max_bytes=max_bytes)  # noqa: E731
+        return self._request("read", key, read, mutation=False, timeout=timeout)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         def apply() -> int:
@@ -190,7 +197,7 @@ class SimStore:
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         self.net.counts["listings"] += 1
-        return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False)
+        return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False, timeout=timeout)
 
     def close(self) -> None:
         pass

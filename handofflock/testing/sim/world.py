@@ -196,8 +196,9 @@ def with_swarm(config: Config, seed: int) -> Config:
             # GCS's real rule: every write within a second of the object's last one may meet a 429.
             burst_window=1.0 / GCS_WRITES_PER_SECOND if f.gcs_rate and on() else f.burst_window,
         )
-    if faults.slow_read:
-        faults = replace(faults, slow_read_max=2.0)
+    # A slow read is cut off at its request's timeout, as a real client's is (slow reads of seconds come to
+    # fast worlds too, whose requests may take a third of a second).
+    faults = replace(faults, cut_reads=True, slow_read_max=2.0 if faults.slow_read else faults.slow_read_max)
     skewed = c.skew > 0
     swarm = Swarm(
         ttls=not c.gentle and on(),
