@@ -1,24 +1,29 @@
 """``python -m handofflock.testing.sim``: run the simulation over many seeds, replay one, or model-check the protocol.
 
     python -m handofflock.testing.sim --seeds 2000        # N seeds, K violations; a coverage line; exit 1 if K > 0
+    python -m handofflock.testing.sim --long --jobs 2     # 100,000 seeds on 2 processes, with seeds per second
     python -m handofflock.testing.sim --seed 1234 --trace # replay one seed with its trace
     python -m handofflock.testing.sim --list-bugs         # the bugs that can be planted
     python -m handofflock.testing.sim --plant-bug NAME    # must find it within the default seeds (exit 1 if not)
     python -m handofflock.testing.sim --model-check       # every interleaving of the pure protocol, 2 and 3 parties
 
 A failing seed reproduces exactly from its number: one world per seed, its verdict, its trace and what it
-explored (coverage).
+explored (coverage). Violations are grouped by signature (the rule broken, numbers and names left out, and
+the kind of world), so a run of many seeds names each distinct failure once, with the seeds that show it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
+import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,10 +35,14 @@ if TYPE_CHECKING:
     from .world import Config
 
 DEFAULT_SEEDS = 2000
+LONG_SEEDS = 100_000
+#: How often a long run says how far it got.
+PROGRESS_EVERY = 1000
 #: The keys every run reports, in this order; the issue's done-criterion wants each above zero.
 COVERAGE_KEYS = (
     "handoffs", "twins", "waiter_pauses", "throttled", "suspends", "grouped_checks", "slow_reads", "async",
-    "holder_pauses", "stale_writes_refused", "late_commits",
+    "holder_pauses", "stale_writes_refused", "late_commits", "slow_writes", "cut_after_applied", "old_records",
+    "drifting_clocks", "clock_steps", "boottime_suspends",
 )  # fmt: skip
 
 
@@ -46,19 +55,34 @@ class Outcome:
     config: Config | None = None
     coverage: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def signature(self) -> str:
+        """The violation's rule (its words, numbers and party names left out) and the kind of world."""
+        rule = re.sub(r"\bp\d+\b", "pN", self.violation or "")
+        rule = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "N", rule)
+        c = self.config
+        kind = "?" if c is None else "gentle" if c.gentle else "gcs" if c.spacing else "fast"
+        return f"[{kind}] {rule}"
+
 
 def run_seed(
-    seed: int, *, bug: str | None = None, trace: int = 60, late_commits: bool = True, ttl_spread: bool = True
+    seed: int,
+    *,
+    bug: str | None = None,
+    trace: int = 60,
+    late_commits: bool = True,
+    ttl_spread: bool = True,
+    swarm: bool = True,
 ) -> Outcome:
     """Run one seed (with a planted bug if named); return what it found. ``late_commits=False``: the seed's
     world as it was before the store had late commits; ``ttl_spread=False``: before parties had ttls of
-    their own (what a regression test of an older seed replays)."""
+    their own; ``swarm=False``: before the swarm's choices (what a regression test of an older seed replays)."""
     from .checker import swallowed
     from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
     from .world import World
 
     with planted(bug) if bug else contextlib.nullcontext(), swallowed() as caught:
-        world = World(seed, late_commits=late_commits, ttl_spread=ttl_spread)
+        world = World(seed, late_commits=late_commits, ttl_spread=ttl_spread, swarm=swarm)
         violation = None
         try:
             world.run()
@@ -79,13 +103,45 @@ def run_seed(
         return outcome
 
 
+def _quiet() -> None:
+    """A seed's faults make the library log (and warn) plenty; the verdict is what matters here."""
+    logging.getLogger("handofflock").setLevel(logging.CRITICAL)
+    warnings.simplefilter("ignore", StoreUnreachableWarning)
+
+
+def _outcomes(seeds: Iterable[int], bug: str | None, jobs: int) -> Iterator[Outcome]:
+    """Each seed's outcome, in order: run here, or on ``jobs`` processes (quiet, as the run here is)."""
+    if jobs <= 1:
+        yield from (run_seed(seed, bug=bug) for seed in seeds)
+        return
+    pool = ProcessPoolExecutor(jobs, initializer=_quiet)
+    try:
+        yield from pool.map(_run_quietly, seeds, itertools.repeat(bug), chunksize=20)
+    finally:  # a run that stops at its first violation leaves the rest
+        pool.shutdown(cancel_futures=True)
+
+
+def _run_quietly(seed: int, bug: str | None) -> Outcome:
+    return run_seed(seed, bug=bug)
+
+
 def run_seeds(
-    seeds: Iterable[int], *, bug: str | None = None, stop_at_first: bool = False, totals: dict[str, int] | None = None,
-) -> list[Outcome]:  # fmt: skip
-    """Run many seeds; return those that broke an invariant. ``totals`` gathers their coverage."""
-    found = []
-    for seed in seeds:
-        outcome = run_seed(seed, bug=bug)
+    seeds: Iterable[int],
+    *,
+    bug: str | None = None,
+    stop_at_first: bool = False,
+    totals: dict[str, int] | None = None,
+    jobs: int = 1,
+    progress: bool = False,
+) -> list[Outcome]:
+    """Run many seeds; return those that broke an invariant. ``totals`` gathers their coverage; ``progress``
+    prints a line every :data:`PROGRESS_EVERY` seeds, with seeds per second."""
+    found: list[Outcome] = []
+    started = time.monotonic()
+    for n, outcome in enumerate(_outcomes(seeds, bug, jobs), 1):
+        if progress and n % PROGRESS_EVERY == 0:
+            took = time.monotonic() - started
+            print(f"{n} seeds, {len(found)} violations, {n / took:.2f} seeds/s", flush=True)
         if totals is not None:
             for k, v in outcome.coverage.items():
                 totals[k] = totals.get(k, 0) + v
@@ -114,15 +170,26 @@ def _simulate(a: argparse.Namespace) -> int:
         print(coverage_line(out.coverage))
         return 1 if out.violation else 0
     started, totals = time.monotonic(), {}  # type: ignore[var-annotated]
-    seeds = range(a.first, a.first + a.seeds)
-    found = run_seeds(seeds, bug=a.plant_bug, stop_at_first=bool(a.plant_bug), totals=totals)
+    count = a.seeds if a.seeds is not None else LONG_SEEDS if a.long else DEFAULT_SEEDS
+    seeds = range(a.first, a.first + count)
+    found = run_seeds(
+        seeds, bug=a.plant_bug, stop_at_first=bool(a.plant_bug), totals=totals, jobs=a.jobs, progress=a.long
+    )
     took = time.monotonic() - started
-    for out in found[:5]:
-        print(f"seed {out.seed}: {out.violation}")
-        print("  " + "\n  ".join(out.trace[-12:]))
-    ran = a.seeds if not (a.plant_bug and found) else found[0].seed - a.first + 1
+    groups: dict[str, list[Outcome]] = {}
+    for out in found:
+        groups.setdefault(out.signature, []).append(out)
+    for outs in groups.values():  # the first seed of each kind of failure, with its trace
+        print(f"seed {outs[0].seed}: {outs[0].violation}")
+        print("  " + "\n  ".join(outs[0].trace[-12:]))
+    ran = count if not (a.plant_bug and found) else found[0].seed - a.first + 1
     bug = f" with bug {a.plant_bug!r} planted" if a.plant_bug else ""
-    print(f"{ran} seeds, {len(found)} violations{bug} ({took:.1f} s)")
+    print(f"{ran} seeds, {len(found)} violations{bug} ({took:.1f} s, {ran / max(took, 1e-9):.2f} seeds/s)")
+    if groups:
+        print(f"{len(groups)} signatures:")
+        for sig, outs in sorted(groups.items(), key=lambda g: -len(g[1])):
+            more = ", ..." if len(outs) > 10 else ""
+            print(f"  {len(outs)} x {sig}: seeds {', '.join(str(o.seed) for o in outs[:10])}{more}")
     print(coverage_line(totals))
     return 1 if found else 0  # with a planted bug, exit 1 is the checker doing its job
 
@@ -133,19 +200,23 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help=f"how many seeds (default {DEFAULT_SEEDS})")
+    p.add_argument("--seeds", type=int, help=f"how many seeds (default {DEFAULT_SEEDS}; with --long, {LONG_SEEDS:,})")
+    p.add_argument("--jobs", type=int, default=1, help="run the seeds on this many processes (default 1)")
     p.add_argument("--first", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seed", type=int, help="replay this one seed")
     p.add_argument("--trace", action="store_true", help="with --seed: print the whole trace")
     p.add_argument("--list-bugs", action="store_true", help="name the bugs that can be planted")
     p.add_argument("--plant-bug", metavar="NAME", help="plant this bug; the run must find it")
     p.add_argument("--model-check", action="store_true", help="check every interleaving of the pure protocol")
-    p.add_argument("--long", action="store_true", help="with --model-check: go deeper (minutes)")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help=f"{LONG_SEEDS:,} seeds, saying how far it got with seeds per second; with --model-check: go deeper",
+    )
     p.add_argument("--log", action="store_true", help="show the library's log as it runs")
     a = p.parse_args(argv)
-    if not a.log:  # a seed's faults make the library log (and warn) plenty; the verdict is what matters here
-        logging.getLogger("handofflock").setLevel(logging.CRITICAL)
-        warnings.simplefilter("ignore", StoreUnreachableWarning)
+    if not a.log:
+        _quiet()
     names = PROTOCOL_BUGS if a.model_check else tuple(BUGS)
     if a.list_bugs:
         for name in names:

@@ -96,13 +96,14 @@ def _field(doc: dict[str, Any], key: str, kinds: tuple[type, ...], *, nullable: 
     return value
 
 
-def read_record(data: bytes) -> Rec:
-    """The record in ``data``, read strictly: a write the store applied that this cannot read is a violation."""
+def read_record(data: bytes, *, legacy: bool = False) -> Rec:
+    """The record in ``data``, read strictly: a write the store applied that this cannot read is a violation.
+    ``legacy``: a record an older version wrote, which may have no ``version`` (the original four fields)."""
     try:
         doc = json.loads(data)
     except ValueError as exc:
         raise Violation(f"the store holds a record that is not JSON: {data[:80]!r}") from exc
-    if not isinstance(doc, dict) or doc.get("version") != 1:
+    if not isinstance(doc, dict) or (doc.get("version") != 1 and not (legacy and "version" not in doc)):
         raise Violation(f"the store holds a record that is not a version 1 object: {data[:80]!r}")
     num = (int, float)
     owner = waiter = None
@@ -215,6 +216,11 @@ class Checker:
 
     def true_wall(self, at: float | None = None) -> float:
         return WALL0 + ((self.hub.now if at is None else at) - MONO0)
+
+    def start_with(self, data: bytes) -> None:
+        """The record an older version left in the store as the run begins."""
+        self.record = read_record(data, legacy=True)
+        self.highest_store_token = self.record.token
 
     def note(self, event: Event) -> None:
         """Append to the history (never judges: this may run inside the lock's call stack)."""

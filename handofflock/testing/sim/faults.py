@@ -9,8 +9,10 @@ Faults, per world: requests refused before anything is applied (503), 429s
 at GCS's per-object rate (about one write a second, bursts refused) and at
 random, writes applied whose reply is lost, late commits (a write the client
 cut off at its timeout, which the store applies seconds later: on its
-precondition, as a real store does, so only if nobody wrote meanwhile), and
-slow reads (seconds, shorter than the lock's timeouts). Every request, its reply and every write the store
+precondition, as a real store does, so only if nobody wrote meanwhile),
+slow reads (seconds, shorter than the lock's timeouts), and slow writes (up to
+1.5 times the request's timeout: one that passes it is cut off there, applied
+before the cut or landing after it). Every request, its reply and every write the store
 applies (with its generation) go into the checker's history; nothing here judges them.
 """
 
@@ -32,8 +34,9 @@ T = TypeVar("T")
 
 #: GCS allows about one write a second to one object; faster writes risk a 429.
 GCS_WRITES_PER_SECOND = 1.0
-#: A write this soon after the object's last one is a burst, refused at ``gcs_rate``. (Refusing every write
-#: within a whole second loses ttl-5 leases: seed 4 with 1.0 here; see docs/reliability.md.)
+#: A write this soon after the object's last one is a burst, refused at ``gcs_rate``: the default window. A swarm
+#: world may use GCS's real rule instead, a whole second (``Faults.burst_window``), which an owner at ttl 5 may not
+#: survive (seed 4 with 1.0 here before the swarm).
 BURST_WINDOW = 0.5 / GCS_WRITES_PER_SECOND
 
 
@@ -47,7 +50,10 @@ class Faults:
     late_commit_max: float = 3.0  # how long after the cut it may land
     slow_read: float = 0.0  # a read taking seconds
     slow_read_max: float = 0.0
+    slow_write: float = 0.0  # a write (or delete) taking up to 1.5 times its timeout: past it, cut off there
     max_latency: float = 0.05
+    burst_window: float = BURST_WINDOW  # a write this soon after the object's last one may meet a 429
+    cut_reads: bool = False  # a slow read is cut off at its request's timeout, as a real client's is
 
 
 @dataclass
@@ -94,15 +100,22 @@ class SimStore:
         net, f, hub = self.net, self.net.faults, self.net.hub
         if mutation and net.chaos and f.late_commit and net.late.random() < f.late_commit:
             return self._late(op, key, apply, 1.0 if timeout is None else timeout)
+        if mutation and net.chaos and f.slow_write and net.late.random() < f.slow_write:
+            return self._slow(op, key, apply, 1.0 if timeout is None else timeout)
         if op == "read" and f.slow_read and net.rng.random() < f.slow_read:
             net.counts["slow_reads"] += 1
-            hub.park(hub.now + net.rng.uniform(1.0, f.slow_read_max))
+            took = net.rng.uniform(1.0, f.slow_read_max)
+            if f.cut_reads and timeout is not None and took > timeout:
+                net.counts["reads_cut"] += 1
+                hub.park(hub.now + timeout)
+                raise TransientStorageError(f"sim: {op} cut off at its timeout ({timeout:.2f} s)", ambiguous=False)
+            hub.park(hub.now + took)
         else:
             hub.park(hub.now + net.rng.random() * f.max_latency)
         if self._hit(f.fail):
             raise TransientStorageError(f"sim: 503 on {op}", status=503, ambiguous=False)
         if mutation:
-            recent = hub.now - net.last_write.get(key, -1e9) < BURST_WINDOW
+            recent = hub.now - net.last_write.get(key, -1e9) < f.burst_window
             if self._hit(f.throttle) or (recent and self._hit(f.gcs_rate)):
                 net.counts["throttled"] += 1
                 raise TransientStorageError(f"sim: 429 on {op}", status=429, ambiguous=False, retry_after=1.0)
@@ -114,12 +127,13 @@ class SimStore:
             raise TransientStorageError(f"sim: reply to {op} lost", ambiguous=True)
         return result
 
-    def _late(self, op: str, key: str, apply: Callable[[], T], timeout: float) -> T:
-        """The request stalls; the client cuts it at ``timeout`` and the store applies it later (or refuses it
-        on its precondition, if the object moved on meanwhile)."""
+    def _late(self, op: str, key: str, apply: Callable[[], T], timeout: float, lands: float | None = None) -> T:
+        """The request stalls; the client cuts it at ``timeout`` and the store applies it later, at ``lands``
+        if given (or refuses it on its precondition, if the object moved on meanwhile)."""
         net, hub = self.net, self.net.hub
         net.counts["late_commits"] += 1
-        lands = hub.now + timeout + net.late.uniform(0.0, net.faults.late_commit_max)
+        if lands is None:
+            lands = hub.now + timeout + net.late.uniform(0.0, net.faults.late_commit_max)
 
         def commit() -> None:
             hub.park(lands)
@@ -133,8 +147,35 @@ class SimStore:
         hub.park(hub.now + timeout)
         raise TransientStorageError(f"sim: {op} cut off at its timeout ({timeout:.2f} s)", ambiguous=True)
 
+    def _slow(self, op: str, key: str, apply: Callable[[], T], timeout: float) -> T:
+        """A write that takes from 0.4 s to 1.5 times ``timeout``, applied somewhere along the way. Past the
+        timeout the client cuts it off there: applied before the cut (its reply lost) or landing after it
+        (a late commit, on its precondition)."""
+        net, hub = self.net, self.net.hub
+        net.counts["slow_writes"] += 1
+        sent, took = hub.now, net.late.uniform(0.4, max(0.5, 1.5 * timeout))
+        applies, cut = sent + net.late.uniform(0.0, took), took > timeout
+        if cut and applies > sent + timeout:
+            return self._late(op, key, apply, timeout, lands=applies)
+        hub.park(applies)
+        refused: PreconditionFailed | None = None
+        try:
+            result = apply()
+            net.last_write[key] = hub.now
+        except PreconditionFailed as exc:
+            refused = exc
+        if cut:
+            net.counts["cut_after_applied"] += 1
+            hub.park(sent + timeout)
+            raise TransientStorageError(f"sim: {op} cut off at its timeout ({timeout:.2f} s)", ambiguous=True)
+        hub.park(sent + took)
+        if refused is not None:
+            raise refused
+        return result
+
     def read(self, key: str, *, max_bytes: int | None = None, timeout: float | None = None) -> tuple[bytes, int] | None:
-        return self._request("read", key, lambda: self.net.backend.read(key, max_bytes=max_bytes), mutation=False)
+        read = lambda: self.net.backend.read(key, max_bytes=max_bytes)  # noqa: E731
+        return self._request("read", key, read, mutation=False, timeout=timeout)
 
     def write(self, key: str, data: bytes, *, if_generation_match: int, timeout: float | None = None) -> int:
         def apply() -> int:
@@ -156,7 +197,7 @@ class SimStore:
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         self.net.counts["listings"] += 1
-        return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False)
+        return self._request("list", prefix, lambda: self.net.backend.list(prefix), mutation=False, timeout=timeout)
 
     def close(self) -> None:
         pass

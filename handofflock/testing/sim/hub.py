@@ -222,17 +222,60 @@ class SimMutex:
 
 
 class SimClock(Clock):
-    """The hub's time for one process: wall time off by ``offset`` (skew); monotonic time stands during a suspend."""
+    """The hub's time for one process: wall time off by ``offset`` (skew); monotonic time stands during a suspend.
+
+    A swarm may give it clock faults: a ``rate`` (its oscillator runs fast or slow: every reading drifts,
+    the wall clock only within ``bound`` of true time, as NTP keeps it), wall-clock steps (NTP setting it
+    to another offset at a given time), and ``CLOCK_BOOTTIME`` (``boottime_runs``: boot time counts a
+    suspend; without it ``boottime()`` is monotonic time, as on a host without that clock).
+    """
 
     def __init__(self, hub: Hub, proc: Proc, offset: float) -> None:
         super().__init__(offset)
         self.hub, self.proc = hub, proc
+        self.rate, self.bound = 0.0, math.inf
+        self.steps: list[tuple[float, float]] = []  # (hub time, the wall offset from then on), in order
+        self.boottime_runs = False
+
+    def drift(self, rate: float, bound: float) -> None:
+        """Run fast (``rate`` > 0) or slow, the wall clock staying within ``bound`` / 2 of true time."""
+        self.rate, self.bound = rate, bound / 2
+
+    def step_at(self, at: float, offset: float) -> None:
+        """At hub time ``at``, the wall clock is set to ``offset`` from true time (an NTP step)."""
+        self.steps = sorted([*self.steps, (at, offset)])
+
+    def describe(self) -> str:
+        steps = ", ".join(f"{o:+.3f} at {at - MONO0:.1f}" for at, o in self.steps)
+        return (
+            f"clock {self.offset:+.3f}" + (f" drifting {self.rate:+.1e}" if self.rate else "")
+            + (f", stepped {steps}" if steps else "") + (", boottime" if self.boottime_runs else "")
+        )  # fmt: skip
 
     def time(self) -> float:
-        return WALL0 + (self.hub.now - MONO0) + self.offset
+        now = self.hub.now
+        if not self.rate and not self.steps:
+            return WALL0 + (now - MONO0) + self.offset
+        offset, since = self.offset, MONO0
+        for at, to in self.steps:
+            if at > now:
+                break
+            offset, since = to, at
+        offset = min(max(offset + self.rate * (now - since), -self.bound), self.bound)
+        return WALL0 + (now - MONO0) + offset
+
+    def _mono_at(self, now: float) -> float:
+        if not self.rate:
+            return now - self.proc.suspended_for
+        return MONO0 + (now - MONO0 - self.proc.suspended_for) * (1 + self.rate)
 
     def monotonic(self) -> float:
-        return self.hub.now - self.proc.suspended_for
+        return self._mono_at(self.hub.now)
+
+    def boottime(self) -> float:
+        if not self.boottime_runs:
+            return self.monotonic()
+        return MONO0 + (self.hub.now - MONO0) * (1 + self.rate)
 
     @property
     def timebase(self) -> object:
@@ -245,8 +288,8 @@ class SimClock(Clock):
         otherwise end at the instant it began, and monotonic() would read the same (a real wait always
         lets some time pass).
         """
-        target, until = self.monotonic() + seconds, self.hub.now + seconds
-        while until - self.proc.suspended_for < target or until <= self.hub.now:
+        target, until = self.monotonic() + seconds, self.hub.now + seconds / (1 + self.rate)
+        while self._mono_at(until) < target or until <= self.hub.now:
             until = math.nextafter(until, math.inf)
         return until
 

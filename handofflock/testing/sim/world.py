@@ -17,10 +17,20 @@ checks are grouped into listings. In some the first party drives the async
 lock from an event loop (:class:`~.hub.SimLoop`). A director aims at two moments:
 an heir stopped as it is handed the lock, and an owner's job that ends over
 an expired waiter slot. Every party runs the real scheduler loop.
+
+Swarm testing (:class:`Swarm`, from dice of the seed's own): each world turns
+fault classes on and off (503s, 429s at random or by GCS's real one-write-a-second
+rule, lost replies, late commits, slow reads, slow writes that may be cut at
+their timeout and land later) and lets each party draw settings of its own:
+ttl, waiter ttl, write spacing, priority, patience, a clock offset at the edge
+of the skew, a clock that drifts or is stepped, a host with ``CLOCK_BOOTTIME``
+(which counts a suspend). Some worlds start with a record an older version
+wrote (no version, no instance, no token).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable
@@ -33,20 +43,54 @@ from ...aio import AsyncHandoffLock
 from ...core.errors import (
     AcquireCancelled,
     AlreadyAcquired,
+    ConfigurationError,
     HandoffLockError,
     LockLost,
     LockTimeout,
     TransientStorageError,
 )
+from ...core.timing import Timing
 from ...fencing import FencedObject, StaleToken
 from ...lock import events as signals
 from ...lock.handoff import Acquired, HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
 from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Event, Rules, Seen
-from .faults import Faults, Net, SimStore
-from .hub import MONO0, Hub, Proc, SimClock, SimLoop, SimThreads, Violation, sim_primitives
+from .faults import GCS_WRITES_PER_SECOND, Faults, Net, SimStore
+from .hub import MONO0, WALL0, Hub, Proc, SimClock, SimLoop, SimThreads, Violation, sim_primitives
 from .parties import Party
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """What a seed varies beyond its world's shape: per-party settings (each party draws its own where a field
+    is on) and clock faults. The fault classes it turns on and off are in the world's :class:`Faults`."""
+
+    ttls: bool = False  # each party's ttl is 1, 1.5 or 2 times the world's
+    waiter_ttls: bool = False  # each party's waiter ttl is half, once or 1.5 times its ttl
+    pacing: bool = False  # each party's write spacing is its own
+    priorities: bool = False  # each party asks at a priority of its own (or a random one each time)
+    patience: bool = False  # each party always asks the holder, never asks, or asks now and then
+    offsets: bool = False  # clock offsets at the edges of the skew, not spread within it
+    drift: float = 0.0  # each party's clock runs fast or slow by up to this rate
+    steps: bool = False  # wall clocks stepped (an NTP step) to another offset within the skew
+    boottime: float = 0.0  # the share of parties whose host has CLOCK_BOOTTIME (a suspend counts there)
+    old_record: str | None = None  # a record an older version wrote, in the store at the start (see OLD_RECORDS)
+
+
+#: Records written by older versions, read by the lock as they are: the original four fields (no version,
+#: no token), and a version 1 record without instances. ``{ttl}`` is the world's ttl; times are from the start.
+OLD_RECORDS: dict[str, dict[str, Any]] = {
+    "free": {"ownerId": None, "expiresAt": None, "waitingOwnerId": None, "waiterExpiresAt": None},
+    "expired": {"ownerId": "old-host", "expiresAt": -60.0, "waitingOwnerId": None, "waiterExpiresAt": None},
+    "live": {"ownerId": "old-host", "expiresAt": "ttl", "waitingOwnerId": None, "waiterExpiresAt": None},
+    "ours": {"ownerId": "p1", "expiresAt": "ttl", "waitingOwnerId": None, "waiterExpiresAt": None},
+    "waiter": {"ownerId": "old-host", "expiresAt": -1.0, "waitingOwnerId": "p2", "waiterExpiresAt": "ttl"},
+    "no-instance": {
+        "version": 1, "ownerId": "old-host", "expiresAt": "ttl", "waitingOwnerId": "old-waiter",
+        "waiterExpiresAt": "ttl", "ttl": "ttl", "token": 7,
+    },
+}  # fmt: skip
 
 
 @dataclass
@@ -64,6 +108,7 @@ class Config:
     #: Each party's ttl is ``ttl`` or ``ttl * ttl_spread``, drawn as it starts (its waiter slot asks for its own).
     ttl_spread: float = 1.0
     faults: Faults = field(default_factory=Faults)
+    swarm: Swarm = field(default_factory=Swarm)
 
 
 def draw_config(r: random.Random) -> Config:
@@ -117,9 +162,71 @@ def with_ttl_spread(config: Config, seed: int) -> Config:
     return replace(config, ttl_spread=r.choice([1.5, 2.0]))
 
 
+def old_record(kind: str, ttl: float) -> bytes:
+    """The record of :data:`OLD_RECORDS` named ``kind``, its times made absolute (``"ttl"``: ttl from the start)."""
+    doc: dict[str, Any] = {}
+    for key, value in OLD_RECORDS[kind].items():
+        if key in ("expiresAt", "waiterExpiresAt") and value is not None:
+            value = WALL0 + (ttl if value == "ttl" else value)
+        doc[key] = ttl if value == "ttl" else value
+    return json.dumps(doc).encode()
+
+
+def with_swarm(config: Config, seed: int) -> Config:
+    """Swarm testing, from dice of their own: each fault class on or off, and which settings each party
+    draws for itself. A gentle world keeps only the faults an owner must survive, and its parties the
+    ttl and write spacing design.md promises survival with."""
+    r = random.Random(f"swarm-{seed}")
+
+    def on() -> bool:
+        return r.random() < 0.5
+
+    f, c = config.faults, config
+    if c.gentle:
+        faults = replace(f, gcs_rate=f.gcs_rate if on() else 0.0, slow_read=f.slow_read if on() else 0.0)
+    else:
+        faults = replace(
+            f,
+            fail=r.choice([0.02, 0.08]) if on() else 0.0,
+            throttle=0.01 if on() else 0.0,
+            lost_reply=r.choice([0.02, 0.08]) if on() else 0.0,
+            late_commit=r.choice([0.01, 0.03]) if on() else 0.0,
+            slow_read=0.05 if on() else 0.0,
+            slow_write=r.choice([0.02, 0.08]) if on() else 0.0,
+            # GCS's real rule: every write within a second of the object's last one may meet a 429.
+            burst_window=1.0 / GCS_WRITES_PER_SECOND if f.gcs_rate and on() else f.burst_window,
+        )
+    # A slow read is cut off at its request's timeout, as a real client's is (slow reads of seconds come to
+    # fast worlds too, whose requests may take a third of a second).
+    faults = replace(faults, cut_reads=True, slow_read_max=2.0 if faults.slow_read else faults.slow_read_max)
+    skewed = c.skew > 0
+    swarm = Swarm(
+        ttls=not c.gentle and on(),
+        waiter_ttls=on(),
+        pacing=not c.gentle and on(),
+        priorities=on(),
+        patience=on(),
+        offsets=skewed and on(),
+        drift=r.choice([1e-4, 1e-3]) if skewed and on() else 0.0,
+        steps=skewed and on(),
+        boottime=r.choice([0.5, 1.0]) if on() else 0.0,
+        old_record=r.choice(sorted(OLD_RECORDS)) if r.random() < 0.3 else None,
+    )
+    if c.gentle and faults.gcs_rate and on():  # drawn last: the draws above stay as they were
+        # GCS's real rule in a gentle world too: an owner there must survive it (two 429s in a row).
+        faults = replace(faults, burst_window=1.0 / GCS_WRITES_PER_SECOND)
+    return replace(c, faults=faults, swarm=swarm, ttl_spread=2.0 if swarm.ttls else c.ttl_spread)
+
+
 class World:
     def __init__(
-        self, seed: int, config: Config | None = None, *, late_commits: bool = True, ttl_spread: bool = True
+        self,
+        seed: int,
+        config: Config | None = None,
+        *,
+        late_commits: bool = True,
+        ttl_spread: bool = True,
+        swarm: bool = True,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -129,7 +236,10 @@ class World:
             self.config = c = with_late_commits(c, seed)
         if config is None and late_commits and ttl_spread:
             self.config = c = with_ttl_spread(c, seed)
+        if config is None and late_commits and ttl_spread and swarm:
+            self.config = c = with_swarm(c, seed)
         self.ttls = random.Random(f"ttl-{seed}")  # each party's ttl: dice of their own
+        self.swarm = random.Random(f"swarm-party-{seed}")  # each party's swarm settings: dice of their own
         self.hub = Hub(self.rng)
         self.parties: list[Party] = []
         f = c.faults
@@ -154,18 +264,22 @@ class World:
         c, hub = self.config, self.hub
         proc = Proc(f"p{self._ids}")
         clock = SimClock(hub, proc, self.rng.uniform(-c.skew / 2, c.skew / 2))
-        store = SimStore(self.net, None, min_write_interval=c.spacing)
+        owner = owner_id or proc.name
+        ttl = c.ttl * self.ttls.choice((1.0, c.ttl_spread)) if c.ttl_spread != 1.0 else c.ttl
+        timing: dict[str, Any] = dict(
+            ttl=ttl, waiter_check_interval=c.ttl / 5, waiter_poll_interval=c.ttl / 10, max_clock_skew=c.skew,
+            min_hold=c.min_hold, min_write_interval=c.spacing,
+        )  # fmt: skip
+        settings = self._swarm_party(clock, timing)
+        store = SimStore(self.net, None, min_write_interval=timing.pop("min_write_interval"))
         prims = sim_primitives(hub, proc)
         # The real scheduler: its loop and its I/O pool are greenlets of this process, started as it adds a lock.
         sched = Scheduler(clock, name=proc.name, primitives=prims)
-        owner = owner_id or proc.name
-        ttl = c.ttl * self.ttls.choice((1.0, c.ttl_spread)) if c.ttl_spread != 1.0 else c.ttl
 
         def make(key: str) -> HandoffLock:
             return HandoffLock(
                 "memory://sim", storage=store, key=key, owner_id=owner, clock=clock, scheduler=sched,
-                ttl=ttl, waiter_check_interval=c.ttl / 5, waiter_poll_interval=c.ttl / 10, max_clock_skew=c.skew,
-                min_hold=c.min_hold, primitives=prims,
+                primitives=prims, **timing,
             )  # fmt: skip
 
         lock = make(KEY)
@@ -174,6 +288,7 @@ class World:
         party = Party(proc, owner, clock, store, sched, lock, fence, side=side, twin_of=twin_of)
         store.party = party
         party.slow_receiver = self.rng.choice([0.0, 0.0, 0.0, c.ttl])
+        party.asks, party.priority = settings
         self.parties.append(party)
 
         def checkpoint(sender: object, **kw: object) -> None:  # a slow receiver: a checkpoint before letting go
@@ -187,8 +302,42 @@ class World:
             hub.spawn(f"{proc.name}-main", lambda: self._actor(party), proc)
         if side is not None:
             hub.spawn(f"{proc.name}-side", lambda: self._side_actor(party), proc)
-        hub.note(f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else ""))
+        drawn = f" ({clock.describe()}, {timing}, asks {party.asks}, priority {party.priority})"
+        hub.note(
+            f"{proc.name} starts as {owner}" + (f", twin of {twin_of}" if twin_of else "")
+            + (drawn if c.swarm != Swarm() else "")
+        )  # fmt: skip
         return party
+
+    def _swarm_party(self, clock: SimClock, timing: dict[str, Any]) -> tuple[float | None, int | None]:
+        """Draw the settings of the party's own that the world's :class:`Swarm` turns on: its timing (into
+        ``timing``), its clock's faults; returns how often it asks the holder and at what priority (None:
+        as the actor draws)."""
+        s, r, c = self.config.swarm, self.swarm, self.config
+        if s.ttls:
+            timing["ttl"] = c.ttl * r.choice((1.0, 1.5, 2.0))
+        if s.waiter_ttls:
+            timing["waiter_ttl"] = timing["ttl"] * r.choice((0.5, 1.0, 1.5))
+        if s.pacing:
+            spacing = r.choice((0.0, 0.5, 1.0))
+            try:  # a spacing the party's ttl allows (see Timing), else the world's
+                Timing.build(**{**timing, "min_write_interval": spacing})
+                timing["min_write_interval"] = spacing
+            except ConfigurationError:
+                pass
+        if s.offsets:
+            clock.offset = r.choice((-1.0, 1.0)) * c.skew / 2
+        if s.drift:
+            clock.drift(r.uniform(-s.drift, s.drift), c.skew)
+            self.checker.counts["drifting_clocks"] += 1
+        if s.steps:
+            for _ in range(r.choice((1, 2, 3))):
+                clock.step_at(self.hub.now + r.uniform(0.0, c.seconds), r.uniform(-c.skew / 2, c.skew / 2))
+            self.checker.counts["clock_steps"] += len(clock.steps)
+        clock.boottime_runs = r.random() < s.boottime
+        asks = r.choice((0.0, 0.7, 1.0)) if s.patience else None
+        priority = r.choice((-1, 0, 1, 5, None)) if s.priorities else None
+        return asks, priority
 
     def _side_actor(self, party: Party) -> None:
         """A second lock under the same prefix: held on and off, so the scheduler's waiter checks form a group."""
@@ -282,7 +431,8 @@ class World:
             party.in_acquire = True
             try:
                 with anyio.move_on_after(cancel_after) as scope:
-                    got = await alock.acquire(timeout=timeout, request_release=r.random() < 0.8)
+                    asks = r.random() < 0.8 if party.asks is None else self.swarm.random() < party.asks
+                    got = await alock.acquire(timeout=timeout, request_release=asks)
                     result = bool(got)
                 if scope.cancelled_caught:
                     result = AcquireCancelled("the task was cancelled")
@@ -310,6 +460,12 @@ class World:
             # A patient request never asks the holder (it finishes on its own time), so its slot may
             # outlive a waiter that stopped or died while the owner is about to hand off.
             asks, rank = r.random() < 0.7, r.choice([0, 0, 0, 1])
+            if party.asks is not None:  # the swarm's: how often this party asks, and at what priority
+                asks = self.swarm.random() < party.asks
+            if party.priority is not None:
+                rank = party.priority
+            elif self.config.swarm.priorities:
+                rank = self.swarm.choice((-1, 0, 1, 2))
             op = lambda: lock.acquire(timeout=timeout, request_release=asks, priority=rank)  # noqa: E731
             bound = timeout
             if mode < 0.35:
@@ -426,6 +582,7 @@ class World:
                 span = r.uniform(0.5, 3.0) * c.ttl
                 p.proc.suspended_until, p.proc.suspended_for = hub.now + span, p.proc.suspended_for + span
                 self.checker.counts["suspends"] += 1
+                self.checker.counts["boottime_suspends"] += p.clock.boottime_runs
                 hub.note(f"{p.name} is suspended for {span:.2f} s (its monotonic clock stands)")
             elif what < 0.6 and p.twin_of is None and len(self.parties) < 12:
                 self.checker.counts["twins"] += 1
@@ -466,6 +623,12 @@ class World:
     # ------------------------------------------------------------------ running
 
     def run(self) -> None:
+        if self.config.swarm.old_record is not None:
+            data = old_record(self.config.swarm.old_record, self.config.ttl)
+            self.backend.write(KEY, data, if_generation_match=0)
+            self.checker.start_with(data)
+            self.checker.counts["old_records"] += 1
+            self.hub.note(f"the store holds an old record: {data.decode()}")
         for _ in range(self.config.parties):
             self.new_party()
         self.hub.spawn("chaos", self._chaos)
@@ -485,7 +648,8 @@ class World:
         probe.in_acquire = True
         c = self.config
         longest = c.ttl * c.ttl_spread
-        bound = longest + c.skew + longest + 2 * c.skew + 5.0  # a lease, a waiter slot (waiter_ttl = ttl), slack
+        slot = max([longest] + [p.lock.timing.waiter_ttl for p in self.parties])
+        bound = longest + c.skew + slot + 2 * c.skew + 5.0  # a lease, a waiter slot, slack
         box: dict[str, object] = {}
 
         def acquire() -> None:
