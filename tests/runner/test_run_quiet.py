@@ -107,34 +107,29 @@ def test_a_patient_waiter_never_says_notified_no(tmp_path, capfd, monkeypatch):
     assert "notified" not in err, err
 
 
-def test_the_asker_says_declined_by_the_holder_instead_of_a_grace_deadline(tmp_path, capfd, monkeypatch):
-    """The holder a real ``run`` that declines (``--no-yield``), the asker a ``run`` in this process: the asker's
-    line says so by the holder's label as soon as the record does, instead of "notified yes; grace ends by ..."."""
+def test_the_asker_says_declined_by_the_holder_instead_of_a_grace_deadline(tmp_path):
+    """Both ``run``s real: the holder declines (``--no-yield``), and the asker's line says so by the holder's
+    label as soon as the record does, instead of "notified yes; grace ends by ..."."""
     url, flag = (tmp_path / "lock.json").as_uri(), tmp_path / "done"
     holder = run(url, "--no-yield", "--label", "trainer-A", "--ttl", "3", "--poll-interval", "0.2", "--min-hold", "0", "--",
                  "sh", "-c", f"while [ ! -e '{flag}' ]; do sleep 0.05; done")
-    line = TeedStderr()
-    monkeypatch.setattr(runner, "WaitLine", functools.partial(WaitLine, stream=line))
-
-    def let_go_once_declined() -> None:
-        try:
-            eventually(lambda: any("declined by trainer-A" in ln for ln in line.lines), timeout=30,
-                       what="the asker saying the holder declined")
-        finally:
-            flag.touch()
-
+    lines: list[str] = []
+    asker = None
     try:
         eventually(lambda: (raw_read(url)[0] or None) and raw_read(url)[0].owner_id, timeout=30, what="the holder")
-        threading.Thread(target=let_go_once_declined, daemon=True).start()
-        asking = ["run", "-v", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", "60", "--", "true"]
-        asker = in_process(asking, capfd)
+        asker = run("-v", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", "60", "--", "true")
+        reader = threading.Thread(target=lambda: lines.extend(asker.stderr), daemon=True)
+        reader.start()
+        eventually(lambda: any("declined by trainer-A" in ln for ln in lines), timeout=30,
+                   what="the asker saying the holder declined")
     finally:
         flag.touch()
         holder.communicate(timeout=30)
-    lines = asker.stderr.splitlines()
+        if asker is not None:
+            asker.wait(timeout=30)
+            reader.join(10)
     assert holder.returncode == 0
     assert asker.returncode == 0, lines
-    assert any("declined by trainer-A" in ln for ln in lines), lines
     assert not any("grace ends by" in ln for ln in lines), lines
 
 
