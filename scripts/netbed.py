@@ -54,6 +54,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -298,7 +300,10 @@ class Run:
                     self.direct = GCSStorage(BUCKET)  # the bed's own view, over the bridge: never faulted
                 fence = self.start_fence(net)
                 self.start_workers(net)
-                threads = [threading.Thread(target=t, daemon=True) for t in (self.pauser, self.nemesis, self.sampler)]
+                threads = [
+                    threading.Thread(target=self.reported, args=(t,), daemon=True)
+                    for t in (self.pauser, self.nemesis, self.sampler)
+                ]
                 try:
                     self.wait_for_workers(time.time() + STARTUP_LIMIT)
                     for t in threads:
@@ -322,6 +327,14 @@ class Run:
             net.down()
             atexit.unregister(net.down)
         return self.report(exits, time.time() - started, stale)
+
+    def reported(self, loop: Callable[[], None]) -> None:
+        """Run one of the bed's own loops; an exception that ends it fails the run (no pauses or faults stop
+        unseen while the run reports "ok")."""
+        try:
+            loop()
+        except BaseException as exc:
+            self.errors.append(f"the bed's {loop.__name__} loop died: {exc!r}\n{traceback.format_exc()}")
 
     def start_fence(self, net: Network) -> subprocess.Popen[bytes]:
         cmd = [

@@ -205,7 +205,7 @@ def bench_hot_path() -> dict[str, Any]:
     name = f"bench-hot-{uuid.uuid4().hex[:8]}"
     sched = Scheduler(autostart=False)
     # No renewals run (the scheduler is not started): a ttl of an hour keeps check() healthy however long the
-    # timing takes on a loaded machine (at the default ttl, 30 s of timing made it raise LockLost).
+    # timing takes on a loaded machine (past renew_deadline, check() raises LockLost).
     lock = HandoffLock(f"memory://{name}/locks/hot.json", scheduler=sched, ttl=3600.0)
     lock.acquire()
 

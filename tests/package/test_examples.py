@@ -94,8 +94,7 @@ def test_preemptible_job_without_a_metadata_server_just_runs(shared_url):
 
 @pytest.mark.timeout(120)
 def test_run_example_hands_the_lock_from_one_command_to_the_next(shared_url):
-    # 240 steps of 0.05 s give the second run 12 s to start and ask (a just-booted machine took more than 3 s, and
-    # one at a load of 9 on 2 cores more than 8).
+    # 240 steps of 0.05 s give the second run 12 s to start and ask, time a busy 2-core machine needs.
     env = child_env(HANDOFFLOCK=str(CONSOLE_SCRIPT), STEPS="240")
     proc = subprocess.run(["bash", str(EXAMPLES / "run_example.sh"), shared_url], capture_output=True,
                           text=True, env=env, timeout=100)

@@ -373,7 +373,8 @@ def run_cmd(url, name, ckpt, *extra, job_args=()):
 def second_run(url, name, ckpt, capfd, *extra, job_args=()):
     """The run that asks, in this process (the one asked, the real command, is what gets the signal): it
     returns once its job has run, with the job's output and its own words."""
-    return in_process(run_cmd(url, name, ckpt, *extra, job_args=job_args)[1:], capfd)
+    # --timeout: a run that never got the lock fails this test, instead of hanging the pytest process it runs in.
+    return in_process(run_cmd(url, name, ckpt, "--timeout", "60", *extra, job_args=job_args)[1:], capfd)
 
 
 @pytest.mark.timeout(90)

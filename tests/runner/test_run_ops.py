@@ -151,7 +151,8 @@ def test_a_waiter_stopped_with_ctrl_c_leaves_the_holders_command_alone(tmp_path,
         assert HandoffLock(url).status().owner_live
         # A new waiter is a new request: the command is asked again, and killed after a fresh grace. The
         # new waiter is a run in this process: it returns once it has the lock; the holder's words are kept.
-        second = in_process(["run", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"], capfd)
+        second = in_process(["run", url, "--poll-interval", "0.2", "--min-hold", "0", "--timeout", "60", "--", "true"],
+                            capfd)
         wait_for_line(holder, "asks for")
         assert holder.wait(30) == 128 + signal.SIGKILL
         assert "did not exit within 3 s; killing it" in holder.stderr.read()

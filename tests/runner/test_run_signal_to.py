@@ -67,7 +67,8 @@ def _start(tmp_path: Path, *cmd: str, extra: tuple[str, ...] = ()) -> subprocess
 
 def _ask_for_the_lock(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
     """A ``run`` in this process that asks for the lock: what is checked is the holder's process and its command."""
-    return in_process(["run", (tmp_path / "lock.json").as_uri(), "--poll-interval", "0.2", "--", "true"], capfd)
+    return in_process(["run", (tmp_path / "lock.json").as_uri(), "--poll-interval", "0.2", "--timeout", "60", "--", "true"],
+                      capfd)
 
 
 def _cleanup(proc: subprocess.Popen, tmp_path: Path) -> None:

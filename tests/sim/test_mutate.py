@@ -101,7 +101,7 @@ def test_the_report_counts_each_outcome_and_prints_each_survivor_with_its_spot_a
     ]  # fmt: skip
     out = mutate.report(verdicts, total=10, not_reached=7, seeds=200, jobs=2, took=152.0).splitlines()
     assert out[0].startswith("mutants: 10 in ") and "7 not reached" in out[0] and out[0].endswith("3 run")
-    assert out[1].startswith("caught: 2 of 3 (66.7%): by the simulation 1, by the model check 0 (of 1")
+    assert out[1].startswith("caught: 1 of 3 (33.3%): by the simulation 1, by the model check 0 (of 1")
     assert "hangs 1" in out[1]
     assert out[2] == "survivors: 1"
     assert "seeds per mutant 200" in out[3] and "-j 2" in out[3] and "per mutant run" in out[3]
