@@ -187,7 +187,7 @@ def test_an_old_record_is_read_by_the_checker_and_the_lock(kind):
             read_record(data)  # a record the library writes has its version
 
 
-def test_a_world_that_starts_on_an_old_record_takes_over_from_it():
+def test_a_world_that_starts_on_an_old_record_runs_clean():
     seeds = {c.swarm.old_record: s for s, c in enumerate(swarm_configs(200)) if c.swarm.old_record}
     for kind in ("live", "ours", "no-instance"):
         outcome = run_seed(seeds[kind])
@@ -205,7 +205,7 @@ def test_violations_are_grouped_by_rule_and_kind_of_world():
     assert c.signature.startswith("[gentle]")
 
 
-def test_a_run_prints_seeds_per_second_and_each_signature_once(capsys):
+def test_a_run_prints_its_seeds_per_second(capsys):
     assert main(["--seeds", "2", "--first", "7"]) == 0
     out = capsys.readouterr().out
     assert "2 seeds, 0 violations" in out and "seeds/s" in out
