@@ -124,6 +124,8 @@ def store(faults: Faults) -> tuple[Hub, Checker, SimStore]:
     checker = Checker(hub, Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, gentle=False), [])
     backend = MemoryStorage(f"swarm-test-{random.random()}")
     net = Net(hub, random.Random(1), faults, backend, checker.note, checker.counts)
+    # No client-side spacing: these tests aim writes 0.7 s apart at the store's own 429 rule and slow writes,
+    # which a client that waits out a write interval would never reach.
     return hub, checker, SimStore(net, None, min_write_interval=0.0)
 
 
