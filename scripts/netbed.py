@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import mmap
 import os
 import random
 import re
@@ -54,8 +53,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import netbed_check  # noqa: E402
+from harness import STARTUP_LIMIT, Workers  # noqa: E402
 
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.testing.emulator import FakeGCSServer, _binary_path  # noqa: E402
@@ -71,7 +69,6 @@ BUCKET = "netbed"
 LOCK_KEY = "netbed/lock.json"
 PREFIX = "hlnb-"
 STORE_PORT, FENCE_PORT = 4443, 8080
-STARTUP_LIMIT = 60.0
 HOLDING, WRITING = 2, 3  # netbed_worker's phases
 #: A qdisc that drops every packet (no packet fits a 10-byte bucket): a partition without netem.
 DROP_ALL = "tbf rate 8bit burst 10 limit 1"
@@ -266,20 +263,14 @@ class Network:
         self.made.clear()
 
 
-class Run:
+class Run(Workers):
     def __init__(self, a: argparse.Namespace, workdir: Path) -> None:
+        super().__init__(workdir, "parties", LOCK_KEY)
         self.a = a
-        self.dir = workdir
         self.rng = random.Random(a.seed)
-        self.done = threading.Event()
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.offsets: dict[str, float] = {}
         self.pauses: list[dict[str, Any]] = []
-        self.paused: set[str] = set()
-        self.pause_lock = threading.Lock()
         self.faults: list[dict[str, Any]] = []
-        self.samples: list[tuple[int, str | None, int]] = []
-        self.errors: list[str] = []
         self.netem_refused: str | None = None  # why netem is refused, if it is
         self.history_path = workdir / "fence.jsonl"
 
@@ -305,7 +296,7 @@ class Run:
                     for t in (self.pauser, self.nemesis, self.sampler)
                 ]
                 try:
-                    self.wait_for_workers(time.time() + STARTUP_LIMIT)
+                    self.wait_for_workers()
                     for t in threads:
                         t.start()
                     self.wait_until(time.time() + a.duration)
@@ -327,14 +318,6 @@ class Run:
             net.down()
             atexit.unregister(net.down)
         return self.report(exits, time.time() - started, stale)
-
-    def reported(self, loop: Callable[[], None]) -> None:
-        """Run one of the bed's own loops; an exception that ends it fails the run (no pauses or faults stop
-        unseen while the run reports "ok")."""
-        try:
-            loop()
-        except BaseException as exc:
-            self.errors.append(f"the bed's {loop.__name__} loop died: {exc!r}\n{traceback.format_exc()}")
 
     def start_fence(self, net: Network) -> subprocess.Popen[bytes]:
         cmd = [
@@ -359,7 +342,7 @@ class Run:
 
     def start_workers(self, net: Network) -> None:
         a = self.a
-        (self.dir / "phases").write_bytes(bytes(a.parties))
+        self.make_phases(a.parties)
         deadline = time.time() + STARTUP_LIMIT + a.duration + 120
         for i, ns in enumerate(net.party_ns):
             name = f"p{i}"
@@ -404,45 +387,7 @@ class Run:
                 str(deadline),
                 *[arg for plant in a.plant for arg in ("--plant", plant)],
             ]
-            with open(self.dir / f"{name}.stderr", "wb") as err:
-                self.procs[name] = subprocess.Popen(
-                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT
-                )
-
-    def wait_for_workers(self, until: float) -> None:
-        while time.time() < until:
-            if all(self.read_log(n)[:1] for n in self.procs) or any(p.poll() is not None for p in self.procs.values()):
-                return
-            time.sleep(0.05)
-        self.errors.append(f"the parties were not all up within {STARTUP_LIMIT:.0f} s")
-
-    def wait_until(self, until: float) -> None:
-        while time.time() < until:
-            dead = [n for n, p in self.procs.items() if p.poll() is not None]
-            if dead:
-                self.errors.append(f"parties exited early: {dead}")
-                return
-            time.sleep(min(1.0, max(0.0, until - time.time())))
-
-    def stop_workers(self) -> dict[str, int | None]:
-        with self.pause_lock:
-            for name in self.paused:
-                os.kill(self.procs[name].pid, signal.SIGCONT)
-            self.paused.clear()
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        exits: dict[str, int | None] = {}
-        limit = time.time() + 60
-        for name, p in self.procs.items():
-            try:
-                exits[name] = p.wait(max(0.1, limit - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-                exits[name] = None
-                self.errors.append(f"{name} did not stop within 60 s and was killed")
-        return exits
+            self.start(name, cmd, env)
 
     # -- the nemeses ----------------------------------------------------------------
 
@@ -496,8 +441,7 @@ class Run:
     def pauser(self) -> None:
         """SIGSTOP a party now and then; the first --late-writes pauses hold one that is about to write."""
         a, rng = self.a, random.Random(f"{self.a.seed}:pauser")
-        with open(self.dir / "phases", "rb") as f:
-            phases = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        phases = self.read_phases()
         names = sorted(self.procs)
         late_left = a.late_writes
         while not self.done.wait(rng.expovariate(1.0 / a.pause_every)):
@@ -515,11 +459,8 @@ class Run:
                 name = rng.choice(names)
             long = late or rng.random() < a.long_pauses
             seconds = rng.uniform(1.5 * a.ttl, 3.0 * a.ttl) if long else rng.uniform(0.02, 0.4 * a.ttl)
-            with self.pause_lock:
-                if self.procs[name].poll() is not None:
-                    continue
-                os.kill(self.procs[name].pid, signal.SIGSTOP)
-                self.paused.add(name)
+            if not self.freeze(name):
+                continue
             began, mark = time.time(), self.history_size()
             self.done.wait(seconds)
             if late:  # until another party's write is accepted: the frozen one's is then certainly stale
@@ -528,10 +469,7 @@ class Run:
                     if self.done.wait(0.01):
                         break
                 late_left -= self.accepted_since(mark, name)
-            with self.pause_lock:
-                if name in self.paused:
-                    os.kill(self.procs[name].pid, signal.SIGCONT)
-                    self.paused.discard(name)
+            self.thaw(name)
             self.pauses.append(
                 {
                     "party": name,
@@ -553,26 +491,7 @@ class Run:
                 for e in (json.loads(line) for line in f.read().splitlines() if line.strip())
             )
 
-    def sampler(self) -> None:
-        last = 0
-        while not self.done.wait(0.02):
-            try:
-                found = self.direct.read(LOCK_KEY)
-            except Exception as exc:  # the bed's own reads go over the bridge; note and go on
-                self.errors.append(f"sampler: {exc!r}")
-                continue
-            if found is not None and found[1] != last:
-                data, last = found
-                doc = json.loads(data)
-                self.samples.append((last, doc.get("ownerId"), int(doc.get("token") or 0)))
-
     # -- the verdict -----------------------------------------------------------------
-
-    def read_log(self, name: str) -> list[dict[str, Any]]:
-        path = self.dir / f"{name}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
     def report(self, exits: dict[str, int | None], elapsed: float, stale: list[str]) -> dict[str, Any]:
         a = self.a

@@ -18,15 +18,14 @@ import argparse
 import contextlib
 import http.client
 import json
-import mmap
 import os
 import random
-import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
+
+from harness import Worker
 
 from handofflock import HandoffLock, HandoffLockError, LockLost
 from handofflock.core.clock import Clock
@@ -76,33 +75,10 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
 
     me = f"p{a.index}"
-    out = open(a.dir / f"{me}.jsonl", "ab", buffering=0)  # noqa: SIM115 (open for the whole run)
-    mutex = threading.Lock()
-
-    def log(event: str, **fields: object) -> None:
-        line = json.dumps({"ev": event, "t": time.time(), **fields}).encode() + b"\n"
-        with mutex:
-            out.write(line)
-
+    worker = Worker(a.dir, a.index, me, a.deadline)
+    log, phase, stop = worker.log, worker.phase, worker.stop
     rng = random.Random(f"{a.seed}:{me}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    parent = os.getppid()
-
-    def orphan_watch() -> None:  # never outlive the bed
-        while not stop.wait(1.0):
-            if os.getppid() != parent or time.time() > a.deadline:
-                stop.set()
-                time.sleep(30)
-                os._exit(3)
-
-    threading.Thread(target=orphan_watch, daemon=True).start()
-    with open(a.dir / "phases", "r+b") as f:
-        phases = mmap.mmap(f.fileno(), 0)
     fence_host, fence_port = a.fence.rsplit(":", 1)
-
-    def phase(value: int) -> None:
-        phases[a.index] = value
 
     def write(aid: str, kind: str, token: int, checked: bool) -> None:
         op = f"{aid}-{kind}"

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import random
 import signal
@@ -50,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torture_check  # noqa: E402
+from harness import STARTUP_LIMIT, Workers  # noqa: E402
 
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.testing import FakeGCSServer, FaultProxy  # noqa: E402
@@ -57,8 +57,6 @@ from handofflock.testing import FakeGCSServer, FaultProxy  # noqa: E402
 BUCKET = "torture"
 LOCK_KEY = "torture/lock.json"
 JOURNAL_KEY = "torture/journal.json"
-#: How long the workers may take to start (imports, the lock) before the run counts its seconds.
-STARTUP_LIMIT = 60.0
 WORKING, WRITING = 3, 4  # torture_worker's phases
 
 
@@ -106,21 +104,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-class Run:
+class Run(Workers):
     def __init__(self, a: argparse.Namespace, workdir: Path) -> None:
+        super().__init__(workdir, "workers", LOCK_KEY)
         self.a = a
-        self.dir = workdir
         self.rng = random.Random(a.seed)
-        self.done = threading.Event()
-        self.procs: dict[str, subprocess.Popen] = {}
         self.offsets: dict[str, float] = {}
         self.pauses: list[dict] = []
-        self.paused: set[str] = set()
-        self.pause_lock = threading.Lock()
-        self.history: list[tuple[int, str | None, int]] = []
         self.archive: list[dict] = []
         self.archive_writes = 0
-        self.errors: list[str] = []
 
     # -- the run ----------------------------------------------------------------
 
@@ -152,7 +144,7 @@ class Run:
                 },
                 seed=a.seed, delay=(0.01, a.max_delay), retry_after=(0.0, 1.0), refuse_window=(0.05, 0.3),
             )
-            (self.dir / "phases").write_bytes(bytes(a.workers))
+            self.make_phases(a.workers)
             # Workers stop themselves after this, whatever happens (their start, bounded below, included).
             deadline = time.time() + STARTUP_LIMIT + a.duration + 120
             for i in range(a.workers):
@@ -166,13 +158,12 @@ class Run:
                     "--min-write-interval", str(a.min_write_interval), "--deadline", str(deadline),
                     *(["--sabotage", a.sabotage] if a.sabotage else []),
                 ]
-                with open(self.dir / f"{name}.stderr", "wb") as err:
-                    self.procs[name] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
-            threads = [threading.Thread(target=t, daemon=True) for t in (self.pauser, self.sampler, self.archiver)]
+                self.start(name, cmd, env)
+            threads = [threading.Thread(target=self.reported, args=(t,), daemon=True) for t in (self.pauser, self.sampler, self.archiver)]
             try:
                 # The run's seconds count from when every worker is up (its imports done, its lock made):
                 # on a loaded machine that takes seconds, which a short run would otherwise spend idle.
-                self.wait_for_workers(time.time() + STARTUP_LIMIT)
+                self.wait_for_workers()
                 for t in threads:
                     t.start()
                 self.wait_until(time.time() + a.duration)
@@ -188,52 +179,15 @@ class Run:
         elapsed = time.time() - started
         logs = {name: self.read_log(name) for name in self.procs}
         journal = self.archive
-        results = torture_check.check(journal, logs, exits, self.history)
+        results = torture_check.check(journal, logs, exits, self.samples)
         return self.report(results, logs, exits, journal, proxy_stats, elapsed)
-
-    def wait_for_workers(self, until: float) -> None:
-        """Wait until every worker has logged its start (or one died, or ``until`` passed: noted)."""
-        while time.time() < until:
-            if all(self.read_log(n)[:1] for n in self.procs) or any(p.poll() is not None for p in self.procs.values()):
-                return
-            time.sleep(0.05)
-        self.errors.append(f"the workers were not all up within {STARTUP_LIMIT:.0f} s")
-
-    def wait_until(self, until: float) -> None:
-        while time.time() < until:
-            dead = [n for n, p in self.procs.items() if p.poll() is not None]
-            if dead:
-                self.errors.append(f"workers exited early: {dead}")
-                return
-            time.sleep(min(1.0, max(0.0, until - time.time())))
-
-    def stop_workers(self) -> dict[str, int | None]:
-        with self.pause_lock:
-            for name in self.paused:
-                os.kill(self.procs[name].pid, signal.SIGCONT)
-            self.paused.clear()
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        exits: dict[str, int | None] = {}
-        limit = time.time() + 60
-        for name, p in self.procs.items():
-            try:
-                exits[name] = p.wait(max(0.1, limit - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-                exits[name] = None
-                self.errors.append(f"{name} did not stop within 60 s and was killed")
-        return exits
 
     # -- the harness's threads --------------------------------------------------------
 
     def pauser(self) -> None:
         """SIGSTOP a worker now and then; aimed pauses wait for a holder in its work or past its check."""
         a, rng = self.a, random.Random(f"{self.a.seed}:pauser")
-        with open(self.dir / "phases", "rb") as f:
-            phases = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        phases = self.read_phases()
         names = sorted(self.procs)
         late_left = a.late_writes
         while not self.done.wait(rng.expovariate(1.0 / a.pause_every)):
@@ -256,12 +210,8 @@ class Run:
             long = make_late or rng.random() < a.long_pauses
             # Long pauses outlast the lease with room for the next holder to take it and claim the journal.
             seconds = rng.uniform(1.6 * a.ttl, 3.0 * a.ttl) if long else rng.uniform(0.02, 0.4 * a.ttl)
-            pid = self.procs[name].pid
-            with self.pause_lock:
-                if self.procs[name].poll() is not None:
-                    continue
-                os.kill(pid, signal.SIGSTOP)
-                self.paused.add(name)
+            if not self.freeze(name):
+                continue
             began = time.time()
             self.done.wait(seconds)
             if make_late:
@@ -274,27 +224,8 @@ class Run:
                         break
                 if any(phases[i] == WORKING for i in others):
                     late_left -= 1
-            with self.pause_lock:
-                if name in self.paused:
-                    os.kill(pid, signal.SIGCONT)
-                    self.paused.discard(name)
+            self.thaw(name)
             self.pauses.append({"worker": name, "start": began, "seconds": round(time.time() - began, 3), "long": long, "aimed": aimed})
-
-    def sampler(self) -> None:
-        last = 0
-        while not self.done.wait(0.02):
-            try:
-                found = self.direct.read(LOCK_KEY)
-            except Exception as exc:  # the harness's own reads go straight to the emulator; note and go on
-                self.errors.append(f"sampler: {exc!r}")
-                continue
-            if found is None:
-                continue
-            data, generation = found
-            if generation != last:
-                doc = orjson.loads(data)
-                self.history.append((generation, doc.get("ownerId"), int(doc.get("token") or 0)))
-                last = generation
 
     def archiver(self) -> None:
         while not self.done.wait(1.0):
@@ -336,12 +267,6 @@ class Run:
 
     # -- reporting ---------------------------------------------------------------
 
-    def read_log(self, name: str) -> list[dict]:
-        path = self.dir / f"{name}.jsonl"
-        if not path.exists():
-            return []
-        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
     def report(self, results, logs, exits, journal, proxy_stats, elapsed) -> dict:
         a = self.a
         tally = torture_check.tally(logs)
@@ -379,7 +304,7 @@ class Run:
                 "longest_seconds": max((p["seconds"] for p in pauses), default=0.0),
                 "log": pauses,
             },
-            "lock_history_samples": len(self.history),
+            "lock_history_samples": len(self.samples),
             "journal": {"entries": len(journal), "archive_writes": self.archive_writes},
             "workers": tally,
             "exits": exits,

@@ -25,10 +25,8 @@ handofflock errors are logged and survived; anything else is logged as
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import random
-import signal
 import sys
 import threading
 import time
@@ -36,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import orjson
+from harness import Worker
 
 from handofflock import HandoffLock, HandoffLockError, LockLost, StaleToken, signals
 from handofflock.core.clock import Clock
@@ -46,17 +44,6 @@ from handofflock.storage.gcs import GCSStorage
 #: Phases published for the harness, which aims some pauses at workers inside a critical section
 #: (WORKING: in the work; WRITING: past the final check, about to write the section).
 IDLE, ACQUIRING, CLAIMING, WORKING, WRITING, RELEASING = range(6)
-
-
-class Log:
-    def __init__(self, path: Path) -> None:
-        self._f = open(path, "ab", buffering=0)
-        self._mutex = threading.Lock()
-
-    def __call__(self, event: str, **fields) -> None:
-        line = orjson.dumps({"ev": event, "t": time.time(), **fields}) + b"\n"
-        with self._mutex:
-            self._f.write(line)
 
 
 def main(argv: list[str]) -> int:
@@ -79,26 +66,9 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
 
     me = f"w{a.index}"
-    log = Log(a.dir / f"{me}.jsonl")
+    worker = Worker(a.dir, a.index, me, a.deadline)
+    log, phase, stop = worker.log, worker.phase, worker.stop
     rng = random.Random(f"{a.seed}:{me}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    parent = os.getppid()
-
-    def orphan_watch() -> None:  # never outlive the harness
-        while not stop.wait(1.0):
-            if os.getppid() != parent or time.time() > a.deadline:
-                stop.set()
-                time.sleep(30)
-                os._exit(3)
-
-    threading.Thread(target=orphan_watch, daemon=True).start()
-
-    with open(a.dir / "phases", "r+b") as f:
-        phases = mmap.mmap(f.fileno(), 0)
-
-    def phase(value: int) -> None:
-        phases[a.index] = value
 
     if a.storage == "s3":
         from handofflock.storage.s3 import S3Storage
