@@ -140,7 +140,7 @@ def _kill_namespace(ns: str) -> None:
 
 
 def clean_stale() -> list[str]:
-    """Delete the namespaces and bridges of earlier runs whose process is gone; returns their names."""
+    """Delete the namespaces, bridges and links of earlier runs whose process is gone; returns their names."""
     gone = []
     for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -148,8 +148,8 @@ def clean_stale() -> list[str]:
         if m and not _alive(int(m.group(1))):
             _kill_namespace(name)
             gone.append(name)
-    for line in sh("ip", "-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
-        m = re.match(r"\d+: (hn(\d+)br)[:@]", line)
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():  # bridges, and veths a failed run left
+        m = re.match(r"\d+: (hn(\d+)[a-z]\w*)[:@]", line)
         if m and not _alive(int(m.group(2))):
             sh("ip", "link", "del", m.group(1), check=False)
             gone.append(m.group(1))
@@ -199,7 +199,9 @@ class Network:
 
     @staticmethod
     def _free_net() -> int:
+        # Taken: a 10.N on any address here, or any route into a 10.N (a VPN's, say, with no local address).
         used = set(re.findall(r"inet 10\.(\d+)\.", sh("ip", "-4", "-o", "addr", check=False).stdout))
+        used |= set(re.findall(r"^10\.(\d+)\.", sh("ip", "-4", "route", check=False).stdout, re.M))
         start = 100 + os.getpid() % 150
         for n in [*range(start, 250), *range(100, start)]:
             if str(n) not in used:
@@ -231,6 +233,7 @@ class Network:
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         host = f"hn{self.id}{tag}"
         sh("ip", "link", "add", host, "type", "veth", "peer", "name", host + "i")
+        self.made.append(host)  # deleted by down() even if a step below fails (its peer goes with it)
         sh("ip", "link", "set", host + "i", "netns", ns)
         self._name(ns, host + "i", "eth0", f"{address}/24")
         sh("ip", "link", "set", host, "master", self.bridge)
@@ -239,6 +242,7 @@ class Network:
     def _pair(self, ns_a: str, name_a: str, addr_a: str, ns_b: str, name_b: str, addr_b: str, tag: str) -> None:
         a, b = f"hn{self.id}{tag}a", f"hn{self.id}{tag}b"
         sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+        self.made.append(a)  # in the root namespace until moved: deleted by down() if a move fails
         sh("ip", "link", "set", a, "netns", ns_a)
         sh("ip", "link", "set", b, "netns", ns_b)
         self._name(ns_a, a, name_a, f"{addr_a}/24")

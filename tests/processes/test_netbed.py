@@ -24,8 +24,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import netbed  # noqa: E402
 
-REASON = netbed.refusal()
-pytestmark = [pytest.mark.gcs, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
+pytestmark = pytest.mark.gcs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bed_allowed() -> None:
+    """Probe once, when the first test here runs (not at collection): the probe makes and deletes a namespace."""
+    reason = netbed.refusal()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def run(tmp_path: Path, *args: str, timeout: float) -> tuple[int, dict, str]:
@@ -108,16 +115,20 @@ def test_a_handoff_that_keeps_the_old_token_fails_the_offline_check(tmp_path):
     assert not result["checks"]["one_writer_per_token"]["ok"], stdout
 
 
-def test_namespaces_and_bridges_of_a_dead_run_are_cleaned_up():
+def test_namespaces_bridges_and_links_of_a_dead_run_are_cleaned_up():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    ns, bridge = f"{netbed.PREFIX}{dead.pid}-store", f"hn{dead.pid}br"
+    ns, bridge, veth = f"{netbed.PREFIX}{dead.pid}-store", f"hn{dead.pid}br", f"hn{dead.pid}x0a"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+    # A veth end left in the root namespace by a run whose move into a namespace failed.
+    subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", f"hn{dead.pid}x0b"], check=True)
     try:
-        assert set(netbed.clean_stale()) >= {ns, bridge}
+        assert set(netbed.clean_stale()) >= {ns, bridge, veth}
         assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert bridge not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert bridge not in links and f"hn{dead.pid}x0" not in links
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
