@@ -47,6 +47,7 @@ class Smaller(bench.Plan):
     def __init__(self, quick):
         super().__init__(quick)
         self.rtt_n, self.polls, self.handoffs, self.local_handoffs, self.notices = 5, (0.1,), 1, 1, 1
+        self.hot_calls = 2_000
         self.scale_locks, self.scale_window = (1, 10), 1.0
         self.async_rows, self.async_window = (("local", "asyncio", 10, 1, 60.0, None),), 2.0
 
@@ -77,6 +78,10 @@ def test_the_quick_bench_exits_cleanly_and_writes_json(quick_run):
         assert section in results, section
     for header in ("1. Requests per operation", "2. Handoff latency", "5. Scale", "6. What users would pick instead"):
         assert header in proc.stdout
+    # The async row asks its holder at once (min_hold 0): its notice measures the waiter check, not the
+    # library's default minimum hold of 30 s.
+    (row,) = results["async"]
+    assert row["handoffs_done"] == 1 and row["notice_p50_ms"] < 20_000, row
 
 
 @pytest.mark.slow
