@@ -578,10 +578,8 @@ class HandoffLock:
                         return self._not_acquired(record)
                     # A registration or a take whose reply we may never see: a way out reads the record and
                     # gives back whatever of it landed (the slot, or the lock itself).
-                    before, sent = (
-                        sent,
-                        sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE),
-                    )
+                    before = sent
+                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
                     try:
                         with self._mutex:
                             unanswered = decision.if_generation_match
