@@ -50,7 +50,7 @@ from ..core.errors import (
 )
 from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
-from ..core.record import Forward, Label, LockRecord, WaiterRequest, id_problem, label_problem, new_nonce
+from ..core.record import Forward, Label, LockRecord, WaiterRequest, id_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
 from ..core.timing import MIN_REQUEST_TIME, MIN_ROOM, RETRY, Timing, requests_by
@@ -1472,14 +1472,12 @@ def _owner_id_of(owner_id: str | None) -> str:
 
 
 def _label_of(label: str | Label | None) -> Label:
-    """``label`` as a checked :class:`Label`; by default what :func:`detect_label` finds."""
-    if label is None:
-        label = Label(detect_label())
-    elif isinstance(label, str):
-        label = Label(label)
-    problem = label_problem(label.text, "label") if isinstance(label, Label) else "label must be a string"
-    if problem is not None:
-        raise ConfigurationError(f"{problem}: it is written into the lock object")
+    """``label`` as a :class:`Label` (which checks its text as it is made); by default what
+    :func:`detect_label` finds."""
+    if label is None or isinstance(label, str):
+        return Label(detect_label() if label is None else label)
+    if not isinstance(label, Label):
+        raise ConfigurationError("label must be a string: it is written into the lock object")
     return label
 
 
