@@ -209,6 +209,7 @@ _instance = _or_null(
 )
 _YEAR_3000 = "a Unix time between 0 and year 3000"
 _timestamp = _or_null(_must("a number or null", _is_number, lambda v: 0 <= v <= MAX_TIMESTAMP, _YEAR_3000))
+_when = _must("a number", _is_number, lambda v: 0 <= v <= MAX_TIMESTAMP, _YEAR_3000)
 _ttl = _or_null(_must("a finite number", _is_number, lambda v: 0 < v <= MAX_TTL, f"in (0, {MAX_TTL:.0f}] seconds"))
 _token = _or_null(_must("an integer", _is_int, lambda v: 0 <= v <= MAX_TOKEN, "in [0, 2**63-1]"))
 _nonce = _or_null(
@@ -270,10 +271,15 @@ def _of(place: Holder | Waiter | None) -> tuple[str | None, str | None]:
 
 
 def _bound(
-    make: Callable[[dict[str, Any]], Label | WaiterRequest], keys: dict[str, Problem], listed: str, optional: str = ""
-) -> Reader:
-    """A reader of what ``make`` makes of the owner's or the waiter's object, written with the id and instance
-    of that place (:func:`_bound_json`); None once another owner or waiter is in place (see :func:`_names`).
+    make: Callable[[dict[str, Any]], Any],
+    dump: Writer,
+    keys: dict[str, Problem],
+    listed: str,
+    optional: str = "",
+) -> tuple[Reader, Writer]:
+    """The reader and writer of a value kept as an object written with the id and instance of the owner's or
+    the waiter's place: ``make`` makes the value of the object, ``dump(value, place)`` the object of the value
+    (None: nothing is written). It reads as None once another owner or waiter is in place (see :func:`_names`).
     ``listed``: the keys in the order a reason lists them (``keys``, then the id and instance, are checked in
     that order)."""
     every = {**keys, "instance": _instance, "id": _id}
@@ -286,60 +292,24 @@ def _bound(
             return None
         return make(obj)
 
-    return read
+    return read, dump
 
 
-def _bound_json(value: Label | WaiterRequest, place: Holder | Waiter) -> dict[str, Any] | None:
-    """``value`` as its place writes it, with the place's id and instance; nothing for a request that only asks."""
-    if value == ASKING:
-        return None
-    if isinstance(value, Label):
-        doc: dict[str, Any] = {"text": value.text, "instance": place.instance, "id": place.id}
-        if value.grace is not None:
-            doc["grace"] = value.grace
-        return doc
-    return {"asks": value.asks, "priority": value.priority, "id": place.id, "instance": place.instance}
+def _of_hold(field: str, check: Problem) -> tuple[Reader, Writer]:
+    """The reader and writer of ``{field: number, "token": ...}``, a number about the hold whose token it names.
 
+    An older writer that took the lock (a new token) kept it as an unknown field: it is not this hold's (None).
+    """
 
-def _held_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
-    obj = _object(value, name, corrupt, {"at": _timestamp, "token": _token})
-    if obj is not None and obj["at"] is None:
-        raise corrupt(f"'{name}.at' must be a number, got null")
-    # An older writer that took the lock (a new token) kept this as an unknown field: it is not this hold's.
-    if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
-        return None
-    return float(obj["at"])
+    def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
+        obj = _object(value, name, corrupt, {field: check, "token": _token})
+        if obj is not None and obj[field] is None:
+            raise corrupt(f"'{name}.{field}' must be a number, got null")
+        if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
+            return None
+        return float(obj[field])
 
-
-def _held_since_json(at: float, record: LockRecord) -> dict[str, Any]:
-    return {"at": at, "token": record.token}
-
-
-def _min_hold(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
-    obj = _object(value, name, corrupt, {"seconds": _grace, "token": _token})
-    if obj is not None and obj["seconds"] is None:
-        raise corrupt(f"'{name}.seconds' must be a number, got null")
-    # Like heldSince: it speaks of the hold whose token it names, never of a later one.
-    if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
-        return None
-    return float(obj["seconds"])
-
-
-def _min_hold_json(seconds: float, record: LockRecord) -> dict[str, Any]:
-    return {"seconds": seconds, "token": record.token}
-
-
-def _waiting_since(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
-    obj = _object(value, name, corrupt, {"at": _timestamp, "id": _id, "instance": _instance})
-    if obj is not None and obj["at"] is None:
-        raise corrupt(f"'{name}.at' must be a number, got null")
-    if obj is None or not _names(obj, (seen["id"], seen["instance"])):
-        return None
-    return float(obj["at"])
-
-
-def _waiting_since_json(at: float, place: Waiter) -> dict[str, Any]:
-    return {"at": at, "id": place.id, "instance": place.instance}
+    return read, lambda number, record: {field: number, "token": record.token}
 
 
 def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
@@ -400,14 +370,32 @@ class WaiterRequest:
 ASKING = WaiterRequest()
 _label = _bound(
     lambda obj: Label(obj["text"], None if obj.get("grace") is None else float(obj["grace"])),
+    lambda label, place: {
+        "text": label.text,
+        "instance": place.instance,
+        "id": place.id,
+        **({} if label.grace is None else {"grace": label.grace}),
+    },
     {"text": label_problem, "grace": _grace},
     "text instance id grace",
     optional="grace",
 )
+#: Nothing is written for a request that only asks (what a waiter without one wants).
 _request = _bound(
     lambda obj: WaiterRequest(obj["asks"], obj["priority"]),
+    lambda request, place: (
+        None
+        if request == ASKING
+        else {"asks": request.asks, "priority": request.priority, "id": place.id, "instance": place.instance}
+    ),
     {"asks": _asks, "priority": _priority},
     "asks priority id instance",
+)
+_since = _bound(
+    lambda obj: float(obj["at"]),
+    lambda at, place: {"at": at, "id": place.id, "instance": place.instance},
+    {"at": _when},
+    "at id instance",
 )
 
 
@@ -418,7 +406,7 @@ class Holder:
     id: str = wire("ownerId", _reader(_id), always=True, default=MISSING)
     expires_at: float = wire("expiresAt", _reader(_timestamp, float), always=True, default=MISSING)
     instance: str | None = wire("ownerInstance", _reader(_instance))
-    label: Label | None = wire("ownerLabel", _label, _bound_json)  # noqa: RUF009 (a frozen value)
+    label: Label | None = wire("ownerLabel", *_label)  # noqa: RUF009 (a frozen value)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the lease is unexpired at ``now`` (with ``skew`` grace)."""
@@ -433,10 +421,10 @@ class Waiter:
     expires_at: float = wire("waiterExpiresAt", _reader(_timestamp, float), always=True, default=MISSING)
     ttl: float | None = wire("waiterTtl", _reader(_ttl, float))
     instance: str | None = wire("waiterInstance", _reader(_instance))
-    label: Label | None = wire("waiterLabel", _label, _bound_json)  # noqa: RUF009 (a frozen value)
-    request: WaiterRequest = wire("waiterRequest", _request, _bound_json, default=ASKING)  # noqa: RUF009 (a frozen value)
+    label: Label | None = wire("waiterLabel", *_label)  # noqa: RUF009 (a frozen value)
+    request: WaiterRequest = wire("waiterRequest", *_request, default=ASKING)  # noqa: RUF009 (a frozen value)
     #: When the acquire in this slot began waiting (its wall clock): at equal rank the older waiter has the slot.
-    since: float | None = wire("waitingSince", _waiting_since, _waiting_since_json)
+    since: float | None = wire("waitingSince", *_since)
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the slot is unexpired at ``now`` (with ``skew`` grace)."""
@@ -499,9 +487,9 @@ class LockRecord:
     ttl: float | None = wire("ttl", _reader(_ttl, float), always=True)
     token: int = wire("token", _reader(_token, null=0), always=True, default=0)
     #: When the current hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
-    held_since: float | None = wire("heldSince", _held_since, _held_since_json)
+    held_since: float | None = wire("heldSince", *_of_hold("at", _timestamp))
     #: How long the holder keeps the lock before a waiter's request is acted on (from ``held_since``).
-    min_hold: float | None = wire("minHold", _min_hold, _min_hold_json)
+    min_hold: float | None = wire("minHold", *_of_hold("seconds", _grace))
     nonce: str | None = wire("nonce", _reader(_nonce), always=True)
     declined: bool = wire("declinedWaiter", _declined, _declined_json, default=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)

@@ -266,9 +266,7 @@ class Backoff:
         """Seconds to wait before retry ``attempt`` (0 for the first), with no deadline."""
         return (rng or random).random() * self.ceiling(attempt)
 
-    def delay_within(
-        self, attempt: int, *, now: float, deadline: float | None, rng: random.Random | None = None
-    ) -> float | None:
+    def delay_within(self, attempt: int, *, now: float, deadline: float | None) -> float | None:
         """Seconds to wait before retry ``attempt``, or None when no try fits before ``deadline``.
 
         A draw that would carry the next try past the deadline is cut short so
@@ -277,7 +275,7 @@ class Backoff:
         trying until its deadline instead of stopping early on an unlucky draw,
         and never sleeps past it. ``now`` and ``deadline`` are on one clock.
         """
-        drawn = self.delay(attempt, rng)
+        drawn = self.delay(attempt)
         if deadline is None:
             return drawn
         room = deadline - LAST_TRY_MARGIN - now

@@ -50,7 +50,7 @@ from ..core.errors import (
 )
 from ..core.identity import detect_label
 from ..core.protocol import Contended, Kind, Lost, Me, Owned, Released, Write
-from ..core.record import Forward, Label, LockRecord, WaiterRequest, id_problem, label_problem, new_nonce
+from ..core.record import Forward, Label, LockRecord, WaiterRequest, id_problem, new_nonce
 from ..core.threads import quiet
 from ..core.timefmt import when, who
 from ..core.timing import MIN_REQUEST_TIME, MIN_ROOM, RETRY, Timing, requests_by
@@ -578,10 +578,8 @@ class HandoffLock:
                         return self._not_acquired(record)
                     # A registration or a take whose reply we may never see: a way out reads the record and
                     # gives back whatever of it landed (the slot, or the lock itself).
-                    before, sent = (
-                        sent,
-                        sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE),
-                    )
+                    before = sent
+                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
                     try:
                         with self._mutex:
                             unanswered = decision.if_generation_match
@@ -607,7 +605,7 @@ class HandoffLock:
                     return self._not_acquired(record)
                 elif isinstance(decision, Contended) and not (slot_wait or waiting):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
-                    raise _contended(LockContended, self.url, decision.record, clock.time())
+                    raise _contended(LockContended, self.url, decision.record)
                 # The next read one poll interval after the last one began (a read's own duration does
                 # not stretch the period), never past the deadline.
                 pause = max(0.0, polled + self.timing.waiter_poll_interval - clock.monotonic())
@@ -660,7 +658,7 @@ class HandoffLock:
                     )
             if ran_out:  # the time ran out in the store
                 why = f"timed out acquiring {self.url!r}: {exc}"
-                raise _contended(LockTimeout, self.url, last, clock.time(), message=why) from exc
+                raise _contended(LockTimeout, self.url, last, why) from exc
             raise
         finally:
             self._declined_by = None
@@ -743,7 +741,9 @@ class HandoffLock:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
                 self._state = IDLE
         if timed_out:
-            raise _contended(LockTimeout, self.url, last, self._clock.time(), timed_out=self._me)
+            raise _contended(
+                LockTimeout, self.url, last, _timeout_message(self.url, last, self._me, self._clock.time())
+            )
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool, unanswered: int | None = None) -> bool:
@@ -1472,14 +1472,12 @@ def _owner_id_of(owner_id: str | None) -> str:
 
 
 def _label_of(label: str | Label | None) -> Label:
-    """``label`` as a checked :class:`Label`; by default what :func:`detect_label` finds."""
-    if label is None:
-        label = Label(detect_label())
-    elif isinstance(label, str):
-        label = Label(label)
-    problem = label_problem(label.text, "label") if isinstance(label, Label) else "label must be a string"
-    if problem is not None:
-        raise ConfigurationError(f"{problem}: it is written into the lock object")
+    """``label`` as a :class:`Label` (which checks its text as it is made); by default what
+    :func:`detect_label` finds."""
+    if label is None or isinstance(label, str):
+        return Label(detect_label() if label is None else label)
+    if not isinstance(label, Label):
+        raise ConfigurationError("label must be a string: it is written into the lock object")
     return label
 
 
@@ -1487,19 +1485,13 @@ def _label_of(label: str | Label | None) -> Label:
 
 
 def _contended(
-    cls: type[LockContended],
-    url: str,
-    record: LockRecord | None,
-    now: float,
-    *,
-    timed_out: Me | None = None,
-    message: str | None = None,
+    cls: type[LockContended], url: str, record: LockRecord | None, message: str | None = None
 ) -> LockContended:
-    """:class:`LockContended` naming who holds ``record`` and who waits; or, ``timed_out`` (for us, ``me``),
-    :class:`LockTimeout` saying also whether the slot we gave back was ours; or saying ``message``."""
+    """``cls`` (:class:`LockContended` or :class:`LockTimeout`) naming who holds ``record`` and who waits;
+    saying ``message``, or by default that the lock is held and the waiter slot taken."""
     r = record or LockRecord()
     return cls(
-        message or (None if timed_out is None else _timeout_message(url, r, timed_out, now)),
+        message,
         url=url,
         owner_id=r.owner_id,
         owner_expires_at=r.expires_at,
@@ -1522,13 +1514,13 @@ def _label_text(label: Label | None) -> str | None:
     return None if label is None else label.text
 
 
-def _timeout_message(url: str, record: LockRecord, me: Me, now: float) -> str:
+def _timeout_message(url: str, record: LockRecord | None, me: Me, now: float) -> str:
     """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
 
     Never "until T" for a live lease: its holder renews it, so its expiry says
     nothing of when the lock comes free.
     """
-    owner, waiter = record.owner, record.waiter
+    owner, waiter = (None, None) if record is None else (record.owner, record.waiter)
     if owner is None:
         held = "it was free, but the waiter slot was taken"
     elif owner.live(now):
