@@ -36,14 +36,7 @@ from .core.errors import (
 )
 from .core.record import Label, LockRecord
 from .core.timing import Timing
-from .fencing import (
-    FencedObject,
-    FencedObjectCorrupt,
-    FencedObjectFull,
-    FencedObjectTooLarge,
-    FencedValue,
-    StaleToken,
-)
+from .fencing import FencedObject, FencedObjectCorrupt, FencedObjectFull, FencedObjectTooLarge, FencedValue, StaleToken
 from .lock import HandoffLock, LockStatus, ReleaseRequest, RequestReason, Scheduler, Steps
 from .lock import events as signals
 from .os_signals import SignalHandlers, install_signal_handlers

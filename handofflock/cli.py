@@ -233,7 +233,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-hold",
         type=float,
-        default=None,
         help="seconds the lock is kept before a waiter's request is acted on (default 30; 0: at once)",
     )
     p.add_argument("--signal", default="TERM", help="signal sent to CMD when the lock is asked for (default TERM)")
@@ -248,7 +247,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--yield-exit-code",
         type=int,
-        default=None,
         metavar="N",
         help="exit N when CMD stopped within the grace because the lock was asked for (a clean handoff); "
         "default: CMD's own status, as flock(1) (143 after a SIGTERM). 0 for cron, 75 to be requeued",
@@ -264,7 +262,6 @@ def _parser() -> argparse.ArgumentParser:
         "-w",
         "--wait",  # flock(1)'s names for it
         type=float,
-        default=None,
         help="give up waiting for the lock after this many seconds (exit 124); -w and --wait as in flock(1)",
     )
     p.add_argument("-n", "--nonblock", action="store_true", help="do not wait: exit 75 if the lock is held")
@@ -293,18 +290,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--poll-interval",
         type=float,
-        default=None,
         help="seconds between reads: the holder looks for a waiter, the waiter for the lock (default 2 and 1)",
     )
     p.add_argument(
         "--label",
-        default=None,
         help="who this is, shown by `status` beside the owner or waiter id (default: host, pid, "
         "Kubernetes pod, Slurm job and torchrun rank, as found in the environment)",
     )
     p.add_argument(
         "--owner-id",
-        default=None,
         help="a stable owner id (default: a fresh host:pid:random); a run restarted with the same id "
         "still waits for its predecessor's lease: at once if that released, ttl + skew after it died",
     )
@@ -348,7 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
     p.add_argument("--json", action="store_true", help="JSON lines, the same keys as `status --json` plus 'time'")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     p.set_defaults(func=cmd_watch)
     for name, subparser in sub.choices.items():
         if name != "exec":
@@ -482,13 +476,12 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
     state = state_of(st, now)
     if state == "absent":
         return f"{st.url}\n  state       absent: no lock object yet (the first acquire creates it)"
-    lines = [st.url]
     owner = {
         "free": "free: nobody holds it",
         "held": f"held, {lease_text(st, now)}",
         "expired": f"expired: the lease {time_left(st.expires_at, now)}; the next acquire takes it",
     }[state]
-    lines.append(f"  state       {owner}")
+    lines = [st.url, f"  state       {owner}"]
     lines.append(f"  owner       {who_of(st.owner_id, st.owner_label) if st.owner_id else '-'}")
     if st.held_since is not None:
         lines.append(f"  held since  {when(st.held_since, now)}")
@@ -525,8 +518,7 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
         lines.append("  release     not requested: the waiter waits for the holder to finish")
     elif state == "held":
         lines.append("  release     not requested")
-    lines.append(f"  token       {st.token}")
-    lines.append(f"  generation  {st.generation}")
+    lines += [f"  token       {st.token}", f"  generation  {st.generation}"]
     if st.ttl is not None:
         lines.append(f"  ttl         {st.ttl:g} s")
     lines.append(f"  read at     {iso(st.read_at)}")

@@ -36,6 +36,7 @@ import orjson
 from .core.clock import Clock
 from .core.errors import ConfigurationError, HandoffLockError, PreconditionFailed
 from .core.record import MAX_TOKEN, id_problem, new_nonce
+from .core.timing import seconds
 from .storage import Storage, validate_key
 from .storage.records import default_write_interval, gate_for, read_retrying, write_resolving
 
@@ -207,14 +208,10 @@ class FencedObject:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1024:
             raise ConfigurationError(f"max_bytes must be an int of at least 1024, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
-            raise ConfigurationError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-        self.timeout = float(timeout)
+        self.timeout = seconds("timeout", timeout)
         if min_write_interval is None:
             min_write_interval = default_write_interval(storage)
-        if min_write_interval < 0:
-            raise ConfigurationError(f"min_write_interval must be >= 0, got {min_write_interval}")
-        self.min_write_interval = float(min_write_interval)
+        self.min_write_interval = seconds("min_write_interval", min_write_interval)
         self._clock = clock or Clock()
         self._lock = _lock
         self._mutex = threading.Lock()

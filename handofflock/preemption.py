@@ -38,7 +38,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -52,7 +51,7 @@ from urllib.parse import quote
 from .core.clock import Clock
 from .core.errors import ConfigurationError
 from .core.threads import quiet
-from .core.timing import Backoff
+from .core.timing import Backoff, seconds
 
 _log = logging.getLogger("handofflock.preemption")
 
@@ -317,15 +316,11 @@ class PreemptionWatcher:
             raise ConfigurationError(
                 f"PreemptionWatcher needs a target with request_release(reason, requester=, deadline=), got {target!r}"
             )
-        for name, value in (
-            ("notice_grace", DEFAULT_NOTICE_GRACE if notice_grace is None else notice_grace),
-            ("poll_interval", poll_interval),
-            ("request_timeout", request_timeout),
-            ("backoff_initial", backoff_initial),
-            ("backoff_max", backoff_max),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.notice_grace = None if notice_grace is None else seconds("notice_grace", notice_grace)
+        self.poll_interval = seconds("poll_interval", poll_interval)
+        self.request_timeout = seconds("request_timeout", request_timeout)
+        self.backoff_initial = seconds("backoff_initial", backoff_initial)
+        self.backoff_max = seconds("backoff_max", backoff_max)
         if isinstance(poll_timeout, bool) or not isinstance(poll_timeout, int) or poll_timeout < 1:
             raise ConfigurationError(f"poll_timeout must be a whole number of seconds >= 1, got {poll_timeout!r}")
         if backoff_max < backoff_initial:
@@ -344,12 +339,7 @@ class PreemptionWatcher:
             raise ConfigurationError(f"metadata host must be host or host:port, got {self.host!r}")
         self.target = target
         self.clock = clock or Clock()
-        self.notice_grace = None if notice_grace is None else float(notice_grace)
         self.poll_timeout = poll_timeout
-        self.poll_interval = float(poll_interval)
-        self.request_timeout = float(request_timeout)
-        self.backoff_initial = float(backoff_initial)
-        self.backoff_max = float(backoff_max)
         self._backoff = Backoff(self.backoff_initial, self.backoff_max)
         self._candidates: tuple[_Cloud, ...] = tuple(
             _Gce() if name == "gce" else _Aws(rebalance=aws_rebalance) if name == "aws" else _Azure(azure_events)

@@ -53,14 +53,7 @@ from .core.identity import detect_label
 from .core.record import MAX_TTL, Label
 from .core.threads import quiet
 from .core.timefmt import who
-from .exit_codes import (
-    EXIT_CANNOT_EXECUTE,
-    EXIT_CONTENDED,
-    EXIT_LOST,
-    EXIT_NOT_FOUND,
-    EXIT_STATUS_FILE,
-    EXIT_STORAGE,
-)
+from .exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CONTENDED, EXIT_LOST, EXIT_NOT_FOUND, EXIT_STATUS_FILE, EXIT_STORAGE
 from .lock import events as lock_signals
 from .lock.handoff import HandoffLock
 from .lock.types import LockStatus, ReleaseRequest
@@ -84,19 +77,18 @@ STOP_SIGNALS = (*RUN_SIGNALS, signal.SIGALRM, signal.SIGRTMIN, signal.SIGRTMAX)
 LEFTOVER_GRACE = 5.0
 
 
-def plain(message: str) -> str:
-    """``message`` without the library's parameter names ("within request_timeout (11.25s)": "within 11.25 s")."""
-    return re.sub(r"\brequest_timeout \(([\d.]+)s\)", r"\1 s", message)
-
-
 def who_of(ident: str | None, label: Label | None) -> str:
     """``label (id)``, or the id alone when there is no label (:func:`~handofflock.core.timefmt.who`)."""
     return who(ident, None if label is None else label.text)
 
 
 def fail(message: str, code: int) -> int:
-    """Print ``handofflock: error: message`` to stderr (in :func:`plain` words) and return ``code``."""
-    print(f"handofflock: error: {plain(message)}", file=sys.stderr)
+    """Print ``handofflock: error: message`` to stderr and return ``code``.
+
+    In plain words: without the library's parameter names ("within request_timeout (11.25s)": "within 11.25 s").
+    """
+    plain = re.sub(r"\brequest_timeout \(([\d.]+)s\)", r"\1 s", message)
+    print(f"handofflock: error: {plain}", file=sys.stderr)
     return code
 
 
@@ -674,11 +666,6 @@ class _CommandProcesses:
                 found.setdefault(pid, where.get(pid, (b"?", 0)))  # born since the pass: alive
         return found
 
-    def outside_group(self) -> list[int]:
-        """Every live process of the command not in its process group (one signalled with ``killpg``
-        gets the signal that way): session, cgroup and tree."""
-        return [pid for pid, (state, group) in self.states().items() if group != self.pid and state != b"Z"]
-
     def signal(self, sig: int, *, everyone: bool = False, main_only: bool = False) -> None:
         """Send ``sig`` to the command's process group (or, ``main_only``, to the command's own process),
         and with ``everyone`` to every other process of it too.
@@ -703,8 +690,9 @@ class _CommandProcesses:
                 os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        if everyone:
-            _watchdog.signal_each(self.outside_group(), sig)
+        if everyone:  # each live process not in the group (killpg reached those): session, cgroup and tree
+            outside = [pid for pid, (state, group) in self.states().items() if group != self.pid and state != b"Z"]
+            _watchdog.signal_each(outside, sig)
 
     def orphans(self) -> list[int]:
         """The command's live processes that are ``run``'s children but the command itself: orphaned

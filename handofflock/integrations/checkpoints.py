@@ -82,9 +82,10 @@ class LatestCheckpoint:
         Raises :class:`~handofflock.StaleToken` if a newer holder has already
         written, and :class:`~handofflock.LockLost` if the lock knows it is lost.
         """
-        lock = self._holder("claim")
-        lock.check()
-        return self._decode(self._fence.claim(lock.token))
+        if self.lock is None:
+            raise ConfigurationError("claim() needs the lock: pass lock= on the rank that holds it")
+        self.lock.check()
+        return self._decode(self._fence.claim(self.lock.token))
 
     def point(self, path: str | os.PathLike[str], step: int | None = None) -> Checkpoint | None:
         """Name ``path`` (a whole checkpoint, of ``step``) as the newest; returns it. Does nothing without ``lock``.
@@ -105,11 +106,6 @@ class LatestCheckpoint:
         self.lock.check()
         token = self.lock.token
         return self._decode(self._fence.write({"path": where, "step": step, "token": token}, token))
-
-    def _holder(self, what: str) -> HandoffLock:
-        if self.lock is None:
-            raise ConfigurationError(f"{what}() needs the lock: pass lock= on the rank that holds it")
-        return self.lock
 
     def _decode(self, value: FencedValue) -> Checkpoint | None:
         """The payload as a :class:`Checkpoint`; anything but ours or nothing raises ``FencedObjectCorrupt``."""

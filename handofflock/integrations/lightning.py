@@ -341,12 +341,8 @@ class HandoffLockCallback(RankHold, Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._restore_limits(trainer)
-        if self.ranks is not None and self.ranks.held:
-            self.ranks.release()  # all ranks meet (checkpoint written), then the holder hands off
         self._end_run()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._restore_limits(trainer)
-        if self.ranks is not None:
-            self.ranks.abandon()  # no meeting: the other ranks may be gone
-        self._end_run()
+        self._end_run(failed=True)

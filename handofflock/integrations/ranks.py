@@ -55,6 +55,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
+from ..core.timing import seconds
 from ..exit_codes import report_exit_status
 from ..fencing import StaleToken
 from ..lock.handoff import Steps
@@ -187,12 +188,10 @@ class RankLock:
     ) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ConfigurationError(f"every must be a positive int (steps between agreements), not {every!r}")
-        if not poll > 0:
-            raise ConfigurationError(f"poll must be > 0 seconds, not {poll!r}")
         self.lock = lock
         self.agree = agree
         self.every = every
-        self.poll = float(poll)
+        self.poll = seconds("poll", poll)
         self.rank = rank
         #: What :meth:`acquire` asks with by default: whether to ask the holder to yield, and the priority.
         self.request_release_on_acquire = bool(request_release)
@@ -412,11 +411,6 @@ class RankLock:
             old.uninstall()
             self.signals = RankSignals(self, old.wanted, chain=old.chain)
 
-    @property
-    def exit_requested(self) -> str | None:
-        """The cause of an exit asked on this rank (a signal's name, ``"preemption"``...), or None."""
-        return self._exit_cause
-
     def request_release(
         self, reason: str = "operator", *, requester: str | None = None, deadline: float | None = None
     ) -> None:
@@ -461,10 +455,8 @@ class RankLock:
         want_yield, cause = self._holder_votes()
         agreed = self._meet(want_yield=want_yield, exit_cause=cause, last=lost_error is not None)
         if agreed[_LAST]:
-            self._held = False
-            if lost_error is not None:
-                raise lost_error
-            raise LockLost(
+            self._held = False  # the holder raises its own LockLost, every other rank one saying so
+            raise lost_error or LockLost(
                 f"the holder rank lost the lock; rank {self.rank} stops at the same step as every other rank",
                 reason="the holder rank lost the lock",
             )
@@ -534,9 +526,7 @@ class RankLock:
             )
             raise lost from error
         if agreed[_LAST]:
-            if error is not None:
-                raise error
-            raise HandoffLockError(
+            raise error or HandoffLockError(
                 f"the holder rank could not move the job's latest-checkpoint pointer; rank {self.rank} stops too"
             )
         return found

@@ -351,8 +351,17 @@ class RankHold:
                 raise
         self.yielded, self.yield_step, self.decision = False, None, None
 
-    def _end_run(self) -> None:
-        """The run is over (finished, stopped or failed): the signal handlers found before are back."""
+    def _end_run(self, *, failed: bool = False) -> None:
+        """The run is over (finished, stopped or failed): the lock goes, and the signal handlers found before are back.
+
+        A run that ended as planned releases once every rank got here (the
+        checkpoint is written), the holder handing the lock off; a ``failed``
+        one lets the lock go at once, without meeting: the other ranks may be gone.
+        """
+        if self.ranks is not None and failed:
+            self.ranks.abandon()
+        elif self.ranks is not None and self.ranks.held:
+            self.ranks.release()
         self._ended = True
         on_main = threading.current_thread() is threading.main_thread()  # where handlers can be set
         if on_main and self.ranks is not None and self.ranks.signals is not None:

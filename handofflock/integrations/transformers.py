@@ -106,9 +106,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
-            if self.ranks is not None:
-                self.ranks.abandon()  # on_train_end never comes: let the lock go now (the others may be gone)
-            self._end_run()
+            self._end_run(failed=True)  # on_train_end never comes: let the lock go now
 
     def train(self, trainer: Any, **train_kwargs: Any) -> StopDecision | None:
         """Take the lock, train from the newest checkpoint in ``output_dir``, release; on an exception, let go.
@@ -176,9 +174,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
             try:
                 return train(*args, **kwargs)
             except BaseException:
-                if self.ranks is not None:
-                    self.ranks.abandon()  # on_train_end never comes
-                self._end_run()
+                self._end_run(failed=True)  # on_train_end never comes
                 raise
 
         guarded_train._handofflock_guard = self  # type: ignore[attr-defined]
@@ -253,8 +249,6 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         ranks.point(os.path.join(args.output_dir, f"checkpoint-{step}"), step, seal=seal)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.ranks is not None and self.ranks.held:
-            self.ranks.release()  # all ranks meet (the checkpoint is written), then the holder hands off
         self._end_run()
 
 

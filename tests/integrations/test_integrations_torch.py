@@ -133,6 +133,15 @@ def test_every_must_be_a_positive_number_of_steps(tmp_path):
             RankLock(None, local_agree, every=bad)
 
 
+def test_poll_must_be_a_finite_positive_number_of_seconds():
+    """An infinite poll would leave every rank waiting in one collective for as long as the holder waits."""
+    from handofflock import ConfigurationError
+
+    for bad in (0, -1, float("inf"), float("nan"), True, "1"):
+        with pytest.raises(ConfigurationError, match="poll must be a positive finite number of seconds"):
+            RankLock(None, local_agree, poll=bad)
+
+
 @pytest.mark.timeout(90)
 def test_the_agreement_benchmark_runs_and_prints_its_numbers_with_their_conditions():
     out = subprocess.run([sys.executable, str(EXAMPLES.parent / "scripts" / "bench_ranks.py"), "--ranks", "2",

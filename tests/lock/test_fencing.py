@@ -147,6 +147,13 @@ def test_a_writer_id_its_own_decoder_would_refuse_is_refused_up_front(store, wri
     assert store.calls["write"] == store.calls["read"] == 0
 
 
+@pytest.mark.parametrize("interval", [math.nan, math.inf, -1.0, "1", True])
+def test_a_write_spacing_that_is_no_number_of_seconds_is_refused_up_front(store, interval):
+    with pytest.raises(ConfigurationError, match="min_write_interval must be a finite number of seconds >= 0"):
+        FencedObject(store, KEY, min_write_interval=interval)
+    assert store.calls["write"] == store.calls["read"] == 0
+
+
 @pytest.mark.parametrize("payload", [math.nan, math.inf, -math.inf, {"loss": [0.5, math.nan]}, ("ok", {"lr": math.inf})])
 @pytest.mark.parametrize("operation", ["write", "append"])
 def test_nan_and_infinities_are_refused_before_anything_is_written(store, payload, operation):
