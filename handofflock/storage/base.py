@@ -17,7 +17,7 @@ check it and need it for nothing.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeGuard, runtime_checkable
 
 from ..core.errors import InvalidKey
 from ..core.record import MAX_RECORD_BYTES as MAX_RECORD_BYTES  # the record's limit, enforced by every store
@@ -118,35 +118,32 @@ def validate_prefix(prefix: object) -> str:
     return prefix
 
 
-def validate_generation(generation: object, *, allow_zero: bool = True) -> int:
+def validate_generation(generation: object) -> int:
     """Check a generation precondition: a non-negative int (not a bool)."""
     if isinstance(generation, bool) or not isinstance(generation, int):
         raise TypeError(f"if_generation_match must be an int, got {type(generation).__name__}")
-    if generation < 0 or (generation == 0 and not allow_zero):
-        raise ValueError(f"if_generation_match must be {'>= 0' if allow_zero else '> 0'}, got {generation}")
+    if generation < 0:
+        raise ValueError(f"if_generation_match must be >= 0, got {generation}")
     return generation
 
 
-def validate_max_bytes(max_bytes: object) -> int | None:
-    """Check a read's size cap: None (no cap) or a non-negative int (not a bool)."""
-    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
-        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
-    return max_bytes
+def is_seconds(value: object) -> TypeGuard[float]:
+    """Whether ``value`` is a finite number of seconds > 0 (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def validate_timeout(timeout: object) -> float | None:
     """Check a call's ``timeout``: None (the store's own) or a finite number of seconds > 0."""
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf
-    ):
+    if timeout is not None and not is_seconds(timeout):
         raise ValueError(f"timeout must be a finite number of seconds > 0 or None, got {timeout!r}")
     return timeout
 
 
 def checked_read(key: object, max_bytes: object, timeout: object) -> None:
-    """Check the arguments of :meth:`Storage.read`."""
+    """Check the arguments of :meth:`Storage.read`: ``max_bytes`` is None (no cap) or a non-negative int."""
     validate_key(key)
-    validate_max_bytes(max_bytes)
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
     validate_timeout(timeout)
 
 
@@ -173,6 +170,11 @@ MAX_GENERATION = 2**63 - 1
 #: Longest envelope header accepted (ours are ~60 bytes); read this much to parse one.
 MAX_HEADER = 128
 
+#: The S3 store's envelope magic, and the mark in the name of the scratch key it probes a store's
+#: conditions on (here, not in :mod:`.s3`: the fault proxy reads both without importing boto3).
+S3_MAGIC = b"#handofflock/s3"
+S3_PROBE_MARK = ".handofflock-probe-"
+
 
 class Header(NamedTuple):
     """An envelope's header: a tombstone or not, the generation, and where the data starts."""
@@ -182,15 +184,15 @@ class Header(NamedTuple):
     offset: int
 
 
-def encode_header(magic: bytes, generation: int, length: int, *, deleted: bool = False) -> bytes:
-    """The header line before ``length`` bytes of data at ``generation`` (a tombstone's when ``deleted``).
+def encode(magic: bytes, generation: int, data: bytes, *, deleted: bool = False) -> bytes:
+    """The bytes stored for ``data`` at ``generation`` (a tombstone, with no data, when ``deleted``).
 
     Stores without generations of their own (local files, S3) keep each object as
     ``<magic> 1 live <generation> <length>\\n<data>``, or ``<magic> 1 deleted <generation> 0\\n``
     for a tombstone, which keeps the generation across a delete.
     """
     state = b"deleted" if deleted else b"live"
-    return b"%s 1 %s %d %d\n" % (magic, state, generation, length)
+    return b"%s 1 %s %d %d\n%s" % (magic, state, generation, len(data), data)
 
 
 def parse_header(magic: bytes, head: bytes, size: int) -> Header | None:

@@ -50,6 +50,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from ..core.errors import ConfigurationError, HandoffLockError, StorageError, StorageTimeout, TransientStorageError
 from ..core.threads import quiet
+from .base import is_seconds
 
 #: How often an expired deadline looks again for a socket to shut down (a connection still
 #: connecting has none yet; its connect timeout is capped at the deadline by the caller).
@@ -58,15 +59,11 @@ _RECHECK = 0.02
 _current = threading.local()
 
 
-def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
-
-
 def _checked_timeout(timeout: object) -> tuple[float, float]:
     """A store's ``timeout``: ``(connect, read)`` seconds, or one number for both."""
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         timeout = (timeout, timeout)
-    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(_positive(t) for t in timeout):
+    if not isinstance(timeout, tuple) or len(timeout) != 2 or not all(is_seconds(t) for t in timeout):
         raise ConfigurationError(f"timeout must be (connect_seconds, read_seconds), both > 0, got {timeout!r}")
     return (float(timeout[0]), float(timeout[1]))
 
@@ -223,11 +220,11 @@ class HTTPStore(Generic[_T]):
         self.bucket = bucket
         self.url = f"{self.scheme}://{bucket}"
         self._timeout = _checked_timeout(timeout)
-        if request_timeout is not None and not _positive(request_timeout):
+        if request_timeout is not None and not is_seconds(request_timeout):
             raise ConfigurationError(f"request_timeout must be a finite number of seconds > 0, got {request_timeout!r}")
         # A reply that keeps coming, however slowly, never trips the read timeout; the
         # default allows what a request that uses both its timeouts in full could take.
-        self._request_timeout = sum(self._timeout) if request_timeout is None else float(request_timeout)  # type: ignore[arg-type]
+        self._request_timeout = sum(self._timeout) if request_timeout is None else float(request_timeout)
         #: ``request_timeout`` as given (None: the default), checked against each lock's timing.
         self.explicit_request_timeout = None if request_timeout is None else self._request_timeout
         self._client = client

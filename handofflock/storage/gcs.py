@@ -114,7 +114,12 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
         user_project: str | None = None,
     ) -> None:
         super().__init__(bucket, client=client, timeout=timeout, request_timeout=request_timeout)
-        self.user_project = _checked_user_project(user_project)
+        if user_project is not None and (not isinstance(user_project, str) or not _PROJECT_RE.match(user_project)):
+            raise ConfigurationError(
+                f"user_project must be a Google Cloud project ID or number (the project billed for requests "
+                f"to a requester-pays bucket), got {user_project!r}"
+            )
+        self.user_project = user_project
         # Read now, not at first use, so shared() hands out the store for the emulator it was keyed by.
         self._emulator_host = os.environ.get(_EMULATOR_ENV) or None
         #: The path of the bucket's objects in the JSON API, under its base URL.
@@ -245,9 +250,13 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             }
             if self.user_project is not None:
                 params = {**params, "userProject": self.user_project}
+            getter = getattr(connection, "get_api_base_url_for_mtls", None)
+            base = str(getter() if getter else connection.API_BASE_URL).rstrip("/")
+            if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
+                base = "http://" + base
             response: requests.Response = client._http.request(  # private: as above
                 method,
-                self._base() + path,
+                base + path,
                 params=params,
                 headers=all_headers,
                 data=data,
@@ -258,15 +267,6 @@ class GCSStorage(deadline.HTTPStore[gcs.Client]):
             )
             with contextlib.closing(response):
                 yield response
-
-    def _base(self) -> str:
-        # private (google-cloud-storage's): as in _request
-        connection = self.client._connection
-        getter = getattr(connection, "get_api_base_url_for_mtls", None)
-        base = str(getter() if getter else connection.API_BASE_URL).rstrip("/")
-        if "://" not in base:  # STORAGE_EMULATOR_HOST=localhost:4443, as the Go client accepts
-            base = "http://" + base
-        return base
 
     def _make_client(self) -> gcs.Client:
         """A client whose own HTTP session enforces request_timeout (made under the store's client lock)."""
@@ -418,17 +418,6 @@ _ERROR_BODY_BYTES = 4096
 
 # Project IDs (lowercase letters, digits, hyphens; "domain.com:id" for old domain-scoped ones) or numbers.
 _PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9.:-]{0,126}[a-z0-9]$")
-
-
-def _checked_user_project(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _PROJECT_RE.match(value):
-        raise ConfigurationError(
-            f"user_project must be a Google Cloud project ID or number (the project billed for requests "
-            f"to a requester-pays bucket), got {value!r}"
-        )
-    return value
 
 
 def _multipart_upload(key: str, data: bytes) -> tuple[bytes, dict[str, str]]:

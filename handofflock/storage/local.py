@@ -27,7 +27,6 @@ import builtins
 import errno
 import hashlib
 import logging
-import math
 import os
 import re
 import stat
@@ -57,8 +56,9 @@ from .base import (
     checked_delete,
     checked_read,
     checked_write,
-    encode_header,
+    encode,
     foreign_header,
+    is_seconds,
     next_generation,
     parse_header,
     validate_key,
@@ -133,11 +133,7 @@ class LocalStorage:
         text = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text or "\x00" in text:
             raise ConfigurationError(f"LocalStorage root must be a non-empty text path without NUL, got {root!r}")
-        if (
-            isinstance(lock_timeout, bool)
-            or not isinstance(lock_timeout, (int, float))
-            or not 0 < lock_timeout < math.inf
-        ):
+        if not is_seconds(lock_timeout):
             raise ConfigurationError(f"lock_timeout must be a finite number > 0, got {lock_timeout!r}")
         # abspath, not resolve(): no I/O here, and symlinks are refused later, not resolved away.
         self.root = os.path.abspath(text)
@@ -185,7 +181,7 @@ class LocalStorage:
             generation = next_generation(floor, time.time_ns() // 1000)
             if generation is None:
                 raise StorageError(f"generation of {key!r} would pass 2**63-1", url=self.url, key=key)
-            self._replace(dir_fd, name, key, encode_header(MAGIC, generation, len(data)) + data)
+            self._replace(dir_fd, name, key, encode(MAGIC, generation, data))
             return generation
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
@@ -201,7 +197,7 @@ class LocalStorage:
                 raise NotFound(key, url=self.url)
             if current != if_generation_match:
                 raise PreconditionFailed(key, if_generation_match, url=self.url)
-            self._replace(dir_fd, name, key, encode_header(MAGIC, floor, 0, deleted=True))
+            self._replace(dir_fd, name, key, encode(MAGIC, floor, b"", deleted=True))
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         """``{key: generation}`` of live objects whose key starts with ``prefix``.

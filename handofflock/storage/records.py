@@ -277,27 +277,22 @@ class WriteGate:
         self._sent = float("-inf")  # when the last write was let through
         self._lock = threading.Lock()
 
-    def _capacity(self) -> float:
-        # While a 429's penalty lasts there is no burst: every write waits its full spacing.
-        return float(BURST) if self.interval <= self.min_interval else 1.0
-
     def _refill(self, now: float) -> float:
-        """Bring the bucket up to ``now``; return what a write of the asking class needs."""
-        cap = self._capacity()
+        """Bring the bucket up to ``now``; return its capacity (what an ordinary write needs)."""
+        # While a 429's penalty lasts there is no burst: every write waits its full spacing.
+        cap = float(BURST) if self.interval <= self.min_interval else 1.0
         if self.interval <= 0:
             self._tokens = cap
         elif now > self._stamp:
-            gained = (now - self._stamp) / self.interval if self._stamp != float("-inf") else cap
-            self._tokens = min(cap, self._tokens + gained)
+            self._tokens += (now - self._stamp) / self.interval if self._stamp != float("-inf") else cap
         self._tokens = min(cap, self._tokens)
         self._stamp = max(self._stamp, now)
         return cap
 
     def _wait(self, now: float, urgent: bool, by: float | None) -> float:
         """Seconds until a write of this class may go (call with ``_lock`` held)."""
-        need = 1.0 if urgent else self._refill(now)
-        if urgent:
-            self._refill(now)
+        cap = self._refill(now)
+        need = 1.0 if urgent else cap
         wait = 0.0 if self.interval <= 0 else max(0.0, (need - self._tokens) * self.interval)
         if urgent and wait > 0 and self.interval > self.min_interval and by is not None and now + wait > by:
             # A 429's widening would hold this write past the last moment it can wait: it goes

@@ -9,10 +9,15 @@ the transport can raise is mapped here, at the boundary, into
 
 How the contract is met (see ``docs/storage.md``, "S3"):
 
-* Every object is stored in the envelope of :mod:`.s3_format`: one header line
-  with the generation, then the data. The ETag covers the header, so an ETag
-  names one generation and ``If-Match`` cannot match a later version that
-  happens to hold the same bytes (S3's ETags are content hashes).
+* Every object is stored in the envelope of :mod:`.base` (magic
+  ``#handofflock/s3``): one header line with the generation, then the data.
+  S3 names a version by its ETag, for a plain ``PutObject`` the MD5 of its
+  bytes: the same bytes written twice get the same ETag, and an ``If-Match``
+  prepared for the first write would match the second (the ABA problem). The
+  ETag covers the header, so an ETag names one generation and ``If-Match``
+  cannot match a later version. Anything that is not exactly what we write is
+  foreign: read raw, at a generation from its LastModified time and ETag
+  (:func:`.base.foreign_header`).
 * Every transition is one conditional ``PutObject``: ``If-None-Match: *`` to
   create, ``If-Match: <etag>`` to replace. The ETag for a generation comes from
   the read that saw it (remembered per key), or from one read before the write.
@@ -57,7 +62,7 @@ from ..core.errors import (
     StorageError,
     TransientStorageError,
 )
-from . import base, deadline, s3_credentials, s3_format
+from . import base, deadline, s3_credentials
 from .base import checked_delete, checked_read, checked_write, validate_key, validate_prefix, validate_timeout
 
 #: How many keys' last-seen versions a store remembers.
@@ -136,7 +141,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         checked_read(key, max_bytes, timeout)
         with self.mapped("read", key):
             self._check_conditions(key, timeout)
-            found = self._get(key, None if max_bytes is None else s3_format.MAX_HEADER + max_bytes, timeout)
+            found = self._get(key, None if max_bytes is None else base.MAX_HEADER + max_bytes, timeout)
         if found is None or found[1].deleted:
             return None
         data, version = found
@@ -207,8 +212,8 @@ class S3Storage(deadline.HTTPStore[Any]):
                     page = self.client.list_objects_v2(**params)
                 for item in page.get("Contents") or ():
                     key = item["Key"]
-                    seen, etag = self._seen.get(key), s3_format.normalize_etag(item.get("ETag", ""))
-                    if seen is None or s3_format.normalize_etag(seen.etag) != etag:
+                    seen, etag = self._seen.get(key), normalize_etag(item.get("ETag", ""))
+                    if seen is None or normalize_etag(seen.etag) != etag:
                         try:
                             validate_key(key)
                         except HandoffLockError:
@@ -247,7 +252,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         size = _object_size(reply, len(body))
         if limit is None and size != len(body):
             raise self.transient("read", key, f"the reply ended after {len(body)} of its {size} bytes", ambiguous=False)
-        header = s3_format.parse_header(body[: s3_format.MAX_HEADER], size)
+        header = base.parse_header(base.S3_MAGIC, body[: base.MAX_HEADER], size)
         if header is None:
             modified = reply.get("LastModified")
             stamp = int(modified.timestamp() * 1_000_000) if isinstance(modified, _dt.datetime) else 0
@@ -258,14 +263,14 @@ class S3Storage(deadline.HTTPStore[Any]):
 
     def _current(self, key: str, timeout: float | None) -> _Version | None:
         """The key's current version, from a read of its first bytes (None if absent)."""
-        found = self._get(key, s3_format.MAX_HEADER, timeout)
+        found = self._get(key, base.MAX_HEADER, timeout)
         return None if found is None else found[1]
 
     def _put(
         self, key: str, data: bytes, timeout: float | None, *, previous: int, etag: str | None, deleted: bool = False
     ) -> int:
         """One conditional PUT over the version with ``etag`` (``None``: the key must be absent)."""
-        generation = s3_format.next_generation(previous, time.time_ns() // 1000)
+        generation = base.next_generation(previous, time.time_ns() // 1000)
         if generation is None:
             raise StorageError(
                 f"generation of {key!r} in {self.url} would pass 2**63-1: the object was written by something "
@@ -273,13 +278,13 @@ class S3Storage(deadline.HTTPStore[Any]):
                 url=self.url,
                 key=key,
             )
-        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": s3_format.normalize_etag(etag)}
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": normalize_etag(etag)}
         try:
             with self.bounded("write", key, timeout):
                 reply = self.client.put_object(
                     Bucket=self.bucket,
                     Key=key,
-                    Body=s3_format.encode(generation, data, deleted=deleted),
+                    Body=base.encode(base.S3_MAGIC, generation, data, deleted=deleted),
                     ContentType="application/octet-stream",
                     CacheControl="no-store",
                     **condition,
@@ -310,7 +315,7 @@ class S3Storage(deadline.HTTPStore[Any]):
         with self._probe_lock:
             if self._probed:
                 return
-            scratch = f"{key}{s3_format.PROBE_MARK}{secrets.token_hex(4)}"
+            scratch = f"{key}{base.S3_PROBE_MARK}{secrets.token_hex(4)}"
 
             def applied(**condition: str) -> bool:
                 try:
@@ -488,6 +493,12 @@ def _object_size(reply: dict[str, Any], received: int) -> int:
         return int(total)
     length = reply.get("ContentLength")
     return int(length) if isinstance(length, int) else received
+
+
+def normalize_etag(etag: str) -> str:
+    """An ETag as sent in ``If-Match``: quoted (S3 and moto quote theirs; some stores do not)."""
+    etag = etag.strip().removeprefix("W/")
+    return etag if len(etag) >= 2 and etag[0] == etag[-1] == '"' else f'"{etag}"'
 
 
 def _no_expect_continue(request: Any, **_: Any) -> None:

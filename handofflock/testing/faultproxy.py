@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from ..storage import s3_format
+from ..storage.base import MAX_HEADER, S3_MAGIC, S3_PROBE_MARK, parse_header
 from ._http11 import Buffer, Closed, edit_head, multipart_data, parse_reply_head, parse_request_head
 
 __all__ = ["FAULT_KINDS", "Exchange", "FaultProxy", "Rule", "multipart_data"]
@@ -134,14 +134,14 @@ class Exchange:
         """The object's bytes: of a multipart upload (GCS, the second part), or of an S3
         ``PutObject`` of a live object in the S3 backend's envelope. Else None."""
         if self.method == "PUT":
-            header = s3_format.parse_header(self.body[: s3_format.MAX_HEADER], len(self.body))
+            header = parse_header(S3_MAGIC, self.body[:MAX_HEADER], len(self.body))
             return None if header is None or header.deleted else self.body[header.offset :]
         return multipart_data(self.body, self.content_type)
 
     def aimed_at(self, method: str | None, path: str | None, *, probes: bool) -> bool:
         """Whether this request has ``method`` (any if None) and ``path`` in its path; a probe only if ``probes``."""
         return (
-            (probes or s3_format.PROBE_MARK not in self.path)
+            (probes or S3_PROBE_MARK not in self.path)
             and (method is None or self.method == method.upper())
             and (path is None or path in self.path)
         )

@@ -38,20 +38,7 @@ from typing import IO, Any
 from .emulator import ServerProcess
 from .faultproxy import HOST, environ
 
-__all__ = ["MotoS3Server", "s3_env"]
-
-
-def s3_env(endpoint: str) -> contextlib.AbstractContextManager[None]:
-    """Point boto3 at ``endpoint`` with test credentials inside the block, then restore the environment."""
-    test = "handofflock-test"
-    return environ(
-        AWS_ENDPOINT_URL_S3=endpoint,
-        AWS_ACCESS_KEY_ID=test,
-        AWS_SECRET_ACCESS_KEY=test,
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_SESSION_TOKEN=None,
-        AWS_PROFILE=None,
-    )
+__all__ = ["MotoS3Server"]
 
 
 class MotoS3Server(ServerProcess):
@@ -71,8 +58,17 @@ class MotoS3Server(ServerProcess):
 
     @contextlib.contextmanager
     def env(self) -> Iterator[MotoS3Server]:
-        """Point boto3 at this server (``AWS_ENDPOINT_URL_S3``, test credentials) inside the block."""
-        with s3_env(self.url):
+        """Point boto3 at this server (``AWS_ENDPOINT_URL_S3``, test credentials) inside the block, then
+        restore the environment."""
+        test = "handofflock-test"
+        with environ(
+            AWS_ENDPOINT_URL_S3=self.url,
+            AWS_ACCESS_KEY_ID=test,
+            AWS_SECRET_ACCESS_KEY=test,
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_SESSION_TOKEN=None,
+            AWS_PROFILE=None,
+        ):
             yield self
 
     def create_bucket(self, name: str) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from handofflock import FakeClock, HandoffLock, LockRecord  # noqa: E402
 from handofflock.core.record import Holder  # noqa: E402
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
-from handofflock.storage.s3_format import PROBE_MARK  # noqa: E402
+from handofflock.storage.base import S3_PROBE_MARK as PROBE_MARK  # noqa: E402
 
 try:
     from handofflock.storage.local import LocalStorage

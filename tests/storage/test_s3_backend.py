@@ -31,9 +31,10 @@ from handofflock.core.errors import (
     StorageTimeout,
     TransientStorageError,
 )
-from handofflock.storage import open_url, s3_format
+from handofflock.storage import open_url
+from handofflock.storage.base import S3_MAGIC, parse_header
 from handofflock.storage.records import default_write_interval
-from handofflock.storage.s3 import S3Storage
+from handofflock.storage.s3 import S3Storage, normalize_etag
 from handofflock.testing.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.s3
@@ -156,7 +157,7 @@ def test_moto_accepts_an_unquoted_etag_in_if_match_and_the_backend_quotes_it_any
     etag = raw.put_object(Bucket=bucket, Key="k", Body=b"1")["ETag"]
     assert etag.startswith('"') and etag.endswith('"')
     raw.put_object(Bucket=bucket, Key="k", Body=b"2", IfMatch=etag.strip('"'))
-    assert s3_format.normalize_etag(etag.strip('"')) == s3_format.normalize_etag(etag) == s3_format.normalize_etag(f"W/{etag}")
+    assert normalize_etag(etag.strip('"')) == normalize_etag(etag) == normalize_etag(f"W/{etag}")
 
 
 # --------------------------------------------------------------------------- the mapping
@@ -174,7 +175,7 @@ def test_a_delete_writes_a_tombstone_that_keeps_the_generation_counting(bucket, 
     gen = store.write("a.json", b"1", if_generation_match=0)
     store.delete("a.json", if_generation_match=gen)
     stored = raw.get_object(Bucket=bucket, Key="a.json")["Body"].read()
-    header = s3_format.parse_header(stored, len(stored))
+    header = parse_header(S3_MAGIC, stored, len(stored))
     assert header is not None and header.deleted and header.generation > gen
     assert store.read("a.json") is None and store.list("") == {}
     with pytest.raises(NotFound):

@@ -1,6 +1,6 @@
 """S3 generations never stay at the int64 cap: a write past it is refused (it would repeat bytes, and ETags).
 
-``s3_format.next_generation`` clamps at ``MAX_GENERATION`` and ``parse_header``
+``base.next_generation`` clamps at ``MAX_GENERATION`` and ``parse_header``
 accepts a header at exactly that value, so once an object carries it (written
 by another tool, a bug, a restore), every matched write "succeeds" at the same
 generation. The contract (storage/base.py) says a write returns a generation
@@ -17,12 +17,12 @@ import boto3
 import pytest
 
 from handofflock.core.errors import StorageError
-from handofflock.storage import s3_format
+from handofflock.storage.base import MAX_GENERATION, S3_MAGIC, encode
 from handofflock.storage.s3 import S3Storage
 
 pytestmark = pytest.mark.s3
 
-MAX = s3_format.MAX_GENERATION
+MAX = MAX_GENERATION
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def bucket(s3_server):
 
 def test_a_write_past_the_largest_generation_is_refused_and_changes_nothing(raw, bucket):
     raw.put_object(
-        Bucket=bucket, Key="lock.json", Body=s3_format.encode(MAX, b"x")
+        Bucket=bucket, Key="lock.json", Body=encode(S3_MAGIC, MAX, b"x")
     )
     store = S3Storage(bucket)
     assert store.read("lock.json") == (b"x", MAX)
@@ -53,7 +53,7 @@ def test_at_the_cap_a_stale_etag_can_never_match_again(raw, bucket):
     """Before the cap was refused, writes stayed at MAX, the bytes (and so the ETag) could repeat,
     and a second process's stale ETag overwrote a write it never saw: a lost update."""
     raw.put_object(
-        Bucket=bucket, Key="lock.json", Body=s3_format.encode(MAX, b"x")
+        Bucket=bucket, Key="lock.json", Body=encode(S3_MAGIC, MAX, b"x")
     )
     a, b = S3Storage(bucket), S3Storage(bucket)  # two processes
     assert a.read("lock.json") == (b"x", MAX)
