@@ -33,6 +33,7 @@ from handofflock import (
     HandoffLock,
     HandoffLockError,
     LockContended,
+    LockLost,
     LockRecord,
     LockTimeout,
     PreconditionFailed,
@@ -559,6 +560,24 @@ def test_two_contenders_reclaiming_an_expired_lease_exactly_one_wins(sim):
     winner = b if results[0] else c
     record, _ = sim.read()
     assert record.owner_id == winner.owner_id and winner.token > dead.token
+
+
+def test_a_stable_owner_id_waits_for_its_stopped_predecessors_lease_then_takes_it_with_a_new_token(sim):
+    # An earlier version retook the lock at once under the same id; the predecessor may be alive (paused,
+    # or a second job that derived the id), so the restart waits for its lease, as for anyone's.
+    old = sim.lock("trainer-7", paused=True, **FAST)
+    assert sim.call(old.acquire)
+    restarted = sim.lock("trainer-7", **FAST)
+    assert not sim.call(lambda: restarted.acquire(blocking=False))  # the lease is live: not taken
+    assert sim.record().owner_instance == old.instance
+    timing = restarted.timing
+    started = sim.monotonic()
+    assert sim.call(lambda: restarted.acquire(timeout=timing.ttl + timing.max_clock_skew + 30))
+    assert sim.monotonic() - started > timing.renew_deadline  # not at once: the lease had to run out
+    assert restarted.token > old.token
+    with pytest.raises(LockLost):
+        sim.call(old.release)  # the old incarnation's lock is another instance's now: it writes nothing
+    assert sim.record().token == restarted.token
 
 
 def test_a_third_process_never_takes_the_lock_from_a_live_waiter(sim):

@@ -15,8 +15,6 @@ from lockutil import eventually, make_lock, raw_read, url_for
 
 from handofflock import (
     HandoffLock,
-    LockLost,
-    Scheduler,
     signals,
 )
 
@@ -45,11 +43,6 @@ def locks():
             except Exception:
                 pass
         lock._unschedule()  # private: stop its renewals without releasing
-
-
-def paused(url, locks, **kw):
-    """A lock whose background duties never run: it behaves like a stopped process."""
-    return locks(url, scheduler=Scheduler(autostart=False), **kw)
 
 
 def race(fns):
@@ -122,24 +115,6 @@ def test_release_of_a_lock_never_held_does_nothing_as_filelock_does(url, locks):
     assert lock.acquire()
     lock.release()
     assert lock.release() is None  # already released (by a signal handler, say): nothing more to do
-
-
-def test_a_stable_owner_id_waits_for_its_stopped_predecessors_lease_then_takes_it_with_a_new_token(url, locks):
-    # An earlier version retook the lock at once under the same id; the predecessor may be alive (paused,
-    # or a second job that derived the id), so the restart waits for its lease, as for anyone's.
-    old = paused(url, locks, owner_id="trainer-7")
-    assert old.acquire()
-    restarted = locks(url, owner_id="trainer-7")
-    assert not restarted.acquire(blocking=False)  # the lease is live: not taken
-    assert raw_read(url)[0].owner_instance == old.instance
-    timing = restarted.timing
-    started = time.monotonic()
-    assert restarted.acquire(timeout=timing.ttl + timing.max_clock_skew + 30)
-    assert time.monotonic() - started > timing.renew_deadline  # not at once: the lease had to run out
-    assert restarted.token > old.token
-    with pytest.raises(LockLost):
-        old.release()  # the old incarnation's lock is another instance's now: it writes nothing
-    assert raw_read(url)[0].token == restarted.token
 
 
 def test_a_stable_owner_id_takes_a_released_lock_at_once_with_a_new_token(url, locks):
