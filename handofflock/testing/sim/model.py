@@ -13,8 +13,11 @@ resolved as the lock resolves it: a read for the write's nonce; a release passes
 counts its lease valid as the lock does (:func:`~handofflock.lock.handoff.lease_until`).
 
 Breadth-first over every interleaving of the parties' steps, the late writes' landing and the
-clock's ticks, to a depth that counts protocol steps (a tick is free, up to ``HORIZON``
-seconds), with visited states hashed: the first violation found has a shortest counterexample.
+passing of time, with visited states hashed: the first violation found has a shortest
+counterexample. Depth counts protocol steps: time passes in one step to the next moment at which
+some rule's comparison flips (a lease's end, with or without the skew, a slot's, ...), so an
+expiry costs one step, not one per second. Faults (a write sent later than decided, a lost reply,
+a late commit) are bounded per path (``FAULTS``), as a nemesis's budget.
 
 Invariants, on every state and on every write the store applies:
 
@@ -35,11 +38,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ...core import protocol as p
-from ...core.record import ASKING, LockRecord, WaiterRequest
+from ...core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
 from ...core.timing import Timing
 from ...lock.handoff import lease_until
 from .bugs import planted
@@ -64,19 +68,19 @@ class Role:
 
 
 #: The configurations checked: two parties whose clocks are a full skew apart and whose ttls
-#: differ; three distinct parties, the third patient but of higher priority; and a third that is
-#: the first one's twin (its owner id, another instance).
+#: differ; two instances of one owner id (a restarted job and its predecessor); and (``long``)
+#: three distinct parties, the third patient but of a higher priority.
 CONFIGS: dict[str, tuple[Role, ...]] = {
     "2 parties": (Role(p.Me("a", "a1"), -0.5), Role(p.Me("b", "b1"), 0.5, ttl=4.0)),
+    "twins": (Role(p.Me("a", "a1"), -0.5), Role(p.Me("a", "a2"), 0.5)),
     "3 parties": (
         Role(p.Me("a", "a1"), -0.5),
         Role(p.Me("b", "b1"), 0.5),
         Role(p.Me("c", "c1"), 0.0, request=WaiterRequest(asks=False, priority=1)),
     ),
-    "twins": (Role(p.Me("a", "a1"), -0.5), Role(p.Me("b", "b1"), 0.5), Role(p.Me("a", "a2"), 0.0)),
 }
-DEPTHS = {"2 parties": 12, "3 parties": 10, "twins": 10}
-LONG_DEPTHS = {"2 parties": 15, "3 parties": 12, "twins": 12}
+DEPTHS = {"2 parties": 8, "twins": 8}
+LONG_DEPTHS = {"2 parties": 11, "twins": 11, "3 parties": 9}
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,9 @@ class Broken(Exception):
     pass
 
 
-def _same(a: object, b: object) -> bool:
+def _same(a: Holder | Waiter | None, b: Holder | Waiter | None) -> bool:
     """Whether two places (owner or waiter) name one party: id and instance."""
-    return a is not None and b is not None and (a.id, a.instance) == (b.id, b.instance)  # type: ignore[attr-defined]
+    return a is not None and b is not None and (a.id, a.instance) == (b.id, b.instance)
 
 
 def _apply(s: State, w: p.Write, i: int, roles: tuple[Role, ...], sent: float) -> tuple[State, bool]:
@@ -139,8 +143,13 @@ def _apply(s: State, w: p.Write, i: int, roles: tuple[Role, ...], sent: float) -
     return replace(s, record=new, generation=s.generation + 1), True
 
 
-def _outranks(new: object, old: object) -> bool:
-    return p._takes_slot(new.request, new.since, old)  # type: ignore[attr-defined]
+def _outranks(new: Waiter, old: Waiter) -> bool:
+    """Whether the request that wrote ``new`` may take the slot from ``old``'s (the protocol's own rule)."""
+    return p._takes_slot(new.request, new.since, old)
+
+
+def _lease_end(r: LockRecord | None) -> float:
+    return -1.0 if r is None or r.owner is None else r.owner.expires_at
 
 
 def _held(party: Party, rec: LockRecord, gen: int, valid_until: float, phase: str = "held") -> Party:
@@ -236,7 +245,7 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
         rest = replace(s, late=s.late[:k] + s.late[k + 1 :])
         s2, ok = _apply(rest, w, j, roles, sent)
         out.append((f"{roles[j].me.instance}'s cut-off {w.kind.value} {'lands' if ok else 'fails: 412'}", s2, 1))
-    for i, (role, party) in enumerate(zip(roles, s.parties)):
+    for i, (role, party) in enumerate(zip(roles, s.parties, strict=True)):
         me, local, timing = role.me, s.now + role.offset, role.timing
         if party.pending is not None:
             send(i, party)
@@ -283,9 +292,8 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
                 step(i, f"gives up: {type(d).__name__}", done)
         elif party.known is not None:
             known, known_gen = party.known
-            args = {"me": me, "token": party.token, "now": local, "timing": timing, "nonce": "-"}
             releasing = replace(party, phase="release")
-            d = p.decide_release(known, known_gen, **args)  # type: ignore[arg-type]
+            d = p.decide_release(known, known_gen, me=me, token=party.token, now=local, timing=timing, nonce="-")
             if isinstance(d, p.Write):
                 decided(i, "releases", releasing, d)
             else:
@@ -296,11 +304,10 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
                     step(i, "checks: lost", done)
                 elif (rec, gen) != party.known:
                     step(i, "checks", replace(party, known=(rec, gen)))
-                d = p.decide_renew(known, known_gen, **args)  # type: ignore[arg-type]
-                # A renewal that would not move the lease on (none due since the last) is no new step.
-                if isinstance(d, p.Write) and known is not None and known.owner is not None:
-                    if d.record.owner is not None and d.record.owner.expires_at <= known.owner.expires_at:
-                        continue
+                d = p.decide_renew(known, known_gen, me=me, token=party.token, now=local, timing=timing, nonce="-")
+                # A renewal that would not move the lease on (none is due since the last) is no new step.
+                if isinstance(d, p.Write) and _lease_end(d.record) <= _lease_end(known):
+                    continue
                 if isinstance(d, p.Write):
                     decided(i, "renews", party, d)
                 else:
@@ -308,7 +315,15 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
     return out
 
 
-def _acquire_step(step, decided, i: int, role: Role, party: Party, s: State, what: str) -> None:  # type: ignore[no-untyped-def]
+def _acquire_step(
+    step: Callable[[int, str, Party], None],
+    decided: Callable[[int, str, Party, p.Write], None],
+    i: int,
+    role: Role,
+    party: Party,
+    s: State,
+    what: str,
+) -> None:
     """Party ``i``, acquiring, reads the record and decides what its acquire does next."""
     rec, gen, local = s.record, s.generation, s.now + role.offset
     waiting = party.waiting or p.registered(rec, role.me)
@@ -329,7 +344,7 @@ def _acquire_step(step, decided, i: int, role: Role, party: Party, s: State, wha
 
 def violation(s: State, roles: tuple[Role, ...]) -> str | None:
     r = s.record
-    for role, party in zip(roles, s.parties):
+    for role, party in zip(roles, s.parties, strict=True):
         if party.phase != "held" or s.now >= party.valid_until:
             continue
         if r is None or r.owner is None or (r.owner.id, r.owner.instance) != (role.me.owner_id, role.me.instance):
