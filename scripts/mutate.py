@@ -324,10 +324,10 @@ def _model(say_alive: bool = True) -> tuple[str, str]:
     """The model check's configurations as check_all runs them, stopping at the first counterexample."""
     from handofflock.testing.sim import model
 
-    for parties, depth in ((2, 14), (3, 12)):
-        _, example, _ = model.explore(parties, depth)
+    for config, depth in model.DEPTHS.items():
+        _, example, _ = model.explore(config, depth)
         if say_alive:
-            _say("alive", what=f"model {parties}")
+            _say("alive", what=f"model {config}")
         if example is not None:
             return "violation", example[-1]
     return "clean", ""
