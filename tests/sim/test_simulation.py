@@ -121,9 +121,21 @@ def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_every_planted_bug_is_caught_by_its_own_symptom(bug):
     seed, symptom = CAUGHT_AT[bug]
-    outcome = run_seed(seed, bug=bug)
+    outcome = run_seed(seed, bug=bug, by_protocol=False)  # the rule that names it, not the protocol check
     assert outcome.violation is not None, f"planting {bug!r}: seed {seed} noticed nothing"
     assert symptom in outcome.violation, f"planting {bug!r}: seed {seed} found another violation"
+
+
+#: Planted bugs whose writes the protocol check (each applied write against core/protocol.py) catches, and the
+#: first seed of the default range at which it does: a write decided on a record other than the one it
+#: replaced (an unconditional renewal), or one the protocol would not make from it.
+SPEC_CAUGHT_AT = {"unconditional-renewal": 0, "trust-a-read": 5, "still-mine-by-id": 34}
+
+
+@pytest.mark.parametrize("bug", list(SPEC_CAUGHT_AT))
+def test_planted_bugs_write_what_the_protocol_does_not_make(bug):
+    outcome = run_seed(SPEC_CAUGHT_AT[bug], bug=bug)
+    assert outcome.violation is not None and "none the protocol makes" in outcome.violation, outcome.violation
 
 
 @pytest.mark.parametrize("seed", [7, 3])  # seed 3's first party drives the async lock on an event loop
@@ -144,3 +156,22 @@ def test_the_model_check_finds_no_violation(capsys):
 def test_the_model_check_finds_every_planted_protocol_bug(bug, capsys):
     assert model.check_all(bug=bug) == 1
     assert "counterexample" in capsys.readouterr().out
+
+
+def test_a_take_that_forgets_the_skew_is_caught_as_a_write_the_protocol_does_not_make(monkeypatch):
+    """The lock's acquire decides with no skew (it takes at the owner's ``expiresAt``, not ``expiresAt + skew``):
+    the checker asks the protocol, as it imported it, whether each write is one it makes from the record it
+    replaced, and at the first seed of the default range that shows it, it is not."""
+    import dataclasses
+
+    from handofflock.core import protocol
+
+    decide = protocol.decide_acquire
+
+    def early(record, generation, *, timing, **kw):
+        return decide(record, generation, timing=dataclasses.replace(timing, max_clock_skew=0.0), **kw)
+
+    monkeypatch.setattr(protocol, "decide_acquire", early)
+    outcome = run_seed(24)
+    assert outcome.violation is not None and "none the protocol makes" in outcome.violation, outcome.violation
+    assert outcome.violation.split(" by the writer's clock")[0].endswith("Lost, Wait, give_up_wait at 7.310 s")

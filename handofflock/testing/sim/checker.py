@@ -28,7 +28,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
+from ...core import buggify
+from ...core.errors import (
+    AcquireCancelled,
+    LockContended,
+    LockLost,
+    LockNotHeld,
+    LockRecordCorrupt,
+    TransientStorageError,
+)
+from ...core.protocol import Kind, Write, decide_acquire, decide_give_up_wait, decide_release, decide_renew, restamp
+from ...core.record import ASKING, LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
@@ -176,6 +186,9 @@ class Checker:
     hub: Hub
     rules: Rules
     parties: list[Party]
+    #: Whether each write is judged against the protocol (:meth:`_by_protocol`): a unit test of one rule feeds
+    #: hand-made writes, from parties that are no locks, which no protocol decision would make.
+    by_protocol: bool = True
     counts: Counter[str] = field(default_factory=Counter)  # what the run explored: the coverage
     history: list[Event] = field(default_factory=list)
     read_up_to: int = 0  # how much of the history has been judged
@@ -213,6 +226,8 @@ class Checker:
     handed: dict[int, tuple[str | None, float, float]] = field(default_factory=dict)
     handed_read_at: dict[int, float] = field(default_factory=dict)
     handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
+    judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
+    spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
 
     def true_wall(self, at: float | None = None) -> float:
         return WALL0 + ((self.hub.now if at is None else at) - MONO0)
@@ -220,6 +235,7 @@ class Checker:
     def start_with(self, data: bytes) -> None:
         """The record an older version left in the store as the run begins."""
         self.record = read_record(data, legacy=True)
+        self.spec_prev = LockRecord.decode(data)
         self.highest_store_token = self.record.token
 
     def note(self, event: Event) -> None:
@@ -254,6 +270,8 @@ class Checker:
                     self._heir_read(e)
             elif e.what == "applied":
                 self._applied(e)
+                if e.key == KEY and self.by_protocol:  # after the rules, which name a known fault more exactly
+                    self._by_protocol(e.party, e.data)
             elif e.what == "acquire":
                 self._acquire_ended(e)
                 self._slot_left(e)
@@ -308,6 +326,64 @@ class Checker:
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self._handoff(party, slot, new)
             self.handed_generation[new.token] = e.generation
+
+    def _by_protocol(self, party: Party, data: bytes) -> None:
+        """The write is one :mod:`~handofflock.core.protocol` (the specification, as imported here, its planted
+        bugs off) makes from the record it replaced, for the writer's identity and timing, sent at the time its
+        lease or slot is stamped with (or, unstamped, as it lands): a conditional write was decided on exactly
+        that record. Its token may be any the protocol allows up to then (the decision came first). So a take
+        before ``expiresAt + skew`` by the writer's clock, an heir's lease other than its slot's (or the owner's
+        ttl where the slot names none), a renewal that changes more than the lease, are each caught."""
+        prev, lock = self.spec_prev, party.lock
+        try:
+            self.spec_prev = new = LockRecord.decode(data)
+        except LockRecordCorrupt as exc:
+            raise Violation(f"{party.name} wrote a record the lock cannot read: {exc}") from exc
+        me, timing, landed = lock._me, lock.timing, party.clock.time()
+        times = {landed}
+        if new.owner is not None and new.ttl is not None:
+            times.add(new.owner.expires_at - new.ttl)
+        if new.waiter is not None:
+            times.add(new.waiter.expires_at - timing.waiter_ttl)
+        request = new.waiter.request if new.waiter is not None and new.waiter_instance == me.instance else ASKING
+        since = new.waiter.since if new.waiter is not None else None
+        floor, nonce = 0 if prev is None else prev.token, new.nonce or ""
+        active, buggify._active = buggify._active, frozenset()
+        said = ""  # what it decides at the earliest of the times
+        try:
+            for now in sorted(times):
+                decisions = [
+                    decide_acquire(prev, 0, me=me, now=now, timing=timing, nonce=nonce, waiting=waiting,
+                                   request=request, since=since)
+                    for waiting in (True, False)
+                ] + [
+                    decide_give_up_wait(prev, 0, me=me, now=now, timing=timing, nonce=nonce, pending=pending)
+                    for pending in (None, 0)
+                ] + [
+                    decide_renew(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce),
+                    decide_release(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce),
+                ]  # fmt: skip
+                said = said or f"{', '.join(sorted({getattr(d, 'kind', type(d).__name__) for d in decisions}))} at " \
+                    f"{now - WALL0:.3f} s"  # fmt: skip
+                for d in decisions:
+                    w = restamp(d, now=now, nonce=nonce, timing=timing) if isinstance(d, Write) else None
+                    if w is None:
+                        continue
+                    r = w.record
+                    if r.token != floor and floor < new.token <= r.token:
+                        r = r.replace(token=new.token)  # decided before it was sent: a token of then
+                    if w.kind is Kind.RENEW and not me.yields:
+                        r = r.replace(declined=new.declined)  # a decline depends on when it was decided
+                    if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter):
+                        r = r.replace(waiter=new.waiter)  # a slot live then (dropping a live one: _slot_kept)
+                    if r == new:
+                        return
+        finally:
+            buggify._active = active
+        raise Violation(
+            f"{party.name}'s write is none the protocol makes from the record it replaced (it says {said} by the "
+            f"writer's clock): {prev} -> {new}"
+        )
 
     def _unoverlapped(self, e: Event) -> bool:
         """Whether no write of the party's own on the lock overlapped the request answered by ``e`` (a waiter
@@ -470,20 +546,27 @@ class Checker:
         slot names no party that left its acquire.
 
         A party is judged as it runs: a suspended one once it resumes (its first check is the first
-        step after), since ``healthy`` must be false then if its lease ran out meanwhile."""
+        step after), since ``healthy`` must be false then if its lease ran out meanwhile.
+
+        After a step of one process's threads that added nothing to the history, at the instant of the last
+        check, only that process's parties can have changed: only they are judged again."""
         self._read_history()
-        now, r = self.hub.now, self.record
-        for p in self.parties:
-            if p.alive and now >= p.proc.suspended_until and p.lock.healthy:
+        now, r, ran = self.hub.now, self.record, self.hub.ran
+        same = (self.read_up_to, now) == self.judged and ran is not None
+        self.judged = (self.read_up_to, now)
+        parties = [p for p in self.parties if p.proc is ran] if same else self.parties
+        for p in parties:
+            proc = p.proc
+            if not proc.crashed and now >= proc.suspended_until and p.lock.healthy:
                 why = self._unsound(p)
                 if why is not None:
                     raise Violation(why)
         self._left_owning()
         self._noticed_taken()
-        self._request_heard()
+        self._request_heard(parties)
         if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
             return
-        for p in self.parties:
+        for p in parties:
             if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire:
                 continue
             if r.waiter.expires_at <= p.left_behind_until:
@@ -494,7 +577,7 @@ class Checker:
                     f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
                 )
 
-    def _request_heard(self) -> None:
+    def _request_heard(self, parties: list[Party]) -> None:
         """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look
         at the lock (a read of it, or a listing of its prefix, that no write of its own overlapped) that went
         out after the request landed, its
@@ -508,9 +591,9 @@ class Checker:
             return
         if r.waiter.instance == r.owner.instance or not r.waiter.live(self.true_wall() - self.rules.skew):
             return
-        for p in self.parties:
+        for p in parties:
             lock = p.lock
-            if not p.alive or lock.instance != r.owner.instance or lock.token != r.token or not lock.is_held:
+            if not lock.is_held or p.proc.crashed or lock.instance != r.owner.instance or lock.token != r.token:
                 continue
             if not r.waiter.live(p.clock.time()):
                 continue  # ended by the holder's clock: a request it no longer stands for

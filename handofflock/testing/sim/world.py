@@ -227,6 +227,7 @@ class World:
         late_commits: bool = True,
         ttl_spread: bool = True,
         swarm: bool = True,
+        by_protocol: bool = True,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -250,7 +251,7 @@ class World:
             waiter_check_interval=wci,
             gentle=c.gentle,
         )
-        self.checker = Checker(self.hub, rules, self.parties)
+        self.checker = Checker(self.hub, rules, self.parties, by_protocol=by_protocol)
         self.backend = MemoryStorage(f"sim-{seed}")
         self.net = Net(self.hub, self.rng, f, self.backend, self.checker.note, self.checker.counts)
         self.net.late.seed(f"late-{seed}")
