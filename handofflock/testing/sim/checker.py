@@ -19,6 +19,7 @@ never the library's codec, so a fault of the codec cannot hide itself.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -340,18 +341,20 @@ class Checker:
         except LockRecordCorrupt as exc:
             raise Violation(f"{party.name} wrote a record the lock cannot read: {exc}") from exc
         me, timing, landed = lock._me, lock.timing, party.clock.time()
-        times = {landed}
+        sent = {landed}  # when it may have been sent, by the writer's clock (a clock may be stepped between)
         if new.owner is not None and new.ttl is not None:
-            times.add(new.owner.expires_at - new.ttl)
+            sent.add(new.owner.expires_at - new.ttl)
         if new.waiter is not None:
-            times.add(new.waiter.expires_at - timing.waiter_ttl)
+            sent.add(new.waiter.expires_at - timing.waiter_ttl)
+        floor, nonce = 0 if prev is None else prev.token, new.nonce or ""
+        # When it may have been decided: as it was sent, or when its token says (a new owner's is its clock's ms).
+        decided = sorted(sent | ({new.token / 1000} if abs(new.token / 1000 - landed) < 60 else set()))
         request = new.waiter.request if new.waiter is not None and new.waiter_instance == me.instance else ASKING
         since = new.waiter.since if new.waiter is not None else None
-        floor, nonce = 0 if prev is None else prev.token, new.nonce or ""
         active, buggify._active = buggify._active, frozenset()
         said = ""  # what it decides at the earliest of the times
         try:
-            for now in sorted(times):
+            for now in decided:
                 decisions = [
                     decide_acquire(prev, 0, me=me, now=now, timing=timing, nonce=nonce, waiting=waiting,
                                    request=request, since=since)
@@ -365,12 +368,14 @@ class Checker:
                 ]  # fmt: skip
                 said = said or f"{', '.join(sorted({getattr(d, 'kind', type(d).__name__) for d in decisions}))} at " \
                     f"{now - WALL0:.3f} s"  # fmt: skip
-                for d in decisions:
-                    w = restamp(d, now=now, nonce=nonce, timing=timing) if isinstance(d, Write) else None
+                for d, at in itertools.product(decisions, sorted(sent)):
+                    if at < now - EPSILON:
+                        continue  # sent before it was decided
+                    w = restamp(d, now=at, nonce=nonce, timing=timing) if isinstance(d, Write) else None
                     if w is None:
                         continue
                     r = w.record
-                    if r.token != floor and floor < new.token <= r.token:
+                    if r.token != floor and floor < new.token:
                         r = r.replace(token=new.token)  # decided before it was sent: a token of then
                     if w.kind is Kind.RENEW and not me.yields:
                         r = r.replace(declined=new.declined)  # a decline depends on when it was decided
