@@ -301,6 +301,8 @@ class Checker:
         if owner is not None and moved and prev is not None and new.token <= prev.token:
             raise Violation(f"{party.name} moved the lock to {owner.id} keeping token {new.token}")
         self.highest_store_token = max(self.highest_store_token, new.token)
+        if moved and owner is not None and owner.instance == party.lock.instance and before is not None:
+            self._take_in_time(party, before, new)
         w = new.waiter
         asking = None if owner is None or w is None or not w.asks else (owner.instance, new.token, w.instance)
         lapsed = (
@@ -327,6 +329,19 @@ class Checker:
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self._handoff(party, slot, new)
             self.handed_generation[new.token] = e.generation
+
+    def _take_in_time(self, party: Party, before: Place, new: Rec) -> None:
+        """A party takes another's lease only once it has ended by the taker's clock, skew allowed: decided
+        (its token, a new owner's, counts the taker's clock in ms; else its lease's stamp) after
+        ``expiresAt + max_clock_skew``."""
+        assert new.owner is not None
+        stamped = new.owner.expires_at - (new.ttl or self.rules.ttl)
+        decided = max(stamped, new.token / 1000 if abs(new.token / 1000 - stamped) < 60 else stamped)
+        if decided <= before.expires_at + self.rules.skew - EPSILON:
+            raise Violation(
+                f"{party.name} took the lock from {before.id} at {decided - WALL0:.3f} s by its own clock, "
+                f"{before.expires_at + self.rules.skew - decided:.3f} s before its lease ended plus the skew"
+            )
 
     def _by_protocol(self, party: Party, data: bytes) -> None:
         """The write is one :mod:`~handofflock.core.protocol` (the specification, as imported here, its planted
@@ -430,10 +445,13 @@ class Checker:
                 f"{party.name} handed the lock to {new.owner.id} at {stamped - WALL0:.3f} by its own clock, "
                 f"{stamped - (slot.expires_at if slot else 0):.3f} s after its slot had ended"
             )
-        if slot.ttl is not None and abs(length - slot.ttl) > EPSILON:
+        # A slot that names no ttl asked for its waiter's own (a slot of this version always names it).
+        own = [p.lock.timing.ttl for p in self.parties if p.lock.instance == slot.instance]
+        asked = slot.ttl if slot.ttl is not None else own[0] if own else None
+        if asked is not None and abs(length - asked) > EPSILON:
             raise Violation(
                 f"{party.name} handed the lock to {new.owner.id} with a lease of {length:g} s, "
-                f"where its slot asked for {slot.ttl:g} s"
+                f"where its slot asked for {asked:g} s"
             )
 
     def _taken(self, party: Party, prev: Rec, new: Rec, at: float) -> None:
