@@ -19,7 +19,6 @@ never the library's codec, so a fault of the codec cannot hide itself.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -366,44 +365,45 @@ class Checker:
         decided = sorted(sent | ({new.token / 1000} if abs(new.token / 1000 - landed) < 60 else set()))
         request = new.waiter.request if new.waiter is not None and new.waiter_instance == me.instance else ASKING
         since = new.waiter.since if new.waiter is not None else None
+
+        def decisions(now: float) -> Iterator[object]:  # lazily: most writes match one of the first
+            yield decide_renew(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce)
+            for waiting in (True, False):
+                yield decide_acquire(prev, 0, me=me, now=now, timing=timing, nonce=nonce, waiting=waiting,
+                                     request=request, since=since)  # fmt: skip
+            yield decide_release(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce)
+            for pending in (None, 0):
+                yield decide_give_up_wait(prev, 0, me=me, now=now, timing=timing, nonce=nonce, pending=pending)
+
         active, buggify._active = buggify._active, frozenset()
-        said = ""  # what it decides at the earliest of the times
         try:
             for now in decided:
-                decisions = [
-                    decide_acquire(prev, 0, me=me, now=now, timing=timing, nonce=nonce, waiting=waiting,
-                                   request=request, since=since)
-                    for waiting in (True, False)
-                ] + [
-                    decide_give_up_wait(prev, 0, me=me, now=now, timing=timing, nonce=nonce, pending=pending)
-                    for pending in (None, 0)
-                ] + [
-                    decide_renew(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce),
-                    decide_release(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce),
-                ]  # fmt: skip
-                said = said or f"{', '.join(sorted({getattr(d, 'kind', type(d).__name__) for d in decisions}))} at " \
-                    f"{now - WALL0:.3f} s"  # fmt: skip
-                for d, at in itertools.product(decisions, sorted(sent)):
-                    if at < now - EPSILON:
-                        continue  # sent before it was decided
-                    w = restamp(d, now=at, nonce=nonce, timing=timing) if isinstance(d, Write) else None
-                    if w is None:
-                        continue
-                    r = w.record
-                    if r.token != floor and floor < new.token:
-                        r = r.replace(token=new.token)  # decided before it was sent: a token of then
-                    if w.kind is Kind.RENEW and not me.yields:
-                        r = r.replace(declined=new.declined)  # a decline depends on when it was decided
-                    if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter):
-                        r = r.replace(waiter=new.waiter)  # a slot live then (dropping a live one: _slot_kept)
-                    if r == new:
-                        return
+                for d in decisions(now):
+                    for at in sorted(sent) if isinstance(d, Write) else ():
+                        assert isinstance(d, Write)
+                        w = None if at < now - EPSILON else restamp(d, now=at, nonce=nonce, timing=timing)
+                        if w is not None and self._same(w, new, floor, me.yields, prev):  # sent after it was decided
+                            return
+            said = sorted({getattr(d, "kind", type(d).__name__) for d in decisions(decided[0])})
         finally:
             buggify._active = active
         raise Violation(
-            f"{party.name}'s write is none the protocol makes from the record it replaced (it says {said} by the "
-            f"writer's clock): {prev} -> {new}"
+            f"{party.name}'s write is none the protocol makes from the record it replaced (it says "
+            f"{', '.join(said)} at {decided[0] - WALL0:.3f} s by the writer's clock): {prev} -> {new}"
         )
+
+    @staticmethod
+    def _same(w: Write, new: LockRecord, floor: int, yields: bool, prev: LockRecord | None) -> bool:
+        """Whether the protocol's write ``w`` is the record ``new`` that landed, up to what depends on when it
+        was decided."""
+        r = w.record
+        if r.token != floor and floor < new.token:
+            r = r.replace(token=new.token)  # decided before it was sent: a token of then
+        if w.kind is Kind.RENEW and not yields:
+            r = r.replace(declined=new.declined)  # a decline depends on when it was decided
+        if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter):
+            r = r.replace(waiter=new.waiter)  # a slot live then (dropping a live one: _slot_kept)
+        return r == new
 
     def _unoverlapped(self, e: Event) -> bool:
         """Whether no write of the party's own on the lock overlapped the request answered by ``e`` (a waiter
