@@ -26,7 +26,7 @@ def applied(checker: Checker, who, record: LockRecord) -> None:
 def test_a_write_that_breaks_an_invariant_is_recorded_where_it_lands_and_judged_between_steps():
     """Noting a write never raises (it runs inside the lock's call stack, where a scheduler logs and swallows
     exceptions); the hub's check, in its own loop, does."""
-    checker = Checker(Hub(random.Random(0)), RULES, [])
+    checker = Checker(Hub(random.Random(0)), RULES, [], by_protocol=False)
     a, b = party("a"), party("b")
     applied(checker, a, LockRecord(owner=Holder("a", WALL0 + 2, instance="a-instance"), token=5, ttl=2.0))
     applied(checker, b, LockRecord(owner=Holder("b", WALL0 + 2, instance="b-instance"), token=4, ttl=2.0))
@@ -36,7 +36,7 @@ def test_a_write_that_breaks_an_invariant_is_recorded_where_it_lands_and_judged_
 
 
 def test_a_renewal_that_drops_a_live_waiter_slot_is_a_violation():
-    checker = Checker(Hub(random.Random(0)), RULES, [])
+    checker = Checker(Hub(random.Random(0)), RULES, [], by_protocol=False)
     a = party("a")
     slot = Waiter("w", WALL0 + 1.5, ttl=2.0, instance="w-instance")
     held = LockRecord(owner=Holder("a", WALL0 + 2, instance="a-instance"), token=5, ttl=2.0)
@@ -48,7 +48,7 @@ def test_a_renewal_that_drops_a_live_waiter_slot_is_a_violation():
 
 def test_a_handoff_is_judged_at_the_instant_it_was_stamped_and_gives_the_lease_the_slot_asked_for():
     hub = Hub(random.Random(0))
-    checker = Checker(hub, RULES, [])
+    checker = Checker(hub, RULES, [], by_protocol=False)
     a = party("a")
     slot = Waiter("w", WALL0 + 1.0, ttl=3.0, instance="w-instance")
     applied(checker, a, LockRecord(owner=Holder("a", WALL0 + 2, instance="a-instance"), token=5, ttl=2.0, waiter=slot))
@@ -87,7 +87,7 @@ def test_a_gentle_world_excuses_a_lost_lease_only_past_the_two_429s_in_a_row_des
     from handofflock.testing.sim.checker import Seen
 
     hub = Hub(random.Random(0))
-    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [])
+    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [], by_protocol=False)
     a = type("Party", (), {"name": "a", "lock": party("a").lock})()  # hashable, as the world's parties are
     seen = Seen(True, False, 5, -1e9, False, -1e9, -1e9)
     replies = ["write: ok", "write: PreconditionFailed: 412"] + ["write: TransientStorageError: sim: 429 on write"] * refused
@@ -110,7 +110,7 @@ def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
     from handofflock.testing.sim.checker import Seen
 
     hub = Hub(random.Random(0))
-    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [])
+    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [], by_protocol=False)
     a = type("Party", (), {"name": "a", "lock": party("a").lock})()  # hashable, as the world's parties are
     b = type("Party", (), {"name": "b", "lock": party("b").lock})()
     slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance")
@@ -156,3 +156,67 @@ def test_an_exception_the_library_logs_and_goes_on_past_is_caught_without_showin
         assert capsys.readouterr().err == ""
     finally:
         logging.getLogger("handofflock").setLevel(logging.NOTSET)
+
+
+def lock_party(name: str, hub: Hub, **timing: float):
+    """A party the protocol check can ask about: its identity, its timing and its (true) wall clock."""
+    from handofflock.core.protocol import Me
+    from handofflock.core.timing import Timing
+
+    me = Me(name, f"{name}0")
+    t = Timing.build(ttl=2.0, max_clock_skew=0.5, min_hold=0.0, **timing)
+    clock = SimpleNamespace(time=lambda: WALL0 + (hub.now - MONO0))
+    lock = SimpleNamespace(instance=me.instance, token=None, _me=me, timing=t)
+    return SimpleNamespace(name=name, lock=lock, clock=clock)
+
+
+def test_a_take_is_judged_against_expires_at_plus_skew_by_the_protocol():
+    """Every applied write is one the protocol makes from the record it replaced: a take stamped before the
+    owner's ``expiresAt + skew`` by the taker's clock is not (the protocol waits, or registers)."""
+    from dataclasses import replace
+
+    from handofflock.core.protocol import decide_acquire, restamp
+
+    hub = Hub(random.Random(0))
+    b = lock_party("b", hub)
+    owned = LockRecord(owner=Holder("a", WALL0 + 2, instance="a0"), token=5, ttl=2.0)
+    for at, skew, ok in ((2.6, 0.5, True), (2.3, 0.0, False)):  # the second: a take that forgot the skew
+        checker = Checker(hub, RULES, [])
+        checker.start_with(owned.encode())
+        timing = replace(b.lock.timing, max_clock_skew=skew)
+        decided = decide_acquire(owned, 1, me=b.lock._me, now=WALL0 + at, timing=timing, nonce="n", waiting=False)
+        take = restamp(decided, now=WALL0 + at, nonce="n", timing=timing)
+        hub.now = MONO0 + 3
+        applied(checker, b, take.record)
+        if ok:
+            checker.check()
+        else:
+            with pytest.raises(Violation, match=r"none the protocol makes.*says .*become_waiter.* at 2\.300 s"):
+                checker.check()
+
+
+def test_an_heirs_lease_where_the_slot_names_no_ttl_is_the_owners_ttl():
+    """A slot an older version wrote names no ttl: the protocol hands the heir the owner's own ttl, and a
+    handoff with any other lease is none it makes."""
+    from dataclasses import replace
+
+    from handofflock.core.protocol import decide_release, restamp
+
+    hub = Hub(random.Random(0))
+    a = lock_party("a", hub)
+    slot = Waiter("w", WALL0 + 1.5, instance="w0")  # no ttl
+    owned = LockRecord(owner=Holder("a", WALL0 + 2, instance="a0"), token=5, ttl=2.0, waiter=slot)
+    decided = decide_release(owned, 1, me=a.lock._me, token=5, now=WALL0 + 1, timing=a.lock.timing, nonce="n")
+    handed = restamp(decided, now=WALL0 + 1, nonce="n", timing=a.lock.timing).record
+    assert handed.ttl == 2.0
+    longer = handed.replace(ttl=4.0, owner=replace(handed.owner, expires_at=WALL0 + 5))
+    for record, ok in ((handed, True), (longer, False)):
+        checker = Checker(hub, RULES, [])
+        checker.start_with(owned.encode())
+        hub.now = MONO0 + 1
+        applied(checker, a, record)
+        if ok:
+            checker.check()
+        else:
+            with pytest.raises(Violation, match=r"none the protocol makes.*says .*handoff"):
+                checker.check()

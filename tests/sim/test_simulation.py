@@ -8,6 +8,7 @@ violation and finds every planted protocol bug.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -121,9 +122,21 @@ def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_every_planted_bug_is_caught_by_its_own_symptom(bug):
     seed, symptom = CAUGHT_AT[bug]
-    outcome = run_seed(seed, bug=bug)
+    outcome = run_seed(seed, bug=bug, by_protocol=False)  # the rule that names it, not the protocol check
     assert outcome.violation is not None, f"planting {bug!r}: seed {seed} noticed nothing"
     assert symptom in outcome.violation, f"planting {bug!r}: seed {seed} found another violation"
+
+
+#: Planted bugs whose writes the protocol check (each applied write against core/protocol.py) catches, and the
+#: first seed of the default range at which it does: a write decided on a record other than the one it
+#: replaced (an unconditional renewal), or one the protocol would not make from it.
+SPEC_CAUGHT_AT = {"unconditional-renewal": 0, "trust-a-read": 5, "still-mine-by-id": 34}
+
+
+@pytest.mark.parametrize("bug", list(SPEC_CAUGHT_AT))
+def test_planted_bugs_write_what_the_protocol_does_not_make(bug):
+    outcome = run_seed(SPEC_CAUGHT_AT[bug], bug=bug)
+    assert outcome.violation is not None and "none the protocol makes" in outcome.violation, outcome.violation
 
 
 @pytest.mark.parametrize("seed", [7, 3])  # seed 3's first party drives the async lock on an event loop
@@ -144,3 +157,65 @@ def test_the_model_check_finds_no_violation(capsys):
 def test_the_model_check_finds_every_planted_protocol_bug(bug, capsys):
     assert model.check_all(bug=bug) == 1
     assert "counterexample" in capsys.readouterr().out
+
+
+def _plant_take_without_skew(monkeypatch):
+    """The lock's acquire decides with no skew: it takes at the owner's ``expiresAt``, not ``expiresAt + skew``."""
+    from handofflock.core import protocol
+
+    decide = protocol.decide_acquire
+
+    def early(record, generation, *, timing, **kw):
+        return decide(record, generation, timing=dataclasses.replace(timing, max_clock_skew=0.0), **kw)
+
+    monkeypatch.setattr(protocol, "decide_acquire", early)
+
+
+def test_a_take_before_the_lease_ended_plus_the_skew_is_caught_by_its_instant(monkeypatch):
+    _plant_take_without_skew(monkeypatch)
+    outcome = run_seed(0, by_protocol=False)
+    assert outcome.violation is not None and "before its lease ended plus the skew" in outcome.violation
+
+
+def test_a_take_that_forgets_the_skew_is_caught_as_a_write_the_protocol_does_not_make(monkeypatch):
+    """The checker asks the protocol, as it imported it, whether each write is one it makes from the record it
+    replaced: a take decided before ``expiresAt + skew`` is not (seed 24 takes by the writer's clock at 7.309 s)."""
+    from handofflock.testing.sim import checker
+
+    _plant_take_without_skew(monkeypatch)
+    monkeypatch.setattr(checker.Checker, "_take_in_time", lambda *a: None)  # the rule above would name it first
+    outcome = run_seed(24)
+    assert outcome.violation is not None and "none the protocol makes" in outcome.violation, outcome.violation
+    assert "(it says Lost, Wait, give_up_wait at 7.3" in outcome.violation  # at its take: no take then
+
+
+def test_an_heir_whose_slot_names_no_ttl_is_handed_its_own_ttl_not_the_owners(monkeypatch):
+    """Slots written without the ttl their waiter asked for: the owner hands the heir its own ttl (as for a slot
+    an older version wrote), and the checker compares the lease with the heir's own setting."""
+    from handofflock.core import protocol
+
+    decide = protocol.decide_acquire
+
+    def no_ttl(*args, **kw):
+        d = decide(*args, **kw)
+        if isinstance(d, protocol.Write) and d.kind in (protocol.Kind.BECOME_WAITER, protocol.Kind.REFRESH_WAITER):
+            return dataclasses.replace(d, record=d.record.replace(waiter=dataclasses.replace(d.record.waiter, ttl=None)))
+        return d
+
+    monkeypatch.setattr(protocol, "decide_acquire", no_ttl)
+    outcome = run_seed(0, by_protocol=False)
+    assert outcome.violation is not None and "where its slot asked for 4 s" in outcome.violation, outcome.violation
+
+
+def test_a_non_blocking_acquire_that_waits_is_caught(monkeypatch):
+    """``acquire(blocking=False)`` never waits: it returns within its requests' deadline and one round."""
+    from handofflock.lock.handoff import HandoffLock
+
+    acquire = HandoffLock.acquire
+
+    def waits(self, blocking=True, timeout=None, **kw):
+        return acquire(self, timeout=2 * self.timing.ttl if not blocking else timeout, **kw)
+
+    monkeypatch.setattr(HandoffLock, "acquire", waits)
+    outcome = run_seed(1, by_protocol=False)
+    assert outcome.violation is not None and "acquire took" in outcome.violation, outcome.violation

@@ -121,7 +121,7 @@ def test_the_library_counts_a_suspend_by_boottime_on_a_simulated_host_that_has_i
 
 def store(faults: Faults) -> tuple[Hub, Checker, SimStore]:
     hub = Hub(random.Random(0))
-    checker = Checker(hub, Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, gentle=False), [])
+    checker = Checker(hub, Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, gentle=False), [], by_protocol=False)
     backend = MemoryStorage(f"swarm-test-{random.random()}")
     net = Net(hub, random.Random(1), faults, backend, checker.note, checker.counts)
     # No client-side spacing: these tests aim writes 0.7 s apart at the store's own 429 rule and slow writes,

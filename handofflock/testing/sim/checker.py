@@ -28,7 +28,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.errors import AcquireCancelled, LockContended, LockLost, LockNotHeld, TransientStorageError
+from ...core import buggify
+from ...core.errors import (
+    AcquireCancelled,
+    LockContended,
+    LockLost,
+    LockNotHeld,
+    LockRecordCorrupt,
+    TransientStorageError,
+)
+from ...core.protocol import Kind, Write, decide_acquire, decide_give_up_wait, decide_release, decide_renew, restamp
+from ...core.record import ASKING, LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
 from .hub import MONO0, WALL0, Hub, Violation
@@ -176,6 +186,9 @@ class Checker:
     hub: Hub
     rules: Rules
     parties: list[Party]
+    #: Whether each write is judged against the protocol (:meth:`_by_protocol`): a unit test of one rule feeds
+    #: hand-made writes, from parties that are no locks, which no protocol decision would make.
+    by_protocol: bool = True
     counts: Counter[str] = field(default_factory=Counter)  # what the run explored: the coverage
     history: list[Event] = field(default_factory=list)
     read_up_to: int = 0  # how much of the history has been judged
@@ -213,6 +226,8 @@ class Checker:
     handed: dict[int, tuple[str | None, float, float]] = field(default_factory=dict)
     handed_read_at: dict[int, float] = field(default_factory=dict)
     handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
+    judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
+    spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
 
     def true_wall(self, at: float | None = None) -> float:
         return WALL0 + ((self.hub.now if at is None else at) - MONO0)
@@ -220,6 +235,7 @@ class Checker:
     def start_with(self, data: bytes) -> None:
         """The record an older version left in the store as the run begins."""
         self.record = read_record(data, legacy=True)
+        self.spec_prev = LockRecord.decode(data)
         self.highest_store_token = self.record.token
 
     def note(self, event: Event) -> None:
@@ -254,6 +270,8 @@ class Checker:
                     self._heir_read(e)
             elif e.what == "applied":
                 self._applied(e)
+                if e.key == KEY and self.by_protocol:  # after the rules, which name a known fault more exactly
+                    self._by_protocol(e.party, e.data)
             elif e.what == "acquire":
                 self._acquire_ended(e)
                 self._slot_left(e)
@@ -282,6 +300,8 @@ class Checker:
         if owner is not None and moved and prev is not None and new.token <= prev.token:
             raise Violation(f"{party.name} moved the lock to {owner.id} keeping token {new.token}")
         self.highest_store_token = max(self.highest_store_token, new.token)
+        if moved and owner is not None and owner.instance == party.lock.instance and before is not None:
+            self._take_in_time(party, before, new)
         w = new.waiter
         asking = None if owner is None or w is None or not w.asks else (owner.instance, new.token, w.instance)
         lapsed = (
@@ -308,6 +328,82 @@ class Checker:
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self._handoff(party, slot, new)
             self.handed_generation[new.token] = e.generation
+
+    def _take_in_time(self, party: Party, before: Place, new: Rec) -> None:
+        """A party takes another's lease only once it has ended by the taker's clock, skew allowed: decided
+        (its token, a new owner's, counts the taker's clock in ms; else its lease's stamp) after
+        ``expiresAt + max_clock_skew``."""
+        assert new.owner is not None
+        stamped = new.owner.expires_at - (new.ttl or self.rules.ttl)
+        decided = max(stamped, new.token / 1000 if abs(new.token / 1000 - stamped) < 60 else stamped)
+        if decided <= before.expires_at + self.rules.skew - EPSILON:
+            raise Violation(
+                f"{party.name} took the lock from {before.id} at {decided - WALL0:.3f} s by its own clock, "
+                f"{before.expires_at + self.rules.skew - decided:.3f} s before its lease ended plus the skew"
+            )
+
+    def _by_protocol(self, party: Party, data: bytes) -> None:
+        """The write is one :mod:`~handofflock.core.protocol` (the specification, as imported here, its planted
+        bugs off) makes from the record it replaced, for the writer's identity and timing, sent at the time its
+        lease or slot is stamped with (or, unstamped, as it lands): a conditional write was decided on exactly
+        that record. Its token may be any the protocol allows up to then (the decision came first). So a take
+        before ``expiresAt + skew`` by the writer's clock, an heir's lease other than its slot's (or the owner's
+        ttl where the slot names none), a renewal that changes more than the lease, are each caught."""
+        prev, lock = self.spec_prev, party.lock
+        try:
+            self.spec_prev = new = LockRecord.decode(data)
+        except LockRecordCorrupt as exc:
+            raise Violation(f"{party.name} wrote a record the lock cannot read: {exc}") from exc
+        me, timing, landed = lock._me, lock.timing, party.clock.time()
+        sent = {landed}  # when it may have been sent, by the writer's clock (a clock may be stepped between)
+        if new.owner is not None and new.ttl is not None:
+            sent.add(new.owner.expires_at - new.ttl)
+        if new.waiter is not None:
+            sent.add(new.waiter.expires_at - timing.waiter_ttl)
+        floor, nonce = 0 if prev is None else prev.token, new.nonce or ""
+        # When it may have been decided: as it was sent, or when its token says (a new owner's is its clock's ms).
+        decided = sorted(sent | ({new.token / 1000} if abs(new.token / 1000 - landed) < 60 else set()))
+        request = new.waiter.request if new.waiter is not None and new.waiter_instance == me.instance else ASKING
+        since = new.waiter.since if new.waiter is not None else None
+
+        def decisions(now: float) -> Iterator[object]:  # lazily: most writes match one of the first
+            yield decide_renew(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce)
+            for waiting in (True, False):
+                yield decide_acquire(prev, 0, me=me, now=now, timing=timing, nonce=nonce, waiting=waiting,
+                                     request=request, since=since)  # fmt: skip
+            yield decide_release(prev, 0, me=me, token=floor, now=now, timing=timing, nonce=nonce)
+            for pending in (None, 0):
+                yield decide_give_up_wait(prev, 0, me=me, now=now, timing=timing, nonce=nonce, pending=pending)
+
+        active, buggify._active = buggify._active, frozenset()
+        try:
+            for now in decided:
+                for d in decisions(now):
+                    for at in sorted(sent) if isinstance(d, Write) else ():
+                        assert isinstance(d, Write)
+                        w = None if at < now - EPSILON else restamp(d, now=at, nonce=nonce, timing=timing)
+                        if w is not None and self._same(w, new, floor, me.yields, prev):  # sent after it was decided
+                            return
+            said = sorted({getattr(d, "kind", type(d).__name__) for d in decisions(decided[0])})
+        finally:
+            buggify._active = active
+        raise Violation(
+            f"{party.name}'s write is none the protocol makes from the record it replaced (it says "
+            f"{', '.join(said)} at {decided[0] - WALL0:.3f} s by the writer's clock): {prev} -> {new}"
+        )
+
+    @staticmethod
+    def _same(w: Write, new: LockRecord, floor: int, yields: bool, prev: LockRecord | None) -> bool:
+        """Whether the protocol's write ``w`` is the record ``new`` that landed, up to what depends on when it
+        was decided."""
+        r = w.record
+        if r.token != floor and floor < new.token:
+            r = r.replace(token=new.token)  # decided before it was sent: a token of then
+        if w.kind is Kind.RENEW and not yields:
+            r = r.replace(declined=new.declined)  # a decline depends on when it was decided
+        if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter):
+            r = r.replace(waiter=new.waiter)  # a slot live then (dropping a live one: _slot_kept)
+        return r == new
 
     def _unoverlapped(self, e: Event) -> bool:
         """Whether no write of the party's own on the lock overlapped the request answered by ``e`` (a waiter
@@ -349,10 +445,13 @@ class Checker:
                 f"{party.name} handed the lock to {new.owner.id} at {stamped - WALL0:.3f} by its own clock, "
                 f"{stamped - (slot.expires_at if slot else 0):.3f} s after its slot had ended"
             )
-        if slot.ttl is not None and abs(length - slot.ttl) > EPSILON:
+        # A slot that names no ttl asked for its waiter's own (a slot of this version always names it).
+        own = [p.lock.timing.ttl for p in self.parties if p.lock.instance == slot.instance]
+        asked = slot.ttl if slot.ttl is not None else own[0] if own else None
+        if asked is not None and abs(length - asked) > EPSILON:
             raise Violation(
                 f"{party.name} handed the lock to {new.owner.id} with a lease of {length:g} s, "
-                f"where its slot asked for {slot.ttl:g} s"
+                f"where its slot asked for {asked:g} s"
             )
 
     def _taken(self, party: Party, prev: Rec, new: Rec, at: float) -> None:
@@ -470,20 +569,27 @@ class Checker:
         slot names no party that left its acquire.
 
         A party is judged as it runs: a suspended one once it resumes (its first check is the first
-        step after), since ``healthy`` must be false then if its lease ran out meanwhile."""
+        step after), since ``healthy`` must be false then if its lease ran out meanwhile.
+
+        After a step of one process's threads that added nothing to the history, at the instant of the last
+        check, only that process's parties can have changed: only they are judged again."""
         self._read_history()
-        now, r = self.hub.now, self.record
-        for p in self.parties:
-            if p.alive and now >= p.proc.suspended_until and p.lock.healthy:
+        now, r, ran = self.hub.now, self.record, self.hub.ran
+        same = (self.read_up_to, now) == self.judged and ran is not None
+        self.judged = (self.read_up_to, now)
+        parties = [p for p in self.parties if p.proc is ran] if same else self.parties
+        for p in parties:
+            proc = p.proc
+            if not proc.crashed and now >= proc.suspended_until and p.lock.healthy:
                 why = self._unsound(p)
                 if why is not None:
                     raise Violation(why)
         self._left_owning()
         self._noticed_taken()
-        self._request_heard()
+        self._request_heard(parties)
         if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
             return
-        for p in self.parties:
+        for p in parties:
             if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire:
                 continue
             if r.waiter.expires_at <= p.left_behind_until:
@@ -494,7 +600,7 @@ class Checker:
                     f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
                 )
 
-    def _request_heard(self) -> None:
+    def _request_heard(self, parties: list[Party]) -> None:
         """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look
         at the lock (a read of it, or a listing of its prefix, that no write of its own overlapped) that went
         out after the request landed, its
@@ -508,9 +614,9 @@ class Checker:
             return
         if r.waiter.instance == r.owner.instance or not r.waiter.live(self.true_wall() - self.rules.skew):
             return
-        for p in self.parties:
+        for p in parties:
             lock = p.lock
-            if not p.alive or lock.instance != r.owner.instance or lock.token != r.token or not lock.is_held:
+            if not lock.is_held or p.proc.crashed or lock.instance != r.owner.instance or lock.token != r.token:
                 continue
             if not r.waiter.live(p.clock.time()):
                 continue  # ended by the holder's clock: a request it no longer stands for

@@ -76,6 +76,7 @@ class Hub:
     now: float = MONO0
     tasks: list[Task] = field(default_factory=list)
     current: Task | None = None
+    ran: Proc | None = None  # while :attr:`on_step` runs: the process whose thread took the step (None: the hub's)
     steps: int = 0
     trace: list[str] = field(default_factory=list)
     keep_trace: int = 400
@@ -140,26 +141,35 @@ class Hub:
         if len(self.trace) > self.keep_trace:
             del self.trace[: self.keep_trace // 4]
 
-    def _runnable(self, task: Task) -> bool:
-        if task.done or (task.proc is not None and (task.proc.crashed or self.now < task.proc.frozen_until())):
-            return False
-        return task.deadline <= self.now or (task.event is not None and task.event.is_set())
-
     def run(self, until: float) -> None:
         at_once: dict[str, int] = {}
         while True:
-            self.tasks = [t for t in self.tasks if not t.done and not (t.proc is not None and t.proc.crashed)]
-            ready = [t for t in self.tasks if self._runnable(t)]
+            # One pass: drop the tasks that ended or whose process crashed, and find the runnable ones
+            # (not frozen; due, or woken by their event), in the tasks' order (the seed's choice replays).
+            now, live, ready, nxt = self.now, [], [], math.inf
+            for t in self.tasks:
+                proc = t.proc
+                if t.done or (proc is not None and proc.crashed):
+                    continue
+                live.append(t)
+                wake = t.deadline
+                if proc is not None and (now < proc.paused_until or now < proc.suspended_until):
+                    wake = max(wake, proc.paused_until, proc.suspended_until)
+                elif wake <= now or (t.event is not None and t.event.is_set()):
+                    ready.append(t)
+                if wake < nxt:
+                    nxt = wake
+            self.tasks = live
             if ready:
                 task = self.rng.choice(ready)
                 self.current = task
                 task.glet.switch()
                 self.current = None
                 self.steps += 1
-                at_once[task.name] = at_once.get(task.name, 0) + 1
-                if at_once[task.name] > self.max_steps_at_once:
+                count = at_once[task.name] = at_once.get(task.name, 0) + 1
+                if count > self.max_steps_at_once:
                     raise Violation(
-                        f"livelock: {task.name} ran {at_once[task.name]} times at {self.now - MONO0:.3f} s "
+                        f"livelock: {task.name} ran {count} times at {self.now - MONO0:.3f} s "
                         "without letting time move on (a loop whose wait is 0, again and again)"
                     )
                 if self.died is not None:
@@ -167,10 +177,10 @@ class Hub:
                     if isinstance(exc, Violation):
                         raise exc
                     raise Violation(f"thread {name} died: {exc!r}") from exc
+                self.ran = task.proc
                 self.on_step()
+                self.ran = None
                 continue
-            wakes = [max(t.deadline, t.proc.frozen_until()) if t.proc is not None else t.deadline for t in self.tasks]
-            nxt = min(wakes, default=math.inf)
             if nxt > until:
                 self.now = max(self.now, until)
                 return
@@ -185,6 +195,16 @@ class SimEvent(threading.Event):
     def __init__(self, hub: Hub) -> None:
         super().__init__()
         self.hub = hub
+
+    # No OS thread ever waits on the condition inside: the flag alone, without its lock.
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+
+    def clear(self) -> None:
+        self._flag = False
 
     def wait(self, timeout: float | None = None) -> bool:
         if self.is_set():

@@ -227,6 +227,7 @@ class World:
         late_commits: bool = True,
         ttl_spread: bool = True,
         swarm: bool = True,
+        by_protocol: bool = True,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -250,7 +251,7 @@ class World:
             waiter_check_interval=wci,
             gentle=c.gentle,
         )
-        self.checker = Checker(self.hub, rules, self.parties)
+        self.checker = Checker(self.hub, rules, self.parties, by_protocol=by_protocol)
         self.backend = MemoryStorage(f"sim-{seed}")
         self.net = Net(self.hub, self.rng, f, self.backend, self.checker.note, self.checker.counts)
         self.net.late.seed(f"late-{seed}")
@@ -455,7 +456,7 @@ class World:
         mode = r.random()
         timeout = r.uniform(0.5, 4.0) * ttl
         if mode < 0.2:
-            op, bound = (lambda: lock.acquire(blocking=False)), ttl + 5
+            op, bound = (lambda: lock.acquire(blocking=False)), None  # at once: its requests' deadline
         else:
             # A patient request never asks the holder (it finishes on its own time), so its slot may
             # outlive a waiter that stopped or died while the owner is about to hand off.
@@ -511,8 +512,9 @@ class World:
         if party.alive:
             fn()
 
-    def timed(self, party: Party, what: str, op: Callable[[], Any], bound: float = 0.0) -> Any:
-        """Run ``op``; documented errors are outcomes, anything else is a violation. Checks the op's time bound."""
+    def timed(self, party: Party, what: str, op: Callable[[], Any], bound: float | None = 0.0) -> Any:
+        """Run ``op``; documented errors are outcomes, anything else is a violation. Checks the op's time bound
+        (``None``: one that never waits, as ``acquire(blocking=False)``: its requests' deadline and one round)."""
         lock, hub = party.lock, self.hub
         started, frozen_before = hub.now, party.proc.frozen_until()
         if what == "release":
@@ -544,8 +546,11 @@ class World:
                 party.releasing -= 1
         if party.proc.frozen_until() > started or party.proc.frozen_until() != frozen_before:
             return result  # a pause stretches any operation
-        limit = bound + lock.give_up_budget + lock.renew_deadline + max(lock.renew_deadline, 5.0) + 2.0
-        if self.config.faults.slow_read:
+        if bound is None:
+            limit = lock.renew_deadline + lock.give_up_budget
+        else:
+            limit = bound + lock.give_up_budget + lock.renew_deadline + max(lock.renew_deadline, 5.0) + 2.0
+        if self.config.faults.slow_read and (bound is not None or not self.config.faults.cut_reads):
             limit += 2 * self.config.faults.slow_read_max
         if hub.now - started > limit:
             raise Violation(f"{party.name} {what} took {hub.now - started:.2f} s (bound {limit:.2f} s)")
