@@ -276,9 +276,13 @@ LockMachine.TestCase.settings = SETTINGS
 TestLockMachine = pytest.mark.timeout(300)(LockMachine.TestCase)
 
 
-#: The simulation's planted bugs this machine finds. lease-past-its-margin needs a pause that ends
-#: within the skew of the lease's end, finer than rules reach: the simulation finds it.
-FOUND_HERE = ["keep-slot-on-timeout", "trust-a-read", "unconditional-handoff", "unconditional-renewal"]
+#: The simulation's planted bugs this machine's search finds. lease-past-its-margin needs a pause that
+#: ends within the skew of the lease's end, finer than rules reach: the simulation finds it.
+#: trust-a-read is not searched for here: the derandomized search found it in some memory layouts
+#: and not in others (see below), so the test failed by what a worker had loaded first. The model
+#: check (a counterexample of 5 steps) and the simulation (its seed in test_simulation.py) find it
+#: deterministically.
+FOUND_HERE = ["keep-slot-on-timeout", "unconditional-handoff", "unconditional-renewal"]
 
 
 @pytest.mark.timeout(300)
