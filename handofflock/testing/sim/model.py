@@ -80,7 +80,7 @@ CONFIGS: dict[str, tuple[Role, ...]] = {
     ),
 }
 DEPTHS = {"2 parties": 8, "twins": 8}
-LONG_DEPTHS = {"2 parties": 11, "twins": 11, "3 parties": 9}
+LONG_DEPTHS = {"2 parties": 11, "twins": 11, "3 parties": 8}
 
 
 @dataclass(frozen=True)
