@@ -149,7 +149,7 @@ def clean_stale() -> list[str]:
             _kill_namespace(name)
             gone.append(name)
     for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():  # bridges, and veths a failed run left
-        m = re.match(r"\d+: (hn(\d+)[a-z]\w*)[:@]", line)
+        m = re.match(r"\d+: (hn(\d+)(?:br|s|f|b\d+|x\d+[ab]))[:@]", line)  # the names Network gives
         if m and not _alive(int(m.group(2))):
             sh("ip", "link", "del", m.group(1), check=False)
             gone.append(m.group(1))

@@ -40,7 +40,9 @@ class Data(torch.utils.data.Dataset):
 
 args = transformers.TrainingArguments(output_dir=out, max_steps=20, per_device_train_batch_size=4, report_to=[],
                                       use_cpu=True, disable_tqdm=True, save_strategy="no", remove_unused_columns=False)
-callback = HandoffLockTrainerCallback(url, owner_id="job-A", ttl=6.0)
+# renew_deadline 15 s: renewals can stall for seconds on a loaded 2-core machine while the Trainer's first
+# step imports and compiles, and this job is about the release when training raises, not about renewals.
+callback = HandoffLockTrainerCallback(url, owner_id="job-A", ttl=30.0)
 trainer = transformers.Trainer(model=Boom(), args=args, train_dataset=Data(), callbacks=[callback])
 try:
     if how == "plain":

@@ -189,9 +189,9 @@ def test_a_take_that_forgets_the_skew_is_caught_as_a_write_the_protocol_does_not
     assert "(it says Lost, Wait, give_up_wait at 7.3" in outcome.violation  # at its take: no take then
 
 
-def test_an_heir_whose_slot_names_no_ttl_is_handed_its_own_ttl_not_the_owners(monkeypatch):
-    """Slots written without the ttl their waiter asked for: the owner hands the heir its own ttl (as for a slot
-    an older version wrote), and the checker compares the lease with the heir's own setting."""
+def test_a_waiter_slot_written_without_its_waiters_ttl_is_caught(monkeypatch):
+    """Slots written without the ttl their waiter asked for: the owner would hand the heir its own ttl (as for a
+    slot an older version wrote), so the checker holds this version's registrations to naming it."""
     from handofflock.core import protocol
 
     decide = protocol.decide_acquire
@@ -204,7 +204,7 @@ def test_an_heir_whose_slot_names_no_ttl_is_handed_its_own_ttl_not_the_owners(mo
 
     monkeypatch.setattr(protocol, "decide_acquire", no_ttl)
     outcome = run_seed(0, by_protocol=False)
-    assert outcome.violation is not None and "where its slot asked for 4 s" in outcome.violation, outcome.violation
+    assert outcome.violation is not None and "asking for a lease of None s" in outcome.violation, outcome.violation
 
 
 def test_a_non_blocking_acquire_that_waits_is_caught(monkeypatch):

@@ -311,6 +311,11 @@ class Checker:
         )
         if asking != self.asking or lapsed:  # a new request, or one whose slot had ended and is live again
             self.asking, self.asking_since = asking, e.at
+        if w is not None and w.instance == party.lock.instance and w.ttl != party.lock.timing.ttl:
+            raise Violation(  # a registration or refresh by this version names the lease its waiter wants
+                f"{party.name} wrote its waiter slot asking for a lease of {w.ttl} s, not its ttl "
+                f"{party.lock.timing.ttl:g} s"
+            )
         if prev is not None and prev.waiter is not None and w is not None and w.expires_at != prev.waiter.expires_at:
             if not self.slot_ends:
                 self.slot_ends.append((-math.inf, prev.waiter.expires_at))
@@ -445,10 +450,10 @@ class Checker:
                 f"{party.name} handed the lock to {new.owner.id} at {stamped - WALL0:.3f} by its own clock, "
                 f"{stamped - (slot.expires_at if slot else 0):.3f} s after its slot had ended"
             )
-        # A slot that names no ttl asked for its waiter's own (a slot of this version always names it).
-        own = [p.lock.timing.ttl for p in self.parties if p.lock.instance == slot.instance]
-        asked = slot.ttl if slot.ttl is not None else own[0] if own else None
-        if asked is not None and abs(length - asked) > EPSILON:
+        # A slot that names no ttl (an older version's) gets the owner's own, as the protocol documents;
+        # that this version's slots always name their waiter's ttl is judged where they are written.
+        asked = slot.ttl if slot.ttl is not None else party.lock.timing.ttl
+        if abs(length - asked) > EPSILON:
             raise Violation(
                 f"{party.name} handed the lock to {new.owner.id} with a lease of {length:g} s, "
                 f"where its slot asked for {asked:g} s"

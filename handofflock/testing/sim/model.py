@@ -108,7 +108,9 @@ class State:
 
 
 class Broken(Exception):
-    pass
+    """A write that breaks an invariant; ``step`` says who made it, and how."""
+
+    step = ""
 
 
 def _same(a: Holder | Waiter | None, b: Holder | Waiter | None) -> bool:
@@ -223,7 +225,11 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
             step(i, f"{what}drops its {party.pending.kind.value}: the decision no longer holds", sent)
             return
         local = s.now + role.offset
-        s2, ok = _apply(s, w, i, roles, local)
+        try:
+            s2, ok = _apply(s, w, i, roles, local)
+        except Broken as exc:
+            exc.step = f"{role.me.instance} {what}{w.kind.value}s"
+            raise
         verb = f"{what}{w.kind.value}s" + ("" if ok else ": 412")
         step(i, verb, _after(s2, i, role, sent, w, ok, s2.record), s2)
         if s.faults:
@@ -243,7 +249,11 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
         out.append((f"time passes to {later:g}", replace(s, now=later), 1))
     for k, (j, w, sent) in enumerate(s.late):
         rest = replace(s, late=s.late[:k] + s.late[k + 1 :])
-        s2, ok = _apply(rest, w, j, roles, sent)
+        try:
+            s2, ok = _apply(rest, w, j, roles, sent)
+        except Broken as exc:
+            exc.step = f"{roles[j].me.instance}'s cut-off {w.kind.value} lands"
+            raise
         out.append((f"{roles[j].me.instance}'s cut-off {w.kind.value} {'lands' if ok else 'fails: 412'}", s2, 1))
     for i, (role, party) in enumerate(zip(roles, s.parties, strict=True)):
         me, local, timing = role.me, s.now + role.offset, role.timing
@@ -368,7 +378,7 @@ def explore(config: str, depth: int, faults: int = FAULTS) -> tuple[int, list[st
         out = []
         while (link := parent[s]) is not None:
             s, what = link
-            out.append(f"t={s.now:.0f} {what}")
+            out.append(f"t={s.now:g} {what}")
         return out[::-1]
 
     while frontier:
@@ -380,7 +390,7 @@ def explore(config: str, depth: int, faults: int = FAULTS) -> tuple[int, list[st
         try:
             nexts = steps(s, roles)
         except Broken as exc:
-            return len(parent), [*path(s), f"-> {exc}"], d
+            return len(parent), [*path(s), f"t={s.now:g} {exc.step}", f"-> {exc}"], d + 1
         for what, s2, c in nexts:
             if s2 in parent:
                 continue
