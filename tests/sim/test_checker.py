@@ -88,7 +88,8 @@ def test_a_gentle_world_excuses_a_lost_lease_only_past_the_two_429s_in_a_row_des
 
     hub = Hub(random.Random(0))
     checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [], by_protocol=False)
-    a = type("Party", (), {"name": "a", "lock": party("a").lock})()  # hashable, as the world's parties are
+    lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))  # its slot's ttl
+    a = type("Party", (), {"name": "a", "lock": lock_a})()  # hashable, as the world's parties are
     seen = Seen(True, False, 5, -1e9, False, -1e9, -1e9)
     replies = ["write: ok", "write: PreconditionFailed: 412"] + ["write: TransientStorageError: sim: 429 on write"] * refused
     for at, detail in enumerate(replies):
@@ -111,7 +112,8 @@ def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
 
     hub = Hub(random.Random(0))
     checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [], by_protocol=False)
-    a = type("Party", (), {"name": "a", "lock": party("a").lock})()  # hashable, as the world's parties are
+    lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))  # its slot's ttl
+    a = type("Party", (), {"name": "a", "lock": lock_a})()  # hashable, as the world's parties are
     b = type("Party", (), {"name": "b", "lock": party("b").lock})()
     slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance")
     held = LockRecord(owner=Holder("b", WALL0 + 10, instance="b-instance"), token=5, ttl=10.0)
