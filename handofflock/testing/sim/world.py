@@ -514,7 +514,9 @@ class World:
 
     def timed(self, party: Party, what: str, op: Callable[[], Any], bound: float | None = 0.0) -> Any:
         """Run ``op``; documented errors are outcomes, anything else is a violation. Checks the op's time bound
-        (``None``: one that never waits, as ``acquire(blocking=False)``: its requests' deadline and one round)."""
+        (``None``: one that never waits, as ``acquire(blocking=False)``: ``renew_deadline`` and the give-up
+        budget, well below a waiting operation's bound; a non-blocking acquire that polls until its requests'
+        deadline still fits in it)."""
         lock, hub = party.lock, self.hub
         started, frozen_before = hub.now, party.proc.frozen_until()
         if what == "release":
