@@ -1,10 +1,10 @@
 """An exhaustive check of the pure protocol (:mod:`handofflock.core.protocol`), in the spirit of TLC.
 
-No lock, no threads: an abstract store (one record and its generation), true time that ticks in
-whole seconds, and 2 or 3 parties, each with a clock of its own (an offset within the skew), a
+No lock, no threads: an abstract store (one record and its generation), true time that passes
+in jumps (below), and 2 or 3 parties, each with a clock of its own (an offset within the skew), a
 ttl of its own and a waiter request of its own (asking or patient, a priority). Each party is a
 small state machine whose steps are the lock's: read and decide (the real ``decide_*`` functions,
-at the party's clock); send the decided write later, restamped at the send
+at the party's clock); send the decided write at once or later, restamped at the send
 (:func:`~handofflock.core.protocol.restamp`), or dropped there once its decision no longer holds;
 and learn the outcome: the reply seen, the reply lost (the write applied or refused), or the
 request cut off while the store applies it later (a late commit). A reply that never came is
@@ -25,7 +25,7 @@ Invariants, on every state and on every write the store applies:
   at most one live owner, twins included, and an owner fences only with a token the store issued
   to it (a party takes up a token only from a record that names it with it);
 * tokens never fall, and rise whenever the owner changes;
-* a handoff goes only to a slot live by the releaser's clock;
+* a handoff goes only to a slot live by the releaser's clock as it sends;
 * a waiter slot live by the writer's clock is never dropped by another's write: the write keeps
   it, hands the lock to its waiter, or is a request that outranks it taking the slot.
 
@@ -188,7 +188,7 @@ def _next_time(s: State, roles: tuple[Role, ...]) -> float | None:
     with or without the skew; a slot's end, its refresh point; a decision's ``until``; the end of
     a party's valid lease): the moment that comparison flips, and a quarter second past it (for
     the strict ones), by each party's clock. Time jumps to the earliest of them, so an expiry
-    costs one step of depth, not one per second, and nothing between two such moments differs.
+    costs one step of depth, not one per second; no decision or count differs between two such moments.
     """
     marks: set[float] = set()
     r = s.record
