@@ -53,7 +53,9 @@ class Workers:
 
     def start(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         with open(self.dir / f"{name}.stderr", "wb") as err:
-            self.procs[name] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+            self.procs[name] = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT
+            )
 
     def wait_for_workers(self) -> None:
         """Wait until every worker has logged its start (or one died, or STARTUP_LIMIT passed: noted)."""
@@ -74,9 +76,10 @@ class Workers:
             time.sleep(min(1.0, max(0.0, until - time.time())))
 
     def freeze(self, name: str) -> bool:
-        """SIGSTOP the worker; False if it has already exited."""
+        """SIGSTOP the worker; False if it has already exited or the run is winding down (a pause that began
+        after :meth:`stop_workers` thawed the others would leave its worker frozen through the stop)."""
         with self.pause_lock:
-            if self.procs[name].poll() is not None:
+            if self.done.is_set() or self.procs[name].poll() is not None:
                 return False
             os.kill(self.procs[name].pid, signal.SIGSTOP)
             self.paused.add(name)
@@ -89,7 +92,8 @@ class Workers:
                 self.paused.discard(name)
 
     def stop_workers(self) -> dict[str, int | None]:
-        """Thaw every frozen worker, SIGTERM them all, and collect their exit statuses (None: killed)."""
+        """Thaw every frozen worker, SIGTERM them all, and collect their exit statuses (None: killed). Call it once
+        ``done`` is set: no worker is frozen after that."""
         for name in list(self.paused):
             self.thaw(name)
         for p in self.procs.values():
@@ -104,7 +108,10 @@ class Workers:
                 p.kill()
                 p.wait(5)
                 exits[name] = None
-                self.errors.append(f"{name} did not stop within {STOP_LIMIT:.0f} s and was killed")
+                last = self.read_log(name)[-1:]
+                self.errors.append(
+                    f"{name} did not stop within {STOP_LIMIT:.0f} s and was killed (its last event: {last})"
+                )
         return exits
 
     def read_log(self, name: str) -> list[dict[str, Any]]:
