@@ -9,10 +9,13 @@ its deadline has passed, so no worker outlives a killed run.
 
 from __future__ import annotations
 
+import argparse
+import json
 import mmap
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import traceback
@@ -141,6 +144,28 @@ class Workers:
                 data, last = found
                 doc = orjson.loads(data)
                 self.samples.append((last, doc.get("ownerId"), int(doc.get("token") or 0)))
+
+
+def _exit_on_sigterm(*_: object) -> None:
+    raise SystemExit(143)  # unwinds the driver's with-blocks: its workers, servers and the rest are stopped
+
+
+def drive(
+    name: str, a: argparse.Namespace, go: Callable[[Path], dict[str, Any]], summary: Callable[[dict[str, Any]], str]
+) -> int:
+    """Run a driver from its ``main``: ``go(workdir)`` in ``a.dir`` or a temporary one, SIGTERM unwinding it;
+    print ``summary`` of the result, write it to ``a.json`` if given; 0 if it passed, 1 if not."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if a.dir:
+        a.dir.mkdir(parents=True, exist_ok=True)
+        result = go(a.dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix=f"handofflock-{name}-") as tmp:
+            result = go(Path(tmp))
+    print(summary(result), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=2, default=str))
+    return 0 if result["ok"] else 1
 
 
 class Worker:

@@ -50,7 +50,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -60,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import netbed_check  # noqa: E402
-from harness import STARTUP_LIMIT, Workers  # noqa: E402
+from harness import STARTUP_LIMIT, Workers, drive  # noqa: E402
 
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.testing.emulator import FakeGCSServer, _binary_path  # noqa: E402
@@ -648,28 +647,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def _exit_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)  # unwinds: parties, fence, emulator and namespaces are stopped and deleted
-
-
 def main(argv: list[str]) -> int:
     a = parse(argv)
     reason = refusal()
     if reason is not None:
         print(f"netbed: skipped: {reason}", flush=True)
         return 77
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     print(f"netbed: {a.parties} parties for {a.duration:.0f} s, seed {a.seed}", flush=True)
-    if a.dir:
-        a.dir.mkdir(parents=True, exist_ok=True)
-        result = Run(a, a.dir).go()
-    else:
-        with tempfile.TemporaryDirectory(prefix="handofflock-netbed-") as tmp:
-            result = Run(a, Path(tmp)).go()
-    print(summary(result), flush=True)
-    if a.json:
-        a.json.write_text(json.dumps(result, indent=2, default=str))
-    return 0 if result["ok"] else 1
+    return drive("netbed", a, lambda workdir: Run(a, workdir).go(), summary)
 
 
 if __name__ == "__main__":

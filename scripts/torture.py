@@ -31,13 +31,10 @@ critical section per second.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -49,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torture_check  # noqa: E402
-from harness import STARTUP_LIMIT, Workers  # noqa: E402
+from harness import STARTUP_LIMIT, Workers, drive  # noqa: E402
 
 from handofflock.storage.gcs import GCSStorage  # noqa: E402
 from handofflock.testing import FakeGCSServer, FaultProxy  # noqa: E402
@@ -355,24 +352,10 @@ def _commit() -> str | None:
     return (head + ("+dirty" if dirty else "")) or None
 
 
-def _exit_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)  # unwinds the with-blocks: workers, proxy and emulator are stopped
-
-
 def main(argv: list[str]) -> int:
     a = parse(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     print(f"torture: {a.workers} workers for {a.duration:.0f} s, seed {a.seed}", flush=True)
-    if a.dir:
-        a.dir.mkdir(parents=True, exist_ok=True)
-        result = Run(a, a.dir).go()
-    else:
-        with tempfile.TemporaryDirectory(prefix="handofflock-torture-") as tmp:
-            result = Run(a, Path(tmp)).go()
-    print(summary(result), flush=True)
-    if a.json:
-        a.json.write_text(json.dumps(result, indent=2, default=str))
-    return 0 if result["ok"] else 1
+    return drive("torture", a, lambda workdir: Run(a, workdir).go(), summary)
 
 
 if __name__ == "__main__":
