@@ -10,6 +10,7 @@ its deadline has passed, so no worker outlives a killed run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import mmap
 import os
@@ -88,6 +89,37 @@ class Workers:
             self.paused.add(name)
             return True
 
+    def hold(self, name: str, limit: float) -> bool:
+        """Ask the worker to stop itself at its next :meth:`Worker.hold_point` (past its check, about to write)
+        and wait up to ``limit`` seconds until it has: then it counts as frozen, to be thawed like a
+        :meth:`freeze`. False if it did not get there in time (the request is withdrawn) or the run is
+        winding down. Unlike a freeze aimed by its phase byte, the write is certainly still to come."""
+        request = self.dir / f"hold-{name}"
+        request.touch()
+        until = time.monotonic() + limit
+        while not self._stopped(name) and time.monotonic() < until and not self.done.is_set():
+            time.sleep(0.002)
+        if not self._stopped(name):
+            try:
+                request.unlink()
+                return False
+            except FileNotFoundError:  # taken just now: it is stopping itself
+                while not self._stopped(name) and self.procs[name].poll() is None:
+                    time.sleep(0.002)
+        with self.pause_lock:
+            if self.done.is_set() or self.procs[name].poll() is not None:
+                os.kill(self.procs[name].pid, signal.SIGCONT)
+                return False
+            self.paused.add(name)
+            return True
+
+    def _stopped(self, name: str) -> bool:
+        try:
+            stat = Path(f"/proc/{self.procs[name].pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
     def thaw(self, name: str) -> None:
         with self.pause_lock:
             if name in self.paused:
@@ -97,6 +129,8 @@ class Workers:
     def stop_workers(self) -> dict[str, int | None]:
         """Thaw every frozen worker, SIGTERM them all, and collect their exit statuses (None: killed). Call it once
         ``done`` is set: no worker is frozen after that."""
+        for request in self.dir.glob("hold-*"):
+            request.unlink(missing_ok=True)
         for name in list(self.paused):
             self.thaw(name)
         for p in self.procs.values():
@@ -106,7 +140,11 @@ class Workers:
         limit = time.time() + STOP_LIMIT
         for name, p in self.procs.items():
             try:
-                exits[name] = p.wait(max(0.1, limit - time.time()))
+                while p.poll() is None and time.time() < limit:
+                    p.send_signal(signal.SIGCONT)  # one that held itself as the run wound down
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(min(1.0, max(0.1, limit - time.time())))
+                exits[name] = p.wait(0.1)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
@@ -172,11 +210,14 @@ class Worker:
     """A worker process's side of the run: ``log``, ``phase``, and ``stop`` (set by SIGTERM)."""
 
     def __init__(self, workdir: Path, index: int, name: str, deadline: float) -> None:
+        self._hold = workdir / f"hold-{name}"
         self._out = open(workdir / f"{name}.jsonl", "ab", buffering=0)  # noqa: SIM115 (open for the whole run)
         self._mutex = threading.Lock()
         self._index = index
-        with open(workdir / "phases", "r+b") as f:
-            self._phases = mmap.mmap(f.fileno(), 0)
+        self._phases: mmap.mmap | None = None
+        if (workdir / "phases").exists():  # a driver that aims pauses by phase made it
+            with open(workdir / "phases", "r+b") as f:
+                self._phases = mmap.mmap(f.fileno(), 0)
         self.stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         threading.Thread(target=self._orphan_watch, args=(os.getppid(), deadline), daemon=True).start()
@@ -188,7 +229,19 @@ class Worker:
             self._out.write(line)
 
     def phase(self, value: int) -> None:
-        self._phases[self._index] = value
+        if self._phases is not None:
+            self._phases[self._index] = value
+
+    def hold_point(self) -> None:
+        """Where the driver's :meth:`Workers.hold` stops this worker (SIGSTOP to itself) when it has asked to."""
+        if self.stop.is_set():
+            return
+        try:
+            self._hold.unlink()
+        except FileNotFoundError:
+            return
+        self.log("held")
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def _orphan_watch(self, parent: int, deadline: float) -> None:
         """Stop once the driver is gone or the deadline passed; exit 30 s later if the loop has not."""

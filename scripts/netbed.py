@@ -68,7 +68,6 @@ BUCKET = "netbed"
 LOCK_KEY = "netbed/lock.json"
 PREFIX = "hlnb-"
 STORE_PORT, FENCE_PORT = 4443, 8080
-HOLDING, WRITING = 2, 3  # netbed_worker's phases
 #: A qdisc that drops every packet (no packet fits a 10-byte bucket): a partition without netem.
 DROP_ALL = "tbf rate 8bit burst 10 limit 1"
 
@@ -345,7 +344,6 @@ class Run(Workers):
 
     def start_workers(self, net: Network) -> None:
         a = self.a
-        self.make_phases(a.parties)
         deadline = time.time() + STARTUP_LIMIT + a.duration + 120
         for i, ns in enumerate(net.party_ns):
             name = f"p{i}"
@@ -444,29 +442,19 @@ class Run(Workers):
     def pauser(self) -> None:
         """SIGSTOP a party now and then; the first --late-writes pauses hold one that is about to write."""
         a, rng = self.a, random.Random(f"{self.a.seed}:pauser")
-        phases = self.read_phases()
         names = sorted(self.procs)
         late_left = a.late_writes
         while not self.done.wait(rng.expovariate(1.0 / a.pause_every)):
             late = late_left > 0
-            name = None
-            if late:
-                give_up = time.monotonic() + 2.0
-                while name is None and time.monotonic() < give_up and not self.done.is_set():
-                    writing = [n for k, n in enumerate(names) if phases[k] == WRITING]
-                    name = rng.choice(writing) if writing else None
-                    time.sleep(0 if name else 0.001)
-                if name is None:
-                    continue
-            else:
-                name = rng.choice(names)
+            name = rng.choice(names)
             long = late or rng.random() < a.long_pauses
             seconds = rng.uniform(1.5 * a.ttl, 3.0 * a.ttl) if long else rng.uniform(0.02, 0.4 * a.ttl)
-            if not self.freeze(name):
+            # A late write: the party stops itself past its check, before its write (at its next one).
+            if not (self.hold(name, 4 * a.ttl) if late else self.freeze(name)):
                 continue
             began, mark = time.time(), self.history_size()
             self.done.wait(seconds)
-            if late:  # until another party's write is accepted: the frozen one's is then certainly stale
+            if late:  # until another party's write is accepted: the held one's is then certainly stale
                 give_up = time.monotonic() + 10 * a.ttl
                 while not self.accepted_since(mark, name) and time.monotonic() < give_up:
                     if self.done.wait(0.01):

@@ -7,8 +7,8 @@ hand). It reaches the GCS emulator over its own link (``STORAGE_EMULATOR_HOST``)
 faults, and the fence server over the bridge. Its lock runs on a clock offset by ``--offset``
 seconds. ``--plant NAME`` plants one of the library's buggify bugs for the whole run.
 
-Each step is a JSON line in ``DIR/<name>.jsonl`` (wall-clock ``t``); its phase is a byte in
-``DIR/phases`` for the bed's aimed pauses. Typed handofflock errors are logged and survived;
+Each step is a JSON line in ``DIR/<name>.jsonl`` (wall-clock ``t``). Past its check, before
+each write, it stops itself when the bed has asked it to (``Worker.hold_point``): the bed's late writes. Typed handofflock errors are logged and survived;
 anything else is logged as ``fatal`` and ends the worker with status 2.
 """
 
@@ -31,11 +31,6 @@ from handofflock import HandoffLock, HandoffLockError, LockLost
 from handofflock.core.clock import Clock
 from handofflock.storage.gcs import GCSStorage
 
-#: Phases published for the bed (WRITING: past the final check, about to write: where a pause makes a write late).
-IDLE, ACQUIRING, HOLDING, WRITING, RELEASING = range(5)
-#: Seconds spent making a write ready after the check (its payload, say): the window a pause aimed at
-#: WRITING lands in, before the request leaves.
-PREPARE = 0.005
 
 
 def fence_write(host: str, port: int, writer: str, token: int, op: str) -> str:
@@ -76,7 +71,7 @@ def main(argv: list[str]) -> int:
 
     me = f"p{a.index}"
     worker = Worker(a.dir, a.index, me, a.deadline)
-    log, phase, stop = worker.log, worker.phase, worker.stop
+    log, stop = worker.log, worker.stop
     rng = random.Random(f"{a.seed}:{me}")
     fence_host, fence_port = a.fence.rsplit(":", 1)
 
@@ -114,45 +109,36 @@ def main(argv: list[str]) -> int:
             while not stop.is_set():
                 attempt += 1
                 aid = f"{me}-{attempt}"
-                phase(ACQUIRING)
                 try:
                     got = lock.acquire(timeout=rng.uniform(0.5, 4.0))
                 except HandoffLockError as exc:
                     log("acquire_failed", id=aid, error=type(exc).__name__)
                     got = False
                 if not got:
-                    phase(IDLE)
                     stop.wait(rng.uniform(0.02, 0.2))
                     continue
                 token = lock.token
                 assert token is not None
                 log("acquired", id=aid, token=token)
-                phase(HOLDING)
                 # An unchecked write models a process paused between its check and its write: only the fence stops it.
                 checked = rng.random() >= a.unchecked
                 try:
                     for kind in ("c", "s"):
                         if checked:
                             lock.check()
-                        phase(WRITING)
-                        time.sleep(PREPARE)
+                        worker.hold_point()  # the bed's late writes: a pause past the check
                         write(aid, kind, token, checked)
-                        phase(HOLDING)
                         if kind == "c":
                             time.sleep(rng.uniform(0, 2 * a.hold_ms) / 1000)
                 except LockLost as exc:
                     log("lost", id=aid, token=token, reason=exc.reason)
-                phase(RELEASING)
                 try:
                     log("released", id=aid, token=token, heir=lock.release())
                 except HandoffLockError as exc:
                     log("release_failed", id=aid, token=token, error=type(exc).__name__)
-                phase(IDLE)
     except BaseException as exc:  # anything untyped is a finding: record it and fail
         log("fatal", error=type(exc).__name__, msg=str(exc)[:500], tb=traceback.format_exc()[-4000:])
         return 2
-    finally:
-        phase(IDLE)
     log("exit")
     return 0
 

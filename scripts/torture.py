@@ -189,10 +189,12 @@ class Run(Workers):
         late_left = a.late_writes
         while not self.done.wait(rng.expovariate(1.0 / a.pause_every)):
             make_late = late_left > 0
-            aimed = make_late or rng.random() < a.aimed_pauses
+            aimed = not make_late and rng.random() < a.aimed_pauses
             name = None
-            if aimed:
-                target = WRITING if make_late or rng.random() < a.aim_write else WORKING
+            if make_late:  # it stops itself past its check, before its section write (its next one)
+                name = rng.choice(names)
+            elif aimed:
+                target = WRITING if rng.random() < a.aim_write else WORKING
                 give_up = time.monotonic() + 2.0
                 while name is None and time.monotonic() < give_up and not self.done.is_set():
                     in_phase = [n for i, n in enumerate(names) if phases[i] == target]
@@ -207,7 +209,7 @@ class Run(Workers):
             long = make_late or rng.random() < a.long_pauses
             # Long pauses outlast the lease with room for the next holder to take it and claim the journal.
             seconds = rng.uniform(1.6 * a.ttl, 3.0 * a.ttl) if long else rng.uniform(0.02, 0.4 * a.ttl)
-            if not self.freeze(name):
+            if not (self.hold(name, 4 * a.ttl) if make_late else self.freeze(name)):
                 continue
             began = time.time()
             self.done.wait(seconds)

@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
                 continue
             token = lock.token
             log("acquired", id=aid, token=token, registered=registered.is_set())
-            critical_section(lock, me, aid, token, rng, a, log, phase)
+            critical_section(lock, me, aid, token, rng, a, log, phase, worker.hold_point)
             phase(RELEASING)
             try:
                 heir = lock.release()
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def critical_section(lock, me, aid, token, rng, a, log, phase) -> None:
+def critical_section(lock, me, aid, token, rng, a, log, phase, hold_point) -> None:
     journal = FencedObject.beside(lock, "journal.json", timeout=10.0)  # a fresh view: one read, one write
     # An "unchecked" section writes without calling check() first, as a process paused
     # between its check and its write would: only the fence stands between it and the journal.
@@ -160,6 +160,7 @@ def critical_section(lock, me, aid, token, rng, a, log, phase) -> None:
             lock.check()
             log("checked", id=aid, token=token, t_check=time.time())
         phase(WRITING)  # past the check, about to write: where a pause does the most harm
+        hold_point()  # the harness's late writes stop here
         journal.append({"k": "s", "w": me, "t": token, "id": aid, "s": start, "e": end}, token=token)
         log("write", id=aid, k="s", token=token, outcome="accepted", s=start, e=end, checked=checked)
     except StaleToken as exc:
