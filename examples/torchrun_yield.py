@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import subprocess
 import sys
@@ -176,6 +177,10 @@ def train(args: argparse.Namespace) -> int:
         handed_back = True
     say(who, f"finished all {args.steps} steps", None)
     dist.barrier()  # every rank is past its last collective before any tears the group down
+    # DDP keeps the group alive: let it go first, so the group is freed now, not while the interpreter
+    # shuts down (where gloo can abort the process: "terminate called without an active exception").
+    del net
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
