@@ -109,11 +109,10 @@ def test_notice_latency_renewal_errors_and_a_loss_on_a_fake_clock(reader, fake):
     assert notice.count == 1 and notice.sum == pytest.approx(2.0)
 
     store.faults.fail_next("write", count=10_000)
-    lost = []
     for _ in range(200):  # 100 s of fake time; the renew deadline is 30 s
         clock.advance(0.5)
         sched.run_pending()
-        if not lock.is_held and (lost := read(reader).get("handofflock.losses", [])):
+        if not lock.is_held and read(reader).get("handofflock.losses"):
             break
     store.faults.clear()
     seen = read(reader)
