@@ -96,7 +96,8 @@ def test_a_receiver_that_closes_over_its_lock_goes_with_it_when_the_collector_ru
     gone = weakref.ref(lock)
     held_until = world.record().expires_at
     del lock
-    stepped_until(world.clock, lambda: world.record().expires_at > held_until, within=5, what="a renewal after the reference went")
+    renewed = lambda: world.record().expires_at > held_until  # noqa: E731
+    stepped_until(world.clock, renewed, within=5, what="a renewal after the reference went")
     assert gone() is not None and world.record().owner_id is not None  # the cycle keeps it, held and renewed
     gc.collect()
     eventually(lambda: world.record().owner_id is None, timeout=5, what="the collected lock released")
