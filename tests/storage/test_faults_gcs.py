@@ -185,7 +185,8 @@ def in_thread(fn) -> tuple[threading.Thread, dict[str, Any]]:
 
 def until(cond, what: str):
     """A proxy ``when`` that holds the request it matches until ``cond()`` holds (at most 10 s): a race
-    ordered by the event it waits for, not by a delay guessed long enough for it."""
+    ordered by the event it waits for, not by a delay guessed long enough for it. The proxy decides no
+    other request meanwhile, so ``cond`` must not wait on one through the same proxy."""
 
     def hold(ex: Exchange) -> bool:
         eventually(cond, timeout=10, what=what)
