@@ -554,39 +554,36 @@ def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     assert locks[0].release_requested, "a change by someone else is still read and noticed"
 
 
-def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning():
-    name = f"spin-group-{uuid.uuid4().hex[:8]}"
-    store = MemoryStorage.named(name)
-    clock = FakeClock(start=time.time())
-    sched = Scheduler(clock, name="spin-group")
-    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK,
-                         clock=clock, scheduler=sched) for i in range(2)]  # fmt: skip
-    listing, gate = threading.Event(), threading.Event()
+def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning(sim, monkeypatch):
+    from handofflock.testing.sim.hub import SimClock
+
+    first = sim.lock("a0", key="locks/l0.json", ttl=60.0, waiter_check_interval=CHECK)
+    locks = [first, sim.lock("a1", key="locks/l1.json", ttl=60.0, waiter_check_interval=CHECK, beside=first)]
+    for lock in locks:
+        assert sim.call(lock.acquire)
+    clock, zero_waits = first.clock, []
+    real_wait = SimClock.wait
+
+    def noting_zero_waits(self, event, timeout):
+        if self is clock and timeout == 0.0:
+            zero_waits.append(sim.monotonic())
+        return real_wait(self, event, timeout)
+
+    monkeypatch.setattr(SimClock, "wait", noting_zero_waits)
+    listing: list[float] = []
 
     def stall(op, key):
-        listing.set()
-        gate.wait(10)
+        listing.append(sim.monotonic())
+        sim.sleep(60.0)  # far longer than the test looks
 
-    try:
-        for lock in locks:
-            assert lock.acquire()
-        store.faults.before("list", stall)
-        clock.advance(CHECK)  # the group's beat falls due: its listing stalls
-        assert listing.wait(5), "the group's beat never started"
-        clock.advance(3 * CHECK)  # the beat is now overdue, and still running
-        time.sleep(0.2)
-        before = clock.waits.count(0.0)
-        time.sleep(0.5)
-        spun = clock.waits.count(0.0) - before
-        assert spun <= 2, f"the loop planned {spun} waits of 0 s in 0.5 s while the beat ran"
-    finally:
-        gate.set()
-        store.faults.clear()
-        for lock in locks:
-            if lock.is_held:
-                lock.release()
-        sched.stop()
-        MemoryStorage.forget(name)
+    sim.store.faults.before("list", stall)
+    sim.run_until(lambda: listing, limit=CHECK + 1.0, what="the group's beat")  # its listing stalls
+    sim.run_for(3 * CHECK)  # the beat is now overdue, and still running
+    sim.run_for(0.2)
+    before = len(zero_waits)
+    sim.run_for(0.5)
+    spun = len(zero_waits) - before
+    assert spun <= 2, f"the loop planned {spun} waits of 0 s in 0.5 s while the beat ran"
 
 
 def test_a_lock_whose_release_is_being_retried_asks_for_no_waiter_check():
