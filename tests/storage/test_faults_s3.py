@@ -1,11 +1,12 @@
-"""The lock on a real moto S3 server, through the fault proxy: the GCS fault scenarios, run on S3.
+"""The lock on a real moto S3 server, through the fault proxy: GCS fault scenarios, run on S3.
 
 Each actor talks to moto through its own :class:`FaultProxy` (``dialect="s3"``:
 the errors the proxy answers itself are S3's XML errors, ``SlowDown``,
 ``ConditionalRequestConflict``, ``AccessDenied``). The scenarios are the very
-functions of ``test_faults_gcs.py``; on S3 every write is a ``PUT`` (the proxy
-here maps the scenarios' ``POST`` to it) and the record is read out of the S3
-backend's envelope (``Exchange.upload_data``). The invariants are the same:
+functions of ``test_faults_gcs.py``, those that cover S3's two conditional PUTs
+(``ON_S3``); on S3 every write is a ``PUT`` (the proxy here maps the scenarios'
+``POST`` to it) and the record is read out of the S3 backend's envelope
+(``Exchange.upload_data``). The invariants are the same:
 a write whose reply was lost is recognised by the nonce read-back, never sent
 again, never reported as a loss.
 """
