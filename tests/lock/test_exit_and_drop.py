@@ -13,7 +13,7 @@ import time
 import weakref
 
 import pytest
-from lockutil import FAST, eventually, make_lock, raw_read, url_for
+from lockutil import FAST, eventually, make_lock, raw_read, stepped_until, url_for
 
 from handofflock import HandoffLock, signals
 
@@ -86,20 +86,20 @@ def _closing_over(lock):
     return lambda sender, **kw: lock.url
 
 
-def test_a_receiver_that_closes_over_its_lock_goes_with_it_when_the_collector_runs(request, tmp_path, no_collector):
+def test_a_receiver_that_closes_over_its_lock_goes_with_it_when_the_collector_runs(world, no_collector):
     """The lock keeps the receiver and the receiver the lock: a cycle, which only the collector frees.
     Then the lock is released, as any lock whose last reference went, and the receiver disconnected."""
-    url = url_for("memory", request, tmp_path)
-    lock = make_lock(url)
+    lock = world.lock("a", **FAST, release_at_exit=True)  # what a lock on the real clock does by default
     assert lock.acquire()
     signals.on_release_requested.connect(_closing_over(lock), sender=lock)
     before = len(signals.on_release_requested.receivers)
     gone = weakref.ref(lock)
-    held_until = raw_read(url)[0].expires_at
+    held_until = world.record().expires_at
     del lock
-    eventually(lambda: raw_read(url)[0].expires_at > held_until, timeout=5, what="a renewal after the reference went")
-    assert gone() is not None and raw_read(url)[0].owner_id is not None  # the cycle keeps it, held and renewed
+    renewed = lambda: world.record().expires_at > held_until  # noqa: E731
+    stepped_until(world.clock, renewed, within=5, what="a renewal after the reference went")
+    assert gone() is not None and world.record().owner_id is not None  # the cycle keeps it, held and renewed
     gc.collect()
-    eventually(lambda: raw_read(url)[0].owner_id is None, timeout=5, what="the collected lock released")
+    eventually(lambda: world.record().owner_id is None, timeout=5, what="the collected lock released")
     eventually(lambda: gone() is None, timeout=5, what="the collected lock freed")
     assert len(signals.on_release_requested.receivers) == before - 1

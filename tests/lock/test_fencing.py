@@ -312,8 +312,16 @@ def any_store(request, tmp_path):
     s.close()
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_racing_writers_that_all_passed_the_check_cannot_all_write(any_store, seed):
+#: Five orders of the racing tokens on the memory store, one on each other backend: the fencing logic is
+#: the same on all of them, and each backend's conditional writes under a race are the storage contract's
+#: (tests/storage/test_storage_contract.py, sixteen threads racing a create and an overwrite).
+RACES = [("memory", seed) for seed in range(5)] + [(backend, 0) for backend in BACKENDS if backend != "memory"]
+
+
+@pytest.mark.parametrize("backend, seed", RACES, ids=[f"{backend}-{seed}" for backend, seed in RACES])
+def test_racing_writers_that_all_passed_the_check_cannot_all_write(backend, seed, request, tmp_path):
+    any_store = make_store(backend, request, tmp_path)
+    request.addfinalizer(any_store.close)
     tokens = list(range(1, 9))
     random.Random(seed).shuffle(tokens)
     store = StartTogether(any_store, len(tokens))

@@ -54,21 +54,19 @@ def total(points, **attrs) -> float:
     return value
 
 
-def test_a_handoff_between_two_locks_is_counted_timed_and_noticed(reader):
-    url = f"memory://metrics-{uuid.uuid4().hex[:8]}/locks/train.json"
-    owner, waiter = make_lock(url), make_lock(url)
-    assert owner.acquire()
-    got: list[bool] = []
-    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=30)))
-    thread.start()
-    eventually(lambda: owner.release_requested, what="the owner noticing the waiter")
-    eventually(lambda: total(read(reader).get("handofflock.renewals", []), **{"lock.url": url}) >= 2,
-               what="two renewals counted")
+def test_a_handoff_between_two_locks_is_counted_timed_and_noticed(reader, sim):
+    owner, waiter = sim.lock("owner", **FAST), sim.lock("waiter", **FAST)
+    url = owner.url
+    assert sim.call(owner.acquire)
+    got = sim.start(lambda: waiter.acquire(timeout=30))
+    sim.run_until(lambda: owner.release_requested, limit=10.0, what="the owner noticing the waiter")
+    sim.run_until(lambda: total(read(reader).get("handofflock.renewals", []), **{"lock.url": url}) >= 2,
+                  limit=10.0, step=0.05, what="two renewals counted")
     held = read(reader)["handofflock.locks.held"]
     assert total(held, **{"lock.url": url}) == 1
-    assert owner.release() == waiter.owner_id
-    thread.join(30)
-    assert [bool(g) for g in got] == [True]
+    assert sim.call(owner.release) == waiter.owner_id
+    sim.run_until(lambda: got.done, limit=30.0, what="the waiter's acquire to return")
+    assert got.error is None and bool(got.result) is True
 
     seen = read(reader)
     assert total(seen["handofflock.handoffs"], **{"lock.url": url}) == 1
@@ -84,7 +82,7 @@ def test_a_handoff_between_two_locks_is_counted_timed_and_noticed(reader):
     assert renew.count >= 2 and 0.0 <= renew.min <= renew.max < 5.0
     assert total(seen["handofflock.locks.held"], **{"lock.url": url}) == 1, "the waiter holds it now"
     assert "handofflock.losses" not in seen
-    waiter.release()
+    sim.call(waiter.release)
     assert total(read(reader)["handofflock.locks.held"], **{"lock.url": url}) == 0
 
 
@@ -111,12 +109,10 @@ def test_notice_latency_renewal_errors_and_a_loss_on_a_fake_clock(reader, fake):
     assert notice.count == 1 and notice.sum == pytest.approx(2.0)
 
     store.faults.fail_next("write", count=10_000)
-    lost = []
     for _ in range(200):  # 100 s of fake time; the renew deadline is 30 s
         clock.advance(0.5)
         sched.run_pending()
-        lost = read(reader).get("handofflock.losses", [])
-        if lost and not lock.is_held:
+        if not lock.is_held and read(reader).get("handofflock.losses"):
             break
     store.faults.clear()
     seen = read(reader)
@@ -128,13 +124,12 @@ def test_notice_latency_renewal_errors_and_a_loss_on_a_fake_clock(reader, fake):
     assert "handofflock.renewals" not in seen, "no renewal succeeded"
 
 
-def test_a_timed_out_acquire_is_recorded_with_its_outcome(reader):
-    url = f"memory://metrics-{uuid.uuid4().hex[:8]}/locks/train.json"
-    owner, waiter = make_lock(url), make_lock(url)
+def test_a_timed_out_acquire_is_recorded_with_its_outcome(reader, world):
+    owner, waiter = world.lock("owner", **FAST), world.lock("waiter", **FAST)
     assert owner.acquire()
     with pytest.raises(TimeoutError):
         waiter.acquire(timeout=0.3)
-    assert not make_lock(url).acquire(blocking=False)
+    assert not world.lock("third", **FAST).acquire(blocking=False)
     points = read(reader)["handofflock.acquire.duration"]
     (timeout,) = [p for p in points if p.attributes["outcome"] == "timeout"]
     assert timeout.count == 1 and timeout.min >= 0.3

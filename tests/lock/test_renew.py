@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 from lockparts import new_lock
-from lockutil import FAST, raw_read, raw_write
+from lockutil import FAST, raw_read, raw_write, stepped_until
 from simworld import KEY
 
 from handofflock import (
@@ -21,6 +21,7 @@ from handofflock import (
     HandoffLock,
     LockLost,
     LockTimeout,
+    Scheduler,
     TransientStorageError,
     signals,
 )
@@ -141,18 +142,30 @@ def test_the_shortest_ttl_on_gcs_is_still_5_s(world):
 
 @pytest.mark.gcs
 def test_one_429_from_gcs_on_a_renewal_costs_no_lease_at_ttl_6(gcs_emulator):
-    """Through the fault proxy to fake-gcs-server, on the real clock, at GCS's default pacing.
+    """Through the fault proxy to fake-gcs-server, at GCS's default pacing; the lock's time is a stepping
+    fake clock (each step runs its due renewals in this thread), on which the store's answers take no time.
 
     ttl 6: a renewal every second, 2 s between a renewal and its deadline. A retry that waited
     out the widened 2 s spacing would leave the owner calling itself lost; it goes a second
-    after the 429'd send, with a second to spare (room for a loaded machine)."""
+    after the 429'd send."""
     bucket = f"t-{uuid.uuid4().hex[:16]}"
     gcs_emulator.create_bucket(bucket)
+    clock = FakeClock(start=time.time(), step=0.05)
+    sched = Scheduler(clock, autostart=False)
+    clock.on_tick.append(sched.run_pending)
     lost: list[dict] = []
     with FaultProxy(gcs_emulator.url, lifetime=120) as proxy:
         with proxy.env():
             store = GCSStorage(bucket, timeout=(1.0, 2.0))
-        lock = HandoffLock(f"gs://{bucket}/{KEY}", storage=store, key=KEY, ttl=6.0)
+        sent: list[float] = []  # the lock's time as each write call begins
+        write = store.write
+
+        def stamped(*args, **kwargs):
+            sent.append(clock.monotonic())
+            return write(*args, **kwargs)
+
+        store.write = stamped
+        lock = HandoffLock(f"gs://{bucket}/{KEY}", storage=store, key=KEY, ttl=6.0, clock=clock, scheduler=sched)
         assert lock.min_write_interval == GCS_SPACING, "GCS's default spacing"
 
         def on_lost(sender, **kw):
@@ -161,18 +174,16 @@ def test_one_429_from_gcs_on_a_renewal_costs_no_lease_at_ttl_6(gcs_emulator):
         with signals.lost.connected_to(on_lost, sender=lock):
             assert lock.acquire(timeout=10)
             try:
-                time.sleep(2.2)
+                clock.run_for(2.2)
                 rule = proxy.inject("429", method="POST")
-                deadline = time.monotonic() + 5
-                while not rule.fired and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert rule.fired, "no renewal was sent"
-                time.sleep(4.0)
+                stepped_until(clock, lambda: rule.fired, within=5, what="a renewal sent")
+                clock.run_for(4.0)
                 assert lock.healthy and not lost, f"lost after one 429: {lost}"
                 posts = [ex for ex in proxy.exchanges("POST")]
+                assert len(sent) == len(posts), "one request a write call"
                 i = next(i for i, ex in enumerate(posts) if ex.fault == "429")
                 assert posts[i + 1].status == 200
-                assert posts[i + 1].started - posts[i].started < 2.0, "the retry waited the widened spacing"
+                assert sent[i + 1] - sent[i] < 2.0, "the retry waited the widened spacing"
             finally:
                 lock.release()
 

@@ -452,37 +452,30 @@ def test_a_failed_listing_skips_one_beat_and_a_refused_one_falls_back_to_reads(h
     assert not sched._ungrouped, "the verdict is dropped with the last lock under the prefix"
 
 
-def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batched():
-    name = f"live-{uuid.uuid4().hex[:8]}"
-    sched = Scheduler(io_workers=2)
-    store = MemoryStorage.named(name)
-    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=30.0, waiter_check_interval=0.2, scheduler=sched, min_hold=0) for i in range(20)]
-    try:
-        for lock in locks:
-            assert lock.acquire()
-        time.sleep(0.3)  # let the group settle on one beat
-        before = Counter(store.calls)
-        time.sleep(1.0)
-        spent = Counter(store.calls) - before
-        # One listing a beat (about 5 in 1 s), never a read per lock; fewer beats on a loaded machine.
-        assert spent["read"] == 0 and 1 <= spent["list"] <= 7, spent
-        noticed = threading.Event()
-        signals.on_release_requested.connect(lambda s, **kw: noticed.set(), sender=locks[5], weak=False)
-        waiter = HandoffLock(locks[5].url, ttl=30.0, waiter_poll_interval=0.05, scheduler=sched)
-        got = []
-        t = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=10)))
-        t.start()
-        assert noticed.wait(5), "the owner never heard of the waiter"
-        locks[5].release()
-        t.join(10)
-        assert [bool(g) for g in got] == [True]
-        waiter.release()
-    finally:
-        for lock in locks:
-            if lock.is_held:
-                lock.release()
-        sched.stop()
-        MemoryStorage.forget(name)
+def test_with_the_real_scheduler_thread_a_waiter_is_noticed_and_checks_stay_batched(sim):
+    """The scheduler's own loop and workers (threads of one simulated process), 20 locks under one prefix."""
+    first = sim.lock("o0", key="locks/l0.json", ttl=30.0, waiter_check_interval=0.2, min_hold=0)
+    locks = [first] + [
+        sim.lock(f"o{i}", key=f"locks/l{i}.json", ttl=30.0, waiter_check_interval=0.2, min_hold=0, beside=first)
+        for i in range(1, 20)
+    ]
+    for lock in locks:
+        assert sim.call(lock.acquire)
+    sim.run_for(0.3)  # let the group settle on one beat
+    before = Counter(sim.store.calls)
+    sim.run_for(1.0)
+    spent = Counter(sim.store.calls) - before
+    # One listing a beat (about 5 in 1 s), never a read per lock.
+    assert spent["read"] == 0 and 1 <= spent["list"] <= 7, spent
+    noticed = threading.Event()
+    signals.on_release_requested.connect(lambda s, **kw: noticed.set(), sender=locks[5], weak=False)
+    waiter = sim.lock("w", key="locks/l5.json", ttl=30.0, waiter_poll_interval=0.05, beside=first)
+    got = sim.start(lambda: waiter.acquire(timeout=10))
+    sim.run_until(noticed.is_set, limit=5.0, what="the owner hearing of the waiter")
+    sim.call(locks[5].release)
+    sim.run_until(lambda: got.done, limit=10.0, what="the waiter's acquire to return")
+    assert got.error is None and bool(got.result) is True
+    sim.call(waiter.release)
 
 
 def test_a_slow_listing_does_not_hold_up_the_renewals_of_the_group():
@@ -561,39 +554,36 @@ def test_locks_that_renewed_while_the_group_was_listed_cost_no_read(held, base):
     assert locks[0].release_requested, "a change by someone else is still read and noticed"
 
 
-def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning():
-    name = f"spin-group-{uuid.uuid4().hex[:8]}"
-    store = MemoryStorage.named(name)
-    clock = FakeClock(start=time.time())
-    sched = Scheduler(clock, name="spin-group")
-    locks = [HandoffLock(f"memory://{name}/locks/l{i}.json", ttl=60.0, waiter_check_interval=CHECK,
-                         clock=clock, scheduler=sched) for i in range(2)]  # fmt: skip
-    listing, gate = threading.Event(), threading.Event()
+def test_a_group_beat_slower_than_its_interval_does_not_set_the_loop_spinning(sim, monkeypatch):
+    from handofflock.testing.sim.hub import SimClock
+
+    first = sim.lock("a0", key="locks/l0.json", ttl=60.0, waiter_check_interval=CHECK)
+    locks = [first, sim.lock("a1", key="locks/l1.json", ttl=60.0, waiter_check_interval=CHECK, beside=first)]
+    for lock in locks:
+        assert sim.call(lock.acquire)
+    clock, zero_waits = first.clock, []
+    real_wait = SimClock.wait
+
+    def noting_zero_waits(self, event, timeout):
+        if self is clock and timeout == 0.0:
+            zero_waits.append(sim.monotonic())
+        return real_wait(self, event, timeout)
+
+    monkeypatch.setattr(SimClock, "wait", noting_zero_waits)
+    listing: list[float] = []
 
     def stall(op, key):
-        listing.set()
-        gate.wait(10)
+        listing.append(sim.monotonic())
+        sim.sleep(60.0)  # far longer than the test looks
 
-    try:
-        for lock in locks:
-            assert lock.acquire()
-        store.faults.before("list", stall)
-        clock.advance(CHECK)  # the group's beat falls due: its listing stalls
-        assert listing.wait(5), "the group's beat never started"
-        clock.advance(3 * CHECK)  # the beat is now overdue, and still running
-        time.sleep(0.2)
-        before = clock.waits.count(0.0)
-        time.sleep(0.5)
-        spun = clock.waits.count(0.0) - before
-        assert spun <= 2, f"the loop planned {spun} waits of 0 s in 0.5 s while the beat ran"
-    finally:
-        gate.set()
-        store.faults.clear()
-        for lock in locks:
-            if lock.is_held:
-                lock.release()
-        sched.stop()
-        MemoryStorage.forget(name)
+    sim.store.faults.before("list", stall)
+    sim.run_until(lambda: listing, limit=CHECK + 1.0, what="the group's beat")  # its listing stalls
+    sim.run_for(3 * CHECK)  # the beat is now overdue, and still running
+    sim.run_for(0.2)
+    before = len(zero_waits)
+    sim.run_for(0.5)
+    spun = len(zero_waits) - before
+    assert spun <= 2, f"the loop planned {spun} waits of 0 s in 0.5 s while the beat ran"
 
 
 def test_a_lock_whose_release_is_being_retried_asks_for_no_waiter_check():

@@ -183,6 +183,18 @@ def in_thread(fn) -> tuple[threading.Thread, dict[str, Any]]:
     return t, box
 
 
+def until(cond, what: str):
+    """A proxy ``when`` that holds the request it matches until ``cond()`` holds (at most 10 s): a race
+    ordered by the event it waits for, not by a delay guessed long enough for it. The proxy decides no
+    other request meanwhile, so ``cond`` must not wait on one through the same proxy."""
+
+    def hold(ex: Exchange) -> bool:
+        eventually(cond, timeout=10, what=what)
+        return True
+
+    return hold
+
+
 def owner_written_is(name: str | None):
     """A proxy predicate: the upload writes a record whose owner is ``name``."""
     def check(ex: Exchange) -> bool:
@@ -407,7 +419,8 @@ def test_a_handoff_whose_reply_was_lost_is_not_reported_lost_when_the_heir_renew
     t, box = in_thread(lambda: b.lock.acquire(timeout=10))
     eventually(lambda: a.lock.release_requested, what="A noticed the waiter")
     drop = a.proxy.inject("drop_reply", method="POST", when=owner_written_is("B"))
-    a.proxy.inject("delay", method="GET", delay=0.6, when=lambda ex: drop.fired)  # B renews at once after a handoff
+    heir_renewed = until(lambda: any(rec.owner_id == "B" for rec in b.landed()), "B renewed the lock handed to it")
+    a.proxy.inject("delay", method="GET", delay=0.001, when=lambda ex: drop.fired and heir_renewed(ex))
     assert a.lock.release() == "B"
     t.join(10)
     assert bool(box.get("value"))
@@ -422,10 +435,11 @@ def test_a_waiter_whose_registration_reply_was_lost_is_still_the_waiter_when_the
     """B registers as waiter; the reply is lost; A renews before B reads back, so B finds A's nonce.
     B is the waiter all the same (the record names it): it must behave as one, i.e. give its slot
     back when it times out, rather than leave A to hand the lock to a process that has left."""
-    a, b = actor("A"), actor("B")
+    a, b = actor("A"), actor("B", **fake_time())  # B's waits on a clock of its own
     assert a.lock.acquire()
     drop = b.proxy.inject("drop_reply", method="POST")
-    b.proxy.inject("delay", method="GET", delay=0.3, when=lambda ex: drop.fired)  # A renews every 0.2 s
+    owner_wrote = until(lambda: any(rec.waiting_owner_id == "B" for rec in a.landed()), "A wrote over the registration")
+    b.proxy.inject("delay", method="GET", delay=0.001, when=lambda ex: drop.fired and owner_wrote(ex))
     with pytest.raises(LockTimeout):
         b.lock.acquire(timeout=0.45)  # before B would refresh its slot (at half its 1 s life)
     registered = dropped(b)
@@ -465,11 +479,19 @@ def test_a_waiter_whose_registration_reply_was_lost_accepts_the_handoff_when_the
     a, b = actor("A"), actor("B")
     assert a.lock.acquire()
     drop = b.proxy.inject("drop_reply", method="POST")
-    read_back = b.proxy.inject("delay", method="GET", delay=0.3, when=lambda ex: drop.fired)
+    owner_wrote = until(lambda: any(rec.waiting_owner_id == "B" for rec in a.landed()), "A wrote over the registration")
+    read_back = b.proxy.inject("delay", method="GET", delay=0.001, when=lambda ex: drop.fired and owner_wrote(ex))
     t, box = in_thread(lambda: b.lock.acquire(timeout=10))
     eventually(lambda: a.lock.release_requested, what="A noticed the waiter")
     eventually(lambda: read_back.fired, what="B read back")
-    time.sleep(0.3 + 0.1)  # the read-back (A's renewal by then) and one more poll
+
+    def polled_after_the_read_back() -> bool:
+        gets = b.proxy.exchanges("GET")
+        i = next(i for i, ex in enumerate(gets) if ex.fault == "delay")
+        return len(gets) > i + 1 and gets[i + 1].status is not None
+
+    # The read-back (A's renewal by then) and one more poll answered: B waits on as the waiter.
+    eventually(polled_after_the_read_back, what="B polled once after its read-back")
     assert a.lock.release() == "B"
     t.join(10)
     assert bool(box.get("value"))
@@ -488,7 +510,8 @@ def test_a_release_whose_reply_was_lost_is_not_reported_lost_when_another_proces
     a, c = actor("A", ttl=6.0, renew_interval=0.2, renew_deadline=3.0), actor("C")
     assert a.lock.acquire()
     drop = a.proxy.inject("drop_reply", method="POST", when=owner_written_is(None))
-    a.proxy.inject("delay", method="GET", delay=0.6, when=lambda ex: drop.fired)
+    taken = until(lambda: c.lock.is_held, "C took the freed lock")
+    a.proxy.inject("delay", method="GET", delay=0.001, when=lambda ex: drop.fired and taken(ex))
     stop = threading.Event()
 
     def grab():

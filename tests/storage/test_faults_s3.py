@@ -1,11 +1,12 @@
-"""The lock on a real moto S3 server, through the fault proxy: the GCS fault scenarios, run on S3.
+"""The lock on a real moto S3 server, through the fault proxy: GCS fault scenarios, run on S3.
 
 Each actor talks to moto through its own :class:`FaultProxy` (``dialect="s3"``:
 the errors the proxy answers itself are S3's XML errors, ``SlowDown``,
 ``ConditionalRequestConflict``, ``AccessDenied``). The scenarios are the very
-functions of ``test_faults_gcs.py``; on S3 every write is a ``PUT`` (the proxy
-here maps the scenarios' ``POST`` to it) and the record is read out of the S3
-backend's envelope (``Exchange.upload_data``). The invariants are the same:
+functions of ``test_faults_gcs.py``, those that cover S3's two conditional PUTs
+(``ON_S3``); on S3 every write is a ``PUT`` (the proxy here maps the scenarios'
+``POST`` to it) and the record is read out of the S3 backend's envelope
+(``Exchange.upload_data``). The invariants are the same:
 a write whose reply was lost is recognised by the nonce read-back, never sent
 again, never reported as a loss.
 """
@@ -105,18 +106,14 @@ def s3_url(bucket: str) -> str:
 
 
 #: The lease timing a user gets with ttl=6 on S3 (Timing.build's defaults; each request may take
-#: (renew_deadline - renew_interval) / 2 = 1.125 s), for the scenarios with a waiter. Their actors
-#: share moto, which answers one request at a time, each actor behind its own fault proxy. At FAST's
-#: lease (ttl 1.5: a 0.6 s window from a renewal's send to its deadline, 0.3 s per request) on a
-#: loaded 2-core machine (busy.sh): give_up_wait's owner missed its renewal deadline in 4 runs of 6
-#: (the renewal after the waiter's registration is three requests: the 412, a read, the write again,
-#: which would not fit in 0.6 s even with no request bound at all), and become_waiter or
-#: refresh_waiter failed in 3 runs of 4 (a read-back cut at 0.3 s). The waiter's intervals stay
-#: FAST's: the scenarios time waits and give-ups in tenths of a second. The scenarios of one actor
-#: keep FAST's lease: scenario_renew counts renewals 0.2 s apart.
+#: (renew_deadline - renew_interval) / 2 = 1.125 s), for the scenario with a waiter. Its actors share
+#: moto, which answers one request at a time, each actor behind its own fault proxy: at FAST's lease
+#: (ttl 1.5: a 0.6 s window from a renewal's send to its deadline, 0.3 s per request) a loaded 2-core
+#: machine misses renewal deadlines and cuts read-backs. The waiter's intervals stay FAST's: the
+#: scenarios time waits in tenths of a second.
 _USERS_LEASE = Timing.build(ttl=6.0)
 LEASE = dict(ttl=_USERS_LEASE.ttl, renew_interval=_USERS_LEASE.renew_interval, renew_deadline=_USERS_LEASE.renew_deadline)
-WITH_A_WAITER = {"become_waiter", "refresh_waiter", "handoff", "give_up_wait"}
+WITH_A_WAITER = {"handoff"}
 #: Every actor's lease unless a test says otherwise: FAST's intervals (renewals 0.2 s apart), with
 #: 1 s per request and a 2.2 s renew deadline. At FAST's 0.3 s and 0.8 s, owners alone on the lock
 #: lost their lease in full runs on three xdist workers (create's; after a reset PUT's, with a CPU
@@ -124,7 +121,13 @@ WITH_A_WAITER = {"become_waiter", "refresh_waiter", "handoff", "give_up_wait"}
 ALONE = dict(ttl=4.0, renew_deadline=2.2)
 
 
-@pytest.mark.parametrize("transition", list(SCENARIOS))
+#: The scenarios run on S3: its two conditional PUTs (If-None-Match for a create, If-Match for an overwrite),
+#: by an owner alone and with a waiter. The other transitions are the same lock logic over the same PUTs,
+#: run on the memory store under every fault (test_faults_memory.py) and on the GCS emulator (test_faults_gcs.py).
+ON_S3 = ["create", "handoff", "free"]
+
+
+@pytest.mark.parametrize("transition", ON_S3)
 def test_a_put_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries_on(transition, fake_actor, bucket):
     actor = fake_actor
     if transition in WITH_A_WAITER:
@@ -133,7 +136,7 @@ def test_a_put_applied_whose_reply_was_lost_is_recognised_and_the_lock_carries_o
     SCENARIOS[transition](actor, bucket)
 
 
-@pytest.mark.parametrize("transition", ["create", "handoff", "free"])
+@pytest.mark.parametrize("transition", ON_S3)
 def test_on_s3_the_scenarios_catch_a_lock_without_the_read_back(transition, fake_actor, bucket, monkeypatch):
     """Not vacuous on S3 either: without the read-back the same scenarios fail."""
     monkeypatch.setattr(cas, "_landed", lambda storage, key, expected, is_ours, max_bytes, timeout: None)
