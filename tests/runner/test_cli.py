@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen, shared_url  # noqa: F401
+from jobsutil import CONSOLE_SCRIPT, child_env, in_process, popen, runner_logic, shared_url  # noqa: F401
 from lockparts import acquire_in_thread
 from lockutil import eventually, make_lock, raw_read, raw_write
 
@@ -295,6 +295,7 @@ def test_watch_prints_a_line_per_change(url, capsys, monkeypatch):
     assert len(seen) == len(set(seen)) or len(seen) < 8, "a line per change, not per read"
 
 
+@runner_logic
 def test_watch_in_the_console_script_ends_cleanly_on_ctrl_c(shared_url):
     proc = popen([str(CONSOLE_SCRIPT), "watch", shared_url, "--interval", "0.1"])
     assert "watching" in next_line(proc)
@@ -397,6 +398,7 @@ def test_run_hands_off_to_a_second_run_which_resumes_from_the_checkpoint(shared_
     assert "waiting for" in err_b
 
 
+@runner_logic
 @pytest.mark.timeout(90)
 def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lock_moves_on(
     shared_url, tmp_path, capfd
@@ -410,6 +412,7 @@ def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_then_the_lo
     assert b.returncode == 0 and b.stdout.startswith("B start 0"), b.stderr
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_run_is_passed_on_and_the_lock_released_when_the_command_exits(shared_url, tmp_path, sig):
@@ -430,6 +433,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_the_whole_command_is_stopped_before_the_lock_moves_on_not_just_its_shell(shared_url, tmp_path):
     """``run -- sh -c 'python train.py; ...'``: the signal must reach the trainer, not only the shell,
@@ -445,6 +449,7 @@ def test_the_whole_command_is_stopped_before_the_lock_moves_on_not_just_its_shel
     assert HandoffLock(shared_url).status().owner_id is None
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_sigterm_to_a_waiting_run_stops_it_and_gives_the_slot_back(shared_url, tmp_path):
     # Renewals far apart: on GCS a waiter's give-up write waits out the 1 s write spacing after
@@ -476,6 +481,7 @@ def catches_sigterm(ckpt: Path) -> bool:
     return False
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_lock_lost_under_run_stops_the_command_and_exits_70(shared_url, tmp_path, capfd):
@@ -496,7 +502,7 @@ def test_a_lock_lost_under_run_stops_the_command_and_exits_70(shared_url, tmp_pa
 
     thread = threading.Thread(target=take_it, daemon=True)
     thread.start()
-    ttl = "5" if shared_url.startswith("gs://") else "2"  # the loss is found by the next renewal
+    ttl = "2"  # the loss is found by the next renewal
     job = [PY, str(JOB), "A", str(tmp_path), "--steps", "1500"]
     code = main(["run", shared_url, "--ttl", ttl, "--grace", "10", "--", *job])
     thread.join(30)

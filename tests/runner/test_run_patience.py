@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobsutil import CONSOLE_SCRIPT, in_process, popen, shared_url  # noqa: F401
+from jobsutil import CONSOLE_SCRIPT, in_process, popen, runner_logic, shared_url  # noqa: F401
 from lockparts import acquire_in_thread
 from lockutil import eventually, raw_read
 
@@ -30,6 +30,7 @@ def waiter(url):
     return r.waiting_owner_id if r is not None and r.waiter_live(time.time()) else None
 
 
+@runner_logic
 def test_run_no_request_waits_for_the_holder_to_finish_without_signalling_it(shared_url, tmp_path, capsys):
     """The holder's run in this process, its command ended on a cue a few of its checks after the patient
     run (a real process) is seen waiting."""
@@ -64,6 +65,7 @@ def until_told(flag: Path) -> tuple[str, ...]:
     return ("sh", "-c", f"while [ ! -e '{flag}' ]; do sleep 0.02; done")
 
 
+@runner_logic
 def test_run_no_yield_declines_and_status_says_so(shared_url, tmp_path, capsys):
     """The holder's run in this process, the asker a lock in a thread; `status` is read there as the cli
     prints it, until it shows the decline, and then the holder's command ends."""
@@ -91,7 +93,7 @@ def test_run_no_yield_declines_and_status_says_so(shared_url, tmp_path, capsys):
         t.start()
     # The decline is written by the next renewal; ttl 4, not 2, on file:// as well: run's renewals run in this
     # (test) process, and a 1 s renew deadline was missed once on a loaded machine.
-    ttl = "5" if shared_url.startswith("gs://") else "4"
+    ttl = "4"
     holder = in_process(["run", shared_url, "--ttl", ttl, "--poll-interval", "0.05", "--min-hold", "0", "--no-yield", "--",
                          *until_told(flag)], capsys)
     for t in threads:
@@ -103,6 +105,7 @@ def test_run_no_yield_declines_and_status_says_so(shared_url, tmp_path, capsys):
     assert [bool(g) for g in got] == [True], err
 
 
+@runner_logic
 def test_run_behind_another_waiter_waits_its_turn_until_its_timeout_and_nonblock_says_contended(shared_url, capfd):
     """Every party in this process: the holder a lock that never looks at its waiter (asked, and not cut
     short), the first waiter a lock in a thread, the later runs through the cli."""

@@ -23,6 +23,11 @@ def shared_url(request, tmp_path):
     return url_for(request.param, request, tmp_path)
 
 
+#: For a test of ``run``'s own logic (signals, grace, patience), the same on every store: the local file only.
+#: The handoff and status tests keep a row on the emulator, the runner's smoke test on GCS.
+runner_logic = pytest.mark.parametrize("shared_url", ["local"], indirect=True)
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment for a child process: unbuffered output, the emulator's address inherited."""
     return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
