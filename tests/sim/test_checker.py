@@ -115,7 +115,7 @@ def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
     lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))  # its slot's ttl
     a = type("Party", (), {"name": "a", "lock": lock_a})()  # hashable, as the world's parties are
     b = type("Party", (), {"name": "b", "lock": party("b").lock})()
-    slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance")
+    slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance", since=WALL0)  # as this version writes it
     held = LockRecord(owner=Holder("b", WALL0 + 10, instance="b-instance"), token=5, ttl=10.0)
     refused = "write: TransientStorageError: sim: 429 on write"
     for at, detail in enumerate(["write: ok", refused, refused]):  # a registers, then its refreshes are refused

@@ -63,6 +63,12 @@ CAUGHT_AT = [
     # at equal rank the older waiter never takes the slot from a younger one: it polls instead of registering
     ("handofflock/core/protocol.py", "_takes_slot", "return",
      "return since is not None and waiter.since is not None and since < waiter.since", "return False", 18),
+    # a slot written without when its acquire began: the equal-rank order is lost (the slot's since is judged)
+    ("handofflock/core/protocol.py", "decide_acquire", "drop-keyword",
+     "Waiter( me.owner_id, now + timing.waiter_ttl, ttl=timing.ttl, instance=me.instance, label=me.label, "
+     "request=request, since=since, )",
+     "Waiter(me.owner_id, now + timing.waiter_ttl, ttl=timing.ttl, instance=me.instance, label=me.label, "
+     "request=request)", 0),
     # wait_for_slot=False without a timeout, over an ended lease and a live waiter: it polls, not LockContended
     ("handofflock/core/protocol.py", "decide_acquire", "return", "return Contended(record)", "return None", 4),
     # a renewal that waits out every 429's widened spacing: two 429s aimed at a gentle world's holder lose its lease

@@ -363,6 +363,10 @@ class Checker:
                 f"{party.name} wrote its waiter slot asking for a lease of {w.ttl} s, not its ttl "
                 f"{party.lock.timing.ttl:g} s"
             )
+        if w is not None and w.instance == party.lock.instance and w.since is None:
+            raise Violation(  # this version's slot says when its acquire began: at equal rank the older has it
+                f"{party.name} wrote its waiter slot without when it began waiting (waitingSince)"
+            )
         if prev is not None and prev.waiter is not None and w is not None and w.expires_at != prev.waiter.expires_at:
             if not self.slot_ends:
                 self.slot_ends.append((-math.inf, prev.waiter.expires_at))
