@@ -12,8 +12,9 @@ time arithmetic, a returned value replaced, an assignment, call or keyword argum
 arguments swapped. The mutated module is compiled from its edited syntax tree (line numbers kept) and
 served by an import hook in a process of its own, so mutants never meet and ``-j N`` runs N at once.
 
-A mutant is caught when the model check (modules it imports only) or the simulation over the first
-``--seeds`` seeds reports a violation, or crashes, (a mutant that stops answering is a hang, reported apart and not counted as caught).
+A mutant is caught when the model check (modules it imports only) or the simulation over ``--seeds`` seeds
+from ``--first`` (0) reports a violation, or crashes (a mutant that stops answering is a hang, reported
+apart and not counted as caught).
 Before any mutant runs, one traced clean run of the same seeds (and the model check) records which lines
 execute: the simulation is deterministic, so a mutant whose spot never executes there behaves exactly
 as the clean tree over those seeds. Such mutants are counted as "not reached", never run, and left out
@@ -333,10 +334,10 @@ def _model(say_alive: bool = True) -> tuple[str, str]:
     return "clean", ""
 
 
-def _sim(seeds: int) -> tuple[str, str, int]:
+def _sim(seeds: int, first: int = 0) -> tuple[str, str, int]:
     from handofflock.testing.sim.__main__ import run_seed
 
-    for seed in range(seeds):
+    for seed in range(first, first + seeds):
         out = run_seed(seed)
         _say("alive", what=f"seed {seed}")
         if out.violation:  # an exception that killed a thread, or that the library logged, is a crash
@@ -346,8 +347,9 @@ def _sim(seeds: int) -> tuple[str, str, int]:
     return "clean", "", -1
 
 
-def child_mutant(ident: str, seeds: int) -> None:
-    """Run one mutant: the model check where it applies, then the seeds; one ``result`` line."""
+def child_mutant(ident: str, seeds: int, first: int = 0, model: bool = True) -> None:
+    """Run one mutant: the model check where it applies (unless not ``model``), then the seeds; one ``result``
+    line."""
     path, index = ident.rsplit(":", 1)
     m = mutants(path)[int(index)]
     name = path[:-3].replace("/", ".")
@@ -355,13 +357,13 @@ def child_mutant(ident: str, seeds: int) -> None:
     _quiet()
     res: dict[str, object] = {"model": "n/a", "sim": "n/a", "detail": "", "seed": -1}
     for part in ("model", "sim"):
-        if part == "model" and path not in MODEL_TARGETS:
+        if part == "model" and (path not in MODEL_TARGETS or not model):
             continue
         try:
             if part == "model":
                 res["model"], detail = _model()
             else:
-                res["sim"], detail, res["seed"] = _sim(seeds)
+                res["sim"], detail, res["seed"] = _sim(seeds, first)
         except Exception as exc:  # a crash is a verdict
             res[part], detail = "crash", f"{type(exc).__name__}: {exc}"[:300]
         if detail and not res["detail"]:
@@ -440,9 +442,9 @@ def _child(args: list[str], timeout: float) -> tuple[dict[str, object] | None, s
         proc.stdout.close()
 
 
-def reached_lines(seeds: int, jobs: int) -> dict[str, set[int]]:
-    """The lines of each target that a traced clean run executes (seeds split over ``jobs`` children)."""
-    chunks = [list(range(seeds))[i::jobs] for i in range(jobs)]
+def reached_lines(seeds: int, jobs: int, first: int = 0) -> dict[str, set[int]]:
+    """The lines of each target that a traced clean run of seeds ``first ..`` executes (over ``jobs`` children)."""
+    chunks = [list(range(first, first + seeds))[i::jobs] for i in range(jobs)]
     calls = [[*(["--model"] if i == 0 else []), "--child-reach", ",".join(map(str, c))] for i, c in enumerate(chunks)]
     with ThreadPoolExecutor(jobs) as pool:
         results = list(pool.map(lambda a: _child(a, SILENCE_S * 4), calls))
@@ -470,9 +472,11 @@ class Verdict:
     seconds: float
 
 
-def run_one(m: Mutant, seeds: int) -> Verdict:
+def run_one(m: Mutant, seeds: int, *, first: int = 0, model: bool = True) -> Verdict:
+    """Run ``m`` on seeds ``first .. first + seeds - 1`` (and the model check where it applies, if ``model``)."""
     started = time.monotonic()
-    res, why = _child(["--child-mutant", m.ident, "--seeds", str(seeds)], SILENCE_S)
+    args = ["--child-mutant", m.ident, "--seeds", str(seeds), "--first", str(first), *([] if model else ["--sim-only"])]
+    res, why = _child(args, SILENCE_S)
     took = time.monotonic() - started
     if res is None:  # it died (a crash: caught) or stopped answering (a hang)
         hang = why == "hang"
@@ -525,12 +529,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="list the mutants, run none")
     p.add_argument("--mutant", action="append", default=[], metavar="PATH:INDEX", help="run only this mutant")
     p.add_argument("--verbose", action="store_true", help="a line per mutant as it finishes")
+    p.add_argument("--first", type=int, default=0, help="the first seed of each mutant's run (default 0)")
     p.add_argument("--child-mutant", help=argparse.SUPPRESS)
+    p.add_argument("--sim-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-reach", help=argparse.SUPPRESS)
     p.add_argument("--model", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child_mutant:
-        child_mutant(a.child_mutant, a.seeds)
+        child_mutant(a.child_mutant, a.seeds, a.first, not a.sim_only)
         return 0
     if a.child_reach is not None:
         child_reach([int(s) for s in a.child_reach.split(",") if s], a.model)
@@ -547,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         by_id = {m.ident: m for path in {i.rsplit(":", 1)[0] for i in a.mutant} for m in mutants(path)}
         chosen, total, not_reached = [by_id[i] for i in a.mutant], len(a.mutant), None
     else:
-        hit = reached_lines(a.seeds, max(1, min(a.jobs, a.seeds)))
+        hit = reached_lines(a.seeds, max(1, min(a.jobs, a.seeds)), a.first)
         reached = [m for m in everything if _reached(m, hit)]
         total, not_reached = len(everything), len(everything) - len(reached)
         chosen = random.Random(a.seed).sample(reached, min(a.sample, len(reached))) if a.sample else reached
@@ -557,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_at = started + a.budget if a.budget else None
 
     def one(m: Mutant) -> Verdict | None:  # past the budget, mutants not yet begun are not run
-        return None if stop_at is not None and time.monotonic() > stop_at else run_one(m, a.seeds)
+        return None if stop_at is not None and time.monotonic() > stop_at else run_one(m, a.seeds, first=a.first)
 
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         for v in filter(None, pool.map(one, chosen)):

@@ -115,7 +115,7 @@ def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
     lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))  # its slot's ttl
     a = type("Party", (), {"name": "a", "lock": lock_a})()  # hashable, as the world's parties are
     b = type("Party", (), {"name": "b", "lock": party("b").lock})()
-    slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance")
+    slot = Waiter("a", WALL0 + 8, ttl=10.0, instance="a-instance", since=WALL0)  # as this version writes it
     held = LockRecord(owner=Holder("b", WALL0 + 10, instance="b-instance"), token=5, ttl=10.0)
     refused = "write: TransientStorageError: sim: 429 on write"
     for at, detail in enumerate(["write: ok", refused, refused]):  # a registers, then its refreshes are refused
@@ -223,3 +223,72 @@ def test_an_heirs_lease_where_the_slot_names_no_ttl_is_the_owners_ttl():
             # The heir-ttl rule, judged before the protocol check, names it first.
             with pytest.raises(Violation, match=r"with a lease of 4 s, where its slot asked for 2 s"):
                 checker.check()
+
+
+def _trying(name: str):
+    """A party in a blocking acquire, as the try rules read it (hashable, as the world's parties are)."""
+    lock = SimpleNamespace(owner_id=name, instance=f"{name}-instance", timing=SimpleNamespace(max_clock_skew=0.0),
+                           give_up_budget=3.0)  # fmt: skip
+    proc = SimpleNamespace(frozen_until=lambda: -1e9)
+    return type("Party", (), {"name": name, "lock": lock, "proc": proc, "alive": True})()
+
+
+def _reads(checker: Checker, who, record: LockRecord, at: float, *, again: bool = True) -> None:
+    """``who`` reads ``record`` at ``at`` (its clock: true time), then (``again``) sends another read."""
+    local = WALL0 + (at - MONO0)
+    checker.note(Event(at, who, "request", KEY, "read", local=local))
+    checker.note(Event(at + 0.01, who, "reply", KEY, "read: ok", record.encode(), 3, sent=at, local=local + 0.01))
+    if again:
+        checker.note(Event(at + 0.3, who, "request", KEY, "read", local=local + 0.3))
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_try_that_may_not_wait_for_the_slot_never_polls(interrupted):
+    """``wait_for_slot=False`` without a timeout: over an ended lease and a live waiter's slot, it raises
+    LockContended at once. A read after the one that showed it, with no write between, is a poll; unless a
+    cancel or a release from another thread cut it short (its way out reads)."""
+    from handofflock.testing.sim.checker import Try
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [], by_protocol=False)
+    a = _trying("a")
+    record = LockRecord(
+        owner=Holder("b", WALL0 - 5, instance="b-instance"), waiter=Waiter("c", WALL0 + 5, instance="c-instance"),
+        token=5, ttl=2.0,
+    )  # fmt: skip
+    checker.note(Event(MONO0, a, "begin", KEY, result=Try(0, True, slot_wait=False, since=WALL0)))
+    if interrupted:
+        checker.note(Event(MONO0, a, "interrupt", KEY))
+    _reads(checker, a, record, MONO0)
+    if interrupted:
+        checker.check()
+    else:
+        with pytest.raises(Violation, match="may not wait for the slot .* read it again"):
+            checker.check()
+
+
+@pytest.mark.parametrize("younger", [True, False])
+def test_an_older_waiter_of_equal_rank_takes_the_slot_from_a_younger_one(younger):
+    """A blocking acquire that reads a live owner and a live slot whose request, of its own rank, began waiting
+    after its own writes itself into the slot; reading again instead is judged once the acquire has gone on past
+    its give-up budget (a way out would have ended it by then). Against an older slot it waits."""
+    from handofflock.testing.sim.checker import Try
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [], by_protocol=False)
+    a = _trying("a")
+    since = WALL0 + (3.0 if younger else -1.0)  # its own: no later than its first request, at 2 s
+    record = LockRecord(
+        owner=Holder("b", WALL0 + 10, instance="b-instance"),
+        waiter=Waiter("c", WALL0 + 10, instance="c-instance", since=since),
+        token=5, ttl=10.0,
+    )  # fmt: skip
+    checker.note(Event(MONO0, a, "begin", KEY, result=Try(0, True, slot_wait=True, since=WALL0)))
+    _reads(checker, a, record, MONO0 + 2.0)
+    checker.check()  # not yet: it may be on its way out
+    hub.now = MONO0 + 8.0
+    if younger:
+        with pytest.raises(Violation, match="began waiting 1.000 s after its own, and read again"):
+            checker.check()
+    else:
+        checker.check()

@@ -247,5 +247,5 @@ def test_seeds_found_by_the_swarm_hold():
     """Seed 2985, a fast world with slow reads: a holder's read took 1.09 s where its request's timeout was
     0.375 s, and two grouped checks went by meanwhile, so its waiter was heard late. A real client cuts such a
     read off at its timeout; the simulated store now does too (a checker's false positive, not the lock's)."""
-    outcome = run_seed(2985)
+    outcome = run_seed(2985, aims=False)  # its world as it was found
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])

@@ -73,18 +73,22 @@ def run_seed(
     late_commits: bool = True,
     ttl_spread: bool = True,
     swarm: bool = True,
+    aims: bool = True,
     by_protocol: bool = True,
 ) -> Outcome:
     """Run one seed (with a planted bug if named); return what it found. ``late_commits=False``: the seed's
     world as it was before the store had late commits; ``ttl_spread=False``: before parties had ttls of
     their own; ``swarm=False``: before the swarm's choices (what a regression test of an older seed replays);
+    ``aims=False``: before tries that may not wait for the slot and 429s aimed at a gentle world's holder;
     ``by_protocol=False``: writes not judged against the protocol (a plant's own symptom, without it)."""
     from .checker import swallowed
     from .hub import Violation  # greenlet: imported only to run a world (not for --list-bugs, --model-check)
     from .world import World
 
     with planted(bug) if bug else contextlib.nullcontext(), swallowed() as caught:
-        world = World(seed, late_commits=late_commits, ttl_spread=ttl_spread, swarm=swarm, by_protocol=by_protocol)
+        world = World(
+            seed, late_commits=late_commits, ttl_spread=ttl_spread, swarm=swarm, aims=aims, by_protocol=by_protocol
+        )
         violation = None
         try:
             world.run()

@@ -79,6 +79,10 @@ class Place:
     expires_at: float
     ttl: float | None = None  # a waiter's: the lease it asked for
     asks: bool = True  # a waiter's: whether it asks the holder to let go
+    #: A waiter's rank for the slot (priority, asks) and when it began waiting (its clock): its request and
+    #: ``waitingSince`` as the lock reads them, each only while it names this waiter (else none, and asking at 0).
+    rank: tuple[int, bool] = (0, True)
+    since: float | None = None
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         return now <= self.expires_at + skew
@@ -123,15 +127,24 @@ def read_record(data: bytes, *, legacy: bool = False) -> Rec:
         )
     if _field(doc, "waitingOwnerId", (str,)) is not None:
         request = _field(doc, "waiterRequest", (dict,)) or {}
-        asks = request.get("asks", True)
+        asks, priority = request.get("asks", True), request.get("priority", 0)
         if not isinstance(asks, bool):
             raise Violation(f"the store holds a record whose waiterRequest.asks is {asks!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise Violation(f"the store holds a record whose waiterRequest.priority is {priority!r}")
+        place = (doc["waitingOwnerId"], _field(doc, "waiterInstance", (str,)))
+        since = _field(doc, "waitingSince", (dict,))
+        at = None if since is None or (since.get("id"), since.get("instance")) != place else since.get("at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, num)):
+            raise Violation(f"the store holds a record whose waitingSince.at is {at!r}")
+        ours = (request.get("id"), request.get("instance")) == place
         waiter = Place(
-            doc["waitingOwnerId"],
-            _field(doc, "waiterInstance", (str,)),
+            *place,
             float(_field(doc, "waiterExpiresAt", num, nullable=False)),
             ttl=_field(doc, "waiterTtl", num),
             asks=asks,
+            rank=(priority, asks) if ours else (0, True),
+            since=None if at is None else float(at),
         )
     token = _field(doc, "token", (int,)) or 0
     since = _field(doc, "heldSince", (dict,))
@@ -167,7 +180,9 @@ class Seen:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the history: ``what`` is ``request``, ``reply``, ``applied``, ``acquire`` or ``lost``."""
+    """One entry of the history: ``what`` is ``request``, ``reply`` (a read's carries the bytes read),
+    ``applied``, ``begin`` (an acquire, its arguments in ``result``: a :class:`Try`), ``interrupt`` (another
+    thread cancels it, or releases), ``acquire`` (its end), ``void`` (an acquire refused before it ran) or ``lost``."""
 
     at: float  # hub (true monotonic) time
     party: Party | None
@@ -179,6 +194,25 @@ class Event:
     result: object = None
     seen: Seen | None = None
     sent: float = 0.0  # a reply's: when its request went out
+    local: float = 0.0  # a request's or reply's: the party's wall clock as it happened
+
+
+@dataclass
+class Try:
+    """A blocking acquire under way, as the party began it: what it asks for the slot, whether it may wait for
+    the slot (``wait_for_slot=False`` without a timeout may not); and what the checker learnt of it since."""
+
+    priority: int
+    asks: bool
+    slot_wait: bool
+    since: float | None = None  # its clock as it began and at its first request: no earlier than ``waitingSince``
+    requests: int = 0  # its requests on the lock so far
+    wrote: bool = False  # it sent a write (or a delete) on the lock
+    due: str | None = None  # what its last read showed, which its next request must answer with a write
+    due_until: float = math.inf  # ... unless it goes out at or past this, by its clock (the write is stale then)
+    polled: tuple[float, str] | None = None  # a read that went out where a write was due: when, and why
+    #: Cancelled, released from another thread, or met a store error (which may end it): its way out reads the record.
+    interrupted: bool = False
 
 
 @dataclass
@@ -226,6 +260,7 @@ class Checker:
     handed: dict[int, tuple[str | None, float, float]] = field(default_factory=dict)
     handed_read_at: dict[int, float] = field(default_factory=dict)
     handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
+    trying: dict[Party, Try] = field(default_factory=dict)  # blocking acquires under way
     judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
     spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
 
@@ -249,6 +284,7 @@ class Checker:
             e = self.history[self.read_up_to]
             self.read_up_to += 1
             if e.what == "request" and e.key == KEY and e.party is not None:
+                self._tried(e)
                 self.last_sent[e.party] = e.at
                 self.in_flight[e.party] += 1
                 if e.detail in ("write", "delete"):
@@ -263,6 +299,9 @@ class Checker:
                     self.last_write_seen[e.party] = e.at
                 if e.detail == "read: ok":
                     self._look(e)
+                    self._write_due(e)
+                elif not e.detail.endswith(": ok") and "PreconditionFailed" not in e.detail and e.party in self.trying:
+                    self.trying[e.party].interrupted = True  # a store error past its retries ends it; its way out reads
                 taken, clear = self.taken.get(e.party), self._unoverlapped(e)
                 if taken is not None and e.detail == "read: ok" and e.sent >= taken[1] and clear:
                     self.read_since_taken.add(e.party)
@@ -272,7 +311,15 @@ class Checker:
                 self._applied(e)
                 if e.key == KEY and self.by_protocol:  # after the rules, which name a known fault more exactly
                     self._by_protocol(e.party, e.data)
+            elif e.what == "begin" and e.party is not None:
+                assert isinstance(e.result, Try)
+                self.trying[e.party] = e.result
+            elif e.what == "interrupt" and e.party in self.trying:
+                self.trying[e.party].interrupted = True
+            elif e.what == "void" and e.party is not None:
+                self.trying.pop(e.party, None)
             elif e.what == "acquire":
+                self.trying.pop(e.party, None)
                 self._acquire_ended(e)
                 self._slot_left(e)
             elif e.what == "lost":
@@ -315,6 +362,10 @@ class Checker:
             raise Violation(  # a registration or refresh by this version names the lease its waiter wants
                 f"{party.name} wrote its waiter slot asking for a lease of {w.ttl} s, not its ttl "
                 f"{party.lock.timing.ttl:g} s"
+            )
+        if w is not None and w.instance == party.lock.instance and w.since is None:
+            raise Violation(  # this version's slot says when its acquire began: at equal rank the older has it
+                f"{party.name} wrote its waiter slot without when it began waiting (waitingSince)"
             )
         if prev is not None and prev.waiter is not None and w is not None and w.expires_at != prev.waiter.expires_at:
             if not self.slot_ends:
@@ -436,6 +487,87 @@ class Checker:
             if heir == e.party.lock.instance and shows and token not in self.handed_read_at:
                 self.handed_read_at[token] = e.party.clock.time() - (self.hub.now - e.at)
 
+    def _tried(self, e: Event) -> None:
+        """A request on the lock by a party in a blocking acquire: its first bounds the acquire's
+        ``waitingSince`` from above; a read that goes out where a write was due (:meth:`_write_due`), before the
+        decided write would be stale and with nothing cutting the acquire short, is a violation: at once for a
+        try that may not wait for the slot (it has no timeout), else once it is clear the acquire goes on
+        (:meth:`_polled`)."""
+        t = self.trying.get(e.party)
+        if t is None:
+            return
+        if t.requests == 0 and t.since is not None:
+            t.since = max(t.since, e.local)  # the wall clock may be stepped back between the two
+        t.requests += 1
+        if e.detail in ("write", "delete"):
+            t.wrote = True
+        elif e.detail == "read" and t.due is not None and e.local >= t.due_until - EPSILON:
+            t.wrote = True  # the write it decided was dropped as it was sent (stale): counted as sent all the same
+        elif e.detail == "read" and t.due is not None and e.local < t.due_until - EPSILON and not t.interrupted:
+            if not t.slot_wait:
+                raise Violation(t.due)  # it has no timeout, and nothing cut it short: no way out reads here
+            t.polled = t.polled or (e.at, t.due)
+        t.due = None
+
+    def _write_due(self, e: Event) -> None:
+        """What a blocking acquire must do next on the record a read of it returned, where only a write will do
+        (design.md, *Waiting your turn*); its next request on the lock must then be that write:
+
+        * a try that may not wait for the slot (``wait_for_slot=False``, no timeout), before its first write:
+          it takes the lock, registers as the waiter, or raises ``LockContended`` at once; it never polls;
+        * any blocking acquire that reads a live owner and a live slot whose request is of its own rank and began
+          waiting after it did: the older request takes the slot from the younger.
+
+        Not judged where the protocol's decision depends on what the checker does not follow (a suspect lease),
+        nor where its slot may be in the record (a twin's or its own: a way out reads it first)."""
+        party, rec = e.party, read_record(e.data, legacy=True) if e.data else None
+        t = self.trying.get(party)
+        if t is None or party is None:
+            return
+        lock, at = party.lock, e.local
+        skew, ident = lock.timing.max_clock_skew, (lock.owner_id, lock.instance)
+        owner, slot = (None, None) if rec is None else (rec.owner, rec.waiter)
+        if rec is not None and owner is not None and rec.ttl is not None and owner.expires_at > at + rec.ttl + skew:
+            return  # a suspect lease: the lock bounds it by when it first saw it
+        live = owner is not None and (owner.id, owner.instance) != ident and at <= owner.expires_at + skew
+        until = owner.expires_at + skew if live and owner is not None else math.inf  # a registration's last moment
+        if not t.slot_wait and not t.wrote and (slot is None or slot.id != lock.owner_id):
+            self.counts["no_slot_wait_reads"] += 1
+            who = "nobody" if owner is None else f"{owner.id} ({'live' if live else 'ended'})"
+            t.due, t.due_until = (
+                f"{party.name}'s acquire that may not wait for the slot (wait_for_slot=False, no timeout) read the "
+                f"lock held by {who}, slot {slot and slot.id}, and read it again: it must take the lock, register "
+                "or raise LockContended at once",
+                until,
+            )
+        elif (
+            live
+            and owner is not None
+            and slot is not None
+            and (slot.id, slot.instance) != ident
+            and slot.since is not None
+            and t.since is not None
+            and at <= min(owner.expires_at, slot.expires_at) + skew - EPSILON
+            and slot.rank == (t.priority, t.asks)
+            and t.since < slot.since - EPSILON
+        ):
+            self.counts["older_waiter_reads"] += 1
+            t.due, t.due_until = (
+                f"{party.name} read the slot held by {slot.id}, whose request of the same rank began waiting "
+                f"{slot.since - t.since:.3f} s after its own, and read again instead of taking the slot",
+                until,
+            )
+
+    def _polled(self) -> None:
+        """An acquire that read again where a write was due (:meth:`_tried`) and goes on. On its way out
+        (cancelled, timed out, released from another thread) a read of its give-up may follow any read, and
+        the acquire ends within its give-up budget (and two seconds); one that goes on past that polled."""
+        for p, t in self.trying.items():
+            if t.polled is None or not p.alive or p.proc.frozen_until() > t.polled[0]:
+                continue
+            if self.hub.now - t.polled[0] > p.lock.give_up_budget + 2.0:
+                raise Violation(t.polled[1])
+
     def _handoff(self, party: Party, slot: Place | None, new: Rec) -> None:
         """A handoff is judged at the instant it was decided: the heir's lease is stamped with the owner's
         wall clock as the write was sent (its expiry less its ttl), and the slot must be live then, by that
@@ -535,6 +667,22 @@ class Checker:
             return
         raise Violation(f"{e.party.name} lost its lock under survivable faults only: {e.detail}")
 
+    def _unhealthy_while_gentle(self, parties: list[Party]) -> None:
+        """Under survivable faults only, a holder that never stood still renews in time: it counts itself healthy
+        for as long as it holds the lock (before any loss, it is unhealthy from ``renew_deadline`` on: judged
+        there, as a loss is by :meth:`_lost_while_gentle`, with the same two 429s in a row allowed)."""
+        if not self.rules.gentle:
+            return
+        for p in parties:
+            lock = p.lock
+            if p.proc.crashed or not lock.is_held or lock.healthy or p.proc.frozen_until() >= MONO0:
+                continue
+            if self._429s_in_a_row(p, self.hub.now) > 2:
+                continue
+            raise Violation(
+                f"{p.name} holds the lock (token {lock.token}) and counts itself unhealthy under survivable faults only"
+            )
+
     def _429s_in_a_row(self, party: Party, until: float) -> int:
         """How many of ``party``'s last writes to the lock, up to ``until``, were refused with a 429 since its
         last write that landed (a 412 in between changes nothing: it is not an update, and is re-sent), counting
@@ -590,6 +738,8 @@ class Checker:
                 if why is not None:
                     raise Violation(why)
         self._left_owning()
+        self._unhealthy_while_gentle(parties)
+        self._polled()
         self._noticed_taken()
         self._request_heard(parties)
         if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from ...core import buggify
 from ...core.errors import PreconditionFailed, TransientStorageError
 from ...storage import MemoryStorage
-from .checker import Event
+from .checker import KEY, Event
 from .hub import Hub
 
 T = TypeVar("T")
@@ -70,6 +70,8 @@ class Net:
     last_write: dict[str, float] = field(default_factory=dict)
     #: The late commits' own dice: a world without them draws from ``rng`` exactly as before.
     late: random.Random = field(default_factory=lambda: random.Random(0))
+    #: By party: how many of its next writes on the lock meet a 429, whatever the dice say (aimed by the world).
+    refuse: Counter[Any] = field(default_factory=Counter)
 
 
 class SimStore:
@@ -85,16 +87,23 @@ class SimStore:
 
     def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None = None) -> T:
         hub, sent = self.net.hub, self.net.hub.now
-        self.net.history(Event(sent, self.party, "request", key, op))
+        self.net.history(Event(sent, self.party, "request", key, op, local=self._local()))
         try:
             result = self._send(op, key, apply, mutation=mutation, timeout=timeout)
         except BaseException as exc:  # the thread may be unwound at the end of a run: said all the same
             self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: {type(exc).__name__}: {exc}", sent=sent))
             raise
-        # A read's reply carries the generation it was answered at (0: no object), a write's the one it made.
+        # A read's reply carries the generation it was answered at (0: no object) and the bytes read, a write's
+        # the generation it made.
         generation = result[1] if isinstance(result, tuple) else result if isinstance(result, int) else 0
-        self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: ok", generation=generation, sent=sent))
+        data = result[0] if isinstance(result, tuple) and isinstance(result[0], bytes) else b""
+        reply = Event(hub.now, self.party, "reply", key, f"{op}: ok", data, generation, sent=sent, local=self._local())
+        self.net.history(reply)
         return result
+
+    def _local(self) -> float:
+        """The party's wall clock now (0 for a store no party holds)."""
+        return 0.0 if self.party is None else float(self.party.clock.time())
 
     def _send(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None) -> T:
         net, f, hub = self.net, self.net.faults, self.net.hub
@@ -116,7 +125,10 @@ class SimStore:
             raise TransientStorageError(f"sim: 503 on {op}", status=503, ambiguous=False)
         if mutation:
             recent = hub.now - net.last_write.get(key, -1e9) < f.burst_window
-            if self._hit(f.throttle) or (recent and self._hit(f.gcs_rate)):
+            aimed = key == KEY and net.chaos and net.refuse[self.party] > 0
+            if aimed:
+                net.refuse[self.party] -= 1
+            if aimed or self._hit(f.throttle) or (recent and self._hit(f.gcs_rate)):
                 net.counts["throttled"] += 1
                 raise TransientStorageError(f"sim: 429 on {op}", status=429, ambiguous=False, retry_after=1.0)
         result = apply()  # the store applies it at this instant

@@ -38,6 +38,7 @@ class Party:
     loop: SimLoop | None = None  # an async party's event loop
     notes: list[str] = field(default_factory=list)
     releasing: int = 0  # releases of this party under way, in any of its threads
+    idle: bool = False  # its last operation was a release() that returned, none other under way: the lock is idle
     asks: float | None = None  # the swarm's: how often its acquires ask the holder (None: as the actor draws)
     priority: int | None = None  # the swarm's: the priority it asks at (None: as the actor draws)
 

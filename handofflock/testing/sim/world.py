@@ -26,6 +26,11 @@ ttl, waiter ttl, write spacing, priority, patience, a clock offset at the edge
 of the skew, a clock that drifts or is stepped, a host with ``CLOCK_BOOTTIME``
 (which counts a suspend). Some worlds start with a record an older version
 wrote (no version, no instance, no token).
+
+Aims (:attr:`World.aims`, dice of their own): some blocking acquires may not wait for the slot
+(``wait_for_slot=False``, no timeout: they take the lock, register, or are told the lock is
+contended at once), one in ten of the asking ones (half, in a third of the worlds); and in gentle worlds whose
+reads do not stall, the holder's next two writes on the lock now and then meet a 429 each.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from ...lock import events as signals
 from ...lock.handoff import Acquired, HandoffLock
 from ...lock.scheduler import Scheduler
 from ...storage import MemoryStorage
-from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Event, Rules, Seen
+from .checker import EXPECTED, FENCE_KEY, KEY, Checker, Event, Rules, Seen, Try
 from .faults import GCS_WRITES_PER_SECOND, Faults, Net, SimStore
 from .hub import MONO0, WALL0, Hub, Proc, SimClock, SimLoop, SimThreads, Violation, sim_primitives
 from .parties import Party
@@ -227,6 +232,7 @@ class World:
         late_commits: bool = True,
         ttl_spread: bool = True,
         swarm: bool = True,
+        aims: bool = True,
         by_protocol: bool = True,
     ) -> None:
         self.seed = seed
@@ -241,6 +247,12 @@ class World:
             self.config = c = with_swarm(c, seed)
         self.ttls = random.Random(f"ttl-{seed}")  # each party's ttl: dice of their own
         self.swarm = random.Random(f"swarm-party-{seed}")  # each party's swarm settings: dice of their own
+        self.slot_dice = random.Random(f"slot-{seed}")  # which acquires may not wait for the slot, and their cancels
+        # What a world aims at (once the swarm's choices are made; off, a seed replays its world as before):
+        # the share of asking acquires that may not wait for the slot, and 429s aimed at a gentle world's holder.
+        self.aims = config is None and late_commits and ttl_spread and swarm and aims
+        self.no_slot_wait = self.slot_dice.choice((0.1, 0.1, 0.5)) if self.aims else 0.0
+        self.aim = random.Random(f"aim-{seed}")  # when a gentle world's holder meets two 429s in a row
         self.hub = Hub(self.rng)
         self.parties: list[Party] = []
         f = c.faults
@@ -469,22 +481,41 @@ class World:
                 rank = self.swarm.choice((-1, 0, 1, 2))
             op = lambda: lock.acquire(timeout=timeout, request_release=asks, priority=rank)  # noqa: E731
             bound = timeout
-            if mode < 0.35:
+            tried = Try(rank, asks, slot_wait=True, since=party.clock.time())
+            if asks and self.slot_dice.random() < self.no_slot_wait:
+                # A try that may not wait for the slot (wait_for_slot=False, no timeout): it takes the lock,
+                # registers, or is told the lock is contended at once; cancelled, again and again, if it waits.
+                op, bound = (lambda: lock.acquire(request_release=True, priority=rank)), 2.5 * ttl
+                tried = replace(tried, slot_wait=False)
+                lock.wait_for_slot = False
+                hub.spawn(f"{party.name}-canceller", lambda: self._cancel_until_done(party), party.proc)
+            elif mode < 0.35:
                 hub.spawn(f"{party.name}-canceller", lambda: self._later(party, lambda: lock.cancel()), party.proc)
             elif mode < 0.45:
                 release = lambda: self.timed(party, "release", lambda: lock.release())  # noqa: E731
                 hub.spawn(f"{party.name}-releaser", lambda: self._later(party, release), party.proc)
+            self.checker.note(Event(hub.now, party, "begin", KEY, result=tried))
         party.in_acquire = True
         try:
             result = self.timed(party, "acquire", op, bound=bound)
         finally:
             party.in_acquire = False
             party.left_wait_at = hub.now
+            lock.wait_for_slot = None
         if lock.is_held and r.random() < 0.3:  # a long job: it lets go on its own only after a while
             party.busy_until = hub.now + r.uniform(1.0, 4.0) * ttl
         if isinstance(result, HandoffLockError) and not isinstance(result, EXPECTED):
+            self.checker.note(Event(hub.now, party, "void", KEY))
             return  # refused at once ("already releasing"): this acquire never ran
         self.acquire_ended(party, result)
+
+    def _cancel_until_done(self, party: Party) -> None:
+        """Cancel the party's acquire after a while, again until it ends (a cancel before it runs does nothing)."""
+        self.hub.park(self.hub.now + self.slot_dice.uniform(0.5, 2.0) * self.config.ttl)
+        while party.alive and party.in_acquire:
+            self.checker.note(Event(self.hub.now, party, "interrupt", KEY))
+            party.lock.cancel()
+            self.hub.park(self.hub.now + self.config.ttl / 10)
 
     def acquire_ended(self, party: Party, result: object) -> None:
         """An acquire (sync or async) ended with ``result``: into the history, with what the party shows now."""
@@ -510,6 +541,8 @@ class World:
     def _later(self, party: Party, fn: Callable[[], object]) -> None:
         self.hub.park(self.hub.now + self.rng.uniform(0.0, 2.0) * self.config.ttl)
         if party.alive:
+            if party.in_acquire:  # perhaps a later acquire than the one it was meant for
+                self.checker.note(Event(self.hub.now, party, "interrupt", KEY))
             fn()
 
     def timed(self, party: Party, what: str, op: Callable[[], Any], bound: float | None = 0.0) -> Any:
@@ -519,6 +552,7 @@ class World:
         deadline still fits in it)."""
         lock, hub = party.lock, self.hub
         started, frozen_before = hub.now, party.proc.frozen_until()
+        idle, party.idle = party.idle, False
         if what == "release":
             party.notes.append("released")  # however it ends, the hold ended by our hand
             party.releasing += 1
@@ -528,6 +562,9 @@ class World:
                 # Said again as it returns: a release from another thread may wait for the I/O mutex
                 # while the actor clears its notes, and end the hold only after (not a loss: ours).
                 party.notes.append("released")
+                # Returned, not raised, with no acquire or other release of this instance under way: the hold
+                # is over and nothing is retried in the background, so the next acquire runs.
+                party.idle = party.releasing == 1 and not party.in_acquire and not lock.is_held
             hub.note(f"{party.name} {what} -> {result!r}")
         except EXPECTED as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
@@ -538,9 +575,13 @@ class World:
                 # the LockTimeout when the time ran out in the store) leaves it; it ends within waiter_ttl.
                 self.left_behind(party)
         except AlreadyAcquired as exc:  # a concurrent acquire/release of the same instance: the API says no
+            if idle and what == "acquire":
+                raise Violation(f"{party.name}'s acquire after its release() returned was refused: {exc}") from exc
             return exc
         except HandoffLockError as exc:
             if "already" in str(exc):  # as above, from the releases that say so in words
+                if idle and what == "acquire":
+                    raise Violation(f"{party.name}'s acquire after its release() returned was refused: {exc}") from exc
                 return exc
             raise Violation(f"{party.name} {what} raised {exc!r}") from exc
         finally:
@@ -605,6 +646,8 @@ class World:
         hub, c, seen, aimed = self.hub, self.config, None, None
         while self.net.chaos:
             hub.park(hub.now + c.ttl / 10)
+            if c.gentle and not c.faults.slow_read and self.aims and self.aim.random() < 0.1:
+                self._two_429s()
             rec = self.checker.record
             if rec is None or rec.waiter is None or rec is seen:
                 continue
@@ -626,6 +669,24 @@ class World:
                     q.finish = True
                     self.checker.counts["stale_slot_releases"] += 1
                     hub.note(f"{q.name}'s job ends over the expired slot of {waiter.id}")
+
+    def _two_429s(self) -> None:
+        """The holder's next two writes on the lock (its renewal as it falls due, and that renewal's retry) meet
+        a 429 each: the most a gentle world's owner is promised to survive (design.md), in a world whose reads
+        do not stall (a stalled read is promised apart, not on top of two 429s), and only once the spacing earlier
+        429s widened has relaxed back to the store's own (the promise is made from there)."""
+        held = [
+            q for q in self.parties if q.alive and q.lock.is_held and not self.net.refuse[q] and self._gate_relaxed(q)
+        ]
+        if held:
+            self.net.refuse[held[0]] = 2
+            self.checker.counts["aimed_429s"] += 1
+            self.hub.note(f"{held[0].name}'s next two writes on the lock will meet a 429")
+
+    @staticmethod
+    def _gate_relaxed(party: Party) -> bool:
+        gate = party.lock._io.gate()
+        return gate.interval <= gate.min_interval
 
     # ------------------------------------------------------------------ running
 
