@@ -21,9 +21,9 @@ JOB='
 name=$1
 step=$(cat "$STEP_FILE" 2>/dev/null || echo 0)
 echo "$name: token $HANDOFFLOCK_TOKEN, starting at step $step"
-touch "$HOLDS"
 stop=0
 trap "stop=1" USR1
+touch "$HOLDS"  # ready to be asked
 while [ "$step" -lt "$STEPS" ] && [ "$stop" -eq 0 ]; do
   sleep 0.05
   step=$((step + 1))

@@ -103,13 +103,23 @@ def train(args: argparse.Namespace) -> int:
                       owner_id=None if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none" else "job-A", **TIMING)
     if rank == 0 and ranks.lock is not None:
         say("A", f"owner id {ranks.lock.owner_id}")
+    def leave(status: int) -> int:
+        """Tear the group down. DDP keeps the group alive: let it go first, so the group is freed now, not
+        while the interpreter shuts down (where gloo can abort a rank: "terminate called without an active
+        exception")."""
+        nonlocal net
+        net = None
+        gc.collect()
+        dist.destroy_process_group()
+        return status
+
     handed_back = False
     while True:
         try:
             ranks.acquire()
         except RankExit as stop:  # a signal while waiting for the lock: the slot is given back, nothing to save
             say(who, f"exits while waiting ({stop.decision.cause}), status {stop.code}", None)
-            dist.destroy_process_group()
+            leave(stop.code)
             raise
         token = ranks.lock.token if ranks.lock else None
         if rank == 0:
@@ -146,8 +156,7 @@ def train(args: argparse.Namespace) -> int:
         except LockLost as exc:  # every rank learns it at the same agreement: stop, save nothing
             say(who, f"lost the lock after step {steps.last}; stopping: {exc}", token)
             dist.barrier()
-            dist.destroy_process_group()
-            return 3
+            return leave(3)
         last = steps.last if steps.last is not None else start - 1
         decision = steps.decision
         if decision is not None:
@@ -172,17 +181,11 @@ def train(args: argparse.Namespace) -> int:
             break
         if decision.exit:  # a signal or a notice: end now; a restart resumes from the checkpoint
             say(who, f"exits ({decision.cause}), status {decision.exit_status}", None)
-            dist.destroy_process_group()
-            return decision.exit_status
+            return leave(decision.exit_status)
         handed_back = True
     say(who, f"finished all {args.steps} steps", None)
     dist.barrier()  # every rank is past its last collective before any tears the group down
-    # DDP keeps the group alive: let it go first, so the group is freed now, not while the interpreter
-    # shuts down (where gloo can abort the process: "terminate called without an active exception").
-    del net
-    gc.collect()
-    dist.destroy_process_group()
-    return 0
+    return leave(0)
 
 
 def main(argv: list[str] | None = None) -> int:

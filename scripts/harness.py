@@ -56,6 +56,7 @@ class Workers:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def start(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        (self.dir / f"hold-{name}").unlink(missing_ok=True)  # a request left by a killed run in a reused dir
         with open(self.dir / f"{name}.stderr", "wb") as err:
             self.procs[name] = subprocess.Popen(
                 cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT
@@ -99,16 +100,17 @@ class Workers:
         until = time.monotonic() + limit
         while not self._stopped(name) and time.monotonic() < until and not self.done.is_set():
             time.sleep(0.002)
-        if not self._stopped(name):
-            try:
-                request.unlink()
-                return False
-            except FileNotFoundError:  # taken just now: it is stopping itself
-                while not self._stopped(name) and self.procs[name].poll() is None:
-                    time.sleep(0.002)
+        try:  # still there: not taken, so any stop seen is not this hold's (withdrawn either way)
+            request.unlink()
+            return False
+        except FileNotFoundError:  # taken: it is stopping itself, if it has not yet
+            while not self._stopped(name) and self.procs[name].poll() is None:
+                time.sleep(0.002)
         with self.pause_lock:
-            if self.done.is_set() or self.procs[name].poll() is not None:
-                os.kill(self.procs[name].pid, signal.SIGCONT)
+            alive = self.procs[name].poll() is None
+            if self.done.is_set() or not alive:
+                if alive:
+                    os.kill(self.procs[name].pid, signal.SIGCONT)
                 return False
             self.paused.add(name)
             return True
@@ -232,15 +234,16 @@ class Worker:
         if self._phases is not None:
             self._phases[self._index] = value
 
-    def hold_point(self) -> None:
-        """Where the driver's :meth:`Workers.hold` stops this worker (SIGSTOP to itself) when it has asked to."""
+    def hold_point(self, **fields: Any) -> None:
+        """Where the driver's :meth:`Workers.hold` stops this worker (SIGSTOP to itself) when it has asked to;
+        ``fields`` (the token about to be written, say) go into its ``held`` line."""
         if self.stop.is_set():
             return
         try:
             self._hold.unlink()
         except FileNotFoundError:
             return
-        self.log("held")
+        self.log("held", **fields)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _orphan_watch(self, parent: int, deadline: float) -> None:

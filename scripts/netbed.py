@@ -454,12 +454,14 @@ class Run(Workers):
                 continue
             began, mark = time.time(), self.history_size()
             self.done.wait(seconds)
-            if late:  # until another party's write is accepted: the held one's is then certainly stale
+            stale = False
+            if late:  # until a write with a higher token is accepted: the held one's is then certainly stale
+                token = [e for e in self.read_log(name) if e["ev"] == "held"][-1]["token"]
                 give_up = time.monotonic() + 10 * a.ttl
-                while not self.accepted_since(mark, name) and time.monotonic() < give_up:
+                while not (stale := self.accepted_since(mark, token)) and time.monotonic() < give_up:
                     if self.done.wait(0.01):
                         break
-                late_left -= self.accepted_since(mark, name)
+                late_left -= stale
             self.thaw(name)
             self.pauses.append(
                 {
@@ -467,18 +469,19 @@ class Run(Workers):
                     "start": began,
                     "seconds": round(time.time() - began, 3),
                     "long": long,
-                    "late_write": late,
+                    "late_write": stale,
                 }
             )
 
     def history_size(self) -> int:
         return self.history_path.stat().st_size if self.history_path.exists() else 0
 
-    def accepted_since(self, offset: int, not_by: str) -> bool:
+    def accepted_since(self, offset: int, above: int) -> bool:
+        """Whether the fence accepted a write with a token above ``above`` after ``offset`` in its history."""
         with open(self.history_path, "rb") as f:
             f.seek(offset)
             return any(
-                e["accepted"] and e["writer"] != not_by
+                e["accepted"] and e["token"] > above
                 for e in (json.loads(line) for line in f.read().splitlines() if line.strip())
             )
 

@@ -8,7 +8,8 @@ faults, and the fence server over the bridge. Its lock runs on a clock offset by
 seconds. ``--plant NAME`` plants one of the library's buggify bugs for the whole run.
 
 Each step is a JSON line in ``DIR/<name>.jsonl`` (wall-clock ``t``). Past its check, before
-each write, it stops itself when the bed has asked it to (``Worker.hold_point``): the bed's late writes. Typed handofflock errors are logged and survived;
+each write, it stops itself when the bed has asked it to (``Worker.hold_point``): the bed's
+late writes. Typed handofflock errors are logged and survived;
 anything else is logged as ``fatal`` and ends the worker with status 2.
 """
 
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
                     for kind in ("c", "s"):
                         if checked:
                             lock.check()
-                        worker.hold_point()  # the bed's late writes: a pause past the check
+                        worker.hold_point(token=token)  # the bed's late writes: a pause past the check
                         write(aid, kind, token, checked)
                         if kind == "c":
                             time.sleep(rng.uniform(0, 2 * a.hold_ms) / 1000)

@@ -213,6 +213,7 @@ class Run(Workers):
                 continue
             began = time.time()
             self.done.wait(seconds)
+            stale = False
             if make_late:
                 # Hold it until another worker is in its work: its claim, with a higher token, is in the
                 # journal, so the paused worker's section write is certainly stale (bounded: a stuck run).
@@ -221,10 +222,10 @@ class Run(Workers):
                 while not any(phases[i] == WORKING for i in others) and time.monotonic() < give_up:
                     if self.done.wait(0.005):
                         break
-                if any(phases[i] == WORKING for i in others):
-                    late_left -= 1
+                stale = any(phases[i] == WORKING for i in others)
+                late_left -= stale
             self.thaw(name)
-            self.pauses.append({"worker": name, "start": began, "seconds": round(time.time() - began, 3), "long": long, "aimed": aimed})
+            self.pauses.append({"worker": name, "start": began, "seconds": round(time.time() - began, 3), "long": long, "aimed": aimed, "late_write": stale})
 
     def archiver(self) -> None:
         while not self.done.wait(1.0):

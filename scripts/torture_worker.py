@@ -160,7 +160,7 @@ def critical_section(lock, me, aid, token, rng, a, log, phase, hold_point) -> No
             lock.check()
             log("checked", id=aid, token=token, t_check=time.time())
         phase(WRITING)  # past the check, about to write: where a pause does the most harm
-        hold_point()  # the harness's late writes stop here
+        hold_point(token=token)  # the harness's late writes stop here
         journal.append({"k": "s", "w": me, "t": token, "id": aid, "s": start, "e": end}, token=token)
         log("write", id=aid, k="s", token=token, outcome="accepted", s=start, e=end, checked=checked)
     except StaleToken as exc:
