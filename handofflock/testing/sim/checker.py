@@ -243,9 +243,13 @@ class Checker:
     #: The request standing in the record (owner instance, token, asking waiter's instance), and since when.
     asking: tuple[str | None, int, str | None] | None = None
     asking_since: float = 0.0
-    #: When each read of the lock, or listing of its prefix, went out that no write of the party's own on the
-    #: lock overlapped (a waiter check leaves what its read found to a renewal that wrote meanwhile).
+    #: When each read of the lock, or listing of its prefix that settled a check without a read, went out that
+    #: no write of the party's own on the lock overlapped (a waiter check leaves what its read found to a
+    #: renewal that wrote meanwhile).
     looks: dict[Party, list[float]] = field(default_factory=dict)
+    #: By party: the highest generation of the lock its own reads and writes came back with (what a listing
+    #: is compared with: a listing past it shows something new, which only a read can tell).
+    known_generation: dict[Party, int] = field(default_factory=dict)
     #: ``(when, the waiter slot's expiry from then on)``, each time it moved (a refresh of a live slot).
     slot_ends: list[tuple[float, float]] = field(default_factory=list)
     #: By party: the reply of its last look that may have been served before the slot's last refresh and came
@@ -291,12 +295,17 @@ class Checker:
                     self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
                     self.writes_open[e.party] += 1
             elif e.what == "reply" and e.party is not None and e.detail == "list: ok" and KEY.startswith(e.key):
-                self._look(e)
+                # A listing settles a check only at a generation the holder has seen; past it the beat reads,
+                # and that read (if it comes back) is the look.
+                if 0 < e.generation <= self.known_generation.get(e.party, 0):
+                    self._look(e)
             elif e.what == "reply" and e.key == KEY and e.party is not None:
                 self.in_flight[e.party] -= 1
                 if e.detail.startswith(("write", "delete")):
                     self.writes_open[e.party] -= 1
                     self.last_write_seen[e.party] = e.at
+                if e.detail in ("read: ok", "write: ok"):
+                    self.known_generation[e.party] = max(self.known_generation.get(e.party, 0), e.generation)
                 if e.detail == "read: ok":
                     self._look(e)
                     self._write_due(e)
@@ -757,7 +766,8 @@ class Checker:
 
     def _request_heard(self, parties: list[Party]) -> None:
         """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look
-        at the lock (a read of it, or a listing of its prefix, that no write of its own overlapped) that went
+        at the lock (a read of it, or a listing of its prefix at a generation the holder has seen, that no write
+        of its own overlapped) that went
         out after the request landed, its
         acquire returned and its minimum hold ended by its clock, once its other requests on the lock are
         answered. A look that may have been served before the slot's last refresh, and came back after the slot

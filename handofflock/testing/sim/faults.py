@@ -94,8 +94,10 @@ class SimStore:
             self.net.history(Event(hub.now, self.party, "reply", key, f"{op}: {type(exc).__name__}: {exc}", sent=sent))
             raise
         # A read's reply carries the generation it was answered at (0: no object) and the bytes read, a write's
-        # the generation it made.
+        # the generation it made, a listing's the generation it lists for the lock.
         generation = result[1] if isinstance(result, tuple) else result if isinstance(result, int) else 0
+        if isinstance(result, dict):
+            generation = result.get(KEY, 0)
         data = result[0] if isinstance(result, tuple) and isinstance(result[0], bytes) else b""
         reply = Event(hub.now, self.party, "reply", key, f"{op}: ok", data, generation, sent=sent, local=self._local())
         self.net.history(reply)
