@@ -9,9 +9,8 @@ Wire format (version 1)::
 
 In memory the record is nested: the owner in place (a :class:`Holder`) and
 the waiter in place (a :class:`Waiter`), each None when absent, beside the
-lock's ``ttl``, fencing ``token`` and write ``nonce``. Every field says its
-JSON key and how it is read and written (:func:`wire`), so one line of a
-dataclass below adds an optional field to the format.
+lock's ``ttl``, fencing ``token`` and write ``nonce``. :meth:`LockRecord.to_json`
+writes every key, and :meth:`LockRecord.decode` reads and checks each one.
 
 Optional fields, written only when set: ``ownerInstance`` and
 ``waiterInstance`` (a random id of the lock instance in that place, so two
@@ -51,8 +50,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import MISSING, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import orjson
@@ -81,12 +80,8 @@ MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 MAX_RECORD_BYTES = 64 * 1024
 MAX_EXTRA_BYTES = MAX_RECORD_BYTES - 8 * 1024
 
+
 Corrupt = Callable[[str], LockRecordCorrupt]
-#: ``read(value, key, corrupt, seen)``: the checked value of JSON ``value`` (None when absent), or raise
-#: ``corrupt(reason)``. ``seen`` holds the fields of the same place read before it (id, instance).
-Reader = Callable[[Any, str, Corrupt, dict[str, Any]], Any]
-#: ``write(value, whole)``: the JSON of ``value``, a field of ``whole``; None writes nothing.
-Writer = Callable[[Any, Any], Any]
 #: ``problem(value, name)``: why ``value`` cannot be the field ``name``, or None if it can.
 Problem = Callable[[Any, str], "str | None"]
 
@@ -94,29 +89,6 @@ Problem = Callable[[Any, str], "str | None"]
 def new_nonce() -> str:
     """A fresh nonce: 128 random bits, hex. Unique per write."""
     return os.urandom(16).hex()
-
-
-@dataclass(frozen=True)
-class Wire:
-    """How one field is kept in the JSON object: its ``key``, read and written by ``read`` and ``write``.
-
-    ``always``: written even when null (the four original fields, ``ttl``, ``token``, ``nonce``).
-    """
-
-    key: str
-    read: Reader
-    write: Writer
-    always: bool
-
-
-def wire(key: str, read: Reader, write: Writer | None = None, *, always: bool = False, default: Any = None) -> Any:
-    """A dataclass field kept under JSON ``key``; with ``default=MISSING`` it is required while its place is filled."""
-    spec = Wire(key, read, write or (lambda value, whole: value), always)
-    return field(default=default, metadata={"wire": spec})
-
-
-def _wired(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Wire]]:
-    return ((f, f.metadata["wire"]) for f in dataclasses.fields(cls) if "wire" in f.metadata)
 
 
 # --------------------------------------------------------------------------- reading fields
@@ -225,102 +197,75 @@ _priority = _must("an integer in [-2**31, 2**31-1]", _is_int, lambda v: MIN_PRIO
 _asks = _must("true or false", lambda v: isinstance(v, bool))
 
 
-def _reader(problem: Problem, convert: Callable[[Any], Any] = lambda v: v, null: Any = None) -> Reader:
-    """A :data:`Reader` of a field that ``problem`` checks: ``null`` for null, else ``convert(value)``."""
-
-    def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Any:
-        if (why := problem(value, name)) is not None:
-            raise corrupt(why)
-        return null if value is None else convert(value)
-
-    return read
+def _check(problem: Problem, value: Any, name: str, corrupt: Corrupt) -> Any:
+    """``value``, or raise ``corrupt`` with why ``problem`` says it cannot be the field ``name``."""
+    if (why := problem(value, name)) is not None:
+        raise corrupt(why)
+    return value
 
 
 def _object(
-    value: Any, name: str, corrupt: Corrupt, keys: dict[str, Problem], optional: str = "", checked: str = ""
+    doc: dict[str, Any], name: str, corrupt: Corrupt, keys: dict[str, Problem], optional: str = "", listed: str = ""
 ) -> Any:
-    """``value`` as an object with ``keys`` (but ``optional``) and no others, each checked (in the order of
-    ``checked``, a space-separated list of them, where given); None for null."""
+    """The field ``name`` of ``doc`` as an object with ``keys`` (but ``optional``) and no others, each checked in
+    the order of ``keys``; None for null. ``listed``: the keys in the order a reason lists them (``keys`` if not
+    given)."""
+    value = doc.get(name)
     if value is None:
         return None
     if not isinstance(value, dict):
         raise corrupt(f"'{name}' must be an object or null, got {_json_type(value)}")
-    need = [key for key in keys if key != optional]
+    need = [key for key in listed.split() or keys if key != optional]
     if not set(need) <= value.keys() <= keys.keys():
         quoted = [f"'{key}'" for key in need]
         listing = ", ".join(quoted[:-1]) + " and " + quoted[-1]
         also = f" (and optionally '{optional}')" if optional else ""
         raise corrupt(f"'{name}' must have {listing}{also}, got keys {sorted(value)}")
-    for key in checked.split() or keys:
-        if (why := keys[key](value.get(key), f"{name}.{key}")) is not None:
-            raise corrupt(why)
+    for key, problem in keys.items():
+        _check(problem, value.get(key), f"{name}.{key}", corrupt)
     return value
 
 
-def _names(obj: dict[str, Any], place: tuple[str | None, str | None], prefix: str = "") -> bool:
-    """Whether ``obj`` names ``place`` (id, instance; under the keys ``prefix`` and ``prefixInstance``), filled.
+def _names(obj: Any, place: tuple[str | None, str | None]) -> bool:
+    """Whether the object ``obj`` (None: none) names ``place``, the id and instance of the owner or the waiter.
 
-    A label, request or decline counts only while the place it was written for is still the one in
+    A label, request or since counts only while the place it was written for is still the one in
     place: an older writer that replaced that owner or waiter kept it as an unknown field.
     """
-    return place[0] is not None and (obj[prefix or "id"], obj[f"{prefix}Instance" if prefix else "instance"]) == place
+    return obj is not None and place[0] is not None and (obj["id"], obj["instance"]) == place
 
 
-def _of(place: Holder | Waiter | None) -> tuple[str | None, str | None]:
-    return (None, None) if place is None else (place.id, place.instance)
-
-
-def _bound(
-    make: Callable[[dict[str, Any]], Any],
-    dump: Writer,
-    keys: dict[str, Problem],
-    listed: str,
-    optional: str = "",
-) -> tuple[Reader, Writer]:
-    """The reader and writer of a value kept as an object written with the id and instance of the owner's or
-    the waiter's place: ``make`` makes the value of the object, ``dump(value, place)`` the object of the value
-    (None: nothing is written). It reads as None once another owner or waiter is in place (see :func:`_names`).
-    ``listed``: the keys in the order a reason lists them (``keys``, then the id and instance, are checked in
-    that order)."""
-    every = {**keys, "instance": _instance, "id": _id}
-    listing = {key: every[key] for key in listed.split()}
-    checked = " ".join([*keys, "id", "instance"])
-
-    def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> Any:
-        obj = _object(value, name, corrupt, listing, optional, checked)
-        if obj is None or not _names(obj, (seen["id"], seen["instance"])):
-            return None
-        return make(obj)
-
-    return read, dump
-
-
-def _of_hold(field: str, check: Problem) -> tuple[Reader, Writer]:
-    """The reader and writer of ``{field: number, "token": ...}``, a number about the hold whose token it names.
-
-    An older writer that took the lock (a new token) kept it as an unknown field: it is not this hold's (None).
-    """
-
-    def read(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> float | None:
-        obj = _object(value, name, corrupt, {field: check, "token": _token})
-        if obj is not None and obj[field] is None:
-            raise corrupt(f"'{name}.{field}' must be a number, got null")
-        if obj is None or seen["owner"] is None or (obj["token"] or 0) != seen["token"]:
-            return None
-        return float(obj[field])
-
-    return read, lambda number, record: {field: number, "token": record.token}
-
-
-def _declined(value: Any, name: str, corrupt: Corrupt, seen: dict[str, Any]) -> bool:
-    obj = _object(value, name, corrupt, {"id": _id, "instance": _instance, "owner": _id, "ownerInstance": _instance})
-    return obj is not None and _names(obj, _of(seen["waiter"])) and _names(obj, _of(seen["owner"]), "owner")
-
-
-def _declined_json(declined: bool, record: LockRecord) -> dict[str, Any] | None:
-    owner, waiter = record.owner, record.waiter
-    if not declined or owner is None or waiter is None:
+def _label(obj: Any, place: tuple[str | None, str | None]) -> Label | None:
+    if not _names(obj, place):
         return None
+    return Label(obj["text"], None if obj.get("grace") is None else float(obj["grace"]))
+
+
+def _label_json(label: Label | None, place: Holder | Waiter) -> dict[str, Any] | None:
+    if label is None:
+        return None
+    grace = {} if label.grace is None else {"grace": label.grace}
+    return {"text": label.text, "instance": place.instance, "id": place.id, **grace}
+
+
+def _of_hold(
+    doc: dict[str, Any], name: str, field: str, check: Problem, corrupt: Corrupt, token: int | None
+) -> float | None:
+    """The number of ``{field: number, "token": ...}``, about the hold whose token it names: None unless
+    that is ``token``, the record's while it has an owner (None without one).
+
+    An older writer that took the lock (a new token) kept it as an unknown field: it is not this hold's.
+    """
+    obj = _object(doc, name, corrupt, {field: check, "token": _token})
+    if obj is not None and obj[field] is None:
+        raise corrupt(f"'{name}.{field}' must be a number, got null")
+    if obj is None or token is None or (obj["token"] or 0) != token:
+        return None
+    return float(obj[field])
+
+
+def _declined_json(owner: Holder, waiter: Waiter) -> dict[str, Any]:
+    """``declinedWaiter``: the owner in place declined the request of the waiter in place."""
     return {"id": waiter.id, "instance": waiter.instance, "owner": owner.id, "ownerInstance": owner.instance}
 
 
@@ -368,45 +313,16 @@ class WaiterRequest:
 
 #: What a waiter without a ``waiterRequest`` wants (every waiter of older versions): it asks, at priority 0.
 ASKING = WaiterRequest()
-_label = _bound(
-    lambda obj: Label(obj["text"], None if obj.get("grace") is None else float(obj["grace"])),
-    lambda label, place: {
-        "text": label.text,
-        "instance": place.instance,
-        "id": place.id,
-        **({} if label.grace is None else {"grace": label.grace}),
-    },
-    {"text": label_problem, "grace": _grace},
-    "text instance id grace",
-    optional="grace",
-)
-#: Nothing is written for a request that only asks (what a waiter without one wants).
-_request = _bound(
-    lambda obj: WaiterRequest(obj["asks"], obj["priority"]),
-    lambda request, place: (
-        None
-        if request == ASKING
-        else {"asks": request.asks, "priority": request.priority, "id": place.id, "instance": place.instance}
-    ),
-    {"asks": _asks, "priority": _priority},
-    "asks priority id instance",
-)
-_since = _bound(
-    lambda obj: float(obj["at"]),
-    lambda at, place: {"at": at, "id": place.id, "instance": place.instance},
-    {"at": _when},
-    "at id instance",
-)
 
 
 @dataclass(frozen=True)
 class Holder:
     """The owner in place: its id, when its lease ends (wall clock), its instance and its label."""
 
-    id: str = wire("ownerId", _reader(_id), always=True, default=MISSING)
-    expires_at: float = wire("expiresAt", _reader(_timestamp, float), always=True, default=MISSING)
-    instance: str | None = wire("ownerInstance", _reader(_instance))
-    label: Label | None = wire("ownerLabel", *_label)  # noqa: RUF009 (a frozen value)
+    id: str
+    expires_at: float
+    instance: str | None = None
+    label: Label | None = None
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the lease is unexpired at ``now`` (with ``skew`` grace)."""
@@ -417,21 +333,42 @@ class Holder:
 class Waiter:
     """The waiter in place: its id, when its slot ends, the lease it wants (``ttl``), who it is, what it asks."""
 
-    id: str = wire("waitingOwnerId", _reader(_id), always=True, default=MISSING)
-    expires_at: float = wire("waiterExpiresAt", _reader(_timestamp, float), always=True, default=MISSING)
-    ttl: float | None = wire("waiterTtl", _reader(_ttl, float))
-    instance: str | None = wire("waiterInstance", _reader(_instance))
-    label: Label | None = wire("waiterLabel", *_label)  # noqa: RUF009 (a frozen value)
-    request: WaiterRequest = wire("waiterRequest", *_request, default=ASKING)  # noqa: RUF009 (a frozen value)
+    id: str
+    expires_at: float
+    ttl: float | None = None
+    instance: str | None = None
+    label: Label | None = None
+    request: WaiterRequest = ASKING
     #: When the acquire in this slot began waiting (its wall clock): at equal rank the older waiter has the slot.
-    since: float | None = wire("waitingSince", *_since)
+    since: float | None = None
 
     def live(self, now: float, skew: float = 0.0) -> bool:
         """Whether the slot is unexpired at ``now`` (with ``skew`` grace)."""
         return now <= self.expires_at + skew
 
 
-_PLACES: tuple[tuple[str, type[Holder | Waiter]], ...] = (("owner", Holder), ("waiter", Waiter))
+#: The JSON keys of each place's fields, in order: its id and expiry first, required while the place is filled.
+_KEYS = {
+    "owner": ("ownerId", "expiresAt", "ownerInstance", "ownerLabel"),
+    "waiter": (
+        "waitingOwnerId",
+        "waiterExpiresAt",
+        "waiterTtl",
+        "waiterInstance",
+        "waiterLabel",
+        "waiterRequest",
+        "waitingSince",
+    ),
+}
+_KNOWN = frozenset(
+    {"version", "ttl", "token", "heldSince", "minHold", "nonce", "declinedWaiter"}.union(*_KEYS.values())
+)
+_LABEL: dict[str, Problem] = {"text": label_problem, "grace": _grace, "id": _id, "instance": _instance}
+_REQUEST: dict[str, Problem] = {"asks": _asks, "priority": _priority, "id": _id, "instance": _instance}
+_SINCE: dict[str, Problem] = {"at": _when, "id": _id, "instance": _instance}
+_REQUIRED = [key for keys in _KEYS.values() for key in keys[:2]]
+
+
 _T = TypeVar("_T")
 
 
@@ -484,14 +421,14 @@ class LockRecord:
 
     owner: Holder | None = None
     waiter: Waiter | None = None
-    ttl: float | None = wire("ttl", _reader(_ttl, float), always=True)
-    token: int = wire("token", _reader(_token, null=0), always=True, default=0)
+    ttl: float | None = None
+    token: int = 0
     #: When the current hold began (wall clock): the write that took the lock or handed it over; renewals keep it.
-    held_since: float | None = wire("heldSince", *_of_hold("at", _timestamp))
+    held_since: float | None = None
     #: How long the holder keeps the lock before a waiter's request is acted on (from ``held_since``).
-    min_hold: float | None = wire("minHold", *_of_hold("seconds", _grace))
-    nonce: str | None = wire("nonce", _reader(_nonce), always=True)
-    declined: bool = wire("declinedWaiter", _declined, _declined_json, default=False)
+    min_hold: float | None = None
+    nonce: str | None = None
+    declined: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     legacy: bool = field(default=False, compare=False)
 
@@ -501,14 +438,14 @@ class LockRecord:
 
     def replace(self, **changes: Any) -> LockRecord:
         """A copy with ``changes`` applied; always written as the current version."""
-        for place, cls in _PLACES:
+        for place, cls in (("owner", Holder), ("waiter", Waiter)):
             flat = {attr: changes.pop(name) for name, (p, attr) in _FLAT.items() if p == place and name in changes}
             if flat:
                 current = getattr(self, place)
                 values = {k: v for k, v in {**(vars(current) if current else {}), **flat}.items() if v is not None}
                 changes[place] = cls(**values) if "id" in values else None
         # What was kept of a place while it was empty goes once the place is written.
-        written = {spec.key for place, cls in _PLACES if place in changes for _, spec in _wired(cls)}
+        written = {key for place, keys in _KEYS.items() if place in changes for key in keys}
         if written & self.extra.keys():
             changes.setdefault("extra", {k: v for k, v in self.extra.items() if k not in written})
         return dataclasses.replace(self, legacy=False, **changes)
@@ -535,20 +472,40 @@ class LockRecord:
     # -- wire format ------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"version": RECORD_VERSION}
+        owner, waiter, token = self.owner, self.waiter, self.token
+        doc: dict[str, Any] = {
+            "version": RECORD_VERSION,
+            "ownerId": owner and owner.id,
+            "expiresAt": owner and owner.expires_at,
+            "waitingOwnerId": waiter and waiter.id,
+            "waiterExpiresAt": waiter and waiter.expires_at,
+            "ttl": self.ttl,
+            "token": token,
+            "nonce": self.nonce,
+        }
         optional: dict[str, Any] = {}
-        empty: set[str] = set()
-        for whole, cls in ((self.owner, Holder), (self.waiter, Waiter), (self, LockRecord)):
-            for f, spec in _wired(cls):
-                value = getattr(whole, f.name) if whole is not None else None
-                value = None if value is None else spec.write(value, whole)
-                if spec.always:
-                    doc[spec.key] = value
-                elif value is not None:
-                    optional[spec.key] = value
-                if whole is None:
-                    empty.add(spec.key)
-        doc.update(optional)
+        if owner is not None:
+            optional.update(ownerInstance=owner.instance, ownerLabel=_label_json(owner.label, owner))
+        if waiter is not None:
+            request, place = waiter.request, {"id": waiter.id, "instance": waiter.instance}
+            optional.update(
+                waiterTtl=waiter.ttl,
+                waiterInstance=waiter.instance,
+                waiterLabel=_label_json(waiter.label, waiter),
+                # Nothing is written for a request that only asks (what a waiter without one wants).
+                waiterRequest=None
+                if request == ASKING
+                else {"asks": request.asks, "priority": request.priority, **place},
+                waitingSince=None if waiter.since is None else {"at": waiter.since, **place},
+            )
+        optional.update(
+            heldSince=None if self.held_since is None else {"at": self.held_since, "token": token},
+            minHold=None if self.min_hold is None else {"seconds": self.min_hold, "token": token},
+        )
+        if self.declined and owner is not None and waiter is not None:
+            optional["declinedWaiter"] = _declined_json(owner, waiter)
+        doc.update({key: value for key, value in optional.items() if value is not None})
+        empty = {key for place, keys in _KEYS.items() if getattr(self, place) is None for key in keys}
         doc.update({k: v for k, v in self.extra.items() if k not in _KNOWN or k in empty})
         return doc
 
@@ -577,40 +534,62 @@ class LockRecord:
         if missing:
             raise corrupt(f"missing field(s) {', '.join(missing)}")
         legacy = "version" not in doc
-        version = RECORD_VERSION if legacy else doc["version"]
-        if (problem := _must("an integer", _is_int)(version, "version")) is not None:
-            raise corrupt(problem)
+        version = _check(_must("an integer", _is_int), RECORD_VERSION if legacy else doc["version"], "version", corrupt)
         if version != RECORD_VERSION:
             raise corrupt(
                 f"unsupported format version {version} (this handofflock reads version {RECORD_VERSION}); "
                 "a newer handofflock may have written it: upgrade before touching this lock"
             )
 
-        values: dict[str, Any] = {}
+        def read(key: str, problem: Problem, convert: Callable[[Any], Any] = lambda value: value) -> Any:
+            value = _check(problem, doc.get(key), key, corrupt)
+            return None if value is None else convert(value)
+
         kept: dict[str, Any] = {}  # the fields of an empty place, written back as they were
-        for place, place_cls in _PLACES:
-            seen: dict[str, Any] = {}
-            for f, spec in _wired(place_cls):
-                seen[f.name] = spec.read(doc.get(spec.key), spec.key, corrupt, seen)
-            specs = list(_wired(place_cls))
-            if seen["id"] is None:
-                kept.update({spec.key: doc[spec.key] for f, spec in specs if seen[f.name] is not None})
-                values[place] = None
-                continue
-            for f, spec in specs:
-                if f.default is MISSING and seen[f.name] is None:
-                    raise corrupt(f"'{specs[0][1].key}' is set but '{spec.key}' is null")
-            values[place] = place_cls(**{k: v for k, v in seen.items() if v is not None})
-        for f, spec in _wired(cls):
-            values[f.name] = spec.read(doc.get(spec.key), spec.key, corrupt, values)
+
+        def filled(place: str, *values: Any) -> bool:
+            """Whether the place whose first fields were read as ``values`` is filled; if empty, keep them."""
+            keys = _KEYS[place]
+            if values[0] is None:
+                kept.update({key: doc[key] for key, value in zip(keys, values, strict=False) if value is not None})
+                return False
+            if values[1] is None:
+                raise corrupt(f"'{keys[0]}' is set but '{keys[1]}' is null")
+            return True
+
+        owner = waiter = None
+        owner_id, expires_at = read("ownerId", _id), read("expiresAt", _timestamp, float)
+        instance = read("ownerInstance", _instance)
+        label = _object(doc, "ownerLabel", corrupt, _LABEL, "grace", "text instance id grace")
+        if filled("owner", owner_id, expires_at, instance):
+            owner = Holder(owner_id, expires_at, instance, _label(label, (owner_id, instance)))
+
+        waiter_id, expires_at = read("waitingOwnerId", _id), read("waiterExpiresAt", _timestamp, float)
+        ttl, instance = read("waiterTtl", _ttl, float), read("waiterInstance", _instance)
+        label = _object(doc, "waiterLabel", corrupt, _LABEL, "grace", "text instance id grace")
+        asks = _object(doc, "waiterRequest", corrupt, _REQUEST)
+        since = _object(doc, "waitingSince", corrupt, _SINCE)
+        if filled("waiter", waiter_id, expires_at, ttl, instance):
+            slot = (waiter_id, instance)
+            request = WaiterRequest(asks["asks"], asks["priority"]) if _names(asks, slot) else ASKING
+            since = float(since["at"]) if _names(since, slot) else None
+            waiter = Waiter(waiter_id, expires_at, ttl, instance, _label(label, slot), request, since)
+
+        ttl, token = read("ttl", _ttl, float), read("token", _token) or 0
+        hold = None if owner is None else token
+        held_since = _of_hold(doc, "heldSince", "at", _timestamp, corrupt, hold)
+        min_hold = _of_hold(doc, "minHold", "seconds", _grace, corrupt, hold)
+        nonce = read("nonce", _nonce)
+        # The decline counts only while it names the owner and the waiter in place.
+        decline = _object(doc, "declinedWaiter", corrupt, _DECLINED)
+        declined = owner is not None and waiter is not None and decline == _declined_json(owner, waiter)
         extra = {**{k: v for k, v in doc.items() if k not in _KNOWN}, **kept}
         _check_extra(extra, corrupt)
-        return cls(extra=extra, legacy=legacy, **values)
+        return cls(owner, waiter, ttl, token, held_since, min_hold, nonce, declined, extra, legacy)
 
 
-_KNOWN = frozenset({"version"} | {spec.key for c in (Holder, Waiter, LockRecord) for _, spec in _wired(c)})
-_REQUIRED = [spec.key for c in (Holder, Waiter) for f, spec in _wired(c) if f.default is MISSING]
 _FLAT = {name: tuple(view.path) for name, view in vars(LockRecord).items() if isinstance(view, Forward)}
+_DECLINED: dict[str, Problem] = {"id": _id, "instance": _instance, "owner": _id, "ownerInstance": _instance}
 
 
 class _DuplicateKey(ValueError):
