@@ -55,9 +55,7 @@ class Clock:
         return _REAL_TIMEBASE if type(self).monotonic is Clock.monotonic else self
 
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
-        """Wait for ``event`` at most ``timeout`` seconds; return whether it is set."""
-        if timeout is not None and timeout <= 0:
-            return event.is_set()
+        """Wait for ``event`` at most ``timeout`` seconds (none at all for 0 or less); return whether it is set."""
         return event.wait(timeout)
 
     def sleep(self, seconds: float) -> None:
