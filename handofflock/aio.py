@@ -204,7 +204,7 @@ class _Forward:
 class _Call(Generic[T]):
     """One blocking call of the sync lock, in a worker thread of its own, awaited from the loop."""
 
-    __slots__ = ("_claim", "_dropped", "_started", "done", "error", "fn", "result", "threads")
+    __slots__ = ("_claim", "_claimed", "done", "error", "fn", "result", "threads")
 
     def __init__(self, fn: Callable[[], T], threads: Threads) -> None:
         self.fn, self.threads = fn, threads
@@ -212,10 +212,10 @@ class _Call(Generic[T]):
         self.result: T | None = None
         self.error: BaseException | None = None
         self._claim = threads.primitives.mutex()
-        self._started = self._dropped = False
+        self._claimed = False  # by the worker that runs it, or by its task dropping it: see _claim_first
 
     def _main(self) -> None:
-        if self._take_over_unless_started():  # a call the task has given up before it started never starts
+        if self._claim_first():  # a call the task has given up before it started never starts
             self._run()
 
     def _run(self) -> None:
@@ -226,13 +226,13 @@ class _Call(Generic[T]):
         finally:
             self.done.set()
 
-    def _drop_unless_started(self) -> bool:
-        """After a cancellation: True if the call never started (and now never will)."""
+    def _claim_first(self) -> bool:
+        """True only for the first to claim the call, who decides what becomes of it: a thread that runs it
+        (``_run``, now, and nobody else will), or its task after a cancellation, dropping it (it never
+        started, and now never will)."""
         with self._claim:
-            if not self._started:
-                self._dropped = True
-                self.done.set()
-            return self._dropped
+            first, self._claimed = not self._claimed, True
+            return first
 
     async def run(self, on_cancel: Callable[[], None] | None = None) -> T:
         """Run the call; if the awaiting task is cancelled, ``on_cancel()`` then wait for the thread, then re-raise.
@@ -247,7 +247,9 @@ class _Call(Generic[T]):
         except BaseException:  # a cancellation (or KeyboardInterrupt): the thread may still run
             # anyio may give the job up before a worker thread took it (cancelled while waiting for
             # the limiter or the worker): then it never runs, and there is nothing to wait for.
-            if not self._drop_unless_started():
+            if self._claim_first():
+                self.done.set()
+            else:
                 if on_cancel is not None and not self.done.is_set():
                     on_cancel()
                 # Asked again while we wait: a cancel() that came before the thread's acquire had begun
@@ -255,14 +257,6 @@ class _Call(Generic[T]):
                 await self.finish(on_cancel)
             raise
         return self.outcome()
-
-    def _take_over_unless_started(self) -> bool:
-        """True if the call had not started: the caller runs it (``_run``) now, and nobody else will."""
-        with self._claim:
-            if self._started or self._dropped:
-                return False
-            self._started = True
-            return True
 
     async def run_to_end(self) -> T:
         """Run the call to its end whatever cancellation arrives meanwhile; then re-raise that cancellation.
@@ -280,7 +274,7 @@ class _Call(Generic[T]):
                 # asyncio's task.cancel() reaches into a shielded scope (so can a KeyboardInterrupt), and anyio
                 # may then give the job up before a worker took it: the call runs in a thread of our own.
                 interrupted = exc
-                if self._take_over_unless_started():
+                if self._claim_first():
                     self.threads.start(self._run, "handofflock-aio-call")
                 await self.finish()
         result = self.outcome()
