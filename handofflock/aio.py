@@ -29,7 +29,6 @@ re-raises the cancellation. See docs/design.md, *The async lock*.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import threading
@@ -187,18 +186,9 @@ class _Forward:
         if owner is None:
             return
         owner._wake_waiters()
-        signal = self.signal
-        anyone = list(signal.receivers_for(_NOBODY))
-        for receiver in list(signal.receivers_for(owner)):
-            if receiver in anyone or isinstance(receiver, _Forward):
-                continue
-            try:
-                if inspect.iscoroutinefunction(receiver):
-                    owner._loop.await_receiver(receiver, owner, kwargs)
-                else:
-                    receiver(owner, **kwargs)
-            except Exception:
-                _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
+        anyone = list(self.signal.receivers_for(_NOBODY))
+        mine = [receiver for receiver in self.signal.receivers_for(owner) if receiver not in anyone]
+        signals.send_to(mine, self.signal, owner, kwargs)
 
 
 class _Call(Generic[T]):
@@ -367,7 +357,7 @@ class AsyncHandoffLock:
         self._forwarders = [_Forward(self, signal) for signal in _SIGNALS]
         for forward, signal in zip(self._forwarders, _SIGNALS, strict=True):
             signal.connect(forward, sender=self._sync, weak=True)
-        signals.async_runners[self._sync] = self._loop.await_receiver
+        signals.async_runners[self._sync] = signals.async_runners[self] = self._loop.await_receiver
 
     # ------------------------------------------------------------------ state (no I/O, no await)
 
