@@ -47,7 +47,7 @@ from . import os_signals
 from .core.errors import ConfigurationError, LockLost, TransientStorageError
 from .core.record import Forward
 from .lock import events as signals
-from .lock.handoff import Acquired, HandoffLock
+from .lock.handoff import Acquired, HandoffLock, Stepping
 from .lock.primitives import THREADING, Primitives
 from .lock.types import LockStatus, ReleaseRequest
 
@@ -537,7 +537,7 @@ class AsyncAcquired:
         return f"<AsyncAcquired {self.lock!r}>"
 
 
-class AsyncSteps(Generic[T]):
+class AsyncSteps(Stepping[T]):
     """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: ``async for`` over ``lock.steps()``.
 
     Before each item it calls ``check()`` (raises :class:`~handofflock.LockLost`
@@ -546,14 +546,11 @@ class AsyncSteps(Generic[T]):
     ``request`` mean what they mean on :class:`~handofflock.Steps`.
     """
 
-    __slots__ = ("_async", "_items", "count", "last", "lock", "request", "stopped")
+    __slots__ = ("_async", "_items", "lock")
 
     def __init__(self, lock: AsyncHandoffLock, iterable: Iterable[T] | AsyncIterable[T]) -> None:
+        super().__init__()
         self.lock = lock
-        self.last: T | None = None
-        self.count = 0
-        self.stopped = False
-        self.request: ReleaseRequest | None = None
         self._async = hasattr(iterable, "__aiter__")
         self._items: Iterator[T] | AsyncIterator[T] = (
             iterable.__aiter__() if self._async else iter(iterable)  # type: ignore[union-attr,arg-type]
@@ -563,25 +560,14 @@ class AsyncSteps(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        sync = self.lock.sync
-        sync.check()  # raises LockLost: never start a step without the lock
-        if sync.release_requested:
-            self.stopped = True
-            self.request = sync.release_request
+        if self.stop_before_step(self.lock.sync):
             raise StopAsyncIteration
         if self._async:
-            item = await self._items.__anext__()  # type: ignore[union-attr]
-        else:
-            try:
-                item = next(self._items)  # type: ignore[arg-type]
-            except StopIteration:
-                raise StopAsyncIteration from None
-        self.last = item
-        self.count += 1
-        return item
-
-    def __repr__(self) -> str:
-        return f"<AsyncSteps last={self.last!r} count={self.count} stopped={self.stopped}>"
+            return self.took(await self._items.__anext__())  # type: ignore[union-attr]
+        try:
+            return self.took(next(self._items))  # type: ignore[arg-type]
+        except StopIteration:
+            raise StopAsyncIteration from None
 
 
 __all__ = ["AsyncHandoffLock", "AsyncSteps"]

@@ -1334,7 +1334,38 @@ class Acquired:
         return f"<Acquired {self.lock!r}>"
 
 
-class Steps(Generic[T]):
+class Stepping(Generic[T]):
+    """What :class:`Steps` and the async lock's ``AsyncSteps`` share: the tally of a loop over steps, and
+    the question asked before each step (:meth:`stop_before_step`)."""
+
+    __slots__ = ("count", "last", "request", "stopped")
+
+    def __init__(self) -> None:
+        self.last: T | None = None
+        self.count = 0
+        self.stopped = False
+        self.request: ReleaseRequest | None = None
+
+    def stop_before_step(self, lock: HandoffLock) -> bool:
+        """``lock.check()`` (raises LockLost: never start a step without the lock); then True, noting the
+        request, if a release is requested."""
+        lock.check()
+        if not lock.release_requested:
+            return False
+        self.stopped, self.request = True, lock.release_request
+        return True
+
+    def took(self, item: T) -> T:
+        """``item`` is handed out as the next step."""
+        self.last = item
+        self.count += 1
+        return item
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} last={self.last!r} count={self.count} stopped={self.stopped}>"
+
+
+class Steps(Stepping[T]):
     """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: the yield-to-checkpoint idiom.
 
     A training loop asks two questions before each step: may I still work, and does anybody want
@@ -1357,33 +1388,20 @@ class Steps(Generic[T]):
     * ``request``: the :class:`~handofflock.ReleaseRequest` that stopped it.
     """
 
-    __slots__ = ("_items", "count", "last", "lock", "request", "stopped")
+    __slots__ = ("_items", "lock")
 
     def __init__(self, lock: HandoffLock, iterable: Iterable[T]) -> None:
+        super().__init__()
         self.lock = lock
-        self.last: T | None = None
-        self.count = 0
-        self.stopped = False
-        self.request: ReleaseRequest | None = None
         self._items = iter(iterable)
 
     def __iter__(self) -> Iterator[T]:
         return self
 
     def __next__(self) -> T:
-        lock = self.lock
-        lock.check()  # raises LockLost: never start a step without the lock
-        if lock.release_requested:
-            self.stopped = True
-            self.request = lock.release_request
+        if self.stop_before_step(self.lock):
             raise StopIteration
-        item = next(self._items)  # StopIteration here means the work is done
-        self.last = item
-        self.count += 1
-        return item
-
-    def __repr__(self) -> str:
-        return f"<Steps last={self.last!r} count={self.count} stopped={self.stopped}>"
+        return self.took(next(self._items))  # StopIteration from the items means the work is done
 
 
 class _Duties:
