@@ -573,13 +573,14 @@ class HandoffLock:
                         decision.record, decision.generation, mono, wall, handoff=True, settle_by=deadline
                     )
                     return True
+                takes = isinstance(decision, Write) and decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)
+                if not blocking and not takes:  # contended, or it would wait: never waits, never registers
+                    return self._not_acquired(record)
                 if isinstance(decision, Write):
-                    if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
-                        return self._not_acquired(record)
                     # A registration or a take whose reply we may never see: a way out reads the record and
                     # gives back whatever of it landed (the slot, or the lock itself).
                     before = sent
-                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
+                    sent = sent or takes or decision.kind is Kind.BECOME_WAITER
                     try:
                         with self._mutex:
                             unanswered = decision.if_generation_match
@@ -595,14 +596,12 @@ class HandoffLock:
                         raise
                     unanswered = None
                     record = written.record
-                    if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
+                    if takes:  # the attempt that landed is of the decision's kind
                         self._became_owner(record, generation, mono, wall, handoff=False, settle_by=deadline)
                         return True
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
                         self._now_waiting(record)
-                elif not blocking:  # contended, or it would wait: never waits, never registers
-                    return self._not_acquired(record)
                 elif isinstance(decision, Contended) and not (slot_wait or waiting):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
                     raise _contended(LockContended, self.url, decision.record)
