@@ -874,7 +874,7 @@ class HandoffLock:
                 for _ in range(3):  # a waiter that registers meanwhile moves the generation: read, note it, again
                     decision = self._decide_renew(lease)
                     if not isinstance(decision, Write):  # the record says the lease is not ours to renew
-                        raise PreconditionFailed(self.key, lease.generation, url=self.url)
+                        break
                     try:
                         written, generation, mono, wall = self._io.write(decision, by, urgent=True)
                     except PreconditionFailed:
