@@ -1645,8 +1645,6 @@ class _Reaper:
 
     @classmethod
     def ensure(cls) -> None:
-        if cls.thread is not None and cls.thread.is_alive():
-            return
         with cls.start_mutex:
             if cls.thread is None or not cls.thread.is_alive():
                 cls.thread = threading.Thread(target=quiet(cls._main), name="handofflock-reaper", daemon=True)
