@@ -277,9 +277,7 @@ class Scheduler:
             if not grouped:
                 continue
             assert gkey is not None
-            group = self._groups.get(gkey)
-            if group is None:
-                group = self._groups[gkey] = _Group(next_at=math.inf)
+            group = self._groups.setdefault(gkey, _Group())
             for lock in locks:  # a newcomer is checked no later than it would have been alone
                 if id(lock) not in group.members:
                     group.members.add(id(lock))
@@ -554,7 +552,7 @@ class _Job:
 class _Group:
     """The waiter-check beat of locks sharing a store and a key prefix."""
 
-    next_at: float
+    next_at: float = math.inf  # the next beat (inf until a member held as it joined sets it)
     members: set[int] = field(default_factory=set)
     busy: bool = False  # a beat is running
 
