@@ -29,7 +29,6 @@ re-raises the cancellation. See docs/design.md, *The async lock*.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import threading
@@ -48,7 +47,7 @@ from . import os_signals
 from .core.errors import ConfigurationError, LockLost, TransientStorageError
 from .core.record import Forward
 from .lock import events as signals
-from .lock.handoff import Acquired, HandoffLock
+from .lock.handoff import Acquired, HandoffLock, Stepping
 from .lock.primitives import THREADING, Primitives
 from .lock.types import LockStatus, ReleaseRequest
 
@@ -187,24 +186,15 @@ class _Forward:
         if owner is None:
             return
         owner._wake_waiters()
-        signal = self.signal
-        anyone = list(signal.receivers_for(_NOBODY))
-        for receiver in list(signal.receivers_for(owner)):
-            if receiver in anyone or isinstance(receiver, _Forward):
-                continue
-            try:
-                if inspect.iscoroutinefunction(receiver):
-                    owner._loop.await_receiver(receiver, owner, kwargs)
-                else:
-                    receiver(owner, **kwargs)
-            except Exception:
-                _log.exception("receiver %r of handofflock signal %r raised; carrying on", receiver, signal.name)
+        anyone = list(self.signal.receivers_for(_NOBODY))
+        mine = [receiver for receiver in self.signal.receivers_for(owner) if receiver not in anyone]
+        signals.send_to(mine, self.signal, owner, kwargs)
 
 
 class _Call(Generic[T]):
     """One blocking call of the sync lock, in a worker thread of its own, awaited from the loop."""
 
-    __slots__ = ("_claim", "_dropped", "_started", "done", "error", "fn", "result", "threads")
+    __slots__ = ("_claim", "_claimed", "done", "error", "fn", "result", "threads")
 
     def __init__(self, fn: Callable[[], T], threads: Threads) -> None:
         self.fn, self.threads = fn, threads
@@ -212,10 +202,10 @@ class _Call(Generic[T]):
         self.result: T | None = None
         self.error: BaseException | None = None
         self._claim = threads.primitives.mutex()
-        self._started = self._dropped = False
+        self._claimed = False  # by the worker that runs it, or by its task dropping it: see _claim_first
 
     def _main(self) -> None:
-        if self._take_over_unless_started():  # a call the task has given up before it started never starts
+        if self._claim_first():  # a call the task has given up before it started never starts
             self._run()
 
     def _run(self) -> None:
@@ -226,13 +216,13 @@ class _Call(Generic[T]):
         finally:
             self.done.set()
 
-    def _drop_unless_started(self) -> bool:
-        """After a cancellation: True if the call never started (and now never will)."""
+    def _claim_first(self) -> bool:
+        """True only for the first to claim the call, who decides what becomes of it: a thread that runs it
+        (``_run``, now, and nobody else will), or its task after a cancellation, dropping it (it never
+        started, and now never will)."""
         with self._claim:
-            if not self._started:
-                self._dropped = True
-                self.done.set()
-            return self._dropped
+            first, self._claimed = not self._claimed, True
+            return first
 
     async def run(self, on_cancel: Callable[[], None] | None = None) -> T:
         """Run the call; if the awaiting task is cancelled, ``on_cancel()`` then wait for the thread, then re-raise.
@@ -247,7 +237,9 @@ class _Call(Generic[T]):
         except BaseException:  # a cancellation (or KeyboardInterrupt): the thread may still run
             # anyio may give the job up before a worker thread took it (cancelled while waiting for
             # the limiter or the worker): then it never runs, and there is nothing to wait for.
-            if not self._drop_unless_started():
+            if self._claim_first():
+                self.done.set()
+            else:
                 if on_cancel is not None and not self.done.is_set():
                     on_cancel()
                 # Asked again while we wait: a cancel() that came before the thread's acquire had begun
@@ -255,14 +247,6 @@ class _Call(Generic[T]):
                 await self.finish(on_cancel)
             raise
         return self.outcome()
-
-    def _take_over_unless_started(self) -> bool:
-        """True if the call had not started: the caller runs it (``_run``) now, and nobody else will."""
-        with self._claim:
-            if self._started or self._dropped:
-                return False
-            self._started = True
-            return True
 
     async def run_to_end(self) -> T:
         """Run the call to its end whatever cancellation arrives meanwhile; then re-raise that cancellation.
@@ -280,7 +264,7 @@ class _Call(Generic[T]):
                 # asyncio's task.cancel() reaches into a shielded scope (so can a KeyboardInterrupt), and anyio
                 # may then give the job up before a worker took it: the call runs in a thread of our own.
                 interrupted = exc
-                if self._take_over_unless_started():
+                if self._claim_first():
                     self.threads.start(self._run, "handofflock-aio-call")
                 await self.finish()
         result = self.outcome()
@@ -373,7 +357,7 @@ class AsyncHandoffLock:
         self._forwarders = [_Forward(self, signal) for signal in _SIGNALS]
         for forward, signal in zip(self._forwarders, _SIGNALS, strict=True):
             signal.connect(forward, sender=self._sync, weak=True)
-        signals.async_runners[self._sync] = self._loop.await_receiver
+        signals.async_runners[self._sync] = signals.async_runners[self] = self._loop.await_receiver
 
     # ------------------------------------------------------------------ state (no I/O, no await)
 
@@ -553,7 +537,7 @@ class AsyncAcquired:
         return f"<AsyncAcquired {self.lock!r}>"
 
 
-class AsyncSteps(Generic[T]):
+class AsyncSteps(Stepping[T]):
     """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: ``async for`` over ``lock.steps()``.
 
     Before each item it calls ``check()`` (raises :class:`~handofflock.LockLost`
@@ -562,14 +546,11 @@ class AsyncSteps(Generic[T]):
     ``request`` mean what they mean on :class:`~handofflock.Steps`.
     """
 
-    __slots__ = ("_async", "_items", "count", "last", "lock", "request", "stopped")
+    __slots__ = ("_async", "_items", "lock")
 
     def __init__(self, lock: AsyncHandoffLock, iterable: Iterable[T] | AsyncIterable[T]) -> None:
+        super().__init__()
         self.lock = lock
-        self.last: T | None = None
-        self.count = 0
-        self.stopped = False
-        self.request: ReleaseRequest | None = None
         self._async = hasattr(iterable, "__aiter__")
         self._items: Iterator[T] | AsyncIterator[T] = (
             iterable.__aiter__() if self._async else iter(iterable)  # type: ignore[union-attr,arg-type]
@@ -579,25 +560,14 @@ class AsyncSteps(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        sync = self.lock.sync
-        sync.check()  # raises LockLost: never start a step without the lock
-        if sync.release_requested:
-            self.stopped = True
-            self.request = sync.release_request
+        if self.stop_before_step(self.lock.sync):
             raise StopAsyncIteration
         if self._async:
-            item = await self._items.__anext__()  # type: ignore[union-attr]
-        else:
-            try:
-                item = next(self._items)  # type: ignore[arg-type]
-            except StopIteration:
-                raise StopAsyncIteration from None
-        self.last = item
-        self.count += 1
-        return item
-
-    def __repr__(self) -> str:
-        return f"<AsyncSteps last={self.last!r} count={self.count} stopped={self.stopped}>"
+            return self.took(await self._items.__anext__())  # type: ignore[union-attr]
+        try:
+            return self.took(next(self._items))  # type: ignore[arg-type]
+        except StopIteration:
+            raise StopAsyncIteration from None
 
 
 __all__ = ["AsyncHandoffLock", "AsyncSteps"]

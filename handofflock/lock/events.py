@@ -166,9 +166,14 @@ def _log_for(sender: Any) -> Any:
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a receiver that raises is logged (with the lock's fields) and the rest still run."""
-    if not signal.receivers:
-        return
-    for receiver in list(signal.receivers_for(sender)):
+    if signal.receivers:
+        send_to(list(signal.receivers_for(sender)), signal, sender, kwargs)
+
+
+def send_to(receivers: list[Callable[..., Any]], signal: Signal, sender: Any, kwargs: dict[str, Any]) -> None:
+    """Call ``receivers`` with ``signal``'s ``kwargs`` as :func:`send` calls the signal's receivers: an ``async
+    def`` one is awaited by the runner of ``sender`` in :data:`async_runners`; one that raises is logged."""
+    for receiver in receivers:
         try:
             if inspect.iscoroutinefunction(receiver):
                 runner = async_runners.get(sender)

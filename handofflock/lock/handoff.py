@@ -573,13 +573,14 @@ class HandoffLock:
                         decision.record, decision.generation, mono, wall, handoff=True, settle_by=deadline
                     )
                     return True
+                takes = isinstance(decision, Write) and decision.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE)
+                if not blocking and not takes:  # contended, or it would wait: never waits, never registers
+                    return self._not_acquired(record)
                 if isinstance(decision, Write):
-                    if decision.kind in (Kind.BECOME_WAITER, Kind.REFRESH_WAITER) and not blocking:
-                        return self._not_acquired(record)
                     # A registration or a take whose reply we may never see: a way out reads the record and
                     # gives back whatever of it landed (the slot, or the lock itself).
                     before = sent
-                    sent = sent or decision.kind in (Kind.BECOME_WAITER, Kind.CREATE, Kind.TAKE, Kind.RETAKE)
+                    sent = sent or takes or decision.kind is Kind.BECOME_WAITER
                     try:
                         with self._mutex:
                             unanswered = decision.if_generation_match
@@ -595,14 +596,12 @@ class HandoffLock:
                         raise
                     unanswered = None
                     record = written.record
-                    if written.kind in (Kind.CREATE, Kind.TAKE, Kind.RETAKE):
+                    if takes:  # the attempt that landed is of the decision's kind
                         self._became_owner(record, generation, mono, wall, handoff=False, settle_by=deadline)
                         return True
                     if not waiting:
                         waiting = True  # before the signal: a receiver that raises must find the slot to give back
                         self._now_waiting(record)
-                elif not blocking:  # contended, or it would wait: never waits, never registers
-                    return self._not_acquired(record)
                 elif isinstance(decision, Contended) and not (slot_wait or waiting):
                     # A waiter displaced by a higher-ranked request waits for the slot again (design.md).
                     raise _contended(LockContended, self.url, decision.record)
@@ -875,7 +874,7 @@ class HandoffLock:
                 for _ in range(3):  # a waiter that registers meanwhile moves the generation: read, note it, again
                     decision = self._decide_renew(lease)
                     if not isinstance(decision, Write):  # the record says the lease is not ours to renew
-                        raise PreconditionFailed(self.key, lease.generation, url=self.url)
+                        break
                     try:
                         written, generation, mono, wall = self._io.write(decision, by, urgent=True)
                     except PreconditionFailed:
@@ -1334,7 +1333,38 @@ class Acquired:
         return f"<Acquired {self.lock!r}>"
 
 
-class Steps(Generic[T]):
+class Stepping(Generic[T]):
+    """What :class:`Steps` and the async lock's ``AsyncSteps`` share: the tally of a loop over steps, and
+    the question asked before each step (:meth:`stop_before_step`)."""
+
+    __slots__ = ("count", "last", "request", "stopped")
+
+    def __init__(self) -> None:
+        self.last: T | None = None
+        self.count = 0
+        self.stopped = False
+        self.request: ReleaseRequest | None = None
+
+    def stop_before_step(self, lock: HandoffLock) -> bool:
+        """``lock.check()`` (raises LockLost: never start a step without the lock); then True, noting the
+        request, if a release is requested."""
+        lock.check()
+        if not lock.release_requested:
+            return False
+        self.stopped, self.request = True, lock.release_request
+        return True
+
+    def took(self, item: T) -> T:
+        """``item`` is handed out as the next step."""
+        self.last = item
+        self.count += 1
+        return item
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} last={self.last!r} count={self.count} stopped={self.stopped}>"
+
+
+class Steps(Stepping[T]):
     """Iterate ``iterable`` while ``lock`` is held and nobody asked for it: the yield-to-checkpoint idiom.
 
     A training loop asks two questions before each step: may I still work, and does anybody want
@@ -1357,33 +1387,20 @@ class Steps(Generic[T]):
     * ``request``: the :class:`~handofflock.ReleaseRequest` that stopped it.
     """
 
-    __slots__ = ("_items", "count", "last", "lock", "request", "stopped")
+    __slots__ = ("_items", "lock")
 
     def __init__(self, lock: HandoffLock, iterable: Iterable[T]) -> None:
+        super().__init__()
         self.lock = lock
-        self.last: T | None = None
-        self.count = 0
-        self.stopped = False
-        self.request: ReleaseRequest | None = None
         self._items = iter(iterable)
 
     def __iter__(self) -> Iterator[T]:
         return self
 
     def __next__(self) -> T:
-        lock = self.lock
-        lock.check()  # raises LockLost: never start a step without the lock
-        if lock.release_requested:
-            self.stopped = True
-            self.request = lock.release_request
+        if self.stop_before_step(self.lock):
             raise StopIteration
-        item = next(self._items)  # StopIteration here means the work is done
-        self.last = item
-        self.count += 1
-        return item
-
-    def __repr__(self) -> str:
-        return f"<Steps last={self.last!r} count={self.count} stopped={self.stopped}>"
+        return self.took(next(self._items))  # StopIteration from the items means the work is done
 
 
 class _Duties:
@@ -1628,8 +1645,6 @@ class _Reaper:
 
     @classmethod
     def ensure(cls) -> None:
-        if cls.thread is not None and cls.thread.is_alive():
-            return
         with cls.start_mutex:
             if cls.thread is None or not cls.thread.is_alive():
                 cls.thread = threading.Thread(target=quiet(cls._main), name="handofflock-reaper", daemon=True)

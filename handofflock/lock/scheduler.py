@@ -250,12 +250,6 @@ class Scheduler:
         for lock in self._locks.values():
             members.setdefault(_group_key(lock), []).append(lock)
 
-        def start(rank: int, urgency: float, run: Callable[..., None], locks: list[Scheduled], due: float) -> None:
-            if track:
-                self._running.update(id(lock) for lock in locks)
-            deadline = locks[0].deadline() if locks else math.inf
-            jobs.append(_Job(rank, deadline if not rank else urgency, next(self._seq), run, locks, due, deadline))
-
         for gkey, locks in members.items():
             grouped = gkey is not None and len(locks) > 1 and gkey not in self._ungrouped
             for lock in locks:
@@ -263,7 +257,11 @@ class Scheduler:
                     continue
                 due = lock.next_due_besides_check()
                 if due <= now:
-                    start(0, due, functools.partial(self._run_one, lock), [lock], due)
+                    if track:
+                        self._running.add(id(lock))
+                    jobs.append(
+                        _Job(0, lock.deadline(), next(self._seq), functools.partial(self._run_one, lock), [lock], due)
+                    )
                     continue
                 if not grouped and id(lock) not in self._checking:
                     # The waiter check is a job of its own: its read may stall, and a renewal that
@@ -279,9 +277,7 @@ class Scheduler:
             if not grouped:
                 continue
             assert gkey is not None
-            group = self._groups.get(gkey)
-            if group is None:
-                group = self._groups[gkey] = _Group(next_at=math.inf)
+            group = self._groups.setdefault(gkey, _Group())
             for lock in locks:  # a newcomer is checked no later than it would have been alone
                 if id(lock) not in group.members:
                     group.members.add(id(lock))
@@ -297,7 +293,9 @@ class Scheduler:
                 # The beat covers no lock as a whole: its listing may be slow, and a member's
                 # renewal must not wait for it. Each member is busy only during its own check.
                 group.busy = track
-                start(1, beat, functools.partial(self._check_group, gkey, group, batch), [], beat)
+                jobs.append(
+                    _Job(1, beat, next(self._seq), functools.partial(self._check_group, gkey, group, batch), [])
+                )
             if not group.busy:  # a beat still running (a slow listing) wakes the loop as it ends
                 next_due = min(next_due, group.next_at)
         for gkey in [g for g in self._groups if g not in members or len(members[g]) < 2 or g in self._ungrouped]:
@@ -531,8 +529,9 @@ class Lateness:
 
 @dataclass(order=True)
 class _Job:
-    """A due job, queued by urgency: ``rank`` 0 for a lock's duties (renewals), by its lease's end; 1 for
-    waiter checks and group listings, by when they fell due; then in the order planned."""
+    """A due job, queued by urgency: ``rank`` 0 for a lock's duties (renewals), by its lease's end (the
+    ``urgency``), and when they fell due (``due``); 1 for waiter checks and group listings, by when they fell
+    due (the ``urgency``); then in the order planned."""
 
     rank: int
     urgency: float
@@ -540,20 +539,20 @@ class _Job:
     run: Callable[..., None] = field(compare=False)
     locks: list[Scheduled] = field(compare=False)  # those it covers
     due: float = field(default=math.inf, compare=False)
-    deadline: float = field(default=math.inf, compare=False)
 
     def share_late(self, now: float) -> float | None:
-        """How much of its margin a renewal due at ``due`` has used by ``now``; None for a job without one."""
-        if self.rank or not math.isfinite(self.due) or not self.deadline > self.due:
+        """How much of its margin (from ``due`` to the lease's end) a lock's duty has used by ``now``; None for
+        a waiter check or a duty without a margin."""
+        if self.rank or not math.isfinite(self.due) or not self.urgency > self.due:
             return None
-        return max(0.0, now - self.due) / (self.deadline - self.due)
+        return max(0.0, now - self.due) / (self.urgency - self.due)
 
 
 @dataclass
 class _Group:
     """The waiter-check beat of locks sharing a store and a key prefix."""
 
-    next_at: float
+    next_at: float = math.inf  # the next beat (inf until a member held as it joined sets it)
     members: set[int] = field(default_factory=set)
     busy: bool = False  # a beat is running
 
