@@ -403,7 +403,7 @@ def read_status(url: str, *, within: float = STATUS_TIMEOUT) -> LockStatus:
 
 def _read_status(url: str, within: float, seen: dict[str, Any]) -> LockStatus:
     store, key = open_url(url)
-    seen["store"] = str(getattr(store, "url", store))  # as records.down() names it
+    seen["store"] = store.url  # as records.down() names it
     text, clock = os.fspath(url), Clock()
     # Each request may take a little longer than the whole: the caller's wait for this thread says it first.
     found = read_retrying(
