@@ -322,7 +322,7 @@ def _parser() -> argparse.ArgumentParser:
         "75 after a yield), which torchrun does not pass on, else CMD's own.",
     )
     p.add_argument("--grace", type=float, default=10.0, help="seconds CMD's leftovers get after TERM (default 10)")
-    p.set_defaults(func=cmd_exec)
+    p.set_defaults(func=lambda args: exec_command(args.command, args.grace))
 
     p = sub.add_parser(
         "release",
@@ -403,7 +403,7 @@ def read_status(url: str, *, within: float = STATUS_TIMEOUT) -> LockStatus:
 
 def _read_status(url: str, within: float, seen: dict[str, Any]) -> LockStatus:
     store, key = open_url(url)
-    seen["store"] = str(getattr(store, "url", store))  # as records.down() names it
+    seen["store"] = store.url  # as records.down() names it
     text, clock = os.fspath(url), Clock()
     # Each request may take a little longer than the whole: the caller's wait for this thread says it first.
     found = read_retrying(
@@ -551,10 +551,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         raise ConfigurationError(cli_names(str(exc))) from exc
     return runner.run()
-
-
-def cmd_exec(args: argparse.Namespace) -> int:
-    return exec_command(args.command, args.grace)
 
 
 # --------------------------------------------------------------------------- release --force

@@ -237,7 +237,7 @@ class FencedObject:
 
     @property
     def url(self) -> str:
-        return f"{getattr(self._storage, 'url', self._storage)}/{self.key}"
+        return f"{self._storage.url}/{self.key}"
 
     # ------------------------------------------------------------------ public operations
 
@@ -272,7 +272,7 @@ class FencedObject:
                 raise FencedObjectCorrupt(
                     self.key,
                     f"append needs a list payload, the object holds {type(doc.payload).__name__}",
-                    url=_url(self._storage),
+                    url=self._storage.url,
                 )
             return [*doc.payload, entry]
 
@@ -319,7 +319,7 @@ class FencedObject:
                     data = new.encode()
                 except orjson.JSONEncodeError as exc:  # only the stored part can fail: ours was checked
                     raise FencedObjectCorrupt(
-                        self.key, f"its content cannot be written back ({exc})", url=_url(self._storage)
+                        self.key, f"its content cannot be written back ({exc})", url=self._storage.url
                     ) from exc
                 if len(data) > self.max_bytes:
                     raise FencedObjectFull(self.key, len(data), self.max_bytes)
@@ -365,7 +365,7 @@ class FencedObject:
             return 0, _Doc()
         data, generation = found
         return generation, decode_fence(
-            data, key=self.key, generation=generation, url=_url(self._storage), max_bytes=self.max_bytes
+            data, key=self.key, generation=generation, url=self._storage.url, max_bytes=self.max_bytes
         )
 
     def _value(self, doc: _Doc, generation: int) -> FencedValue:
@@ -480,10 +480,6 @@ def _non_finite(value: Any, path: str) -> str | None:
         if (found := _non_finite(v, f"{path}[{k!r}]")) is not None:
             return found
     return None
-
-
-def _url(storage: Storage) -> str | None:
-    return getattr(storage, "url", None)
 
 
 def _reset_after_fork() -> None:

@@ -67,10 +67,8 @@ class LatestCheckpoint:
         storage, key = open_url(url)
         self.url = os.fspath(url)
         self.lock = lock
-        if lock is None:
-            self._fence = FencedObject(storage, key, timeout=timeout)
-        else:
-            self._fence = FencedObject(storage, key, writer_id=lock.owner_id, clock=lock.clock, timeout=timeout)
+        writer_id, clock = (None, None) if lock is None else (lock.owner_id, lock.clock)
+        self._fence = FencedObject(storage, key, writer_id=writer_id, clock=clock, timeout=timeout)
 
     def read(self) -> Checkpoint | None:
         """The checkpoint the pointer names now, or None if no holder has pointed it anywhere yet."""

@@ -157,26 +157,21 @@ def _checked_key(key: str, url: str) -> str:
         raise InvalidLockURL(f"lock URL {url!r} names an invalid object: {exc}") from exc
 
 
-#: The options a ``gs://`` URL may carry in its query, and the GCSStorage parameter each sets.
-_GCS_OPTIONS = {"userProject": "user_project"}
-
-
 def _gcs_options(query: str, original: str) -> dict[str, str]:
+    """The GCSStorage options a ``gs://`` URL's query sets: only ``userProject`` (requester-pays billing)."""
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True) if query else []
     except ValueError as exc:
         raise InvalidLockURL(f"GCS URL {original!r} has a malformed query: {exc}") from exc
-    options: dict[str, str] = {}
-    for name, value in pairs:
-        if name not in _GCS_OPTIONS:
+    for index, (name, _) in enumerate(pairs):
+        if name != "userProject":
             raise InvalidLockURL(
                 f"GCS URL {original!r} has an unknown option {name!r}; the only one is "
                 "userProject=PROJECT (the project billed for a requester-pays bucket)"
             )
-        if _GCS_OPTIONS[name] in options:
+        if index:
             raise InvalidLockURL(f"GCS URL {original!r} gives {name} twice")
-        options[_GCS_OPTIONS[name]] = value
-    return options
+    return {"user_project": pairs[0][1]} if pairs else {}
 
 
 def _open_bucket(scheme: str, bucket: str, path: str, query: str, *, original: str) -> tuple[Storage, str]:

@@ -103,7 +103,7 @@ def failed(storage: Storage, exc: TransientStorageError) -> None:
     except TypeError:  # a store that cannot be referred to weakly: every failure is news
         first = True
     if first:
-        _storage_log.warning("cannot reach the store %s: %s (retrying)", getattr(storage, "url", storage), why)
+        _storage_log.warning("cannot reach the store %s: %s (retrying)", storage.url, why)
 
 
 def answered(storage: Storage) -> None:
@@ -114,13 +114,13 @@ def answered(storage: Storage) -> None:
     except TypeError:
         return
     if was_down:
-        _storage_log.info("the store %s answers again", getattr(storage, "url", storage))
+        _storage_log.info("the store %s answers again", storage.url)
 
 
 def down() -> dict[str, str]:
     """The stores of this process that cannot be reached now: ``{store url: why}``."""
     with _down_lock:
-        return {str(getattr(store, "url", store)): why for store, why in _down.items()}
+        return {store.url: why for store, why in _down.items()}
 
 
 def _answered(storage: Storage, watch: Watch | None) -> None:
@@ -201,8 +201,8 @@ class Bound:
                 self.seconds = MIN_REQUEST_TIME if cap is None else min(cap, MIN_REQUEST_TIME)
             elif left < MIN_ROOM:
                 raise StorageTimeout(
-                    f"{op} {key!r} in {getattr(storage, 'url', storage)}: the time ran out; nothing was sent",
-                    url=getattr(storage, "url", None),
+                    f"{op} {key!r} in {storage.url}: the time ran out; nothing was sent",
+                    url=storage.url,
                     key=key,
                     ambiguous=False,
                 )
@@ -547,9 +547,9 @@ def write_resolving(
                     # costs the other writers of the object nothing. The store refused nothing:
                     # the operation ran out of time (a store's refusal before it is raised instead).
                     raise last_failure or StorageTimeout(
-                        f"the write spacing for {key!r} in {getattr(storage, 'url', storage)} ({wait:.1f} s) "
+                        f"the write spacing for {key!r} in {storage.url} ({wait:.1f} s) "
                         "would pass the operation's deadline; nothing was sent",
-                        url=getattr(storage, "url", None),
+                        url=storage.url,
                         key=key,
                         ambiguous=False,
                     )
@@ -619,7 +619,7 @@ def _landed(
     found = storage.read(key, max_bytes=max_bytes, timeout=timeout)
     if found is None:
         if expected != 0:
-            raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+            raise PreconditionFailed(key, expected, url=storage.url)
         return None
     data, generation = found
     try:
@@ -632,7 +632,7 @@ def _landed(
         return None
     if ours is None:
         raise _OutcomeLost()
-    raise PreconditionFailed(key, expected, url=getattr(storage, "url", None))
+    raise PreconditionFailed(key, expected, url=storage.url)
 
 
 class _OutcomeLost(Exception):
@@ -641,10 +641,10 @@ class _OutcomeLost(Exception):
 
 def _outcome_lost(storage: Storage, key: str, expected: int) -> TransientStorageError:
     return TransientStorageError(
-        f"write to {key!r} in {getattr(storage, 'url', storage)}: no reply came, and others have written since "
+        f"write to {key!r} in {storage.url}: no reply came, and others have written since "
         f"generation {expected} so often that the object no longer shows whether this write is among theirs: "
         "it may have landed (read the object to see where things stand)",
-        url=getattr(storage, "url", None),
+        url=storage.url,
         key=key,
         ambiguous=True,
     )

@@ -79,7 +79,7 @@ class ServerProcess:
     #: What :meth:`start` reads to know the server is up.
     probe_path = "/"
 
-    def __init__(self, *, startup_timeout: float, port: int | None = None) -> None:
+    def __init__(self, *, startup_timeout: float = 60.0, port: int | None = None) -> None:
         if startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
         if port is not None and not (isinstance(port, int) and 0 < port < 65536):

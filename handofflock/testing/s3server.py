@@ -53,9 +53,6 @@ class MotoS3Server(ServerProcess):
     name = "moto server"
     probe_path = "/moto-api/data.json"  # moto's own: answers only when it is moto
 
-    def __init__(self, *, startup_timeout: float = 60.0) -> None:
-        super().__init__(startup_timeout=startup_timeout)
-
     @contextlib.contextmanager
     def env(self) -> Iterator[MotoS3Server]:
         """Point boto3 at this server (``AWS_ENDPOINT_URL_S3``, test credentials) inside the block, then
