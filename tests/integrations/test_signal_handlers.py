@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from jobsutil import shared_url  # noqa: F401
+from jobsutil import runner_logic, shared_url  # noqa: F401
 
 from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
 from handofflock.os_signals import DEFAULT_GRACE, install_signal_handlers, parse_signal
@@ -207,6 +207,10 @@ CHILD = textwrap.dedent(
 )
 
 
+# The handlers' logic is the same on every store: it runs on a local file (``runner_logic``). A release by
+# signal over GCS keeps its row in the first test; the thread masks keep theirs (GCS adds its deadline thread).
+
+
 def run_child(tmp_path, url, mode):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -229,6 +233,7 @@ def test_sigterm_to_a_child_makes_it_checkpoint_release_and_exit_cleanly(tmp_pat
     assert HandoffLock(shared_url).status().owner_id is None
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
     proc = run_child(tmp_path, shared_url, "slow")
@@ -242,6 +247,7 @@ def test_a_second_sigterm_releases_then_dies_of_sigterm(tmp_path, shared_url):
     assert HandoffLock(shared_url).status().owner_id is None
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_a_second_sigterm_inside_a_library_call_releases_when_it_returns_then_dies(tmp_path, shared_url):
     """The release cannot run inside the interrupted call (it holds the lock's I/O mutex), so it is
@@ -259,6 +265,7 @@ def test_a_second_sigterm_inside_a_library_call_releases_when_it_returns_then_di
     assert HandoffLock(shared_url).status().owner_id is None
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_release_at_exit_releases_a_lock_left_held(tmp_path, shared_url):
     proc = run_child(tmp_path, shared_url, "atexit")

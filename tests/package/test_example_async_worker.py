@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from jobsutil import shared_url  # noqa: F401
+from jobsutil import runner_logic, shared_url  # noqa: F401
 from test_examples import example, read_until
 
 from handofflock import HandoffLock
 
 
+@runner_logic  # the async lock on GCS across processes: tests/processes/test_aio_processes.py
 @pytest.mark.timeout(90)
 def test_async_worker_yields_at_a_job_boundary_and_the_next_worker_resumes_there(shared_url):
     # A's jobs leave B 6 s to start and ask; B, once it resumes, runs the rest quickly.

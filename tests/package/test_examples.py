@@ -10,12 +10,18 @@ import time
 
 import pytest
 from fake_metadata import FakeMetadataServer
-from jobsutil import CONSOLE_SCRIPT, ROOT, child_env, shared_url  # noqa: F401
+from jobsutil import CONSOLE_SCRIPT, ROOT, child_env, runner_logic, shared_url  # noqa: F401
 
 from handofflock import HandoffLock
 from childpipes import next_line
 
 EXAMPLES = ROOT / "examples"
+
+# The examples take any lock URL and do the same with it. trainer_yield.py, the first, runs on a local file
+# and on the emulator; the rest on a local file only (``runner_logic``): their GCS runs are the suite's own
+# (a release by SIGTERM, test_signal_handlers.py; run's handoff, test_cli.py; the async lock across
+# processes, tests/processes/test_aio_processes.py), and a preemption notice asks for a release, as a
+# signal does, whatever the store (tests/integrations/test_preemption*.py).
 
 
 def example(name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -56,6 +62,7 @@ def test_trainer_yield_hands_over_at_a_checkpoint_and_the_next_trainer_resumes_t
     assert "B: finished all 600 steps" in out_b and "B: released the lock" in out_b
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_sigterm_release_checkpoints_and_releases_on_sigterm(shared_url):
     job = example("sigterm_release.py", "--url", shared_url, "--grace", "9")
@@ -69,6 +76,7 @@ def test_sigterm_release_checkpoints_and_releases_on_sigterm(shared_url):
     assert HandoffLock(shared_url).status().owner_id is None
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_preemptible_job_checkpoints_on_the_preemption_notice(shared_url):
     with FakeMetadataServer() as metadata:
@@ -83,6 +91,7 @@ def test_preemptible_job_checkpoints_on_the_preemption_notice(shared_url):
     assert HandoffLock(shared_url).status().owner_id is None
 
 
+@runner_logic
 @pytest.mark.timeout(60)
 def test_preemptible_job_without_a_metadata_server_just_runs(shared_url):
     env = child_env(GCE_METADATA_HOST="127.0.0.1:9")  # nothing listens: the watcher backs off quietly
@@ -92,6 +101,7 @@ def test_preemptible_job_without_a_metadata_server_just_runs(shared_url):
     assert "checkpointed step 9" in out and "asked to release" not in out
 
 
+@runner_logic
 @pytest.mark.timeout(120)
 def test_run_example_hands_the_lock_from_one_command_to_the_next(shared_url):
     # 240 steps of 0.05 s give the second run 12 s to start and ask, time a busy 2-core machine needs.

@@ -369,8 +369,8 @@ def test_a_renewal_that_the_widened_spacing_would_carry_past_its_deadline_goes_a
     """After 429s widened the spacing to 8 s, a renewal with 3 s left must neither sleep 8 s holding the
     lock's I/O mutex nor wait the 8 s out and lose the lease: it goes at the store's own spacing (0
     here), at once, without sleeping (issue 25)."""
-    # Spacing 0 to start from: the 429s below are what widen it, to 8 s.
-    a = world.lock("A", ttl=6.0, renew_interval=0.75, renew_deadline=3.0, min_write_interval=0.0, frozen=True)
+    # The memory store's own spacing, 0, to start from: the 429s below are what widen it, to 8 s.
+    a = world.lock("A", ttl=6.0, renew_interval=0.75, renew_deadline=3.0, frozen=True)
     assert a.acquire(timeout=10)
     gate = pacing.gate_for(world.store, KEY, 0.0, world.clock)
     gate.throttled(retry_after=8.0)  # the next write may go 8 s from now

@@ -199,6 +199,8 @@ def test_an_acquire_in_a_daemon_thread_at_interpreter_exit_at_any_phase_leaves_n
 # ------------------------------------------------------------------- on the GCS emulator, through the fault proxy
 
 #: Real time, short: each request is cut off at request_timeout, (2 - 0.5) / 2 = 0.75 s.
+#: No pacing: a 4 s ttl keeps each case seconds long, and GCS's one-second spacing serves 5 s and up;
+#: the subject is a reply lost at each phase, not spacing (tests/processes/test_xproc_gcs.py paces).
 GCS_TIMING = dict(
     ttl=4.0, renew_interval=0.5, renew_deadline=2.0, waiter_check_interval=0.2, waiter_poll_interval=0.1,
     max_clock_skew=0.2, min_write_interval=0.0, min_hold=0,

@@ -130,7 +130,7 @@ def fence_mutex(url: str) -> dict:
     from handofflock.storage import open_url
 
     store, key = open_url(url)
-    fence = FencedObject(store, key, writer_id="parent", min_write_interval=0.0)  # a local file: no pacing to speak of
+    fence = FencedObject(store, key, writer_id="parent")
     fence.write({"step": 1}, token=5)
     fence._mutex.acquire()  # as a write in another thread holds it (across store I/O and the write gate)
     pid = os.fork()
