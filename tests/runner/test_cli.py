@@ -452,8 +452,9 @@ def test_the_whole_command_is_stopped_before_the_lock_moves_on_not_just_its_shel
 @runner_logic
 @pytest.mark.timeout(60)
 def test_sigterm_to_a_waiting_run_stops_it_and_gives_the_slot_back(shared_url, tmp_path):
-    # Renewals far apart: on GCS a waiter's give-up write waits out the 1 s write spacing after
-    # its read, and an owner renewing every second wins that race every time (see the report).
+    # Renewals far apart: this is about the waiter's give-up, not its race with the owner's renewals
+    # (on a paced store a give-up write waits out the write spacing after its read, and an owner
+    # renewing every second would win that race every time).
     holder = make_lock(shared_url, owner_id="holder", ttl=30.0, renew_interval=10.0, renew_deadline=20.0)
     holder.acquire()
     try:
