@@ -267,6 +267,9 @@ class Checker:
     trying: dict[Party, Try] = field(default_factory=dict)  # blocking acquires under way
     judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
     spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
+    #: Each record the store applied, as :func:`read_record` read it, by its bytes: a read returns bytes some
+    #: write applied, so a reply's record is read once, where it was applied.
+    applied: dict[bytes, Rec] = field(default_factory=dict)
 
     def true_wall(self, at: float | None = None) -> float:
         return WALL0 + ((self.hub.now if at is None else at) - MONO0)
@@ -346,7 +349,7 @@ class Checker:
         if e.key != KEY:
             return
         new, prev = read_record(e.data), self.record
-        self.record = new
+        self.record = self.applied[e.data] = new
         if new.token < self.highest_store_token:
             raise Violation(
                 f"{party.name} wrote token {new.token} after {self.highest_store_token} (generation {e.generation})"
@@ -518,6 +521,12 @@ class Checker:
             t.polled = t.polled or (e.at, t.due)
         t.due = None
 
+    def _read(self, data: bytes) -> Rec:
+        """The record in the bytes a read returned (that an older version may have written): as it was read
+        where the store applied it, or (the record the run began with) read now."""
+        rec = self.applied.get(data)
+        return read_record(data, legacy=True) if rec is None else rec
+
     def _write_due(self, e: Event) -> None:
         """What a blocking acquire must do next on the record a read of it returned, where only a write will do
         (design.md, *Waiting your turn*); its next request on the lock must then be that write:
@@ -529,7 +538,7 @@ class Checker:
 
         Not judged where the protocol's decision depends on what the checker does not follow (a suspect lease),
         nor where its slot may be in the record (a twin's or its own: a way out reads it first)."""
-        party, rec = e.party, read_record(e.data, legacy=True) if e.data else None
+        party, rec = e.party, self._read(e.data) if e.data else None
         t = self.trying.get(party)
         if t is None or party is None:
             return
@@ -735,26 +744,29 @@ class Checker:
 
         After a step of one process's threads that added nothing to the history, at the instant of the last
         check, only that process's parties can have changed: only they are judged again."""
-        self._read_history()
+        if self.read_up_to < len(self.history):
+            self._read_history()
         now, r, ran = self.hub.now, self.record, self.hub.ran
         same = (self.read_up_to, now) == self.judged and ran is not None
         self.judged = (self.read_up_to, now)
-        parties = [p for p in self.parties if p.proc is ran] if same else self.parties
+        # No rule below judges a crashed party.
+        parties = [p for p in self.parties if not p.proc.crashed and (not same or p.proc is ran)]
+        wall = self.true_wall()
         for p in parties:
-            proc = p.proc
-            if not proc.crashed and now >= proc.suspended_until and p.lock.healthy:
-                why = self._unsound(p)
-                if why is not None:
-                    raise Violation(why)
-        self._left_owning()
+            if now >= p.proc.suspended_until and not self._sound(p, wall) and p.lock.healthy:
+                raise Violation(self._unsound(p))
+        if self.left_owning:
+            self._left_owning()
         self._unhealthy_while_gentle(parties)
-        self._polled()
-        self._noticed_taken()
+        if self.trying:
+            self._polled()
+        if self.read_since_taken:
+            self._noticed_taken()
         self._request_heard(parties)
-        if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
+        if r is None or r.waiter is None or not r.waiter.live(wall - self.rules.skew):
             return
         for p in parties:
-            if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire:
+            if p.lock.instance != r.waiter.instance or p.in_acquire:
                 continue
             if r.waiter.expires_at <= p.left_behind_until:
                 continue
@@ -781,7 +793,7 @@ class Checker:
             return
         for p in parties:
             lock = p.lock
-            if not lock.is_held or p.proc.crashed or lock.instance != r.owner.instance or lock.token != r.token:
+            if lock.instance != r.owner.instance or not lock.is_held or p.proc.crashed or lock.token != r.token:
                 continue
             if not r.waiter.live(p.clock.time()):
                 continue  # ended by the holder's clock: a request it no longer stands for
@@ -825,19 +837,25 @@ class Checker:
                     f"still names it as a live owner (token {r.token if r else None})"
                 )
 
-    def _unsound(self, p: Party) -> str | None:
-        """Why ``p`` must not count itself healthy now, or None."""
+    def _sound(self, p: Party, wall: float) -> bool:
+        """Whether ``p`` may count itself healthy at ``wall`` (true time): the record names it, with its token,
+        as an owner whose lease no other party may take yet."""
+        r = self.record
+        if r is None or r.owner is None or r.owner.instance != p.lock.instance or r.token != p.lock.token:
+            return False
+        return wall - (r.owner.expires_at + self.rules.skew / 2) <= 0
+
+    def _unsound(self, p: Party) -> str:
+        """Why ``p`` must not count itself healthy now (where :meth:`_sound` says it may not)."""
         r = self.record
         me = p.lock.instance
         if r is not None and r.owner is not None and r.owner.instance == me and r.token == p.lock.token:
             late = self.true_wall() - (r.owner.expires_at + self.rules.skew / 2)
-            if late > 0:
-                after = " after a host suspend" if p.proc.suspended_for else ""
-                return (
-                    f"{p.name} counts itself healthy{after} {late:.3f} s after another party may take the lock "
-                    f"(token {r.token})"
-                )
-            return None
+            after = " after a host suspend" if p.proc.suspended_for else ""
+            return (
+                f"{p.name} counts itself healthy{after} {late:.3f} s after another party may take the lock "
+                f"(token {r.token})"
+            )
         # No exemption for a twin (our owner id, another instance): it is another party, and waits for our lease.
         who = "nobody" if r is None else f"{r.owner and r.owner.id} (token {r.token})"
         after = " after a host suspend" if p.proc.suspended_for else ""
