@@ -41,7 +41,7 @@ from ...core.protocol import Kind, Write, decide_acquire, decide_give_up_wait, d
 from ...core.record import ASKING, LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
-from .hub import MONO0, WALL0, Hub, Violation
+from .hub import MONO0, WALL0, Hub, Proc, Violation
 
 #: A simulated party (:class:`.parties.Party`). Not imported, even for typing: parties import the
 #: store, which records into this module's history, and the package's modules import in no circle.
@@ -266,6 +266,8 @@ class Checker:
     handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
     trying: dict[Party, Try] = field(default_factory=dict)  # blocking acquires under way
     judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
+    #: The parties by process, as of so many parties (the list only grows).
+    by_proc: tuple[int, dict[Proc, list[Party]]] = field(default_factory=lambda: (0, {}))
     spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
     #: Each record the store applied, as :func:`read_record` read it, by its bytes: a read returns bytes some
     #: write applied, so a reply's record is read once, where it was applied.
@@ -747,13 +749,13 @@ class Checker:
         if self.read_up_to < len(self.history):
             self._read_history()
         now, r, ran = self.hub.now, self.record, self.hub.ran
-        same = (self.read_up_to, now) == self.judged and ran is not None
+        same = (self.read_up_to, now) == self.judged
         self.judged = (self.read_up_to, now)
-        # No rule below judges a crashed party.
-        parties = [p for p in self.parties if not p.proc.crashed and (not same or p.proc is ran)]
+        parties = self._parties_of(ran) if same and ran is not None else self.parties
         wall = self.true_wall()
         for p in parties:
-            if now >= p.proc.suspended_until and not self._sound(p, wall) and p.lock.healthy:
+            proc = p.proc
+            if not proc.crashed and now >= proc.suspended_until and p.lock.healthy and not self._sound(p, wall):
                 raise Violation(self._unsound(p))
         if self.left_owning:
             self._left_owning()
@@ -766,7 +768,7 @@ class Checker:
         if r is None or r.waiter is None or not r.waiter.live(wall - self.rules.skew):
             return
         for p in parties:
-            if p.lock.instance != r.waiter.instance or p.in_acquire:
+            if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire:
                 continue
             if r.waiter.expires_at <= p.left_behind_until:
                 continue
@@ -775,6 +777,15 @@ class Checker:
                 raise Violation(
                     f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
                 )
+
+    def _parties_of(self, proc: Proc) -> list[Party]:
+        """The parties whose threads run in ``proc``."""
+        if len(self.parties) != self.by_proc[0]:
+            by_proc: dict[Proc, list[Party]] = {}
+            for p in self.parties:
+                by_proc.setdefault(p.proc, []).append(p)
+            self.by_proc = (len(self.parties), by_proc)
+        return self.by_proc[1].get(proc, [])
 
     def _request_heard(self, parties: list[Party]) -> None:
         """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look
