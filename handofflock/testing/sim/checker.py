@@ -265,7 +265,7 @@ class Checker:
     handed_read_at: dict[int, float] = field(default_factory=dict)
     handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
     trying: dict[Party, Try] = field(default_factory=dict)  # blocking acquires under way
-    judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
+    judged_at: float = -math.inf  # the time of the last check
     #: The parties by process, as of so many parties (the list only grows).
     by_proc: tuple[int, dict[Proc, list[Party]]] = field(default_factory=lambda: (0, {}))
     spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
@@ -744,13 +744,14 @@ class Checker:
         A party is judged as it runs: a suspended one once it resumes (its first check is the first
         step after), since ``healthy`` must be false then if its lease ran out meanwhile.
 
-        After a step of one process's threads that added nothing to the history, at the instant of the last
-        check, only that process's parties can have changed: only they are judged again."""
-        if self.read_up_to < len(self.history):
+        After a step of one process's threads at the instant of the last check, which added to the history only
+        what its own parties did (no write applied: the record is as it was), only that process's parties can
+        have changed: only they are judged again (what the others' rules read is as it was when they passed)."""
+        now, ran, start = self.hub.now, self.hub.ran, self.read_up_to
+        if start < len(self.history):
             self._read_history()
-        now, r, ran = self.hub.now, self.record, self.hub.ran
-        same = (self.read_up_to, now) == self.judged
-        self.judged = (self.read_up_to, now)
+        same = now == self.judged_at and ran is not None and self._only_of(ran, start)
+        self.judged_at, r = now, self.record
         parties = self._parties_of(ran) if same and ran is not None else self.parties
         wall = self.true_wall()
         for p in parties:
@@ -777,6 +778,14 @@ class Checker:
                 raise Violation(
                     f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
                 )
+
+    def _only_of(self, proc: Proc, start: int) -> bool:
+        """Whether the history from ``start`` holds only what parties of ``proc`` did, and no write applied."""
+        for i in range(start, self.read_up_to):
+            e = self.history[i]
+            if e.what == "applied" or e.party is None or e.party.proc is not proc:
+                return False
+        return True
 
     def _parties_of(self, proc: Proc) -> list[Party]:
         """The parties whose threads run in ``proc``."""
@@ -806,13 +815,16 @@ class Checker:
             lock = p.lock
             if lock.instance != r.owner.instance or not lock.is_held or p.proc.crashed or lock.token != r.token:
                 continue
-            if not r.waiter.live(p.clock.time()):
+            if lock.release_requested or self.in_flight[p] != 0:
+                continue  # heard; or not yet judged, a request of its own on the lock under way
+            local = p.clock.time()
+            if not r.waiter.live(local):
                 continue  # ended by the holder's clock: a request it no longer stands for
             held = r.held_since if r.held_since is not None else -math.inf
-            ends = self.hub.now + (held + lock.timing.min_hold - p.clock.time())  # the hold's end, hub time
+            ends = self.hub.now + (held + lock.timing.min_hold - local)  # the hold's end, hub time
             since = max(self.asking_since, ends, self.held_from.get(p, math.inf), self.stale_look.get(p, -math.inf))
             looks = sum(1 for sent in self.looks.get(p, ()) if sent >= since)
-            if looks >= 2 and self.in_flight[p] == 0 and not lock.release_requested:
+            if looks >= 2:
                 raise Violation(
                     f"{p.name} holds the lock and has not heard {r.waiter.id}'s request, standing since "
                     f"{self.hub.now - since:.2f} s, after {looks} looks at the lock"
