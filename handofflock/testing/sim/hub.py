@@ -44,7 +44,7 @@ class Violation(AssertionError):
     """An invariant did not hold."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Proc:
     """A simulated process: while it is crashed, paused or suspended none of its threads run."""
 
@@ -58,7 +58,7 @@ class Proc:
         return max(self.paused_until, self.suspended_until)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     name: str
     proc: Proc | None
@@ -291,6 +291,8 @@ class SimClock(Clock):
         return MONO0 + (now - MONO0 - self.proc.suspended_for) * (1 + self.rate)
 
     def monotonic(self) -> float:
+        if not self.rate:  # _mono_at's first case, without the call: the clock read most often
+            return self.hub.now - self.proc.suspended_for
         return self._mono_at(self.hub.now)
 
     def boottime(self) -> float:
