@@ -469,9 +469,10 @@ class Checker:
         r = w.record
         if r.token != floor and floor < new.token:
             r = r.replace(token=new.token)  # decided before it was sent: a token of then
-        if w.kind is Kind.RENEW and not yields:
+        # Each replaced only where it differs (a copy equal to the record compares as the record does).
+        if w.kind is Kind.RENEW and not yields and r.declined != new.declined:
             r = r.replace(declined=new.declined)  # a decline depends on when it was decided
-        if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter):
+        if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter) and r.waiter != new.waiter:
             r = r.replace(waiter=new.waiter)  # a slot live then (dropping a live one: _slot_kept)
         return r == new
 
