@@ -41,7 +41,7 @@ from ...core.protocol import Kind, Write, decide_acquire, decide_give_up_wait, d
 from ...core.record import ASKING, LockRecord
 from ...fencing import decode_fence
 from ...lock.handoff import Acquired
-from .hub import MONO0, WALL0, Hub, Violation
+from .hub import MONO0, WALL0, Hub, Proc, Violation
 
 #: A simulated party (:class:`.parties.Party`). Not imported, even for typing: parties import the
 #: store, which records into this module's history, and the package's modules import in no circle.
@@ -265,8 +265,13 @@ class Checker:
     handed_read_at: dict[int, float] = field(default_factory=dict)
     handed_generation: dict[int, int] = field(default_factory=dict)  # by token: the handoff write's generation
     trying: dict[Party, Try] = field(default_factory=dict)  # blocking acquires under way
-    judged: tuple[int, float] = (-1, 0.0)  # the history's length and the time at the last check
+    judged_at: float = -math.inf  # the time of the last check
+    #: The parties by process, as of so many parties (the list only grows).
+    by_proc: tuple[int, dict[Proc, list[Party]]] = field(default_factory=lambda: (0, {}))
     spec_prev: LockRecord | None = None  # the lock object as last applied, as the protocol reads it
+    #: Each record the store applied, as :func:`read_record` read it, by its bytes: a read returns bytes some
+    #: write applied, so a reply's record is read once, where it was applied.
+    applied: dict[bytes, Rec] = field(default_factory=dict)
 
     def true_wall(self, at: float | None = None) -> float:
         return WALL0 + ((self.hub.now if at is None else at) - MONO0)
@@ -346,7 +351,7 @@ class Checker:
         if e.key != KEY:
             return
         new, prev = read_record(e.data), self.record
-        self.record = new
+        self.record = self.applied[e.data] = new
         if new.token < self.highest_store_token:
             raise Violation(
                 f"{party.name} wrote token {new.token} after {self.highest_store_token} (generation {e.generation})"
@@ -464,9 +469,10 @@ class Checker:
         r = w.record
         if r.token != floor and floor < new.token:
             r = r.replace(token=new.token)  # decided before it was sent: a token of then
-        if w.kind is Kind.RENEW and not yields:
+        # Each replaced only where it differs (a copy equal to the record compares as the record does).
+        if w.kind is Kind.RENEW and not yields and r.declined != new.declined:
             r = r.replace(declined=new.declined)  # a decline depends on when it was decided
-        if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter):
+        if w.kind is Kind.FREE and prev is not None and new.waiter in (None, prev.waiter) and r.waiter != new.waiter:
             r = r.replace(waiter=new.waiter)  # a slot live then (dropping a live one: _slot_kept)
         return r == new
 
@@ -518,6 +524,12 @@ class Checker:
             t.polled = t.polled or (e.at, t.due)
         t.due = None
 
+    def _read(self, data: bytes) -> Rec:
+        """The record in the bytes a read returned (that an older version may have written): as it was read
+        where the store applied it, or (the record the run began with) read now."""
+        rec = self.applied.get(data)
+        return read_record(data, legacy=True) if rec is None else rec
+
     def _write_due(self, e: Event) -> None:
         """What a blocking acquire must do next on the record a read of it returned, where only a write will do
         (design.md, *Waiting your turn*); its next request on the lock must then be that write:
@@ -529,7 +541,7 @@ class Checker:
 
         Not judged where the protocol's decision depends on what the checker does not follow (a suspect lease),
         nor where its slot may be in the record (a twin's or its own: a way out reads it first)."""
-        party, rec = e.party, read_record(e.data, legacy=True) if e.data else None
+        party, rec = e.party, self._read(e.data) if e.data else None
         t = self.trying.get(party)
         if t is None or party is None:
             return
@@ -733,25 +745,29 @@ class Checker:
         A party is judged as it runs: a suspended one once it resumes (its first check is the first
         step after), since ``healthy`` must be false then if its lease ran out meanwhile.
 
-        After a step of one process's threads that added nothing to the history, at the instant of the last
-        check, only that process's parties can have changed: only they are judged again."""
-        self._read_history()
-        now, r, ran = self.hub.now, self.record, self.hub.ran
-        same = (self.read_up_to, now) == self.judged and ran is not None
-        self.judged = (self.read_up_to, now)
-        parties = [p for p in self.parties if p.proc is ran] if same else self.parties
+        After a step of one process's threads at the instant of the last check, which added to the history only
+        what its own parties did (no write applied: the record is as it was), only that process's parties can
+        have changed: only they are judged again (what the others' rules read is as it was when they passed)."""
+        now, ran, start = self.hub.now, self.hub.ran, self.read_up_to
+        if start < len(self.history):
+            self._read_history()
+        same = now == self.judged_at and ran is not None and self._only_of(ran, start)
+        self.judged_at, r = now, self.record
+        parties = self._parties_of(ran) if same and ran is not None else self.parties
+        wall = self.true_wall()
         for p in parties:
             proc = p.proc
-            if not proc.crashed and now >= proc.suspended_until and p.lock.healthy:
-                why = self._unsound(p)
-                if why is not None:
-                    raise Violation(why)
-        self._left_owning()
+            if not proc.crashed and now >= proc.suspended_until and p.lock.healthy and not self._sound(p, wall):
+                raise Violation(self._unsound(p))
+        if self.left_owning:
+            self._left_owning()
         self._unhealthy_while_gentle(parties)
-        self._polled()
-        self._noticed_taken()
+        if self.trying:
+            self._polled()
+        if self.read_since_taken:
+            self._noticed_taken()
         self._request_heard(parties)
-        if r is None or r.waiter is None or not r.waiter.live(self.true_wall() - self.rules.skew):
+        if r is None or r.waiter is None or not r.waiter.live(wall - self.rules.skew):
             return
         for p in parties:
             if not p.alive or p.lock.instance != r.waiter.instance or p.in_acquire:
@@ -763,6 +779,23 @@ class Checker:
                 raise Violation(
                     f"the waiter slot names {p.name}, which left its acquire {now - p.left_wait_at:.2f} s ago"
                 )
+
+    def _only_of(self, proc: Proc, start: int) -> bool:
+        """Whether the history from ``start`` holds only what parties of ``proc`` did, and no write applied."""
+        for i in range(start, self.read_up_to):
+            e = self.history[i]
+            if e.what == "applied" or e.party is None or e.party.proc is not proc:
+                return False
+        return True
+
+    def _parties_of(self, proc: Proc) -> list[Party]:
+        """The parties whose threads run in ``proc``."""
+        if len(self.parties) != self.by_proc[0]:
+            by_proc: dict[Proc, list[Party]] = {}
+            for p in self.parties:
+                by_proc.setdefault(p.proc, []).append(p)
+            self.by_proc = (len(self.parties), by_proc)
+        return self.by_proc[1].get(proc, [])
 
     def _request_heard(self, parties: list[Party]) -> None:
         """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look
@@ -781,15 +814,18 @@ class Checker:
             return
         for p in parties:
             lock = p.lock
-            if not lock.is_held or p.proc.crashed or lock.instance != r.owner.instance or lock.token != r.token:
+            if lock.instance != r.owner.instance or not lock.is_held or p.proc.crashed or lock.token != r.token:
                 continue
-            if not r.waiter.live(p.clock.time()):
+            if lock.release_requested or self.in_flight[p] != 0:
+                continue  # heard; or not yet judged, a request of its own on the lock under way
+            local = p.clock.time()
+            if not r.waiter.live(local):
                 continue  # ended by the holder's clock: a request it no longer stands for
             held = r.held_since if r.held_since is not None else -math.inf
-            ends = self.hub.now + (held + lock.timing.min_hold - p.clock.time())  # the hold's end, hub time
+            ends = self.hub.now + (held + lock.timing.min_hold - local)  # the hold's end, hub time
             since = max(self.asking_since, ends, self.held_from.get(p, math.inf), self.stale_look.get(p, -math.inf))
             looks = sum(1 for sent in self.looks.get(p, ()) if sent >= since)
-            if looks >= 2 and self.in_flight[p] == 0 and not lock.release_requested:
+            if looks >= 2:
                 raise Violation(
                     f"{p.name} holds the lock and has not heard {r.waiter.id}'s request, standing since "
                     f"{self.hub.now - since:.2f} s, after {looks} looks at the lock"
@@ -825,19 +861,25 @@ class Checker:
                     f"still names it as a live owner (token {r.token if r else None})"
                 )
 
-    def _unsound(self, p: Party) -> str | None:
-        """Why ``p`` must not count itself healthy now, or None."""
+    def _sound(self, p: Party, wall: float) -> bool:
+        """Whether ``p`` may count itself healthy at ``wall`` (true time): the record names it, with its token,
+        as an owner whose lease no other party may take yet."""
+        r = self.record
+        if r is None or r.owner is None or r.owner.instance != p.lock.instance or r.token != p.lock.token:
+            return False
+        return wall - (r.owner.expires_at + self.rules.skew / 2) <= 0
+
+    def _unsound(self, p: Party) -> str:
+        """Why ``p`` must not count itself healthy now (where :meth:`_sound` says it may not)."""
         r = self.record
         me = p.lock.instance
         if r is not None and r.owner is not None and r.owner.instance == me and r.token == p.lock.token:
             late = self.true_wall() - (r.owner.expires_at + self.rules.skew / 2)
-            if late > 0:
-                after = " after a host suspend" if p.proc.suspended_for else ""
-                return (
-                    f"{p.name} counts itself healthy{after} {late:.3f} s after another party may take the lock "
-                    f"(token {r.token})"
-                )
-            return None
+            after = " after a host suspend" if p.proc.suspended_for else ""
+            return (
+                f"{p.name} counts itself healthy{after} {late:.3f} s after another party may take the lock "
+                f"(token {r.token})"
+            )
         # No exemption for a twin (our owner id, another instance): it is another party, and waits for our lease.
         who = "nobody" if r is None else f"{r.owner and r.owner.id} (token {r.token})"
         after = " after a host suspend" if p.proc.suspended_for else ""

@@ -44,7 +44,7 @@ class Violation(AssertionError):
     """An invariant did not hold."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Proc:
     """A simulated process: while it is crashed, paused or suspended none of its threads run."""
 
@@ -58,7 +58,7 @@ class Proc:
         return max(self.paused_until, self.suspended_until)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     name: str
     proc: Proc | None
@@ -144,22 +144,23 @@ class Hub:
     def run(self, until: float) -> None:
         at_once: dict[str, int] = {}
         while True:
-            # One pass: drop the tasks that ended or whose process crashed, and find the runnable ones
-            # (not frozen; due, or woken by their event), in the tasks' order (the seed's choice replays).
-            now, live, ready, nxt = self.now, [], [], math.inf
+            # One pass: find the runnable tasks (not frozen; due, or woken by their event), in the tasks' order
+            # (the seed's choice replays), and drop those that ended or whose process crashed.
+            now, ready, nxt, gone = self.now, [], math.inf, False
             for t in self.tasks:
-                proc = t.proc
+                proc, wake = t.proc, t.deadline
                 if t.done or (proc is not None and proc.crashed):
+                    gone = True
                     continue
-                live.append(t)
-                wake = t.deadline
                 if proc is not None and (now < proc.paused_until or now < proc.suspended_until):
                     wake = max(wake, proc.paused_until, proc.suspended_until)
-                elif wake <= now or (t.event is not None and t.event.is_set()):
+                # ``_flag``: what ``is_set()`` returns, for a threading.Event and a SimEvent alike.
+                elif wake <= now or (t.event is not None and t.event._flag):  # type: ignore[attr-defined]
                     ready.append(t)
                 if wake < nxt:
                     nxt = wake
-            self.tasks = live
+            if gone:
+                self.tasks = [t for t in self.tasks if not (t.done or (t.proc is not None and t.proc.crashed))]
             if ready:
                 task = self.rng.choice(ready)
                 self.current = task
@@ -290,6 +291,8 @@ class SimClock(Clock):
         return MONO0 + (now - MONO0 - self.proc.suspended_for) * (1 + self.rate)
 
     def monotonic(self) -> float:
+        if not self.rate:  # _mono_at's first case, without the call: the clock read most often
+            return self.hub.now - self.proc.suspended_for
         return self._mono_at(self.hub.now)
 
     def boottime(self) -> float:

@@ -12,7 +12,7 @@ from .faults import SimStore
 from .hub import Proc, SimClock, SimLoop
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Party:
     """One process: a lock instance on the shared key (and maybe a side lock beside it in one scheduler)."""
 
