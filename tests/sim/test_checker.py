@@ -105,6 +105,75 @@ def test_a_gentle_world_excuses_a_lost_lease_only_past_the_two_429s_in_a_row_des
         assert checker.counts["lost_past_two_429s"] == 1
 
 
+REFUSED = "write: TransientStorageError: sim: 429 on write"
+MOVED = "write: PreconditionFailed: 412"
+CUT = "read: TransientStorageError: sim: read cut off at its timeout (1.75 s)"
+
+
+@pytest.mark.parametrize(
+    ("replies", "excused"),
+    [
+        ([REFUSED, REFUSED, MOVED], True),  # a waiter's write on top of two 429s: the retry had no room left
+        ([MOVED, REFUSED, MOVED], False),  # the first 412 came with the renewal's margin whole
+        ([REFUSED, MOVED, CUT], True),  # a 429, then a 412 whose read stalled
+        ([MOVED, CUT], False),  # a stalled read alone is promised
+        ([("read: ok", 1.5), REFUSED, REFUSED], True),  # a read that stalled, then two 429s
+        ([("read: ok", 0.5), REFUSED, REFUSED], False),  # a read that did not
+    ],
+)
+def test_a_gentle_world_counts_a_stalled_read_and_a_412_after_a_failure_among_the_failures_in_a_row(
+    replies, excused
+):
+    """design.md promises an owner at the gentle worlds' ttl survives two 429s in a row, or a stalled read,
+    measured alone, with requests that take no time. A read that stalled counts as a failure, and so does a
+    412 once a failure came before it (its read and write come after the last retry the promise leaves room
+    for); a 412 before any failure does not (the renewal is sent again at once with its margin whole)."""
+    from handofflock.testing.sim.checker import Seen
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [], by_protocol=False)
+    lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))
+    a = type("Party", (), {"name": "a", "lock": lock_a})()
+    for at, reply in enumerate(["write: ok", *replies]):
+        detail, took = reply if isinstance(reply, tuple) else (reply, 0.01)
+        checker.note(Event(MONO0 + at, a, "request", KEY, detail.split(":")[0]))
+        checker.note(Event(MONO0 + at + took, a, "reply", KEY, detail, sent=MONO0 + at))
+    checker.note(Event(MONO0 + 9, a, "lost", KEY, "the lock was lost while held", seen=Seen(True, False, 5, -1e9,
+                                                                                            False, -1e9, -1e9)))
+    hub.now = MONO0 + 9
+    if excused:
+        checker.check()
+        assert checker.counts["lost_past_two_429s"] == 1
+    else:
+        with pytest.raises(Violation, match="lost its lock under survivable faults only"):
+            checker.check()
+
+
+def test_a_gentle_world_allows_one_failure_from_a_spacing_earlier_429s_widened():
+    """A renewal held back by a spacing that earlier 429s widened goes at ``Timing.backoff_until``, which leaves
+    room for one more write, not two: one failure from there is a violation, a second is past the promise."""
+    from handofflock.testing.sim.checker import Seen
+
+    def lost_after(failures):
+        hub = Hub(random.Random(0))
+        rules = Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True)
+        checker = Checker(hub, rules, [], by_protocol=False)
+        lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))
+        a = type("Party", (), {"name": "a", "lock": lock_a})()
+        # two 429s widen the spacing to 4 s; the write that lands relaxes it to 3 s, still wide
+        for at, detail in enumerate(["write: ok", REFUSED, REFUSED, "write: ok", *[REFUSED] * failures]):
+            checker.note(Event(MONO0 + at, a, "request", KEY, "write"))
+            checker.note(Event(MONO0 + at + 0.01, a, "reply", KEY, detail, sent=MONO0 + at))
+        checker.note(Event(MONO0 + 9, a, "lost", KEY, "lost", seen=Seen(True, False, 5, -1e9, False, -1e9, -1e9)))
+        hub.now = MONO0 + 9
+        checker.check()
+        return checker.counts["lost_past_two_429s"]
+
+    with pytest.raises(Violation, match="lost its lock under survivable faults only"):
+        lost_after(1)
+    assert lost_after(2) == 1
+
+
 def test_a_gentle_worlds_429s_before_a_hold_do_not_excuse_its_loss():
     """The excuse counts the 429s that met the hold's own writes: a waiter whose refreshes were refused, then
     handed the lock, that loses it after one refused renewal, lost it to something else (a violation)."""

@@ -56,6 +56,12 @@ FENCE_KEY = "locks/fenced.json"
 #: Float noise allowed where the checker recomputes a time a record was stamped with.
 EPSILON = 1e-6
 
+#: After a 429 a writer's spacing doubles, up to this (design.md, *Pacing*); each write that lands takes a
+#: quarter of it back, and within 0.05 s of the store's own spacing it is the store's own.
+WIDEST_SPACING = 8.0
+#: A read that takes this long stalled (the simulated store's slow reads take a second or more).
+STALLED = 1.0
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -65,6 +71,7 @@ class Rules:
     skew: float
     waiter_check_interval: float
     gentle: bool  # only survivable faults: an owner that is not paused must keep its lock
+    spacing: float = 1.0  # the store's write spacing (a gentle world's is GCS's)
 
 
 # ---------------------------------------------------------------------- the checker's own record reader
@@ -681,9 +688,10 @@ class Checker:
         assert e.party is not None and e.seen is not None
         if not self.rules.gentle or e.seen.frozen_until >= MONO0:
             return
-        if self._429s_in_a_row(e.party, e.at) > 2:
+        if self._past_the_promise(e.party, e.at):
             # design.md promises an owner at this ttl survives two 429s in a row, not more: past that a
-            # loss is the documented risk of the 1 s rule (three writers may draw three in a row).
+            # loss is the documented risk of the 1 s rule (three writers may draw three in a row), or of
+            # 429s met with a stalled read or a waiter's writes on top.
             self.counts["lost_past_two_429s"] += 1
             return
         raise Violation(f"{e.party.name} lost its lock under survivable faults only: {e.detail}")
@@ -691,34 +699,60 @@ class Checker:
     def _unhealthy_while_gentle(self, parties: list[Party]) -> None:
         """Under survivable faults only, a holder that never stood still renews in time: it counts itself healthy
         for as long as it holds the lock (before any loss, it is unhealthy from ``renew_deadline`` on: judged
-        there, as a loss is by :meth:`_lost_while_gentle`, with the same two 429s in a row allowed)."""
+        there, as a loss is by :meth:`_lost_while_gentle`, with the same failures allowed). A hold its acquire
+        has not returned yet is judged by what the acquire returns (an heir that reads its handoff late is
+        handed a lease it must renew at once)."""
         if not self.rules.gentle:
             return
         for p in parties:
             lock = p.lock
-            if p.proc.crashed or not lock.is_held or lock.healthy or p.proc.frozen_until() >= MONO0:
+            if p.proc.crashed or not lock.is_held or lock.healthy or p.proc.frozen_until() >= MONO0 or p.in_acquire:
                 continue
-            if self._429s_in_a_row(p, self.hub.now) > 2:
+            if self._past_the_promise(p, self.hub.now):
                 continue
             raise Violation(
                 f"{p.name} holds the lock (token {lock.token}) and counts itself unhealthy under survivable faults only"
             )
 
-    def _429s_in_a_row(self, party: Party, until: float) -> int:
-        """How many of ``party``'s last writes to the lock, up to ``until``, were refused with a 429 since its
-        last write that landed (a 412 in between changes nothing: it is not an update, and is re-sent), counting
-        only writes sent in its hold (a waiter's refused refreshes say nothing of how its hold was lost)."""
-        refused, began = 0, self.hold_began.get(party.lock.instance, -math.inf)
-        for e in reversed(self.history):
-            if e.at < began:
+    def _past_the_promise(self, party: Party, until: float) -> bool:
+        """Whether ``party``'s hold met more failures in a row, up to ``until``, than design.md promises an owner
+        at a gentle world's ttl survives: counted from its last write on the lock that landed in its hold (or the
+        hold's start), two from a relaxed write spacing, one from a spacing that earlier 429s had widened (its
+        renewal is then held back to ``Timing.backoff_until``, which leaves room for one more write, not two).
+
+        A failure is a write refused with a 429, or a request on the lock that stalled (a read of a second or
+        more, or one cut off at its timeout: a stalled read is promised alone, not on top of a 429). A write
+        refused on its precondition (a waiter wrote) counts once one of those came before it: before, the
+        renewal is sent again at once with its margin whole; after, it goes at the last moment that leaves
+        room for only what is promised, and the read and write a 412 costs are more. Only the hold's own
+        requests count (a waiter's refused refreshes say nothing of how its hold went), but every write of the
+        party's widens or relaxes its spacing (one gate per process and object)."""
+        least, began = self.rules.spacing, self.hold_began.get(party.lock.instance, -math.inf)
+        spacing, failures, hurt, widened, started = least, 0, False, False, False
+        for e in self.history:
+            if e.at > until:
                 break
-            if e.at > until or e.party is not party or e.what != "reply" or e.key != KEY or e.sent < began:
+            if not started and e.at >= began:
+                started, widened = True, spacing > least
+            if e.party is not party or e.what != "reply" or e.key != KEY:
                 continue
+            refused = e.detail.startswith("write:") and "429" in e.detail
             if e.detail == "write: ok":
-                break
-            if e.detail.startswith("write:") and "429" in e.detail:
-                refused += 1
-        return refused
+                relaxed = spacing * 0.75
+                spacing = least if relaxed < least + 0.05 else relaxed
+                if started:
+                    failures, hurt, widened = 0, False, spacing > least
+                continue
+            if refused:
+                spacing = min(max(2 * spacing, least, 1.0), WIDEST_SPACING)
+            if not started or e.sent < began:
+                continue
+            stalled = "cut off at its timeout" in e.detail or (e.detail == "read: ok" and e.at - e.sent >= STALLED)
+            if refused or stalled:
+                failures, hurt = failures + 1, True
+            elif e.detail.startswith("write:") and "PreconditionFailed" in e.detail and hurt:
+                failures += 1
+        return failures > (1 if widened else 2)
 
     def _slot_left(self, e: Event) -> None:
         """An acquire that ended without the lock left no slot behind (but one it documents it may leave)."""

@@ -262,6 +262,7 @@ class World:
             skew=c.skew,
             waiter_check_interval=wci,
             gentle=c.gentle,
+            spacing=c.spacing,
         )
         self.checker = Checker(self.hub, rules, self.parties, by_protocol=by_protocol)
         self.backend = MemoryStorage(f"sim-{seed}")
@@ -725,6 +726,8 @@ class World:
                 box["ok"] = probe.lock.acquire(timeout=bound)
             except HandoffLockError as exc:
                 box["ok"] = exc
+            finally:
+                probe.in_acquire = False  # a holder from here on, judged as one
 
         self.hub.tasks = [t for t in self.hub.tasks if t.proc is probe.proc]  # its scheduler, if it has started
         self.hub.spawn("probe", acquire, probe.proc)
