@@ -126,6 +126,15 @@ def test_a_gentle_holder_is_held_to_health_only_within_what_design_md_promises(s
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_a_holder_whose_copy_of_the_slot_has_ended_rightly_withdraws_the_request():
+    """Seed 6239, found in 2000-7999: a holder saw the waiter's request in two looks, then paused past the slot's
+    end as it last read it; the waiter refreshed its slot meanwhile. Resumed, the holder withdraws the request
+    by the slot as it knows it, before any look shows the refresh: judged again from the next look, not
+    called deaf for the looks before."""
+    outcome = run_seed(6239)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
     assert len(BUGS) >= 17 and set(CAUGHT_AT) == set(BUGS)
 

@@ -262,6 +262,9 @@ class Checker:
     #: By party: the reply of its last look that may have been served before the slot's last refresh and came
     #: back once the slot as it was had ended: a holder that then withdraws the request judged rightly.
     stale_look: dict[Party, float] = field(default_factory=dict)
+    #: The waiter slot of each generation of the lock that had one: what a party that last knew that generation
+    #: knows of the slot.
+    slot_at: dict[int, Place] = field(default_factory=dict)
     writes_open: Counter[Party] = field(default_factory=Counter)
     last_write_seen: dict[Party, float] = field(default_factory=dict)  # a write of the party's went out or came back
     held_from: dict[Party, float] = field(default_factory=dict)  # when a party's last acquire returned the lock
@@ -388,6 +391,8 @@ class Checker:
             raise Violation(  # this version's slot says when its acquire began: at equal rank the older has it
                 f"{party.name} wrote its waiter slot without when it began waiting (waitingSince)"
             )
+        if w is not None:
+            self.slot_at[e.generation] = w
         if prev is not None and prev.waiter is not None and w is not None and w.expires_at != prev.waiter.expires_at:
             if not self.slot_ends:
                 self.slot_ends.append((-math.inf, prev.waiter.expires_at))
@@ -855,6 +860,12 @@ class Checker:
             local = p.clock.time()
             if not r.waiter.live(local):
                 continue  # ended by the holder's clock: a request it no longer stands for
+            known = self.slot_at.get(self.known_generation.get(p, 0))
+            if known is not None and known.instance == r.waiter.instance and not known.live(local):
+                # The slot as the holder last knew it (a refresh since unread) has ended by its clock: it rightly
+                # withdraws the request, and hears it again from a look that shows the refresh.
+                self.stale_look[p] = self.hub.now
+                continue
             held = r.held_since if r.held_since is not None else -math.inf
             ends = self.hub.now + (held + lock.timing.min_hold - local)  # the hold's end, hub time
             since = max(self.asking_since, ends, self.held_from.get(p, math.inf), self.stale_look.get(p, -math.inf))
