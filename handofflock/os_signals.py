@@ -95,13 +95,14 @@ def parse_signal(value: SignalLike) -> signal.Signals:
 
 
 class CaughtSignals:
-    """Handlers for ``wanted``: the first signal asks for a stop, a later one means "now".
+    """Handlers for ``wanted``: the first signal asks for a stop, a later one may mean "now".
 
     Subclasses say what each means (:meth:`_ask`, :meth:`_now`). At the first
     signal, the handler found at install runs too if it is a Python function
-    and the signal is one of ``chain`` (default: all). A signal within
-    ``repeat_window`` seconds of the first is that one arriving again, not a
-    second one. A signal found ignored (SIG_IGN) at install stays ignored; in
+    and the signal is one of ``chain`` (default: all). A later signal means
+    "now" only if it is one of ``escalates`` (default: all) and is handled at
+    least ``repeat_window`` seconds after the first; any other is the same
+    request again. A signal found ignored (SIG_IGN) at install stays ignored; in
     a forked child, which inherited the handler but not the lock, a signal
     does what it would have done had we never been installed (a worker told
     to stop must stop). ``signals``: the signals handled; ``received``: names
@@ -109,6 +110,8 @@ class CaughtSignals:
     """
 
     repeat_window = 0.0
+    #: The signals whose later arrival means "now"; any other one, however late, repeats the request.
+    escalates: frozenset[signal.Signals] = frozenset(signal.Signals)
     #: What a subclass's API says of a signal that cannot be caught, and of an install off the main thread.
     uncatchable = "{} cannot be caught; no process gets a chance to release on it"
     off_main_thread = "signal handlers must be installed from the main thread (Python runs signal handlers only there)"
@@ -169,7 +172,7 @@ class CaughtSignals:
             self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
             if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
-        elif now - first_at >= self.repeat_window:
+        elif sig in self.escalates and now - first_at >= self.repeat_window:
             self.uninstall()
             self._now(sig, lambda: act_as_before(sig, frame, previous))
 

@@ -139,6 +139,15 @@ class RenewalsBehindWarning(RuntimeWarning):
     """
 
 
+class StoppedWithoutCheckpointWarning(RuntimeWarning):
+    """A rank of a multi-rank job was told to stop now (a second Ctrl-C): it left without a checkpoint.
+
+    The agreed stop was abandoned on that rank: no meeting of the ranks, no checkpoint, and on the
+    holder rank the lock let go at once. Warned through :func:`warnings.warn` (shown on stderr
+    without any logging set up) as well as logged on ``handofflock.ranks``.
+    """
+
+
 # --------------------------------------------------------------------------- configuration
 
 

@@ -49,12 +49,19 @@ import logging
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from ..core.errors import ConfigurationError, HandoffLockError, LockLost, LockNotHeld
+from ..core.errors import (
+    ConfigurationError,
+    HandoffLockError,
+    LockLost,
+    LockNotHeld,
+    StoppedWithoutCheckpointWarning,
+)
 from ..core.timing import seconds
 from ..exit_codes import report_exit_status
 from ..fencing import StaleToken
@@ -617,7 +624,7 @@ class RankSteps(Steps[T]):
 
 #: What ``rank_lock`` handles by default.
 DEFAULT_RANK_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-#: Seconds within which a repeated signal counts as the same request.
+#: Seconds within which a second SIGINT counts as the same request (a later one means "now").
 REPEAT_WINDOW = 1.0
 
 
@@ -632,24 +639,33 @@ class RankSignals(CaughtSignals):
     and exits with ``decision.exit_status`` (128 + the signal's number). torchrun
     sends SIGKILL 30 s after SIGTERM: ``every`` steps plus the checkpoint must fit.
 
-    * A repeat within :data:`REPEAT_WINDOW` seconds of the first is the same
-      request arriving twice (``scancel`` signals every process of the step and
-      torchrun forwards its own copy; a terminal's Ctrl-C reaches torchrun and its
-      workers), not a second one.
-    * A later second signal means "now": the holder releases the lock at once
-      (no meeting: the other ranks may be gone), the handlers found at install
-      come back, and the signal does what it would have done without us.
+    * A SIGTERM or SIGUSR1 after the first signal, however late, is the same
+      request again: launchers send copies (``scancel``, systemd and a
+      Kubernetes eviction signal every process while torchrun forwards its own
+      copy to each rank), and a rank blocked in a collective runs its handler
+      only when the collective returns, so a copy sent milliseconds later may be
+      handled seconds later. Slurm's ``--signal=USR1@N`` is followed by SIGTERM
+      at the time limit: the stop agreed on goes on. A launcher escalates with
+      SIGKILL, not a second SIGTERM.
+    * A SIGINT handled at least :data:`REPEAT_WINDOW` seconds after the first
+      signal (Ctrl-C pressed again at a terminal) means "now": the holder
+      releases the lock at once (no meeting: the other ranks may be gone), the
+      handlers found at install come back, SIGINT does what it would have done
+      without us (:class:`KeyboardInterrupt` by default), and a
+      :class:`~handofflock.core.errors.StoppedWithoutCheckpointWarning` says so.
     * ``chain`` names the signals whose earlier Python handler also runs at the
       first signal: by default SIGUSR1, so Lightning's Slurm auto-requeue (or
-      your own handler) still runs; SIGTERM's and SIGINT's earlier handlers run
-      only on the second signal, since the stop is ours to carry out (Lightning's
-      SIGTERM handler, say, would raise ``SIGTERMException`` on some ranks before
-      the checkpoint).
+      your own handler) still runs; SIGINT's earlier handler runs only on "now",
+      and SIGTERM's not at all while ours is installed, since the stop is ours to
+      carry out (Lightning's SIGTERM handler, say, runs a collective inside the
+      handler and raises ``SIGTERMException``: on one rank alone, the ranks'
+      collectives fall out of step and the job hangs).
     * A signal ignored (SIG_IGN) at install time stays ignored; a forked child
       (a DataLoader worker) gets the signal's own behaviour, not ours.
     """
 
     repeat_window = REPEAT_WINDOW
+    escalates = frozenset({signal.SIGINT})
     uncatchable = "{} cannot be caught"
     off_main_thread = "RankSignals.install() must be called from the main thread"
 
@@ -669,5 +685,13 @@ class RankSignals(CaughtSignals):
     def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         """No meeting (the other ranks may be gone): the holder lets the lock go, then the signal acts."""
         self.ranks.abandon()
-        _log.warning("rank %s: second signal (%s): released without a checkpoint", self.ranks.rank, sig.name)
+        message = (
+            f"rank {self.ranks.rank}: a second signal ({sig.name}, after {self.received[0]}): stopping now, "
+            "without a checkpoint and without the other ranks" + (", the lock released" if self.ranks.is_holder else "")
+        )
+        _log.warning("%s", message)
+        try:  # the library's logger says nothing unless the application set logging up; a warning shows anyway
+            warnings.warn(StoppedWithoutCheckpointWarning(f"handofflock: {message}"), stacklevel=2)
+        except Exception:  # a warnings filter that raises: said in the log just above, and the signal must act
+            _log.debug("StoppedWithoutCheckpointWarning raised by a warnings filter; carrying on", exc_info=True)
         act()
