@@ -89,6 +89,11 @@ class Plan:
              ("gcs", "asyncio", 200, 10, 10.0, 0.001))
         )
         self.async_window = 8.0 if quick else 20.0
+        # Section 6: the naive lock polls every 5 s as published; gcslock's waiter sleeps out the lease.
+        self.compare = dict(
+            cycles=10 if quick else 50, paced_cycles=2 if quick else 5, naive_handoffs=1 if quick else 20,
+            naive_poll=5.0, gcslock_handoffs=1 if quick else 10, gcslock_lease=2 if quick else 10,
+        )  # fmt: skip
 
 
 def versions() -> dict[str, str]:
@@ -172,7 +177,7 @@ def run(plan: Plan, only: set[str]) -> dict[str, Any]:
                 )
         if "compare" in only:
             say("gcslock and the naive lock")
-            results["compare"] = bench_compare(plan.quick)
+            results["compare"] = bench_compare(**plan.compare)
         if "async" in only:
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
             from bench_async import bench_async

@@ -70,12 +70,19 @@ def cycle_latency(acquire: Callable[[], Any], release: Callable[[], Any], n: int
     return {"acquire": summary(acq), "release": summary(rel), "cycle": summary(cyc)}
 
 
-def bench_compare(quick: bool) -> dict[str, Any]:
-    """Ours, gcslock and seed 003's naive lock, on the same emulator in the same run."""
+def bench_compare(
+    *, cycles: int, paced_cycles: int, naive_handoffs: int, naive_poll: float, gcslock_handoffs: int, gcslock_lease: int
+) -> dict[str, Any]:
+    """Ours, gcslock and seed 003's naive lock, on the same emulator in the same run.
+
+    ``cycles`` uncontended cycles of each (``paced_cycles`` of ours at the default pacing, a second each);
+    ``naive_handoffs`` of the naive lock polling every ``naive_poll`` s, ``gcslock_handoffs`` of gcslock
+    with a ``gcslock_lease``-second lease.
+    """
     import gcslock
 
     quiet_gcslock()
-    n = 10 if quick else 50
+    n = cycles
     out: dict[str, Any] = {"cycles": n}
     backend = GcsBackend()
     p = backend.prefix("compare")
@@ -90,7 +97,7 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     out["ours"] = cycle_latency(lambda: ours.acquire(blocking=False), ours.release, n)
     out["ours"]["requests_per_cycle"] = round(sum(diff(c0, counter.snapshot()).values()) / n, 2)
     paced = backend.lock(store, p + "ours-paced.json", scheduler=sched)  # the GCS default: 1 write/s per object
-    out["ours_paced"] = cycle_latency(lambda: paced.acquire(blocking=False), paced.release, 2 if quick else 5)
+    out["ours_paced"] = cycle_latency(lambda: paced.acquire(blocking=False), paced.release, paced_cycles)
     store.close()
 
     g = gcslock.GcsLock()
@@ -145,8 +152,8 @@ def bench_compare(quick: bool) -> dict[str, Any]:
     out["requests"] = ops
 
     # -- handoff: a second thread waits while the first holds
-    out["naive_handoff"] = naive_handoff(p, 1 if quick else 20)
-    out["gcslock_handoff"] = gcslock_handoff(p, 1 if quick else 10, expires=2 if quick else 10)
+    out["naive_handoff"] = naive_handoff(p, naive_handoffs, naive_poll)
+    out["gcslock_handoff"] = gcslock_handoff(p, gcslock_handoffs, expires=gcslock_lease)
     return out
 
 
@@ -157,9 +164,10 @@ def _swallow(fn: Callable[[], Any]) -> Any:
         return exc
 
 
-def naive_handoff(p: str, n: int) -> dict[str, Any]:
-    """Seed 003's lock: the owner releases at a stratified point of the waiter's 5 s poll cycle."""
-    owner, waiter = NaiveLock(BUCKET, p + "naive-handoff.lock"), NaiveLock(BUCKET, p + "naive-handoff.lock")
+def naive_handoff(p: str, n: int, poll: float) -> dict[str, Any]:
+    """Seed 003's lock: the owner releases at a stratified point of the waiter's poll cycle (5 s as published)."""
+    key = p + "naive-handoff.lock"
+    owner, waiter = NaiveLock(BUCKET, key, poll_seconds=poll), NaiveLock(BUCKET, key, poll_seconds=poll)
     # private (google-cloud-storage's): the session, to count the waiter's requests
     wcount = HttpCount(waiter.client._http)
     samples = []

@@ -45,9 +45,11 @@ def test_the_wheel_and_sdist_build_pass_twine_check_and_run_from_a_clean_venv(tm
         assert any(name.endswith("/README.md") for name in tar.getnames())
 
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    # Without a pip of its own (installing one costs a venv most of its making): this pip installs into it.
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
-    run(bin_dir / "python", "-m", "pip", "install", "--disable-pip-version-check", "--quiet", wheel, cwd=tmp_path)
+    run(sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--disable-pip-version-check", "--quiet",
+        wheel, cwd=tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")}
     # From a directory outside the checkout: the installed copy runs, not the source tree.
     where = run(bin_dir / "python", "-c", "import handofflock; print(handofflock.__file__)", cwd=tmp_path, env=env)

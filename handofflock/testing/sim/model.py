@@ -39,8 +39,10 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from ...core import protocol as p
 from ...core.record import ASKING, Holder, LockRecord, Waiter, WaiterRequest
@@ -96,6 +98,9 @@ class Party:
     known: tuple[LockRecord | None, int] | None = None  # the holder's last view of the record
     starts: int = 0
 
+    def __hash__(self) -> int:  # a party is hashed in every state that shares it
+        return _hash_once(self, _PARTY_FIELDS)
+
 
 @dataclass(frozen=True)
 class State:
@@ -105,6 +110,34 @@ class State:
     parties: tuple[Party, ...]
     late: tuple[tuple[int, p.Write, float], ...] = field(default=())  # cut off (party, write, sent at by its clock)
     faults: int = 0  # how many more writes may be sent late, lose their reply or be cut off
+
+    def __hash__(self) -> int:  # the search hashes each state several times
+        return _hash_once(self, _STATE_FIELDS)
+
+
+_V = TypeVar("_V", Party, State)
+_PARTY_FIELDS, _STATE_FIELDS = attrgetter(*Party.__dataclass_fields__), attrgetter(*State.__dataclass_fields__)
+
+
+def _hash_once(value: Party | State, fields: attrgetter[tuple[Any, ...]]) -> int:
+    """The dataclass's own hash (of its ``fields``, in order), kept on the value once computed."""
+    cached: int | None = value.__dict__.get("_hash")
+    if cached is None:
+        cached = hash(fields(value))
+        object.__setattr__(value, "_hash", cached)
+    return cached
+
+
+def _with(value: _V, **changes: Any) -> _V:
+    """``dataclasses.replace`` for a party or a state, at a fraction of its cost (the search makes hundreds
+    of thousands): the fields copied, ``changes`` set; the kept hash is not carried over."""
+    new = object.__new__(type(value))
+    fields = new.__dict__
+    fields.update(value.__dict__)
+    fields.pop("_hash", None)
+    fields.update(changes)
+    assert len(fields) == len(value.__dataclass_fields__), f"no such field: {changes}"
+    return new
 
 
 class Broken(Exception):
@@ -142,7 +175,7 @@ def _apply(s: State, w: p.Write, i: int, roles: tuple[Role, ...], sent: float) -
             and not (w.kind is p.Kind.BECOME_WAITER and new.waiter is not None and _outranks(new.waiter, slot))
         ):
             raise Broken(f"{w.kind.value} by {who} dropped {slot.instance}'s live waiter slot")
-    return replace(s, record=new, generation=s.generation + 1), True
+    return _with(s, record=new, generation=s.generation + 1), True
 
 
 def _outranks(new: Waiter, old: Waiter) -> bool:
@@ -155,7 +188,7 @@ def _lease_end(r: LockRecord | None) -> float:
 
 
 def _held(party: Party, rec: LockRecord, gen: int, valid_until: float, phase: str = "held") -> Party:
-    return replace(
+    return _with(
         party, phase=phase, pending=None, unanswered=None, maybe=None, waiting=False, token=rec.token,
         valid_until=valid_until, known=(rec, gen),
     )  # fmt: skip
@@ -167,14 +200,14 @@ def _after(s: State, i: int, role: Role, party: Party, w: p.Write, landed: bool,
     holder = party.phase in ("held", "release")
     if not landed:
         if holder:  # a renewal or a release refused: read, and decide from what is there
-            return replace(party, known=(record, gen))
+            return _with(party, known=(record, gen))
         return party
     kind = w.kind
     if kind in (p.Kind.CREATE, p.Kind.TAKE, p.Kind.RETAKE):
         assert record is not None
         return _held(party, record, gen, lease_until(record, s.now, local, role.timing))
     if kind in (p.Kind.BECOME_WAITER, p.Kind.REFRESH_WAITER):
-        return replace(party, waiting=True, maybe=None)
+        return _with(party, waiting=True, maybe=None)
     if kind is p.Kind.RENEW:
         assert record is not None
         return _held(party, record, gen, lease_until(record, s.now, local, role.timing))
@@ -205,13 +238,16 @@ def _next_time(s: State, roles: tuple[Role, ...]) -> float | None:
     return min(ahead) if ahead else None
 
 
-def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
-    """Every next state: (what happens, the state, its cost in depth)."""
+def steps(
+    s: State, roles: tuple[Role, ...], stamped: dict[tuple[p.Write, float, str], p.Write | None]
+) -> list[tuple[str, State, int]]:
+    """Every next state: (what happens, the state, its cost in depth). ``stamped``: restamped writes by what
+    they were restamped from (``restamp`` is pure, and the search restamps one write at one time ten times over)."""
     out: list[tuple[str, State, int]] = []
 
     def step(i: int, what: str, party: Party, state: State = s) -> None:
         parties = (*state.parties[:i], party, *state.parties[i + 1 :])
-        out.append((f"{roles[i].me.instance} {what}", replace(state, parties=parties), 1))
+        out.append((f"{roles[i].me.instance} {what}", _with(state, parties=parties), 1))
 
     def send(i: int, party: Party, what: str = "") -> None:
         """Party ``i`` sends its decided write now: the reply seen, the reply lost, or cut off to land later."""
@@ -219,8 +255,12 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
         role = roles[i]
         # The nonce tells this write from every other that could be in the record: the party's, on this generation.
         nonce = f"{i}.{party.pending.if_generation_match}.{party.pending.kind.value}"
-        w = p.restamp(party.pending, now=s.now + role.offset, nonce=nonce, timing=role.timing)
-        sent = replace(party, pending=None)
+        key = (party.pending, s.now, nonce)  # the nonce names the party, so its clock and timing
+        if key in stamped:
+            w = stamped[key]
+        else:
+            w = stamped[key] = p.restamp(party.pending, now=s.now + role.offset, nonce=nonce, timing=role.timing)
+        sent = _with(party, pending=None)
         if w is None:
             step(i, f"{what}drops its {party.pending.kind.value}: the decision no longer holds", sent)
             return
@@ -233,22 +273,22 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
         verb = f"{what}{w.kind.value}s" + ("" if ok else ": 412")
         step(i, verb, _after(s2, i, role, sent, w, ok, s2.record), s2)
         if s.faults:
-            step(i, f"{verb}, the reply lost", replace(sent, unanswered=w), replace(s2, faults=s.faults - 1))
-            cut = replace(s, late=(*s.late, (i, w, local)), faults=s.faults - 1)
-            step(i, f"{what}{w.kind.value}: cut off", replace(sent, unanswered=w), cut)
+            step(i, f"{verb}, the reply lost", _with(sent, unanswered=w), _with(s2, faults=s.faults - 1))
+            cut = _with(s, late=(*s.late, (i, w, local)), faults=s.faults - 1)
+            step(i, f"{what}{w.kind.value}: cut off", _with(sent, unanswered=w), cut)
 
     def decided(i: int, what: str, party: Party, d: p.Write) -> None:
         """Party ``i`` decided ``d``: it sends it at once, or (a fault) later, after others' steps and time's."""
         if s.faults:
-            later = replace(s, faults=s.faults - 1)
-            step(i, f"{what}, decides {d.kind.value} (sent later)", replace(party, pending=d), later)
-        send(i, replace(party, pending=d), f"{what}, ")
+            later = _with(s, faults=s.faults - 1)
+            step(i, f"{what}, decides {d.kind.value} (sent later)", _with(party, pending=d), later)
+        send(i, _with(party, pending=d), f"{what}, ")
 
     later = _next_time(s, roles)
     if later is not None:
-        out.append((f"time passes to {later:g}", replace(s, now=later), 1))
+        out.append((f"time passes to {later:g}", _with(s, now=later), 1))
     for k, (j, w, sent) in enumerate(s.late):
-        rest = replace(s, late=s.late[:k] + s.late[k + 1 :])
+        rest = _with(s, late=s.late[:k] + s.late[k + 1 :])
         try:
             s2, ok = _apply(rest, w, j, roles, sent)
         except Broken as exc:
@@ -264,7 +304,7 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
         if party.unanswered is not None:  # read back: did it land?
             w = party.unanswered
             landed = rec is not None and rec.nonce == w.record.nonce
-            cleared = replace(party, unanswered=None)
+            cleared = _with(party, unanswered=None)
             if landed:
                 step(i, f"reads its {w.kind.value} back: landed", _after(s, i, role, cleared, w, True, rec))
             elif w.kind in (p.Kind.HANDOFF, p.Kind.FREE):
@@ -275,22 +315,22 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
                 )  # fmt: skip
                 what = f"reads its {w.kind.value} back"
                 if isinstance(d, p.Write):
-                    decided(i, what, replace(cleared, known=(rec, gen)), d)
+                    decided(i, what, _with(cleared, known=(rec, gen)), d)
                 else:
                     step(i, f"{what}: {type(d).__name__}", Party(starts=party.starts))
             elif party.phase in ("held", "release"):
-                step(i, f"reads its {w.kind.value} back: not there", replace(cleared, known=(rec, gen)))
+                step(i, f"reads its {w.kind.value} back: not there", _with(cleared, known=(rec, gen)))
             else:  # an acquire's write: it may land yet, on the generation it was conditioned on
-                step(i, f"reads its {w.kind.value} back: not there", replace(cleared, maybe=w.if_generation_match))
+                step(i, f"reads its {w.kind.value} back: not there", _with(cleared, maybe=w.if_generation_match))
             continue
         done = Party(starts=party.starts)
         if party.phase == "idle" and party.starts < MAX_STARTS:  # starts an acquire: its first read
-            started = replace(party, phase="acquire", starts=party.starts + 1, since=local)
+            started = _with(party, phase="acquire", starts=party.starts + 1, since=local)
             _acquire_step(step, decided, i, role, started, s, "starts acquire, reads")
         elif party.phase == "acquire":
             _acquire_step(step, decided, i, role, party, s, "reads")
             if party.waiting or party.maybe is not None:
-                step(i, "gives up", replace(party, phase="give_up"))
+                step(i, "gives up", _with(party, phase="give_up"))
         elif party.phase == "give_up":
             d = p.decide_give_up_wait(rec, gen, me=me, now=local, timing=timing, nonce="-", pending=party.maybe)
             if isinstance(d, p.Owned):  # handed the lock as it left: it releases it
@@ -302,7 +342,7 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
                 step(i, f"gives up: {type(d).__name__}", done)
         elif party.known is not None:
             known, known_gen = party.known
-            releasing = replace(party, phase="release")
+            releasing = _with(party, phase="release")
             d = p.decide_release(known, known_gen, me=me, token=party.token, now=local, timing=timing, nonce="-")
             if isinstance(d, p.Write):
                 decided(i, "releases", releasing, d)
@@ -313,7 +353,7 @@ def steps(s: State, roles: tuple[Role, ...]) -> list[tuple[str, State, int]]:
                 if isinstance(seen, p.Lost):
                     step(i, "checks: lost", done)
                 elif (rec, gen) != party.known:
-                    step(i, "checks", replace(party, known=(rec, gen)))
+                    step(i, "checks", _with(party, known=(rec, gen)))
                 d = p.decide_renew(known, known_gen, me=me, token=party.token, now=local, timing=timing, nonce="-")
                 # A renewal that would not move the lease on (none is due since the last) is no new step.
                 if isinstance(d, p.Write) and _lease_end(d.record) <= _lease_end(known):
@@ -345,11 +385,11 @@ def _acquire_step(
         valid_until = lease_until(d.record, s.now, local, role.timing)
         step(i, f"{what}: the lock was handed to it", _held(party, d.record, gen, valid_until))
     elif isinstance(d, p.Write):
-        decided(i, what, replace(party, waiting=waiting), d)
+        decided(i, what, _with(party, waiting=waiting), d)
     elif isinstance(d, p.Contended):
         step(i, f"{what}: contended", Party(starts=party.starts))
     elif waiting != party.waiting or party.phase != "acquire" or what != "reads":
-        step(i, f"{what}: waits", replace(party, waiting=waiting))
+        step(i, f"{what}: waits", _with(party, waiting=waiting))
 
 
 def violation(s: State, roles: tuple[Role, ...]) -> str | None:
@@ -372,6 +412,7 @@ def explore(config: str, depth: int, faults: int = FAULTS) -> tuple[int, list[st
     start = State(None, 0, 0.0, tuple(Party() for _ in roles), faults=faults)
     parent: dict[State, tuple[State, str] | None] = {start: None}
     cost = {start: 0}
+    stamped: dict[tuple[p.Write, float, str], p.Write | None] = {}
     frontier, reached = deque([start]), 0
 
     def path(s: State) -> list[str]:
@@ -388,7 +429,7 @@ def explore(config: str, depth: int, faults: int = FAULTS) -> tuple[int, list[st
         if d >= depth:
             continue
         try:
-            nexts = steps(s, roles)
+            nexts = steps(s, roles, stamped)
         except Broken as exc:
             return len(parent), [*path(s), f"t={s.now:g} {exc.step}", f"-> {exc}"], d + 1
         for what, s2, c in nexts:
