@@ -172,9 +172,18 @@ class CaughtSignals:
             self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
             if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
-        elif sig in self.escalates and now - first_at >= self.repeat_window:
+        elif self._escalates(sig) and now - first_at >= self.repeat_window:
+            then = self._then(sig, previous)
             self.uninstall()
-            self._now(sig, lambda: act_as_before(sig, frame, previous))
+            self._now(sig, lambda: act_as_before(sig, frame, then))
+
+    def _escalates(self, sig: signal.Signals) -> bool:
+        """Whether ``sig``, after the first signal, may mean "now" (:attr:`escalates`)."""
+        return sig in self.escalates
+
+    def _then(self, sig: signal.Signals, previous: Handler) -> Handler:
+        """What ``sig`` does once "now" has let the lock go: what it did before us (``previous``)."""
+        return previous
 
     def _ask(self, sig: signal.Signals) -> None:
         """The first signal: ask for a stop."""

@@ -66,7 +66,7 @@ from ..core.timing import seconds
 from ..exit_codes import report_exit_status
 from ..fencing import StaleToken
 from ..lock.handoff import Steps
-from ..os_signals import CaughtSignals, SignalLike
+from ..os_signals import CaughtSignals, Handler, SignalLike
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
@@ -557,8 +557,10 @@ class RankLock:
             return self.lock.release()
         return None
 
-    def abandon(self) -> None:
-        """Leave without meeting the other ranks (this rank failed): the holder lets the lock go if it still has it."""
+    def abandon(self) -> bool:
+        """Leave without meeting the other ranks (this rank failed): the holder lets the lock go if it still has it.
+
+        True if this call released the lock."""
         self._held = False
         lock = self.lock
         if lock is not None and lock.is_held:
@@ -566,6 +568,9 @@ class RankLock:
                 lock.release()
             except HandoffLockError as exc:  # lost meanwhile: nothing to hand off
                 _log.warning("rank %s could not release %s while failing: %s", self.rank, lock.url, exc)
+            else:
+                return True
+        return False
 
     def __enter__(self) -> RankLock:
         self.acquire()
@@ -653,6 +658,10 @@ class RankSignals(CaughtSignals):
       handlers found at install come back, SIGINT does what it would have done
       without us (:class:`KeyboardInterrupt` by default), and a
       :class:`~handofflock.core.errors.StoppedWithoutCheckpointWarning` says so.
+      Under torchrun a terminal's Ctrl-C reaches torchrun alone (its workers run
+      in sessions of their own), which sends SIGINT, and SIGTERM on a second
+      Ctrl-C: a SIGTERM after a first SIGINT means "now" too, and ends the
+      process by SIGTERM's default action.
     * ``chain`` names the signals whose earlier Python handler also runs at the
       first signal: by default SIGUSR1, so Lightning's Slurm auto-requeue (or
       your own handler) still runs; SIGINT's earlier handler runs only on "now",
@@ -682,12 +691,21 @@ class RankSignals(CaughtSignals):
     def _ask(self, sig: signal.Signals) -> None:
         self.ranks.request_stop("exit", cause=sig.name)
 
+    def _escalates(self, sig: signal.Signals) -> bool:
+        # torchrun starts its workers in sessions of their own: a terminal's Ctrl-C reaches torchrun alone,
+        # which sends its workers SIGINT, and on a second Ctrl-C SIGTERM (its shutdown).
+        return sig in self.escalates or (sig is signal.SIGTERM and self.received[0] == signal.SIGINT.name)
+
+    def _then(self, sig: signal.Signals, previous: Handler) -> Handler:
+        # SIGTERM's earlier handler never runs from ours (Lightning's runs a collective): it ends the process.
+        return previous if sig is signal.SIGINT else signal.SIG_DFL
+
     def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         """No meeting (the other ranks may be gone): the holder lets the lock go, then the signal acts."""
-        self.ranks.abandon()
+        released = self.ranks.abandon()
         message = (
             f"rank {self.ranks.rank}: a second signal ({sig.name}, after {self.received[0]}): stopping now, "
-            "without a checkpoint and without the other ranks" + (", the lock released" if self.ranks.is_holder else "")
+            "without a checkpoint and without the other ranks" + (", the lock released" if released else "")
         )
         _log.warning("%s", message)
         try:  # the library's logger says nothing unless the application set logging up; a warning shows anyway

@@ -126,3 +126,24 @@ def test_a_second_sigint_within_the_window_is_the_same_ctrl_c(handled_at, job):
     signal.raise_signal(signal.SIGINT)  # torchrun's
     assert stopped_together(job) == ("exit", "SIGINT", 130)
     handlers.uninstall()
+
+
+def test_torchruns_sigterm_after_a_second_ctrl_c_stops_now_and_ends_the_process_by_it(handled_at, job, monkeypatch):
+    """torchrun starts its workers in sessions of their own: a terminal's Ctrl-C reaches torchrun alone, which
+    sends its workers SIGINT, and on a second Ctrl-C SIGTERM. That SIGTERM means "now"; it ends the process
+    by its default action, never through the SIGTERM handler found at install (Lightning's)."""
+    seen: list[str] = []
+    killed: list[tuple[int, int]] = []
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, spy(seen, "lightning's SIGTERM handler"))
+    handlers = RankSignals(job).install()
+    signal.raise_signal(signal.SIGINT)  # Ctrl-C: torchrun's SIGINT
+    assert job.held and job.lock.is_held
+    handled_at[0] += REPEAT_WINDOW
+    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    with pytest.warns(StoppedWithoutCheckpointWarning, match=r"SIGTERM, after SIGINT.*, the lock released"):
+        signal.raise_signal(signal.SIGTERM)  # Ctrl-C again: torchrun's shutdown
+    assert killed == [(os.getpid(), signal.SIGTERM)], "SIGTERM's default action: the process ends by it"
+    assert seen == [], "the earlier SIGTERM handler ran"
+    assert not job.held and job.lock.status().owner_id is None, "the holder let the lock go at once"
+    assert handlers.received == ["SIGINT", "SIGTERM"]
