@@ -15,6 +15,12 @@ from handofflock.testing.sim.hub import MONO0, WALL0, Hub, Violation
 RULES = Rules(ttl=2.0, skew=0.0, waiter_check_interval=0.4, gentle=False)
 
 
+class Party(SimpleNamespace):
+    """A party as the checker keys its history by: by identity, as the world's are."""
+
+    __hash__ = object.__hash__
+
+
 def party(name: str):
     return SimpleNamespace(name=name, lock=SimpleNamespace(instance=f"{name}-instance", token=None))
 
@@ -238,7 +244,7 @@ def lock_party(name: str, hub: Hub, **timing: float):
     t = Timing.build(ttl=2.0, max_clock_skew=0.5, min_hold=0.0, **timing)
     clock = SimpleNamespace(time=lambda: WALL0 + (hub.now - MONO0))
     lock = SimpleNamespace(instance=me.instance, token=None, _me=me, timing=t)
-    return SimpleNamespace(name=name, lock=lock, clock=clock)
+    return Party(name=name, lock=lock, clock=clock)
 
 
 def test_a_take_is_judged_against_expires_at_plus_skew_by_the_protocol():

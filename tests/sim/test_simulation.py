@@ -135,6 +135,14 @@ def test_a_holder_whose_copy_of_the_slot_has_ended_rightly_withdraws_the_request
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_a_free_is_judged_by_the_writers_clock_as_it_went_out_though_the_clock_stepped_back_before_it_landed():
+    """Seed 11768, found in 8000-12999: a holder released as the heir's slot ended by its clock, freeing the lock;
+    its clock stepped back (within the skew) before the write landed, and by the clock then the slot was live.
+    A write with no lease or slot of its own to date it is judged at its writer's clock as it went out too."""
+    outcome = run_seed(11768)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
     assert len(BUGS) >= 17 and set(CAUGHT_AT) == set(BUGS)
 

@@ -239,6 +239,8 @@ class Checker:
     fence_highest: int = 0
     last_sent: dict[Party, float] = field(default_factory=dict)  # when a party's last request on the lock went out
     last_write_sent: dict[Party, float] = field(default_factory=dict)  # ... its last write or delete
+    #: By party: its clock as each of its last few writes on the lock went out (one may land late).
+    write_sends: dict[Party, list[float]] = field(default_factory=dict)
     #: Parties whose acquire ended without the lock while the record names it its live owner, and when:
     #: the lock must give it back (a release retried in the background) or the checker calls it a leak.
     left_owning: dict[Party, float] = field(default_factory=dict)
@@ -308,6 +310,7 @@ class Checker:
                 self.in_flight[e.party] += 1
                 if e.detail in ("write", "delete"):
                     self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
+                    self.write_sends[e.party] = [*self.write_sends.get(e.party, ())[-2:], e.local]
                     self.writes_open[e.party] += 1
             elif e.what == "reply" and e.party is not None and e.detail == "list: ok" and KEY.startswith(e.key):
                 # A listing settles a check only at a generation the holder has seen; past it the beat reads,
@@ -427,17 +430,20 @@ class Checker:
     def _by_protocol(self, party: Party, data: bytes) -> None:
         """The write is one :mod:`~handofflock.core.protocol` (the specification, as imported here, its planted
         bugs off) makes from the record it replaced, for the writer's identity and timing, sent at the time its
-        lease or slot is stamped with (or, unstamped, as it lands): a conditional write was decided on exactly
-        that record. Its token may be any the protocol allows up to then (the decision came first). So a take
-        before ``expiresAt + skew`` by the writer's clock, an heir's lease other than its slot's (or the owner's
-        ttl where the slot names none), a renewal that changes more than the lease, are each caught."""
+        lease or slot is stamped with (or, unstamped, as it went out or as it lands): a conditional write was
+        decided on exactly that record. Its token may be any the protocol allows up to then (the decision came
+        first). So a take before ``expiresAt + skew`` by the writer's clock, an heir's lease other than its slot's
+        (or the owner's ttl where the slot names none), a renewal that changes more than the lease, are each
+        caught."""
         prev, lock = self.spec_prev, party.lock
         try:
             self.spec_prev = new = LockRecord.decode(data)
         except LockRecordCorrupt as exc:
             raise Violation(f"{party.name} wrote a record the lock cannot read: {exc}") from exc
         me, timing, landed = lock._me, lock.timing, party.clock.time()
-        sent = {landed}  # when it may have been sent, by the writer's clock (a clock may be stepped between)
+        # When it may have been sent, by the writer's clock: as one of its writes went out, or as it landed
+        # (a clock may be stepped between).
+        sent = {landed, *self.write_sends.get(party, ())}
         if new.owner is not None and new.ttl is not None:
             sent.add(new.owner.expires_at - new.ttl)
         if new.waiter is not None:
