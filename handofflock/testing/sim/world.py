@@ -504,8 +504,8 @@ class World:
                 hub.spawn(f"{party.name}-releaser", lambda: self._later(party, release), party.proc)
             # Judged while it runs: within its bound (as timed() judges it as it returns), and once another
             # thread cancels it, within what an operation that does not wait may take.
-            limits = dict(bound=self.op_limit(lock, bound), cancel_bound=self.op_limit(lock, 0.0))
-            tried = replace(tried, began=hub.now, frozen=party.proc.frozen_until(), **limits)
+            limit, cancelled = self.op_limit(lock, bound), self.op_limit(lock, 0.0)
+            tried = replace(tried, began=hub.now, frozen=party.proc.frozen_until(), bound=limit, cancel_bound=cancelled)
             self.checker.note(Event(hub.now, party, "begin", KEY, result=tried))
         party.in_acquire = True
         try:
