@@ -367,3 +367,29 @@ def test_an_older_waiter_of_equal_rank_takes_the_slot_from_a_younger_one(younger
             checker.check()
     else:
         checker.check()
+
+
+@pytest.mark.parametrize("wrote_again", [False, True])
+def test_a_write_cut_off_in_an_acquire_never_lands_at_the_generation_its_way_out_read_and_left(wrote_again):
+    """design.md: a write cut off at its timeout may still be applied later, at the generation it matched; an
+    acquire that leaves while the object is still there writes the record again, so that write can no longer
+    land. A party whose last request as its acquire ended was a read of generation 3, and that has sent no write
+    since, sees no write of its own land on generation 3 (unless it wrote again: then it may be that write)."""
+    from handofflock.testing.sim.checker import Seen
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [], by_protocol=False)
+    a = _trying("a")
+    held = LockRecord(owner=Holder("b", WALL0 + 5, instance="b-instance"), token=5, ttl=2.0)
+    _reads(checker, a, held, MONO0, again=False)
+    seen = Seen(False, False, None, -1e9, False, -1e9, MONO0 + 0.1)
+    checker.note(Event(MONO0 + 0.1, a, "acquire", KEY, result=TimeoutError("gave up"), seen=seen))
+    if wrote_again:
+        checker.note(Event(MONO0 + 0.2, a, "request", KEY, "write", local=WALL0 + 0.2))
+    landed = held.replace(nonce="n2")  # what it wrote matters not: only where it landed
+    checker.note(Event(MONO0 + 1.0, a, "applied", KEY, "write", landed.encode(), 4, 3))
+    if wrote_again:
+        checker.check()
+    else:
+        with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
+            checker.check()

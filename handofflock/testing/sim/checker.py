@@ -188,8 +188,9 @@ class Seen:
 @dataclass(frozen=True)
 class Event:
     """One entry of the history: ``what`` is ``request``, ``reply`` (a read's carries the bytes read),
-    ``applied``, ``begin`` (an acquire, its arguments in ``result``: a :class:`Try`), ``interrupt`` (another
-    thread cancels it, or releases), ``acquire`` (its end), ``void`` (an acquire refused before it ran) or ``lost``."""
+    ``applied`` (the generation it matched in ``result``), ``begin`` (an acquire, its arguments in ``result``: a
+    :class:`Try`), ``interrupt`` (another thread cancels it, or releases), ``acquire`` (its end), ``void`` (an
+    acquire refused before it ran) or ``lost``."""
 
     at: float  # hub (true monotonic) time
     party: Party | None
@@ -220,6 +221,15 @@ class Try:
     polled: tuple[float, str] | None = None  # a read that went out where a write was due: when, and why
     #: Cancelled, released from another thread, or met a store error (which may end it): its way out reads the record.
     interrupted: bool = False
+    #: When it began (hub time), and how long it may run: its timeout, its give-up budget and the slack the world
+    #: allows an acquire as it returns; judged only while its process does not stand still (``frozen``: the end of
+    #: the process's last pause or suspend as it began, which no pause since has moved).
+    began: float = 0.0
+    bound: float = math.inf
+    frozen: float = math.inf
+    #: When another thread first cancelled it (``cancel()``, or ``release()``), and how long it may run from then.
+    cancelled_at: float | None = None
+    cancel_bound: float = math.inf
 
 
 @dataclass
@@ -267,7 +277,18 @@ class Checker:
     #: The waiter slot of each generation of the lock that had one: what a party that last knew that generation
     #: knows of the slot.
     slot_at: dict[int, Place] = field(default_factory=dict)
+    #: By party: when its last read of the lock, or listing of its prefix, went out.
+    peeked: dict[Party, float] = field(default_factory=dict)
+    #: By instance: the waiters a record it read or wrote showed asking since its last hold ended (the requests
+    #: its next hold may hear); and the instances seen holding at the last check, whose hold has not ended since.
+    asked: dict[str, set[str]] = field(default_factory=dict)
+    holding: set[str] = field(default_factory=set)
     writes_open: Counter[Party] = field(default_factory=Counter)
+    #: By party: the generation its last request on the lock, a read, came back with (None: its last request was
+    #: another, or has not come back); and, for a party whose acquire ended so, without the lock, and which has sent
+    #: no write on the lock since, that generation: its way out left the object there.
+    last_read: dict[Party, int | None] = field(default_factory=dict)
+    left_reading: dict[Party, int] = field(default_factory=dict)
     last_write_seen: dict[Party, float] = field(default_factory=dict)  # a write of the party's went out or came back
     held_from: dict[Party, float] = field(default_factory=dict)  # when a party's last acquire returned the lock
     hold_began: dict[str, float] = field(default_factory=dict)  # by instance: when the record last made it owner
@@ -307,11 +328,18 @@ class Checker:
             if e.what == "request" and e.key == KEY and e.party is not None:
                 self._tried(e)
                 self.last_sent[e.party] = e.at
+                self.last_read[e.party] = None
+                if e.detail == "read":
+                    self.peeked[e.party] = e.at
+                if e.detail in ("write", "delete"):
+                    self.left_reading.pop(e.party, None)  # a write of its own since, which may be the one that lands
                 self.in_flight[e.party] += 1
                 if e.detail in ("write", "delete"):
                     self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
                     self.write_sends[e.party] = [*self.write_sends.get(e.party, ())[-2:], e.local]
                     self.writes_open[e.party] += 1
+            elif e.what == "request" and e.party is not None and e.detail == "list" and KEY.startswith(e.key):
+                self.peeked[e.party] = e.at
             elif e.what == "reply" and e.party is not None and e.detail == "list: ok" and KEY.startswith(e.key):
                 # A listing settles a check only at a generation the holder has seen; past it the beat reads,
                 # and that read (if it comes back) is the look.
@@ -325,8 +353,10 @@ class Checker:
                 if e.detail in ("read: ok", "write: ok"):
                     self.known_generation[e.party] = max(self.known_generation.get(e.party, 0), e.generation)
                 if e.detail == "read: ok":
+                    self.last_read[e.party] = e.generation if self.in_flight[e.party] == 0 else None
                     self._look(e)
                     self._write_due(e)
+                    self._asked(e.party, self._read(e.data) if e.data else None)
                 elif not e.detail.endswith(": ok") and "PreconditionFailed" not in e.detail and e.party in self.trying:
                     self.trying[e.party].interrupted = True  # a store error past its retries ends it; its way out reads
                 taken, clear = self.taken.get(e.party), self._unoverlapped(e)
@@ -342,11 +372,15 @@ class Checker:
                 assert isinstance(e.result, Try)
                 self.trying[e.party] = e.result
             elif e.what == "interrupt" and e.party in self.trying:
-                self.trying[e.party].interrupted = True
+                t = self.trying[e.party]
+                t.interrupted, t.cancelled_at = True, e.at if t.cancelled_at is None else t.cancelled_at
             elif e.what == "void" and e.party is not None:
                 self.trying.pop(e.party, None)
             elif e.what == "acquire":
                 self.trying.pop(e.party, None)
+                read = self.last_read.get(e.party)
+                if read is not None and e.seen is not None and not e.seen.held:
+                    self.left_reading[e.party] = read
                 self._acquire_ended(e)
                 self._slot_left(e)
             elif e.what == "lost":
@@ -363,8 +397,16 @@ class Checker:
             return
         if e.key != KEY:
             return
+        if self.left_reading and self.left_reading.get(party) == e.result:
+            # design.md: a write cut off at its timeout may be applied later, only at the generation it matched; an
+            # acquire that leaves while the object is still there writes the record again, so it can no longer land.
+            raise Violation(
+                f"{party.name}'s write landed at generation {e.result} after its acquire ended, which read the "
+                "object at that generation as it left and left it there"
+            )
         new, prev = read_record(e.data), self.record
         self.record = self.applied[e.data] = new
+        self._asked(party, new)
         if new.token < self.highest_store_token:
             raise Violation(
                 f"{party.name} wrote token {new.token} after {self.highest_store_token} (generation {e.generation})"
@@ -393,6 +435,16 @@ class Checker:
         if w is not None and w.instance == party.lock.instance and w.since is None:
             raise Violation(  # this version's slot says when its acquire began: at equal rank the older has it
                 f"{party.name} wrote its waiter slot without when it began waiting (waitingSince)"
+            )
+        t = self.trying.get(party) if self.trying else None
+        asked = None if t is None else (t.priority, t.asks)
+        ours = asked is not None and w is not None and w.instance == party.lock.instance and w.rank != asked
+        if ours and w is not None and w.expires_at > party.left_behind_until:
+            # The request is the acquire's: its priority ranks it, asks says whether it asks (a slot that may be an
+            # earlier acquire's, left behind and applied late, as documented, is not judged).
+            raise Violation(
+                f"{party.name} wrote its waiter slot with the request (priority, asks) {w.rank}, where its "
+                f"acquire asked for {asked}"
             )
         if w is not None:
             self.slot_at[e.generation] = w
@@ -607,6 +659,24 @@ class Checker:
             if self.hub.now - t.polled[0] > p.lock.give_up_budget + 2.0:
                 raise Violation(t.polled[1])
 
+    def _overdue(self) -> None:
+        """A blocking acquire ends within its bound (``timeout`` and ``give_up_budget``, with the world's slack), and
+        one that another thread cancelled within ``give_up_budget`` of the cancel (with the slack the world allows
+        an operation that does not wait): judged while it runs, so one that never returns is judged too. A pause
+        stretches any operation: not judged once its process has stood still since it began (since the cancel)."""
+        now = self.hub.now
+        for p, t in self.trying.items():
+            if now - t.began > t.bound and p.alive and p.proc.frozen_until() == t.frozen <= t.began:
+                raise Violation(
+                    f"{p.name}'s acquire has run {now - t.began:.2f} s and goes on, past its bound of {t.bound:.2f} s"
+                )
+            late = t.cancelled_at is not None and now - t.cancelled_at > t.cancel_bound
+            if late and t.cancelled_at is not None and p.alive and p.proc.frozen_until() <= t.cancelled_at:
+                raise Violation(
+                    f"{p.name}'s acquire was cancelled from another thread {now - t.cancelled_at:.2f} s ago and goes "
+                    f"on, past its bound of {t.cancel_bound:.2f} s"
+                )
+
     def _handoff(self, party: Party, slot: Place | None, new: Rec) -> None:
         """A handoff is judged at the instant it was decided: the heir's lease is stamped with the owner's
         wall clock as the write was sent (its expiry less its ttl), and the slot must be live then, by that
@@ -809,9 +879,12 @@ class Checker:
         self._unhealthy_while_gentle(parties)
         if self.trying:
             self._polled()
+            self._overdue()
         if self.read_since_taken:
             self._noticed_taken()
         self._request_heard(parties)
+        self._heard_of_this_hold(parties)
+        self._looks_while_holding(parties)
         if r is None or r.waiter is None or not r.waiter.live(wall - self.rules.skew):
             return
         for p in parties:
@@ -841,6 +914,48 @@ class Checker:
                 by_proc.setdefault(p.proc, []).append(p)
             self.by_proc = (len(self.parties), by_proc)
         return self.by_proc[1].get(proc, [])
+
+    def _asked(self, party: Party, rec: Rec | None) -> None:
+        """``party`` knows ``rec`` (it read or wrote it): a waiter asking there it may hear, as it holds."""
+        if rec is None or rec.waiter is None or not rec.waiter.asks or rec.waiter.instance == party.lock.instance:
+            return
+        self.asked.setdefault(party.lock.instance, set()).add(rec.waiter.id)
+
+    def _looks_while_holding(self, parties: list[Party]) -> None:
+        """A holder looks at the lock (reads it, or lists its prefix) every ``waiter_check_interval`` (design.md:
+        the owner's check), give or take a read that stalls: judged from when its acquire returned, unless its
+        process has stood still since its last look."""
+        now = self.hub.now
+        for p in parties:
+            lock = p.lock
+            if p.proc.crashed or not lock.is_held or p.in_acquire or p not in self.held_from:
+                continue
+            since = max(self.peeked.get(p, -math.inf), self.held_from[p])
+            if now - since > 2 * lock.timing.waiter_check_interval + 5.0 and p.proc.frozen_until() < since:
+                raise Violation(
+                    f"{p.name} holds the lock (token {lock.token}) and has not looked at it for {now - since:.2f} s "
+                    f"(its waiter check interval is {lock.timing.waiter_check_interval:g} s)"
+                )
+
+    def _heard_of_this_hold(self, parties: list[Party]) -> None:
+        """A holder hears only the requests of its hold: a waiter's, once a record it read or wrote since its last
+        hold ended showed that waiter asking (a request of an earlier hold, lost or released, goes with it)."""
+        for p in parties:
+            lock = p.lock
+            if not lock.is_held:
+                if lock.instance in self.holding:  # its hold ended: what it knew of waiters went with it
+                    self.holding.discard(lock.instance)
+                    self.asked.pop(lock.instance, None)
+                continue
+            self.holding.add(lock.instance)
+            request = lock.release_request
+            if p.proc.crashed or not lock.release_requested or request is None:
+                continue
+            if request.requester not in self.asked.get(lock.instance, ()):
+                raise Violation(
+                    f"{p.name} holds the lock (token {lock.token}) and hears a request from {request.requester}, "
+                    "whom no record it read or wrote since its last hold ended showed asking"
+                )
 
     def _request_heard(self, parties: list[Party]) -> None:
         """A live waiter's request is heard by its holder (``release_requested``) by the end of the second look

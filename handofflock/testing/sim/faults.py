@@ -198,7 +198,7 @@ class SimStore:
                 found = self.net.backend.read(key)
                 match = 0 if found is None else found[1]
             generation = self.net.backend.write(key, data, if_generation_match=match)
-            self.net.history(Event(self.net.hub.now, self.party, "applied", key, "write", data, generation))
+            self.net.history(Event(self.net.hub.now, self.party, "applied", key, "write", data, generation, match))
             return generation
 
         return self._request("write", key, apply, mutation=True, timeout=timeout)

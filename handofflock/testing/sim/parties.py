@@ -39,6 +39,7 @@ class Party:
     notes: list[str] = field(default_factory=list)
     releasing: int = 0  # releases of this party under way, in any of its threads
     idle: bool = False  # its last operation was a release() that returned, none other under way: the lock is idle
+    release_failed_at: float = math.inf  # when its last release() raised a store error (retried in the background)
     asks: float | None = None  # the swarm's: how often its acquires ask the holder (None: as the actor draws)
     priority: int | None = None  # the swarm's: the priority it asks at (None: as the actor draws)
 

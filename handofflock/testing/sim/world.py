@@ -29,8 +29,10 @@ wrote (no version, no instance, no token).
 
 Aims (:attr:`World.aims`, dice of their own): some blocking acquires may not wait for the slot
 (``wait_for_slot=False``, no timeout: they take the lock, register, or are told the lock is
-contended at once), one in ten of the asking ones (half, in a third of the worlds); and in gentle worlds whose
-reads do not stall, the holder's next two writes on the lock now and then meet a 429 each.
+contended at once), one in ten of the asking ones (half, in a third of the worlds); in gentle worlds whose
+reads do not stall, the holder's next two writes on the lock now and then meet a 429 each; elsewhere one
+release in twenty meets 429s past its deadline (it raises, and is retried in the background); and an async
+party asks at the priority the swarm drew for it.
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ class World:
         self.aims = config is None and late_commits and ttl_spread and swarm and aims
         self.no_slot_wait = self.slot_dice.choice((0.1, 0.1, 0.5)) if self.aims else 0.0
         self.aim = random.Random(f"aim-{seed}")  # when a gentle world's holder meets two 429s in a row
+        self.release_aim = random.Random(f"release-aim-{seed}")  # which releases meet 429s past their deadline
         self.hub = Hub(self.rng)
         self.parties: list[Party] = []
         f = c.faults
@@ -446,12 +449,16 @@ class World:
             try:
                 with anyio.move_on_after(cancel_after) as scope:
                     asks = r.random() < 0.8 if party.asks is None else self.swarm.random() < party.asks
-                    got = await alock.acquire(timeout=timeout, request_release=asks)
+                    # The swarm's, drawn as the party began (an aim: off, a seed replays its world as before).
+                    rank = 0 if party.priority is None or not self.aims else party.priority
+                    checker.note(Event(hub.now, party, "begin", KEY, result=Try(rank, asks, True, party.clock.time())))
+                    got = await alock.acquire(timeout=timeout, request_release=asks, priority=rank)
                     result = bool(got)
                 if scope.cancelled_caught:
                     result = AcquireCancelled("the task was cancelled")
                     checker.counts["async_cancels"] += 1
             except AlreadyAcquired:  # still releasing (a release being retried): the API says no
+                checker.note(Event(hub.now, party, "void", KEY))
                 await anyio.sleep(r.uniform(0.0, ttl / 2))
                 continue
             except EXPECTED as exc:
@@ -495,6 +502,10 @@ class World:
             elif mode < 0.45:
                 release = lambda: self.timed(party, "release", lambda: lock.release())  # noqa: E731
                 hub.spawn(f"{party.name}-releaser", lambda: self._later(party, release), party.proc)
+            # Judged while it runs: within its bound (as timed() judges it as it returns), and once another
+            # thread cancels it, within what an operation that does not wait may take.
+            limit, cancelled = self.op_limit(lock, bound), self.op_limit(lock, 0.0)
+            tried = replace(tried, began=hub.now, frozen=party.proc.frozen_until(), bound=limit, cancel_bound=cancelled)
             self.checker.note(Event(hub.now, party, "begin", KEY, result=tried))
         party.in_acquire = True
         try:
@@ -521,7 +532,7 @@ class World:
     def acquire_ended(self, party: Party, result: object) -> None:
         """An acquire (sync or async) ended with ``result``: into the history, with what the party shows now."""
         gave_up = result.__cause__ if isinstance(result, LockTimeout) else result
-        if isinstance(gave_up, (TransientStorageError, LockLost)):
+        if isinstance(gave_up, LockLost) or (isinstance(gave_up, TransientStorageError) and self.store_failed(party)):
             # Documented: a store failing past the deadline (the error itself, or the cause of the LockTimeout
             # when the time ran out in the store, as ``timed`` says for a sync acquire), or a handed lease too
             # short to renew, may leave the slot or the handed lease behind; they expire by themselves.
@@ -531,6 +542,15 @@ class World:
     def lost(self, party: Party, why: str) -> None:
         """``party`` found its lock gone while it held it (not by its own release)."""
         self.checker.note(Event(self.hub.now, party, "lost", KEY, why, seen=Seen.of(party)))
+
+    def store_failed(self, party: Party) -> bool:
+        """Whether the store failed ``party``'s last request on the lock: refused it, cut it off, or has not answered
+        it. An operation that gives up with a store error after its last request was answered gave up on its own
+        (a wait for its write spacing, say): what the store did not do is no excuse for what it leaves."""
+        for e in reversed(self.checker.history):
+            if e.party is party and e.key == KEY and e.what in ("request", "reply"):
+                return e.what == "request" or not e.detail.endswith(": ok")
+        return True
 
     def left_behind(self, party: Party) -> None:
         """``party``'s acquire ended as the lock documents may leave its slot or a handed lease behind: each
@@ -557,6 +577,11 @@ class World:
         if what == "release":
             party.notes.append("released")  # however it ends, the hold ended by our hand
             party.releasing += 1
+            if self.aims and not self.config.gentle and lock.is_held and self.release_aim.random() < 0.05:
+                # Its writes on the lock meet 429s past the release's deadline: it raises, and is retried in the
+                # background until it lands (or the lease runs out).
+                self.net.refuse[party] = max(self.net.refuse[party], self.release_aim.choice((4, 6, 8)))
+                self.checker.counts["aimed_release_429s"] += 1
         try:
             result = op()
             if what == "release":
@@ -566,23 +591,29 @@ class World:
                 # Returned, not raised, with no acquire or other release of this instance under way: the hold
                 # is over and nothing is retried in the background, so the next acquire runs.
                 party.idle = party.releasing == 1 and not party.in_acquire and not lock.is_held
+            if what == "release" or (what == "acquire" and result):
+                party.release_failed_at = math.inf
             hub.note(f"{party.name} {what} -> {result!r}")
         except EXPECTED as exc:
             hub.note(f"{party.name} {what} raised {type(exc).__name__}")
             result = exc
             gave_up = exc.__cause__ if isinstance(exc, LockTimeout) else exc
-            if isinstance(gave_up, TransientStorageError):
+            if isinstance(gave_up, TransientStorageError) and (what != "acquire" or self.store_failed(party)):
                 # Documented: a store failing as the slot is given back (the error itself, or the cause of
                 # the LockTimeout when the time ran out in the store) leaves it; it ends within waiter_ttl.
                 self.left_behind(party)
+            if what == "release" and isinstance(exc, TransientStorageError):
+                party.release_failed_at = min(party.release_failed_at, hub.now)
         except AlreadyAcquired as exc:  # a concurrent acquire/release of the same instance: the API says no
             if idle and what == "acquire":
                 raise Violation(f"{party.name}'s acquire after its release() returned was refused: {exc}") from exc
+            self._still_releasing(party, what, exc)
             return exc
         except HandoffLockError as exc:
             if "already" in str(exc):  # as above, from the releases that say so in words
                 if idle and what == "acquire":
                     raise Violation(f"{party.name}'s acquire after its release() returned was refused: {exc}") from exc
+                self._still_releasing(party, what, exc)
                 return exc
             raise Violation(f"{party.name} {what} raised {exc!r}") from exc
         finally:
@@ -590,15 +621,33 @@ class World:
                 party.releasing -= 1
         if party.proc.frozen_until() > started or party.proc.frozen_until() != frozen_before:
             return result  # a pause stretches any operation
+        limit = self.op_limit(lock, bound)
+        if hub.now - started > limit:
+            raise Violation(f"{party.name} {what} took {hub.now - started:.2f} s (bound {limit:.2f} s)")
+        return result
+
+    def _still_releasing(self, party: Party, what: str, exc: Exception) -> None:
+        """An acquire refused as still releasing, long after a release of the party's raised a store error: that
+        release is retried in the background only until the lease has run out (``ttl`` from its last renewal, a
+        retry's own time and slack on top), then the lock is idle. Not judged if the process stood still since,
+        or a release of its is under way."""
+        t, since = party.lock.timing, party.release_failed_at
+        late = self.hub.now - since - (t.ttl + t.max_clock_skew + t.renew_deadline + 5.0)
+        if what == "acquire" and late > 0 and not party.releasing and party.proc.frozen_until() < since:
+            raise Violation(
+                f"{party.name}'s acquire was refused ({exc}) {self.hub.now - since:.2f} s after its release raised a "
+                "store error: the release is retried only until the lease runs out"
+            )
+
+    def op_limit(self, lock: HandoffLock, bound: float | None) -> float:
+        """How long an operation of ``lock`` may take (see :meth:`timed`)."""
         if bound is None:
             limit = lock.renew_deadline + lock.give_up_budget
         else:
             limit = bound + lock.give_up_budget + lock.renew_deadline + max(lock.renew_deadline, 5.0) + 2.0
         if self.config.faults.slow_read and (bound is not None or not self.config.faults.cut_reads):
             limit += 2 * self.config.faults.slow_read_max
-        if hub.now - started > limit:
-            raise Violation(f"{party.name} {what} took {hub.now - started:.2f} s (bound {limit:.2f} s)")
-        return result
+        return limit
 
     def crash(self, party: Party) -> None:
         self.hub.note(f"{party.name} crashes (held={party.lock.is_held})")
