@@ -803,9 +803,10 @@ class Checker:
 
         A failure is a write refused with a 429, or a request on the lock that stalled (a read of a second or
         more, or one cut off at its timeout: a stalled read is promised alone, not on top of a 429). A write
-        refused on its precondition (a waiter wrote) counts once one of those came before it: before, the
-        renewal is sent again at once with its margin whole; after, it goes at the last moment that leaves
-        room for only what is promised, and the read and write a 412 costs are more. Only the hold's own
+        refused on its precondition (a waiter wrote) counts once one of those came before it, or from a widened
+        spacing: from a relaxed one, before any failure, the renewal is sent again at once with its margin whole;
+        after one, or held back by a widened spacing, it goes at the last moment that leaves room for only what
+        is promised, and the read and write a 412 costs are more. Only the hold's own
         requests count (a waiter's refused refreshes say nothing of how its hold went), but every write of the
         party's widens or relaxes its spacing (one gate per process and object)."""
         least, began = self.rules.spacing, self.hold_began.get(party.lock.instance, -math.inf)
@@ -831,7 +832,7 @@ class Checker:
             stalled = "cut off at its timeout" in e.detail or (e.detail == "read: ok" and e.at - e.sent >= STALLED)
             if refused or stalled:
                 failures, hurt = failures + 1, True
-            elif e.detail.startswith("write:") and "PreconditionFailed" in e.detail and hurt:
+            elif e.detail.startswith("write:") and "PreconditionFailed" in e.detail and (hurt or widened):
                 failures += 1
         return failures > (1 if widened else 2)
 
