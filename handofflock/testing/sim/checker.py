@@ -249,8 +249,8 @@ class Checker:
     fence_highest: int = 0
     last_sent: dict[Party, float] = field(default_factory=dict)  # when a party's last request on the lock went out
     last_write_sent: dict[Party, float] = field(default_factory=dict)  # ... its last write or delete
-    #: By party: its clock as each of its last few writes on the lock went out (one may land late).
-    write_sends: dict[Party, list[float]] = field(default_factory=dict)
+    #: By party: its clock as its last write on the lock went out.
+    write_sent_local: dict[Party, float] = field(default_factory=dict)
     #: Parties whose acquire ended without the lock while the record names it its live owner, and when:
     #: the lock must give it back (a release retried in the background) or the checker calls it a leak.
     left_owning: dict[Party, float] = field(default_factory=dict)
@@ -336,7 +336,7 @@ class Checker:
                 self.in_flight[e.party] += 1
                 if e.detail in ("write", "delete"):
                     self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
-                    self.write_sends[e.party] = [*self.write_sends.get(e.party, ())[-2:], e.local]
+                    self.write_sent_local[e.party] = e.local
                     self.writes_open[e.party] += 1
             elif e.what == "request" and e.party is not None and e.detail == "list" and KEY.startswith(e.key):
                 self.peeked[e.party] = e.at
@@ -493,9 +493,9 @@ class Checker:
         except LockRecordCorrupt as exc:
             raise Violation(f"{party.name} wrote a record the lock cannot read: {exc}") from exc
         me, timing, landed = lock._me, lock.timing, party.clock.time()
-        # When it may have been sent, by the writer's clock: as one of its writes went out, or as it landed
-        # (a clock may be stepped between).
-        sent = {landed, *self.write_sends.get(party, ())}
+        # When it may have been sent, by the writer's clock: as its last write went out, or as it landed (a clock
+        # may be stepped between).
+        sent = {landed, self.write_sent_local.get(party, landed)}
         if new.owner is not None and new.ttl is not None:
             sent.add(new.owner.expires_at - new.ttl)
         if new.waiter is not None:
