@@ -298,8 +298,8 @@ def decide_acquire(
             return Contended(record)  # the live waiter has priority; only it may take the lock
         return Write(Kind.TAKE, _taken(record, me, now, timing, nonce), generation)
 
-    # A live owner holds it.
-    if _is(waiter, me):
+    # A live owner holds it. Our slot with another request is an earlier acquire's, left behind: written anew below.
+    if _is(waiter, me) and waiter.request == request:
         if now >= waiter.expires_at - timing.waiter_ttl / 2:
             refreshed = replace(waiter, expires_at=now + timing.waiter_ttl)
             return Write(Kind.REFRESH_WAITER, record.replace(waiter=refreshed, nonce=nonce), generation, end + skew)

@@ -518,3 +518,21 @@ def test_taking_and_renewing_write_the_minimum_hold_and_a_handoff_and_a_free_cle
         Timing.build(ttl=60.0, min_hold=-1)
     with pytest.raises(ConfigurationError, match="min_hold"):
         Timing.build(ttl=60.0, min_hold=8 * 24 * 3600.0)
+
+
+@pytest.mark.parametrize("left", [WaiterRequest(priority=1, asks=False), WaiterRequest(asks=False), ASKING])
+def test_our_slot_left_behind_by_an_earlier_acquire_is_written_anew_with_this_acquires_request(left):
+    """An acquire that ended without giving its slot back (a timeout the store cut short) leaves it behind; the
+    next acquire of the same instance finds it. It waits with what it asks for (the holder asked or not, its
+    rank), not with the earlier acquire's request: it writes its own request and when it began."""
+    ours = WaiterRequest(priority=0, asks=left.asks is False)
+    record = rec("a", NOW + 30).replace(waiter=Waiter("me", NOW + 25, instance="m1", request=left, since=NOW - 40))
+    d = protocol.decide_acquire(
+        record, GEN, me=Me("me", "m1"), now=NOW, timing=TIMING, nonce="n", waiting=True, request=ours, since=NOW - 2
+    )
+    assert isinstance(d, Write) and d.kind is Kind.BECOME_WAITER
+    assert (d.record.waiter.request, d.record.waiter.since, d.record.waiter.instance) == (ours, NOW - 2, "m1")
+    same = protocol.decide_acquire(
+        record, GEN, me=Me("me", "m1"), now=NOW, timing=TIMING, nonce="n", waiting=True, request=left, since=NOW - 2
+    )
+    assert isinstance(same, Wait), "a slot with our own request is ours: wait (or refresh it), as before"

@@ -145,6 +145,13 @@ def test_a_free_is_judged_by_the_writers_clock_as_it_went_out_though_the_clock_s
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_an_acquire_that_finds_its_slot_left_behind_waits_with_its_own_request():
+    """Seed 1027: an acquire timed out while 429s held its slot's refresh, leaving the slot; the party's next
+    acquire, at another priority, found it and refreshed it with the earlier request. It writes its own."""
+    outcome = run_seed(1027)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
     assert len(BUGS) >= 17 and set(CAUGHT_AT) == set(BUGS)
 
