@@ -1237,7 +1237,11 @@ class HandoffLock:
                 raise LockLost(why, url=self.url, reason=decision.why)
             assert isinstance(decision, Write)
             try:
-                written, _, _, _ = self._io.write(decision, deadline, urgent=True)
+                # A 429's widened spacing holds the release back only while that leaves it room to go out by
+                # ``deadline``; past that it goes at the store's own spacing. Else it would give up with nothing
+                # sent, and leave the lease (and a waiter) behind for up to ttl: released in an acquire's way
+                # out, past that acquire's give-up budget.
+                written, _, _, _ = self._io.write(decision, deadline, urgent=True, send_by=deadline - MIN_REQUEST_TIME)
             except PreconditionFailed:
                 attempted = decision
                 try:

@@ -88,6 +88,22 @@ def test_a_release_right_after_a_renewal_goes_out_at_once(world):
     assert write_times[-1] - renewed < 0.1
 
 
+def test_a_release_goes_out_at_the_stores_own_spacing_where_a_429s_widened_one_would_pass_its_deadline(world):
+    """Earlier 429s widened the write spacing to 8 s, past the release's deadline: the release goes out at the
+    store's own spacing rather than give up with nothing sent. Given up, it would leave the lease behind until a
+    background retry fits the spacing: released in an acquire's way out (a signal handler's release as the
+    acquire took the lock), past that acquire's give-up budget (sim seed 1935)."""
+    write_times = world.timed_writes()
+    a = world.lock("A", ttl=10.0, min_write_interval=GCS_SPACING)
+    assert a.acquire()
+    taken = write_times[-1]
+    a._io.gate().throttled(retry_after=8.0)  # private: the store's write gate, widened as a 429 would
+    world.clock.advance(0.3)
+    assert a.release() is None
+    assert len(write_times) == 2 and write_times[-1] - taken <= GCS_SPACING + 1e-6
+    assert world.record().owner_id is None and not a.is_held
+
+
 def test_release_from_a_signal_handler_during_a_blocking_acquire_cancels_it_without_deadlock():
     url = f"memory://sig-{uuid.uuid4().hex[:8]}/train.json"
     owner = make_lock(url)

@@ -93,14 +93,14 @@ CAUGHT_AT = [
     # every timeout read as none: an acquire waits on past its timeout
     ("handofflock/lock/handoff.py", "acquire", "compare", "timeout == -1", "timeout != -1", 1),
     # cancel() does nothing: a cancelled acquire goes on
-    ("handofflock/lock/handoff.py", "cancel", "delete", "self._cancel.set()", "pass", 32),
+    ("handofflock/lock/handoff.py", "cancel", "delete", "self._cancel.set()", "pass", 37),
     # the give-back of a slot held by a spacing earlier 429s widened: it gives up with nothing sent, the slot left
     ("handofflock/lock/handoff.py", "_leave_slot", "drop-keyword",
      "self._io.write(decision, by, urgent=True, send_by=by - MIN_REQUEST_TIME)",
-     "self._io.write(decision, by, urgent=True)", 14),
+     "self._io.write(decision, by, urgent=True)", 21),
     # a release that failed is never retried in the background: the lock stays releasing, every acquire refused
     ("handofflock/lock/handoff.py", "_release_held", "negate", "self._state == RELEASING",
-     "not self._state == RELEASING", 23),
+     "not self._state == RELEASING", 47),
     # grouped waiter checks never run: a holder in a group never looks at the lock
     ("handofflock/lock/scheduler.py", "_plan", "delete",
      "jobs.append( _Job(1, beat, next(self._seq), functools.partial(self._check_group, gkey, group, batch), []) )",
