@@ -503,7 +503,9 @@ class Checker:
         floor, nonce = 0 if prev is None else prev.token, new.nonce or ""
         # When it may have been decided: as it was sent, or when its token says (a new owner's is its clock's ms).
         decided = sorted(sent | ({new.token / 1000} if abs(new.token / 1000 - landed) < 60 else set()))
-        request = new.waiter.request if new.waiter is not None and new.waiter_instance == me.instance else ASKING
+        # The request it waits with: its slot's, in the record written or (a take, say) in the one replaced.
+        slot = next((r.waiter for r in (new, prev) if r is not None and r.waiter_instance == me.instance), None)
+        request = ASKING if slot is None else slot.request
         since = new.waiter.since if new.waiter is not None else None
 
         def decisions(now: float) -> Iterator[object]:  # lazily: most writes match one of the first
