@@ -100,8 +100,8 @@ class CaughtSignals:
     Subclasses say what each means (:meth:`_ask`, :meth:`_now`). At the first
     signal, the handler found at install runs too if it is a Python function
     and the signal is one of ``chain`` (default: all). A later signal means
-    "now" only if it is one of ``escalates`` (default: all) and is handled at
-    least ``repeat_window`` seconds after the first; any other is the same
+    "now" if :meth:`_escalates` says it may (by default, any) and it is handled
+    at least ``repeat_window`` seconds after the first; any other is the same
     request again. A signal found ignored (SIG_IGN) at install stays ignored; in
     a forked child, which inherited the handler but not the lock, a signal
     does what it would have done had we never been installed (a worker told
@@ -110,8 +110,6 @@ class CaughtSignals:
     """
 
     repeat_window = 0.0
-    #: The signals whose later arrival means "now"; any other one, however late, repeats the request.
-    escalates: frozenset[signal.Signals] = frozenset(signal.Signals)
     #: What a subclass's API says of a signal that cannot be caught, and of an install off the main thread.
     uncatchable = "{} cannot be caught; no process gets a chance to release on it"
     off_main_thread = "signal handlers must be installed from the main thread (Python runs signal handlers only there)"
@@ -178,8 +176,8 @@ class CaughtSignals:
             self._now(sig, lambda: act_as_before(sig, frame, then))
 
     def _escalates(self, sig: signal.Signals) -> bool:
-        """Whether ``sig``, after the first signal, may mean "now" (:attr:`escalates`)."""
-        return sig in self.escalates
+        """Whether ``sig``, after the first signal, may mean "now"; if not, however late, it repeats the request."""
+        return True
 
     def _then(self, sig: signal.Signals, previous: Handler) -> Handler:
         """What ``sig`` does once "now" has let the lock go: what it did before us (``previous``)."""

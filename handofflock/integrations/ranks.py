@@ -674,7 +674,6 @@ class RankSignals(CaughtSignals):
     """
 
     repeat_window = REPEAT_WINDOW
-    escalates = frozenset({signal.SIGINT})
     uncatchable = "{} cannot be caught"
     off_main_thread = "RankSignals.install() must be called from the main thread"
 
@@ -694,7 +693,7 @@ class RankSignals(CaughtSignals):
     def _escalates(self, sig: signal.Signals) -> bool:
         # torchrun starts its workers in sessions of their own: a terminal's Ctrl-C reaches torchrun alone,
         # which sends its workers SIGINT, and on a second Ctrl-C SIGTERM (its shutdown).
-        return sig in self.escalates or (sig is signal.SIGTERM and self.received[0] == signal.SIGINT.name)
+        return sig is signal.SIGINT or (sig is signal.SIGTERM and self.received[0] == signal.SIGINT.name)
 
     def _then(self, sig: signal.Signals, previous: Handler) -> Handler:
         # SIGTERM's earlier handler never runs from ours (Lightning's runs a collective): it ends the process.
