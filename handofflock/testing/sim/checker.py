@@ -331,10 +331,9 @@ class Checker:
                 self.last_read[e.party] = None
                 if e.detail == "read":
                     self.peeked[e.party] = e.at
-                if e.detail in ("write", "delete"):
-                    self.left_reading.pop(e.party, None)  # a write of its own since, which may be the one that lands
                 self.in_flight[e.party] += 1
                 if e.detail in ("write", "delete"):
+                    self.left_reading.pop(e.party, None)  # a write of its own since, which may be the one that lands
                     self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
                     self.write_sent_local[e.party] = e.local
                     self.writes_open[e.party] += 1
