@@ -9,8 +9,10 @@ import random
 from collections import Counter
 from dataclasses import fields
 
+import orjson
 import pytest
 
+import handofflock.testing.sim.__main__ as sim_main
 from handofflock.core.clock import Clock
 from handofflock.core.errors import TransientStorageError
 from handofflock.storage import MemoryStorage
@@ -249,3 +251,76 @@ def test_seeds_found_by_the_swarm_hold():
     read off at its timeout; the simulated store now does too (a checker's false positive, not the lock's)."""
     outcome = run_seed(2985, aims=False)  # its world as it was found
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
+def _fake_seeds(monkeypatch, bad: frozenset[int] = frozenset()) -> list[int]:
+    """``run_seed`` replaced by one that notes the seed and fails those in ``bad``: the ledger's bookkeeping,
+    without the worlds."""
+    ran: list[int] = []
+
+    def run_seed(seed, **_):
+        ran.append(seed)
+        return Outcome(seed, f"p1 broke rule {seed}" if seed in bad else None, [], 1, Config())
+
+    monkeypatch.setattr(sim_main, "run_seed", run_seed)
+    return ran
+
+
+def test_a_long_run_with_a_ledger_goes_on_where_it_stopped(tmp_path, monkeypatch, capsys):
+    ran, ledger = _fake_seeds(monkeypatch), tmp_path / "ledger.jsonl"
+    assert main(["--seeds", "3", "--first", "7", "--ledger", str(ledger)]) == 0
+    assert ran == [7, 8, 9]
+    ran.clear()
+    assert main(["--seeds", "5", "--first", "7", "--ledger", str(ledger)]) == 0
+    assert ran == [10, 11], "the seeds the ledger holds for this tree are not run again"
+    out = capsys.readouterr().out
+    assert "3 of seeds 7-11 run" in out and "ledger: 5 of 5 seeds 7-11 run" in out
+    lines = [orjson.loads(raw) for raw in ledger.read_bytes().splitlines()]
+    assert [(x["first"], x["end"]) for x in lines] == [(7, 10), (10, 12)]
+    assert {x["tree"] for x in lines} == {sim_main.tree_digest()}
+
+
+def test_a_ledger_counts_only_whole_lines_of_this_tree_and_blocks_of_consecutive_seeds(tmp_path, monkeypatch):
+    ran, ledger = _fake_seeds(monkeypatch), tmp_path / "ledger.jsonl"
+    other = {"tree": "another", "first": 0, "end": 50, "violations": [], "seconds": 1.0}
+    ledger.write_bytes(orjson.dumps(other) + b"\n" + b'{"tree": "' + sim_main.tree_digest().encode() + b'", "fir')
+    monkeypatch.setattr(sim_main, "PROGRESS_EVERY", 2)
+    assert main(["--seeds", "5", "--ledger", str(ledger)]) == 0
+    assert ran == [0, 1, 2, 3, 4], "a line of another tree, or one cut short, counts for nothing"
+    mine = sim_main.Ledger(ledger, sim_main.tree_digest())
+    assert [(x["first"], x["end"]) for x in mine.lines()] == [(0, 2), (2, 4), (4, 5)]
+    ran.clear()
+    ledger.write_bytes(ledger.read_bytes().replace(b'"first":2,"end":4', b'"first":9,"end":9'))
+    assert main(["--seeds", "6", "--ledger", str(ledger)]) == 0
+    assert ran == [2, 3, 5]
+    assert [(x["first"], x["end"]) for x in mine.lines()][-2:] == [(2, 4), (5, 6)], "a gap starts a line"
+
+
+def test_a_ledger_keeps_each_violation_and_reports_it_until_the_tree_changes(tmp_path, monkeypatch, capsys):
+    ran, ledger = _fake_seeds(monkeypatch, bad=frozenset({4})), tmp_path / "ledger.jsonl"
+    assert main(["--seeds", "6", "--ledger", str(ledger)]) == 1
+    ran.clear()
+    capsys.readouterr()
+    assert main(["--seeds", "6", "--ledger", str(ledger)]) == 1, "a resumed run with nothing left still fails"
+    assert ran == []
+    assert "1 violations\n  seed 4: p1 broke rule 4" in capsys.readouterr().out
+    monkeypatch.setattr(sim_main, "tree_digest", lambda: "changed")
+    assert main(["--seeds", "6", "--ledger", str(ledger)]) == 1
+    assert ran == [0, 1, 2, 3, 4, 5], "on a tree changed since, every seed runs again"
+
+
+def test_the_tree_digest_follows_the_source(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("x = 1\n")
+    (tmp_path / "notes.txt").write_text("not source")
+    before = sim_main.tree_digest(tmp_path)
+    (tmp_path / "notes.txt").write_text("still not source")
+    assert sim_main.tree_digest(tmp_path) == before
+    (tmp_path / "a" / "x.py").write_text("x = 2\n")
+    assert sim_main.tree_digest(tmp_path) != before
+
+
+def test_a_ledger_is_refused_where_a_run_does_not_judge_the_tree(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--plant-bug", "trust-a-read", "--ledger", str(tmp_path / "l")])
+    assert "--ledger counts the seeds a tree passes" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     python -m handofflock.testing.sim --seeds 2000        # N seeds, K violations; a coverage line; exit 1 if K > 0
     python -m handofflock.testing.sim --long --jobs 2     # 100,000 seeds on 2 processes, with seeds per second
+    python -m handofflock.testing.sim --long --ledger L   # the same, resumable: skips what L says ran on this tree
     python -m handofflock.testing.sim --seed 1234 --trace # replay one seed with its trace
     python -m handofflock.testing.sim --list-bugs         # the bugs that can be planted
     python -m handofflock.testing.sim --plant-bug NAME    # must find it within the default seeds (exit 1 if not)
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import itertools
 import logging
+import platform
 import re
 import sys
 import time
@@ -25,7 +28,10 @@ import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from ...core.errors import StoreUnreachableWarning
 from .bugs import BUGS, PROTOCOL_BUGS, planted
@@ -131,6 +137,63 @@ def _run_quietly(seed: int, bug: str | None) -> Outcome:
     return run_seed(seed, bug=bug)
 
 
+def tree_digest(root: Path | None = None) -> str:
+    """A digest of the library's source (every ``.py`` under ``handofflock/``, by path and bytes): a seed's verdict
+    holds for the tree it ran on, and a ledger counts only the seeds that ran on this one."""
+    root = root or Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Ledger:
+    """What a long run did, one JSON line per block of seeds, so that a run stopped (a session's end, a machine's
+    time limit) goes on where it stopped, and runs on several machines add up: a block counts only for the tree
+    it ran on (:func:`tree_digest`). A line: ``{"tree", "first", "end", "violations": [[seed, text], ...],
+    "seconds", "python", "host"}`` for seeds ``first`` to ``end - 1``, each run to its end."""
+
+    path: Path
+    tree: str
+
+    def lines(self) -> list[dict[str, Any]]:
+        """This tree's lines (others' are kept in the file, and not counted); a line cut short is left out."""
+        if not self.path.exists():
+            return []
+        out = []
+        for raw in self.path.read_bytes().splitlines():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                line = orjson.loads(raw)
+                if isinstance(line, dict) and line.get("tree") == self.tree:
+                    out.append(line)
+        return out
+
+    def done(self) -> set[int]:
+        return {s for line in self.lines() for s in range(int(line["first"]), int(line["end"]))}
+
+    def violations(self, seeds: range) -> list[tuple[int, str]]:
+        return sorted((int(s), str(v)) for line in self.lines() for s, v in line["violations"] if int(s) in seeds)
+
+    def add(self, first: int, end: int, violations: list[Outcome], seconds: float) -> None:
+        line = {
+            "tree": self.tree,
+            "first": first,
+            "end": end,
+            "violations": [[o.seed, o.violation] for o in violations],
+            "seconds": round(seconds, 1),
+            "python": platform.python_version(),
+            "host": platform.node(),
+        }
+        with self.path.open("a+b") as f:  # one write per line: a run killed mid-way leaves whole lines
+            size = f.seek(0, 2)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")  # a line cut short (its run killed as it wrote) ends here, and stays unread
+            f.write(orjson.dumps(line) + b"\n")
+
+
 def run_seeds(
     seeds: Iterable[int],
     *,
@@ -139,12 +202,27 @@ def run_seeds(
     totals: dict[str, int] | None = None,
     jobs: int = 1,
     progress: bool = False,
+    ledger: Ledger | None = None,
 ) -> list[Outcome]:
     """Run many seeds; return those that broke an invariant. ``totals`` gathers their coverage; ``progress``
-    prints a line every :data:`PROGRESS_EVERY` seeds, with seeds per second."""
+    prints a line every :data:`PROGRESS_EVERY` seeds, with seeds per second; ``ledger`` gets a line for each
+    run of at most that many consecutive seeds, once each has run."""
     found: list[Outcome] = []
-    started = time.monotonic()
+    started = block_started = time.monotonic()
+    block: list[Outcome] = []  # the seeds since the ledger's last line, consecutive
+
+    def write_block() -> None:
+        nonlocal block_started
+        if ledger is not None and block:
+            now = time.monotonic()
+            ledger.add(block[0].seed, block[-1].seed + 1, [o for o in block if o.violation], now - block_started)
+            block_started = now
+        block.clear()
+
     for n, outcome in enumerate(_outcomes(seeds, bug, jobs), 1):
+        if block and (outcome.seed != block[-1].seed + 1 or len(block) >= PROGRESS_EVERY):
+            write_block()
+        block.append(outcome)
         if progress and n % PROGRESS_EVERY == 0:
             took = time.monotonic() - started
             print(f"{n} seeds, {len(found)} violations, {n / took:.2f} seeds/s", flush=True)
@@ -155,6 +233,7 @@ def run_seeds(
             found.append(outcome)
             if stop_at_first:
                 break
+    write_block()
     return found
 
 
@@ -177,9 +256,21 @@ def _simulate(a: argparse.Namespace) -> int:
         return 1 if out.violation else 0
     started, totals = time.monotonic(), {}  # type: ignore[var-annotated]
     count = a.seeds if a.seeds is not None else LONG_SEEDS if a.long else DEFAULT_SEEDS
-    seeds = range(a.first, a.first + count)
+    seeds = whole = range(a.first, a.first + count)
+    ledger = Ledger(Path(a.ledger), tree_digest()) if a.ledger else None
+    if ledger is not None:
+        done = ledger.done()
+        seeds = [s for s in whole if s not in done]  # type: ignore[assignment]
+        print(f"ledger {a.ledger}: tree {ledger.tree}, {count - len(seeds)} of seeds {a.first}-{whole[-1]} run")
+        count = len(seeds)
     found = run_seeds(
-        seeds, bug=a.plant_bug, stop_at_first=bool(a.plant_bug), totals=totals, jobs=a.jobs, progress=a.long
+        seeds,
+        bug=a.plant_bug,
+        stop_at_first=bool(a.plant_bug),
+        totals=totals,
+        jobs=a.jobs,
+        progress=a.long,
+        ledger=ledger,
     )
     took = time.monotonic() - started
     groups: dict[str, list[Outcome]] = {}
@@ -197,6 +288,14 @@ def _simulate(a: argparse.Namespace) -> int:
             more = ", ..." if len(outs) > 10 else ""
             print(f"  {len(outs)} x {sig}: seeds {', '.join(str(o.seed) for o in outs[:10])}{more}")
     print(coverage_line(totals))
+    if ledger is not None:  # what the ledger says of the whole range, this run and earlier ones on this tree
+        done, bad = ledger.done(), ledger.violations(whole)
+        ran_all = sum(s in done for s in whole)
+        print(
+            f"ledger: {ran_all} of {len(whole)} seeds {whole[0]}-{whole[-1]} run on tree {ledger.tree}, "
+            f"{len(bad)} violations" + "".join(f"\n  seed {s}: {v}" for s, v in bad)
+        )
+        return 1 if bad else 0
     return 1 if found else 0  # with a planted bug, exit 1 is the checker doing its job
 
 
@@ -219,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"{LONG_SEEDS:,} seeds, saying how far it got with seeds per second; with --model-check: go deeper",
     )
+    p.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="append a line per 1,000 seeds run to PATH, and skip the seeds PATH says ran on this tree already",
+    )
     p.add_argument("--log", action="store_true", help="show the library's log as it runs")
     a = p.parse_args(argv)
     if not a.log:
@@ -228,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             print(f"{name}: {BUGS[name]}")
         return 0
+    if a.ledger and (a.plant_bug or a.model_check or a.seed is not None):
+        p.error("--ledger counts the seeds a tree passes: not with --plant-bug, --model-check or --seed")
     if a.plant_bug and a.plant_bug not in names:
         p.error(f"unknown bug {a.plant_bug!r}; see --list-bugs" + (" --model-check" if a.model_check else ""))
     return check_all(bug=a.plant_bug, long=a.long) if a.model_check else _simulate(a)
