@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ...core.errors import StoreUnreachableWarning
+from ...core.errors import RenewalsBehindWarning, StoreUnreachableWarning
 from .bugs import BUGS, PROTOCOL_BUGS, planted
 from .model import check_all
 
@@ -119,6 +119,7 @@ def _quiet() -> None:
     """A seed's faults make the library log (and warn) plenty; the verdict is what matters here."""
     logging.getLogger("handofflock").setLevel(logging.CRITICAL)
     warnings.simplefilter("ignore", StoreUnreachableWarning)
+    warnings.simplefilter("ignore", RenewalsBehindWarning)  # a slow simulated store, on purpose
 
 
 def _outcomes(seeds: Iterable[int], bug: str | None, jobs: int) -> Iterator[Outcome]:
