@@ -121,6 +121,7 @@ class CaughtSignals:
                 raise ConfigurationError(self.uncatchable.format(sig.name))
         self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
         self._first_at: float | None = None
+        self._stopping_now = False  # a "now" is under way
         self.received: list[str] = []
         self.signals: tuple[signal.Signals, ...] = ()
         self._previous: dict[signal.Signals, Handler] = {}
@@ -171,9 +172,20 @@ class CaughtSignals:
             if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
         elif self._escalates(sig) and now - first_at >= self.repeat_window:
+            if self._stopping_now:
+                return  # "now" is letting the lock go: this one repeats it, and the first acts once that is done
+            self._stopping_now = True
             then = self._then(sig, previous)
-            self.uninstall()
-            self._now(sig, lambda: act_as_before(sig, frame, then))
+
+            def act() -> None:
+                self.uninstall()
+                act_as_before(sig, frame, then)
+
+            try:  # ours stay in place while the lock is let go: a signal meanwhile must not end the process first
+                self._now(sig, act)
+            finally:  # a release deferred to the call in progress: from here a signal does what it did before us
+                if self.signals:
+                    self.uninstall()
 
     def _escalates(self, sig: signal.Signals) -> bool:
         """Whether ``sig``, after the first signal, may mean "now"; if not, however late, it repeats the request."""

@@ -147,3 +147,32 @@ def test_torchruns_sigterm_after_a_second_ctrl_c_stops_now_and_ends_the_process_
     assert seen == [], "the earlier SIGTERM handler ran"
     assert not job.held and job.lock.status().owner_id is None, "the holder let the lock go at once"
     assert handlers.received == ["SIGINT", "SIGTERM"]
+
+
+def test_a_signal_while_now_lets_the_lock_go_does_not_end_the_process_before_the_release(handled_at, job, monkeypatch):
+    """torchrun's SIGTERM "now" (after a Ctrl-C), and another SIGTERM (a launcher's, or the kubelet's) while the
+    holder's release is on its way to the store: the process must not end, nor run the earlier SIGTERM handler,
+    with the lock still held; it ends by SIGTERM once the lock is let go."""
+    seen: list[str] = []
+    killed: list[tuple[int, int]] = []
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, spy(seen, "lightning's SIGTERM handler"))
+    handlers = RankSignals(job).install()
+    signal.raise_signal(signal.SIGINT)
+    handled_at[0] += REPEAT_WINDOW
+    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    release, held_then = job.lock.release, []
+
+    def release_meanwhile_signalled():
+        signal.raise_signal(signal.SIGTERM)  # the store has not answered yet
+        held_then.append(job.lock.is_held)
+        return release()
+
+    monkeypatch.setattr(job.lock, "release", release_meanwhile_signalled)
+    with pytest.warns(StoppedWithoutCheckpointWarning, match=r"SIGTERM, after SIGINT.*, the lock released"):
+        signal.raise_signal(signal.SIGTERM)
+    assert held_then == [True] and seen == [], "a signal during the release ran the earlier handler"
+    assert killed == [(os.getpid(), signal.SIGTERM)], "the process ends by SIGTERM once, after the release"
+    assert job.lock.status().owner_id is None
+    assert handlers.received == ["SIGINT", "SIGTERM", "SIGTERM"]
+    assert signal.getsignal(signal.SIGTERM) is not handlers._handle, "the handlers found at install are back"

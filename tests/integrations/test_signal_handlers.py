@@ -123,6 +123,27 @@ def test_a_second_sigint_hands_the_lock_over_and_raises_keyboard_interrupt(store
     assert lock.status().owner_id is None, "released: the record names no owner"
 
 
+def test_ctrl_c_pressed_a_third_time_while_the_second_releases_does_not_cut_the_release(
+    store_name, restore_signals, monkeypatch
+):
+    lock = held_lock(store_name)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    handlers = install_signal_handlers(lock)
+    send(signal.SIGINT)
+    release = lock.release
+
+    def release_meanwhile_interrupted():
+        send(signal.SIGINT)  # the third Ctrl-C, before the store has answered
+        return release()
+
+    monkeypatch.setattr(lock, "release", release_meanwhile_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        send(signal.SIGINT)
+    assert lock.status().owner_id is None, "the release went through: a KeyboardInterrupt did not cut it"
+    assert handlers.received == ["SIGINT", "SIGINT", "SIGINT"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_second_signal_of_another_kind_also_escalates_and_chains(store_name, restore_signals):
     lock = held_lock(store_name)
     seen = []
