@@ -1538,14 +1538,18 @@ def _label_text(label: Label | None) -> str | None:
 def _timeout_message(url: str, record: LockRecord | None, me: Me, now: float) -> str:
     """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
 
-    Never "until T" for a live lease: its holder renews it, so its expiry says
-    nothing of when the lock comes free.
+    Never "free at T" for a live lease: a running holder renews it, so its
+    expiry says when the lock comes free only if the holder is gone (killed,
+    its host down); the message says so, and when that would be.
     """
     owner, waiter = (None, None) if record is None else (record.owner, record.waiter)
     if owner is None:
         held = "it was free, but the waiter slot was taken"
     elif owner.live(now):
-        held = f"held by {who(owner.id, _label_text(owner.label))}, a live lease its holder keeps renewing"
+        held = (
+            f"held by {who(owner.id, _label_text(owner.label))}, a live lease its holder renews while it runs "
+            f"(if the holder is gone, the lease runs out {when(owner.expires_at, now)})"
+        )
     else:
         ran_out = when(owner.expires_at, now)
         held = f"held by {who(owner.id, _label_text(owner.label))}, whose lease ran out {ran_out}"

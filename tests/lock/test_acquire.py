@@ -408,7 +408,7 @@ def test_a_second_instance_with_the_same_owner_id_never_takes_the_live_ones_lock
     first, twin = world.lock("slurm:812345"), world.lock("slurm:812345")
     assert first.acquire()
     token = first.token
-    with pytest.raises(LockTimeout, match="a live lease its holder keeps renewing"):
+    with pytest.raises(LockTimeout, match="a live lease its holder renews while it runs"):
         twin.acquire(timeout=5)
     world.clock.run_for(first.waiter_check_interval * 3)  # the first's checks read the record
     first.check()
@@ -785,8 +785,10 @@ def test_lock_timeout_prints_an_iso_time_with_its_age_not_an_epoch(url):
         with pytest.raises(LockTimeout) as info:
             make_lock(url, owner_id="late", ttl=30.0, renew_interval=3.0, renew_deadline=15.0).acquire(timeout=0.2)
         message = str(info.value)
-        # A live lease is renewed while its holder lives: its expiry says nothing of when the lock frees.
-        assert "a live lease its holder keeps renewing" in message, message
+        # A live lease is renewed while its holder lives: its expiry says when the lock frees only if the
+        # holder is gone (kill -9), and the message says so, as an ISO time with its age.
+        assert "a live lease its holder renews while it runs" in message, message
+        assert re.search(r"if the holder is gone, the lease runs out \S+Z \(in \d+\.\d s\)", message), message
         assert not re.search(r"\d{10}\.\d", message), "no raw epoch"
     finally:
         holder.release()
