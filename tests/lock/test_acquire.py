@@ -745,7 +745,7 @@ def test_a_cancel_still_stops_a_running_acquire(sim):
 def test_a_cancel_stops_an_acquire_whose_write_waits_out_a_spacing_a_429_widened(sim):
     """A 429 on the registration widens the write spacing to 8 s; a cancel() while the retry waits it out ends
     the acquire within its give-up budget, with nothing more sent: not once the spacing lets the write go, then
-    the give-up after it (past what ``release()`` and exit wait for a cancelled acquire; sim seed 3910)."""
+    the give-up after it (sim seed 3910)."""
     a, b = lock_for(sim, "a", paused=True), lock_for(sim, "b")  # a never renews: every write is b's
     assert sim.call(a.acquire)
     writes = []
