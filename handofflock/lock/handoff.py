@@ -424,6 +424,10 @@ class HandoffLock:
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.
 
+        Each wait of the acquire (a poll, a retry's backoff, the store's write spacing) ends at the
+        cancel; a request under way is not cut short. The slot is then given back within
+        ``give_up_budget``.
+
         Only an acquire that is running is cancelled: a cancel while none runs (or while the lock is
         held) does nothing, so a stray one never spoils the next acquire. To stop an acquire just
         started in another thread, call it again until that thread ends (as ``run`` and the async lock do).

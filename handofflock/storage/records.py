@@ -495,8 +495,10 @@ def write_resolving(
     Transient errors are retried with backoff until ``deadline`` (monotonic);
     the last one is raised after it. With ``retry=False`` the first transient
     error is raised (after one read-back if the write may have landed).
-    ``sleep(seconds)`` waits between retries and returns False to stop early
-    (a cancelled acquire); the default just sleeps. Raises
+    ``sleep(seconds)`` waits between retries and out the write spacing, and
+    returns False to stop early (a cancelled acquire: the last failure is
+    raised, or with none a :class:`TransientStorageError` that says nothing
+    was sent); the default just sleeps. Raises
     :class:`PreconditionFailed` when the object moved on, and any permanent
     :class:`StorageError` at once.
 
@@ -512,15 +514,19 @@ def write_resolving(
     cut_off = False  # an attempt got no answer at all: it may be applied later
     last_failure: TransientStorageError | None = None
 
+    def rest(seconds: float) -> bool:
+        """Sleep ``seconds``; False when ``sleep`` stopped early."""
+        if sleep is None:
+            clock.sleep(seconds)
+            return True
+        return sleep(seconds)
+
     def pause() -> bool:
         """Sleep before the next try; False when there is no next try."""
         delay = retries.next_delay()
         if not retry or delay is None:
             return False
-        if sleep is None:
-            clock.sleep(delay)
-            return True
-        return sleep(delay)
+        return rest(delay)
 
     def read_back(*, patient: bool) -> tuple[int, bytes] | None:
         """Whether a write that may have landed did (:func:`_landed`). A failed read is no answer:
@@ -553,7 +559,17 @@ def write_resolving(
                         key=key,
                         ambiguous=False,
                     )
-                clock.sleep(max(wait, 0.001))
+                if not rest(max(wait, 0.001)):
+                    # Stopped while the spacing (up to MAX_PENALTY_INTERVAL once 429s widened it) held the
+                    # write: a cancelled acquire ends now, not once the write may go. Nothing was sent
+                    # since the last failure, which says what the store did (none: the stop is the cause).
+                    raise last_failure or TransientStorageError(
+                        f"the write to {key!r} in {storage.url} was stopped while the write spacing "
+                        f"({wait:.1f} s) held it back; nothing was sent",
+                        url=storage.url,
+                        key=key,
+                        ambiguous=False,
+                    )
             bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None)
             try:
                 body = data() if callable(data) else data
@@ -782,7 +798,7 @@ class RecordStore:
         return attempt, generation, mono, wall
 
     def _sleep(self, delay: float, interruptible: bool) -> bool:
-        """Sleep ``delay`` before a retry; False to give up.
+        """Sleep ``delay`` before a retry or out the write spacing; False to give up.
 
         ``interruptible`` retries (an acquire's polling, ``status()``) give up
         on ``cancel()`` or a deferred release. The others (a release, giving

@@ -742,6 +742,34 @@ def test_a_cancel_still_stops_a_running_acquire(sim):
     assert sim.record().waiting_owner_id is None
 
 
+def test_a_cancel_stops_an_acquire_whose_write_waits_out_a_spacing_a_429_widened(sim):
+    """A 429 on the registration widens the write spacing to 8 s; a cancel() while the retry waits it out ends
+    the acquire within its give-up budget, with nothing more sent: not once the spacing lets the write go, then
+    the give-up after it (sim seed 3910)."""
+    a, b = lock_for(sim, "a", paused=True), lock_for(sim, "b")  # a never renews: every write is b's
+    assert sim.call(a.acquire)
+    writes = []
+
+    def refuse_once(op, key):
+        writes.append(sim.monotonic())
+        if len(writes) == 1:
+            raise TransientStorageError("injected: 429", status=429, ambiguous=False, retry_after=8.0)
+
+    sim.store.faults.before("write", refuse_once)
+    box = sim.start(lambda: b.acquire(request_release=False))
+    sim.run_until(lambda: writes, what="b's registration refused")
+    sim.run_for(2.0)  # past the retry's backoff: the retry waits out the widened spacing
+    assert len(writes) == 1 and not box.done
+    cancelled = sim.monotonic()
+    b.cancel()
+    sim.run_until(lambda: box.done, limit=30)
+    assert isinstance(box.error, AcquireCancelled), box.error
+    assert sim.monotonic() - cancelled <= b.give_up_budget, "the cancel waited for the write spacing"
+    assert len(writes) == 1, "the registration went out after the cancel"
+    assert sim.record().waiting_owner_id is None
+    sim.store.faults.clear()
+
+
 def test_a_waiter_displaced_by_a_higher_priority_waits_for_the_slot_again_without_a_timeout(sim):
     # design.md: "The displaced waiter sees the slot taken at its next poll and waits for it again".
     # A plain acquire() (asking, no timeout) that had registered must not turn the displacement into

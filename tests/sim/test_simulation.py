@@ -152,6 +152,16 @@ def test_an_acquire_that_finds_its_slot_left_behind_waits_with_its_own_request()
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+@pytest.mark.parametrize("seed", [3910, 68986, 71595, 79193, 93124])
+def test_a_cancel_ends_an_acquire_whose_write_waits_out_a_spacing_429s_widened(seed):
+    """Seeds found past 2,000: another thread cancelled an acquire (again and again: a try that may not wait for
+    the slot) while its write waited out a spacing earlier 429s had widened (up to 8 s). The wait sees the
+    cancel: the acquire ends within what an operation that does not wait may take, not once the write may go
+    and its give-up after that."""
+    outcome = run_seed(seed)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
     assert len(BUGS) >= 17 and set(CAUGHT_AT) == set(BUGS)
 
