@@ -152,6 +152,15 @@ def test_an_acquire_that_finds_its_slot_left_behind_waits_with_its_own_request()
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_a_registration_cut_off_and_found_stale_at_its_retry_cannot_land_after_the_acquire_left():
+    """Seed 2821, found past 2,000: an async waiter's registration was cut off at its timeout (the store applied it
+    later); its retry, found stale as it was sent, was decided again on the same generation as a take, which a 503
+    refused. The refusal speaks for the take only: the way out read the object still at that generation and must
+    write it again as it stands, so the registration cannot land for a party that has gone."""
+    outcome = run_seed(2821)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
     assert len(BUGS) >= 17 and set(CAUGHT_AT) == set(BUGS)
 
