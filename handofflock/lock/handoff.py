@@ -585,6 +585,9 @@ class HandoffLock:
                     # gives back whatever of it landed (the slot, or the lock itself).
                     before = sent
                     sent = sent or takes or decision.kind is Kind.BECOME_WAITER
+                    # An earlier write of ours left unanswered at this very generation (found stale as its
+                    # retry was sent) may land as well as this one, whatever this one's attempts are told.
+                    earlier = unanswered if unanswered == decision.if_generation_match else None
                     try:
                         with self._mutex:
                             unanswered = decision.if_generation_match
@@ -595,8 +598,8 @@ class HandoffLock:
                     except StorageError as exc:
                         if isinstance(exc, TransientStorageError) and not exc.ambiguous:
                             sent = before  # refused (a 429, a 503 before anything was applied): nothing landed
-                        if not exc.may_land_late:  # every attempt was answered: none of it can be applied later
-                            unanswered = None
+                        if not exc.may_land_late:  # every attempt was answered: none of this write can land later
+                            unanswered = earlier
                         raise
                     unanswered = None
                     record = written.record

@@ -239,6 +239,42 @@ def test_a_take_cut_off_then_refused_on_its_retry_cannot_land_after_the_acquire_
     assert record is None or record.owner_id != "B", f"a take landed after the acquire left: {record}"
 
 
+def test_a_registration_cut_off_then_a_take_refused_at_its_generation_cannot_land_after_the_acquire_left(
+    world, monkeypatch
+):
+    """B's registration is cut off at its request timeout with no answer (the store may still apply it).
+    Its retry finds it stale as it is sent (the owner's lease ended meanwhile), so B decides again on the
+    same generation: a take, which the store refuses before applying anything. That refusal speaks for
+    the take only: when the acquire leaves, the registration must not be able to land and leave a slot
+    for an instance that is gone."""
+    a = world.lock("A", ttl=2.0, frozen=True)  # never renews: its lease ends while the registration is out
+    assert a.acquire(timeout=5)
+    b = world.lock("B", ttl=10.0, frozen=True)
+    real = MemoryStorage.write
+    cut: list[tuple] = []
+
+    def write(self, key, data, *, if_generation_match, timeout=None):
+        record = LockRecord.decode(data, key=key)
+        if record.waiting_owner_id == "B" and not cut:  # the registration
+            cut.append((key, data, if_generation_match))
+            world.clock.advance(a.timing.ttl + a.timing.max_clock_skew)  # no answer until A's lease has ended
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        if record.owner_id == "B":  # the take, at the generation the registration was sent on
+            raise TransientStorageError("injected: 503, nothing applied", status=503, ambiguous=False)
+        return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+
+    monkeypatch.setattr(MemoryStorage, "write", write)
+    with pytest.raises((LockTimeout, StorageError)):
+        b.acquire(timeout=30.0)
+    monkeypatch.setattr(MemoryStorage, "write", real)
+    key, data, generation = cut[0]
+    with contextlib.suppress(PreconditionFailed):  # the store applies the registration now, late
+        world.store.write(key, data, if_generation_match=generation)
+    record = world.record()
+    assert not b.is_held
+    assert record.waiting_owner_id != "B", f"a registration landed after the acquire left: {record}"
+
+
 def test_a_second_ctrl_c_during_the_release_of_an_interrupted_take_still_frees_the_lock(world):
     """A Ctrl-C as the take lands, and another as the acquire's way out releases what it took (a user
     pressing Ctrl-C twice): the release goes on in the background, as after a store error, instead of

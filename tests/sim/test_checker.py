@@ -393,3 +393,34 @@ def test_a_write_cut_off_in_an_acquire_never_lands_at_the_generation_its_way_out
     else:
         with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
             checker.check()
+
+
+@pytest.mark.parametrize("what", ["give-back", "registration"])
+def test_a_give_back_of_its_own_slot_cut_off_as_its_way_out_ended_may_land_where_it_left_the_object(what):
+    """The way out's own give-back, cut off as its budget ran out (its read-back found the object not yet moved),
+    may land at the generation it matched after the acquire ended: it leaves the record less the party's slot, as
+    the way out meant to. A registration landing there is still a write that lands for a party that has gone."""
+    from handofflock.core.protocol import Me
+    from handofflock.core.timing import Timing
+    from handofflock.testing.sim.checker import Seen
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [], by_protocol=False)
+    a = _trying("a")
+    a.lock.instance = "ainstance"  # as the lock writes it: letters and digits
+    a.lock._me, a.lock.timing = Me("a", "ainstance"), Timing.build(ttl=2.0)
+    held = LockRecord(owner=Holder("b", WALL0 + 5, instance="binstance"), token=5, ttl=2.0)
+    # Its slot has ended (its way out ran past it, as a paused one does): left behind, it holds nobody back.
+    slot = Waiter("a", WALL0 - 0.5, instance="ainstance", request=WaiterRequest(), since=WALL0 - 2)
+    before = held.replace(waiter=slot) if what == "give-back" else held
+    checker.start_with(before.encode())  # the record at generation 3, as the run begins
+    _reads(checker, a, before, MONO0, again=False)
+    seen = Seen(False, False, None, -1e9, False, -1e9, MONO0 + 0.1)
+    checker.note(Event(MONO0 + 0.1, a, "acquire", KEY, result=TimeoutError("gave up"), seen=seen))
+    landed = (held if what == "give-back" else held.replace(waiter=slot)).replace(nonce="n2")
+    checker.note(Event(MONO0 + 1.0, a, "applied", KEY, "write", landed.encode(), 4, 3))
+    if what == "give-back":
+        checker.check()
+    else:
+        with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
+            checker.check()

@@ -162,6 +162,24 @@ def test_a_cancel_ends_an_acquire_whose_write_waits_out_a_spacing_429s_widened(s
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_a_registration_cut_off_and_found_stale_at_its_retry_cannot_land_after_the_acquire_left():
+    """Seed 2821, found past 2,000: an async waiter's registration was cut off at its timeout (the store applied it
+    later); its retry, found stale as it was sent, was decided again on the same generation as a take, which a 503
+    refused. The refusal speaks for the take only: the way out read the object still at that generation and must
+    write it again as it stands, so the registration cannot land for a party that has gone."""
+    outcome = run_seed(2821)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
+def test_a_give_back_cut_off_as_its_budget_ran_out_may_land_after_the_acquire_left():
+    """Seed 70495, found past 2,000: a waiter paused through its timeout's give-up; its give-back, cut off at its
+    timeout as the budget ran out, was read back not yet applied, and the acquire left; the store applied it then.
+    It cleared the party's own (ended) slot from the record it matched: what the way out meant to leave, not a
+    write that lands for a party that has gone (checker.py, ``_gives_back_its_slot``)."""
+    outcome = run_seed(70495)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_every_planted_bug_is_listed_with_the_seed_that_catches_it():
     assert len(BUGS) >= 17 and set(CAUGHT_AT) == set(BUGS)
 

@@ -396,7 +396,7 @@ class Checker:
             return
         if e.key != KEY:
             return
-        if self.left_reading and self.left_reading.get(party) == e.result:
+        if self.left_reading and self.left_reading.get(party) == e.result and not self._gives_back_its_slot(party, e):
             # design.md: a write cut off at its timeout may be applied later, only at the generation it matched; an
             # acquire that leaves while the object is still there writes the record again, so it can no longer land.
             raise Violation(
@@ -464,6 +464,36 @@ class Checker:
         if before.instance == party.lock.instance and owner.instance == (slot.instance if slot else None):
             self._handoff(party, slot, new)
             self.handed_generation[new.token] = e.generation
+
+    def _gives_back_its_slot(self, party: Party, e: Event) -> bool:
+        """Whether the write landing late is the way out's own give-back of the party's waiter slot: the record it
+        replaced (:attr:`spec_prev`, the last applied: the object was at the generation it matched), its slot cleared,
+        as :func:`~handofflock.core.protocol.decide_give_up_wait` makes it (the spec, its planted bugs off). Without
+        that record (writes not judged by the protocol, and no record to start with) nothing is excused.
+
+        design.md promises that a write of the acquire's that may land late (a create, take, retake, registration or
+        refresh) cannot land for a party that has gone: the way out writes the record again where it finds the object
+        still at that write's generation. A give-back is no such write. It gives the party nothing, and landing at the
+        generation it matched it leaves exactly what the way out meant to leave, the record less the party's slot;
+        writing the record again to stop it would keep the slot instead. So a give-back cut off at its timeout as the
+        give-up's budget ran out (its read-back found the object not yet moved) may land after the acquire ended.
+        Only that write is excused, by what it replaced and what it wrote; a registration or a take landing there
+        is still caught."""
+        prev, lock = self.spec_prev, party.lock
+        try:
+            new = LockRecord.decode(e.data)
+        except LockRecordCorrupt:  # no give-back; the rules after this one say what it is
+            return False
+        if prev is None or new.nonce is None or not isinstance(e.result, int):  # the lock's writes carry a nonce
+            return False
+        active, buggify._active = buggify._active, frozenset()
+        try:  # without ``pending`` only the branch of a record naming the party as waiter makes a GIVE_UP_WAIT
+            give_back = decide_give_up_wait(
+                prev, e.result, me=lock._me, now=self.true_wall(e.at), timing=lock.timing, nonce=new.nonce
+            )
+        finally:
+            buggify._active = active
+        return isinstance(give_back, Write) and give_back.kind is Kind.GIVE_UP_WAIT and give_back.record == new
 
     def _take_in_time(self, party: Party, before: Place, new: Rec) -> None:
         """A party takes another's lease only once it has ended by the taker's clock, skew allowed: decided
