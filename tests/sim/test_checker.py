@@ -393,3 +393,35 @@ def test_a_write_cut_off_in_an_acquire_never_lands_at_the_generation_its_way_out
     else:
         with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
             checker.check()
+
+
+@pytest.mark.parametrize("first_attempt", [True, False])
+def test_a_write_retried_after_its_clock_stepped_back_is_judged_as_decided_when_its_first_attempt_went_out(
+    first_attempt,
+):
+    """A write retried after a 503 is the one decided as its first attempt went out, restamped as the retry goes
+    out (``restamp``): a waiter that found its refresh due at 1.05 s by its clock, then had its clock stepped back
+    0.2 s, sends the retry stamped 0.90 s, before the refresh was due by that clock. The protocol makes that write
+    from the record the first attempt was conditioned on; without that first attempt in the history, a refresh
+    stamped 0.90 s is none it makes (the slot is half used up only from 1.0 s)."""
+    hub = Hub(random.Random(0))
+    w = lock_party("w", hub)
+    offset = [0.0]
+    w.clock = SimpleNamespace(time=lambda: WALL0 + (hub.now - MONO0) + offset[0])
+    slot = Waiter("w", WALL0 + 2.0, ttl=2.0, instance="w0", since=WALL0)
+    record = LockRecord(owner=Holder("a", WALL0 + 2.5, instance="a0"), token=5, ttl=2.0, waiter=slot)
+    checker = Checker(hub, RULES, [])
+    checker.start_with(record.encode())
+    if first_attempt:
+        checker.note(Event(MONO0 + 1.05, w, "request", KEY, "write", result=1, local=WALL0 + 1.05))
+        checker.note(Event(MONO0 + 1.06, w, "reply", KEY, "write: TransientStorageError: sim: 503", sent=MONO0 + 1.05))
+    offset[0] = -0.2  # an NTP step back
+    checker.note(Event(MONO0 + 1.1, w, "request", KEY, "write", result=1, local=WALL0 + 0.9))
+    hub.now = MONO0 + 1.12
+    refreshed = record.replace(waiter=Waiter("w", WALL0 + 2.9, ttl=2.0, instance="w0", since=WALL0), nonce="n2")
+    checker.note(Event(hub.now, w, "applied", KEY, "write", refreshed.encode(), 2, 1))
+    if first_attempt:
+        checker.check()
+    else:
+        with pytest.raises(Violation, match=r"none the protocol makes from the record it replaced \(it says .*Wait"):
+            checker.check()
