@@ -3,6 +3,7 @@ records with a strict reader of its own."""
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -425,3 +426,32 @@ def test_a_write_retried_after_its_clock_stepped_back_is_judged_as_decided_when_
     else:
         with pytest.raises(Violation, match=r"none the protocol makes from the record it replaced \(it says .*Wait"):
             checker.check()
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_a_request_is_counted_as_unheard_only_once_the_acquire_of_the_hold_has_returned(returned):
+    """A holder hears a live waiter's request by its second look after the request landed and its acquire
+    returned. An acquire that finds the lock its own (as it gives up, say) holds it while it settles the hold,
+    before it returns: its reads as it acquired are no looks of that hold, whenever its previous hold began."""
+    hub = Hub(random.Random(0))
+    timing = SimpleNamespace(ttl=2.0, min_hold=0.0, waiter_check_interval=0.4)
+    lock = SimpleNamespace(instance="h-instance", token=5, is_held=True, healthy=False, release_requested=False,
+                           release_request=None, timing=timing)  # fmt: skip
+    proc = SimpleNamespace(crashed=False, suspended_until=-math.inf, frozen_until=lambda: -math.inf)
+    clock = SimpleNamespace(time=lambda: WALL0 + (hub.now - MONO0))
+    h = Party(name="h", lock=lock, proc=proc, clock=clock, alive=True, in_acquire=not returned)
+    w = Party(name="w", lock=SimpleNamespace(instance="w-instance", timing=timing))
+    checker = Checker(hub, RULES, [h], by_protocol=False)
+    checker.held_from[h] = MONO0  # its previous acquire returned then
+    slot = Waiter("w", WALL0 + 10, ttl=2.0, instance="w-instance", since=WALL0)
+    asked = LockRecord(owner=Holder("h", WALL0 + 5, instance="h-instance"), token=5, ttl=2.0, waiter=slot)
+    hub.now = MONO0 + 1
+    checker.note(Event(hub.now, w, "applied", KEY, "write", asked.encode(), 3))
+    for at in (2.0, 2.5):
+        _reads(checker, h, asked, MONO0 + at, again=False)
+    hub.now = MONO0 + 3
+    if returned:
+        with pytest.raises(Violation, match="h holds the lock and has not heard w's request"):
+            checker.check()
+    else:
+        checker.check()

@@ -1005,6 +1005,8 @@ class Checker:
                 continue
             if lock.release_requested or self.in_flight[p] != 0:
                 continue  # heard; or not yet judged, a request of its own on the lock under way
+            if p.in_acquire:
+                continue  # its acquire has not returned (it holds as it settles the hold): looks count from then
             local = p.clock.time()
             if not r.waiter.live(local):
                 continue  # ended by the holder's clock: a request it no longer stands for
