@@ -3,6 +3,7 @@ records with a strict reader of its own."""
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -424,3 +425,64 @@ def test_a_give_back_of_its_own_slot_cut_off_as_its_way_out_ended_may_land_where
     else:
         with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
             checker.check()
+
+
+@pytest.mark.parametrize("first_attempt", [True, False])
+def test_a_write_retried_after_its_clock_stepped_back_is_judged_as_decided_when_its_first_attempt_went_out(
+    first_attempt,
+):
+    """A write retried after a 503 is the one decided as its first attempt went out, restamped as the retry goes
+    out (``restamp``): a waiter that found its refresh due at 1.05 s by its clock, then had its clock stepped back
+    0.2 s, sends the retry stamped 0.90 s, before the refresh was due by that clock. The protocol makes that write
+    from the record the first attempt was conditioned on; without that first attempt in the history, a refresh
+    stamped 0.90 s is none it makes (the slot is half used up only from 1.0 s)."""
+    hub = Hub(random.Random(0))
+    w = lock_party("w", hub)
+    offset = [0.0]
+    w.clock = SimpleNamespace(time=lambda: WALL0 + (hub.now - MONO0) + offset[0])
+    slot = Waiter("w", WALL0 + 2.0, ttl=2.0, instance="w0", since=WALL0)
+    record = LockRecord(owner=Holder("a", WALL0 + 2.5, instance="a0"), token=5, ttl=2.0, waiter=slot)
+    checker = Checker(hub, RULES, [])
+    checker.start_with(record.encode())
+    if first_attempt:
+        checker.note(Event(MONO0 + 1.05, w, "request", KEY, "write", result=1, local=WALL0 + 1.05))
+        checker.note(Event(MONO0 + 1.06, w, "reply", KEY, "write: TransientStorageError: sim: 503", sent=MONO0 + 1.05))
+    offset[0] = -0.2  # an NTP step back
+    checker.note(Event(MONO0 + 1.1, w, "request", KEY, "write", result=1, local=WALL0 + 0.9))
+    hub.now = MONO0 + 1.12
+    refreshed = record.replace(waiter=Waiter("w", WALL0 + 2.9, ttl=2.0, instance="w0", since=WALL0), nonce="n2")
+    checker.note(Event(hub.now, w, "applied", KEY, "write", refreshed.encode(), 2, 1))
+    if first_attempt:
+        checker.check()
+    else:
+        with pytest.raises(Violation, match=r"none the protocol makes from the record it replaced \(it says .*Wait"):
+            checker.check()
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_a_request_is_counted_as_unheard_only_once_the_acquire_of_the_hold_has_returned(returned):
+    """A holder hears a live waiter's request by its second look after the request landed and its acquire
+    returned. An acquire that finds the lock its own (as it gives up, say) holds it while it settles the hold,
+    before it returns: its reads as it acquired are no looks of that hold, whenever its previous hold began."""
+    hub = Hub(random.Random(0))
+    timing = SimpleNamespace(ttl=2.0, min_hold=0.0, waiter_check_interval=0.4)
+    lock = SimpleNamespace(instance="h-instance", token=5, is_held=True, healthy=False, release_requested=False,
+                           release_request=None, timing=timing)  # fmt: skip
+    proc = SimpleNamespace(crashed=False, suspended_until=-math.inf, frozen_until=lambda: -math.inf)
+    clock = SimpleNamespace(time=lambda: WALL0 + (hub.now - MONO0))
+    h = Party(name="h", lock=lock, proc=proc, clock=clock, alive=True, in_acquire=not returned)
+    w = Party(name="w", lock=SimpleNamespace(instance="w-instance", timing=timing))
+    checker = Checker(hub, RULES, [h], by_protocol=False)
+    checker.held_from[h] = MONO0  # its previous acquire returned then
+    slot = Waiter("w", WALL0 + 10, ttl=2.0, instance="w-instance", since=WALL0)
+    asked = LockRecord(owner=Holder("h", WALL0 + 5, instance="h-instance"), token=5, ttl=2.0, waiter=slot)
+    hub.now = MONO0 + 1
+    checker.note(Event(hub.now, w, "applied", KEY, "write", asked.encode(), 3))
+    for at in (2.0, 2.5):
+        _reads(checker, h, asked, MONO0 + at, again=False)
+    hub.now = MONO0 + 3
+    if returned:
+        with pytest.raises(Violation, match="h holds the lock and has not heard w's request"):
+            checker.check()
+    else:
+        checker.check()

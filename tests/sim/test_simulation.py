@@ -145,6 +145,22 @@ def test_a_free_is_judged_by_the_writers_clock_as_it_went_out_though_the_clock_s
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_a_write_retried_after_its_clock_stepped_back_is_judged_as_decided_when_its_first_attempt_went_out():
+    """Seed 61119, found past 2000: a waiter found its slot's refresh due and sent it; a 503 refused it, its clock
+    stepped back, and the retry went out restamped, at a time by its clock before the refresh was due. The write
+    was decided as the first attempt went out, on the record both attempts were conditioned on."""
+    outcome = run_seed(61119)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
+def test_a_hold_whose_acquire_has_not_returned_is_not_judged_deaf_by_the_reads_of_that_acquire():
+    """Seed 71419, found past 2000: a holder lost its hold; its next acquire read the record (its own lost lease,
+    renewed by a late write, and an asking waiter) twice, then gave up and found the lock its own. It holds as
+    it settles the hold, before the acquire returns: those reads are no looks of this hold."""
+    outcome = run_seed(71419)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_an_acquire_that_finds_its_slot_left_behind_waits_with_its_own_request():
     """Seed 1027: an acquire timed out while 429s held its slot's refresh, leaving the slot; the party's next
     acquire, at another priority, found it and refreshed it with the earlier request. It writes its own."""

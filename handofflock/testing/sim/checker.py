@@ -187,7 +187,8 @@ class Seen:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the history: ``what`` is ``request``, ``reply`` (a read's carries the bytes read),
+    """One entry of the history: ``what`` is ``request`` (a write's or a delete's: the generation it is conditioned
+    on in ``result``), ``reply`` (a read's carries the bytes read),
     ``applied`` (the generation it matched in ``result``), ``begin`` (an acquire, its arguments in ``result``: a
     :class:`Try`), ``interrupt`` (another thread cancels it, or releases), ``acquire`` (its end), ``void`` (an
     acquire refused before it ran) or ``lost``."""
@@ -251,6 +252,9 @@ class Checker:
     last_write_sent: dict[Party, float] = field(default_factory=dict)  # ... its last write or delete
     #: By party: its clock as its last write on the lock went out.
     write_sent_local: dict[Party, float] = field(default_factory=dict)
+    #: By party: the generation its last write on the lock was conditioned on, and its clock as each attempt
+    #: conditioned on it went out since it last wrote or was refused (the writer had read that record by the first).
+    write_tries: dict[Party, tuple[object, list[float]]] = field(default_factory=dict)
     #: Parties whose acquire ended without the lock while the record names it its live owner, and when:
     #: the lock must give it back (a release retried in the background) or the checker calls it a leak.
     left_owning: dict[Party, float] = field(default_factory=dict)
@@ -336,6 +340,10 @@ class Checker:
                     self.left_reading.pop(e.party, None)  # a write of its own since, which may be the one that lands
                     self.last_write_sent[e.party] = self.last_write_seen[e.party] = e.at
                     self.write_sent_local[e.party] = e.local
+                    tries = self.write_tries.get(e.party)
+                    if tries is None or tries[0] != e.result:
+                        self.write_tries[e.party] = tries = (e.result, [])
+                    tries[1].append(e.local)
                     self.writes_open[e.party] += 1
             elif e.what == "request" and e.party is not None and e.detail == "list" and KEY.startswith(e.key):
                 self.peeked[e.party] = e.at
@@ -349,6 +357,8 @@ class Checker:
                 if e.detail.startswith(("write", "delete")):
                     self.writes_open[e.party] -= 1
                     self.last_write_seen[e.party] = e.at
+                    if e.detail.endswith(": ok") or "PreconditionFailed" in e.detail:
+                        self.write_tries.pop(e.party, None)  # settled: its next write is decided anew
                 if e.detail in ("read: ok", "write: ok"):
                     self.known_generation[e.party] = max(self.known_generation.get(e.party, 0), e.generation)
                 if e.detail == "read: ok":
@@ -366,7 +376,7 @@ class Checker:
             elif e.what == "applied":
                 self._applied(e)
                 if e.key == KEY and self.by_protocol:  # after the rules, which name a known fault more exactly
-                    self._by_protocol(e.party, e.data)
+                    self._by_protocol(e.party, e.data, e.result)
             elif e.what == "begin" and e.party is not None:
                 assert isinstance(e.result, Try)
                 self.trying[e.party] = e.result
@@ -508,13 +518,17 @@ class Checker:
                 f"{before.expires_at + self.rules.skew - decided:.3f} s before its lease ended plus the skew"
             )
 
-    def _by_protocol(self, party: Party, data: bytes) -> None:
+    def _by_protocol(self, party: Party, data: bytes, match: object = None) -> None:
         """The write is one :mod:`~handofflock.core.protocol` (the specification, as imported here, its planted
         bugs off) makes from the record it replaced, for the writer's identity and timing, sent at the time its
         lease or slot is stamped with (or, unstamped, as it went out or as it lands): a conditional write was
         decided on exactly that record. Its token may be any the protocol allows up to then (the decision came
-        first). So a take before ``expiresAt + skew`` by the writer's clock, an heir's lease other than its slot's
-        (or the owner's ttl where the slot names none), a renewal that changes more than the lease, are each
+        first). A write retried after its first attempt failed was decided by the time that attempt went out
+        (its record, at the generation ``match``ed, was read by then) and each attempt is restamped as it goes out
+        (``restamp``), later in true time but, by a clock stepped back between, earlier by the writer's: decided as
+        the first went out, it may be sent as any attempt conditioned on that generation went out, whatever the
+        clock said then. So a take before ``expiresAt + skew`` by the writer's clock, an heir's lease other than its
+        slot's (or the owner's ttl where the slot names none), a renewal that changes more than the lease, are each
         caught."""
         prev, lock = self.spec_prev, party.lock
         try:
@@ -530,8 +544,19 @@ class Checker:
         if new.waiter is not None:
             sent.add(new.waiter.expires_at - timing.waiter_ttl)
         floor, nonce = 0 if prev is None else prev.token, new.nonce or ""
-        # When it may have been decided: as it was sent, or when its token says (a new owner's is its clock's ms).
-        decided = sorted(sent | ({new.token / 1000} if abs(new.token / 1000 - landed) < 60 else set()))
+        tries = self.write_tries.get(party)
+        tried = tries[1] if tries is not None and tries[0] == match else []  # its attempts' sends, first to last
+        # When it may have been decided: as it was sent, as its first attempt went out, or when its token says (a
+        # new owner's is its clock's ms).
+        by_token = {new.token / 1000} if abs(new.token / 1000 - landed) < 60 else set()
+        decided = sorted(sent | by_token | set(tried[:1]))
+
+        def sends(now: float) -> list[float]:
+            """When a write decided at ``now`` may have been sent, by the writer's clock: at or after it, or (decided
+            as its first attempt went out) as any attempt went out."""
+            later = [at for at in sorted(sent) if at >= now - EPSILON]
+            return later + [at for at in tried if at < now - EPSILON] if tried and now == tried[0] else later
+
         # The request it waits with: its slot's, in the record written or (a take, say) in the one replaced.
         slot = next((r.waiter for r in (new, prev) if r is not None and r.waiter_instance == me.instance), None)
         request = ASKING if slot is None else slot.request
@@ -550,9 +575,9 @@ class Checker:
         try:
             for now in decided:
                 for d in decisions(now):
-                    for at in sorted(sent) if isinstance(d, Write) else ():
+                    for at in sends(now) if isinstance(d, Write) else ():
                         assert isinstance(d, Write)
-                        w = None if at < now - EPSILON else restamp(d, now=at, nonce=nonce, timing=timing)
+                        w = restamp(d, now=at, nonce=nonce, timing=timing)
                         if w is not None and self._same(w, new, floor, me.yields, prev):  # sent after it was decided
                             return
             said = sorted({getattr(d, "kind", type(d).__name__) for d in decisions(decided[0])})
@@ -1010,6 +1035,8 @@ class Checker:
                 continue
             if lock.release_requested or self.in_flight[p] != 0:
                 continue  # heard; or not yet judged, a request of its own on the lock under way
+            if p.in_acquire:
+                continue  # its acquire has not returned (it holds as it settles the hold): looks count from then
             local = p.clock.time()
             if not r.waiter.live(local):
                 continue  # ended by the holder's clock: a request it no longer stands for

@@ -85,9 +85,19 @@ class SimStore:
     def _hit(self, p: float) -> bool:
         return self.net.chaos and p > 0 and self.net.rng.random() < p
 
-    def _request(self, op: str, key: str, apply: Callable[[], T], *, mutation: bool, timeout: float | None = None) -> T:
+    def _request(
+        self,
+        op: str,
+        key: str,
+        apply: Callable[[], T],
+        *,
+        mutation: bool,
+        timeout: float | None = None,
+        match: int | None = None,
+    ) -> T:
         hub, sent = self.net.hub, self.net.hub.now
-        self.net.history(Event(sent, self.party, "request", key, op, local=self._local()))
+        # A write's or a delete's request carries the generation it is conditioned on.
+        self.net.history(Event(sent, self.party, "request", key, op, result=match, local=self._local()))
         try:
             result = self._send(op, key, apply, mutation=mutation, timeout=timeout)
         except BaseException as exc:  # the thread may be unwound at the end of a run: said all the same
@@ -201,13 +211,13 @@ class SimStore:
             self.net.history(Event(self.net.hub.now, self.party, "applied", key, "write", data, generation, match))
             return generation
 
-        return self._request("write", key, apply, mutation=True, timeout=timeout)
+        return self._request("write", key, apply, mutation=True, timeout=timeout, match=if_generation_match)
 
     def delete(self, key: str, *, if_generation_match: int, timeout: float | None = None) -> None:
         def apply() -> None:
             self.net.backend.delete(key, if_generation_match=if_generation_match)
 
-        self._request("delete", key, apply, mutation=True, timeout=timeout)
+        self._request("delete", key, apply, mutation=True, timeout=timeout, match=if_generation_match)
 
     def list(self, prefix: str, *, timeout: float | None = None) -> dict[str, int]:
         self.net.counts["listings"] += 1
