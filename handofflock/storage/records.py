@@ -545,7 +545,15 @@ def write_resolving(
 
     try:
         while True:
-            while gate is not None and not gate.take(clock.monotonic(), urgent=urgent, by=send_by):
+            while True:
+                # The attempt's bound before the gate's write: one left no time to be sent in raises before
+                # the gate spends a write on it. A write spent and never sent would hold the next one (the
+                # caller's next round: a waiter giving its slot back) a spacing more, for nothing.
+                bound = Bound.or_last(
+                    last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None
+                )
+                if gate is None or gate.take(clock.monotonic(), urgent=urgent, by=send_by):
+                    break
                 wait = gate.ready_in(clock.monotonic(), urgent=urgent, by=send_by)
                 if deadline is not None and clock.monotonic() + wait >= deadline:
                     # The spacing (widened by 429s) would carry the write past the deadline:
@@ -570,7 +578,6 @@ def write_resolving(
                         key=key,
                         ambiguous=False,
                     )
-            bound = Bound.or_last(last_failure, clock, deadline, timeout, storage, key, "write", last_failure is None)
             try:
                 body = data() if callable(data) else data
             except PreconditionFailed:  # ``data`` found its write stale at the send: nothing was sent

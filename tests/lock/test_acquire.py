@@ -46,10 +46,12 @@ from handofflock.core import protocol
 from handofflock.core.errors import StorageTimeout
 from handofflock.core.protocol import Me, Write
 from handofflock.core.record import MAX_TOKEN, Holder, Waiter, WaiterRequest
-from handofflock.core.timing import Timing
+from handofflock.core.timing import MIN_REQUEST_TIME, Timing
 from handofflock.fencing import FencedObject, StaleToken
 from handofflock.lock import Acquired
 from handofflock.storage import MemoryStorage
+
+GCS_SPACING = 1.0  # GCS's default write spacing, given to the memory store where a test says so
 
 
 def _owner_and_waiter(world):
@@ -169,6 +171,49 @@ def test_a_cancel_during_the_retry_of_a_registration_whose_reply_was_lost_gives_
     assert world.record().waiting_owner_id is None, "the registration that landed was left behind"
     world.clock.run_for(3 * a.waiter_check_interval)
     assert not a.release_requested
+    a.release()
+
+
+def test_a_give_back_whose_retry_finds_no_time_left_leaves_its_next_round_the_stores_own_spacing(world):
+    """A spacing earlier 429s widened holds the give-back's first write to just before its last second; the
+    store refuses it (a 429), and its retry's spacing runs out half a millisecond before the budget, too late
+    to send in. That retry sends nothing, so it spends no write of the gate: the next round's read and write
+    go at the store's own spacing after the write that was refused, and the slot is given back. A slot spent
+    for the retry held that write a spacing past its round, which gave up with the store answering all along
+    and left the slot behind (sim seed 79571)."""
+    a = world.lock("A", ttl=30.0, min_write_interval=GCS_SPACING, frozen=True)
+    assert a.acquire()
+    b = world.lock("B", ttl=30.0, min_write_interval=GCS_SPACING)
+    timeout = 3.0
+    gives_up = world.clock.monotonic() + timeout  # when b's acquire gives up and its give-back begins
+    gate, writes, widened = b._io.gate(), [], []  # private: the store's write gate, widened as 429s would
+
+    def read(op, key):
+        now = world.clock.monotonic()
+        if now >= gives_up:
+            world.clock.advance(0.003)  # the give-back's reads take a round trip
+        elif now >= gives_up - 1.0 and not widened:  # the last poll: earlier 429s widen the spacing
+            widened.append(now)
+            gate.ready_in(now)  # the bucket brought up to now, then emptied and slowed by the 429s
+            # the give-back's first read ends, and its write goes, 0.5 ms before the round's send_by (its last second)
+            gate.throttled(retry_after=gives_up + b.give_up_budget - MIN_REQUEST_TIME - 0.0035 - now)
+
+    def write(op, key):
+        if world.clock.monotonic() >= gives_up:
+            writes.append(world.clock.monotonic())
+            if len(writes) == 1:
+                raise TransientStorageError("injected: 429", status=429, ambiguous=False)
+
+    world.store.faults.before("read", read)
+    world.store.faults.before("write", write)
+    with pytest.raises(LockTimeout):
+        b.acquire(timeout=timeout, request_release=False)
+    world.store.faults.clear()
+    assert widened and len(writes) == 2, writes
+    last_second = gives_up + b.give_up_budget - MIN_REQUEST_TIME
+    assert last_second - 0.001 < writes[0] < last_second, "the first write went outside the ms before the last second"
+    assert writes[1] - writes[0] <= GCS_SPACING + 0.01, "the last round's write was held past the store's own spacing"
+    assert world.record().waiting_owner_id is None, "the slot was left behind while the store answered"
     a.release()
 
 

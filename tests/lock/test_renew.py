@@ -365,6 +365,22 @@ def test_a_writer_that_gives_up_books_nothing(world):
     assert world.store.read(KEY) is None
 
 
+def test_a_retry_whose_spacing_leaves_no_time_to_send_in_books_nothing(world):
+    # An urgent write refused with a 429 past its send_by retries at the store's own spacing, which ends half a
+    # millisecond before its deadline: too late to send in. It raises the 429 with nothing sent, and the next
+    # write (the give-back's next round) goes a spacing after the refused one, not a spacing after the retry.
+    gate = gate_for(world.store, KEY, GCS_SPACING, world.clock)
+    now = world.clock.monotonic()
+    world.store.faults.fail_next("write", exc=_429)
+    with pytest.raises(TransientStorageError, match="429"):
+        write_resolving(world.store, KEY, b"{}", if_generation_match=0, is_ours=lambda d: False, clock=world.clock,
+                        deadline=now + GCS_SPACING + 0.0005, max_bytes=1024, gate=gate, urgent=True, send_by=now)
+    later = world.clock.monotonic()
+    assert later >= now + GCS_SPACING - 1e-6, "the retry did not wait out the store's own spacing"
+    assert gate.ready_in(later, urgent=True, by=later) == 0.0, "the retry that sent nothing took a write"
+    assert world.store.read(KEY) is None
+
+
 def test_a_wait_for_the_gate_before_a_read_leaves_the_read_its_time(world):
     # A waiter giving its slot back (or a lock handed to it meanwhile) reads after the urgent write
     # slot; a 429 that widened the spacing past its budget must not leave that read no time at all.
