@@ -866,13 +866,13 @@ class HandoffLock:
 
         We may have seen the previous owner's write late (a slow poll, a pause); acquire() returns only with
         a lease no check can call lost before its first renewal. Conditional on the generation: safe however late.
-        The write waits for the gate and is retried until ``deadline`` (None: ``renew_deadline``). What is left
-        is measured by every clock ``healthy`` counts, the wall clock too: a lease that one of them calls
-        unsafe is never returned. A renewal confirmed late (a lost reply, settled by a slow read) counts from
-        its send, so it may be as short as the lease it replaced: it is renewed again while the deadline lasts.
+        The write waits for the gate and is retried until ``deadline`` (None: ``renew_deadline``). A renewal
+        confirmed late (a lost reply, settled by a slow read) counts from its send, so it may be as short as the
+        lease it replaced: it is renewed again while the deadline lasts. A lease whose renewal failed is kept
+        only while it is healthy by every clock ``healthy`` counts, the wall clock too: keeping it returns it.
         """
         lease, clock, t = self._lease, self._clock, self.timing
-        if lease.left(clock) >= t.renew_interval:
+        if lease.valid_until - clock.monotonic() >= t.renew_interval:
             return
         with self._mutex:
             if self._state != HELD:
