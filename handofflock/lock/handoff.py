@@ -148,6 +148,12 @@ class Lease:
         """Still safe by the clocks that count time passing: monotonic, and boot time (a suspend counts)."""
         return clock.monotonic() < self.valid_until and clock.boottime() < self.boot_until
 
+    def left(self, clock: Clock) -> float:
+        """Seconds the hold stays safe by every clock :attr:`HandoffLock.healthy` counts (monotonic, boot
+        time and the wall clock's second opinion): the least of them; not above zero, and it is not healthy."""
+        wall = self.wall_until - clock.time()
+        return min(self.valid_until - clock.monotonic(), self.boot_until - clock.boottime(), wall)
+
 
 class HandoffLock:
     """A single-waiter cooperative handoff lock kept as one JSON object.
@@ -867,7 +873,10 @@ class HandoffLock:
 
         We may have seen the previous owner's write late (a slow poll, a pause); acquire() returns only with
         a lease no check can call lost before its first renewal. Conditional on the generation: safe however late.
-        The write waits for the gate and is retried until ``deadline`` (None: ``renew_deadline``).
+        The write waits for the gate and is retried until ``deadline`` (None: ``renew_deadline``). A renewal
+        confirmed late (a lost reply, settled by a slow read) counts from its send, so it may be as short as the
+        lease it replaced: it is renewed again while the deadline lasts. A lease whose renewal failed is kept
+        only while it is healthy by every clock ``healthy`` counts, the wall clock too: keeping it returns it.
         """
         lease, clock, t = self._lease, self._clock, self.timing
         if lease.valid_until - clock.monotonic() >= t.renew_interval:
@@ -889,10 +898,11 @@ class HandoffLock:
                             raise lease.lost_error from None  # type: ignore[misc]
                         continue
                     lease.set(written.record, generation, mono, wall, t, clock)
-                    return
+                    if lease.left(clock) >= t.renew_interval:
+                        return
                 raise PreconditionFailed(self.key, lease.generation, url=self.url)
             except (StorageError, LockRecordCorrupt) as exc:
-                if lease.within(clock):
+                if lease.left(clock) > 0:  # healthy still, by every clock
                     lease.next_renew = clock.monotonic()  # keep it; the scheduler retries at once
                     return
                 self._mark_lost(f"handed a lease too short to use, and could not renew it: {exc}", exc)

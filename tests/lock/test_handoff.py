@@ -157,6 +157,106 @@ def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_fi
         MemoryStorage.forget(name)
 
 
+def _heir_reads_its_handoff_late(name: str, clock: FakeClock, late: float, then) -> tuple[HandoffLock, list]:
+    """An owner and an heir (ttl 4: renew deadline 2, interval 0.5) on ``clock``; once the heir waits, the
+    owner hands it the lock, and the heir's next read of it comes ``late`` seconds after (a slow poll, a
+    pause). ``then(store)`` arms what comes after that read. Returns the heir and what happened."""
+    store = MemoryStorage.named(name)
+    url = f"memory://{name}/lock.json"
+    owner_sched = Scheduler(clock, autostart=False)
+    clock.on_tick.append(owner_sched.run_pending)
+    owner = HandoffLock(url, ttl=4.0, owner_id="O", min_hold=0, clock=clock, scheduler=owner_sched)
+    heir = HandoffLock(url, ttl=4.0, owner_id="H", waiter_poll_interval=0.1, clock=clock,
+                       scheduler=Scheduler(clock, autostart=False))  # fmt: skip
+    seen: list[str] = []
+
+    def late_read(op, key):
+        if seen == ["handed"]:
+            seen.append("read late")
+            clock.advance(late)
+            then(store)
+
+    def hand_over():
+        if not seen and owner.status().waiter_id == "H":
+            seen.append("handed")
+            assert owner.release() == "H"
+            store.faults.before("read", late_read)
+
+    assert owner.acquire()
+    clock.on_tick.append(hand_over)
+    return heir, seen
+
+
+def test_a_handed_lease_the_wall_clock_ran_out_is_never_returned_when_its_renewal_fails():
+    """The heir reads its handoff late, with less than a renew interval of the lease left; the renewal that
+    settles it fails at once, and meanwhile the wall clock has passed the lease's margin where the monotonic
+    clock has not (an NTP step; a monotonic clock that runs slow does the same, at seeds 63168 and 98546 of
+    the simulation's long mode). ``healthy`` counts the wall clock too: acquire() must not return a lock
+    it calls unsafe, as the caller would start work on it."""
+    from handofflock.core.errors import LockLost, StorageError
+
+    name = f"wall-settle-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock(step=0.05)
+
+    def the_renewal_fails_as_the_wall_clock_steps(store):
+        def fail(op, key):
+            store.faults.clear()
+            clock.jump_wall(1.0)  # past the lease's margin by the wall clock alone
+            raise StorageError("injected: the settling renewal is refused")
+
+        store.faults.before("write", fail)
+
+    heir, seen = _heir_reads_its_handoff_late(name, clock, 1.75, the_renewal_fails_as_the_wall_clock_steps)
+    try:
+        try:
+            got = heir.acquire(timeout=30)
+        except LockLost:
+            got = None
+        assert seen == ["handed", "read late"], seen
+        assert got is None or heir.healthy, f"acquire() returned {got!r} with a lock that is not healthy"
+    finally:
+        MemoryStorage.named(name).faults.clear()
+        if heir.is_held:
+            heir.release()
+        MemoryStorage.forget(name)
+
+
+def test_a_handed_lease_whose_renewal_is_confirmed_past_its_own_deadline_is_never_returned_unhealthy():
+    """The heir reads its handoff after the lease's margin has passed and renews it at once; that renewal's
+    reply is lost, and the read that shows it landed comes back past the renewal's own renew deadline
+    (seed 98546 of the simulation's long mode). Counted from its send, the renewed lease is as short as
+    the one it replaced: renewed again while the settling lasts, else the hold is lost, never returned."""
+    from handofflock.core.errors import LockLost
+
+    name = f"late-settle-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock(step=0.05)
+
+    def the_renewal_is_confirmed_late(store):
+        slow: list[bool] = []
+
+        def slow_read(op, key):
+            if not slow:
+                slow.append(True)
+                clock.advance(2.05)  # past the renewal's renew deadline (2 s from its send)
+
+        store.faults.lose_reply_next("write")
+        store.faults.before("write", lambda op, key: store.faults.before("read", slow_read))
+
+    heir, seen = _heir_reads_its_handoff_late(name, clock, 2.1, the_renewal_is_confirmed_late)
+    try:
+        try:
+            got = heir.acquire(timeout=30)
+        except LockLost:
+            got = None
+        assert seen == ["handed", "read late"], seen
+        assert got is None or heir.healthy, f"acquire() returned {got!r} with a lock that is not healthy"
+    finally:
+        MemoryStorage.named(name).faults.clear()
+        if heir.is_held:
+            heir.release()
+        MemoryStorage.forget(name)
+
+
 def test_a_handoff_between_two_locks_moves_the_waiters_label_to_the_owners_place(url):
     a = make_lock(url, owner_id="a", label="job A")
     b = make_lock(url, owner_id="b", label=Label("job B", grace=12.0))

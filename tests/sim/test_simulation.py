@@ -128,6 +128,18 @@ def test_a_gentle_holder_is_held_to_health_only_within_what_design_md_promises(s
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+@pytest.mark.parametrize("seed", [63168, 98546])
+def test_an_heir_never_returns_a_handed_lease_it_could_not_settle_while_it_is_unhealthy(seed):
+    """Seeds found past 2,000 by the long mode, each an heir that read its handoff late and renewed it at once
+    before its acquire returned: the renewal was cut off at its deadline as the heir's monotonic clock, running
+    slow, had not quite reached the lease's margin, where its wall clock had (63168); the renewal's reply was
+    lost and the read that showed it landed came back past the renewal's own renew deadline (98546). acquire()
+    keeps a lease only while it is healthy by every clock ``healthy`` counts, and renews again one confirmed
+    late: it never returns a lock that is not healthy (here it raises LockLost)."""
+    outcome = run_seed(seed)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_a_holder_whose_copy_of_the_slot_has_ended_rightly_withdraws_the_request():
     """Seed 6239, found in 2000-7999: a holder saw the waiter's request in two looks, then paused past the slot's
     end as it last read it; the waiter refreshed its slot meanwhile. Resumed, the holder withdraws the request
