@@ -789,13 +789,7 @@ class HandoffLock:
                 # us by a write of that hold applied late (a renewal cut off at its timeout). Its token is never
                 # returned again: a writer left over from that hold still fences with it. Our time is up (a take
                 # with a new token would be a new wait past it): the lock is given on, to a live waiter or freed.
-                self._log_acquire.info(
-                    "%s found %s still naming it with the token of its last hold (%d), which it no longer counts "
-                    "on: giving it on",
-                    self.owner_id,
-                    self.url,
-                    self._lease.token,
-                )
+                self._log_acquire.info("%s gives %s on: it bears our last hold's token", self.owner_id, self.url)
                 decision = protocol.decide_release(
                     record,
                     generation,
