@@ -790,6 +790,21 @@ class HandoffLock:
             decision = protocol.decide_give_up_wait(
                 record, generation, me=self._me, now=wall, timing=self.timing, nonce=new_nonce(), pending=unanswered
             )
+            if isinstance(decision, Owned) and decision.record.token == self._lease.token:
+                # Not handed to us: the record of the hold we last had (declared lost, or released), left naming
+                # us by a write of that hold applied late (a renewal cut off at its timeout). Its token is never
+                # returned again: a writer left over from that hold still fences with it. Our time is up (a take
+                # with a new token would be a new wait past it): the lock is given on, to a live waiter or freed.
+                self._log_acquire.info("%s gives %s on: it bears our last hold's token", self.owner_id, self.url)
+                decision = protocol.decide_release(
+                    record,
+                    generation,
+                    me=self._me,
+                    token=decision.record.token,
+                    now=wall,
+                    timing=self.timing,
+                    nonce=new_nonce(),
+                )
             if isinstance(decision, Owned):  # handed to us meanwhile: the lease counts from this read
                 self._became_owner(
                     decision.record, decision.generation, mono, wall, handoff=True, settle=keep, settle_by=by

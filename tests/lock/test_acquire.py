@@ -22,9 +22,7 @@ from lockparts import PACED as TIMING
 from jobsutil import in_process
 from lockparts import held, lock_for, waiter_is
 from lockutil import FAST, eventually, make_lock, raw_read, url_for
-from simworld import (
-    KEY,  # noqa: F401  (the world fixture is in conftest.py)
-)
+from simworld import KEY  # the world fixture is in conftest.py
 
 from handofflock import (
     AcquireCancelled,
@@ -1117,3 +1115,47 @@ def test_a_short_handed_lease_is_renewed_even_if_a_waiter_registers_before_the_h
     sim.run_until(lambda: box.done, limit=10, what="the heir's acquire returned")
     assert box.error is None and heir.is_held and heir.healthy, box
     assert sim.record().waiting_owner_id == "C" and sim.record().expires_at > sim.time() + 3.0
+
+
+def test_a_timed_out_acquire_never_keeps_the_token_of_a_hold_its_instance_lost(world, monkeypatch):
+    """A's hold is lost at its renew deadline, its last renewal cut off at its timeout; the store applies
+    that renewal late, so the record names this very instance again, with the lost hold's token. A's next
+    acquire retakes (design.md, row 3), but the retake is cut off too and never lands; the acquire times
+    out and its way out finds the lock its own. No handoff made that hold: it is the one A declared lost,
+    and a writer left over from it still carries its token, which a fence takes from the same writer as
+    readily as from the hold it would be returned as. The acquire keeps nothing: it gives the lock on (to
+    the waiter behind it, with a new token) and raises LockTimeout, as it was going to."""
+    a = world.lock("A", ttl=4.0)
+    assert a.acquire(timeout=5)
+    lost_token = a.token
+    real = MemoryStorage.write
+    cut: list[tuple] = []
+    landed: list[int] = []  # the generation at which the late renewal landed
+
+    def write(self, key, data, *, if_generation_match, timeout=None):
+        record = LockRecord.decode(data, key=key)
+        ours = record.owner_id == "A" and record.owner_instance == a.instance
+        if ours and (not landed or record.token != lost_token):  # the hold's renewals, then the retake
+            cut.append((key, data, if_generation_match))
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+
+    monkeypatch.setattr(MemoryStorage, "write", write)
+    world.clock.run_for(a.renew_deadline + 1.0)
+    assert not a.is_held and a.token == lost_token, "the hold was not lost at its renew deadline"
+    key, data, generation = cut[-1]
+    landed.append(real(world.store, key, data, if_generation_match=generation))  # the last renewal lands, late
+    assert (world.record().owner_instance, world.record().token) == (a.instance, lost_token)
+    slot = Waiter("B", world.clock.time() + 10.0, ttl=4.0, instance="b1", since=world.clock.time())
+    sent = len(cut)
+    world.store.write(KEY, world.record().replace(waiter=slot).encode(), if_generation_match=world.generation())
+    try:
+        got = a.acquire(timeout=1.0)
+    except LockTimeout:
+        got = False
+    assert not got, f"the acquire returned a hold with token {a.token}, the lost hold's ({lost_token})"
+    assert len(cut) > sent, "the acquire made no retake (the world of this test is not the one it is about)"
+    assert not a.is_held
+    record = world.record()
+    assert (record.owner_id, record.owner_instance) == ("B", "b1"), f"the lock was not handed on: {record}"
+    assert record.token > lost_token

@@ -486,3 +486,31 @@ def test_a_request_is_counted_as_unheard_only_once_the_acquire_of_the_hold_has_r
             checker.check()
     else:
         checker.check()
+
+
+@pytest.mark.parametrize("retaken", [False, True])
+def test_an_acquire_never_returns_a_token_an_earlier_hold_of_its_instance_had(retaken):
+    """Tokens issued to an instance are the only ones it may fence with, each only for its own hold: after a hold
+    is lost (or released), a record naming the instance again with that hold's token (a renewal applied late) is
+    taken back with a new one (design.md, row 3), since a writer left over from the hold still fences with it."""
+    from handofflock.testing.sim.checker import Seen
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [], by_protocol=False)
+    h = Party(name="h", lock=SimpleNamespace(instance="h-instance"))
+
+    def seen(token: int, held: bool = True) -> Seen:
+        return Seen(held, held, token, -math.inf, False, -math.inf, -math.inf)
+
+    held = LockRecord(owner=Holder("h", WALL0 + 2, instance="h-instance"), token=5, ttl=2.0)
+    applied(checker, h, held)
+    checker.note(Event(hub.now, h, "acquire", KEY, result=True, seen=seen(5)))
+    checker.note(Event(hub.now, h, "lost", KEY, "no renewal within renew_deadline", seen=seen(5, held=False)))
+    again = held.replace(owner=Holder("h", WALL0 + 3, instance="h-instance"), token=6 if retaken else 5)
+    applied(checker, h, again)  # the retake, or the lost hold's renewal applied late
+    checker.note(Event(hub.now, h, "acquire", KEY, result=True, seen=seen(again.token)))
+    if retaken:
+        checker.check()
+    else:
+        with pytest.raises(Violation, match="h's acquire returned token 5, which a hold of its instance had before"):
+            checker.check()

@@ -165,10 +165,12 @@ def test_a_write_retried_after_its_clock_stepped_back_is_judged_as_decided_when_
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
-def test_a_hold_whose_acquire_has_not_returned_is_not_judged_deaf_by_the_reads_of_that_acquire():
-    """Seed 71419, found past 2000: a holder lost its hold; its next acquire read the record (its own lost lease,
-    renewed by a late write, and an asking waiter) twice, then gave up and found the lock its own. It holds as
-    it settles the hold, before the acquire returns: those reads are no looks of this hold."""
+def test_an_acquire_that_gives_up_never_keeps_the_token_of_its_instances_lost_hold():
+    """Seed 71419, found past 2000: a holder lost its hold at its renew deadline, and a renewal of that hold, cut
+    off at its timeout, landed after: the record named its instance again, with the lost hold's token, and an
+    asking waiter registered. Its next acquire's retake never landed; giving up, it found the lock its own. That
+    is no handoff: it gives the lock on to the waiter and times out, never returning the lost hold's token (the
+    checker: no acquire returns a token a hold of its instance had)."""
     outcome = run_seed(71419)
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 

@@ -295,6 +295,9 @@ class Checker:
     left_reading: dict[Party, int] = field(default_factory=dict)
     last_write_seen: dict[Party, float] = field(default_factory=dict)  # a write of the party's went out or came back
     held_from: dict[Party, float] = field(default_factory=dict)  # when a party's last acquire returned the lock
+    #: By party: the tokens of the holds its instance had, as each of its acquires ended (a hold begins only in an
+    #: acquire, which keeps it or gives it on before it ends): none may be returned by a later acquire.
+    had: dict[Party, set[int]] = field(default_factory=dict)
     hold_began: dict[str, float] = field(default_factory=dict)  # by instance: when the record last made it owner
     #: Leases handed off, by token: the heir's instance, the lease's end, when the handoff landed; and, once
     #: the heir has read it, its own wall clock as that read came back (a lease it may keep only if live then).
@@ -392,6 +395,8 @@ class Checker:
                     self.left_reading[e.party] = read
                 self._acquire_ended(e)
                 self._slot_left(e)
+                if e.seen is not None and e.seen.token is not None:  # the hold it made, or the last one before it
+                    self.had.setdefault(e.party, set()).add(e.seen.token)
             elif e.what == "lost":
                 self._lost_while_gentle(e)
 
@@ -794,6 +799,14 @@ class Checker:
             self.held_from[party] = e.at
             if (lock.instance, token) not in self.issued:
                 raise Violation(f"{party.name} acquired with token {token}, which no write gave this instance")
+            if token in self.had.get(party, ()):
+                # A hold declared lost or released is over: the record naming this instance again (a write of that
+                # hold applied late) is taken back with a new token (design.md, row 3), never returned as it was,
+                # since a writer left over from that hold still fences with its token.
+                raise Violation(
+                    f"{party.name}'s acquire returned token {token}, which a hold of its instance had before: "
+                    "a hold it no longer counts on comes back only with a new token"
+                )
             handed, read_at = self.handed.get(token), self.handed_read_at.get(token, -math.inf)
             if handed is not None and handed[0] == lock.instance and read_at >= handed[1]:
                 # Handed a lease it first read once the lease had run out (it was paused): a hold that
