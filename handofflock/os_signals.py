@@ -147,6 +147,7 @@ class CaughtSignals:
             else:  # a handler installed from C reads back as None and cannot be restored: default it
                 signal.signal(sig, signal.SIG_DFL if previous is None else previous)
         self.signals, self._previous = (), {}
+        self._stopping_now = False  # a "now" under way ends with our handlers: installed again, a signal acts
         settle()  # our release-on-signal handler, put back, goes too if no lock is held any more
 
     def __enter__(self: CaughtT) -> CaughtT:
