@@ -82,3 +82,53 @@ def test_a_sigterm_while_a_ctrl_c_now_releases_still_ends_the_process(store_name
     assert lock.status().owner_id is None
     assert handlers.received == ["SIGINT", "SIGINT", "SIGTERM"]
     assert killed == [(os.getpid(), signal.SIGTERM)], "the SIGTERM that came during the release never acted"
+
+
+CHILD_DEADLOCKED_IN_NOW = r'''
+import signal
+from handofflock import FakeClock, HandoffLock, Scheduler
+from handofflock.os_signals import install_signal_handlers
+from handofflock.storage import records
+
+clock = FakeClock()
+lock = HandoffLock("memory://now-deadlock/lock.json", ttl=60.0, owner_id="o", clock=clock,
+                   scheduler=Scheduler(clock, autostart=False))
+lock.acquire()
+signal.signal(signal.SIGINT, signal.default_int_handler)
+install_signal_handlers(lock)
+signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: a request
+print("ready", flush=True)
+with records._down_lock:  # the main thread, in another lock's request, notes that its store answered
+    signal.raise_signal(signal.SIGINT)  # the second Ctrl-C lands here: "now" releases, and its request waits
+print("unreachable", flush=True)
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="review finding: a 'now' release stuck for good swallows every signal")
+def test_a_now_release_stuck_for_good_still_lets_ctrl_c_and_sigterm_end_the_process():
+    """The "now" release runs inside the signal handler, in the main thread, wherever it was interrupted: there
+    it can wait for good on a process-wide lock the interrupted code holds (records._down_lock, taken around
+    every request of every lock of the process; a WriteGate's or a Scheduler's mutex likewise). No deadline
+    bounds that wait. With the handlers left in place while "now" runs, every later Ctrl-C and SIGTERM is
+    ignored: only SIGKILL ends the process. With the handlers put back first, a third Ctrl-C ends it."""
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD_DEADLOCKED_IN_NOW], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+            if child.poll() is not None:
+                break
+            child.send_signal(sig)
+            time.sleep(0.5)
+        try:
+            child.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail("three more Ctrl-C and a SIGTERM did not end the process: only SIGKILL does")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
