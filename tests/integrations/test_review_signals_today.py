@@ -157,3 +157,56 @@ def test_a_now_release_stuck_for_good_still_lets_ctrl_c_and_sigterm_end_the_proc
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+@pytest.mark.xfail(strict=True, reason="review finding: RankSignals acts before a release deferred to the call")
+def test_torchruns_sigterm_now_inside_the_locks_own_call_ends_the_process_only_after_the_release(monkeypatch):
+    """The holder rank is inside its lock's own call (a status(), a check at the step boundary) when
+    torchrun's SIGTERM "now" lands: the release is deferred to that call's return. RankSignals acts at once
+    (it does not wait for the deferred release, as install_signal_handlers does): SIGTERM's default action
+    ends the process with the lock still held, until its ttl runs out, and the warning says it was released."""
+    import types
+    import warnings
+
+    from handofflock.core.errors import StoppedWithoutCheckpointWarning
+    from handofflock.integrations.ranks import REPEAT_WINDOW, RankLock, RankSignals, local_agree
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    now = [1000.0]
+    monkeypatch.setattr(os_signals, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=os_signals.time.time))
+    name = f"ranksig-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock()
+    lock = HandoffLock(f"memory://{name}/lock.json", ttl=60.0, owner_id="job", clock=clock,
+                       scheduler=Scheduler(clock, autostart=False))  # fmt: skip
+    job = RankLock(lock, local_agree, rank=0, poll=0.01)
+    job.acquire()
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        handlers = RankSignals(job).install()
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C: torchrun's SIGINT
+        now[0] += REPEAT_WINDOW
+        held_at_kill: list[bool] = []
+        monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: held_at_kill.append(lock.is_held))
+        store = MemoryStorage.named(name)
+        fired: list[bool] = []
+
+        def sigterm_now(op, key):
+            if not fired:
+                fired.append(True)
+                signal.raise_signal(signal.SIGTERM)  # torchrun's shutdown, as the rank reads the record
+
+        store.faults.before("read", sigterm_now)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StoppedWithoutCheckpointWarning)
+            lock.status()
+        store.faults.clear()
+        assert handlers.received == ["SIGINT", "SIGTERM"]
+        assert held_at_kill, "the SIGTERM never acted"
+        assert held_at_kill == [False], "SIGTERM's default action ended the process with the lock still held"
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        if lock.is_held:
+            lock.release()
+        MemoryStorage.forget(name)
