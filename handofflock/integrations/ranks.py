@@ -711,4 +711,6 @@ class RankSignals(CaughtSignals):
             warnings.warn(StoppedWithoutCheckpointWarning(f"handofflock: {message}"), stacklevel=2)
         except Exception:  # a warnings filter that raises: said in the log just above, and the signal must act
             _log.debug("StoppedWithoutCheckpointWarning raised by a warnings filter; carrying on", exc_info=True)
+        if released and self.ranks.lock is not None and self.ranks.lock.then_after_deferred_release(act):
+            return  # the release waits for the lock's call in progress to return: the signal acts after it
         act()

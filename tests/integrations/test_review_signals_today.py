@@ -159,12 +159,10 @@ def test_a_now_release_stuck_for_good_still_lets_ctrl_c_and_sigterm_end_the_proc
             child.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: RankSignals acts before a release deferred to the call")
 def test_torchruns_sigterm_now_inside_the_locks_own_call_ends_the_process_only_after_the_release(monkeypatch):
     """The holder rank is inside its lock's own call (a status(), a check at the step boundary) when
-    torchrun's SIGTERM "now" lands: the release is deferred to that call's return. RankSignals acts at once
-    (it does not wait for the deferred release, as install_signal_handlers does): SIGTERM's default action
-    ends the process with the lock still held, until its ttl runs out, and the warning says it was released."""
+    torchrun's SIGTERM "now" lands: the release is deferred to that call's return, and the signal acts after
+    it (as under install_signal_handlers), never ending the process with the lock still held."""
     import types
     import warnings
 
