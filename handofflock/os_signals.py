@@ -65,6 +65,9 @@ _log = logging.getLogger("handofflock.os_signals")
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Seconds promised to the requester after a signal: under the common 30 s before SIGKILL.
 DEFAULT_GRACE = 25.0
+#: Seconds after a "now" within which a signal is a copy of it (a launcher's, a burst of Ctrl-C): it waits for the
+#: lock to be let go, then acts. A signal later than that acts at once, whatever the release is waiting for.
+NOW_COPIES = 1.0
 
 SignalLike = int | str | signal.Signals
 SignalT = TypeVar("SignalT", bound=int)
@@ -102,7 +105,10 @@ class CaughtSignals:
     and the signal is one of ``chain`` (default: all). A later signal means
     "now" if :meth:`_escalates` says it may (by default, any) and it is handled
     at least ``repeat_window`` seconds after the first; any other is the same
-    request again. A signal found ignored (SIG_IGN) at install stays ignored; in
+    request again. While "now" lets the lock go, our handlers stay: a signal
+    within :data:`NOW_COPIES` seconds of it is a copy, and acts once the lock is
+    let go; a later one (Ctrl-C pressed yet again: the release is stuck) acts at
+    once, even if that cuts the release short. A signal found ignored (SIG_IGN) at install stays ignored; in
     a forked child, which inherited the handler but not the lock, a signal
     does what it would have done had we never been installed (a worker told
     to stop must stop). ``signals``: the signals handled; ``received``: names
@@ -121,7 +127,8 @@ class CaughtSignals:
                 raise ConfigurationError(self.uncatchable.format(sig.name))
         self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
         self._first_at: float | None = None
-        self._stopping_now = False  # a "now" is under way
+        self._now_at: float | None = None  # when a "now" under way began
+        self._meanwhile: dict[signal.Signals, Handler] = {}  # signals that came during it, to act after it
         self.received: list[str] = []
         self.signals: tuple[signal.Signals, ...] = ()
         self._previous: dict[signal.Signals, Handler] = {}
@@ -147,7 +154,7 @@ class CaughtSignals:
             else:  # a handler installed from C reads back as None and cannot be restored: default it
                 signal.signal(sig, signal.SIG_DFL if previous is None else previous)
         self.signals, self._previous = (), {}
-        self._stopping_now = False  # a "now" under way ends with our handlers: installed again, a signal acts
+        self._now_at, self._meanwhile = None, {}  # a "now" under way ends with our handlers
         settle()  # our release-on-signal handler, put back, goes too if no lock is held any more
 
     def __enter__(self: CaughtT) -> CaughtT:
@@ -172,17 +179,24 @@ class CaughtSignals:
             self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
             if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
-        elif self._escalates(sig) and now - first_at >= self.repeat_window:
-            if self._stopping_now:
-                return  # "now" is letting the lock go: this one repeats it, and the first acts once that is done
-            self._stopping_now = True
+        elif self._now_at is not None:  # a "now" is letting the lock go
             then = self._then(sig, previous)
+            if now - self._now_at < NOW_COPIES:
+                self._meanwhile.setdefault(sig, then)  # a copy: it acts once the lock is let go
+                return
+            self.uninstall()  # pressed again, later: it acts now, even if that cuts the release short
+            act_as_before(sig, frame, then)
+        elif self._escalates(sig) and now - first_at >= self.repeat_window:
+            self._now_at, then = now, self._then(sig, previous)
 
             def act() -> None:
+                meanwhile = [(s, h) for s, h in self._meanwhile.items() if s is not sig]
                 self.uninstall()
-                act_as_before(sig, frame, then)
+                # Each signal that came acts: those that end the process first, then those that may raise.
+                for s, h in sorted([*meanwhile, (sig, then)], key=lambda sh: callable(sh[1])):
+                    act_as_before(s, frame, h)
 
-            try:  # ours stay in place while the lock is let go: a signal meanwhile must not end the process first
+            try:  # ours stay in place while the lock is let go: a copy meanwhile must not end the process first
                 self._now(sig, act)
             finally:  # a release deferred to the call in progress: from here a signal does what it did before us
                 if self.signals:

@@ -753,9 +753,12 @@ class HandoffLock:
             if self._state == WAITING:  # given back, or tried within the budget: never tried twice
                 self._state = IDLE
         if timed_out:
-            raise _contended(
-                LockTimeout, self.url, last, _timeout_message(self.url, last, self._me, self._clock.time())
-            )
+            if last is not None and last.owner is not None and last.owner_instance == self.instance:
+                last = last.replace(owner=None)  # our last hold's record, given on by the way out: held by nobody
+                message = _timeout_message(self.url, last, self._me, self._clock.time(), ours_given_on=True)
+            else:
+                message = _timeout_message(self.url, last, self._me, self._clock.time())
+            raise _contended(LockTimeout, self.url, last, message)
         raise AcquireCancelled(f"acquire of {self.url!r} was cancelled")
 
     def _leave_slot(self, last: LockRecord | None, *, waiting: bool, keep: bool, unanswered: int | None = None) -> bool:
@@ -1567,7 +1570,7 @@ def _label_text(label: Label | None) -> str | None:
     return None if label is None else label.text
 
 
-def _timeout_message(url: str, record: LockRecord | None, me: Me, now: float) -> str:
+def _timeout_message(url: str, record: LockRecord | None, me: Me, now: float, *, ours_given_on: bool = False) -> str:
     """What a timed-out acquire says: who holds it, and who has the slot (we, or someone else).
 
     Never "free at T" for a live lease: a running holder renews it, so its
@@ -1575,7 +1578,9 @@ def _timeout_message(url: str, record: LockRecord | None, me: Me, now: float) ->
     its host down); the message says so, and when that would be.
     """
     owner, waiter = (None, None) if record is None else (record.owner, record.waiter)
-    if owner is None:
+    if ours_given_on:  # a write of our last hold (lost) applied late: not ours to keep, and not held by another
+        held = "the record still named our last hold (a write of it applied late), not ours to keep: given on"
+    elif owner is None:
         held = "it was free, but the waiter slot was taken"
     elif owner.live(now):
         held = (

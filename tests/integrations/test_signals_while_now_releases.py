@@ -1,4 +1,6 @@
-"""Review repros for the "now" that waits for its release (os_signals.CaughtSignals._handle)."""
+"""Signals while a "now" lets the lock go (os_signals.CaughtSignals._handle): copies wait for the release and then
+act, handlers installed again act again, a release stuck for good still lets a later Ctrl-C end the process, and a
+rank's "now" inside the lock's own call acts only after the deferred release."""
 
 from __future__ import annotations
 
@@ -58,7 +60,6 @@ def test_handlers_installed_again_after_a_now_still_let_ctrl_c_act(store_name, r
     assert lock.status().owner_id is None, "the lock was let go before the interrupt"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a different signal during a 'now' release is dropped")
 def test_a_sigterm_while_a_ctrl_c_now_releases_still_ends_the_process(store_name, restore_signals, monkeypatch):
     """Ctrl-C twice, and while that release is on its way a SIGTERM comes (a kubelet, systemd): the release is
     not cut, but the SIGTERM must still act once the lock is let go. It is dropped instead: the process gets the
@@ -128,14 +129,14 @@ print("unreachable", flush=True)
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a 'now' release stuck for good swallows every signal")
 @pytest.mark.parametrize("script", [CHILD_DEADLOCKED_IN_NOW, CHILD_SLOW_RECEIVER_IN_NOW], ids=["lock", "receiver"])
 def test_a_now_release_stuck_for_good_still_lets_ctrl_c_and_sigterm_end_the_process(script):
     """The "now" release runs inside the signal handler, in the main thread, wherever it was interrupted: there
     it can wait for good on a process-wide lock the interrupted code holds (records._down_lock, taken around
     every request of every lock of the process; a WriteGate's or a Scheduler's mutex likewise). No deadline
-    bounds that wait; nor a ``released`` receiver's, which runs inside the handler too. With the handlers left in place while "now" runs, every later Ctrl-C and SIGTERM is
-    ignored: only SIGKILL ends the process. With the handlers put back first, a third Ctrl-C ends it."""
+    bounds that wait; nor a ``released`` receiver's, which runs inside the handler too. A signal within
+    ``NOW_COPIES`` of the "now" is a copy and waits for the release; a later one acts at once, so Ctrl-C pressed
+    again ends the process (had every later signal waited, only SIGKILL would)."""
     import subprocess
     import sys
     import time
