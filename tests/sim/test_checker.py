@@ -156,6 +156,32 @@ def test_a_gentle_world_counts_a_stalled_read_and_a_412_after_a_failure_among_th
             checker.check()
 
 
+@pytest.mark.parametrize(("out_for", "excused"), [(1.0, True), (0.9, False)])
+def test_a_gentle_world_counts_a_read_still_unanswered_a_second_after_it_went_out_as_stalled(out_for, excused):
+    """A 429, then a 412 whose re-read is still out when the hold is judged: out a second or more, it has
+    stalled already (its reply, whenever it comes, is a stall's), the third failure in a row and past the
+    promise; out less, it may yet come back in time, and the two failures before it are promised."""
+    from handofflock.testing.sim.checker import Seen
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, Rules(ttl=10.0, skew=0.0, waiter_check_interval=2.0, gentle=True), [], by_protocol=False)
+    lock_a = SimpleNamespace(instance="a-instance", token=None, timing=SimpleNamespace(ttl=10.0))
+    a = type("Party", (), {"name": "a", "lock": lock_a})()
+    for at, detail in enumerate(["write: ok", REFUSED, MOVED]):
+        checker.note(Event(MONO0 + at, a, "request", KEY, "write"))
+        checker.note(Event(MONO0 + at + 0.01, a, "reply", KEY, detail, sent=MONO0 + at))
+    checker.note(Event(MONO0 + 3, a, "request", KEY, "read"))  # no reply yet
+    seen = Seen(True, False, 5, -1e9, False, -1e9, -1e9)
+    checker.note(Event(MONO0 + 3 + out_for, a, "lost", KEY, "the lock was lost while held", seen=seen))
+    hub.now = MONO0 + 3 + out_for
+    if excused:
+        checker.check()
+        assert checker.counts["lost_past_two_429s"] == 1
+    else:
+        with pytest.raises(Violation, match="lost its lock under survivable faults only"):
+            checker.check()
+
+
 def test_a_gentle_world_allows_one_failure_from_a_spacing_earlier_429s_widened():
     """A renewal held back by a spacing that earlier 429s widened goes at ``Timing.backoff_until``, which leaves
     room for one more write, not two: one failure from there is a violation, a second is past the promise."""

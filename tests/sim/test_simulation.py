@@ -114,16 +114,17 @@ def test_seeds_found_past_the_default_range_hold(seed):
         assert outcome.coverage.get("lost_past_two_429s") == 1
 
 
-@pytest.mark.parametrize("seed", [2671, 2690, 3862, 3878, 3952, 5156, 11145])
+@pytest.mark.parametrize("seed", [2671, 2690, 3862, 3878, 3952, 5156, 11145, 416])
 def test_a_gentle_holder_is_held_to_health_only_within_what_design_md_promises(seed):
-    """Seeds 2000-5999 and 11145 where a gentle world's holder counted itself unhealthy, each past what design.md
-    promises an owner at ttl 10 survives (two 429s in a row from a relaxed spacing, or a stalled read, measured
-    alone): two 429s aimed at it, then 412s from waiters' writes ate its last retry's room (2690, 5156); random
-    429s with a 412 and a stalled re-read (2671, 3862); a spacing earlier 429s had widened, a 412, a stalled read
-    and a 429 (3952); a renewal held back by a spacing widened before the hold, refused by a waiter's 412, its
-    re-read stalled and cut off at the renew deadline (11145). And an heir that read its handoff only past the
-    handed lease's renew deadline, its acquire not yet returned (3878): what the acquire returns is judged, and
-    it returns a lease renewed at once."""
+    """Seeds 2000-5999, 11145 and 416 where a gentle world's holder counted itself unhealthy, each past what
+    design.md promises an owner at ttl 10 survives (two 429s in a row from a relaxed spacing, or a stalled read,
+    measured alone): two 429s aimed at it, then 412s from waiters' writes ate its last retry's room (2690, 5156);
+    random 429s with a 412 and a stalled re-read (2671, 3862); a spacing earlier 429s had widened, a 412, a stalled
+    read and a 429 (3952); a renewal held back by a spacing widened before the hold, refused by a waiter's 412, its
+    re-read stalled and cut off at the renew deadline (11145); a 429, then a waiter's 412, its re-read out over a
+    second (stalled, its reply yet to come) as a clock set forward ended the lease's health (416). And an heir that
+    read its handoff only past the handed lease's renew deadline, its acquire not yet returned (3878): what the
+    acquire returns is judged, and it returns a lease renewed at once."""
     outcome = run_seed(seed)
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 

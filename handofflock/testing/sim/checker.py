@@ -877,16 +877,29 @@ class Checker:
         after one, or held back by a widened spacing, it goes at the last moment that leaves room for only what
         is promised, and the read and write a 412 costs are more. Only the hold's own
         requests count (a waiter's refused refreshes say nothing of how its hold went), but every write of the
-        party's widens or relaxes its spacing (one gate per process and object)."""
+        party's widens or relaxes its spacing (one gate per process and object).
+
+        A read of the hold's still unanswered at ``until`` that went out :data:`STALLED` or more before has stalled
+        already: its reply, whenever it comes, is one of a second or more, or the cut at its timeout (a gentle
+        world's store answers a read in two latencies or slowly, and refuses none). It counts from then, as its
+        reply will, not only once the reply is in: a renewal waiting on it may meet its deadline first."""
         least, began = self.rules.spacing, self.hold_began.get(party.lock.instance, -math.inf)
         spacing, failures, hurt, widened, started = least, 0, False, False, False
+        reading: Counter[float] = Counter()  # the hold's reads on the lock not answered yet, by when each went out
         for e in self.history:
             if e.at > until:
                 break
             if not started and e.at >= began:
                 started, widened = True, spacing > least
-            if e.party is not party or e.what != "reply" or e.key != KEY:
+            if e.party is not party or e.key != KEY:
                 continue
+            if e.what == "request" and e.detail == "read" and started:
+                reading[e.at] += 1
+                continue
+            if e.what != "reply":
+                continue
+            if e.detail.startswith("read:") and reading[e.sent] > 0:
+                reading[e.sent] -= 1
             refused = e.detail.startswith("write:") and "429" in e.detail
             if e.detail == "write: ok":
                 relaxed = spacing * 0.75
@@ -903,6 +916,7 @@ class Checker:
                 failures, hurt = failures + 1, True
             elif e.detail.startswith("write:") and "PreconditionFailed" in e.detail and (hurt or widened):
                 failures += 1
+        failures += sum(n for sent, n in reading.items() if until - sent >= STALLED)
         return failures > (1 if widened else 2)
 
     def _slot_left(self, e: Event) -> None:
