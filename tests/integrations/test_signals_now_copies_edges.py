@@ -220,3 +220,54 @@ def test_a_sigterm_copy_of_a_ranks_deferred_now_never_runs_the_frameworks_handle
         if lock.is_held:
             lock.release()
         MemoryStorage.forget(name)
+
+
+CHILD_INSTALLED_AT_START = r'''
+import signal, sys, time
+from handofflock import HandoffLock
+from handofflock.os_signals import install_signal_handlers
+
+lock = HandoffLock(sys.argv[1], ttl=30.0, owner_id="child")
+install_signal_handlers(lock)  # at start-up, before the first acquire: SIGTERM's earlier action is SIG_DFL
+lock.acquire()
+read = lock.storage.read
+
+def slow_read(*args, **kw):  # a status() at the step boundary, the store slow to answer
+    time.sleep(0.5)
+    return read(*args, **kw)
+
+signal.raise_signal(signal.SIGTERM)  # the request
+lock.storage.read = slow_read
+print("polling status", flush=True)
+while True:
+    lock.status()
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="a deferred 'now' puts SIG_DFL back at once: its copy ends the process "
+                   "with the lock held")
+@pytest.mark.timeout(60)
+def test_a_sigterm_copy_of_a_deferred_now_does_not_end_the_process_with_the_lock_held(tmp_path):
+    """A real process, handlers installed before the lock is acquired (SIGTERM's earlier action: SIG_DFL). The
+    "now" SIGTERM and its copy 20 ms later both land in a slow status(): the "now" is deferred to that call's
+    return, and the copy, which finds SIG_DFL back already, ends the process before the release is written."""
+    import subprocess
+    import sys
+    import time
+
+    url = (tmp_path / "locks" / "lock.json").as_uri()
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_INSTALLED_AT_START)
+    proc = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "polling status"
+        time.sleep(0.2)  # inside the slow read
+        proc.send_signal(signal.SIGTERM)  # "now"
+        time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # its copy
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert HandoffLock(url).status().owner_id is None, "the process ended of SIGTERM with the lock still held"
