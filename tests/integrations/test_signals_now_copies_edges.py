@@ -271,3 +271,37 @@ def test_a_sigterm_copy_of_a_deferred_now_does_not_end_the_process_with_the_lock
             proc.kill()
             proc.wait()
     assert HandoffLock(url).status().owner_id is None, "the process ended of SIGTERM with the lock still held"
+
+
+@pytest.mark.xfail(strict=True, reason="a later signal that cuts the release uninstalls, which forgets the copies "
+                   "remembered so far: they never act")
+def test_a_later_ctrl_c_that_cuts_the_release_does_not_drop_the_copies(store_name, restore_signals, monkeypatch):
+    """Ctrl-C asks, Ctrl-C again is the "now"; while the store does not answer, a SIGTERM comes (a kubelet: a
+    copy, remembered to act after the release); two seconds on, Ctrl-C once more cuts the stuck release. The
+    KeyboardInterrupt goes up through the release and the remembered SIGTERM is forgotten with our handlers:
+    a loop that catches KeyboardInterrupt survives the SIGTERM it got."""
+    import types
+
+    now = [1000.0]
+    monkeypatch.setattr(os_signals, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=os_signals.time.time))
+    killed: list[int] = []
+    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    lock = new_lock(store_name)
+    lock.acquire()
+    handlers = install_signal_handlers(lock)
+    signal.raise_signal(signal.SIGINT)  # the request
+
+    def stuck_release():
+        now[0] += 0.1
+        signal.raise_signal(signal.SIGTERM)  # a copy: remembered
+        now[0] += 2.0
+        signal.raise_signal(signal.SIGINT)  # pressed again: cuts the release
+        raise AssertionError("unreachable: the later Ctrl-C raises")
+
+    monkeypatch.setattr(lock, "release", stuck_release)
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)  # "now"
+    assert handlers.received == ["SIGINT", "SIGINT", "SIGTERM", "SIGINT"]
+    assert killed == [signal.SIGTERM], "the SIGTERM remembered during the release never acted"
