@@ -105,10 +105,13 @@ class CaughtSignals:
     and the signal is one of ``chain`` (default: all). A later signal means
     "now" if :meth:`_escalates` says it may (by default, any) and it is handled
     at least ``repeat_window`` seconds after the first; any other is the same
-    request again. While "now" lets the lock go, our handlers stay: a signal
-    within :data:`NOW_COPIES` seconds of it is a copy, and acts once the lock is
-    let go; a later one (Ctrl-C pressed yet again: the release is stuck) acts at
-    once, even if that cuts the release short. A signal found ignored (SIG_IGN) at install stays ignored; in
+    request again. While "now" lets the lock go (a release deferred to the
+    lock's call in progress too), our handlers stay: a signal within
+    :data:`NOW_COPIES` seconds of it is a copy, and acts once the lock is let go,
+    with every other that came (those that end the process first, Python
+    handlers next, ``KeyboardInterrupt`` last); a later one (Ctrl-C pressed yet
+    again: the release is stuck) acts at once with the copies, even if that cuts
+    the release short. A signal found ignored (SIG_IGN) at install stays ignored; in
     a forked child, which inherited the handler but not the lock, a signal
     does what it would have done had we never been installed (a worker told
     to stop must stop). ``signals``: the signals handled; ``received``: names
@@ -184,23 +187,27 @@ class CaughtSignals:
             if now - self._now_at < NOW_COPIES:
                 self._meanwhile.setdefault(sig, then)  # a copy: it acts once the lock is let go
                 return
+            remembered = self._meanwhile
             self.uninstall()  # pressed again, later: it acts now, even if that cuts the release short
-            act_as_before(sig, frame, then)
+            pending = [(s, h) for s, h in remembered.items() if s is not sig]
+            _act_all(sorted([*pending, (sig, then)], key=lambda sh: _order(sh[1])), frame)
         elif self._escalates(sig) and now - first_at >= self.repeat_window:
             self._now_at, then = now, self._then(sig, previous)
 
             def act() -> None:
-                meanwhile = [(s, h) for s, h in self._meanwhile.items() if s is not sig]
+                remembered = self._meanwhile  # a copy landing until uninstall() has put the handlers back lands here
                 self.uninstall()
-                # Each signal that came acts: those that end the process first, then those that may raise.
-                for s, h in sorted([*meanwhile, (sig, then)], key=lambda sh: callable(sh[1])):
-                    act_as_before(s, frame, h)
+                meanwhile = [(s, h) for s, h in remembered.items() if s is not sig]
+                # Each signal that came acts: those that end the process first, then those that may raise,
+                # KeyboardInterrupt last (the one most often caught); one that raises does not drop the rest.
+                _act_all(sorted([*meanwhile, (sig, then)], key=lambda sh: _order(sh[1])), frame)
 
-            try:  # ours stay in place while the lock is let go: a copy meanwhile must not end the process first
+            try:  # ours stay in place while the lock is let go, deferred or not: a copy must not act first
                 self._now(sig, act)
-            finally:  # a release deferred to the call in progress: from here a signal does what it did before us
+            except BaseException:
                 if self.signals:
                     self.uninstall()
+                raise
 
     def _escalates(self, sig: signal.Signals) -> bool:
         """Whether ``sig``, after the first signal, may mean "now"; if not, however late, it repeats the request."""
@@ -423,6 +430,23 @@ def _release_then_default(sig: signal.Signals, frame: FrameType | None) -> None:
             _log.info("%s: released %s%s", sig.name, lock.url, f", handed off to {heir}" if heir else "")
     if not deferred:
         act_as_before(sig, frame, signal.SIG_DFL)
+
+
+def _order(handler: Handler) -> int:
+    """When a remembered signal acts: one that ends the process (SIG_DFL, ours that releases first) before a
+    Python handler, which may return or raise, and SIGINT's ``KeyboardInterrupt``, the one most often caught, last."""
+    if handler is signal.default_int_handler:
+        return 2
+    return 1 if is_python_handler(handler) and handler is not _release_and_reraise else 0
+
+
+def _act_all(actions: list[tuple[signal.Signals, Handler]], frame: FrameType | None) -> None:
+    """Each signal does what it did before us, in order; one that raises does not keep the rest from acting."""
+    if actions:
+        try:
+            act_as_before(actions[0][0], frame, actions[0][1])
+        finally:
+            _act_all(actions[1:], frame)
 
 
 def take_over(signals: Iterable[SignalT], handler: Handler, previous: dict[SignalT, Handler]) -> tuple[SignalT, ...]:

@@ -38,8 +38,6 @@ def new_lock(store_name, owner="owner", **kw):
                        scheduler=Scheduler(clock, autostart=False), **kw)  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="a deferred 'now' uninstalls our handlers at once: a copy meanwhile acts "
-                   "on the earlier handler while the lock is still held")
 def test_a_copy_of_a_now_deferred_to_the_locks_own_call_waits_for_the_release(store_name, restore_signals):
     """Handlers installed at start-up, the lock acquired after (so SIGTERM's earlier handler is the framework's
     or SIG_DFL, not the release-on-signal one). SIGTERM asks; a second SIGTERM ("now") lands while the main
@@ -72,8 +70,6 @@ def test_a_copy_of_a_now_deferred_to_the_locks_own_call_waits_for_the_release(st
     assert True not in held_when_run, f"the earlier handler ran with the lock still held: {held_when_run}"
 
 
-@pytest.mark.xfail(strict=True, reason="remembered callables act in arrival order: a copied Ctrl-C's "
-                   "KeyboardInterrupt comes first and the SIGTERM never acts")
 @pytest.mark.parametrize("sigterm_before", ["release_on_signal", "python"])
 def test_a_ctrl_c_copy_does_not_swallow_the_sigterm_now(store_name, restore_signals, monkeypatch, sigterm_before):
     """Ctrl-C asks; a SIGTERM (systemd, a kubelet) is the "now"; Ctrl-C pressed again within NOW_COPIES is a
@@ -107,8 +103,6 @@ def test_a_ctrl_c_copy_does_not_swallow_the_sigterm_now(store_name, restore_sign
     assert killed == [signal.SIGTERM], "the SIGTERM 'now' never acted: the copied Ctrl-C's interrupt went first"
 
 
-@pytest.mark.xfail(strict=True, reason="act() reads the remembered copies before uninstall() clears them: a copy "
-                   "landing in between is dropped")
 def test_a_copy_landing_as_the_now_acts_is_not_dropped(store_name, restore_signals, monkeypatch):
     """Python runs a handler between any two bytecodes, so a copy can land after act() listed the copies
     remembered so far and before uninstall() put the earlier handlers back: our handler (still installed, the
@@ -168,8 +162,6 @@ def test_the_first_signal_of_a_later_hold_is_a_request_again(store_name, restore
         signal.signal(signal.SIGUSR1, saved if saved is not None else signal.SIG_DFL)
 
 
-@pytest.mark.xfail(strict=True, reason="a deferred 'now' puts the earlier handlers back at once: a SIGTERM copy "
-                   "runs Lightning's SIGTERM handler with the lock still held")
 def test_a_sigterm_copy_of_a_ranks_deferred_now_never_runs_the_frameworks_handler(monkeypatch):
     """Under torchrun, Ctrl-C twice: SIGINT, then SIGTERM ("now"); Slurm's scancel (or a second launcher) sends
     its own SIGTERM too. The "now" lands inside the holder's lock call (a status() at the step boundary) and is
@@ -244,8 +236,6 @@ while True:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="a deferred 'now' puts SIG_DFL back at once: its copy ends the process "
-                   "with the lock held")
 @pytest.mark.timeout(60)
 def test_a_sigterm_copy_of_a_deferred_now_does_not_end_the_process_with_the_lock_held(tmp_path):
     """A real process, handlers installed before the lock is acquired (SIGTERM's earlier action: SIG_DFL). The
@@ -273,8 +263,6 @@ def test_a_sigterm_copy_of_a_deferred_now_does_not_end_the_process_with_the_lock
     assert HandoffLock(url).status().owner_id is None, "the process ended of SIGTERM with the lock still held"
 
 
-@pytest.mark.xfail(strict=True, reason="a later signal that cuts the release uninstalls, which forgets the copies "
-                   "remembered so far: they never act")
 def test_a_later_ctrl_c_that_cuts_the_release_does_not_drop_the_copies(store_name, restore_signals, monkeypatch):
     """Ctrl-C asks, Ctrl-C again is the "now"; while the store does not answer, a SIGTERM comes (a kubelet: a
     copy, remembered to act after the release); two seconds on, Ctrl-C once more cuts the stuck release. The
