@@ -187,27 +187,24 @@ class CaughtSignals:
             if now - self._now_at < NOW_COPIES:
                 self._meanwhile.setdefault(sig, then)  # a copy: it acts once the lock is let go
                 return
-            remembered = self._meanwhile
-            self.uninstall()  # pressed again, later: it acts now, even if that cuts the release short
-            pending = [(s, h) for s, h in remembered.items() if s is not sig]
-            _act_all(sorted([*pending, (sig, then)], key=lambda sh: _order(sh[1])), frame)
+            self._act_with_copies(sig, then, frame)  # pressed again, later: now, even if that cuts the release short
         elif self._escalates(sig) and now - first_at >= self.repeat_window:
             self._now_at, then = now, self._then(sig, previous)
-
-            def act() -> None:
-                remembered = self._meanwhile  # a copy landing until uninstall() has put the handlers back lands here
-                self.uninstall()
-                meanwhile = [(s, h) for s, h in remembered.items() if s is not sig]
-                # Each signal that came acts: those that end the process first, then those that may raise,
-                # KeyboardInterrupt last (the one most often caught); one that raises does not drop the rest.
-                _act_all(sorted([*meanwhile, (sig, then)], key=lambda sh: _order(sh[1])), frame)
-
             try:  # ours stay in place while the lock is let go, deferred or not: a copy must not act first
-                self._now(sig, act)
+                self._now(sig, lambda: self._act_with_copies(sig, then, frame))
             except BaseException:
                 if self.signals:
                     self.uninstall()
                 raise
+
+    def _act_with_copies(self, sig: signal.Signals, then: Handler, frame: FrameType | None) -> None:
+        """Put back the handlers found at install; then ``sig`` (doing ``then``) and each copy that came during the
+        "now" act: those that end the process first, then those that may raise, ``KeyboardInterrupt`` last (the
+        one most often caught); one that raises does not keep the rest from acting."""
+        remembered = self._meanwhile  # a copy landing until uninstall() has put the handlers back lands here
+        self.uninstall()
+        copies = [(s, h) for s, h in remembered.items() if s is not sig]
+        _act_all(sorted([*copies, (sig, then)], key=lambda sh: _order(sh[1])), frame)
 
     def _escalates(self, sig: signal.Signals) -> bool:
         """Whether ``sig``, after the first signal, may mean "now"; if not, however late, it repeats the request."""
