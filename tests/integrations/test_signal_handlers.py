@@ -10,42 +10,17 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 
 import pytest
 from jobsutil import runner_logic, shared_url  # noqa: F401
 
-from handofflock import ConfigurationError, FakeClock, HandoffLock, Scheduler
+from handofflock import ConfigurationError, HandoffLock
 from handofflock.os_signals import DEFAULT_GRACE, install_signal_handlers, parse_signal
 from handofflock.storage import MemoryStorage
 from childpipes import next_line
+from signalsutil import held_lock, restore_signals, store_name  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-
-
-@pytest.fixture
-def restore_signals():
-    """Put every handler this test may touch back as it was."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h if h is not None else signal.SIG_DFL)
-
-
-@pytest.fixture
-def store_name():
-    name = f"sig-{uuid.uuid4().hex[:8]}"
-    yield name
-    MemoryStorage.forget(name)
-
-
-def held_lock(store_name, owner="owner"):
-    """A held lock whose background duties run only when the test says so."""
-    clock = FakeClock()
-    lock = HandoffLock(f"memory://{store_name}/lock.json", ttl=60.0, owner_id=owner, clock=clock,
-                       scheduler=Scheduler(clock, autostart=False))
-    lock.acquire()
-    return lock
 
 
 def send(sig):
@@ -239,7 +214,6 @@ def run_child(tmp_path, url, mode):
     first = next_line(proc)
     assert first.startswith("holding token"), first + proc.stderr.read()
     return proc
-
 
 
 @pytest.mark.timeout(60)

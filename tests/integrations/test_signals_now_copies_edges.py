@@ -9,33 +9,13 @@ import uuid
 
 import pytest
 
-from handofflock import FakeClock, HandoffLock, Scheduler
+from handofflock import HandoffLock
 from handofflock import os_signals
 from handofflock.os_signals import install_signal_handlers
 from handofflock.storage import MemoryStorage
+from signalsutil import new_lock, restore_signals, store_name  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-
-
-@pytest.fixture
-def restore_signals():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h if h is not None else signal.SIG_DFL)
-
-
-@pytest.fixture
-def store_name():
-    name = f"sig-{uuid.uuid4().hex[:8]}"
-    yield name
-    MemoryStorage.forget(name)
-
-
-def new_lock(store_name, owner="owner", **kw):
-    clock = FakeClock()
-    return HandoffLock(f"memory://{store_name}/lock.json", ttl=60.0, owner_id=owner, clock=clock,
-                       scheduler=Scheduler(clock, autostart=False), **kw)  # fmt: skip
 
 
 def test_a_copy_of_a_now_deferred_to_the_locks_own_call_waits_for_the_release(store_name, restore_signals):

@@ -14,31 +14,9 @@ from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock import os_signals
 from handofflock.os_signals import install_signal_handlers
 from handofflock.storage import MemoryStorage
+from signalsutil import held_lock, restore_signals, store_name  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-
-
-@pytest.fixture
-def restore_signals():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h if h is not None else signal.SIG_DFL)
-
-
-@pytest.fixture
-def store_name():
-    name = f"sig-{uuid.uuid4().hex[:8]}"
-    yield name
-    MemoryStorage.forget(name)
-
-
-def held_lock(store_name, owner="owner"):
-    clock = FakeClock()
-    lock = HandoffLock(f"memory://{store_name}/lock.json", ttl=60.0, owner_id=owner, clock=clock,
-                       scheduler=Scheduler(clock, autostart=False))
-    lock.acquire()
-    return lock
 
 
 def test_handlers_installed_again_after_a_now_still_let_ctrl_c_act(store_name, restore_signals):
