@@ -60,9 +60,22 @@ def planted(*names: str) -> Iterator[None]:
 
     :func:`handofflock.testing.sim.bugs.planted` checks the names against the catalogue first.
     """
+    with _only(_active | frozenset(names)):
+        yield
+
+
+@contextmanager
+def lifted() -> Iterator[None]:
+    """No bug planted for the duration of the block: the simulation's checker runs the protocol as its
+    specification inside it, whatever the seed planted in the library."""
+    with _only(frozenset()):
+        yield
+
+
+@contextmanager
+def _only(names: frozenset[str]) -> Iterator[None]:
     global _active
-    before = _active
-    _active = before | frozenset(names)
+    before, _active = _active, names
     try:
         yield
     finally:

@@ -540,3 +540,19 @@ def test_an_acquire_never_returns_a_token_an_earlier_hold_of_its_instance_had(re
     else:
         with pytest.raises(Violation, match="h's acquire returned token 5, which a hold of its instance had before"):
             checker.check()
+
+
+def test_the_protocol_the_checker_judges_by_has_every_planted_bug_lifted_and_the_plants_come_back():
+    """The checker runs ``core/protocol.py`` as the specification inside the seed's planted bugs: lifted for
+    its judgment only, and planted again after it, even when the judgment raises."""
+    from handofflock.core import buggify
+
+    bug = buggify.HANDOFF_TO_EXPIRED_SLOT
+    with buggify.planted(bug):
+        with buggify.lifted():
+            assert not buggify.on(bug) and buggify.match(bug, 7) == 7
+        assert buggify.on(bug)
+        with pytest.raises(Violation), buggify.lifted():
+            raise Violation("judged")
+        assert buggify.on(bug) and buggify.match(bug, 7) == buggify.NO_MATCH
+    assert not buggify.on(bug)

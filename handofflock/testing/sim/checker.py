@@ -501,13 +501,10 @@ class Checker:
             return False
         if prev is None or new.nonce is None or not isinstance(e.result, int):  # the lock's writes carry a nonce
             return False
-        active, buggify._active = buggify._active, frozenset()
-        try:  # without ``pending`` only the branch of a record naming the party as waiter makes a GIVE_UP_WAIT
+        with buggify.lifted():  # without ``pending`` only a record naming the party as waiter makes a GIVE_UP_WAIT
             give_back = decide_give_up_wait(
                 prev, e.result, me=lock._me, now=self.true_wall(e.at), timing=lock.timing, nonce=new.nonce
             )
-        finally:
-            buggify._active = active
         return isinstance(give_back, Write) and give_back.kind is Kind.GIVE_UP_WAIT and give_back.record == new
 
     def _take_in_time(self, party: Party, before: Place, new: Rec) -> None:
@@ -576,8 +573,7 @@ class Checker:
             for pending in (None, 0):
                 yield decide_give_up_wait(prev, 0, me=me, now=now, timing=timing, nonce=nonce, pending=pending)
 
-        active, buggify._active = buggify._active, frozenset()
-        try:
+        with buggify.lifted():
             for now in decided:
                 for d in decisions(now):
                     for at in sends(now) if isinstance(d, Write) else ():
@@ -586,8 +582,6 @@ class Checker:
                         if w is not None and self._same(w, new, floor, me.yields, prev):  # sent after it was decided
                             return
             said = sorted({getattr(d, "kind", type(d).__name__) for d in decisions(decided[0])})
-        finally:
-            buggify._active = active
         raise Violation(
             f"{party.name}'s write is none the protocol makes from the record it replaced (it says "
             f"{', '.join(said)} at {decided[0] - WALL0:.3f} s by the writer's clock): {prev} -> {new}"
