@@ -508,7 +508,8 @@ class HandoffLock:
         be taken now (transient storage errors are retried for at most ``renew_deadline``); a ``timeout``
         with it is refused, as :meth:`threading.Lock.acquire` refuses it. ``timeout`` bounds the wait; on
         expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``
-        (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too).
+        (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too, and so
+        is one whose refusals, 429s, leave no time to try again, raised from the last refusal).
         ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
         Every way out that does not return the lock gives the waiter slot back, and frees a lock it took or
@@ -1559,9 +1560,10 @@ def _contended(
 
 
 def _ran_out(exc: BaseException, deadline: float | None, clock: Clock) -> bool:
-    """Whether ``exc``, ending an acquire, is its deadline reached: a request cut off at it or a write the
-    spacing would hold past it, or a storage failure that came after it (no time was left to resolve it)."""
-    if isinstance(exc, StorageTimeout):
+    """Whether ``exc``, ending an acquire, is its deadline reached: a request cut off at it, a retry the deadline
+    left no time to send (the spacing would hold it past, or too little was left: the store's last refusal is
+    the cause), or a storage failure that came after it (no time was left to resolve it)."""
+    if isinstance(exc, StorageTimeout) or getattr(exc, "out_of_time", False):
         return True
     return isinstance(exc, TransientStorageError) and deadline is not None and clock.monotonic() >= deadline
 

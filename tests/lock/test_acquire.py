@@ -236,6 +236,26 @@ def test_a_take_cut_off_at_the_timeout_that_landed_is_given_back_before_lock_tim
         b.release()
 
 
+@pytest.mark.parametrize("retry_after", [30.0, None])
+def test_a_timeout_that_429s_leave_no_time_to_write_in_is_a_lock_timeout(world, retry_after):
+    """``acquire(timeout=...)`` ends in :class:`LockTimeout` when its time runs out, whatever holds it up: a
+    store that refuses with 429s until the widened spacing (``retry_after`` 30: 8 s, the most) would carry
+    the retry past the deadline, or (None) until the store's own spacing leaves no time to send the retry in.
+    The 429 is the cause the LockTimeout is raised from, and the caller's ``except LockTimeout`` catches it."""
+    a = world.lock("A", ttl=10.0, frozen=True, min_write_interval=1.0)
+
+    def refused() -> TransientStorageError:
+        return TransientStorageError("429: rate limit", status=429, ambiguous=False, retry_after=retry_after)
+
+    world.store.faults.fail_next("write", count=1 if retry_after else 5, exc=refused)
+    started = world.clock.monotonic()
+    with pytest.raises(LockTimeout, match="timed out acquiring") as caught:
+        a.acquire(timeout=1.0 if retry_after is None else 5.0)
+    assert isinstance(caught.value.__cause__, TransientStorageError) and caught.value.__cause__.status == 429
+    assert world.clock.monotonic() - started <= 5.0 + a.give_up_budget
+    assert world.record() is None and not a.is_held
+
+
 def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
     b = world.lock("B", ttl=10.0, frozen=True)
 
