@@ -104,11 +104,8 @@ def test_a_gentle_world_excuses_a_lost_lease_only_past_the_two_429s_in_a_row_des
         checker.note(Event(MONO0 + at + 0.01, a, "reply", KEY, detail, sent=MONO0 + at))
     checker.note(Event(MONO0 + 9, a, "lost", KEY, "the lock was lost while held", seen=seen))
     hub.now = MONO0 + 9
-    if refused <= 2:
-        with pytest.raises(Violation, match="lost its lock under survivable faults only"):
-            checker.check()
-    else:
-        checker.check()
+    _judged(checker, "lost its lock under survivable faults only" if refused <= 2 else None)
+    if refused > 2:
         assert checker.counts["lost_past_two_429s"] == 1
 
 
@@ -262,6 +259,15 @@ def test_an_exception_the_library_logs_and_goes_on_past_is_caught_without_showin
         logging.getLogger("handofflock").setLevel(logging.NOTSET)
 
 
+def _judged(checker: Checker, violation: str | None) -> None:
+    """The checker judges what came in: it passes (``violation`` None), or raises the violation it matches."""
+    if violation is None:
+        checker.check()
+        return
+    with pytest.raises(Violation, match=violation):
+        checker.check()
+
+
 def lock_party(name: str, hub: Hub, **timing: float):
     """A party the protocol check can ask about: its identity, its timing and its (true) wall clock."""
     from handofflock.core.protocol import Me
@@ -362,11 +368,7 @@ def test_a_try_that_may_not_wait_for_the_slot_never_polls(interrupted):
     if interrupted:
         checker.note(Event(MONO0, a, "interrupt", KEY))
     _reads(checker, a, record, MONO0)
-    if interrupted:
-        checker.check()
-    else:
-        with pytest.raises(Violation, match="may not wait for the slot .* read it again"):
-            checker.check()
+    _judged(checker, None if interrupted else "may not wait for the slot .* read it again")
 
 
 @pytest.mark.parametrize("younger", [True, False])
@@ -389,11 +391,7 @@ def test_an_older_waiter_of_equal_rank_takes_the_slot_from_a_younger_one(younger
     _reads(checker, a, record, MONO0 + 2.0)
     checker.check()  # not yet: it may be on its way out
     hub.now = MONO0 + 8.0
-    if younger:
-        with pytest.raises(Violation, match="began waiting 1.000 s after its own, and read again"):
-            checker.check()
-    else:
-        checker.check()
+    _judged(checker, "began waiting 1.000 s after its own, and read again" if younger else None)
 
 
 @pytest.mark.parametrize("wrote_again", [False, True])
@@ -415,11 +413,7 @@ def test_a_write_cut_off_in_an_acquire_never_lands_at_the_generation_its_way_out
         checker.note(Event(MONO0 + 0.2, a, "request", KEY, "write", local=WALL0 + 0.2))
     landed = held.replace(nonce="n2")  # what it wrote matters not: only where it landed
     checker.note(Event(MONO0 + 1.0, a, "applied", KEY, "write", landed.encode(), 4, 3))
-    if wrote_again:
-        checker.check()
-    else:
-        with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
-            checker.check()
+    _judged(checker, None if wrote_again else "landed at generation 3 after its acquire ended")
 
 
 @pytest.mark.parametrize("what", ["give-back", "registration"])
@@ -446,11 +440,7 @@ def test_a_give_back_of_its_own_slot_cut_off_as_its_way_out_ended_may_land_where
     checker.note(Event(MONO0 + 0.1, a, "acquire", KEY, result=TimeoutError("gave up"), seen=seen))
     landed = (held if what == "give-back" else held.replace(waiter=slot)).replace(nonce="n2")
     checker.note(Event(MONO0 + 1.0, a, "applied", KEY, "write", landed.encode(), 4, 3))
-    if what == "give-back":
-        checker.check()
-    else:
-        with pytest.raises(Violation, match="landed at generation 3 after its acquire ended"):
-            checker.check()
+    _judged(checker, None if what == "give-back" else "landed at generation 3 after its acquire ended")
 
 
 @pytest.mark.parametrize("first_attempt", [True, False])
@@ -478,11 +468,7 @@ def test_a_write_retried_after_its_clock_stepped_back_is_judged_as_decided_when_
     hub.now = MONO0 + 1.12
     refreshed = record.replace(waiter=Waiter("w", WALL0 + 2.9, ttl=2.0, instance="w0", since=WALL0), nonce="n2")
     checker.note(Event(hub.now, w, "applied", KEY, "write", refreshed.encode(), 2, 1))
-    if first_attempt:
-        checker.check()
-    else:
-        with pytest.raises(Violation, match=r"none the protocol makes from the record it replaced \(it says .*Wait"):
-            checker.check()
+    _judged(checker, None if first_attempt else r"none the protocol makes from the record it replaced \(it says .*Wait")
 
 
 @pytest.mark.parametrize("returned", [False, True])
@@ -507,11 +493,7 @@ def test_a_request_is_counted_as_unheard_only_once_the_acquire_of_the_hold_has_r
     for at in (2.0, 2.5):
         _reads(checker, h, asked, MONO0 + at, again=False)
     hub.now = MONO0 + 3
-    if returned:
-        with pytest.raises(Violation, match="h holds the lock and has not heard w's request"):
-            checker.check()
-    else:
-        checker.check()
+    _judged(checker, "h holds the lock and has not heard w's request" if returned else None)
 
 
 @pytest.mark.parametrize("retaken", [False, True])
@@ -535,11 +517,7 @@ def test_an_acquire_never_returns_a_token_an_earlier_hold_of_its_instance_had(re
     again = held.replace(owner=Holder("h", WALL0 + 3, instance="h-instance"), token=6 if retaken else 5)
     applied(checker, h, again)  # the retake, or the lost hold's renewal applied late
     checker.note(Event(hub.now, h, "acquire", KEY, result=True, seen=seen(again.token)))
-    if retaken:
-        checker.check()
-    else:
-        with pytest.raises(Violation, match="h's acquire returned token 5, which a hold of its instance had before"):
-            checker.check()
+    _judged(checker, None if retaken else "h's acquire returned token 5, which a hold of its instance had before")
 
 
 def test_the_protocol_the_checker_judges_by_has_every_planted_bug_lifted_and_the_plants_come_back():
