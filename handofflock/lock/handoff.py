@@ -669,6 +669,22 @@ class HandoffLock:
                         self.url,
                         cleanup,
                     )
+            if (
+                self._state is LOST
+                and isinstance(exc, LockLost)
+                and exc is self._lease.lost_error
+                and isinstance(exc.cause, StorageError)
+                and exc.cause.may_land_late
+            ):
+                # The settling of a handed lease lost it with a renewal unanswered, conditioned on the lease's
+                # generation: applied later, it would name us with a fresh lease nobody renews. As any way out,
+                # the record is read and, while it still names us, given on, so that renewal can never land.
+                try:
+                    self._leave_slot(last, waiting=True, keep=False, unanswered=self._lease.generation)
+                except BaseException as cleanup:  # the loss is what the caller must see
+                    self._log_acquire.warning(
+                        "%s could not give on the lease it lost as it acquired %s: %r", self.owner_id, self.url, cleanup
+                    )
             if ran_out:  # the time ran out in the store
                 why = f"timed out acquiring {self.url!r}: {exc}"
                 raise _contended(LockTimeout, self.url, last, why) from exc
@@ -796,7 +812,8 @@ class HandoffLock:
             )
             if isinstance(decision, Owned) and decision.record.token == self._lease.token:
                 # Not handed to us: the record of the hold we last had (declared lost, or released), left naming
-                # us by a write of that hold applied late (a renewal cut off at its timeout). Its token is never
+                # us by a write of that hold applied late (a renewal cut off at its timeout), or a handed lease
+                # lost as this acquire settled it (its renewal unanswered: ``_acquire``'s way out). Its token is never
                 # returned again: a writer left over from that hold still fences with it. Our time is up (a take
                 # with a new token would be a new wait past it): the lock is given on, to a live waiter or freed.
                 self._log_acquire.info("%s gives %s on: it bears our last hold's token", self.owner_id, self.url)

@@ -1,5 +1,5 @@
 """The way out of an acquire at its edges: the record of the instance's own last hold, applied late, given on and
-not named as a live holder; an heir whose settling of a handed lease ends in LockLost (a known defect, xfail)."""
+not named as a live holder; an heir whose settling of a handed lease ends in LockLost, the lease given on."""
 
 from __future__ import annotations
 
@@ -58,7 +58,6 @@ def test_a_timeout_that_gave_its_own_last_hold_on_does_not_name_itself_the_live_
     assert "held by A," not in str(exc), str(exc)
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: LockLost from the settling leaves a cut-off renewal to land")
 def test_an_heir_that_raises_lock_lost_from_its_settling_leaves_no_renewal_to_land_after_it():
     """The heir reads its handoff late and settles the lease: the first renewal lands but is confirmed past
     its own renew deadline (a lost reply, a slow read), so it is renewed again; that second renewal is cut
