@@ -6,9 +6,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from lockparts import heir_reads_its_handoff_late
 from simworld import KEY  # the world fixture is in conftest.py
 
-from handofflock import FakeClock, HandoffLock, LockTimeout, Scheduler
+from handofflock import FakeClock, LockTimeout
 from handofflock.core.errors import LockLost, StorageTimeout
 from handofflock.core.record import LockRecord, Waiter
 from handofflock.storage import MemoryStorage
@@ -69,13 +70,6 @@ def test_an_heir_that_raises_lock_lost_from_its_settling_leaves_no_renewal_to_la
     name = f"settle-lost-{uuid.uuid4().hex[:8]}"
     clock = FakeClock(step=0.05)
     store = MemoryStorage.named(name)
-    url = f"memory://{name}/lock.json"
-    owner_sched = Scheduler(clock, autostart=False)
-    clock.on_tick.append(owner_sched.run_pending)
-    owner = HandoffLock(url, ttl=4.0, owner_id="O", min_hold=0, clock=clock, scheduler=owner_sched)
-    heir = HandoffLock(url, ttl=4.0, owner_id="H", waiter_poll_interval=0.1, clock=clock,
-                       scheduler=Scheduler(clock, autostart=False))  # fmt: skip
-    seen: list[str] = []
     cut: list[tuple] = []
     real = MemoryStorage.write
 
@@ -93,24 +87,14 @@ def test_an_heir_that_raises_lock_lost_from_its_settling_leaves_no_renewal_to_la
             seen.append("confirmed late")
             clock.advance(2.05)  # past the renewal's renew deadline (2 s from its send)
 
-    def late_read(op, key):
-        if seen == ["handed"]:
-            seen.append("read late")
-            clock.advance(2.1)
-            store.faults.lose_reply_next("write")
-            store.faults.before("read", slow_read)
-
-    def hand_over():
-        if not seen and owner.status().waiter_id == "H":
-            seen.append("handed")
-            assert owner.release() == "H"
-            store.faults.before("read", late_read)
+    def its_reply_lost_then_confirmed_late(store):
+        store.faults.lose_reply_next("write")
+        store.faults.before("read", slow_read)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(MemoryStorage, "write", renewals_after_the_first_are_cut_off)
     try:
-        assert owner.acquire()
-        clock.on_tick.append(hand_over)
+        heir, seen = heir_reads_its_handoff_late(name, clock, 2.1, its_reply_lost_then_confirmed_late)
+        mp.setattr(MemoryStorage, "write", renewals_after_the_first_are_cut_off)
         try:
             got = heir.acquire(timeout=30)
         except LockLost:

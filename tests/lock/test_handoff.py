@@ -7,7 +7,7 @@ import time
 import uuid
 
 import pytest
-from lockparts import held, lock_for, waiter_is
+from lockparts import heir_reads_its_handoff_late, held, lock_for, waiter_is
 from lockutil import eventually, make_lock, raw_read
 from simworld import KEY
 
@@ -157,42 +157,12 @@ def test_a_take_confirmed_late_is_never_returned_lost_when_the_scheduler_runs_fi
         MemoryStorage.forget(name)
 
 
-def _heir_reads_its_handoff_late(name: str, clock: FakeClock, late: float, then) -> tuple[HandoffLock, list]:
-    """An owner and an heir (ttl 4: renew deadline 2, interval 0.5) on ``clock``; once the heir waits, the
-    owner hands it the lock, and the heir's next read of it comes ``late`` seconds after (a slow poll, a
-    pause). ``then(store)`` arms what comes after that read. Returns the heir and what happened."""
-    store = MemoryStorage.named(name)
-    url = f"memory://{name}/lock.json"
-    owner_sched = Scheduler(clock, autostart=False)
-    clock.on_tick.append(owner_sched.run_pending)
-    owner = HandoffLock(url, ttl=4.0, owner_id="O", min_hold=0, clock=clock, scheduler=owner_sched)
-    heir = HandoffLock(url, ttl=4.0, owner_id="H", waiter_poll_interval=0.1, clock=clock,
-                       scheduler=Scheduler(clock, autostart=False))  # fmt: skip
-    seen: list[str] = []
-
-    def late_read(op, key):
-        if seen == ["handed"]:
-            seen.append("read late")
-            clock.advance(late)
-            then(store)
-
-    def hand_over():
-        if not seen and owner.status().waiter_id == "H":
-            seen.append("handed")
-            assert owner.release() == "H"
-            store.faults.before("read", late_read)
-
-    assert owner.acquire()
-    clock.on_tick.append(hand_over)
-    return heir, seen
-
-
 def _the_heir_returns_a_healthy_lock_or_none(name: str, clock: FakeClock, late: float, fault) -> None:
     """The heir that reads its handoff ``late`` s late, with ``fault`` set on the store as it does, either gets a
     lock ``healthy`` calls safe or raises LockLost: never a lock it calls unsafe."""
     from handofflock.core.errors import LockLost
 
-    heir, seen = _heir_reads_its_handoff_late(name, clock, late, fault)
+    heir, seen = heir_reads_its_handoff_late(name, clock, late, fault)
     try:
         try:
             got = heir.acquire(timeout=30)

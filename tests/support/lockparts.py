@@ -7,8 +7,9 @@ import threading
 
 from lockutil import FAST
 
-from handofflock import AcquireCancelled, HandoffLock, LockTimeout, signals
+from handofflock import AcquireCancelled, FakeClock, HandoffLock, LockTimeout, Scheduler, signals
 from handofflock.core.record import ASKING, Holder, LockRecord, Waiter
+from handofflock.storage import MemoryStorage
 
 NOW = 1_700_000_000.0
 
@@ -90,3 +91,33 @@ def lock_for(sim, owner, **kw):
 
 def waiter_is(sim, who):
     return lambda: (sim.record() and sim.record().waiting_owner_id == who)
+
+
+def heir_reads_its_handoff_late(name: str, clock: FakeClock, late: float, then) -> tuple[HandoffLock, list]:
+    """An owner and an heir (ttl 4: renew deadline 2, interval 0.5) on ``clock``; once the heir waits, the
+    owner hands it the lock, and the heir's next read of it comes ``late`` seconds after (a slow poll, a
+    pause). ``then(store)`` arms what comes after that read. Returns the heir and what happened."""
+    store = MemoryStorage.named(name)
+    url = f"memory://{name}/lock.json"
+    owner_sched = Scheduler(clock, autostart=False)
+    clock.on_tick.append(owner_sched.run_pending)
+    owner = HandoffLock(url, ttl=4.0, owner_id="O", min_hold=0, clock=clock, scheduler=owner_sched)
+    heir = HandoffLock(url, ttl=4.0, owner_id="H", waiter_poll_interval=0.1, clock=clock,
+                       scheduler=Scheduler(clock, autostart=False))  # fmt: skip
+    seen: list[str] = []
+
+    def late_read(op, key):
+        if seen == ["handed"]:
+            seen.append("read late")
+            clock.advance(late)
+            then(store)
+
+    def hand_over():
+        if not seen and owner.status().waiter_id == "H":
+            seen.append("handed")
+            assert owner.release() == "H"
+            store.faults.before("read", late_read)
+
+    assert owner.acquire()
+    clock.on_tick.append(hand_over)
+    return heir, seen
