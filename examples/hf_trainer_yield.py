@@ -7,7 +7,7 @@ Job A trains a tiny model with :class:`handofflock.integrations.transformers.Han
 A while after it starts, rank 0 launches job B (this file with ``--job-b``, a
 separate process), which asks for the lock. At the same step on every rank the
 callback sets ``should_save`` and ``should_training_stop``: the Trainer saves
-``checkpoint-N`` (the holder renames it ``checkpoint-N-token<T>``) and stops; A hands off, waits for the lock again, and when B
+``checkpoint-N`` (the holder renames it ``checkpoint-0N-token<T>``) and stops; A hands off, waits for the lock again, and when B
 releases it resumes training from that checkpoint.
 """
 
@@ -132,7 +132,7 @@ def train(args: argparse.Namespace) -> int:
         say(who, f"stopped after step {callback.yield_step} (agreed with all {world} ranks: {decision.action}, "
                  f"{decision.cause})", held)
         if rank == 0:
-            say("A", f"checkpointed step {callback.yield_step} as checkpoint-{callback.yield_step}-token{held}; handed off", held)
+            say("A", f"checkpointed step {callback.yield_step} as checkpoint-0{callback.yield_step}-token{held}; handed off", held)
         if decision.exit:  # a signal or a notice: end; a restart resumes from the checkpoint
             say(who, f"exits ({decision.cause}), status {decision.exit_status}", None)
             if world > 1:

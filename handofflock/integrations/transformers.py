@@ -28,17 +28,21 @@ just-in-time handler during training (its checkpoint is per rank, 3 s after the
 signal, at whatever step each rank is; ours is agreed) and puts it back after.
 After each save, once every rank has written its part, the holder writes
 ``handofflock.json`` (the fencing token and the decision) into the
-checkpoint, renames ``checkpoint-N`` to ``checkpoint-N-token<T>`` (the
+checkpoint, renames ``checkpoint-N`` to ``checkpoint-0N-token<T>`` (the
 Trainer writes ``checkpoint-N`` in place: a later hold, or a replaced one,
-that saves step N again would rewrite it), and points the job's
+that saves step N again would rewrite it; the leading zero ranks a later
+save of step N above this one in the Trainer's rotation), and points the job's
 latest-checkpoint pointer (``handofflock-latest.json`` in ``output_dir``;
 :mod:`handofflock.integrations.checkpoints`) at it: a write fenced by the
 lock's token, so a replaced holder cannot move it back, and :meth:`resume_path`
 names the newest save across processes, not the highest ``checkpoint-N``. A
 refused write raises :class:`~handofflock.LockLost` on every rank at that
 save. The Trainer's rotation (``save_total_limit``) counts and removes the
-renamed folders as its own; its ``resume_from_checkpoint=True`` looks for
-``checkpoint-N`` only, so the guarded ``train()`` (:meth:`guard`) turns
+renamed folders as its own, and keeps the new ``checkpoint-N`` (it rotates
+before the rename) over an earlier hold's save of step N even where it orders
+by the step in the name, then by the name (mtimes within 1 s: a FUSE mount, a
+quick job): ``checkpoint-N`` sorts after ``checkpoint-0N-token<T>``. Its
+``resume_from_checkpoint=True`` looks for ``checkpoint-N`` only, so the guarded ``train()`` (:meth:`guard`) turns
 ``True`` into :meth:`resume_path` (:meth:`train` resumes from it anyway).
 
 * before training: the job takes the lock (the holder rank acquires; all
@@ -128,7 +132,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
         The one the latest-checkpoint pointer names (the last save of the
         newest hold, from this process or any before it, as
-        ``checkpoint-N-token<T>``); without a pointer
+        ``checkpoint-0N-token<T>``); without a pointer
         (no save under the lock yet), or one naming a folder the Trainer's
         rotation removed before the pointer moved (with a warning), the
         Trainer's own choice: the highest ``checkpoint-N``.
@@ -226,7 +230,7 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
         def seal(token: int) -> str | None:
             """On the holder, once every rank wrote its part: the token inside and in the name, then pointed at."""
             folder = os.path.join(args.output_dir, f"checkpoint-{step}")
-            sealed = f"{folder}-token{token}"
+            sealed = _sealed_checkpoint(args.output_dir, step, token)
             if not os.path.isdir(folder):
                 return None
             if os.path.isdir(sealed):  # this hold saved this step before: that copy is whole and pointed at
@@ -250,6 +254,20 @@ class HandoffLockTrainerCallback(RankHold, TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._end_run()
+
+
+def _sealed_checkpoint(output_dir: str | os.PathLike[str], step: int, token: int) -> str:
+    """The name the holder gives the Trainer's ``checkpoint-<step>`` once sealed: ``checkpoint-0<step>-token<token>``.
+
+    The step's leading zero is for the Trainer's rotation (``save_total_limit``),
+    which runs inside the save, before the rename: where the checkpoints' mtimes
+    lie within 1 s of each other (a FUSE mount, a quick job) it orders them by
+    the number after ``checkpoint-`` (6 in each name below), then by path,
+    and keeps the last. ``checkpoint-6`` sorts before ``checkpoint-6-token<T>``
+    but after ``checkpoint-06-token<T>``: a new save of a step an earlier hold
+    sealed is the one kept, never the one removed unsealed.
+    """
+    return os.path.join(os.fspath(output_dir), f"checkpoint-0{step}-token{token}")
 
 
 def _follow_rename(state: Any, state_file: str, sealed: str) -> None:

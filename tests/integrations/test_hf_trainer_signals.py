@@ -42,10 +42,10 @@ def test_sigterm_to_torchrun_stops_every_hf_rank_at_one_step_checkpoints_and_fre
     assert why == "exit, SIGTERM", out
     assert len(re.findall(r"A\d\s+\S+\s+exits \(SIGTERM\), status 143", out)) == 2, out
     [saved] = (tmp_path / "hf").glob("checkpoint-*")
-    assert saved.name.startswith(f"checkpoint-{step}-token"), out
+    assert saved.name.startswith(f"checkpoint-0{step}-token"), out
     assert (saved / "model.safetensors").stat().st_mtime >= signalled - 0.01  # written after the signal
     meta = json.loads((saved / "handofflock.json").read_text())
-    assert meta["step"] == step and saved.name == f"checkpoint-{step}-token{meta['token']}" and meta["decision"] == {"action": "exit", "cause": "SIGTERM"}
+    assert meta["step"] == step and saved.name == f"checkpoint-0{step}-token{meta['token']}" and meta["decision"] == {"action": "exit", "cause": "SIGTERM"}
     assert json.loads((saved / "trainer_state.json").read_text())["global_step"] == step
     assert HandoffLock(url).status().owner_id is None  # released, not held by a dead process
     assert took < 30, f"torchrun took {took:.1f} s to end after SIGTERM (SIGKILL comes at 30 s)"

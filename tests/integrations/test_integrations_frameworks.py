@@ -53,5 +53,5 @@ def test_hf_trainer_ranks_save_one_checkpoint_at_one_step_hand_off_and_resume_fr
     yielded = check_handoff_timeline(out, world, STEPS, resume_offset=0)
     [saved] = (tmp_path / "hf").glob("checkpoint-*")
     token = json.loads((saved / "handofflock.json").read_text())["token"]
-    assert saved.name == f"checkpoint-{yielded}-token{token}"  # the holder's fencing token is in the name
+    assert saved.name == f"checkpoint-0{yielded}-token{token}"  # the holder's fencing token is in the name
     assert json.loads((saved / "trainer_state.json").read_text())["global_step"] == yielded

@@ -105,7 +105,7 @@ def test_an_hf_callback_interrupted_puts_the_handlers_back_and_serves_the_next_t
     before = handlers()
     decision = callback.train(hf_trainer(tmp_path / "hf", callback, Regressor(interrupt_at(3))))
     assert decision is not None and decision.action == "exit" and decision.cause == "SIGINT"
-    [saved] = (tmp_path / "hf").glob(f"checkpoint-{callback.yield_step}-token*")  # renamed by the holder, whole
+    [saved] = (tmp_path / "hf").glob(f"checkpoint-0{callback.yield_step}-token*")  # renamed by the holder, whole
     assert saved.is_dir()
     assert handlers() == before
     with pytest.raises(KeyboardInterrupt):

@@ -7,6 +7,7 @@ and a real Hugging Face Trainer (in-process, one rank, a tiny model); a file loc
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -53,10 +54,15 @@ def test_lightning_resumes_from_model_checkpoints_save_after_a_yield_and_a_crash
 
 
 def saved(out: Path, step: int, token: int | str = "*") -> Path:
-    """The Trainer's checkpoint of ``step`` in ``out``, as the holder renamed it: ``checkpoint-N-token<T>``."""
-    [folder] = out.glob(f"checkpoint-{step}-token{token}")
-    assert folder.name == f"checkpoint-{step}-token{json.loads((folder / 'handofflock.json').read_text())['token']}"
+    """The Trainer's checkpoint of ``step`` in ``out``, as the holder renamed it: ``checkpoint-0N-token<T>``."""
+    [folder] = out.glob(f"checkpoint-0{step}-token{token}")
+    assert folder.name == f"checkpoint-0{step}-token{saved_token(folder)}"
     return folder
+
+
+def saved_token(folder: Path) -> int:
+    """The fencing token the holder wrote into a checkpoint it sealed."""
+    return int(json.loads((folder / "handofflock.json").read_text())["token"])
 
 
 @pytest.mark.timeout(120)
@@ -139,13 +145,13 @@ def test_an_hf_save_of_a_step_an_earlier_hold_pointed_at_never_writes_into_that_
     assert Watch.seen == [(pointed, weights)]
     assert (pointed / "model.safetensors").read_bytes() == weights
     newest = Path(later.resume_path(out))
-    assert newest != pointed and newest.name.startswith("checkpoint-6-token")
+    assert newest != pointed and newest.name.startswith("checkpoint-06-token")
     assert (newest / "model.safetensors").read_bytes() != weights
     assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted([pointed.name, newest.name])
     # Each hold's saves carry its token; the Trainer's rotation keeps the newest save_total_limit, renamed ones too.
     tokens = [json.loads((p / "handofflock.json").read_text())["token"] for p in (pointed, newest)]
     assert tokens[0] < tokens[1] and pointed == saved(out, 6, tokens[0]) and newest == saved(out, 6, tokens[1])
-    assert kept == [f"checkpoint-4-token{tokens[0]}", pointed.name]
+    assert kept == [f"checkpoint-04-token{tokens[0]}", pointed.name]
 
 
 @pytest.mark.timeout(120)
@@ -262,22 +268,39 @@ def test_an_hf_resume_from_checkpoint_true_resumes_from_the_pointer_not_from_a_l
     assert First.step == 7 and hf.state.global_step == 8
 
 
-@pytest.mark.xfail(
-    strict=False,  # it shows only when both saves' mtimes fall within 1 s: a loaded machine spreads them (XPASS)
-    reason="known defect (review finding): the Trainer's rotation, ordering by step where mtimes lie within 1 s "
-    "(a FUSE mount, a quick job), sorts checkpoint-N before an earlier hold's checkpoint-N-token<T> and removes the "
-    "new save unsealed",
-)
 @pytest.mark.timeout(120)
-def test_an_hf_save_of_a_step_an_earlier_hold_sealed_survives_a_rotation_of_one(tmp_path):
+def test_an_hf_save_of_a_step_an_earlier_hold_sealed_survives_a_rotation_of_one(tmp_path, monkeypatch):
+    """The Trainer rotates (``save_total_limit``) inside its save, before the holder renames the new
+    ``checkpoint-N``. Where the checkpoints' mtimes lie within 1 s of each other (a FUSE mount, a quick job) it
+    orders them by the step in the name, then by the name, and keeps the last."""
+    import transformers.trainer
+
     from handofflock.integrations.transformers import HandoffLockTrainerCallback
 
+    rotate, rotated = transformers.trainer.rotate_checkpoints, []
+
+    def rotate_where_mtimes_do_not_tell(output_dir, **kwargs):
+        """As on a FUSE mount: every checkpoint folder has the same mtime, so the Trainer orders them by name."""
+        folders = sorted(Path(output_dir).glob("checkpoint-*"))
+        for folder in folders:
+            os.utime(folder, (1_700_000_000, 1_700_000_000))
+        rotated.append([folder.name for folder in folders])
+        rotate(output_dir=output_dir, **kwargs)
+
+    monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", rotate_where_mtimes_do_not_tell)
     out, url = tmp_path / "hf", (tmp_path / "l.json").as_uri()
     first = HandoffLockTrainerCallback(url, every=1, owner_id="job-A", **TIMING)
     assert first.train(hf_trainer(out, [first], max_steps=6, save_steps=2, save_total_limit=1)) is None
     pointed = Path(first.resume_path(out))
+    weights, token = (pointed / "model.safetensors").read_bytes(), saved_token(pointed)
     later = HandoffLockTrainerCallback(url, every=1, owner_id="job-B", **TIMING)
     hf = hf_trainer(out, [later], max_steps=6, save_steps=6, save_total_limit=1, learning_rate=0.5, seed=7)
     assert later.train(hf, resume_from_checkpoint=False) is None
-    # Before the rename both holds wrote checkpoint-6 (in place); now the later one's save is gone, pointed at by nobody.
-    assert Path(later.resume_path(out)) != pointed, "the later hold's save of step 6 was removed by the rotation"
+    assert rotated[-1] == sorted([pointed.name, "checkpoint-6"])  # the rotation saw both saves of step 6, mtimes equal
+    # Before: the rotation sorted checkpoint-6 before checkpoint-6-token<T> and removed the later hold's save
+    # unsealed; the pointer stayed on the earlier hold's.
+    newest = Path(later.resume_path(out))
+    assert newest != pointed, "the later hold's save of step 6 was removed by the rotation"
+    assert newest == saved(out, 6) and saved_token(newest) > token and not pointed.exists()
+    assert (newest / "model.safetensors").read_bytes() != weights
+    assert [p.name for p in out.glob("checkpoint-*")] == [newest.name]  # save_total_limit=1: the newest save only

@@ -209,8 +209,8 @@ def test_an_hf_resume_path_whose_pointed_folder_the_rotation_removed_falls_back_
     (out / "checkpoint-8").mkdir(parents=True)  # the new save, whole, not yet renamed nor pointed at
     lock = HandoffLock(f"memory://rot-{uuid.uuid4().hex[:8]}/locks/train.json", **TIMING)
     with lock:
-        LatestCheckpoint(latest_pointer(out), lock=lock).point(str(out / "checkpoint-6-token5"), 6)  # rotated away
+        LatestCheckpoint(latest_pointer(out), lock=lock).point(str(out / "checkpoint-06-token5"), 6)  # rotated away
     with pytest.warns(UserWarning, match="no longer exists"):
         assert HandoffLockTrainerCallback.resume_path(out) == str(out / "checkpoint-8")
-    (out / "checkpoint-6-token5").mkdir()
-    assert HandoffLockTrainerCallback.resume_path(out) == str(out / "checkpoint-6-token5")  # the pointer, when there
+    (out / "checkpoint-06-token5").mkdir()
+    assert HandoffLockTrainerCallback.resume_path(out) == str(out / "checkpoint-06-token5")  # the pointer, when there

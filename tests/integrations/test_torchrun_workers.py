@@ -58,7 +58,7 @@ def checkpoint_after(framework: str, tmp_path: Path, step: int) -> float:
         [saved] = tmp_path.glob(f"handoff-token*-step{step}.ckpt")
         assert torch.load(saved, weights_only=False)["global_step"] == step
         return saved.stat().st_mtime
-    [saved] = (tmp_path / "hf").glob(f"checkpoint-{step}-token*")
+    [saved] = (tmp_path / "hf").glob(f"checkpoint-0{step}-token*")
     assert json.loads((saved / "trainer_state.json").read_text())["global_step"] == step
     return (saved / "model.safetensors").stat().st_mtime
 
