@@ -378,8 +378,9 @@ class AsyncHandoffLock:
     healthy: _View[bool] = _View()
     release_requested: _View[bool] = _View()
     release_request: _View[ReleaseRequest | None] = _View()
+    release_requests: _View[tuple[ReleaseRequest, ...]] = _View()
     #: Ask the holder to release, as a waiter would: :meth:`HandoffLock.request_release` (no I/O, not awaited).
-    request_release: _View[Callable[..., None]] = _View()
+    request_release: _View[Callable[..., ReleaseRequest]] = _View()
 
     # ------------------------------------------------------------------ acquire / release
 

@@ -16,10 +16,13 @@ With :func:`install_signal_handlers`:
 The first signal only records a request (``reason="signal"``, the signal's
 name as requester, ``deadline = now + grace``): the training loop sees
 ``lock.release_requested`` at its next step, checkpoints and hands the lock
-over. A second signal means "now": the handler hands the lock over itself
-and then lets the signal do what it would have done without us (the previous
-handler runs, the default action kills the process, or SIGINT raises
-:class:`KeyboardInterrupt`).
+over. A second signal while that request stands means "now": the handler
+hands the lock over itself and then lets the signal do what it would have done
+without us (the previous handler runs, the default action kills the process,
+or SIGINT raises :class:`KeyboardInterrupt`). The request goes with the hold it
+asked to end (one made between holds, or while ``acquire()`` waits, stands for
+the next hold): once that hold is over, the next signal is a first one again,
+a request to the next hold.
 
 Grace periods people live with, and what to pass as ``grace`` (leave a few
 seconds for the checkpoint's last write and the release itself):
@@ -74,6 +77,8 @@ SignalT = TypeVar("SignalT", bound=int)
 CaughtT = TypeVar("CaughtT", bound="CaughtSignals")
 #: A signal handler as ``signal.getsignal`` returns it.
 Handler = Callable[[int, FrameType | None], Any] | int | None
+#: Whether the stop a first signal asked for still stands (called in a signal handler: no I/O, no lock).
+Stands = Callable[[], bool]
 
 
 def parse_signal(value: SignalLike) -> signal.Signals:
@@ -105,7 +110,10 @@ class CaughtSignals:
     and the signal is one of ``chain`` (default: all). A later signal means
     "now" if :meth:`_escalates` says it may (by default, any) and it is handled
     at least ``repeat_window`` seconds after the first; any other is the same
-    request again. While "now" lets the lock go (a release deferred to the
+    request again. A signal is a later one only while the stop the first asked
+    for stands (:meth:`_ask` returns how to tell): once that stop is over, the
+    next signal is a first one again, whether our handlers stayed or were
+    installed again meanwhile. While "now" lets the lock go (a release deferred to the
     lock's call in progress too), our handlers stay: a signal within
     :data:`NOW_COPIES` seconds of it is a copy, and acts once the lock is let go,
     with every other that came (those that end the process first, Python
@@ -129,7 +137,9 @@ class CaughtSignals:
             if sig in (signal.SIGKILL, signal.SIGSTOP):
                 raise ConfigurationError(self.uncatchable.format(sig.name))
         self.chain = frozenset(self.wanted if chain is None else (parse_signal(s) for s in chain))
-        self._first_at: float | None = None
+        # The first signal: when it was handled, which it was, and whether the stop it asked for still stands
+        # (None while it is being asked). Replaced whole: a handler that nests reads one consistent value.
+        self._first: tuple[float, signal.Signals, Stands | None] | None = None
         self._now_at: float | None = None  # when a "now" under way began
         self._meanwhile: dict[signal.Signals, Handler] = {}  # signals that came during it, to act after it
         self.received: list[str] = []
@@ -141,7 +151,9 @@ class CaughtSignals:
         """Install on this process's main thread (Python runs handlers only there).
 
         Called again, it takes back any signal whose handler was replaced since
-        (a framework installed its own), chaining to or restoring that one.
+        (a framework installed its own), chaining to or restoring that one. That
+        alone does not start afresh: a first signal's request that still stands
+        makes the next signal a repeat of it.
         """
         if threading.current_thread() is not threading.main_thread():
             raise ConfigurationError(self.off_main_thread)
@@ -172,14 +184,17 @@ class CaughtSignals:
         if os.getpid() != self._pid:
             act_as_before(sig, frame, previous)
             return
-        # The first signal is marked before anything else: a repeat that lands while this handler
-        # runs (handlers can nest between bytecodes) is then a repeat, not a second signal.
-        now, first, first_at = time.monotonic(), self._first_at is None, self._first_at
-        if first_at is None:
-            first_at = self._first_at = now
+        now, first = time.monotonic(), self._first
+        if first is not None and self._now_at is None and first[2] is not None and not first[2]():
+            first = None  # the stop the first signal asked for is over (its hold has ended): this one asks again
+        if first is None:
+            # Marked before anything else: a repeat that lands while this handler runs (handlers can
+            # nest between bytecodes) is then a repeat of this one, not a second first signal.
+            self._first = (now, sig, None)
         self.received.append(sig.name)
-        if first:
-            self._ask(sig)  # attributes only: no I/O, no lock, whatever the main thread was doing
+        if first is None:
+            # Attributes only: no I/O, no lock, whatever the main thread was doing.
+            self._first = (now, sig, self._ask(sig))
             if sig in self.chain and is_python_handler(previous):
                 previous(signum, frame)
         elif self._now_at is not None:  # a "now" is letting the lock go
@@ -188,7 +203,7 @@ class CaughtSignals:
                 self._meanwhile.setdefault(sig, then)  # a copy: it acts once the lock is let go
                 return
             self._act_with_copies(sig, then, frame)  # pressed again, later: now, even if that cuts the release short
-        elif self._escalates(sig) and now - first_at >= self.repeat_window:
+        elif self._escalates(sig, first[1]) and now - first[0] >= self.repeat_window:
             self._now_at, then = now, self._then(sig, previous)
             try:  # ours stay in place while the lock is let go, deferred or not: a copy must not act first
                 self._now(sig, lambda: self._act_with_copies(sig, then, frame))
@@ -206,16 +221,18 @@ class CaughtSignals:
         copies = [(s, h) for s, h in remembered.items() if s is not sig]
         _act_all(sorted([*copies, (sig, then)], key=lambda sh: _order(sh[1])), frame)
 
-    def _escalates(self, sig: signal.Signals) -> bool:
-        """Whether ``sig``, after the first signal, may mean "now"; if not, however late, it repeats the request."""
+    def _escalates(self, sig: signal.Signals, first: signal.Signals) -> bool:
+        """Whether ``sig``, after the first signal ``first``, may mean "now"; if not, however late, it repeats the
+        request."""
         return True
 
     def _then(self, sig: signal.Signals, previous: Handler) -> Handler:
         """What ``sig`` does once "now" has let the lock go: what it did before us (``previous``)."""
         return previous
 
-    def _ask(self, sig: signal.Signals) -> None:
-        """The first signal: ask for a stop."""
+    def _ask(self, sig: signal.Signals) -> Stands:
+        """The first signal: ask for a stop; return what says whether that stop still stands (no I/O, no lock:
+        it is called in the handler). While it does, a later signal is a repeat; once it does not, a first."""
         raise NotImplementedError
 
     def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
@@ -260,8 +277,12 @@ class SignalHandlers(CaughtSignals):
         atexit.unregister(self._release_at_exit)
         super().uninstall()
 
-    def _ask(self, sig: signal.Signals) -> None:
-        self.lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
+    def _ask(self, sig: signal.Signals) -> Stands:
+        lock = self.lock
+        request = lock.request_release("signal", requester=sig.name, deadline=time.time() + self.grace)
+        # The request goes with the hold it asked to end (one made between holds stands for the next hold):
+        # once that hold is over, released or handed off, the next signal asks the next hold again.
+        return lambda: any(standing is request for standing in lock.release_requests)
 
     def __repr__(self) -> str:
         names = ",".join(s.name for s in self.signals)
@@ -314,10 +335,16 @@ def install_signal_handlers(
       (if it is a Python function) runs too. Nothing else: no I/O, no lock.
       A request that arrives while ``acquire()`` waits stands once the lock
       is acquired (``steps()`` then yields nothing).
-    * Second signal (any of them): release the lock now, handing it to the
-      waiter, restore the previous handlers, then re-raise: the previous
-      Python handler runs, SIGINT raises :class:`KeyboardInterrupt`, and
-      any other signal gets its default action (the process ends with it).
+    * Second signal (any of them) while the first one's request stands:
+      release the lock now, handing it to the waiter, restore the previous
+      handlers, then re-raise: the previous Python handler runs, SIGINT raises
+      :class:`KeyboardInterrupt`, and any other signal gets its default action
+      (the process ends with it).
+    * The first signal's request goes with the hold it asked to end (one that
+      arrives between holds stands for the next hold, as one during ``acquire()``
+      does). Once that hold is over (released, handed off, a lost hold let go),
+      the next signal is a first one again: a later hold is asked, not ended,
+      whether these handlers stayed installed or were installed again.
     * A signal ignored (SIG_IGN) at install time stays ignored.
     * ``release_at_exit=True`` also releases at interpreter exit if the lock (a lock made
       with ``release_at_exit=False`` too; other locks release at exit by themselves)

@@ -66,7 +66,7 @@ from ..core.timing import seconds
 from ..exit_codes import report_exit_status
 from ..fencing import StaleToken
 from ..lock.handoff import Steps
-from ..os_signals import CaughtSignals, Handler, SignalLike
+from ..os_signals import CaughtSignals, Handler, SignalLike, Stands
 
 if TYPE_CHECKING:
     from ..lock.handoff import HandoffLock
@@ -687,13 +687,17 @@ class RankSignals(CaughtSignals):
         super().__init__(signals, chain=chain)
         self.ranks = ranks
 
-    def _ask(self, sig: signal.Signals) -> None:
-        self.ranks.request_stop("exit", cause=sig.name)
+    def _ask(self, sig: signal.Signals) -> Stands:
+        ranks = self.ranks
+        ranks.request_stop("exit", cause=sig.name)
+        # An exit stands for the life of the ranks, except one for SIGINT that start_over() forgets: after
+        # that, the next run's first signal asks again.
+        return lambda: ranks._exit_cause is not None
 
-    def _escalates(self, sig: signal.Signals) -> bool:
+    def _escalates(self, sig: signal.Signals, first: signal.Signals) -> bool:
         # torchrun starts its workers in sessions of their own: a terminal's Ctrl-C reaches torchrun alone,
         # which sends its workers SIGINT, and on a second Ctrl-C SIGTERM (its shutdown).
-        return sig is signal.SIGINT or (sig is signal.SIGTERM and self.received[0] == signal.SIGINT.name)
+        return sig is signal.SIGINT or (sig is signal.SIGTERM and first is signal.SIGINT)
 
     def _then(self, sig: signal.Signals, previous: Handler) -> Handler:
         # SIGTERM's earlier handler never runs from ours (Lightning's runs a collective): it ends the process.
@@ -702,8 +706,9 @@ class RankSignals(CaughtSignals):
     def _now(self, sig: signal.Signals, act: Callable[[], None]) -> None:
         """No meeting (the other ranks may be gone): the holder lets the lock go, then the signal acts."""
         released = self.ranks.abandon()
+        first = self._first[1].name if self._first is not None else "another"
         message = (
-            f"rank {self.ranks.rank}: a second signal ({sig.name}, after {self.received[0]}): stopping now, "
+            f"rank {self.ranks.rank}: a second signal ({sig.name}, after {first}): stopping now, "
             "without a checkpoint and without the other ranks" + (", the lock released" if released else "")
         )
         _log.warning("%s", message)

@@ -336,6 +336,9 @@ class HandoffLock:
     """True while a release request stands (a waiter, a signal, a preemption notice, an operator)."""
     release_request = Forward[ReleaseRequest | None]("_book.release_request")
     """The most urgent request that stands (earliest deadline), or None."""
+    release_requests = Forward[tuple[ReleaseRequest, ...]]("_book.release_requests")
+    """Every request that stands, in the order noted; they go with the hold (released, handed off, or a lost
+    hold let go)."""
     declined_by = Forward[str | None]("_declined_by")
     """While this lock waits in the slot: the holder's owner id if it has declined our request (it does
     not yield: ``run --no-yield``), as its waiter check wrote into the record; else None."""
@@ -417,15 +420,17 @@ class HandoffLock:
         *,
         requester: str | None = None,
         deadline: float | None = None,
-    ) -> None:
-        """Ask the holder of this instance to release, as a waiter would.
+    ) -> ReleaseRequest:
+        """Ask the holder of this instance to release, as a waiter would; return the request noted.
 
         Safe in a signal handler: it only assigns attributes; ``on_release_requested`` is sent from
         the scheduler thread. The most urgent request (earliest deadline) is kept. ``reason`` is a
         :class:`RequestReason` or its value (``"manual"``, the old name of ``"operator"``, is deprecated).
+        The request stands, in :attr:`release_requests`, until the hold ends; one made while the lock is
+        not held stands for the next hold.
         """
         why = checked_request(reason, deadline)
-        self._book.request(why, requester or why.value, deadline)
+        return self._book.request(why, requester or why.value, deadline)
 
     def cancel(self) -> None:
         """Stop a blocking ``acquire()`` running in another thread; it gives the waiter slot back.

@@ -101,6 +101,11 @@ class RequestBook:
         self._requests: list[ReleaseRequest] = []  # the requests that stand (release_request: the most urgent)
         self._waiter: tuple[tuple[str, str | None], ReleaseRequest] | None = None  # ((waiter id, instance), request)
 
+    @property
+    def release_requests(self) -> tuple[ReleaseRequest, ...]:
+        """Every request that stands, in the order noted (:attr:`release_request` is the most urgent)."""
+        return tuple(self._requests)
+
     def new_hold(self) -> None:
         """We became the owner: every waiter is news again. A request recorded meanwhile (a SIGTERM) stands."""
         self._notified.clear()

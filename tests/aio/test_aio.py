@@ -80,6 +80,7 @@ async def test_an_async_owner_hands_off_to_an_async_waiter_that_asked(anyio_back
                 request_ = await owner.wait_release_requested()
             assert request_.reason == "waiter" and request_.requester == waiter.owner_id
             assert owner.release_requested and owner.release_request == request_
+            assert owner.release_requests == (request_,)
             heir = await owner.release()
     assert heir == waiter.owner_id
     assert got and got[0] > first

@@ -176,3 +176,27 @@ def test_a_signal_while_now_lets_the_lock_go_does_not_end_the_process_before_the
     assert job.lock.status().owner_id is None
     assert handlers.received == ["SIGINT", "SIGTERM", "SIGTERM"]
     assert signal.getsignal(signal.SIGTERM) is not handlers._handle, "the handlers found at install are back"
+
+
+def test_after_start_over_the_first_ctrl_c_of_the_next_run_asks_again(handled_at, job):
+    """Handlers installed by hand (not by rank_lock, so start_over() does not replace them): Ctrl-C stops the
+    first run together; start_over() forgets that SIGINT exit, and the next run takes the lock. A Ctrl-C in it,
+    minutes later, is the first of that run: the ranks stop together again, with a checkpoint. Taking it as
+    the second Ctrl-C would drop the checkpoint and the other ranks."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    handlers = RankSignals(job).install()
+    signal.raise_signal(signal.SIGINT)
+    assert stopped_together(job) == ("exit", "SIGINT", 130)
+    job.start_over()
+    job.acquire()
+    handled_at[0] += 600.0
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            signal.raise_signal(signal.SIGINT)  # the next run's first Ctrl-C
+        except KeyboardInterrupt:
+            pytest.fail("the next run's first Ctrl-C was taken as a second one: stopped now, without a checkpoint")
+    assert not [w for w in warned if issubclass(w.category, StoppedWithoutCheckpointWarning)]
+    assert stopped_together(job) == ("exit", "SIGINT", 130)
+    assert handlers.received == ["SIGINT", "SIGINT"]
+    handlers.uninstall()

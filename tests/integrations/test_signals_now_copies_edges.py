@@ -1,5 +1,6 @@
 """Edges of a "now" that lets the lock go (os_signals.CaughtSignals._handle): a copy that lands while the
-release waits for the lock's own call to return, and the order in which remembered signals act."""
+release waits for the lock's own call to return, the order in which remembered signals act, and which signal is
+a repeat at all (the first signal's request goes with the hold it asked to end)."""
 
 from __future__ import annotations
 
@@ -114,8 +115,6 @@ def test_a_copy_landing_as_the_now_acts_is_not_dropped(store_name, restore_signa
     assert killed == [signal.SIGTERM], "the SIGTERM was received and never acted"
 
 
-@pytest.mark.xfail(strict=True, reason="the first signal's time is kept for the life of the handlers: the first "
-                   "signal of a later hold is taken as 'now'")
 def test_the_first_signal_of_a_later_hold_is_a_request_again(store_name, restore_signals, monkeypatch):
     """An operator's SIGUSR1 asks the holder to hand the lock over (the cooperative use of a release request);
     the holder does, waits, and acquires again later, its handlers still installed (or installed again: the
@@ -140,6 +139,48 @@ def test_the_first_signal_of_a_later_hold_is_a_request_again(store_name, restore
         assert lock.is_held and lock.release_requested
     finally:
         signal.signal(signal.SIGUSR1, saved if saved is not None else signal.SIG_DFL)
+
+
+def test_a_signal_between_holds_asks_the_next_hold_and_a_repeat_in_it_is_now(store_name, restore_signals, monkeypatch):
+    """SIGTERM asks; the loop checkpoints and hands the lock over. A SIGTERM while the process does not hold the
+    lock (it sleeps before acquiring again) is the first of the next hold: it asks that hold, which then stops at
+    once (steps() yields nothing), as a signal during acquire() does; a second SIGTERM in that hold is the "now"."""
+    killed: list[int] = []
+    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    lock = new_lock(store_name)
+    handlers = install_signal_handlers(lock, [signal.SIGTERM])
+    lock.acquire()
+    signal.raise_signal(signal.SIGTERM)
+    lock.release()  # the hold the request was for is over, and its request with it
+    assert not lock.release_requested
+    signal.raise_signal(signal.SIGTERM)  # between holds
+    assert killed == [], "the first signal since the asked release ended the process"
+    assert lock.release_requested, "the signal between holds asks the next hold"
+    lock.acquire()
+    assert list(lock.steps(range(3))) == [], "the next hold was asked to stop"
+    signal.raise_signal(signal.SIGTERM)  # again, in that hold: "now"
+    assert killed == [signal.SIGTERM]
+    assert lock.status().owner_id is None, "the 'now' let the lock go"
+    assert handlers.received == ["SIGTERM"] * 3
+
+
+def test_handlers_taken_back_in_the_same_hold_still_take_a_repeat_as_now(store_name, restore_signals, monkeypatch):
+    """install() again only takes back a handler replaced since (a framework installed its own): it does not
+    start afresh. Ctrl-C asks, a framework installs its handler over ours, ours is taken back (chaining to the
+    framework's), and Ctrl-C again in the same hold (whose request still stands) is the "now": the lock is let
+    go and the framework's handler acts."""
+    ran: list[bool] = []
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    lock = new_lock(store_name)
+    lock.acquire()
+    handlers = install_signal_handlers(lock, [signal.SIGINT])
+    signal.raise_signal(signal.SIGINT)  # the request
+    signal.signal(signal.SIGINT, lambda s, f: ran.append(lock.is_held))  # a framework's, installed over ours
+    handlers.install()  # ours again
+    signal.raise_signal(signal.SIGINT)
+    assert ran == [False], "Ctrl-C again in the same hold did not let the lock go, then act"
+    assert lock.status().owner_id is None
 
 
 def test_a_sigterm_copy_of_a_ranks_deferred_now_never_runs_the_frameworks_handler(monkeypatch):

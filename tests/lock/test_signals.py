@@ -84,6 +84,23 @@ def test_a_waiter_request_names_the_waiter(world):
     owner.release()
 
 
+def test_every_request_that_stands_is_listed_until_the_hold_ends(world):
+    """``request_release`` returns the request it noted; ``release_requests`` lists each that stands, the less
+    urgent too, and none once the hold is over (released). One made between holds stands for the next hold."""
+    a = world.lock("A")
+    assert a.acquire()
+    late = a.request_release("signal", requester="SIGTERM", deadline=2000.0)
+    urgent = a.request_release("operator", requester="ops", deadline=1000.0)
+    assert a.release_request is urgent
+    assert a.release_requests == (late, urgent) and a.release_requests[0] is late
+    a.release()
+    assert a.release_requests == () and not a.release_requested
+    between = a.request_release("signal", requester="SIGUSR1")
+    assert a.acquire()
+    assert a.release_requests == (between,) and a.release_request is between
+    a.release()
+
+
 def test_manual_is_the_deprecated_name_of_operator(world):
     a = world.lock("A")
     assert a.acquire()
