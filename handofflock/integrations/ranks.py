@@ -252,15 +252,16 @@ class RankLock:
         want_yield, cause = self._yield_asked, self._exit_cause
         lock = self.lock
         if lock is not None and lock.release_requested and cause is None:
-            request = lock.release_request
-            reason = getattr(request, "reason", None)
-            if reason == "preemption":
-                cause = "preemption"
-            elif reason == "signal":
-                requester = getattr(request, "requester", "")
-                cause = requester if requester in EXIT_CAUSES else "SIGTERM"
-            else:
-                want_yield = True
+            # Every request that stands, not only the most urgent: a signal or a notice behind a waiter's earlier
+            # deadline still means the process is going away (exit, with its status), not a yield.
+            for request in lock.release_requests:
+                if request.reason == "preemption":
+                    cause = "preemption"
+                elif request.reason == "signal":
+                    cause = request.requester if request.requester in EXIT_CAUSES else "SIGTERM"
+                if cause is not None:
+                    break
+            want_yield = want_yield or cause is None
         return want_yield, cause
 
     def _decided(self, agreed: Sequence[bool]) -> StopDecision | None:

@@ -92,3 +92,23 @@ def test_the_vote_lives_where_the_process_group_works():
     assert agree_device(_Group(), "cpu:gloo,cuda:nccl", {"LOCAL_RANK": "1"}) == torch.device("cpu")
     assert agree_device(_Group(), "nccl", {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)  # no set_device needed
     assert agree_device(_Group(torch.device("cuda", 5)), "nccl", {"LOCAL_RANK": "3"}) == torch.device("cuda", 5)
+
+
+@pytest.mark.parametrize("reason,requester,cause", [("signal", "SIGTERM", "SIGTERM"), ("preemption", "gce", "preemption")])
+def test_a_signal_or_notice_behind_a_more_urgent_waiter_still_makes_the_ranks_exit(tmp_path, reason, requester, cause):
+    """A waiter asked first, with the earlier deadline (the most urgent request); then the kubelet's SIGTERM (or
+    a preemption notice) asks too, through the holder's lock. The pod is going away: the ranks must exit with the
+    signal's status (143, or 75 for a notice), as Slurm and Kubernetes read it, not yield and wait for the lock
+    again until SIGKILL."""
+    lock = HandoffLock(tmp_path / "l.json", ttl=30.0, min_hold=0)
+    ranks = RankLock(lock, local_agree, every=1, rank=0)
+    ranks.acquire()
+    try:
+        now = time.time()
+        lock.request_release("waiter", requester="job-B", deadline=now + 5)
+        lock.request_release(reason, requester=requester, deadline=now + 30)
+        assert lock.release_request.reason == "waiter"  # the most urgent is the waiter's
+        assert ranks.should_stop()
+        assert ranks.decision.action == "exit" and ranks.decision.cause == cause, ranks.decision
+    finally:
+        lock.release()
