@@ -14,7 +14,7 @@ from handofflock import HandoffLock
 from handofflock import os_signals
 from handofflock.os_signals import install_signal_handlers
 from handofflock.storage import MemoryStorage
-from signalsutil import new_lock, restore_signals, store_name  # noqa: F401
+from signalsutil import kills, new_lock, restore_signals, signal_as_release_goes_out, store_name  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 
@@ -59,8 +59,7 @@ def test_a_ctrl_c_copy_does_not_swallow_the_sigterm_now(store_name, restore_sign
     SIGTERM's default action) or an application's. Both sort as "callables that may raise", in arrival order,
     so the copied SIGINT's KeyboardInterrupt goes first and the SIGTERM is dropped: a loop or notebook that
     catches KeyboardInterrupt lives on, deaf to the SIGTERM it got."""
-    killed: list[int] = []
-    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    killed = kills(monkeypatch)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sigterm_before == "python":
@@ -70,13 +69,7 @@ def test_a_ctrl_c_copy_does_not_swallow_the_sigterm_now(store_name, restore_sign
     assert (signal.getsignal(signal.SIGTERM) is os_signals._release_and_reraise) == (sigterm_before != "python")
     handlers = install_signal_handlers(lock)
     signal.raise_signal(signal.SIGINT)  # Ctrl-C: the request
-    release = lock.release
-
-    def release_meanwhile_pressed_again():
-        signal.raise_signal(signal.SIGINT)  # the store has not answered yet
-        return release()
-
-    monkeypatch.setattr(lock, "release", release_meanwhile_pressed_again)
+    signal_as_release_goes_out(monkeypatch, lock, signal.SIGINT)  # pressed again
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGTERM)  # "now"
     assert handlers.received == ["SIGINT", "SIGTERM", "SIGINT"]
@@ -90,8 +83,7 @@ def test_a_copy_landing_as_the_now_acts_is_not_dropped(store_name, restore_signa
     "now" still under way, within NOW_COPIES) remembers it in ``_meanwhile``, which uninstall() then empties.
     The window is made deterministic here by landing the copy in uninstall()'s first call; the SIGTERM is
     received and never acts."""
-    killed: list[int] = []
-    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    killed = kills(monkeypatch)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lock = new_lock(store_name)
@@ -121,8 +113,7 @@ def test_the_first_signal_of_a_later_hold_is_a_request_again(store_name, restore
     same thing happens). The next SIGUSR1, hours later, is the first of that hold and must only ask again.
     Instead it is the "now": the lock is let go at once without a checkpoint and SIGUSR1's default action
     ends the process."""
-    killed: list[int] = []
-    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    killed = kills(monkeypatch)
     saved = signal.getsignal(signal.SIGUSR1)
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
     try:
@@ -145,8 +136,7 @@ def test_a_signal_between_holds_asks_the_next_hold_and_a_repeat_in_it_is_now(sto
     """SIGTERM asks; the loop checkpoints and hands the lock over. A SIGTERM while the process does not hold the
     lock (it sleeps before acquiring again) is the first of the next hold: it asks that hold, which then stops at
     once (steps() yields nothing), as a signal during acquire() does; a second SIGTERM in that hold is the "now"."""
-    killed: list[int] = []
-    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    killed = kills(monkeypatch)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lock = new_lock(store_name)
     handlers = install_signal_handlers(lock, [signal.SIGTERM])
@@ -293,8 +283,7 @@ def test_a_later_ctrl_c_that_cuts_the_release_does_not_drop_the_copies(store_nam
 
     now = [1000.0]
     monkeypatch.setattr(os_signals, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=os_signals.time.time))
-    killed: list[int] = []
-    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append(sig))
+    killed = kills(monkeypatch)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lock = new_lock(store_name)

@@ -14,7 +14,7 @@ from handofflock import FakeClock, HandoffLock, Scheduler
 from handofflock import os_signals
 from handofflock.os_signals import install_signal_handlers
 from handofflock.storage import MemoryStorage
-from signalsutil import held_lock, restore_signals, store_name  # noqa: F401
+from signalsutil import held_lock, kills, restore_signals, signal_as_release_goes_out, store_name  # noqa: F401
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 
@@ -46,21 +46,14 @@ def test_a_sigterm_while_a_ctrl_c_now_releases_still_ends_the_process(store_name
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     handlers = install_signal_handlers(lock)
-    killed: list[tuple[int, int]] = []
-    monkeypatch.setattr(os_signals.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    killed = kills(monkeypatch)
     signal.raise_signal(signal.SIGINT)
-    release = lock.release
-
-    def release_meanwhile_terminated():
-        signal.raise_signal(signal.SIGTERM)  # the store has not answered yet
-        return release()
-
-    monkeypatch.setattr(lock, "release", release_meanwhile_terminated)
+    signal_as_release_goes_out(monkeypatch, lock, signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
     assert lock.status().owner_id is None
     assert handlers.received == ["SIGINT", "SIGINT", "SIGTERM"]
-    assert killed == [(os.getpid(), signal.SIGTERM)], "the SIGTERM that came during the release never acted"
+    assert killed == [signal.SIGTERM], "the SIGTERM that came during the release never acted (on this process)"
 
 
 CHILD_DEADLOCKED_IN_NOW = r'''

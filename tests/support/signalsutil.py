@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 
 import pytest
 
-from handofflock import FakeClock, HandoffLock, Scheduler
+from handofflock import FakeClock, HandoffLock, Scheduler, os_signals
 from handofflock.storage import MemoryStorage
 
 #: Every signal a signal test may install a handler for.
@@ -42,3 +43,26 @@ def held_lock(store_name, owner="owner"):
     lock = new_lock(store_name, owner)
     lock.acquire()
     return lock
+
+
+def kills(monkeypatch) -> list:
+    """What the library's "now" asks ``os.kill`` to send, recorded instead of sent: the signal, when it is sent
+    to this process (as it must be), else ``(pid, signal)``."""
+    killed: list = []
+
+    def kill(pid: int, sig: int) -> None:
+        killed.append(sig if pid == os.getpid() else (pid, sig))
+
+    monkeypatch.setattr(os_signals.os, "kill", kill)
+    return killed
+
+
+def signal_as_release_goes_out(monkeypatch, lock, signum) -> None:
+    """``signum`` lands in ``lock.release()`` before its write goes out (the store has not answered yet)."""
+    release = lock.release
+
+    def release_meanwhile():
+        signal.raise_signal(signum)
+        return release()
+
+    monkeypatch.setattr(lock, "release", release_meanwhile)
