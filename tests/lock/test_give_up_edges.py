@@ -119,3 +119,61 @@ def test_an_heir_that_raises_lock_lost_from_its_settling_leaves_no_renewal_to_la
         mp.undo()
         store.faults.clear()
         MemoryStorage.forget(name)
+
+
+def test_an_heirs_cut_off_renewal_that_lands_as_it_gives_the_lease_on_is_given_on_too():
+    """As above, the heir's settling ends with LockLost and its second renewal unanswered; the way out reads the
+    record (still the heir's, at the renewal's generation) and gives the lease on. The store applies the cut-off
+    renewal just before that give-on write arrives: the write finds the object moved (412), and the record names
+    the heir with a fresh lease. The way out must read again and give that on too, not leave it for a ttl."""
+    name = f"settle-lost-late-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock(step=0.05)
+    store = MemoryStorage.named(name)
+    cut: list[tuple] = []
+    landed: list[int] = []
+    real = MemoryStorage.write
+
+    def writes(self, key, data, *, if_generation_match, timeout=None):
+        record = LockRecord.decode(data, key=key)
+        if "renewed once" in seen and record.owner_id == "H":
+            cut.append((key, data, if_generation_match))
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        if seen == ["handed", "read late"] and record.owner_id == "H":
+            seen.append("renewed once")  # this one lands; its reply is lost
+        if cut and not landed and record.owner_id != "H":  # the give-on: the cut-off renewal lands just before it
+            k, d, g = cut[-1]
+            landed.append(real(self, k, d, if_generation_match=g))
+        return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+
+    def slow_read(op, key):
+        if seen == ["handed", "read late", "renewed once"]:
+            seen.append("confirmed late")
+            clock.advance(2.05)  # past the renewal's renew deadline (2 s from its send)
+
+    def its_reply_lost_then_confirmed_late(store):
+        store.faults.lose_reply_next("write")
+        store.faults.before("read", slow_read)
+
+    mp = pytest.MonkeyPatch()
+    try:
+        heir, seen = heir_reads_its_handoff_late(name, clock, 2.1, its_reply_lost_then_confirmed_late)
+        mp.setattr(MemoryStorage, "write", writes)
+        try:
+            got = heir.acquire(timeout=30)
+        except LockLost:
+            got = None
+        assert seen == ["handed", "read late", "renewed once", "confirmed late"], seen
+        if got:
+            return
+        assert landed, "the give-on never wrote (nothing was given on)"
+        store.faults.clear()
+        mp.undo()
+        record = LockRecord.decode(store.read(cut[-1][0])[0], key=cut[-1][0])
+        assert not (record.owner_id == "H" and record.expires_at > clock.time()), (
+            f"the late renewal landed as the heir gave the lease on, and the record names H with a lease to "
+            f"{record.expires_at - clock.time():.2f} s from now: nobody renews or releases it"
+        )
+    finally:
+        mp.undo()
+        store.faults.clear()
+        MemoryStorage.forget(name)
