@@ -60,6 +60,7 @@ from .core.errors import ConfigurationError, HandoffLockError
 from .lock import handoff as _handoff
 
 if TYPE_CHECKING:
+    from .aio import AsyncHandoffLock
     from .lock.handoff import HandoffLock
 
 _log = logging.getLogger("handofflock.os_signals")
@@ -318,7 +319,7 @@ class SignalHandlers(CaughtSignals):
 
 
 def install_signal_handlers(
-    lock: HandoffLock,
+    lock: HandoffLock | AsyncHandoffLock,
     signals: Iterable[SignalLike] = DEFAULT_SIGNALS,
     *,
     grace: float = DEFAULT_GRACE,
@@ -342,9 +343,11 @@ def install_signal_handlers(
       (the process ends with it).
     * The first signal's request goes with the hold it asked to end (one that
       arrives between holds stands for the next hold, as one during ``acquire()``
-      does). Once that hold is over (released, handed off, a lost hold let go),
-      the next signal is a first one again: a later hold is asked, not ended,
-      whether these handlers stayed installed or were installed again.
+      does). Once that hold is over (released or handed off), the next signal
+      is a first one again: a later hold is asked, not ended, whether these
+      handlers stayed installed or were installed again. A lost hold answered
+      no request: its signals' requests stand for the next hold, and a repeat
+      is still the "now".
     * A signal ignored (SIG_IGN) at install time stays ignored.
     * ``release_at_exit=True`` also releases at interpreter exit if the lock (a lock made
       with ``release_at_exit=False`` too; other locks release at exit by themselves)
@@ -352,13 +355,18 @@ def install_signal_handlers(
       kill by a signal's default action, which is why the second signal
       releases first).
 
+    An :class:`~handofflock.aio.AsyncHandoffLock` is taken as the lock it drives (its ``sync``): the "now"
+    releases it from the handler, in the event loop's thread, before the signal acts.
+
     Must be called from the main thread: Python runs signal handlers there.
     """
     if threading.current_thread() is not threading.main_thread():  # said first, whatever else is wrong
         raise ConfigurationError(SignalHandlers.off_main_thread)
+    # An AsyncHandoffLock: its release() is a coroutine, which a handler cannot await.
+    sync = lock if isinstance(lock, _handoff.HandoffLock) else lock.sync
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0 or not math.isfinite(grace):
         raise ConfigurationError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
-    handlers = SignalHandlers(lock, signals, grace=float(grace), release_at_exit=bool(release_at_exit))
+    handlers = SignalHandlers(sync, signals, grace=float(grace), release_at_exit=bool(release_at_exit))
     if not handlers.wanted:
         raise ConfigurationError("install_signal_handlers() needs at least one signal")
     return handlers.install()

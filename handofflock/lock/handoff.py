@@ -534,8 +534,8 @@ class HandoffLock:
     def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
             raise _already_acquired(self._state, self.url, self._lease.thread, nested=getattr(self._depth, "n", 0) > 1)
-        if self._state == LOST:  # a hold that was lost is over: its requests go with it, as after release()
-            self._end_hold()
+        if self._state == LOST:  # a hold that was lost is over; what asked it to end, unanswered, asks the next
+            self._end_hold(lost=True)
         clock = self._clock
         # When the acquire gives up (monotonic), or None: never. A non-blocking acquire never waits for
         # the lock, nor forever for the store: it has ``renew_deadline`` for its reads and write.
@@ -649,6 +649,10 @@ class HandoffLock:
                     return self._give_up(last, waiting=waiting or sent, timed_out=True, unanswered=unanswered)
                 except LockTimeout as timed_out:
                     raise timed_out from exc
+                except Exception as cleanup:  # the store refused the give-back too: still the timeout, below
+                    self._log_acquire.warning(
+                        "%s could not give back its waiter slot on %s: %r", self.owner_id, self.url, cleanup
+                    )
             if self._state == WAITING:
                 # Every way out gives the slot back, or the owner would hand the lock to nobody.
                 try:
@@ -1187,7 +1191,7 @@ class HandoffLock:
                 return None
             # The acquire got the lock just before it saw the cancel: release that hold.
         if self._state == LOST:
-            self._end_hold()
+            self._end_hold(lost=True)
             why = self._lease.lost_reason
             raise LockLost(
                 f"lock {self.url!r} had been lost ({why}); nothing was written", url=self.url, reason=why or "lost"
@@ -1311,11 +1315,11 @@ class HandoffLock:
                 continue
             return written.record.owner_id if written.kind is Kind.HANDOFF else None
 
-    def _end_hold(self) -> None:
-        """A hold is over, however it ended: the lock is idle, the hold's requests go with it, and no
-        release is retried."""
+    def _end_hold(self, *, lost: bool = False) -> None:
+        """A hold is over, however it ended: the lock is idle, the hold's requests go with it (but those a
+        ``lost`` hold never answered: :meth:`RequestBook.end_hold`), and no release is retried."""
         self._state = IDLE
-        self._book.end_hold()
+        self._book.end_hold(lost=lost)
         self._lease.next_release_try = math.inf
         on_unhold()  # the release-on-signal handler goes once no lock is held
 

@@ -94,11 +94,15 @@ class RequestBook:
         self.end_hold()
         self._notified: set[str] = set()  # waiters already announced while we hold the lock
 
-    def end_hold(self) -> None:
-        """A hold is over, however it ended: a release request belonged to it and goes with it."""
-        self.release_request: ReleaseRequest | None = None
-        self.release_requested = False
-        self._requests: list[ReleaseRequest] = []  # the requests that stand (release_request: the most urgent)
+    def end_hold(self, *, lost: bool = False) -> None:
+        """A hold is over: a release request belonged to it and goes with it, answered by the release or the
+        handoff. A hold that was ``lost`` answered none: the store ended it, no checkpoint and release did, so
+        every request but a waiter's (which goes with the record) stands for the next hold, as one made while
+        the lock is not held does (a SIGTERM, a preemption notice, an operator's request)."""
+        kept = [r for r in self._requests if r.reason is not RequestReason.WAITER] if lost else []
+        self._requests: list[ReleaseRequest] = kept  # the requests that stand (release_request: the most urgent)
+        self.release_request: ReleaseRequest | None = most_urgent(kept)
+        self.release_requested = bool(kept)
         self._waiter: tuple[tuple[str, str | None], ReleaseRequest] | None = None  # ((waiter id, instance), request)
 
     @property

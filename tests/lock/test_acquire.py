@@ -256,6 +256,30 @@ def test_a_timeout_that_429s_leave_no_time_to_write_in_is_a_lock_timeout(world, 
     assert world.record() is None and not a.is_held
 
 
+def test_a_timeout_whose_429s_refuse_the_give_back_too_is_still_a_lock_timeout(world):
+    """B registers as A's waiter; from then on the store refuses every write with a 429 (a throttled bucket), until
+    the widened spacing leaves B's refresh no time: its timeout. The give-back's write is refused too: that is the
+    way out's own failure, logged as at every way out; the caller's ``except LockTimeout`` still catches it."""
+    a = world.lock("A", ttl=10.0, frozen=True)
+    assert a.acquire()
+    b = world.lock("B", ttl=10.0)
+    writes: list[float] = []
+
+    def refused_after_the_registration(op, key):
+        writes.append(world.clock.monotonic())
+        if len(writes) > 1:
+            raise TransientStorageError("injected: 429", status=429, ambiguous=False, retry_after=30.0)
+
+    world.store.faults.before("write", refused_after_the_registration)
+    try:
+        with pytest.raises(LockTimeout) as caught:
+            b.acquire(timeout=60.0, request_release=False)
+    finally:
+        world.store.faults.clear()
+    assert len(writes) > 2, writes  # the refresh, and the give-back, were refused
+    assert isinstance(caught.value.__cause__, TransientStorageError) and caught.value.__cause__.status == 429
+
+
 def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
     b = world.lock("B", ttl=10.0, frozen=True)
 
