@@ -45,10 +45,6 @@ class StorageError(HandoffLockError):
     #: Whether an attempt of the failed write got no answer at all (cut off at its timeout, a reset): the
     #: store may still apply it later, whatever the last attempt's answer said. Set by the record layer.
     may_land_late: bool = False
-    #: Whether the operation stopped because its deadline left no time to send the next try in (the store's
-    #: spacing would carry it past, or too little was left): its caller's time ran out, and this failure, the
-    #: last answer before that, is its cause. Set by the record layer.
-    out_of_time: bool = False
 
     def __init__(self, message: str, *, url: str | None = None, key: str | None = None) -> None:
         super().__init__(message)

@@ -513,8 +513,7 @@ class HandoffLock:
         be taken now (transient storage errors are retried for at most ``renew_deadline``); a ``timeout``
         with it is refused, as :meth:`threading.Lock.acquire` refuses it. ``timeout`` bounds the wait; on
         expiry the waiter slot is given back and :class:`LockTimeout` raised, within ``timeout + give_up_budget``
-        (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too, and so
-        is one whose refusals, 429s, leave no time to try again, raised from the last refusal).
+        (each request is cut off at the timeout: a store that does not answer in time is a LockTimeout too).
         ``timeout=-1`` is no timeout (filelock's and :meth:`threading.Lock.acquire`'s "forever").
 
         Every way out that does not return the lock gives the waiter slot back, and frees a lock it took or
@@ -1586,10 +1585,9 @@ def _contended(
 
 
 def _ran_out(exc: BaseException, deadline: float | None, clock: Clock) -> bool:
-    """Whether ``exc``, ending an acquire, is its deadline reached: a request cut off at it, a retry the deadline
-    left no time to send (the spacing would hold it past, or too little was left: the store's last refusal is
-    the cause), or a storage failure that came after it (no time was left to resolve it)."""
-    if isinstance(exc, StorageTimeout) or getattr(exc, "out_of_time", False):
+    """Whether ``exc``, ending an acquire, is its deadline reached: a request cut off at it or a write the
+    spacing would hold past it, or a storage failure that came after it (no time was left to resolve it)."""
+    if isinstance(exc, StorageTimeout):
         return True
     return isinstance(exc, TransientStorageError) and deadline is not None and clock.monotonic() >= deadline
 
@@ -1608,8 +1606,10 @@ def _timeout_message(url: str, record: LockRecord | None, me: Me, now: float, *,
     owner, waiter = (None, None) if record is None else (record.owner, record.waiter)
     if ours_given_on:  # a write of our last hold (lost) applied late: not ours to keep, and not held by another
         held = "the record still named our last hold (a write of it applied late), not ours to keep: given on"
-    elif owner is None:
+    elif owner is None and waiter is not None and waiter.live(now) and waiter.instance != me.instance:
         held = "it was free, but the waiter slot was taken"
+    elif owner is None:
+        held = "it was free, but no write of ours to take it landed in time"
     elif owner.live(now):
         held = (
             f"held by {who(owner.id, _label_text(owner.label))}, a live lease its holder renews while it runs "

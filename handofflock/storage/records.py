@@ -218,8 +218,6 @@ class Bound:
             return cls(*args)
         except StorageTimeout as exc:
             timed_out = exc
-        if last is not None:
-            last.out_of_time = True
         raise last or timed_out
 
     def used_up(self, exc: TransientStorageError) -> bool:
@@ -562,8 +560,6 @@ def write_resolving(
                     # give up now rather than sleep there. Nothing was booked, so giving up
                     # costs the other writers of the object nothing. The store refused nothing:
                     # the operation ran out of time (a store's refusal before it is raised instead).
-                    if last_failure is not None:
-                        last_failure.out_of_time = True
                     raise last_failure or StorageTimeout(
                         f"the write spacing for {key!r} in {storage.url} ({wait:.1f} s) "
                         "would pass the operation's deadline; nothing was sent",

@@ -236,48 +236,38 @@ def test_a_take_cut_off_at_the_timeout_that_landed_is_given_back_before_lock_tim
         b.release()
 
 
-@pytest.mark.parametrize("retry_after", [30.0, None])
-def test_a_timeout_that_429s_leave_no_time_to_write_in_is_a_lock_timeout(world, retry_after):
-    """``acquire(timeout=...)`` ends in :class:`LockTimeout` when its time runs out, whatever holds it up: a
-    store that refuses with 429s until the widened spacing (``retry_after`` 30: 8 s, the most) would carry
-    the retry past the deadline, or (None) until the store's own spacing leaves no time to send the retry in.
-    The 429 is the cause the LockTimeout is raised from, and the caller's ``except LockTimeout`` catches it."""
-    a = world.lock("A", ttl=10.0, frozen=True, min_write_interval=1.0)
-
-    def refused() -> TransientStorageError:
-        return TransientStorageError("429: rate limit", status=429, ambiguous=False, retry_after=retry_after)
-
-    world.store.faults.fail_next("write", count=1 if retry_after else 5, exc=refused)
-    started = world.clock.monotonic()
-    with pytest.raises(LockTimeout, match="timed out acquiring") as caught:
-        a.acquire(timeout=1.0 if retry_after is None else 5.0)
-    assert isinstance(caught.value.__cause__, TransientStorageError) and caught.value.__cause__.status == 429
-    assert world.clock.monotonic() - started <= 5.0 + a.give_up_budget
-    assert world.record() is None and not a.is_held
-
-
-def test_a_timeout_whose_429s_refuse_the_give_back_too_is_still_a_lock_timeout(world):
-    """B registers as A's waiter; from then on the store refuses every write with a 429 (a throttled bucket), until
-    the widened spacing leaves B's refresh no time: its timeout. The give-back's write is refused too: that is the
-    way out's own failure, logged as at every way out; the caller's ``except LockTimeout`` still catches it."""
+def test_a_timeout_whose_give_back_the_store_refuses_is_still_a_lock_timeout(world):
+    """B waits in the slot; its poll is cut off at the deadline (no answer: its time ran out in the store, a
+    LockTimeout), and the store then refuses the slot's give-back with 429s. That refusal is the way out's own
+    failure, logged as at every way out: the caller's ``except LockTimeout`` must still catch the acquire."""
     a = world.lock("A", ttl=10.0, frozen=True)
     assert a.acquire()
     b = world.lock("B", ttl=10.0)
-    writes: list[float] = []
+    reads: list[float] = []
+    registered: list[bool] = []
 
-    def refused_after_the_registration(op, key):
-        writes.append(world.clock.monotonic())
-        if len(writes) > 1:
+    def poll_cut_off_at_the_deadline(op, key):
+        if registered and not reads:  # B's first poll in the slot
+            reads.append(world.clock.monotonic())
+            world.clock.advance(30.0)
+            raise StorageTimeout("injected: cut off at the deadline, no answer", ambiguous=False)
+
+    def refused(op, key):
+        if reads:
             raise TransientStorageError("injected: 429", status=429, ambiguous=False, retry_after=30.0)
 
-    world.store.faults.before("write", refused_after_the_registration)
+    world.store.faults.before("read", poll_cut_off_at_the_deadline)
+    world.store.faults.before("write", refused)
+    world.store.faults.after("write", lambda op, key, result: registered.append(True))  # B's registration
     try:
         with pytest.raises(LockTimeout) as caught:
-            b.acquire(timeout=60.0, request_release=False)
+            b.acquire(timeout=20.0, request_release=False)
     finally:
         world.store.faults.clear()
-    assert len(writes) > 2, writes  # the refresh, and the give-back, were refused
-    assert isinstance(caught.value.__cause__, TransientStorageError) and caught.value.__cause__.status == 429
+    assert reads, "the poll was never cut off"
+    assert isinstance(caught.value.__cause__, StorageTimeout)
+    assert caught.value.owner_id == "A", caught.value  # who held it, as every LockTimeout says
+    assert world.record().waiting_owner_id == "B"  # left behind: it expires by itself within waiter_ttl
 
 
 def test_a_ctrl_c_as_the_take_lands_frees_the_lock(world):
@@ -1203,3 +1193,10 @@ def test_a_timed_out_acquire_never_keeps_the_token_of_a_hold_its_instance_lost(w
     record = world.record()
     assert (record.owner_id, record.owner_instance) == ("B", "b1"), f"the lock was not handed on: {record}"
     assert record.token > lost_token
+
+
+def test_a_timeout_with_no_record_read_says_no_write_of_ours_landed_not_that_a_slot_was_taken():
+    from handofflock.lock.handoff import _timeout_message  # private: the message of a LockTimeout
+
+    said = _timeout_message("memory://x/l.json", None, Me("B", "b0"), 1_700_000_000.0)
+    assert "waiter slot was taken" not in said and "no write of ours to take it landed in time" in said, said
