@@ -54,13 +54,12 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
 
 from .core.errors import ConfigurationError, HandoffLockError
 from .lock import handoff as _handoff
 
 if TYPE_CHECKING:
-    from .aio import AsyncHandoffLock
     from .lock.handoff import HandoffLock
 
 _log = logging.getLogger("handofflock.os_signals")
@@ -318,8 +317,15 @@ class SignalHandlers(CaughtSignals):
             _log.warning("could not release %s at exit: %s", self.lock.url, exc)
 
 
+class _Wraps(Protocol):
+    """A lock that drives a :class:`HandoffLock` (an :class:`~handofflock.aio.AsyncHandoffLock`)."""
+
+    @property
+    def sync(self) -> HandoffLock: ...
+
+
 def install_signal_handlers(
-    lock: HandoffLock | AsyncHandoffLock,
+    lock: HandoffLock | _Wraps,
     signals: Iterable[SignalLike] = DEFAULT_SIGNALS,
     *,
     grace: float = DEFAULT_GRACE,

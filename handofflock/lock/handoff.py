@@ -533,7 +533,7 @@ class HandoffLock:
     def _acquire(self, blocking: bool, timeout: float | None, request: WaiterRequest) -> bool:
         if self._state in (HELD, WAITING, RELEASING):
             raise _already_acquired(self._state, self.url, self._lease.thread, nested=getattr(self._depth, "n", 0) > 1)
-        if self._state == LOST:  # a hold that was lost is over; what asked it to end, unanswered, asks the next
+        if self._state == LOST:  # a hold that was lost is over; a signal's request, unanswered, asks the next
             self._end_hold(lost=True)
         clock = self._clock
         # When the acquire gives up (monotonic), or None: never. A non-blocking acquire never waits for

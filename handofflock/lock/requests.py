@@ -80,6 +80,10 @@ def most_urgent(requests: list[ReleaseRequest]) -> ReleaseRequest | None:
     return min(requests, key=lambda request: (request.deadline is None, request.deadline or 0.0), default=None)
 
 
+#: The reasons whose requests are for the process, not the hold: they outlive a hold that was lost.
+_FOR_THE_PROCESS = (RequestReason.SIGNAL, RequestReason.PREEMPTION)
+
+
 class RequestBook:
     """The requests that stand for ``lock``. Plain attributes, each written atomically: no lock taken.
 
@@ -96,10 +100,10 @@ class RequestBook:
 
     def end_hold(self, *, lost: bool = False) -> None:
         """A hold is over: a release request belonged to it and goes with it, answered by the release or the
-        handoff. A hold that was ``lost`` answered none: the store ended it, no checkpoint and release did, so
-        every request but a waiter's (which goes with the record) stands for the next hold, as one made while
-        the lock is not held does (a SIGTERM, a preemption notice, an operator's request)."""
-        kept = [r for r in self._requests if r.reason is not RequestReason.WAITER] if lost else []
+        handoff. A hold that was ``lost`` answered none, but a waiter's and an operator's requests were for the
+        hold (the lock is free of it now); a signal's and a preemption notice's are for the process, which is
+        still going away: they stand for the next hold, as one made while the lock is not held does."""
+        kept = [r for r in self._requests if r.reason in _FOR_THE_PROCESS] if lost else []
         self._requests: list[ReleaseRequest] = kept  # the requests that stand (release_request: the most urgent)
         self.release_request: ReleaseRequest | None = most_urgent(kept)
         self.release_requested = bool(kept)

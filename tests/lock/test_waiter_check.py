@@ -205,6 +205,29 @@ def test_a_release_request_does_not_outlive_a_hold_that_was_lost(world):
     a.release()
 
 
+@pytest.mark.parametrize("reason", ["signal", "preemption"])
+def test_a_signal_or_a_notice_outlives_a_hold_that_was_lost(world, reason):
+    """A SIGTERM's (or a preemption notice's) request is for the process, which is still going away once its hold
+    is lost: no checkpoint answered it. It stands for the next hold, whose ``steps()`` stops before its first step,
+    as after a signal that came while the lock was not held."""
+    a = world.lock("A")
+    assert a.acquire()
+    a.request_release(reason, requester="SIGTERM" if reason == "signal" else "gce")
+    record = world.record()
+    world.store.write(KEY, record.replace(owner_id="thief", token=record.token + 1, nonce="t").encode(),
+                      if_generation_match=world.generation())  # fmt: skip
+    world.clock.advance(a.renew_interval)
+    world.sched.run_pending()  # the renewal finds the lock taken: lost
+    with pytest.raises(LockLost):
+        a.release()
+    assert a.release_requested and a.release_request.reason == reason
+    world.store.write(KEY, world.record().replace(owner_id=None, expires_at=None, nonce="f").encode(),
+                      if_generation_match=world.generation())  # fmt: skip
+    assert a.acquire(timeout=5)
+    assert list(a.steps(range(3))) == []
+    a.release()
+
+
 def test_a_lost_hold_does_not_pass_its_waiters_request_on_to_the_next_hold(sim):
     """A lock that was lost keeps its hold's requests (``_end_hold`` runs only from ``release()``),
     and ``acquire()`` is allowed from LOST. The next hold starts with ``release_requested`` True,
