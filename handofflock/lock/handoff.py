@@ -337,8 +337,8 @@ class HandoffLock:
     release_request = Forward[ReleaseRequest | None]("_book.release_request")
     """The most urgent request that stands (earliest deadline), or None."""
     release_requests = Forward[tuple[ReleaseRequest, ...]]("_book.release_requests")
-    """Every request that stands, in the order noted; they go with the hold (released, handed off, or a lost
-    hold let go)."""
+    """Every request that stands, in the order noted; they go with the hold once it is released or handed off.
+    A hold that was lost answered none: a signal's and a preemption notice's stand for the next hold."""
     declined_by = Forward[str | None]("_declined_by")
     """While this lock waits in the slot: the holder's owner id if it has declined our request (it does
     not yield: ``run --no-yield``), as its waiter check wrote into the record; else None."""
@@ -426,8 +426,9 @@ class HandoffLock:
         Safe in a signal handler: it only assigns attributes; ``on_release_requested`` is sent from
         the scheduler thread. The most urgent request (earliest deadline) is kept. ``reason`` is a
         :class:`RequestReason` or its value (``"manual"``, the old name of ``"operator"``, is deprecated).
-        The request stands, in :attr:`release_requests`, until the hold ends; one made while the lock is
-        not held stands for the next hold.
+        The request stands, in :attr:`release_requests`, until the hold is released or handed off; one made
+        while the lock is not held stands for the next hold, and so does a signal's or a preemption notice's
+        once a hold is lost.
         """
         why = checked_request(reason, deadline)
         return self._book.request(why, requester or why.value, deadline)
