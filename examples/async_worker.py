@@ -50,8 +50,11 @@ async def run(args: argparse.Namespace) -> int:
                             waiter_poll_interval=min(1.0, args.check_interval),
                             min_hold=0.0)  # a yield within seconds, for the demo; real workers keep the 30 s default
 
+    heard = anyio.Event()
+
     async def asked(sender, request, **kw):  # an async receiver: awaited on this loop
         print(f"{name}: {request.requester} asked for the lock ({request.reason}); finishing the job in hand", flush=True)
+        heard.set()
 
     signals.on_release_requested.connect(asked, sender=lock)
     progress = FencedObject.beside(lock.sync, "async-worker-progress.json")
@@ -69,6 +72,10 @@ async def run(args: argparse.Namespace) -> int:
             if jobs.last is not None:  # record progress once, before handing over (one fenced write)
                 await anyio.to_thread.run_sync(partial(progress.write, {"job": jobs.last, "by": name}))
             if jobs.stopped:
+                # steps() stops as soon as the request stands; the signal comes from the lock's notifier thread
+                # and may reach this loop a moment later (a busy machine): let the receiver speak first.
+                with anyio.move_on_after(5.0):
+                    await heard.wait()
                 print(f"{name}: yielding after job {jobs.last}", flush=True)
             else:
                 print(f"{name}: finished all {args.jobs} jobs", flush=True)
