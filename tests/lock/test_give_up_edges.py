@@ -59,73 +59,11 @@ def test_a_timeout_that_gave_its_own_last_hold_on_does_not_name_itself_the_live_
     assert "held by A," not in str(exc), str(exc)
 
 
-def test_an_heir_that_raises_lock_lost_from_its_settling_leaves_no_renewal_to_land_after_it():
-    """The heir reads its handoff late and settles the lease: the first renewal lands but is confirmed past
-    its own renew deadline (a lost reply, a slow read), so it is renewed again; that second renewal is cut
-    off at every try (no answer), and the settling ends with LockLost. The second renewal can still be
-    applied: the object stays at the generation it was conditioned on, which the heir knows is its own.
-    Every other way out of an acquire fences such a write (the record written again, or given on); this one
-    leaves it, and once it lands the lock names an instance that holds nothing, with a fresh lease: blocked
-    for a whole ttl (plus the skew) for every other party."""
-    name = f"settle-lost-{uuid.uuid4().hex[:8]}"
-    clock = FakeClock(step=0.05)
-    store = MemoryStorage.named(name)
-    cut: list[tuple] = []
-    real = MemoryStorage.write
-
-    def renewals_after_the_first_are_cut_off(self, key, data, *, if_generation_match, timeout=None):
-        record = LockRecord.decode(data, key=key)
-        if "renewed once" in seen and record.owner_id == "H":
-            cut.append((key, data, if_generation_match))
-            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
-        if seen == ["handed", "read late"] and record.owner_id == "H":
-            seen.append("renewed once")  # this one lands; its reply is lost
-        return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
-
-    def slow_read(op, key):
-        if seen == ["handed", "read late", "renewed once"]:
-            seen.append("confirmed late")
-            clock.advance(2.05)  # past the renewal's renew deadline (2 s from its send)
-
-    def its_reply_lost_then_confirmed_late(store):
-        store.faults.lose_reply_next("write")
-        store.faults.before("read", slow_read)
-
-    mp = pytest.MonkeyPatch()
-    try:
-        heir, seen = heir_reads_its_handoff_late(name, clock, 2.1, its_reply_lost_then_confirmed_late)
-        mp.setattr(MemoryStorage, "write", renewals_after_the_first_are_cut_off)
-        try:
-            got = heir.acquire(timeout=30)
-        except LockLost:
-            got = None
-        assert seen == ["handed", "read late", "renewed once", "confirmed late"], seen
-        assert got is None, "the settling kept the hold: this world no longer shows the loss it is about"
-        assert cut, "the second renewal was never sent"
-        store.faults.clear()
-        mp.undo()
-        key, data, generation = cut[-1]
-        try:  # the store applies the cut-off renewal late, if the object still stands where it was sent
-            real(store, key, data, if_generation_match=generation)
-        except Exception:
-            pass
-        record = LockRecord.decode(store.read(key)[0], key=key)
-        assert not (record.owner_id == "H" and record.expires_at > clock.time() + 3.0), (
-            f"after LockLost the record names H with a fresh lease, to {record.expires_at - clock.time():.2f} s "
-            "from now, and nobody renews or releases it"
-        )
-    finally:
-        mp.undo()
-        store.faults.clear()
-        MemoryStorage.forget(name)
-
-
-def test_an_heirs_cut_off_renewal_that_lands_as_it_gives_the_lease_on_is_given_on_too():
-    """As above, the heir's settling ends with LockLost and its second renewal unanswered; the way out reads the
-    record (still the heir's, at the renewal's generation) and gives the lease on. The store applies the cut-off
-    renewal just before that give-on write arrives: the write finds the object moved (412), and the record names
-    the heir with a fresh lease. The way out must read again and give that on too, not leave it for a ttl."""
-    name = f"settle-lost-late-{uuid.uuid4().hex[:8]}"
+def _heir_loses_its_settling(name: str, *, lands_at_the_give_on: bool):
+    """The heir reads its handoff late; its settling renewal lands but is confirmed past its renew deadline, the
+    renewal after it is cut off at every try (no answer), and the acquire raises LockLost. ``lands_at_the_give_on``:
+    the store applies that cut-off renewal just before the way out's give-on write arrives. Returns (clock, store,
+    the store's own write, the cut-off writes, the landed ones); the test undoes nothing but the store's name."""
     clock = FakeClock(step=0.05)
     store = MemoryStorage.named(name)
     cut: list[tuple] = []
@@ -139,7 +77,7 @@ def test_an_heirs_cut_off_renewal_that_lands_as_it_gives_the_lease_on_is_given_o
             raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
         if seen == ["handed", "read late"] and record.owner_id == "H":
             seen.append("renewed once")  # this one lands; its reply is lost
-        if cut and not landed and record.owner_id != "H":  # the give-on: the cut-off renewal lands just before it
+        if lands_at_the_give_on and cut and not landed and record.owner_id != "H":  # the give-on
             k, d, g = cut[-1]
             landed.append(real(self, k, d, if_generation_match=g))
         return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
@@ -161,17 +99,53 @@ def test_an_heirs_cut_off_renewal_that_lands_as_it_gives_the_lease_on_is_given_o
             got = heir.acquire(timeout=30)
         except LockLost:
             got = None
-        assert seen == ["handed", "read late", "renewed once", "confirmed late"], seen
-        assert got is None, "the settling kept the hold: this world no longer shows the loss it is about"
-        assert landed, "the give-on never wrote (nothing was given on)"
-        store.faults.clear()
+    finally:
         mp.undo()
+        store.faults.clear()
+    assert seen == ["handed", "read late", "renewed once", "confirmed late"], seen
+    assert got is None, "the settling kept the hold: this world no longer shows the loss it is about"
+    return clock, store, real, cut, landed
+
+
+def test_an_heir_that_raises_lock_lost_from_its_settling_leaves_no_renewal_to_land_after_it():
+    """The heir reads its handoff late and settles the lease: the first renewal lands but is confirmed past
+    its own renew deadline (a lost reply, a slow read), so it is renewed again; that second renewal is cut
+    off at every try (no answer), and the settling ends with LockLost. The second renewal can still be
+    applied: the object stays at the generation it was conditioned on, which the heir knows is its own.
+    Every other way out of an acquire fences such a write (the record written again, or given on); this one
+    leaves it, and once it lands the lock names an instance that holds nothing, with a fresh lease: blocked
+    for a whole ttl (plus the skew) for every other party."""
+    name = f"settle-lost-{uuid.uuid4().hex[:8]}"
+    try:
+        clock, store, real, cut, _ = _heir_loses_its_settling(name, lands_at_the_give_on=False)
+        assert cut, "the second renewal was never sent"
+        key, data, generation = cut[-1]
+        try:  # the store applies the cut-off renewal late, if the object still stands where it was sent
+            real(store, key, data, if_generation_match=generation)
+        except Exception:
+            pass
+        record = LockRecord.decode(store.read(key)[0], key=key)
+        assert not (record.owner_id == "H" and record.expires_at > clock.time() + 3.0), (
+            f"after LockLost the record names H with a fresh lease, to {record.expires_at - clock.time():.2f} s "
+            "from now, and nobody renews or releases it"
+        )
+    finally:
+        MemoryStorage.forget(name)
+
+
+def test_an_heirs_cut_off_renewal_that_lands_as_it_gives_the_lease_on_is_given_on_too():
+    """As above, the heir's settling ends with LockLost and its second renewal unanswered; the way out reads the
+    record (still the heir's, at the renewal's generation) and gives the lease on. The store applies the cut-off
+    renewal just before that give-on write arrives: the write finds the object moved (412), and the record names
+    the heir with a fresh lease. The way out must read again and give that on too, not leave it for a ttl."""
+    name = f"settle-lost-late-{uuid.uuid4().hex[:8]}"
+    try:
+        clock, store, real, cut, landed = _heir_loses_its_settling(name, lands_at_the_give_on=True)
+        assert landed, "the give-on never wrote (nothing was given on)"
         record = LockRecord.decode(store.read(cut[-1][0])[0], key=cut[-1][0])
         assert not (record.owner_id == "H" and record.expires_at > clock.time()), (
             f"the late renewal landed as the heir gave the lease on, and the record names H with a lease to "
             f"{record.expires_at - clock.time():.2f} s from now: nobody renews or releases it"
         )
     finally:
-        mp.undo()
-        store.faults.clear()
         MemoryStorage.forget(name)
