@@ -9,7 +9,7 @@ import pytest
 from lockparts import heir_reads_its_handoff_late
 from simworld import KEY  # the world fixture is in conftest.py
 
-from handofflock import FakeClock, LockTimeout
+from handofflock import AcquireCancelled, FakeClock, LockTimeout
 from handofflock.core.errors import LockLost, StorageTimeout
 from handofflock.core.record import LockRecord, Waiter
 from handofflock.storage import MemoryStorage
@@ -149,3 +149,41 @@ def test_an_heirs_cut_off_renewal_that_lands_as_it_gives_the_lease_on_is_given_o
         )
     finally:
         MemoryStorage.forget(name)
+
+
+def test_an_acquire_cancelled_before_its_retake_leaves_no_renewal_of_the_lost_hold_to_land(world, monkeypatch):
+    """A's renewals are cut off at their timeout (no answer) until its hold is lost; the last may still be applied.
+    A acquires again: it reads its own lost hold's record, and its retake waits for a write spacing 429s widened;
+    cancel() ends the acquire before the retake goes out. design.md: an acquire that leaves while the object is
+    still where a write of ours was sent writes it again, so that write can no longer land. Found by the
+    simulation's long mode (seed 17992): the way out wrote nothing, and the lost hold's renewal landed after it,
+    naming A, which holds nothing, with a fresh lease."""
+    a = world.lock("A", ttl=6.0, min_write_interval=1.0)
+    assert a.acquire(timeout=5)
+    real = MemoryStorage.write
+    cut: list[tuple] = []
+
+    def write(self, key, data, *, if_generation_match, timeout=None):
+        if a.is_held:  # its renewals: cut off, no answer
+            cut.append((key, data, if_generation_match))
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+
+    monkeypatch.setattr(MemoryStorage, "write", write)
+    world.clock.run_for(a.renew_deadline + 1.0)
+    assert not a.is_held and cut
+    a._io.gate().throttled(retry_after=8.0)  # private: the store's write gate, widened as 429s do
+    started = world.clock.monotonic()
+    world.clock.on_tick.append(lambda: a.cancel() if world.clock.monotonic() > started + 1.0 else None)
+    with pytest.raises(AcquireCancelled):
+        a.acquire(timeout=30)
+    key, data, generation = cut[-1]
+    try:  # the store applies the cut-off renewal late, if the object still stands where it was sent
+        real(world.store, key, data, if_generation_match=generation)
+    except Exception:
+        pass
+    record = world.record()
+    assert not (record.owner_id == "A" and record.expires_at > world.clock.time()), (
+        f"after the cancelled acquire the record names A with a lease to {record.expires_at - world.clock.time():.2f} s "
+        "from now, and A holds nothing"
+    )

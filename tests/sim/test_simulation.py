@@ -176,6 +176,15 @@ def test_an_acquire_that_gives_up_never_keeps_the_token_of_its_instances_lost_ho
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+def test_an_acquire_cancelled_before_its_retake_gives_its_lost_holds_record_on():
+    """Seed 17992, found by the long mode past 14,000: a holder's renewal was cut off at its timeout and the hold
+    lost; its next acquire read the record of that hold, still naming it, and was cancelled while its retake
+    waited out a spacing 429s had widened. The way out gives that record on (it bears the lost hold's token),
+    so the cut-off renewal can no longer land for an instance that holds nothing."""
+    outcome = run_seed(17992)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_an_acquire_that_finds_its_slot_left_behind_waits_with_its_own_request():
     """Seed 1027: an acquire timed out while 429s held its slot's refresh, leaving the slot; the party's next
     acquire, at another priority, found it and refreshed it with the earlier request. It writes its own."""
