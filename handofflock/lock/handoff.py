@@ -801,11 +801,12 @@ class HandoffLock:
         else we release it at once, handing it on. Returns False when we do not hold the lock afterwards.
         """
         # ``waiting`` is False if our registration's reply was lost and the record moved
-        # on before we could see our nonce; the record naming us still says the slot is ours.
+        # on before we could see our nonce; the record naming this instance still says the slot is ours
+        # (a slot with our owner id and another instance is a twin's: never ours to clear, nothing to read).
         # A record that names this instance as owner with our last hold's token (a hold lost, or released,
         # whose renewal cut off at its timeout may still land there) is given on as well, waiting or not.
         last_hold = last is not None and last.owner_instance == self.instance and last.token == self._lease.token
-        if not (waiting or last_hold or (last is not None and last.waiting_owner_id == self.owner_id)):
+        if not (waiting or last_hold or (last is not None and last.waiter_instance == self.instance)):
             return False
         if buggify.on(buggify.KEEP_SLOT_ON_TIMEOUT):
             return False

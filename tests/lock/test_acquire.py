@@ -1200,3 +1200,19 @@ def test_a_timeout_with_no_record_read_says_no_write_of_ours_landed_not_that_a_s
 
     said = _timeout_message("memory://x/l.json", None, Me("B", "b0"), 1_700_000_000.0)
     assert "waiter slot was taken" not in said and "no write of ours to take it landed in time" in said, said
+
+
+def test_a_try_that_may_not_wait_raises_over_a_twins_slot_after_the_one_read_that_showed_it(sim):
+    """A slot with our owner id and another instance is a twin's (a second job that derived the same id): never
+    ours to give back. A try that may not wait for the slot raises LockContended after the one read that showed
+    it; its way out reads nothing more (simulation seed 22459: it read the record once again)."""
+    now = sim.time()
+    twin = Waiter("w", now + 30, ttl=30.0, instance="wtwin", request=WaiterRequest(True, 5), since=now)
+    held_by_a = LockRecord(Holder("a", now + 30, instance="a0"), ttl=30.0, waiter=twin, token=5, nonce="n")
+    sim.store.write(KEY, held_by_a.encode(), if_generation_match=0)
+    me = lock_for(sim, "w", wait_for_slot=False)
+    before = dict(sim.store.calls)
+    with pytest.raises(LockContended):
+        sim.call(me.acquire)
+    assert sim.store.calls["read"] - before.get("read", 0) == 1
+    assert sim.store.calls["write"] == before.get("write", 0) and sim.record() == held_by_a

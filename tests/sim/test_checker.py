@@ -371,6 +371,35 @@ def test_a_try_that_may_not_wait_for_the_slot_never_polls(interrupted):
     _judged(checker, None if interrupted else "may not wait for the slot .* read it again")
 
 
+@pytest.mark.parametrize("again", ["while-the-owner-is-live", "once-its-lease-ended"])
+def test_a_twins_slot_is_anyones_to_a_try_that_may_not_wait_for_the_slot(again):
+    """A slot with the try's owner id and another instance is a twin's: over a live owner the try raises or
+    registers, and a read again before the owner's lease ends is a poll. A registration the write spacing held
+    past the end of that lease is dropped unsent: the read after it is the way out's, and what it shows is not
+    judged (seeds 22015 and 22459: it showed another slot, and the acquire raised)."""
+    from handofflock.testing.sim.checker import Try
+
+    hub = Hub(random.Random(0))
+    checker = Checker(hub, RULES, [], by_protocol=False)
+    a = _trying("a")
+    twins = LockRecord(
+        owner=Holder("b", WALL0 + 2, instance="b-instance"), waiter=Waiter("a", WALL0 + 5, instance="a-twin"),
+        token=5, ttl=2.0,
+    )  # fmt: skip
+    checker.note(Event(MONO0, a, "begin", KEY, result=Try(0, True, slot_wait=False, since=WALL0)))
+    if again == "while-the-owner-is-live":
+        _reads(checker, a, twins, MONO0)
+        _judged(checker, "may not wait for the slot .* read it again")
+        return
+    _reads(checker, a, twins, MONO0, again=False)
+    then = LockRecord(
+        owner=Holder("a", WALL0 + 7, instance="a-twin"), waiter=Waiter("c", WALL0 + 7, instance="c-instance"),
+        token=6, ttl=5.0,
+    )  # fmt: skip
+    _reads(checker, a, then, MONO0 + 3.0)
+    _judged(checker, None)
+
+
 @pytest.mark.parametrize("younger", [True, False])
 def test_an_older_waiter_of_equal_rank_takes_the_slot_from_a_younger_one(younger):
     """A blocking acquire that reads a live owner and a live slot whose request, of its own rank, began waiting

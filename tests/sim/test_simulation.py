@@ -185,6 +185,17 @@ def test_an_acquire_cancelled_before_its_retake_gives_its_lost_holds_record_on()
     assert outcome.violation is None, "\n".join(outcome.trace[-15:])
 
 
+@pytest.mark.parametrize("seed", [22015, 22459])
+def test_a_twins_slot_is_another_partys_to_a_try_that_may_not_wait_for_the_slot(seed):
+    """Seeds 22015 and 22459, found by the long mode past 22,000: a try that may not wait for the slot read a
+    twin's slot (our owner id, another instance). In 22459 it raised LockContended and its way out read the
+    record once more, to give back a slot that was never its own: it now reads nothing more. In 22015 it
+    registered over the twin, the write spacing held the registration past the owner's lease and dropped it
+    unsent; the read after that is its way out's, which the checker had judged as a poll."""
+    outcome = run_seed(seed)
+    assert outcome.violation is None, "\n".join(outcome.trace[-15:])
+
+
 def test_an_acquire_that_finds_its_slot_left_behind_waits_with_its_own_request():
     """Seed 1027: an acquire timed out while 429s held its slot's refresh, leaving the slot; the party's next
     acquire, at another priority, found it and refreshed it with the earlier request. It writes its own."""

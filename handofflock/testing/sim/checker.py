@@ -665,7 +665,10 @@ class Checker:
           waiting after it did: the older request takes the slot from the younger.
 
         Not judged where the protocol's decision depends on what the checker does not follow (a suspect lease),
-        nor where its slot may be in the record (a twin's or its own: a way out reads it first)."""
+        nor where the slot is its own instance's (left by an earlier acquire: it may wait in it, and a way out reads
+        it first). A twin's slot (our owner id, another instance) is another party's: the try raises, or registers
+        over it; a registration the write spacing held until the owner's lease ended is dropped unsent, and the
+        read after it is the way out's (``due_until``), as for anyone's slot."""
         party, rec = e.party, self._read(e.data) if e.data else None
         t = self.trying.get(party)
         if t is None or party is None:
@@ -677,7 +680,7 @@ class Checker:
             return  # a suspect lease: the lock bounds it by when it first saw it
         live = owner is not None and (owner.id, owner.instance) != ident and at <= owner.expires_at + skew
         until = owner.expires_at + skew if live and owner is not None else math.inf  # a registration's last moment
-        if not t.slot_wait and not t.wrote and (slot is None or slot.id != lock.owner_id):
+        if not t.slot_wait and not t.wrote and (slot is None or (slot.id, slot.instance) != ident):
             self.counts["no_slot_wait_reads"] += 1
             who = "nobody" if owner is None else f"{owner.id} ({'live' if live else 'ended'})"
             t.due, t.due_until = (
