@@ -1216,3 +1216,19 @@ def test_a_try_that_may_not_wait_raises_over_a_twins_slot_after_the_one_read_tha
         sim.call(me.acquire)
     assert sim.store.calls["read"] - before.get("read", 0) == 1
     assert sim.store.calls["write"] == before.get("write", 0) and sim.record() == held_by_a
+
+
+def test_a_try_that_may_not_wait_raises_over_an_older_versions_slot_with_our_owner_id_after_one_read(sim):
+    """A slot an older version wrote (no ``waiterInstance``) that bears our owner id is another party's, as a twin's
+    is: the protocol never clears it. A try that may not wait for the slot raises after the one read that showed it,
+    and leaves the record as it was."""
+    now = sim.time()
+    old = Waiter("w", now + 30, ttl=30.0, instance=None, since=now)
+    held_by_a = LockRecord(Holder("a", now + 30, instance="a0"), ttl=30.0, waiter=old, token=5, nonce="n")
+    sim.store.write(KEY, held_by_a.encode(), if_generation_match=0)
+    me = lock_for(sim, "w", wait_for_slot=False)
+    before = dict(sim.store.calls)
+    with pytest.raises(LockContended):
+        sim.call(me.acquire)
+    assert sim.store.calls["read"] - before.get("read", 0) == 1
+    assert sim.store.calls["write"] == before.get("write", 0) and sim.record() == held_by_a

@@ -10,7 +10,7 @@ from lockparts import heir_reads_its_handoff_late
 from simworld import KEY  # the world fixture is in conftest.py
 
 from handofflock import AcquireCancelled, FakeClock, LockTimeout
-from handofflock.core.errors import LockLost, StorageTimeout
+from handofflock.core.errors import LockLost, StorageTimeout, TransientStorageError
 from handofflock.core.record import LockRecord, Waiter
 from handofflock.storage import MemoryStorage
 
@@ -187,3 +187,39 @@ def test_an_acquire_cancelled_before_its_retake_leaves_no_renewal_of_the_lost_ho
         f"after the cancelled acquire the record names A with a lease to {record.expires_at - world.clock.time():.2f} s "
         "from now, and A holds nothing"
     )
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["timeout", "non-blocking"])
+def test_an_acquire_whose_retake_of_its_lost_hold_is_refused_gives_that_hold_on(world, monkeypatch, blocking):
+    """A's hold is lost and its last renewal lands late: the record names A's instance with the lost hold's token,
+    B waiting. A acquires again; its retake is refused (429s: nothing applied, so no registration or take of this
+    acquire can land). The way out still reads the record, as the hold's own, and hands it to B: left naming A,
+    the lock would be handed to nobody until A's fresh lease ran out."""
+    a = world.lock("A", ttl=4.0)
+    assert a.acquire(timeout=5)
+    lost_token = a.token
+    real = MemoryStorage.write
+    cut: list[tuple] = []
+    refuse: list[bool] = []
+
+    def write(self, key, data, *, if_generation_match, timeout=None):
+        record = LockRecord.decode(data, key=key)
+        if record.owner_id == "A" and record.owner_instance == a.instance:
+            if refuse:
+                raise TransientStorageError("injected: 429", status=429, ambiguous=False)
+            cut.append((key, data, if_generation_match))
+            raise StorageTimeout("injected: cut off at the request timeout, no answer", ambiguous=True)
+        return real(self, key, data, if_generation_match=if_generation_match, timeout=timeout)
+
+    monkeypatch.setattr(MemoryStorage, "write", write)
+    world.clock.run_for(a.renew_deadline + 1.0)
+    assert not a.is_held and cut
+    key, data, generation = cut[-1]
+    real(world.store, key, data, if_generation_match=generation)  # the lost hold's renewal, applied late
+    slot = Waiter("B", world.clock.time() + 10.0, ttl=4.0, instance="b1", since=world.clock.time())
+    real(world.store, KEY, world.record().replace(waiter=slot).encode(), if_generation_match=world.generation())
+    refuse.append(True)
+    with pytest.raises((LockTimeout, TransientStorageError)):
+        a.acquire(timeout=1.0) if blocking else a.acquire(blocking=False)
+    record = world.record()
+    assert record.owner_id == "B" and record.token > lost_token, f"the lost hold was not given on: {record}"
