@@ -22,7 +22,7 @@ SEEDS = 80
 #: the violation (a plant caught only through a violation it did not cause would not count).
 CAUGHT_AT = {
     "trust-a-read": (69, "still holds the lock"),
-    "still-mine-by-id": (34, "counts itself healthy"),
+    "still-mine-by-id": (67, "counts itself healthy"),
     "keep-slot-on-timeout": (0, "waiter slot is still in the record"),
     "unconditional-handoff": (0, "dropped the live waiter slot"),  # a write it overwrote: a waiter's
     "unconditional-renewal": (0, "dropped the live waiter slot"),
@@ -35,7 +35,7 @@ CAUGHT_AT = {
     "group-skips-first-lock": (74, "has not heard"),
     "no-wall-second-opinion": (10, "healthy after a host suspend"),
     "owner-misses-take": (88, "still holds the lock"),
-    "expired-handoff-accepted": (42, "whose lease had run out"),
+    "expired-handoff-accepted": (51, "whose lease had run out"),
     "heir-gets-owner-ttl": (0, "where its slot asked for"),
     "renewal-drops-waiter": (0, "dropped the live waiter slot"),
 }  # fmt: skip
@@ -248,7 +248,7 @@ def test_every_planted_bug_is_caught_by_its_own_symptom(bug):
 #: Planted bugs whose writes the protocol check (each applied write against core/protocol.py) catches, and the
 #: first seed of the default range at which it does: a write decided on a record other than the one it
 #: replaced (an unconditional renewal), or one the protocol would not make from it.
-SPEC_CAUGHT_AT = {"unconditional-renewal": 0, "trust-a-read": 5, "still-mine-by-id": 34}
+SPEC_CAUGHT_AT = {"unconditional-renewal": 0, "trust-a-read": 5, "still-mine-by-id": 48}
 
 
 @pytest.mark.parametrize("bug", list(SPEC_CAUGHT_AT))
