@@ -1353,10 +1353,12 @@ class HandoffLock:
             result = fn()
         finally:
             self._depth.n = depth
-            if depth == 0 and self._deferred:
-                self._deferred = False
+            # The callbacks run even where the operation carried the release out itself (a wait handed the
+            # lock as the release stopped it, which the way out released at once): a handler waits on them.
+            if depth == 0 and (self._deferred or self._after_deferred):
+                deferred, self._deferred = self._deferred, False
                 try:
-                    if self._state in (HELD, LOST):  # the release a signal handler asked for
+                    if deferred and self._state in (HELD, LOST):  # the release a signal handler asked for
                         released = True
                         self._guarded(self._release)
                 finally:

@@ -163,6 +163,25 @@ def test_a_sigterm_to_a_waiting_process_gives_its_slot_back_before_it_ends(reque
         holder.release()
 
 
+def test_a_sigterm_to_a_process_waiting_on_a_lock_it_holds_frees_it_and_ends_the_process(request, tmp_path):
+    """One process holds the lock, and a second HandoffLock of it waits in the main thread (a job that waits on
+    itself). SIGTERM releases the hold, which hands the lock to that waiter, whose acquire, stopped by the same
+    signal, releases it at once; the signal then ends the process. It went on, with exit status 0, where the
+    stopped acquire released the handed lock itself and the handler's wait for that release was never told."""
+    url = url_for("local", request, tmp_path)
+    proc = spawn("exitproc.py", "wait-on-self", url)
+    try:
+        acquired = first_event(proc)
+        assert acquired["event"] == "acquired"
+        eventually(lambda: raw_read(url)[0].waiter is not None, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        ended(proc, code=-signal.SIGTERM)  # not 0: it never went on past the stopped acquire
+        record, _ = raw_read(url)
+        assert record.owner_id is None and record.waiter is None, record  # freed, no slot left behind
+    finally:
+        proc.kill()
+
+
 def test_with_release_on_signal_false_sigterm_leaves_the_lock_held(request, tmp_path):
     url = url_for("local", request, tmp_path)
     holder = spawn("exitproc.py", "hold-optout", url)

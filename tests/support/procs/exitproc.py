@@ -10,6 +10,8 @@
     python exitproc.py hold-handler URL the same, with a SIGTERM handler of its own installed first
     python exitproc.py daemon-wait URL  a daemon thread waits in acquire(); the main thread exits
     python exitproc.py wait URL         `with HandoffLock(url):` behind a holder, waiting (for a signal)
+    python exitproc.py wait-on-self URL `with HandoffLock(url):`, then a second HandoffLock of the same URL waits
+                                        behind it in the main thread (a job that waits on its own lock)
     python exitproc.py term-in-release URL  `with HandoffLock(url):`; SIGTERM lands while release() writes
 """
 
@@ -89,6 +91,15 @@ def main() -> int:
     if mode == "wait":
         with HandoffLock(url, ttl=60.0):
             emit("acquired")  # never: the test's holder keeps the lock
+        return 0
+    if mode == "wait-on-self":
+        with HandoffLock(url, ttl=60.0, min_hold=0) as lock:
+            emit("acquired", token=lock.token, owner=lock.owner_id)
+            try:
+                HandoffLock(url, ttl=60.0).acquire(timeout=120)
+            except Exception as exc:  # what a job would catch; the signal must end it all the same
+                emit("acquire-raised", error=type(exc).__name__)
+            emit("went-on")  # never: the signal's default action ends the process
         return 0
     if mode == "term-in-release":
         return term_in_release(url)
