@@ -128,6 +128,14 @@ def test_a_bad_url_is_exit_64_with_the_accepted_forms(capsys):
     assert "gs://bucket/path.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["release", "--force", "--yes"],
+                                     ["watch", "--duration", "0"], ["run", "--", "true"]])
+def test_a_directory_as_the_lock_url_is_a_bad_url_exit_64_not_an_outage(tmp_path, capsys, command):
+    cut = command.index("--") if "--" in command else len(command)
+    assert main([*command[:cut], str(tmp_path), *command[cut:]]) == EXIT_CONFIG
+    assert f"{str(tmp_path)!r} is a directory" in capsys.readouterr().err
+
+
 def test_a_storage_failure_is_exit_69_with_the_stores_advice(url, capsys):
     store, _ = open_url(url)
     store.faults.fail_next("read", exc=lambda: StorageError("permission denied on bucket 'b': check which account ..."))
