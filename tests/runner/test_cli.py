@@ -136,6 +136,32 @@ def test_a_directory_as_the_lock_url_is_a_bad_url_exit_64_not_an_outage(tmp_path
     assert f"{str(tmp_path)!r} is a directory" in capsys.readouterr().err
 
 
+def test_a_bad_url_is_not_offered_the_in_process_memory_store(capsys):
+    for bad in ("ftp://nope/x.json", "ftp:/nope/x.json"):
+        assert main(["status", bad]) == EXIT_CONFIG
+        err = capsys.readouterr().err
+        assert "file:///path.json or a plain path" in err and "memory://" not in err
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["release", "--force", "--yes"],
+                                     ["watch", "--duration", "0"], ["run", "--", "touch", "ran"]])
+@pytest.mark.parametrize("memory", ["memory://cli/x.json", "MEMORY://cli", "mem://cli/x.json", "memory:/cli/x.json"])
+def test_a_memory_url_on_the_command_line_is_refused_exit_64(command, memory, tmp_path, monkeypatch, capsys):
+    cut = command.index("--") if "--" in command else len(command)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["handofflock", *command[:cut], memory, *command[cut:]])
+    assert main() == EXIT_CONFIG
+    assert "memory:// is a store inside one process" in capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_console_script_refuses_a_memory_url_and_runs_nothing():
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", "memory://x/y.json", "--", "echo", "hi"], capture_output=True,
+                          text=True, env=child_env(), timeout=60)
+    assert (proc.returncode, proc.stdout) == (EXIT_CONFIG, "")
+    assert "file:///path.json or a plain path on one host" in proc.stderr
+
+
 def test_a_storage_failure_is_exit_69_with_the_stores_advice(url, capsys):
     store, _ = open_url(url)
     store.faults.fail_next("read", exc=lambda: StorageError("permission denied on bucket 'b': check which account ..."))
