@@ -457,6 +457,7 @@ def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
     doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
     doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
     doc["expiresAtIso"] = iso(st.expires_at)
+    doc["heldSinceIso"] = iso(st.held_since)
     doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
     doc["readAtIso"] = iso(st.read_at)
     doc["minHoldEndsAtIso"] = iso(st.min_hold_ends)

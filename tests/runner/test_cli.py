@@ -20,6 +20,7 @@ from lockutil import eventually, make_lock, raw_read, raw_write
 from handofflock import FakeClock, HandoffLock, LockRecord, Scheduler, StorageError, cli
 from handofflock.cli import main
 from handofflock.core.record import Holder, Waiter
+from handofflock.core.timefmt import iso
 from handofflock.exit_codes import (
     EXIT_CANNOT_EXECUTE,
     EXIT_CONFIG,
@@ -81,9 +82,12 @@ def test_status_says_since_when_the_lock_is_held(url, capsys):
     now = time.time()
     put(url, LockRecord(Holder("trainer-A", now + 42), ttl=60.0, token=3, held_since=now - 100).encode())
     assert main(["status", url]) == 0
-    assert "held since  " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "held since  " in out
     assert main(["status", url, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["heldSince"] == pytest.approx(now - 100, abs=0.01)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["heldSince"] == pytest.approx(now - 100, abs=0.01)
+    assert doc["heldSinceIso"] == iso(doc["heldSince"]) and doc["heldSinceIso"] in out
 
 
 def test_status_json_has_stable_keys_for_scripts(url, capsys):
@@ -96,6 +100,7 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
         "token", "ttl", "readAt", "ownerLive", "waiterLive", "state", "expiresIn", "waiterExpiresIn",
         # labels, the release request, and every time as ISO 8601 too
         "ownerLabel", "waiterLabel", "ownerGrace", "leaseSuspect", "expiresAtIso", "waiterExpiresAtIso", "readAtIso",
+        "heldSinceIso",
         "releaseRequested", "releaseRequestedBy",
         # a patient waiter, its priority, and a declined request
         "waiterAsks", "waiterPriority", "releaseDeclined",
@@ -104,6 +109,7 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
     }
     assert (doc["state"], doc["ownerId"], doc["token"], doc["generation"], doc["ownerLive"]) == ("held", "trainer-A", 7, gen, True)
     assert 40 < doc["expiresIn"] <= 42
+    assert (doc["heldSince"], doc["heldSinceIso"]) == (None, None)  # the record gives no start: null, as heldSince
 
 
 def test_status_tells_an_expired_lease_from_a_live_one(url, capsys):
