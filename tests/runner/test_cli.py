@@ -357,6 +357,14 @@ def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, ca
     assert raw_read(url)[0].owner_id is None, "released afterwards"
 
 
+def test_run_says_its_command_was_killed_by_a_signal_and_exits_128_plus_n(url, capfd):
+    assert main(["run", url, "--", "sh", "-c", "kill -TERM $$"]) == 128 + signal.SIGTERM
+    err = capfd.readouterr().err
+    assert "sh was killed by SIGTERM (exit status 143); released" in err and "exited with" not in err
+    assert main(["run", url, "--", "sh", "-c", "exit 143"]) == 143  # a status of 143 is no signal
+    assert "sh exited with 143; released" in capfd.readouterr().err
+
+
 def test_run_reports_a_missing_command_as_127_without_asking_for_the_lock(url, capsys):
     assert main(["run", url, "--", "/no/such/command-here"]) == EXIT_NOT_FOUND
     assert raw_read(url)[0] is None, "the lock was never asked for"
