@@ -48,6 +48,7 @@ from .core.clock import Clock
 from .core.errors import (
     ConfigurationError,
     HandoffLockError,
+    InvalidLockURL,
     LockContended,
     LockLost,
     LockRecordCorrupt,
@@ -92,7 +93,13 @@ _EXIT_FOR: tuple[tuple[type[HandoffLockError], int], ...] = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``handofflock`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    """Run the ``handofflock`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    From the command line (``argv`` None) a ``memory://`` URL is refused (exit 64): that store lives
+    inside one process, so two commands would never exclude each other. A caller passing ``argv``
+    runs in a process that may share a memory store with other locks (the tests do).
+    """
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] | None = None
     if "--" in argv:  # everything after the first "--" is run's command, untouched
@@ -113,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd in ("run", "exec") and not command:
         return _fail(f"nothing to run: usage: {args.parser.usage}", EXIT_USAGE)
     args.command = command
+    args.in_process_stores = not from_command_line
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING, format="handofflock: %(message)s"
     )
@@ -145,10 +153,26 @@ def exit_for(exc: HandoffLockError) -> int:
 
 
 def error_text(exc: HandoffLockError) -> str:
-    """What to say of an error that ends a command."""
+    """What to say of an error that ends a command: a bad URL's advice without ``memory://``, in-process only."""
     if isinstance(exc, TransientStorageError) and not isinstance(exc, NoAnswer):
         return f"{exc} (the store did not answer; try again)"
-    return str(exc)
+    return _MEMORY_ADVICE.sub(" or a plain path", str(exc)) if isinstance(exc, ConfigurationError) else str(exc)
+
+
+#: The memory store offered among the URL forms a lock URL may take (``open_url``'s refusals).
+_MEMORY_ADVICE = re.compile(r",? (?:a plain path, )?or memory://name")
+
+#: A URL the memory store opens, or one ``open_url`` refuses as a typo of it.
+_MEMORY_URL = re.compile(r"\s*mem(?:ory)?:", re.IGNORECASE)
+
+
+def refuse_in_process(args: argparse.Namespace) -> None:
+    """Refuse a ``memory://`` lock URL given on the command line: each process has its own memory store."""
+    if not getattr(args, "in_process_stores", True) and _MEMORY_URL.match(os.fspath(args.url)):
+        raise InvalidLockURL(
+            f"lock URL {args.url!r}: memory:// is a store inside one process, so two handofflock commands would "
+            "never exclude each other; use file:///path.json or a plain path on one host, gs:// or s3:// across hosts"
+        )
 
 
 def _command_hint(argv: list[str], extra: list[str]) -> str:
@@ -433,6 +457,7 @@ def status_json(st: LockStatus, now: float | None = None) -> dict[str, Any]:
     doc["expiresIn"] = None if st.expires_at is None else round(st.expires_at - now, 3)
     doc["waiterExpiresIn"] = None if st.waiter_expires_at is None else round(st.waiter_expires_at - now, 3)
     doc["expiresAtIso"] = iso(st.expires_at)
+    doc["heldSinceIso"] = iso(st.held_since)
     doc["waiterExpiresAtIso"] = iso(st.waiter_expires_at)
     doc["readAtIso"] = iso(st.read_at)
     doc["minHoldEndsAtIso"] = iso(st.min_hold_ends)
@@ -528,6 +553,7 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     """Describe the lock; an error is said on stderr and, with ``--json``, as a JSON object on stdout."""
     try:
+        refuse_in_process(args)
         st = read_status(args.url, within=args.timeout)
     except HandoffLockError as exc:
         said, code = error_text(exc), exit_for(exc)
@@ -546,6 +572,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    refuse_in_process(args)
     try:
         runner = CommandRunner(args)
     except ConfigurationError as exc:
@@ -569,6 +596,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             "(A holder releases by calling release() or leaving its `with` block.)",
             EXIT_USAGE,
         )
+    refuse_in_process(args)
     store, key = open_url(url)
     found = store.read(key, max_bytes=MAX_RECORD_BYTES)
     if found is None:
@@ -631,6 +659,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise ConfigurationError(f"--interval must be > 0, got {args.interval}")
     url = args.url
+    refuse_in_process(args)
     open_url(url)  # a bad URL is refused before the first line
     stop_at = None if args.duration is None else time.monotonic() + args.duration
     last: Any = None

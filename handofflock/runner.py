@@ -92,6 +92,17 @@ def fail(message: str, code: int) -> int:
     return code
 
 
+def ended(name: str, returncode: int) -> str:
+    """How a command ended: ``false exited with 1``, or ``sleep was killed by SIGTERM (exit status 143)``."""
+    if returncode >= 0:
+        return f"{name} exited with {returncode}"
+    try:
+        how = signal.Signals(-returncode).name
+    except ValueError:  # a real-time signal: no name
+        how = f"signal {-returncode}"
+    return f"{name} was killed by {how} (exit status {128 - returncode})"
+
+
 class CommandRunner:
     """``handofflock run``: the lock around one child process (see the module docstring)."""
 
@@ -430,14 +441,14 @@ class CommandRunner:
         if lost or not lock.is_held:
             with contextlib.suppress(HandoffLockError):
                 lock.release()  # a lost lock: clears our state, writes nothing
-            return fail(f"the lock {lock.url} was lost while {command[0]} ran (it exited with {status})", EXIT_LOST)
+            return fail(f"the lock {lock.url} was lost while {command[0]} ran ({ended('it', returncode)})", EXIT_LOST)
         heir = lock.release()
         # A yield: the command stopped, within the grace, because someone asked for the lock.
         yielded = asked is not None and killed_at is None
         code = self.args.yield_exit_code if yielded and self.args.yield_exit_code is not None else status
         # Said when the run did not simply succeed: it failed, or the command was signalled (its story ends here).
         (self.say if code != 0 or kill_at is not None else self.note)(
-            f"{command[0]} exited with {status}; "
+            f"{ended(command[0], returncode)}; "
             + (f"handed {lock.url} to {self._named(heir)}" if heir else f"released {lock.url}")
             + (f"; it yielded: exit {code} (--yield-exit-code)" if code != status else "")
         )

@@ -20,6 +20,7 @@ from lockutil import eventually, make_lock, raw_read, raw_write
 from handofflock import FakeClock, HandoffLock, LockRecord, Scheduler, StorageError, cli
 from handofflock.cli import main
 from handofflock.core.record import Holder, Waiter
+from handofflock.core.timefmt import iso
 from handofflock.exit_codes import (
     EXIT_CANNOT_EXECUTE,
     EXIT_CONFIG,
@@ -81,9 +82,12 @@ def test_status_says_since_when_the_lock_is_held(url, capsys):
     now = time.time()
     put(url, LockRecord(Holder("trainer-A", now + 42), ttl=60.0, token=3, held_since=now - 100).encode())
     assert main(["status", url]) == 0
-    assert "held since  " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "held since  " in out
     assert main(["status", url, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["heldSince"] == pytest.approx(now - 100, abs=0.01)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["heldSince"] == pytest.approx(now - 100, abs=0.01)
+    assert doc["heldSinceIso"] == iso(doc["heldSince"]) and doc["heldSinceIso"] in out
 
 
 def test_status_json_has_stable_keys_for_scripts(url, capsys):
@@ -96,6 +100,7 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
         "token", "ttl", "readAt", "ownerLive", "waiterLive", "state", "expiresIn", "waiterExpiresIn",
         # labels, the release request, and every time as ISO 8601 too
         "ownerLabel", "waiterLabel", "ownerGrace", "leaseSuspect", "expiresAtIso", "waiterExpiresAtIso", "readAtIso",
+        "heldSinceIso",
         "releaseRequested", "releaseRequestedBy",
         # a patient waiter, its priority, and a declined request
         "waiterAsks", "waiterPriority", "releaseDeclined",
@@ -104,6 +109,7 @@ def test_status_json_has_stable_keys_for_scripts(url, capsys):
     }
     assert (doc["state"], doc["ownerId"], doc["token"], doc["generation"], doc["ownerLive"]) == ("held", "trainer-A", 7, gen, True)
     assert 40 < doc["expiresIn"] <= 42
+    assert (doc["heldSince"], doc["heldSinceIso"]) == (None, None)  # the record gives no start: null, as heldSince
 
 
 def test_status_tells_an_expired_lease_from_a_live_one(url, capsys):
@@ -126,6 +132,40 @@ def test_status_of_a_corrupt_record_says_how_to_clear_it(url, capsys):
 def test_a_bad_url_is_exit_64_with_the_accepted_forms(capsys):
     assert main(["status", "ftp://nope/x.json"]) == EXIT_CONFIG
     assert "gs://bucket/path.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["release", "--force", "--yes"],
+                                     ["watch", "--duration", "0"], ["run", "--", "true"]])
+def test_a_directory_as_the_lock_url_is_a_bad_url_exit_64_not_an_outage(tmp_path, capsys, command):
+    cut = command.index("--") if "--" in command else len(command)
+    assert main([*command[:cut], str(tmp_path), *command[cut:]]) == EXIT_CONFIG
+    assert f"{str(tmp_path)!r} is a directory" in capsys.readouterr().err
+
+
+def test_a_bad_url_is_not_offered_the_in_process_memory_store(capsys):
+    for bad in ("ftp://nope/x.json", "ftp:/nope/x.json"):
+        assert main(["status", bad]) == EXIT_CONFIG
+        err = capsys.readouterr().err
+        assert "file:///path.json or a plain path" in err and "memory://" not in err
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["release", "--force", "--yes"],
+                                     ["watch", "--duration", "0"], ["run", "--", "touch", "ran"]])
+@pytest.mark.parametrize("memory", ["memory://cli/x.json", "MEMORY://cli", "mem://cli/x.json", "memory:/cli/x.json"])
+def test_a_memory_url_on_the_command_line_is_refused_exit_64(command, memory, tmp_path, monkeypatch, capsys):
+    cut = command.index("--") if "--" in command else len(command)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["handofflock", *command[:cut], memory, *command[cut:]])
+    assert main() == EXIT_CONFIG
+    assert "memory:// is a store inside one process" in capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_console_script_refuses_a_memory_url_and_runs_nothing():
+    proc = subprocess.run([str(CONSOLE_SCRIPT), "run", "memory://x/y.json", "--", "echo", "hi"], capture_output=True,
+                          text=True, env=child_env(), timeout=60)
+    assert (proc.returncode, proc.stdout) == (EXIT_CONFIG, "")
+    assert "file:///path.json or a plain path on one host" in proc.stderr
 
 
 def test_a_storage_failure_is_exit_69_with_the_stores_advice(url, capsys):
@@ -315,6 +355,14 @@ def test_run_holds_the_lock_around_the_command_and_exits_with_its_status(url, ca
     assert "token " in out and url in out
     assert "acquired" in err and "exited with 7" in err
     assert raw_read(url)[0].owner_id is None, "released afterwards"
+
+
+def test_run_says_its_command_was_killed_by_a_signal_and_exits_128_plus_n(url, capfd):
+    assert main(["run", url, "--", "sh", "-c", "kill -TERM $$"]) == 128 + signal.SIGTERM
+    err = capfd.readouterr().err
+    assert "sh was killed by SIGTERM (exit status 143); released" in err and "exited with" not in err
+    assert main(["run", url, "--", "sh", "-c", "exit 143"]) == 143  # a status of 143 is no signal
+    assert "sh exited with 143; released" in capfd.readouterr().err
 
 
 def test_run_reports_a_missing_command_as_127_without_asking_for_the_lock(url, capsys):

@@ -25,6 +25,7 @@ from handofflock.core.errors import (
     InvalidKey,
     LockingUnsupported,
     NotFound,
+    ObjectIsDirectory,
     PreconditionFailed,
     StorageError,
     TransientStorageError,
@@ -496,6 +497,17 @@ def test_a_key_below_an_object_file_is_absent_to_readers_and_a_clear_error_to_wr
     assert store.list("") == {"a": gen}
     with pytest.raises(StorageError, match="is a directory"):
         LocalStorage(root.parent).write("store", b"x", if_generation_match=0)
+
+
+def test_a_lock_url_naming_a_directory_is_refused_at_once_as_a_configuration_error(root):
+    (root / "locks").mkdir(parents=True)
+    lock = HandoffLock(str(root / "locks"), owner_id="a")
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match="is a directory, not an object file; name a file in it") as info:
+        lock.acquire(timeout=30)
+    assert time.monotonic() - started < 5  # not waited on as an outage: a directory does not pass
+    assert isinstance(info.value, ObjectIsDirectory) and isinstance(info.value, StorageError)
+    assert not lock.is_held
 
 
 def _try(store, action):
