@@ -78,6 +78,7 @@ from .repair import force_release
 from .runner import SIGNAL_TARGETS, CommandRunner, exec_command, who_of
 from .runner import fail as _fail
 from .storage import MAX_RECORD_BYTES, open_url, records
+from .storage.local import LocalStorage
 from .storage.records import read_retrying
 
 #: The exit code of each error that reaches ``main``: the first class that matches.
@@ -166,12 +167,24 @@ _MEMORY_ADVICE = re.compile(r",? (?:a plain path, )?or memory://name")
 _MEMORY_URL = re.compile(r"\s*mem(?:ory)?:", re.IGNORECASE)
 
 
-def refuse_in_process(args: argparse.Namespace) -> None:
-    """Refuse a ``memory://`` lock URL given on the command line: each process has its own memory store."""
-    if not getattr(args, "in_process_stores", True) and _MEMORY_URL.match(os.fspath(args.url)):
+def refuse_url(args: argparse.Namespace) -> None:
+    """Refuse, before the command starts, a lock URL no command can use: ``memory://`` given on the command
+    line (each process has its own memory store), or a local path that is a directory (a bad lock URL, not
+    an outage a cron wrapper would retry)."""
+    text = os.fspath(args.url)
+    if not getattr(args, "in_process_stores", True) and _MEMORY_URL.match(text):
         raise InvalidLockURL(
-            f"lock URL {args.url!r}: memory:// is a store inside one process, so two handofflock commands would "
+            f"lock URL {text!r}: memory:// is a store inside one process, so two handofflock commands would "
             "never exclude each other; use file:///path.json or a plain path on one host, gs:// or s3:// across hosts"
+        )
+    if "://" in text and not text.lower().startswith("file:"):
+        return  # a bucket's client is made within the command's time bound, not here
+    store, key = open_url(text)  # no I/O
+    path = os.path.join(store.root, key) if isinstance(store, LocalStorage) else ""
+    if path and os.path.isdir(path):
+        raise InvalidLockURL(
+            f"local lock URL {text!r} names a directory, not a file; name a file in it, such as "
+            f"{os.path.join(path, 'lock.json')!r}"
         )
 
 
@@ -553,7 +566,7 @@ def status_text(st: LockStatus, now: float | None = None) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     """Describe the lock; an error is said on stderr and, with ``--json``, as a JSON object on stdout."""
     try:
-        refuse_in_process(args)
+        refuse_url(args)
         st = read_status(args.url, within=args.timeout)
     except HandoffLockError as exc:
         said, code = error_text(exc), exit_for(exc)
@@ -572,7 +585,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    refuse_in_process(args)
+    refuse_url(args)
     try:
         runner = CommandRunner(args)
     except ConfigurationError as exc:
@@ -596,7 +609,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             "(A holder releases by calling release() or leaving its `with` block.)",
             EXIT_USAGE,
         )
-    refuse_in_process(args)
+    refuse_url(args)
     store, key = open_url(url)
     found = store.read(key, max_bytes=MAX_RECORD_BYTES)
     if found is None:
@@ -659,7 +672,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise ConfigurationError(f"--interval must be > 0, got {args.interval}")
     url = args.url
-    refuse_in_process(args)
+    refuse_url(args)
     open_url(url)  # a bad URL is refused before the first line
     stop_at = None if args.duration is None else time.monotonic() + args.duration
     last: Any = None

@@ -152,7 +152,7 @@ class StoppedWithoutCheckpointWarning(RuntimeWarning):
 
 
 class ConfigurationError(HandoffLockError, ValueError):
-    """A parameter or URL is invalid. Raised before any I/O happens, but for :class:`ObjectIsDirectory`."""
+    """A parameter or URL is invalid. Raised before any I/O happens."""
 
 
 class InvalidLockURL(ConfigurationError):
@@ -161,16 +161,6 @@ class InvalidLockURL(ConfigurationError):
 
 class InvalidKey(ConfigurationError):
     """An object key is empty, too long, escapes its root, or has forbidden characters."""
-
-
-class ObjectIsDirectory(StorageError, ConfigurationError):
-    """A local store's object (a lock file) is a directory: the lock URL names a directory, not a file.
-
-    A configuration mistake, never a passing condition, so it is both a
-    :class:`StorageError` (raised by the store, at once, as any refusal is) and a
-    :class:`ConfigurationError` (``handofflock`` exits 64, as for any bad lock URL).
-    Name a file in that directory instead, such as ``/srv/locks/train.json``.
-    """
 
 
 # --------------------------------------------------------------------------- the record

@@ -1345,7 +1345,10 @@ class HandoffLock:
             )
         depth = getattr(self._depth, "n", 0)
         if depth and deferrable:
-            self._deferred = True  # only an assignment: safe in a signal handler
+            # Only assignments: safe in a signal handler. Any thread's wait sees the flag; the thread the
+            # handler interrupted (``owes``) carries the release out as its outermost call ends.
+            self._depth.owes = True
+            self._deferred = True
             return None  # type: ignore[return-value]
         self._depth.n = depth + 1
         released = False
@@ -1353,21 +1356,32 @@ class HandoffLock:
             result = fn()
         finally:
             self._depth.n = depth
-            # The callbacks run even where the operation carried the release out itself (a wait handed the
-            # lock as the release stopped it, which the way out released at once): a handler waits on them.
-            if depth == 0 and (self._deferred or self._after_deferred):
-                deferred, self._deferred = self._deferred, False
-                try:
-                    if deferred and self._state in (HELD, LOST):  # the release a signal handler asked for
-                        released = True
-                        self._guarded(self._release)
-                finally:
-                    then, self._after_deferred = self._after_deferred, []
-                    for callback in then:
-                        callback()
+            if depth == 0 and getattr(self._depth, "owes", False):
+                self._depth.owes = False
+                released = self._carry_out_deferred()
         if released and cancelled_by_release and result:
             raise AcquireCancelled(f"acquire of {self.url!r} was cancelled: a signal handler released the lock")
         return result
+
+    def _carry_out_deferred(self) -> bool:
+        """The release a signal handler deferred in this thread, then the callbacks it registered (the
+        handler's "end the process"), whatever the operation it interrupted did meanwhile (a wait handed
+        the lock as the release stopped it releases that lock itself). Another thread's operation on this
+        lock never runs them: a ``status()`` from a progress thread ends before the release has landed.
+        An acquire of another thread, still waiting, is cancelled and awaited (a hold it got, released),
+        so the callbacks never run while a slot or a handed lock of ours is in the record. True if this
+        released the lock."""
+        deferred, self._deferred = self._deferred, False
+        released = False
+        try:
+            if deferred and self._state in (HELD, LOST, WAITING):  # the release a signal handler asked for
+                released = self._state != WAITING
+                self._guarded(self._release)
+        finally:
+            then, self._after_deferred = self._after_deferred, []
+            for callback in then:
+                callback()
+        return released
 
     def __del__(self) -> None:
         # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that

@@ -45,7 +45,6 @@ from ..core.errors import (
     InvalidKey,
     LockingUnsupported,
     NotFound,
-    ObjectIsDirectory,
     PreconditionFailed,
     StorageError,
     TransientStorageError,
@@ -323,20 +322,15 @@ class LocalStorage:
     def _refuse(self, dir_fd: int, name: str, relpath: str, exc: OSError | None = None) -> None:
         """Raise a StorageError saying why ``name`` cannot be used (``relpath``: for the message)."""
         mode = _mode(dir_fd, name)
-        path = os.path.join(self.root, relpath)  # an absolute relpath stands for itself
-        if stat.S_ISDIR(mode):  # a lock URL naming a directory: a configuration mistake, not an outage
-            raise ObjectIsDirectory(
-                f"local store {self.url}: {path!r} is a directory, not an object file; "
-                f"name a file in it, such as {os.path.join(path, 'lock.json')!r}",
-                url=self.url,
-                key=relpath,
-            ) from exc
         if stat.S_ISLNK(mode):
             why = "is a symbolic link; handofflock never follows symlinks below its root. Replace it with a real one"
+        elif stat.S_ISDIR(mode):
+            why = "is a directory, not an object file"
         elif mode:
             why = "is not a directory: a file sits where the key needs one" if exc else "is not a regular file"
         else:
             why = f"cannot be opened safely ({exc})"
+        path = os.path.join(self.root, relpath)  # an absolute relpath stands for itself
         raise StorageError(f"local store {self.url}: {path!r} {why}", url=self.url, key=relpath) from exc
 
     # -- objects --------------------------------------------------------------

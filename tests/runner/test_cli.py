@@ -139,7 +139,7 @@ def test_a_bad_url_is_exit_64_with_the_accepted_forms(capsys):
 def test_a_directory_as_the_lock_url_is_a_bad_url_exit_64_not_an_outage(tmp_path, capsys, command):
     cut = command.index("--") if "--" in command else len(command)
     assert main([*command[:cut], str(tmp_path), *command[cut:]]) == EXIT_CONFIG
-    assert f"{str(tmp_path)!r} is a directory" in capsys.readouterr().err
+    assert f"{str(tmp_path)!r} names a directory, not a file; name a file in it" in capsys.readouterr().err
 
 
 def test_a_bad_url_is_not_offered_the_in_process_memory_store(capsys):
