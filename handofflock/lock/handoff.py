@@ -1357,7 +1357,6 @@ class HandoffLock:
         finally:
             self._depth.n = depth
             if depth == 0 and getattr(self._depth, "owes", False):
-                self._depth.owes = False
                 released = self._carry_out_deferred()
         if released and cancelled_by_release and result:
             raise AcquireCancelled(f"acquire of {self.url!r} was cancelled: a signal handler released the lock")
@@ -1368,20 +1367,44 @@ class HandoffLock:
         handler's "end the process"), whatever the operation it interrupted did meanwhile (a wait handed
         the lock as the release stopped it releases that lock itself). Another thread's operation on this
         lock never runs them: a ``status()`` from a progress thread ends before the release has landed.
-        An acquire of another thread, still waiting, is cancelled and awaited (a hold it got, released),
-        so the callbacks never run while a slot or a handed lock of ours is in the record. True if this
-        released the lock."""
-        deferred, self._deferred = self._deferred, False
+        Another thread's acquire is cancelled and awaited, and a release write in flight in another thread
+        lands first, so the callbacks never run while a slot or a hold of ours may still be in the record.
+        ``owes`` is cleared last: an exception here (a Ctrl-C) leaves the rest to this thread's next call.
+        True if this released the lock."""
         released = False
         try:
-            if deferred and self._state in (HELD, LOST, WAITING):  # the release a signal handler asked for
-                released = self._state != WAITING
-                self._guarded(self._release)
+            if not self._not_acquiring.is_set():  # another thread's acquire (ours has ended): stop it, await it
+                self._cancel.set()
+                self._not_acquiring.wait(self.give_up_budget + self.timing.renew_deadline + 30.0)
+            if self._state == RELEASING:  # another thread's release write in flight: it lands (or fails) first
+                with self._mutex:
+                    pass
+            while self._deferred:  # the release a signal handler asked for (again, if one came meanwhile)
+                self._deferred = False
+                if self._state in (HELD, LOST):
+                    released = True
+                    self._depth.n = 1  # a signal now defers again, to this loop
+                    try:
+                        self._release()
+                    finally:
+                        self._depth.n = 0
         finally:
-            then, self._after_deferred = self._after_deferred, []
-            for callback in then:
-                callback()
+            self._run_after_deferred()
+        self._depth.owes = False
         return released
+
+    def _run_after_deferred(self) -> None:
+        """Each callback registered for the deferred release, every one of them even if one raises (the
+        "now" of a second Ctrl-C raises KeyboardInterrupt): the first exception goes on after the rest."""
+        then, self._after_deferred = self._after_deferred, []
+        first: BaseException | None = None
+        for callback in then:
+            try:
+                callback()
+            except BaseException as exc:  # raised again below, once every callback ran
+                first = first or exc
+        if first is not None:
+            raise first
 
     def __del__(self) -> None:
         # Only a queue put, safe in any collection: a collection runs in whichever thread allocated at that
