@@ -1369,7 +1369,7 @@ class HandoffLock:
         lock never runs them: a ``status()`` from a progress thread ends before the release has landed.
         Another thread's acquire is cancelled and awaited, and a release write in flight in another thread
         lands first, so the callbacks never run while a slot or a hold of ours may still be in the record.
-        ``owes`` is cleared last: an exception here (a Ctrl-C) leaves the rest to this thread's next call.
+        ``owes`` is cleared last, once the callbacks ran, even where the release failed (its error goes on).
         True if this released the lock."""
         released = False
         try:
@@ -1381,7 +1381,7 @@ class HandoffLock:
                     pass
             while self._deferred:  # the release a signal handler asked for (again, if one came meanwhile)
                 self._deferred = False
-                if self._state in (HELD, LOST):
+                if self._state in (HELD, LOST, RELEASING):  # RELEASING: a release that failed, retried now
                     released = True
                     self._depth.n = 1  # a signal now defers again, to this loop
                     try:
@@ -1389,8 +1389,10 @@ class HandoffLock:
                     finally:
                         self._depth.n = 0
         finally:
-            self._run_after_deferred()
-        self._depth.owes = False
+            try:
+                self._run_after_deferred()
+            finally:
+                self._depth.owes = False  # paid, even where the release failed (its error goes on)
         return released
 
     def _run_after_deferred(self) -> None:
