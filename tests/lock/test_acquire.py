@@ -1202,29 +1202,17 @@ def test_a_timeout_with_no_record_read_says_no_write_of_ours_landed_not_that_a_s
     assert "waiter slot was taken" not in said and "no write of ours to take it landed in time" in said, said
 
 
-def test_a_try_that_may_not_wait_raises_over_a_twins_slot_after_the_one_read_that_showed_it(sim):
-    """A slot with our owner id and another instance is a twin's (a second job that derived the same id): never
-    ours to give back. A try that may not wait for the slot raises LockContended after the one read that showed
-    it; its way out reads nothing more (simulation seed 22459: it read the record once again)."""
+@pytest.mark.parametrize("instance", ["wtwin", None], ids=["twin", "older-version"])
+def test_a_try_that_may_not_wait_raises_over_a_slot_with_our_owner_id_and_not_our_instance_after_one_read(
+    sim, instance
+):
+    """A slot with our owner id and another instance is a twin's (a second job that derived the same id), and
+    one an older version wrote (no ``waiterInstance``) is another party's as well: never ours to give back. A
+    try that may not wait for the slot raises LockContended after the one read that showed it; its way out
+    reads nothing more and leaves the record as it was (simulation seed 22459: it read the record again)."""
     now = sim.time()
-    twin = Waiter("w", now + 30, ttl=30.0, instance="wtwin", request=WaiterRequest(True, 5), since=now)
-    held_by_a = LockRecord(Holder("a", now + 30, instance="a0"), ttl=30.0, waiter=twin, token=5, nonce="n")
-    sim.store.write(KEY, held_by_a.encode(), if_generation_match=0)
-    me = lock_for(sim, "w", wait_for_slot=False)
-    before = dict(sim.store.calls)
-    with pytest.raises(LockContended):
-        sim.call(me.acquire)
-    assert sim.store.calls["read"] - before.get("read", 0) == 1
-    assert sim.store.calls["write"] == before.get("write", 0) and sim.record() == held_by_a
-
-
-def test_a_try_that_may_not_wait_raises_over_an_older_versions_slot_with_our_owner_id_after_one_read(sim):
-    """A slot an older version wrote (no ``waiterInstance``) that bears our owner id is another party's, as a twin's
-    is: the protocol never clears it. A try that may not wait for the slot raises after the one read that showed it,
-    and leaves the record as it was."""
-    now = sim.time()
-    old = Waiter("w", now + 30, ttl=30.0, instance=None, since=now)
-    held_by_a = LockRecord(Holder("a", now + 30, instance="a0"), ttl=30.0, waiter=old, token=5, nonce="n")
+    slot = Waiter("w", now + 30, ttl=30.0, instance=instance, request=WaiterRequest(True, 5), since=now)
+    held_by_a = LockRecord(Holder("a", now + 30, instance="a0"), ttl=30.0, waiter=slot, token=5, nonce="n")
     sim.store.write(KEY, held_by_a.encode(), if_generation_match=0)
     me = lock_for(sim, "w", wait_for_slot=False)
     before = dict(sim.store.calls)
