@@ -86,6 +86,20 @@ def _holder_and_waiter(url, monkeypatch):
     return killed, holder, waiter
 
 
+def _sigterm_at_the_next_read_of_the_main_thread(store) -> list[bool]:
+    """SIGTERM raised once, in the main thread, as its next read of ``store`` goes out (inside the lock's call that
+    reads: a ``status()``, an acquire's poll); whether it was raised."""
+    main, fired = threading.current_thread(), []
+
+    def signal_in_read(op, key):
+        if threading.current_thread() is main and not fired:
+            fired.append(True)
+            signal.raise_signal(signal.SIGTERM)
+
+    store.faults.before("read", signal_in_read)
+    return fired
+
+
 def test_a_status_in_another_thread_while_the_stopped_acquire_releases_the_handed_lock_lets_sigterm_end_it(
     url, monkeypatch
 ):
@@ -177,14 +191,7 @@ def test_sigterm_inside_a_status_call_while_another_thread_waits_on_the_lock_end
     store.faults.after("write", lambda op, key, result: registered.set())
     t, outcome = _waits_in_a_thread(waiter, 5, registered)
     store.faults.clear()
-    fired: list[bool] = []
-
-    def signal_in_status(op, key):
-        if not fired:
-            fired.append(True)
-            signal.raise_signal(signal.SIGTERM)  # runs here, in the main thread, inside waiter.status()
-
-    store.faults.before("read", signal_in_status)
+    _sigterm_at_the_next_read_of_the_main_thread(store)  # inside waiter.status()
     try:
         waiter.status()
     finally:
@@ -224,14 +231,7 @@ def test_sigterm_inside_a_status_call_while_another_thread_releases_ends_the_pro
     worker.start()
     try:
         assert writing.wait(5)
-        fired: list[bool] = []
-
-        def signal_in_status(op, key):
-            if threading.current_thread() is main and not fired:
-                fired.append(True)
-                signal.raise_signal(signal.SIGTERM)
-
-        store.faults.before("read", signal_in_status)
+        fired = _sigterm_at_the_next_read_of_the_main_thread(store)
         lock.status()
     finally:
         go.set()
@@ -357,14 +357,7 @@ def test_a_ctrl_c_as_the_outermost_call_takes_up_the_deferred_release_does_not_l
     interrupted: list[bool] = []
     lock._depth = CtrlCAsOwesIsCleared()
     store = MemoryStorage.named(url.split("/")[2])
-    fired: list[bool] = []
-
-    def signal_in_status(op, key):
-        if not fired:
-            fired.append(True)
-            signal.raise_signal(signal.SIGTERM)
-
-    store.faults.before("read", signal_in_status)
+    _sigterm_at_the_next_read_of_the_main_thread(store)
     try:
         with pytest.raises(KeyboardInterrupt):
             lock.status()
@@ -588,14 +581,7 @@ def test_sigterm_after_a_failed_release_retries_it_before_ending_the_process_eve
         if where == "between calls":
             signal.raise_signal(signal.SIGTERM)
         else:
-            fired: list[bool] = []
-
-            def signal_in_status(op, key):
-                if threading.current_thread() is main and not fired:
-                    fired.append(True)
-                    signal.raise_signal(signal.SIGTERM)
-
-            store.faults.before("read", signal_in_status)
+            fired = _sigterm_at_the_next_read_of_the_main_thread(store)
             lock.status()
             assert fired
     finally:
